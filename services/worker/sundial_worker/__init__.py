@@ -1,0 +1,1 @@
+"""sundial_worker."""
