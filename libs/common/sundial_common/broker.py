@@ -1,0 +1,128 @@
+"""The Kafka side: an asyncio publisher over confluent-kafka, and topic creation.
+
+confluent-kafka is callback-driven and not asyncio-aware: a daemon thread serves ``poll()`` and
+delivery callbacks resolve asyncio futures through ``call_soon_threadsafe``. A batch is produced in
+one go and awaited together, so the broker sees batches (``linger.ms``), never one round trip per
+message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from sundial_common.messages import ExecutionMessage
+
+log = logging.getLogger(__name__)
+
+
+class Publisher(Protocol):
+    async def publish(self, messages: Sequence[ExecutionMessage]) -> list[Exception | None]:
+        """Publish a batch; one entry per message: None if the broker acknowledged it, else the error."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+class KafkaPublisher:
+    """confluent-kafka producer with acks from all in-sync replicas."""
+
+    def __init__(self, bootstrap: str, **overrides: Any) -> None:
+        config: dict[str, Any] = {
+            "bootstrap.servers": bootstrap,
+            "acks": "all",
+            "linger.ms": 2,
+            "batch.num.messages": 10000,
+            "queue.buffering.max.messages": 500000,
+            "message.timeout.ms": 10000,
+            "socket.keepalive.enable": True,
+            # The broker may come back empty (and with new metadata): notice it quickly.
+            "topic.metadata.refresh.interval.ms": 10000,
+        }
+        config.update(overrides)
+        self._producer = Producer(config)
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._serve, name="kafka-producer-poll", daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while not self._stopping.is_set():
+            self._producer.poll(0.05)
+
+    async def publish(self, messages: Sequence[ExecutionMessage]) -> list[Exception | None]:
+        loop = asyncio.get_running_loop()
+        futures: list[asyncio.Future[None]] = []
+
+        def on_delivery(future: asyncio.Future[None]) -> Any:
+            def callback(err: KafkaError | None, _msg: Message) -> None:
+                loop.call_soon_threadsafe(_settle, future, err)
+
+            return callback
+
+        for message in messages:
+            future: asyncio.Future[None] = loop.create_future()
+            futures.append(future)
+            try:
+                self._produce(message, on_delivery(future))
+            except (KafkaException, BufferError) as exc:
+                future.set_exception(exc)
+        results = await asyncio.gather(*futures, return_exceptions=True)
+        return [r if isinstance(r, Exception) else None for r in results]
+
+    def _produce(self, message: ExecutionMessage, callback: Any) -> None:
+        try:
+            self._producer.produce(
+                message.topic,
+                message.encode(),
+                key=message.execution_id.encode(),
+                headers=message.headers(),
+                on_delivery=callback,
+            )
+        except BufferError:
+            # Local queue full: let librdkafka drain a little, then try once more.
+            self._producer.poll(0.5)
+            self._producer.produce(
+                message.topic,
+                message.encode(),
+                key=message.execution_id.encode(),
+                headers=message.headers(),
+                on_delivery=callback,
+            )
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self._producer.flush, 10)
+        self._stopping.set()
+        await asyncio.to_thread(self._thread.join, 2)
+
+
+def _settle(future: asyncio.Future[None], err: KafkaError | None) -> None:
+    if future.done():
+        return
+    if err is None:
+        future.set_result(None)
+    else:
+        future.set_exception(KafkaException(err))
+
+
+def ensure_topics(bootstrap: str, topics: Sequence[str], partitions: int = 4, timeout: float = 10.0) -> None:
+    """Create topics that do not exist yet (blocking; call from a thread in async code)."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    existing = set(admin.list_topics(timeout=timeout).topics)
+    missing = [
+        NewTopic(t, num_partitions=partitions, replication_factor=1) for t in topics if t not in existing
+    ]
+    if not missing:
+        return
+    for topic, future in admin.create_topics(missing, operation_timeout=timeout).items():
+        try:
+            future.result(timeout)
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise
+            log.debug("topic %s already exists", topic)

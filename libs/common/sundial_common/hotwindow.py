@@ -1,0 +1,105 @@
+"""The Redis hot window: one ZSET per shard of the occurrences due soon, scored by epoch milliseconds.
+
+Redis is a cache of Postgres here (DESIGN invariant 1): anything in it can vanish and the hydrator
+rebuilds it. Keys carry a ``{shard}`` hash tag so a shard's keys live on one Redis Cluster slot and
+its Lua scripts stay atomic there.
+
+Members are ``j:<job id>``: a job has one next occurrence at a time, and its score is when.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from uuid import UUID
+
+from redis.asyncio import Redis
+
+from sundial_common.clock import from_ms, to_ms
+from sundial_common.store import Occurrence
+
+# Claim = read the due members and remove them in one atomic step, so two claimers never both win.
+_CLAIM = """
+local items = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[2]))
+local members = {}
+for i = 1, #items, 2 do
+  members[#members + 1] = items[i]
+  if #members == 500 then redis.call('ZREM', KEYS[1], unpack(members)); members = {} end
+end
+if #members > 0 then redis.call('ZREM', KEYS[1], unpack(members)) end
+return items
+"""
+
+# Hydrate = add members and move the shard's watermark, but only if the watermark is still the one
+# the hydrator read. If Redis was flushed in between, the watermark is gone and nothing is written:
+# the hydrator starts over from the beginning, which is exactly the rebuild we want.
+_HYDRATE = """
+local current = redis.call('GET', KEYS[2])
+if (current or '') ~= ARGV[1] then return -1 end
+local n = 0
+local args = {}
+for i = 3, #ARGV, 2 do
+  args[#args + 1] = ARGV[i]
+  args[#args + 1] = ARGV[i + 1]
+  if #args == 1000 then n = n + redis.call('ZADD', KEYS[1], unpack(args)); args = {} end
+end
+if #args > 0 then n = n + redis.call('ZADD', KEYS[1], unpack(args)) end
+redis.call('SET', KEYS[2], ARGV[2])
+return n
+"""
+
+
+def member(job_id: UUID) -> str:
+    return f"j:{job_id}"
+
+
+def _occurrence(raw_member: bytes | str, score: float) -> Occurrence:
+    text = raw_member.decode() if isinstance(raw_member, bytes) else raw_member
+    return Occurrence(UUID(text.removeprefix("j:")), from_ms(score))
+
+
+class HotWindow:
+    """Per-shard due-soon index over one Redis connection pool."""
+
+    def __init__(self, redis: Redis, prefix: str = "sundial") -> None:
+        self.redis = redis
+        self.prefix = prefix
+        self._claim = redis.register_script(_CLAIM)
+        self._hydrate = redis.register_script(_HYDRATE)
+
+    def key(self, shard: int) -> str:
+        return f"{self.prefix}:{{{shard}}}:hot"
+
+    def watermark_key(self, shard: int) -> str:
+        return f"{self.prefix}:{{{shard}}}:hydrated-until"
+
+    async def add(self, shard: int, occurrences: Sequence[Occurrence]) -> None:
+        if occurrences:
+            await self.redis.zadd(self.key(shard), {member(o.job_id): to_ms(o.due) for o in occurrences})
+
+    async def remove(self, shard: int, job_ids: Sequence[UUID]) -> None:
+        if job_ids:
+            await self.redis.zrem(self.key(shard), *(member(j) for j in job_ids))
+
+    async def claim(self, shard: int, now: datetime, limit: int) -> list[Occurrence]:
+        """Atomically take up to ``limit`` members due at or before ``now``."""
+        flat = await self._claim(keys=[self.key(shard)], args=[to_ms(now), limit])
+        return [_occurrence(flat[i], float(flat[i + 1])) for i in range(0, len(flat), 2)]
+
+    async def watermark(self, shard: int) -> int | None:
+        """Epoch ms up to which the hydrator has promoted this shard; None after a flush."""
+        raw = await self.redis.get(self.watermark_key(shard))
+        return int(raw) if raw is not None else None
+
+    async def hydrate(
+        self, shard: int, expected: int | None, new_watermark: int, occurrences: Sequence[Occurrence]
+    ) -> bool:
+        """Add ``occurrences`` and set the watermark; False (nothing written) if the watermark moved."""
+        args: list[str | int] = ["" if expected is None else str(expected), str(new_watermark)]
+        for o in occurrences:
+            args += [to_ms(o.due), member(o.job_id)]
+        result = await self._hydrate(keys=[self.key(shard), self.watermark_key(shard)], args=args)
+        return int(result) >= 0
+
+    async def size(self, shard: int) -> int:
+        return int(await self.redis.zcard(self.key(shard)))

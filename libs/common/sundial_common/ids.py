@@ -1,0 +1,23 @@
+"""Identifiers: time-ordered UUIDs for new rows and the stable job → shard mapping."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+import uuid
+
+
+def new_id() -> uuid.UUID:
+    """A UUIDv7 (RFC 9562): time-ordered, so new rows land at the right edge of their B-tree index."""
+    ms = time.time_ns() // 1_000_000
+    rand = int.from_bytes(os.urandom(10), "big")
+    value = (ms & 0xFFFF_FFFF_FFFF) << 80 | 0x7 << 76 | (rand >> 64 & 0x0FFF) << 64 | 0b10 << 62
+    value |= rand & 0x3FFF_FFFF_FFFF_FFFF
+    return uuid.UUID(int=value)
+
+
+def shard_for(job_id: uuid.UUID, shards: int) -> int:
+    """A job's shard: a stable hash of its id (independent of the process and of Python's hash seed)."""
+    digest = hashlib.blake2b(job_id.bytes, digest_size=8).digest()
+    return int.from_bytes(digest, "big") % shards

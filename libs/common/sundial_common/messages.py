@@ -1,0 +1,59 @@
+"""What travels on Kafka: topic names and the execution message codec.
+
+A message is keyed by execution id (so redeliveries of one execution stay ordered on one partition)
+and carries execution id, attempt, fence token, tenant and the W3C ``traceparent`` as headers, so a
+consumer can route, dedupe and continue the trace without decoding the body.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import orjson
+
+POOL_TOPIC_PREFIX = "sundial.pool."
+DLQ_TOPIC = "sundial.dlq"
+POOL_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
+
+
+def pool_topic(pool: str) -> str:
+    return POOL_TOPIC_PREFIX + pool
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutionMessage:
+    execution_id: str
+    job_id: str
+    tenant_id: str
+    pool: str
+    handler: str
+    attempt: int
+    fence_token: int
+    scheduled_for: str  # ISO 8601 UTC
+    timeout_sec: int
+    payload: Any
+    traceparent: str | None = None
+
+    @property
+    def topic(self) -> str:
+        return pool_topic(self.pool)
+
+    def encode(self) -> bytes:
+        return orjson.dumps(asdict(self))
+
+    def headers(self) -> list[tuple[str, bytes]]:
+        headers = [
+            ("execution_id", self.execution_id.encode()),
+            ("attempt", str(self.attempt).encode()),
+            ("fence_token", str(self.fence_token).encode()),
+            ("tenant", self.tenant_id.encode()),
+        ]
+        if self.traceparent:
+            headers.append(("traceparent", self.traceparent.encode()))
+        return headers
+
+    @classmethod
+    def decode(cls, value: bytes) -> ExecutionMessage:
+        return cls(**orjson.loads(value))

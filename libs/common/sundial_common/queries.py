@@ -1,0 +1,25 @@
+"""Named SQL queries, loaded once from ``sql/queries.sql``.
+
+All SQL lives in that one file (CONVENTIONS 2); code refers to a statement by its ``-- name:``.
+"""
+
+from __future__ import annotations
+
+import re
+from importlib.resources import files
+
+_NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
+
+
+def load(text: str) -> dict[str, str]:
+    """Split a file of ``-- name: x`` blocks into {name: sql}."""
+    parts = _NAME.split(text)
+    queries: dict[str, str] = {}
+    for name, body in zip(parts[1::2], parts[2::2], strict=True):
+        if name in queries:
+            raise ValueError(f"query {name!r} is defined twice")
+        queries[name] = body.strip()
+    return queries
+
+
+Q = load(files("sundial_common").joinpath("sql/queries.sql").read_text())

@@ -1,0 +1,56 @@
+"""Configuration shared by every Sundial process.
+
+Each service composes its own settings class from these pieces; every field reads an environment
+variable with the ``SUNDIAL_`` prefix (``SUNDIAL_DATABASE_URL`` …) so a process is configured the same
+way on a laptop, in compose and in Kubernetes. CLI options fall back to these variables.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+_MODEL_CONFIG = SettingsConfigDict(env_prefix="SUNDIAL_", extra="ignore")
+
+
+class CommonSettings(BaseSettings):
+    """Connection strings and knobs that every process needs."""
+
+    model_config = _MODEL_CONFIG
+
+    database_url: str = Field(
+        "postgresql://sundial@127.0.0.1:55432/sundial",
+        description="Postgres DSN (asyncpg form). Postgres is the only source of truth.",
+    )
+    redis_url: str = Field("redis://127.0.0.1:56379/0", description="Redis URL (hot window, heartbeats).")
+    etcd_endpoint: str = Field("127.0.0.1:52379", description="etcd host:port used for shard leases.")
+    kafka_bootstrap: str = Field("127.0.0.1:59092", description="Kafka bootstrap servers.")
+    shards: int = Field(1, ge=1, le=1024, description="Number of dispatcher shards (hot-window ZSETs).")
+    hot_window_sec: int = Field(3600, ge=10, description="Occurrences due within this horizon live in Redis.")
+    jwt_secret: str = Field(
+        "sundial-dev-signing-key-change-me",
+        description="HS256 key that signs bearer tokens. The default is for local development only.",
+    )
+    otlp_endpoint: str | None = Field(
+        None, description="OTLP/HTTP traces endpoint (e.g. http://jaeger:4318/v1/traces); unset = no export."
+    )
+    trace_link_template: str = Field(
+        "http://127.0.0.1:16686/trace/{trace_id}",
+        description="Where a trace id can be looked up (Jaeger UI); returned beside every execution.",
+    )
+    instance_id: str = Field(
+        default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}",
+        description="Identity of this process in leases, heartbeats and attempts.",
+    )
+    log_level: str = Field("INFO", description="Python logging level.")
+    log_format: str = Field("text", description="`text` or `json` (one JSON object per line).")
+
+    @field_validator("log_format")
+    @classmethod
+    def _known_format(cls, value: str) -> str:
+        if value not in ("text", "json"):
+            raise ValueError("log_format must be `text` or `json`")
+        return value
