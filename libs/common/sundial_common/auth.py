@@ -66,9 +66,7 @@ def token_main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="sundial token", description="Mint a bearer token for a tenant.")
     parser.add_argument("--tenant", required=True, help="Tenant the token acts for.")
     parser.add_argument("--admin", action="store_true", help="Also grant the admin endpoints.")
-    parser.add_argument(
-        "--ttl", type=int, default=30 * 24 * 3600, help="Lifetime in seconds (default 30 days)."
-    )
+    parser.add_argument("--ttl", type=int, default=30 * 24 * 3600, help="Lifetime in seconds (default 30 days).")
     parser.add_argument("--secret", default=None, help="Signing key (env SUNDIAL_JWT_SECRET).")
     args = parser.parse_args(argv)
     secret = args.secret or CommonSettings().jwt_secret

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from sundial_common.messages import ExecutionMessage
 
@@ -114,9 +114,7 @@ def ensure_topics(bootstrap: str, topics: Sequence[str], partitions: int = 4, ti
     """Create topics that do not exist yet (blocking; call from a thread in async code)."""
     admin = AdminClient({"bootstrap.servers": bootstrap})
     existing = set(admin.list_topics(timeout=timeout).topics)
-    missing = [
-        NewTopic(t, num_partitions=partitions, replication_factor=1) for t in topics if t not in existing
-    ]
+    missing = [NewTopic(t, num_partitions=partitions, replication_factor=1) for t in topics if t not in existing]
     if not missing:
         return
     for topic, future in admin.create_topics(missing, operation_timeout=timeout).items():

@@ -44,7 +44,7 @@ for i = 3, #ARGV, 2 do
   if #args == 1000 then n = n + redis.call('ZADD', KEYS[1], unpack(args)); args = {} end
 end
 if #args > 0 then n = n + redis.call('ZADD', KEYS[1], unpack(args)) end
-redis.call('SET', KEYS[2], ARGV[2])
+if ARGV[2] ~= '' then redis.call('SET', KEYS[2], ARGV[2]) end
 return n
 """
 
@@ -92,10 +92,16 @@ class HotWindow:
         return int(raw) if raw is not None else None
 
     async def hydrate(
-        self, shard: int, expected: int | None, new_watermark: int, occurrences: Sequence[Occurrence]
+        self, shard: int, expected: int | None, new_watermark: int | None, occurrences: Sequence[Occurrence]
     ) -> bool:
-        """Add ``occurrences`` and set the watermark; False (nothing written) if the watermark moved."""
-        args: list[str | int] = ["" if expected is None else str(expected), str(new_watermark)]
+        """Add ``occurrences`` and move the watermark (unless None) in one step.
+
+        False, and nothing written, if the watermark is no longer ``expected`` (Redis was flushed).
+        """
+        args: list[str | int] = [
+            "" if expected is None else str(expected),
+            "" if new_watermark is None else str(new_watermark),
+        ]
         for o in occurrences:
             args += [to_ms(o.due), member(o.job_id)]
         result = await self._hydrate(keys=[self.key(shard), self.watermark_key(shard)], args=args)

@@ -43,8 +43,8 @@ class ExecutionMessage:
     def encode(self) -> bytes:
         return orjson.dumps(asdict(self))
 
-    def headers(self) -> list[tuple[str, bytes]]:
-        headers = [
+    def headers(self) -> list[tuple[str, str | bytes | None]]:
+        headers: list[tuple[str, str | bytes | None]] = [
             ("execution_id", self.execution_id.encode()),
             ("attempt", str(self.attempt).encode()),
             ("fence_token", str(self.fence_token).encode()),

@@ -22,9 +22,7 @@ def _config(dsn: str) -> Config:
     config = Config()
     config.set_main_option("script_location", str(_HERE / "migrations"))
     # Alembic speaks SQLAlchemy URLs; services speak plain asyncpg DSNs.
-    url = dsn.replace("postgresql://", "postgresql+asyncpg://", 1).replace(
-        "postgres://", "postgresql+asyncpg://", 1
-    )
+    url = dsn.replace("postgresql://", "postgresql+asyncpg://", 1).replace("postgres://", "postgresql+asyncpg://", 1)
     config.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
     return config
 

@@ -7,10 +7,10 @@ prepares and caches every statement, so hot paths pay no parse cost.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeAlias, cast
 from uuid import UUID
 
 import asyncpg
@@ -18,7 +18,8 @@ import orjson
 
 from sundial_common.queries import Q
 
-Record = asyncpg.Record
+#: A row as asyncpg returns it (read by column name).
+Record: TypeAlias = Mapping[str, Any]
 
 
 class FencedOut(Exception):
@@ -115,36 +116,33 @@ class Store:
             actor,
         )
         assert row is not None
-        return row
+        return cast(Record, row)
 
     async def get_job(self, tenant_id: str, job_id: UUID) -> Record | None:
-        return await self.pool.fetchrow(Q["get_job"], job_id, tenant_id)
+        return cast(Record | None, await self.pool.fetchrow(Q["get_job"], job_id, tenant_id))
 
     async def cancel_job(self, tenant_id: str, job_id: UUID, actor: str) -> Record | None:
         """ACTIVE/PAUSED → CANCELLED; None when the job was not cancellable (or not this tenant's)."""
-        return await self.pool.fetchrow(Q["cancel_job"], job_id, tenant_id, actor)
+        return cast(Record | None, await self.pool.fetchrow(Q["cancel_job"], job_id, tenant_id, actor))
 
     async def latest_executions(self, job_id: UUID, limit: int) -> list[Record]:
-        return await self.pool.fetch(Q["latest_executions"], job_id, limit)
+        return cast(list[Record], await self.pool.fetch(Q["latest_executions"], job_id, limit))
 
-    async def page_executions(
-        self, job_id: UUID, after: tuple[datetime, UUID] | None, limit: int
-    ) -> list[Record]:
+    async def page_executions(self, job_id: UUID, after: tuple[datetime, UUID] | None, limit: int) -> list[Record]:
         after_time, after_id = after if after else (None, None)
-        return await self.pool.fetch(Q["page_executions"], job_id, after_time, after_id, limit)
+        return cast(list[Record], await self.pool.fetch(Q["page_executions"], job_id, after_time, after_id, limit))
 
     async def get_execution(self, tenant_id: str, execution_id: UUID) -> Record | None:
-        return await self.pool.fetchrow(Q["get_execution"], execution_id, tenant_id)
+        return cast(Record | None, await self.pool.fetchrow(Q["get_execution"], execution_id, tenant_id))
 
     async def execution_attempts(self, execution_id: UUID) -> list[Record]:
-        return await self.pool.fetch(Q["execution_attempts"], execution_id)
+        return cast(list[Record], await self.pool.fetch(Q["execution_attempts"], execution_id))
 
     # --- hot window (hydrator) --------------------------------------------------------------
 
-    async def hydration_range(
-        self, shard: int, start: datetime, end: datetime, limit: int
-    ) -> list[Occurrence]:
-        rows = await self.pool.fetch(Q["hydration_range"], shard, start, end, limit)
+    async def hydration_range(self, shard: int, after: Occurrence, end: datetime, limit: int) -> list[Occurrence]:
+        """Active jobs of ``shard`` due before ``end``, in (due, id) order strictly after ``after``."""
+        rows = await self.pool.fetch(Q["hydration_range"], shard, after.due, end, after.job_id, limit)
         return [Occurrence(row["id"], row["next_fire_at"]) for row in rows]
 
     async def overdue_jobs(self, shard: int, before: datetime, limit: int) -> list[Occurrence]:
@@ -173,9 +171,7 @@ class Store:
         async with self.pool.acquire() as conn, conn.transaction():
             if await conn.fetchval(Q["raise_fence"], shard, token, holder) is None:
                 raise FencedOut(shard, token)
-            due = await conn.fetch(
-                Q["lock_due_jobs"], [c.job_id for c in claims], [c.due for c in claims], shard
-            )
+            due = await conn.fetch(Q["lock_due_jobs"], [c.job_id for c in claims], [c.due for c in claims], shard)
             planned = plan(due)
             if not planned:
                 return []
@@ -210,10 +206,10 @@ class Store:
 
     # --- sweeper ----------------------------------------------------------------------------
 
-    async def stale_pending(
-        self, unpublished_before: datetime, published_before: datetime, limit: int
-    ) -> list[Record]:
-        return await self.pool.fetch(Q["stale_pending"], unpublished_before, published_before, limit)
+    async def stale_pending(self, unpublished_before: datetime, published_before: datetime, limit: int) -> list[Record]:
+        return cast(
+            list[Record], await self.pool.fetch(Q["stale_pending"], unpublished_before, published_before, limit)
+        )
 
     async def republished(self, execution_ids: Sequence[UUID]) -> None:
         if execution_ids:
@@ -225,8 +221,9 @@ class Store:
         """PENDING → RUNNING for the given (execution id, attempt) pairs; returns those this worker won."""
         if not claims:
             return []
-        return await self.pool.fetch(
-            Q["start_executions"], [c[0] for c in claims], [c[1] for c in claims], worker_id
+        return cast(
+            list[Record],
+            await self.pool.fetch(Q["start_executions"], [c[0] for c in claims], [c[1] for c in claims], worker_id),
         )
 
     async def finish_executions(self, worker_id: str, outcomes: Sequence[Outcome]) -> set[UUID]:

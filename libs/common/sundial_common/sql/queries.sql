@@ -53,12 +53,13 @@ SELECT * FROM executions WHERE id = $1 AND tenant_id = $2;
 SELECT * FROM execution_attempts WHERE execution_id = $1 ORDER BY attempt;
 
 -- name: hydration_range
--- Active jobs of one shard due in [$2, $3): an index range scan on jobs_due_idx.
+-- Active jobs of one shard due in [$2, $3), after the keyset position ($2, $4) so that many jobs at
+-- one instant page correctly: an index range scan on jobs_due_idx, never a table scan.
 SELECT id, next_fire_at FROM jobs
 WHERE shard = $1 AND state = 'ACTIVE' AND next_fire_at IS NOT NULL
-  AND next_fire_at >= $2 AND next_fire_at < $3
-ORDER BY next_fire_at
-LIMIT $4;
+  AND (next_fire_at, id) > ($2, $4::uuid) AND next_fire_at < $3
+ORDER BY next_fire_at, id
+LIMIT $5;
 
 -- name: overdue_jobs
 -- Active jobs of one shard that should have fired before $2 and did not: their hot-window member

@@ -47,7 +47,8 @@ def upgrade() -> None:
         updated_at      timestamptz NOT NULL DEFAULT now()
     );
     -- The hydrator's range scan: per shard, active jobs by next fire time. Never a full scan.
-    CREATE INDEX jobs_due_idx ON jobs (shard, next_fire_at) WHERE state = 'ACTIVE' AND next_fire_at IS NOT NULL;
+    CREATE INDEX jobs_due_idx ON jobs (shard, next_fire_at, id)
+        WHERE state = 'ACTIVE' AND next_fire_at IS NOT NULL;
     CREATE INDEX jobs_tenant_idx ON jobs (tenant_id, created_at DESC, id);
 
     -- One row per occurrence: (job_id, scheduled_for) is unique, which makes dispatch idempotent.

@@ -1,0 +1,78 @@
+"""The ``sundial`` command: one front door for every Sundial process.
+
+This module owns only the dispatch. Each workspace member registers its subcommands as entry points in
+the group ``sundial.commands`` (``api = "sundial_api.cli:main"``); ``sundial <name> args...`` loads
+entry point ``<name>`` and calls it with the remaining arguments as ``main(argv) -> int``. Nothing here
+imports a service eagerly, so ``sundial worker`` does not pay for FastAPI and a broken member only breaks
+its own command.
+"""
+
+from __future__ import annotations
+
+import difflib
+import sys
+from collections.abc import Callable, Sequence
+from importlib.metadata import EntryPoint, entry_points
+
+GROUP = "sundial.commands"
+
+CommandMain = Callable[[list[str]], int | None]
+
+
+def discover() -> dict[str, EntryPoint]:
+    """Installed subcommands by name."""
+    return {ep.name: ep for ep in sorted(entry_points(group=GROUP), key=lambda ep: ep.name)}
+
+
+def describe(ep: EntryPoint) -> str:
+    """One line about a command: its main's docstring, else its module's, else its package summary."""
+    try:
+        target = ep.load()
+    except Exception as exc:  # a member that fails to import still gets listed, with the reason
+        return f"(unavailable: {type(exc).__name__}: {exc})"
+    module = sys.modules.get(getattr(target, "__module__", ""), None)
+    for doc in (getattr(target, "__doc__", None), getattr(module, "__doc__", None)):
+        if isinstance(doc, str) and doc.strip():
+            return doc.strip().splitlines()[0].rstrip(".").replace("``", "`")
+    summary = ep.dist.metadata["Summary"] if ep.dist is not None else None
+    return str(summary or "")
+
+
+def _usage(commands: dict[str, EntryPoint]) -> str:
+    lines = [
+        "usage: sundial <command> [args...]",
+        "",
+        "Sundial, a distributed job scheduler. `sundial <command> --help` describes a command.",
+        "",
+        "commands:",
+    ]
+    width = max((len(name) for name in commands), default=0)
+    lines += [f"  {name.ljust(width)}  {describe(ep)}" for name, ep in commands.items()]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``sundial <command> args...``."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    commands = discover()
+    if not args or args[0] in ("-h", "--help", "help"):
+        print(_usage(commands))
+        return 0 if args else 2
+    name, rest = args[0], args[1:]
+    ep = commands.get(name)
+    if ep is None:
+        hint = difflib.get_close_matches(name, commands, n=1)
+        suggestion = f"; did you mean `{hint[0]}`?" if hint else ""
+        print(f"sundial: unknown command `{name}`{suggestion} (see `sundial --help`)", file=sys.stderr)
+        return 2
+    try:
+        command: CommandMain = ep.load()
+    except Exception as exc:  # report a broken member as a one-line error rather than a traceback
+        print(f"sundial: command `{name}` ({ep.value}) failed to load: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    result = command(rest)
+    return int(result or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,93 @@
+"""How a Sundial process lives: uvloop, signals, named supervised tasks, periodic loops.
+
+Every background loop has the same anatomy (CONVENTIONS 3): a component with ``run_once()`` that
+does one pass and returns counts, driven by :func:`every` until the stop event is set. Side tasks
+are named and supervised (CONVENTIONS 8): if one dies, the process fails loudly instead of limping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
+
+import uvloop
+
+log = logging.getLogger(__name__)
+
+
+def run(main: Callable[[asyncio.Event], Coroutine[Any, Any, None]]) -> int:
+    """Run ``main(stop)`` on uvloop; SIGTERM/SIGINT set ``stop`` so ``main`` can shut down gracefully."""
+
+    async def wrapper() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await main(stop)
+
+    try:
+        uvloop.run(wrapper())
+    except Exception:
+        log.exception("process failed")
+        return 1
+    return 0
+
+
+async def sleep_or_stop(stop: asyncio.Event, seconds: float) -> bool:
+    """Wait ``seconds`` or until ``stop`` is set; True if stopping."""
+    if seconds <= 0:
+        return stop.is_set()
+    try:
+        await asyncio.wait_for(stop.wait(), seconds)
+    except TimeoutError:
+        return False
+    return True
+
+
+async def every(
+    stop: asyncio.Event,
+    interval: float,
+    run_once: Callable[[], Awaitable[Any]],
+    *,
+    name: str,
+    again_now: Callable[[Any], bool] = lambda _result: False,
+) -> None:
+    """Call ``run_once`` every ``interval`` seconds until ``stop``; errors are logged and retried.
+
+    ``again_now(result)`` lets a pass that found a full batch go again without waiting.
+    """
+    while not stop.is_set():
+        try:
+            result = await run_once()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("%s pass failed; retrying in %.1fs", name, max(interval, 1.0))
+            if await sleep_or_stop(stop, max(interval, 1.0)):
+                return
+            continue
+        if not again_now(result) and await sleep_or_stop(stop, interval):
+            return
+
+
+async def supervise(stop: asyncio.Event, tasks: dict[str, Coroutine[Any, Any, None]]) -> None:
+    """Run named tasks until all finish; the first one to die stops the rest and re-raises."""
+    running = {asyncio.create_task(coro, name=name) for name, coro in tasks.items()}
+    try:
+        while running:
+            done, running = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                if not task.cancelled() and (exc := task.exception()) is not None:
+                    log.error("task %s died: %r; stopping", task.get_name(), exc)
+                    raise exc
+                if not stop.is_set():
+                    log.error("task %s exited before stop was requested", task.get_name())
+                    raise RuntimeError(f"task {task.get_name()} exited unexpectedly")
+    finally:
+        stop.set()
+        for task in running:
+            task.cancel()
+        await asyncio.gather(*running, return_exceptions=True)

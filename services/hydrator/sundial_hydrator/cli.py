@@ -1,0 +1,52 @@
+"""`sundial hydrator`: promote near-due occurrences from Postgres into the Redis hot window."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+
+from redis.asyncio import Redis
+from sundial_common.hotwindow import HotWindow
+from sundial_common.logs import setup_logging
+from sundial_common.service import every, run
+from sundial_common.store import Store
+
+from sundial_hydrator.hydrator import Hydrator, HydratorConfig
+from sundial_hydrator.settings import HydratorSettings
+
+log = logging.getLogger("sundial.hydrator")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="sundial hydrator",
+        description="Promote occurrences due within the hot window from Postgres into Redis, and rebuild "
+        "the window after Redis loses it. Safe to run on several replicas.",
+    )
+    parser.add_argument("--interval", type=float, help="Seconds between passes (env SUNDIAL_HYDRATOR_INTERVAL_SEC).")
+    parser.add_argument("--log-level", help="Logging level (env SUNDIAL_LOG_LEVEL).")
+    args = parser.parse_args(argv)
+    settings = HydratorSettings()
+    setup_logging(args.log_level or settings.log_level, settings.log_format)
+    config = HydratorConfig(
+        shards=settings.shards,
+        hot_window_sec=settings.hot_window_sec,
+        batch_size=settings.hydrator_batch_size,
+        interval_sec=args.interval or settings.hydrator_interval_sec,
+        overdue_grace_sec=settings.hydrator_overdue_grace_sec,
+    )
+
+    async def serve(stop: asyncio.Event) -> None:
+        store = await Store.connect(settings.database_url, max_size=4)
+        redis = Redis.from_url(settings.redis_url)
+        try:
+            hydrator = Hydrator(store, HotWindow(redis), config)
+            log.info("hydrator started: %d shards, window %ds", config.shards, config.hot_window_sec)
+            await every(stop, config.interval_sec, hydrator.run_once, name="hydrate")
+        finally:
+            await redis.aclose()
+            await store.close()
+            log.info("hydrator stopped")
+
+    return run(serve)

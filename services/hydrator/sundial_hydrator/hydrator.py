@@ -1,0 +1,114 @@
+"""The hydrator: keeps each shard's Redis hot window equal to what Postgres says is due soon.
+
+Per shard it remembers, in Redis itself, the instant up to which it has promoted jobs (the
+watermark). Each pass promotes ``[watermark, now + hot_window)`` by an indexed keyset range scan, in
+batches, then moves the watermark — atomically with the members, and only if the watermark is
+still the one it read. A flushed or restarted-empty Redis has no watermark, so the next pass simply
+rebuilds the whole window from Postgres: no special recovery mode.
+
+Every few passes it also re-adds *overdue* jobs — active, due more than a grace period ago, still
+not fired — whose member was lost (an API replica that could not reach Redis, a dispatcher killed
+between claiming a member and committing). Adding a member twice is harmless: the dispatcher only
+acts on members that still match Postgres, and an occurrence can have only one execution.
+
+Several hydrators may run at once: every write is idempotent or compare-and-set.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass
+from datetime import timedelta
+
+from sundial_common.clock import Clock, SystemClock, from_ms, to_ms
+from sundial_common.hotwindow import HotWindow
+from sundial_common.store import Occurrence, Store
+
+log = logging.getLogger(__name__)
+_BEGINNING = Occurrence(uuid.UUID(int=0), from_ms(0))
+
+
+@dataclass(frozen=True)
+class HydratorConfig:
+    """How the hydrator promotes; validated at construction."""
+
+    shards: int = 1
+    #: Occurrences due within this many seconds live in Redis.
+    hot_window_sec: int = 3600
+    #: Rows per range-scan page and per Redis write.
+    batch_size: int = 5000
+    #: Seconds between passes. The API adds near-due jobs itself, so this bounds only recovery.
+    interval_sec: float = 1.0
+    #: An active job this many seconds past due and not yet fired is re-added to its shard.
+    overdue_grace_sec: float = 15.0
+    #: Seconds between overdue scans.
+    overdue_interval_sec: float = 10.0
+
+    def __post_init__(self) -> None:
+        if self.shards < 1:
+            raise ValueError("shards must be >= 1")
+        if self.hot_window_sec < 10:
+            raise ValueError("hot_window_sec must be >= 10")
+        if self.batch_size < 1:
+            raise ValueError("batch_size must be >= 1")
+        if self.interval_sec <= 0 or self.overdue_interval_sec <= 0:
+            raise ValueError("intervals must be > 0")
+
+
+@dataclass(frozen=True)
+class HydrationResult:
+    promoted: int = 0
+    recovered: int = 0
+    rebuilt_shards: int = 0
+    conflicts: int = 0
+
+
+class Hydrator:
+    def __init__(self, store: Store, hot_window: HotWindow, config: HydratorConfig, clock: Clock | None = None) -> None:
+        self.store = store
+        self.hot_window = hot_window
+        self.config = config
+        self.clock = clock or SystemClock()
+        self._last_overdue_scan = float("-inf")
+
+    async def run_once(self) -> HydrationResult:
+        promoted = recovered = rebuilt = conflicts = 0
+        scan_overdue = self.clock.monotonic() - self._last_overdue_scan >= self.config.overdue_interval_sec
+        for shard in range(self.config.shards):
+            count, was_empty, ok = await self._promote(shard)
+            promoted += count
+            rebuilt += was_empty
+            conflicts += not ok
+            if scan_overdue:
+                recovered += await self._recover_overdue(shard)
+        if scan_overdue:
+            self._last_overdue_scan = self.clock.monotonic()
+        if rebuilt or recovered:
+            log.info("hydrated: %d promoted, %d overdue re-added, %d shards rebuilt", promoted, recovered, rebuilt)
+        return HydrationResult(promoted, recovered, rebuilt, conflicts)
+
+    async def _promote(self, shard: int) -> tuple[int, bool, bool]:
+        """Promote one shard's [watermark, horizon). Returns (members added, rebuilt from empty, ok)."""
+        watermark = await self.hot_window.watermark(shard)
+        horizon = self.clock.now() + timedelta(seconds=self.config.hot_window_sec)
+        position = _BEGINNING if watermark is None else Occurrence(uuid.UUID(int=0), from_ms(watermark))
+        promoted = 0
+        while True:
+            page = await self.store.hydration_range(shard, position, horizon, self.config.batch_size)
+            last_page = len(page) < self.config.batch_size
+            # The watermark moves only with the last page: a crash mid-way just redoes the range.
+            new_watermark = to_ms(horizon) if last_page else None
+            if not await self.hot_window.hydrate(shard, watermark, new_watermark, page):
+                log.warning("shard %d: hot window changed under the hydrator (flushed?); will rebuild", shard)
+                return promoted, False, False
+            promoted += len(page)
+            if last_page:
+                return promoted, watermark is None, True
+            position = page[-1]
+
+    async def _recover_overdue(self, shard: int) -> int:
+        before = self.clock.now() - timedelta(seconds=self.config.overdue_grace_sec)
+        overdue = await self.store.overdue_jobs(shard, before, self.config.batch_size)
+        await self.hot_window.add(shard, overdue)
+        return len(overdue)
