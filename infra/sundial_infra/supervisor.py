@@ -198,9 +198,7 @@ class Supervisor:
         child.failures += 1
         delay = self.backoff.delay(child.failures)
         child.restart_at = now + delay
-        log.warning(
-            "%s %s; restarting in %.1fs (log: %s)", child.spec.name, why, delay, self.log_file(child.spec.name)
-        )
+        log.warning("%s %s; restarting in %.1fs (log: %s)", child.spec.name, why, delay, self.log_file(child.spec.name))
         self._note(child, f"{why}; restarting in {delay:.1f}s")
 
     def tick(self) -> None:
@@ -258,7 +256,9 @@ class Supervisor:
             if child.proc is not None:
                 pid = child.proc.pid
                 if child.proc.poll() is None:
-                    log.warning("%s (pid %d) did not stop within %.0fs; killing it", child.spec.name, pid, self.stop_timeout)
+                    log.warning(
+                        "%s (pid %d) did not stop within %.0fs; killing it", child.spec.name, pid, self.stop_timeout
+                    )
                     self._note(child, "did not stop in time; SIGKILL")
                 # Kill the child's whole session: anything it forked must not outlive it.
                 with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -472,9 +472,7 @@ class DevRunner:
                     self.announce(banner(self.layout, self.stack))
             stop.wait(0.2)
 
-    def _watch_server(
-        self, server: Server, now: float, failures: dict[str, int], retry_at: dict[str, float]
-    ) -> None:
+    def _watch_server(self, server: Server, now: float, failures: dict[str, int], retry_at: dict[str, float]) -> None:
         """Servers get Restart=always too: a dev machine's Redis killed by the OOM killer comes back."""
         if server.is_running():
             return

@@ -1,0 +1,219 @@
+"""``sundial dev``: the local development environment from the command line (``make run/up/down/status``).
+
+This module owns the user-facing side of ``sundial_infra.supervisor``: ``up`` in the foreground (the
+supervisor runs in this process) or in the background (a detached supervisor, and ``up`` returns once
+the API answers ``/readyz``), ``down`` (stop the supervisor, then anything a crash left behind), and
+``status``. All three are idempotent and find the environment through the pid files under
+``<root>/run`` and the servers' data directories, so they work from any shell.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+from types import FrameType
+
+from sundial_infra.servers import DEV_PORTS, LocalStack, read_pid_file, terminate, write_pid_file
+from sundial_infra.supervisor import (
+    DevLayout,
+    DevRunner,
+    banner,
+    log_tails,
+    readyz_ok,
+    sundial_argv,
+    supervisor_running,
+)
+
+log = logging.getLogger("sundial.infra.cli")
+
+_PROCESS_NAMES = ("api", "hydrator", "dispatcher", "sweeper", "worker")
+
+
+def repo_root(start: Path | None = None) -> Path:
+    """The nearest ancestor holding ``uv.lock`` (the workspace root), else the working directory."""
+    here = (start or Path.cwd()).resolve()
+    for candidate in (here, *here.parents):
+        if (candidate / "uv.lock").exists():
+            return candidate
+    return here
+
+
+def _env_float(name: str, default: float) -> float:
+    value = os.environ.get(name)
+    return float(value) if value else default
+
+
+def _parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--root",
+        type=Path,
+        default=Path(os.environ["SUNDIAL_DEV_ROOT"]) if os.environ.get("SUNDIAL_DEV_ROOT") else None,
+        help="State directory: data, logs, pids, tokens (env SUNDIAL_DEV_ROOT; default <repo>/.sundial).",
+    )
+    parser = argparse.ArgumentParser(
+        prog="sundial dev",
+        description="Run Sundial locally: real Postgres, Redis, etcd and broker on loopback ports, "
+        "plus api, hydrator, dispatcher, sweeper and a demo worker, all supervised.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{up,down,status}")
+    up = sub.add_parser("up", parents=[common], help="start everything (idempotent)")
+    up.add_argument(
+        "--foreground",
+        action="store_true",
+        help="stay attached; Ctrl-C or SIGTERM stops everything (default: detach once /readyz is 200)",
+    )
+    up.add_argument(
+        "--timeout",
+        type=float,
+        default=_env_float("SUNDIAL_DEV_UP_TIMEOUT", 180.0),
+        help="seconds to wait for /readyz in background mode (env SUNDIAL_DEV_UP_TIMEOUT; default 180)",
+    )
+    down = sub.add_parser("down", parents=[common], help="stop everything (idempotent)")
+    down.add_argument(
+        "--timeout",
+        type=float,
+        default=60.0,
+        help="seconds to let the supervisor shut down before killing it (default 60)",
+    )
+    sub.add_parser("status", parents=[common], help="show what runs")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the local development environment: `sundial dev up | down | status`."""
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    layout = DevLayout((args.root or repo_root() / ".sundial").resolve())
+    if args.command == "up":
+        return up_foreground(layout) if args.foreground else up_background(layout, args.timeout)
+    if args.command == "down":
+        return down(layout, args.timeout)
+    return status(layout)
+
+
+def up_foreground(layout: DevLayout) -> int:
+    pid = supervisor_running(layout)
+    if pid is not None and pid != os.getpid():
+        print(f"Sundial is already up (supervisor pid {pid}); `make down` stops it.")
+        return 0
+    stop, force = threading.Event(), threading.Event()
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        if stop.is_set():
+            force.set()  # a second Ctrl-C: do not wait for graceful shutdowns
+        else:
+            log.info("%s received; shutting down (again to force)", signal.Signals(signum).name)
+            stop.set()
+
+    # SIGHUP too: closing the terminal of `make run` must not orphan the servers.
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, on_signal)
+    return DevRunner(layout, announce=lambda text: print(text, flush=True)).run(stop, force)
+
+
+def up_background(layout: DevLayout, timeout: float) -> int:
+    stack = LocalStack(layout.root, DEV_PORTS)
+    ready_url = f"http://127.0.0.1:{DEV_PORTS.api}/readyz"
+    pid = supervisor_running(layout)
+    if pid is None:
+        layout.logs.mkdir(parents=True, exist_ok=True)
+        with open(layout.supervisor_log, "ab") as out:
+            proc = subprocess.Popen(
+                [*sundial_argv("dev", "up", "--foreground", "--root", str(layout.root))],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # detached: survives this shell, and Ctrl-C here
+            )
+        pid = proc.pid
+        # Recorded here as well as by the supervisor itself, so that a second `up` right now sees it.
+        write_pid_file(layout.supervisor_pid, pid)
+        print(f"Starting Sundial in the background (supervisor pid {pid}, log {layout.supervisor_log})…")
+    elif readyz_ok(ready_url):
+        print(f"Sundial is already up (supervisor pid {pid}).")
+        print(banner(layout, stack))
+        return 0
+    else:
+        print(f"Sundial is starting (supervisor pid {pid}); waiting for {ready_url}…")
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if readyz_ok(ready_url):
+            print(banner(layout, stack))
+            return 0
+        if supervisor_running(layout) is None:
+            print(f"The supervisor exited before the API was ready. Last log lines:\n\n{_tails(layout)}")
+            down(layout, 30.0, quiet=True)
+            return 1
+        threading.Event().wait(0.5)  # poll interval of the readiness loop
+    print(
+        f"The API did not answer {ready_url} within {timeout:.0f}s; stopping. Last log lines:\n\n"
+        f"{_tails(layout)}\n\nFull logs: {layout.logs}/"
+    )
+    down(layout, 60.0, quiet=True)
+    return 1
+
+
+def _tails(layout: DevLayout) -> str:
+    return log_tails(layout, ("supervisor", *_PROCESS_NAMES), lines=15)
+
+
+def down(layout: DevLayout, timeout: float = 60.0, *, quiet: bool = False) -> int:
+    stopped: list[str] = []
+    pid = supervisor_running(layout)
+    if pid is not None:
+        if not quiet:
+            print(f"Stopping the supervisor (pid {pid}) and everything it runs…")
+        if not terminate(pid, timeout=timeout):
+            print(f"The supervisor did not stop within {timeout:.0f}s and was killed; cleaning up after it.")
+        stopped.append("supervisor")
+    # Whatever a killed supervisor left behind: its children first, then the servers.
+    for pid_file in sorted(layout.run.glob("*.pid")) if layout.run.exists() else []:
+        child = read_pid_file(pid_file)
+        if child is not None:
+            terminate(child, timeout=15.0)
+            stopped.append(pid_file.stem)
+        pid_file.unlink(missing_ok=True)
+    stack = LocalStack(layout.root, DEV_PORTS)
+    running_servers = [server.name for server, server_pid in stack.status() if server_pid is not None]
+    stack.stop()
+    stopped += running_servers
+    if not quiet:
+        print("Sundial is down." if stopped else "Sundial was not running.")
+    return 0
+
+
+def status(layout: DevLayout) -> int:
+    stack = LocalStack(layout.root, DEV_PORTS)
+    rows: list[tuple[str, str, str]] = []
+    supervisor = supervisor_running(layout)
+    rows.append(("supervisor", _state(supervisor), str(layout.supervisor_log)))
+    for server, pid in stack.status():
+        rows.append((server.name, _state(pid), server.url))
+    names = list(_PROCESS_NAMES)
+    if layout.run.exists():
+        names += sorted(p.stem for p in layout.run.glob("*.pid") if p.stem not in (*names, "supervisor"))
+    for name in names:
+        pid = read_pid_file(layout.run / f"{name}.pid")
+        rows.append((name, _state(pid), str(layout.logs / f"{name}.log")))
+    width = max(len(name) for name, _, _ in rows)
+    for name, state, where in rows:
+        print(f"{name.ljust(width)}  {state.ljust(18)}  {where}")
+    ready_url = f"http://127.0.0.1:{DEV_PORTS.api}/readyz"
+    print(f"\nAPI {ready_url}: {'ready' if readyz_ok(ready_url) else 'not ready'}")
+    return 0
+
+
+def _state(pid: int | None) -> str:
+    return f"running (pid {pid})" if pid is not None else "stopped"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

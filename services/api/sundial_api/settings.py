@@ -1,0 +1,49 @@
+"""Configuration of the API process: the shared connection settings plus the HTTP and validation limits.
+
+Every field reads ``SUNDIAL_<NAME>`` from the environment (``SUNDIAL_PORT``, ``SUNDIAL_MAX_PAYLOAD_BYTES`` …);
+``sundial api`` options override them.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+
+from sundial_common.settings import CommonSettings
+
+
+class ApiSettings(CommonSettings):
+    """Settings of one API replica. Replicas are stateless, so every replica gets the same values."""
+
+    host: str = Field("127.0.0.1", description="Interface the HTTP server binds.")
+    port: int = Field(8080, ge=0, le=65535, description="TCP port the HTTP server binds (0 = any free port).")
+    max_payload_bytes: int = Field(
+        256 * 1024, ge=1, description="Largest accepted job `payload`, measured as compact JSON; larger → 413."
+    )
+    max_request_bytes: int = Field(
+        1024 * 1024, ge=1024, description="Largest accepted request body of any kind; larger → 413."
+    )
+    run_at_grace_sec: int = Field(
+        60,
+        ge=0,
+        description="A ONE_SHOT `runAt` at most this far in the past fires at once; further in the past → 422.",
+    )
+    default_timeout_sec: int = Field(
+        600, ge=1, le=604800, description="`timeoutSec` of a job that does not give one."
+    )
+    db_pool_size: int = Field(20, ge=1, le=1000, description="Most Postgres connections one replica holds.")
+    redis_timeout_sec: float = Field(
+        1.0,
+        gt=0,
+        description="Connect/command timeout for Redis. Redis is only a cache on the request path, so a slow "
+        "Redis must not stall requests: past this the API answers from Postgres and logs a warning.",
+    )
+    access_log: bool = Field(False, description="Log one line per request (uvicorn's access log).")
+
+    @model_validator(mode="after")
+    def _payload_fits_in_request(self) -> ApiSettings:
+        if self.max_payload_bytes > self.max_request_bytes:
+            raise ValueError(
+                f"max_payload_bytes ({self.max_payload_bytes}) cannot exceed max_request_bytes "
+                f"({self.max_request_bytes}): the request limit would reject such payloads first"
+            )
+        return self
