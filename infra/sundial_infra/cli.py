@@ -24,6 +24,7 @@ from sundial_infra.supervisor import (
     DevLayout,
     DevRunner,
     banner,
+    failure_excerpt,
     log_tails,
     readyz_ok,
     sundial_argv,
@@ -149,7 +150,7 @@ def up_background(layout: DevLayout, timeout: float) -> int:
             print(banner(layout, stack))
             return 0
         if supervisor_running(layout) is None:
-            print(f"The supervisor exited before the API was ready. Last log lines:\n\n{_tails(layout)}")
+            print(f"The supervisor exited before the API was ready:\n\n{failure_excerpt(layout)}")
             down(layout, 30.0, quiet=True)
             return 1
         threading.Event().wait(0.5)  # poll interval of the readiness loop

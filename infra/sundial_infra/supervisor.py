@@ -20,6 +20,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -325,6 +326,21 @@ def default_setup(layout: DevLayout) -> tuple[SetupStep, ...]:
     )
 
 
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit)\b.*:")
+
+
+def _error_summary(output: str, lines: int = 12) -> str:
+    """The last exception line of a traceback and a few after it (SQLAlchemy appends the SQL), else a tail."""
+    text = output.rstrip().splitlines()
+    found = [i for i, line in enumerate(text) if _EXCEPTION_LINE.match(line)]
+    if found:
+        return "\n".join(text[found[-1] : found[-1] + 4])
+    return "\n".join(text[-lines:])
+
+
+RUN_MARKER = "sundial dev up"  # opens each run in supervisor.log, so a failure report starts there
+
+
 class SetupError(RuntimeError):
     pass
 
@@ -404,16 +420,19 @@ class DevRunner:
         env = {**os.environ, **self.stack.env()}
         for step in self.setup:
             log.info("running %s: %s", step.name, " ".join(step.argv))
+            step_log = self.layout.logs / f"{step.name.replace(' ', '-')}.log"
             try:
                 result = subprocess.run(
                     step.argv, env=env, capture_output=True, text=True, timeout=step.timeout, check=False
                 )
             except (OSError, subprocess.TimeoutExpired) as exc:
                 raise SetupError(f"{step.name} ({' '.join(step.argv)}) failed: {exc}") from exc
+            # stderr only: stdout may be a token, which belongs in its 0600 file and nowhere else.
+            step_log.write_text(result.stderr)
             if result.returncode != 0:
                 raise SetupError(
                     f"{step.name} ({' '.join(step.argv)}) exited with code {result.returncode}:\n"
-                    f"{(result.stderr or result.stdout).strip()}"
+                    f"{_error_summary(result.stderr)}\n(full output: {_display(step_log)})"
                 )
             if step.output is not None:
                 lines = [line for line in result.stdout.splitlines() if line.strip()]
@@ -431,7 +450,7 @@ class DevRunner:
         write_pid_file(self.layout.supervisor_pid, os.getpid())
         code = 0
         try:
-            log.info("starting Postgres, Redis, etcd and the broker under %s", self.layout.root)
+            log.info("%s; starting Postgres, Redis, etcd and the broker under %s", RUN_MARKER, self.layout.root)
             self.stack.start()
             if not stop.is_set():
                 self._run_setup()
@@ -494,6 +513,16 @@ def supervisor_running(layout: DevLayout) -> int | None:
     return read_pid_file(layout.supervisor_pid)
 
 
+def failure_excerpt(layout: DevLayout, lines: int = 30) -> str:
+    """The first error of the supervisor's latest run and what follows it, else the log's tail."""
+    text = tail(layout.supervisor_log, 400).splitlines()
+    starts = [i for i, line in enumerate(text) if RUN_MARKER in line]
+    run = text[starts[-1] :] if starts else text
+    errors = [i for i, line in enumerate(run) if " ERROR " in line]
+    excerpt = run[errors[0] : errors[0] + lines] if errors else run[-lines:]
+    return f"==> {_display(layout.supervisor_log)} <==\n" + "\n".join(excerpt)
+
+
 def log_tails(layout: DevLayout, names: Sequence[str], lines: int = 20) -> str:
     parts = []
     for name in names:
@@ -515,6 +544,7 @@ __all__ = [
     "banner",
     "default_processes",
     "default_setup",
+    "failure_excerpt",
     "log_tails",
     "readyz_ok",
     "sundial_argv",

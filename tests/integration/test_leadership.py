@@ -17,7 +17,6 @@ from typing import Any, TypeVar
 
 import aetcd
 import pytest
-
 from sundial_dispatcher.leadership import (
     Clock,
     LeadershipConfig,
@@ -89,9 +88,7 @@ MakeLeadership = Callable[..., ShardLeadership]
 
 
 @pytest.fixture
-async def make_leadership(
-    etcd_endpoint: str, config: LeadershipConfig
-) -> AsyncIterator[MakeLeadership]:
+async def make_leadership(etcd_endpoint: str, config: LeadershipConfig) -> AsyncIterator[MakeLeadership]:
     """Build holders, each on its own etcd client (as separate replicas would be); stop and close all."""
     host, port = etcd_endpoint.rsplit(":", 1)
     made: list[tuple[ShardLeadership, aetcd.Client]] = []
@@ -226,7 +223,7 @@ async def test_leader_whose_renewals_hang_steps_down_before_its_ttl(
     async def hanging_refresh(lease_id: int) -> Any:  # etcd unreachable for lease traffic
         await never.wait()
 
-    cut_off.refresh_lease = hanging_refresh  # type: ignore[method-assign]
+    cut_off.refresh_lease = hanging_refresh
     leader = make_leadership("cut-off", client=cut_off)
 
     started = time.monotonic()
@@ -269,11 +266,12 @@ async def test_standby_whose_watch_history_was_compacted_re_reads_and_still_take
         nonlocal compactions
         if compactions == 0:
             compactions += 1
-            put = await observer.put(config.key_prefix.encode() + b"noise", b"x")
+            for _ in range(2):  # compacting at revision N keeps N: go past the standby's start revision
+                put = await observer.put(config.key_prefix.encode() + b"noise", b"x")
             await observer.compact(put.header.revision)
         return await real_watch(key, **kwargs)
 
-    standby_client.watch = watch_after_compaction  # type: ignore[method-assign]
+    standby_client.watch = watch_after_compaction
     leader, standby = make_leadership("leader"), make_leadership("standby", client=standby_client)
     term = await within(5, leader.acquire())
     standby_acquire = asyncio.create_task(standby.acquire())
@@ -300,6 +298,24 @@ async def test_stop_wakes_a_blocked_standby_and_leaves_the_leader_alone(
         await standby.acquire()
     assert leader.trusted()
     assert await leader_of(observer, config) == ("leader", term.token)
+
+
+async def test_cancelling_a_blocked_acquire_leaves_the_holder_able_to_contend_again(
+    make_leadership: MakeLeadership, observer: aetcd.Client, config: LeadershipConfig
+) -> None:
+    leader, standby = make_leadership("leader"), make_leadership("standby")
+    await within(5, leader.acquire())
+    standby_acquire = asyncio.create_task(standby.acquire())
+    assert await still_pending(standby_acquire)
+
+    standby_acquire.cancel()  # what a dispatcher does with its campaign on shutdown
+    await asyncio.wait({standby_acquire}, timeout=1)
+    assert standby_acquire.cancelled()
+    assert standby.term is None
+
+    await leader.resign()
+    term = await within(5, standby.acquire())
+    assert await leader_of(observer, config) == ("standby", term.token)
 
 
 async def test_stop_and_resign_are_idempotent_and_safe_before_start(

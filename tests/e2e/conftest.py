@@ -1,0 +1,95 @@
+"""Real Sundial processes as subprocesses, each with its own log, stopped (SIGTERM, then SIGKILL) after the test."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+SUNDIAL = str(Path(sys.executable).with_name("sundial"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Processes:
+    """Starts ``sundial <command>`` processes against the test stack and cleans them up."""
+
+    def __init__(self, env: dict[str, str], logs: Path) -> None:
+        self.env = {**os.environ, **env, "PYTHONUNBUFFERED": "1"}
+        self.logs = logs
+        self.running: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start(self, name: str, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+        log = (self.logs / f"{name}.log").open("ab")
+        proc = subprocess.Popen(
+            [SUNDIAL, *args],
+            env={**self.env, **(env or {})},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self.running[name] = proc
+        return proc
+
+    def log(self, name: str) -> str:
+        return (self.logs / f"{name}.log").read_text(errors="replace")
+
+    def wait_for_log(self, name: str, text: str, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if text in self.log(name):
+                return
+            proc = self.running[name]
+            if proc.poll() is not None:
+                raise AssertionError(f"{name} exited with {proc.returncode}:\n{self.log(name)[-3000:]}")
+            time.sleep(0.05)
+        raise AssertionError(f"{name} did not log {text!r} within {timeout}s:\n{self.log(name)[-3000:]}")
+
+    def wait_http_ok(self, name: str, url: str, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(url, timeout=1.0).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            if self.running[name].poll() is not None:
+                raise AssertionError(f"{name} exited:\n{self.log(name)[-3000:]}")
+            time.sleep(0.05)
+        raise AssertionError(f"{url} not ready within {timeout}s:\n{self.log(name)[-3000:]}")
+
+    def stop(self, name: str, sig: int = signal.SIGTERM, timeout: float = 20.0) -> int:
+        proc = self.running.pop(name)
+        if proc.poll() is None:
+            proc.send_signal(sig)
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        return proc.returncode
+
+    def stop_all(self) -> None:
+        for name in list(self.running):
+            self.stop(name)
+
+
+@pytest.fixture
+def processes(settings_env: dict[str, str], tmp_path: Path) -> Iterator[Processes]:
+    procs = Processes(settings_env, tmp_path)
+    try:
+        yield procs
+    finally:
+        procs.stop_all()

@@ -1,0 +1,232 @@
+"""The dispatch path on real Postgres, Redis and the broker: hydrator → dispatcher → Kafka, and the sweeper.
+
+Components are driven one pass at a time through ``run_once()`` (CONVENTIONS 3), so nothing here
+sleeps and hopes.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from opentelemetry import trace
+from redis.asyncio import Redis
+from sundial_common.broker import KafkaPublisher
+from sundial_common.hotwindow import HotWindow
+from sundial_common.ids import new_id
+from sundial_common.messages import ExecutionMessage, pool_topic
+from sundial_common.store import FencedOut, Occurrence, PlannedExecution, Store
+from sundial_common.telemetry import traceparent, tracer
+from sundial_dispatcher.dispatcher import DispatcherConfig, ShardDispatcher
+from sundial_hydrator.hydrator import Hydrator, HydratorConfig
+from sundial_sweeper.sweeper import Sweeper, SweeperConfig
+
+
+def _ms(instant: datetime) -> datetime:
+    """Fire times are stored at millisecond precision, as the API writes them."""
+    return instant.replace(microsecond=instant.microsecond // 1000 * 1000)
+
+
+@pytest.fixture
+async def store(database_url: str) -> AsyncIterator[Store]:
+    s = await Store.connect(database_url)
+    yield s
+    await s.close()
+
+
+@pytest.fixture
+async def hot_window(redis_url: str) -> AsyncIterator[HotWindow]:
+    redis = Redis.from_url(redis_url)
+    yield HotWindow(redis)
+    await redis.aclose()
+
+
+@pytest.fixture
+async def publisher(kafka_bootstrap: str) -> AsyncIterator[KafkaPublisher]:
+    p = KafkaPublisher(kafka_bootstrap)
+    yield p
+    await p.close()
+
+
+@pytest.fixture
+def pool() -> str:
+    # Topics outlive a test in the session's broker; a pool of its own keeps each test's messages apart.
+    return f"t-{uuid.uuid4().hex[:10]}"
+
+
+async def make_job(store: Store, due: datetime, pool: str, *, traceparent_value: str | None = None) -> uuid.UUID:
+    job_id = new_id()
+    await store.insert_job(
+        {
+            "id": job_id,
+            "tenant_id": "acme",
+            "name": "test",
+            "type": "ONE_SHOT",
+            "run_at": _ms(due),
+            "pool": pool,
+            "handler": "echo",
+            "payload": {"n": str(job_id)},
+            "timeout_sec": 30,
+            "shard": 0,
+            "next_fire_at": _ms(due),
+            "traceparent": traceparent_value,
+        },
+        actor="test",
+    )
+    return job_id
+
+
+def consume(bootstrap: str, topic: str, count: int, timeout: float = 15.0) -> list[ExecutionMessage]:
+    """Read ``count`` messages from the start of ``topic`` (assigned partitions: no group join wait)."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"probe-{uuid.uuid4().hex}"})
+    try:
+        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
+        messages: list[ExecutionMessage] = []
+        deadline = datetime.now(UTC) + timedelta(seconds=timeout)
+        while len(messages) < count and datetime.now(UTC) < deadline:
+            for raw in consumer.consume(num_messages=count, timeout=0.5):
+                if raw.error() is None:
+                    decoded = ExecutionMessage.decode(raw.value())
+                    headers = dict(raw.headers() or [])
+                    assert headers["execution_id"].decode() == decoded.execution_id
+                    assert int(headers["fence_token"]) == decoded.fence_token
+                    assert headers["tenant"].decode() == decoded.tenant_id
+                    messages.append(decoded)
+        return messages
+    finally:
+        consumer.close()
+
+
+async def test_hydrator_promotes_only_the_hot_window_and_rebuilds_after_a_flush(
+    store: Store, hot_window: HotWindow, pool: str
+) -> None:
+    now = datetime.now(UTC)
+    soon = [await make_job(store, now + timedelta(minutes=m), pool) for m in (1, 2, 30)]
+    later = await make_job(store, now + timedelta(hours=3), pool)
+    hydrator = Hydrator(store, hot_window, HydratorConfig(hot_window_sec=3600, batch_size=2))
+
+    result = await hydrator.run_once()
+
+    assert result.promoted == 3
+    members = {m.decode() for m in await hot_window.redis.zrange(hot_window.key(0), 0, -1)}
+    assert members == {f"j:{j}" for j in soon}
+    assert f"j:{later}" not in members
+    assert (await hydrator.run_once()).promoted == 0  # idempotent: the watermark moved
+
+    await hot_window.redis.flushall()
+    rebuilt = await hydrator.run_once()
+    assert rebuilt.rebuilt_shards == 1
+    assert await hot_window.size(0) == 3
+
+
+async def test_hydrator_pages_through_many_jobs_due_at_one_instant(
+    store: Store, hot_window: HotWindow, pool: str
+) -> None:
+    due = datetime.now(UTC) + timedelta(minutes=5)
+    jobs = [await make_job(store, due, pool) for _ in range(7)]
+    await Hydrator(store, hot_window, HydratorConfig(batch_size=3)).run_once()
+    assert await hot_window.size(0) == len(jobs)
+
+
+async def test_hydrator_re_adds_overdue_jobs_whose_member_was_lost(
+    store: Store, hot_window: HotWindow, pool: str
+) -> None:
+    job_id = await make_job(store, datetime.now(UTC) - timedelta(seconds=60), pool)
+    await Hydrator(store, hot_window, HydratorConfig(overdue_grace_sec=15)).run_once()
+    assert await hot_window.redis.zscore(hot_window.key(0), f"j:{job_id}") is not None
+
+
+async def test_dispatch_commits_one_execution_per_occurrence_and_publishes_it(
+    store: Store, hot_window: HotWindow, publisher: KafkaPublisher, pool: str, kafka_bootstrap: str
+) -> None:
+    due = datetime.now(UTC) - timedelta(milliseconds=10)
+    jobs = [await make_job(store, due, pool) for _ in range(5)]
+    await hot_window.add(0, [Occurrence(j, _ms(due)) for j in jobs])
+    dispatcher = ShardDispatcher(0, 42, "replica-a", store, hot_window, publisher, DispatcherConfig())
+
+    result = await dispatcher.run_once()
+
+    assert (result.claimed, result.dispatched, result.published) == (5, 5, 5)
+    rows = await store.pool.fetch("SELECT * FROM executions ORDER BY job_id")
+    assert sorted(r["job_id"] for r in rows) == sorted(jobs)
+    assert {(r["state"], r["fence_token"], r["attempt"]) for r in rows} == {("PENDING", 42, 1)}
+    assert all(r["published_at"] is not None for r in rows)
+    states = await store.pool.fetch("SELECT state, next_fire_at FROM jobs")
+    assert {(s["state"], s["next_fire_at"]) for s in states} == {("COMPLETED", None)}
+    messages = consume(kafka_bootstrap, pool_topic(pool), 5)
+    assert {m.execution_id for m in messages} == {str(r["id"]) for r in rows}
+    assert all(m.fence_token == 42 and m.attempt == 1 and m.handler == "echo" for m in messages)
+
+    # The same occurrence claimed again (a stale or re-added member) creates nothing.
+    await hot_window.add(0, [Occurrence(jobs[0], _ms(due))])
+    again = await dispatcher.run_once()
+    assert (again.claimed, again.dispatched) == (1, 0)
+    assert await store.pool.fetchval("SELECT count(*) FROM executions") == 5
+
+
+async def test_a_fenced_out_leader_writes_nothing(
+    store: Store, hot_window: HotWindow, publisher: KafkaPublisher, pool: str
+) -> None:
+    due = datetime.now(UTC) - timedelta(milliseconds=10)
+    first, second = await make_job(store, due, pool), await make_job(store, due, pool)
+    successor = ShardDispatcher(0, 200, "replica-b", store, hot_window, publisher, DispatcherConfig())
+    stale = ShardDispatcher(0, 100, "replica-a", store, hot_window, publisher, DispatcherConfig())
+
+    await hot_window.add(0, [Occurrence(first, _ms(due))])
+    assert (await successor.run_once()).dispatched == 1
+    await hot_window.add(0, [Occurrence(second, _ms(due))])
+    with pytest.raises(FencedOut):
+        await stale.run_once()
+
+    assert await store.pool.fetchval("SELECT count(*) FROM executions") == 1
+    assert await store.pool.fetchval("SELECT count(*) FROM executions WHERE fence_token = 100") == 0
+    assert await store.pool.fetchval("SELECT token FROM shard_fence WHERE shard = 0") == 200
+    assert await store.pool.fetchval("SELECT state FROM jobs WHERE id = $1", second) == "ACTIVE"
+
+
+async def test_dispatch_continues_the_creating_requests_trace(
+    store: Store, hot_window: HotWindow, publisher: KafkaPublisher, pool: str, spans: object
+) -> None:
+    with tracer.start_as_current_span("POST /v1/jobs") as request_span:
+        origin = traceparent()
+    due = datetime.now(UTC) - timedelta(milliseconds=10)
+    job_id = await make_job(store, due, pool, traceparent_value=origin)
+    await hot_window.add(0, [Occurrence(job_id, _ms(due))])
+
+    await ShardDispatcher(0, 1, "replica-a", store, hot_window, publisher, DispatcherConfig()).run_once()
+
+    row = await store.pool.fetchrow("SELECT trace_id, traceparent FROM executions WHERE job_id = $1", job_id)
+    request_trace = format(request_span.get_span_context().trace_id, "032x")
+    assert row["trace_id"] == request_trace
+    assert row["traceparent"].split("-")[1] == request_trace
+    dispatch = [s for s in spans.get_finished_spans() if s.name == "dispatch"]  # type: ignore[attr-defined]
+    assert any(s.parent is not None and s.parent.span_id == request_span.get_span_context().span_id for s in dispatch)
+    assert trace.get_tracer_provider() is not None
+
+
+async def test_sweeper_republishes_executions_whose_message_was_never_sent(
+    store: Store, publisher: KafkaPublisher, pool: str, kafka_bootstrap: str
+) -> None:
+    due = datetime.now(UTC) - timedelta(seconds=30)
+    job_id = await make_job(store, due, pool)
+    job = await store.pool.fetchrow("SELECT * FROM jobs WHERE id = $1", job_id)
+    # A dispatcher that committed and died before publishing leaves exactly this behind.
+    execution_id = new_id()
+    await store.dispatch(
+        0,
+        1,
+        "replica-a",
+        [Occurrence(job_id, _ms(due))],
+        lambda jobs: [PlannedExecution(execution_id, j, None, 1, None, None) for j in jobs],
+    )
+    await store.pool.execute("UPDATE executions SET created_at = now() - interval '1 minute'")
+    sweeper = Sweeper(store, publisher, SweeperConfig(unpublished_after_sec=5))
+
+    assert (await sweeper.run_once()).republished == 1
+    assert (await sweeper.run_once()).republished == 0  # published now; not sent again right away
+    messages = consume(kafka_bootstrap, pool_topic(pool), 1)
+    assert [m.execution_id for m in messages] == [str(execution_id)]
