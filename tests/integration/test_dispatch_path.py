@@ -213,7 +213,6 @@ async def test_sweeper_republishes_executions_whose_message_was_never_sent(
 ) -> None:
     due = datetime.now(UTC) - timedelta(seconds=30)
     job_id = await make_job(store, due, pool)
-    job = await store.pool.fetchrow("SELECT * FROM jobs WHERE id = $1", job_id)
     # A dispatcher that committed and died before publishing leaves exactly this behind.
     execution_id = new_id()
     await store.dispatch(

@@ -7,9 +7,9 @@ never loses a message whose handler still runs: everything from the first unfini
 is delivered again, and the start CAS (DESIGN invariant 5) turns the redeliveries of finished
 executions into no-ops.
 
-Messages of one partition arrive in offset order, so each partition keeps its in-flight offsets in
-a deque in arrival order plus a set of those already done; the committable position is found by
-popping done offsets off the front. That is O(1) amortised per message, whatever the order in
+Messages of one partition arrive in offset order, so each partition keeps its tracked offsets in a
+deque in arrival order plus the set of those not done yet; the committable position is found by
+popping finished offsets off the front. That is O(1) amortised per message, whatever the order in
 which handlers finish.
 
 This module is pure (no I/O, no locks); the Kafka consumer adapter serialises access to it.
@@ -26,8 +26,8 @@ TopicPartitionKey = tuple[str, int]
 
 @dataclass(slots=True)
 class _Partition:
-    in_flight: deque[int] = field(default_factory=deque)
-    done: set[int] = field(default_factory=set)
+    order: deque[int] = field(default_factory=deque)  # tracked offsets, in arrival (= offset) order
+    unfinished: set[int] = field(default_factory=set)  # the tracked offsets not done yet
     # The next offset to consume once everything before it is done (Kafka's commit semantics).
     position: int | None = None
     committed: int | None = None
@@ -42,35 +42,31 @@ class OffsetTracker:
     def add(self, tp: TopicPartitionKey, offset: int) -> None:
         """Record that the message at ``offset`` was handed out and is not finished yet."""
         part = self._partitions.setdefault(tp, _Partition())
-        if part.in_flight and offset <= part.in_flight[-1]:
-            # A seek (or a rebalance back to us) replays offsets we already track: the earlier entry
-            # still guards the commit position, so the replay adds nothing new to wait for.
+        last = part.order[-1] if part.order else (part.position - 1 if part.position is not None else None)
+        if last is not None and offset <= last:
+            # A seek (or a rebalance back to us) replays offsets we already track or settled: the
+            # earlier entry still guards the commit position, so the replay adds nothing to wait for.
             return
-        if not part.in_flight and part.position is not None and offset < part.position:
-            # Replayed below a position that is already complete: nothing to wait for.
-            return
-        part.in_flight.append(offset)
+        part.order.append(offset)
+        part.unfinished.add(offset)
 
     def done(self, tp: TopicPartitionKey, offset: int) -> None:
         """Record that the message at ``offset`` needs nothing more (its Postgres write is done).
 
         Unknown partitions are ignored: they were revoked while the message was in flight, and its
-        new owner decides the commit position now.
+        new owner decides the commit position now. So are offsets that are not in flight (replays).
         """
         part = self._partitions.get(tp)
-        if part is None or not part.in_flight or offset < part.in_flight[0]:
-            # Unknown, or a replayed offset that was already settled: nothing more to wait for.
+        if part is None or offset not in part.unfinished:
             return
-        part.done.add(offset)
-        while part.in_flight and part.in_flight[0] in part.done:
-            finished = part.in_flight.popleft()
-            part.done.discard(finished)
-            part.position = finished + 1
+        part.unfinished.discard(offset)
+        while part.order and part.order[0] not in part.unfinished:
+            part.position = part.order.popleft() + 1
 
     def pending(self, tp: TopicPartitionKey) -> int:
         """How many messages of ``tp`` are still in flight."""
         part = self._partitions.get(tp)
-        return len(part.in_flight) if part else 0
+        return len(part.unfinished) if part else 0
 
     def committable(self, partitions: Iterable[TopicPartitionKey] | None = None) -> dict[TopicPartitionKey, int]:
         """Positions that moved since the last :meth:`mark_committed` (all partitions, or the ones given)."""
