@@ -6,12 +6,11 @@ SHELL := /bin/bash
 export PATH := $(HOME)/.local/bin:$(PATH)
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
-APT_PACKAGES_FOR := postgresql:initdb redis-server:redis-server etcd-server:etcd
 
 .PHONY: help deps run up down status test test-unit lint typecheck clean
 
 help: ## List the targets
-	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[1m%-10s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 deps: ## Install what is missing (Debian packages, uv, Python dependencies); quiet and idempotent
 	@missing=""; \
@@ -63,12 +62,13 @@ clean: down ## Stop everything, including servers a crashed test run left, and d
 	@$(call kill_pid_files,.sundial/test/*/*.pid .sundial/test/run/*.pid)
 	rm -rf .sundial
 
-# SIGTERM every pid recorded in the given pid files, wait up to 15 s, then SIGKILL the process groups.
+# SIGTERM (Postgres: SIGINT, its "fast" shutdown) every pid recorded in the given pid files, wait up to 15 s, then SIGKILL the process groups.
 # Used when Python is not available yet (no .venv) and for leftovers of killed test sessions.
 define kill_pid_files
 	pids=""; for f in $(1); do \
 		[ -f "$$f" ] || continue; p=$$(cat "$$f"); \
-		if [ -n "$$p" ] && kill -0 "$$p" 2>/dev/null; then kill -TERM "$$p" 2>/dev/null; pids="$$pids $$p"; fi; \
+		sig=TERM; case "$$f" in */postgres.pid) sig=INT;; esac; \
+		if [ -n "$$p" ] && kill -0 "$$p" 2>/dev/null; then kill -$$sig "$$p" 2>/dev/null; pids="$$pids $$p"; fi; \
 		rm -f "$$f"; \
 	done; \
 	for i in $$(seq 150); do \

@@ -204,9 +204,10 @@ def status(layout: DevLayout) -> int:
     for name in names:
         pid = read_pid_file(layout.run / f"{name}.pid")
         rows.append((name, _state(pid), str(layout.logs / f"{name}.log")))
-    width = max(len(name) for name, _, _ in rows)
+    name_width = max(len(name) for name, _, _ in rows)
+    state_width = max(len(state) for _, state, _ in rows)
     for name, state, where in rows:
-        print(f"{name.ljust(width)}  {state.ljust(18)}  {where}")
+        print(f"{name.ljust(name_width)}  {state.ljust(state_width)}  {where}")
     ready_url = f"http://127.0.0.1:{DEV_PORTS.api}/readyz"
     print(f"\nAPI {ready_url}: {'ready' if readyz_ok(ready_url) else 'not ready'}")
     return 0

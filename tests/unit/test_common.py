@@ -1,0 +1,67 @@
+"""Pure parts of sundial_common: ids, shard mapping, SQL loading, message codec, tokens."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from sundial_common.auth import InvalidToken, issue_token, verify_token
+from sundial_common.clock import from_ms, to_ms
+from sundial_common.ids import new_id, shard_for
+from sundial_common.messages import ExecutionMessage, pool_topic
+from sundial_common.queries import Q, load
+
+SECRET = "a-test-signing-key-that-is-long-enough"
+
+
+def test_new_ids_are_uuid7_and_time_ordered() -> None:
+    ids = [new_id() for _ in range(1000)]
+    assert all(i.version == 7 and i.variant == uuid.RFC_4122 for i in ids)
+    assert len(set(ids)) == 1000
+    # Millisecond prefixes never go backwards, so inserts land at the right edge of the index.
+    prefixes = [i.int >> 80 for i in ids]
+    assert prefixes == sorted(prefixes)
+
+
+def test_shard_mapping_is_stable_and_spread() -> None:
+    job = uuid.UUID("01a1fcb0-15a3-7a79-b54f-dccab6a1ddea")
+    assert shard_for(job, 8) == shard_for(uuid.UUID(str(job)), 8)
+    counts = [0] * 8
+    for _ in range(8000):
+        counts[shard_for(uuid.uuid4(), 8)] += 1
+    assert min(counts) > 800  # ~1000 each; a broken hash would pile them up
+
+
+def test_every_named_query_is_loaded_once() -> None:
+    assert {"insert_job", "raise_fence", "lock_due_jobs", "start_executions", "finish_executions"} <= set(Q)
+    with pytest.raises(ValueError, match="twice"):
+        load("-- name: a\nSELECT 1;\n-- name: a\nSELECT 2;\n")
+
+
+def test_epoch_ms_round_trip() -> None:
+    instant = from_ms(1_790_000_000_123)
+    assert to_ms(instant) == 1_790_000_000_123
+
+
+def test_execution_message_round_trips_with_headers() -> None:
+    message = ExecutionMessage(
+        execution_id="e1", job_id="j1", tenant_id="acme", pool="demo", handler="echo", attempt=2,
+        fence_token=77, scheduled_for="2026-11-21T10:00:00+00:00", timeout_sec=30, payload={"a": [1, 2]},
+        traceparent="00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+    )
+    assert ExecutionMessage.decode(message.encode()) == message
+    assert message.topic == pool_topic("demo") == "sundial.pool.demo"
+    headers = dict(message.headers())
+    assert headers["fence_token"] == b"77" and headers["attempt"] == b"2" and headers["tenant"] == b"acme"
+    assert headers["traceparent"] == message.traceparent.encode()  # type: ignore[union-attr]
+
+
+def test_tokens_name_their_tenant_and_reject_tampering() -> None:
+    token = issue_token(SECRET, "acme", admin=True)
+    principal = verify_token(SECRET, token)
+    assert (principal.tenant, principal.admin) == ("acme", True)
+    with pytest.raises(InvalidToken):
+        verify_token("another-signing-key-that-is-long-enough", token)
+    with pytest.raises(InvalidToken):
+        verify_token(SECRET, issue_token(SECRET, "acme", ttl_sec=-10))

@@ -1,0 +1,31 @@
+"""Background loops validate their configuration where it is built (CONVENTIONS 3, 11)."""
+
+from __future__ import annotations
+
+import pytest
+
+from sundial_dispatcher.dispatcher import DispatcherConfig
+from sundial_hydrator.hydrator import HydratorConfig
+from sundial_sweeper.sweeper import SweeperConfig
+
+
+@pytest.mark.parametrize(
+    ("factory", "kwargs", "message"),
+    [
+        (HydratorConfig, {"shards": 0}, "shards"),
+        (HydratorConfig, {"hot_window_sec": 5}, "hot_window_sec"),
+        (HydratorConfig, {"batch_size": 0}, "batch_size"),
+        (DispatcherConfig, {"batch_size": 0}, "batch_size"),
+        (DispatcherConfig, {"poll_interval_sec": 0}, "poll_interval_sec"),
+        (SweeperConfig, {"interval_sec": 0}, "interval"),
+    ],
+)
+def test_bad_loop_config_is_rejected_with_the_field_named(factory: type, kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        factory(**kwargs)
+
+
+def test_defaults_are_valid() -> None:
+    assert HydratorConfig().hot_window_sec == 3600
+    assert DispatcherConfig().batch_size == 1000
+    assert SweeperConfig().unstarted_after_sec == 60
