@@ -56,18 +56,19 @@ lint: ## ruff lint and format check
 	uv run --frozen ruff check . && uv run --frozen ruff format --check .
 
 typecheck: ## mypy (strict) on libs, services and infra
-	uv run --frozen mypy
+	uv run --frozen mypy libs/common/sundial_common services/*/sundial_* infra/sundial_infra
 
 clean: down ## Stop everything, including servers a crashed test run left, and delete .sundial/
-	@$(call kill_pid_files,.sundial/test/*/*.pid .sundial/test/run/*.pid)
+	@$(call kill_pid_files,.sundial/test/*/*.pid .sundial/test-*/*/*.pid)
 	rm -rf .sundial
 
-# SIGTERM (Postgres: SIGINT, its "fast" shutdown) every pid recorded in the given pid files, wait up to 15 s, then SIGKILL the process groups.
+# SIGTERM (Postgres and Tansu: SIGINT, their quick clean stop) every pid in the given pid files, wait up
+# to 15 s, then SIGKILL their process groups.
 # Used when Python is not available yet (no .venv) and for leftovers of killed test sessions.
 define kill_pid_files
 	pids=""; for f in $(1); do \
 		[ -f "$$f" ] || continue; p=$$(cat "$$f"); \
-		sig=TERM; case "$$f" in */postgres.pid) sig=INT;; esac; \
+		sig=TERM; case "$$f" in */postgres.pid|*/broker.pid) sig=INT;; esac; \
 		if [ -n "$$p" ] && kill -0 "$$p" 2>/dev/null; then kill -$$sig "$$p" 2>/dev/null; pids="$$pids $$p"; fi; \
 		rm -f "$$f"; \
 	done; \

@@ -10,12 +10,15 @@ the API answers ``/readyz``), ``down`` (stop the supervisor, then anything a cra
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import logging
 import os
 import signal
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
 
@@ -99,19 +102,38 @@ def main(argv: list[str] | None = None) -> int:
     return status(layout)
 
 
+@contextlib.contextmanager
+def _up_lock(layout: DevLayout) -> Iterator[None]:
+    """Serialises "is a supervisor running? if not, start one" between concurrent `up`s."""
+    layout.run.mkdir(parents=True, exist_ok=True)
+    with open(layout.run / "up.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # held for milliseconds: the check and the pid file write
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def up_foreground(layout: DevLayout) -> int:
-    pid = supervisor_running(layout)
-    if pid is not None and pid != os.getpid():
-        print(f"Sundial is already up (supervisor pid {pid}); `make down` stops it.")
-        return 0
+    with _up_lock(layout):
+        pid = supervisor_running(layout)
+        if pid is not None and pid != os.getpid():
+            print(f"Sundial is already up (supervisor pid {pid}); `make down` stops it.")
+            return 0
+        write_pid_file(layout.supervisor_pid, os.getpid())
     stop, force = threading.Event(), threading.Event()
+    first_signal_at: list[float] = []
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
-        if stop.is_set():
-            force.set()  # a second Ctrl-C: do not wait for graceful shutdowns
-        else:
+        if not stop.is_set():
             log.info("%s received; shutting down (again to force)", signal.Signals(signum).name)
+            first_signal_at.append(time.monotonic())
             stop.set()
+        # One Ctrl-C under `make run` arrives twice (the terminal signals the whole group and `uv run`
+        # forwards it too); only a second press a moment later means "do not wait".
+        elif time.monotonic() - first_signal_at[0] > 1.0:
+            log.info("%s received again; killing what is left", signal.Signals(signum).name)
+            force.set()
 
     # SIGHUP too: closing the terminal of `make run` must not orphan the servers.
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
@@ -122,20 +144,23 @@ def up_foreground(layout: DevLayout) -> int:
 def up_background(layout: DevLayout, timeout: float) -> int:
     stack = LocalStack(layout.root, DEV_PORTS)
     ready_url = f"http://127.0.0.1:{DEV_PORTS.api}/readyz"
-    pid = supervisor_running(layout)
-    if pid is None:
-        layout.logs.mkdir(parents=True, exist_ok=True)
-        with open(layout.supervisor_log, "ab") as out:
-            proc = subprocess.Popen(
-                [*sundial_argv("dev", "up", "--foreground", "--root", str(layout.root))],
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # detached: survives this shell, and Ctrl-C here
-            )
-        pid = proc.pid
-        # Recorded here as well as by the supervisor itself, so that a second `up` right now sees it.
-        write_pid_file(layout.supervisor_pid, pid)
+    with _up_lock(layout):
+        pid = supervisor_running(layout)
+        started = pid is None
+        if pid is None:
+            layout.logs.mkdir(parents=True, exist_ok=True)
+            with open(layout.supervisor_log, "ab") as out:
+                proc = subprocess.Popen(
+                    [*sundial_argv("dev", "up", "--foreground", "--root", str(layout.root))],
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,  # detached: survives this shell, and Ctrl-C here
+                )
+            pid = proc.pid
+            # Recorded here as well as by the supervisor itself, so that a second `up` right now sees it.
+            write_pid_file(layout.supervisor_pid, pid)
+    if started:
         print(f"Starting Sundial in the background (supervisor pid {pid}, log {layout.supervisor_log})…")
     elif readyz_ok(ready_url):
         print(f"Sundial is already up (supervisor pid {pid}).")

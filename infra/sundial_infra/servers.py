@@ -18,6 +18,8 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import dataclasses
+import grp
+import hashlib
 import importlib.util
 import logging
 import os
@@ -25,6 +27,7 @@ import pwd
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import threading
 import time
@@ -48,6 +51,7 @@ class ServerError(RuntimeError):
 # Process helpers, shared with the supervisor.
 # --------------------------------------------------------------------------------------------------
 
+_MARKER_VAR = "SUNDIAL_SERVER"  # in each server's environment: which data dir it was started for
 _PID_FILE_SLACK_SEC = 5.0  # btime has one-second resolution and the file is written just after spawn
 
 
@@ -180,6 +184,24 @@ def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
         return s.connect_ex((host, port)) == 0
 
 
+def describe_listener(port: int) -> str:
+    """Whatever listens on ``port``, as ``pid N (command line)`` (as far as ``ss`` can tell)."""
+    try:
+        out = subprocess.run(
+            ["ss", "-Hltnp", f"sport = :{port}"], capture_output=True, text=True, timeout=5, check=False
+        ).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        out = ""
+    pid = out.split("pid=", 1)[1].split(",", 1)[0] if "pid=" in out else ""
+    if not pid.isdigit():
+        return "another process"
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        cmdline = "?"
+    return f"pid {pid} ({cmdline[:200]})"
+
+
 def tail(path: Path, lines: int = 30) -> str:
     """The last ``lines`` lines of a log file, for error messages."""
     try:
@@ -245,6 +267,9 @@ class Server(ABC):
     def _popen_kwargs(self) -> dict[str, Any]:
         return {}
 
+    def _cwd(self) -> Path:
+        return self.data_dir
+
     # --- the start/stop contract -----------------------------------------------------------------
 
     @property
@@ -260,7 +285,33 @@ class Server(ABC):
         """Pid of the running server, whether this object or another process started it."""
         if self._proc is not None and self._proc.poll() is not None:
             self._proc = None
-        return read_pid_file(self.pid_file)
+        pid = read_pid_file(self.pid_file)
+        if pid is None and (pid := self._find_by_marker()) is not None:
+            write_pid_file(self.pid_file, pid)  # adopt a server whose pid file was lost
+        return pid
+
+    @property
+    def _marker_value(self) -> str:
+        return f"{self.name}:{self.data_dir}"
+
+    def _find_by_marker(self) -> int | None:
+        """A server started for this data dir whose pid file is gone (its directory was wiped, say).
+
+        Each server carries ``SUNDIAL_SERVER=<name>:<data_dir>`` in its environment, which identifies it
+        with certainty; only the session leader counts (Postgres backends inherit the variable).
+        """
+        marker = f"{_MARKER_VAR}={self._marker_value}".encode()
+        for proc in Path("/proc").glob("[0-9]*"):
+            try:
+                found = marker in (proc / "environ").read_bytes().split(b"\0") or (
+                    # Redis rewrites its process title over its environment; the title carries the marker.
+                    (proc / "cmdline").read_bytes().rstrip(b"\0 ").endswith(b" " + marker)
+                )
+            except OSError:  # exited meanwhile, or not ours to read
+                continue
+            if found and _leads_group(pid := int(proc.name)) and pid_alive(pid):
+                return pid
+        return None
 
     def is_running(self) -> bool:
         return self.pid is not None
@@ -278,8 +329,8 @@ class Server(ABC):
             for port in self._ports():
                 if port_in_use(port):
                     raise ServerError(
-                        f"{self.name}: port {port} is already in use by another process; "
-                        f"stop it (e.g. `make down`, or find it with `ss -ltnp 'sport = :{port}'`)"
+                        f"{self.name}: port {port} is already in use by {describe_listener(port)}, which is not "
+                        f"the server of {self.data_dir}; stop it (`make down` if it is a dev stack)"
                     )
             self._prepare()
             with open(self.log_file, "ab") as log_out:
@@ -290,10 +341,11 @@ class Server(ABC):
                     stdin=subprocess.DEVNULL,
                     stdout=log_out,
                     stderr=subprocess.STDOUT,
-                    cwd=self.data_dir,
+                    cwd=self._cwd(),
                     # Own session: Ctrl-C in a terminal does not reach the server, and stop() can
                     # signal the whole process group (postgres backends, etc.).
                     start_new_session=True,
+                    env={**os.environ, _MARKER_VAR: self._marker_value},
                     **self._popen_kwargs(),
                 )
             write_pid_file(self.pid_file, self._proc.pid)
@@ -322,7 +374,11 @@ class Server(ABC):
         return self.stop_signal if mode == "fast" else signal.SIGKILL
 
     def stop(self, mode: StopMode = "fast", timeout: float = 20.0) -> None:
-        """Stop the server if it runs (gracefully, then SIGKILL after ``timeout``); idempotent."""
+        """Stop the server if it runs, whoever started it; idempotent.
+
+        ``fast``: the server's clean-stop signal, then SIGKILL of its process group after ``timeout``.
+        ``immediate``: no clean shutdown (Postgres: SIGQUIT, its own immediate mode; others: SIGKILL).
+        """
         with self._lock:
             pid = self.pid
             if pid is not None:
@@ -346,6 +402,25 @@ class Server(ABC):
             self.start()
 
 
+def _traversable(directory: Path, account: pwd.struct_passwd) -> bool:
+    """Whether ``account`` may traverse every directory from / down to ``directory``."""
+    groups = {account.pw_gid, *(g.gr_gid for g in grp.getgrall() if account.pw_name in g.gr_mem)}
+    for path in (directory, *directory.parents):
+        try:
+            st = path.stat()
+        except OSError:
+            return False
+        if st.st_uid == account.pw_uid:
+            allowed = st.st_mode & stat.S_IXUSR
+        elif st.st_gid in groups:
+            allowed = st.st_mode & stat.S_IXGRP
+        else:
+            allowed = st.st_mode & stat.S_IXOTH
+        if not allowed:
+            return False
+    return True
+
+
 def _find_postgres_bindir() -> Path:
     """Directory holding initdb/postgres: $SUNDIAL_PG_BINDIR, else the newest Debian cluster, else $PATH."""
     if env := os.environ.get("SUNDIAL_PG_BINDIR"):
@@ -365,8 +440,9 @@ class PostgresServer(Server):
     """A private Postgres cluster: ``<data_dir>/pgdata``, trust auth on 127.0.0.1 only, role and db ``sundial``.
 
     As root, the cluster is owned by and runs as the ``postgres`` OS user, because Postgres refuses to
-    run as root. ``durable=False`` turns off fsync and friends: a crash may lose the cluster, which is
-    what tests want in exchange for speed.
+    run as root. ``durable=False`` turns off fsync and full-page writes: an OS crash may lose the cluster,
+    which tests accept in exchange for speed; a Postgres crash (``stop("immediate")``) still loses nothing
+    that was committed.
     """
 
     name = "postgres"
@@ -398,12 +474,26 @@ class PostgresServer(Server):
         return _find_postgres_bindir()
 
     @property
+    def cluster_home(self) -> Path:
+        """Where the cluster and its socket live: ``data_dir``, unless the postgres account cannot reach it.
+
+        A checkout under ``/root`` (mode 0700) is out of reach of the ``postgres`` OS user; the cluster
+        then lives under that user's home, in a directory keyed by ``data_dir`` and linked from
+        ``data_dir/pgdata``, so wiping ``data_dir`` still means a fresh cluster next time.
+        """
+        account = self._os_user()
+        if account is None or _traversable(self.data_dir.parent, account):
+            return self.data_dir
+        key = hashlib.sha256(str(self.data_dir).encode()).hexdigest()[:12]
+        return Path(account.pw_dir) / "sundial" / key
+
+    @property
     def pgdata(self) -> Path:
-        return self.data_dir / "pgdata"
+        return self.cluster_home / "pgdata"
 
     @property
     def socket_dir(self) -> Path:
-        return self.data_dir
+        return self.cluster_home
 
     def _os_user(self) -> pwd.struct_passwd | None:
         """The OS account to run as, or None to run as ourselves (when not root)."""
@@ -413,6 +503,9 @@ class PostgresServer(Server):
             return pwd.getpwnam("postgres")
         except KeyError as e:
             raise ServerError("running as root but there is no `postgres` OS user; run `make deps`") from e
+
+    def _cwd(self) -> Path:
+        return self.cluster_home
 
     def _popen_kwargs(self) -> dict[str, Any]:
         account = self._os_user()
@@ -424,9 +517,19 @@ class PostgresServer(Server):
     def _prepare(self) -> None:
         super()._prepare()
         account = self._os_user()
+        home = self.cluster_home
+        if home != self.data_dir:
+            link = self.data_dir / "pgdata"
+            if not link.is_symlink() and home.exists():
+                shutil.rmtree(home)  # the cluster of a data dir that has since been wiped
+            home.mkdir(parents=True, exist_ok=True)
+            if not link.is_symlink():
+                link.symlink_to(self.pgdata)
         if account is not None:
-            for path in (self.data_dir, *self.data_dir.iterdir()):
-                os.chown(path, account.pw_uid, account.pw_gid)
+            shared = {home.parent} if home != self.data_dir else set()  # .../postgresql/sundial
+            for path in {self.data_dir, home, *shared, *home.iterdir()}:
+                if not path.is_symlink():
+                    os.chown(path, account.pw_uid, account.pw_gid)
         if (self.pgdata / "PG_VERSION").exists():
             return
         if self.pgdata.exists():  # a previous initdb died half-way; its leftovers would make it refuse
@@ -444,7 +547,7 @@ class PostgresServer(Server):
             cmd.append("--no-sync")
         result = subprocess.run(
             cmd,
-            cwd=self.data_dir,
+            cwd=home,
             capture_output=True,
             text=True,
             check=False,
@@ -465,15 +568,21 @@ class PostgresServer(Server):
             "logging_collector": "off",
         }
         if not self.durable:
-            settings |= {"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off"}
+            # Survives a Postgres crash, not an OS crash: WAL still reaches the page cache at every
+            # commit, it just is never fsync-ed. synchronous_commit stays on on purpose: with it off,
+            # `pg_ctl stop -m immediate` loses commits from the last wal_writer_delay, which fault tests
+            # (DESIGN invariant 1) would see as lost jobs; with fsync off it costs a write(), no more.
+            settings |= {"fsync": "off", "full_page_writes": "off"}
         cmd = [str(self.bindir / "postgres"), "-D", str(self.pgdata)]
         for key, value in settings.items():
             cmd += ["-c", f"{key}={value}"]
         return cmd
 
     def _probe(self) -> bool:
+        address = ["-h", "127.0.0.1", "-p", str(self.port)]
+        # -U/-d: without them each probe makes the server log a FATAL about a role named after our OS user.
         result = subprocess.run(
-            [str(self.bindir / "pg_isready"), "-q", "-h", "127.0.0.1", "-p", str(self.port), "-t", "2"],
+            [str(self.bindir / "pg_isready"), "-q", "-t", "2", *address, "-U", "postgres", "-d", "postgres"],
             capture_output=True,
             check=False,
         )
@@ -509,6 +618,21 @@ class PostgresServer(Server):
         if result.returncode != 0:
             raise ServerError(f"psql failed: {result.stderr.strip()}")
         return result.stdout
+
+    def pg_ctl(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """Run ``pg_ctl -D <pgdata> <args>`` as the cluster's OS user, e.g. ``pg_ctl("stop", "-m", "immediate")``.
+
+        ``stop("immediate")`` does the same through a signal; this is for tests that want the real tool.
+        A pg_ctl stop leaves our pid file stale, which ``pid``/``start()`` handle.
+        """
+        return subprocess.run(
+            [str(self.bindir / "pg_ctl"), "-D", str(self.pgdata), *args],
+            cwd=self.cluster_home,
+            capture_output=True,
+            text=True,
+            check=False,
+            **self._popen_kwargs(),
+        )
 
     def _after_ready(self) -> None:
         served = self.psql("SHOW data_directory").strip()
@@ -561,6 +685,9 @@ class RedisServer(Server):
             "no",
             "--logfile",
             "",
+            # Redis overwrites its environment with its process title; keep the marker in the title.
+            "--proc-title-template",
+            f"{{title}} {{listen-addr}} {_MARKER_VAR}={self._marker_value}",
         ]
 
     def _probe(self) -> bool:
@@ -648,6 +775,9 @@ class BrokerServer(Server):
     """Tansu, a Kafka-compatible broker, with in-memory storage: every start is an empty broker."""
 
     name = "broker"
+    # On SIGTERM Tansu waits ~5 s for clients to hang up; on SIGINT it exits at once. With memory
+    # storage there is nothing to flush, so the quick one is the clean one.
+    stop_signal = signal.SIGINT
 
     @property
     def url(self) -> str:
@@ -749,7 +879,8 @@ class LocalStack:
         """Start the four servers concurrently; if one fails, stop the others and raise."""
         errors = _each(self.servers, lambda s: s.start())
         if errors:
-            self.stop()
+            with contextlib.suppress(ServerError):  # the start-up failure is the one worth reporting
+                self.stop()
             raise ServerError("local stack failed to start:\n" + "\n".join(errors))
 
     def stop(self) -> None:

@@ -19,7 +19,7 @@ import pytest
 from sundial_common.auth import issue_token
 from sundial_common.settings import CommonSettings
 
-from .conftest import Processes, free_port
+from tests.e2e.conftest import Processes, free_port
 
 JOBS = 500
 

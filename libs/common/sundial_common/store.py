@@ -73,6 +73,14 @@ async def _init_connection(conn: asyncpg.Connection) -> None:
     )
 
 
+async def _keep_session(conn: asyncpg.Connection) -> None:
+    # Called instead of asyncpg's default reset when a connection goes back to the pool. The default
+    # runs "SELECT pg_advisory_unlock_all(); CLOSE ALL; UNLISTEN *; RESET ALL" — a second round trip
+    # after every single-statement call. Sundial sets no session state (no SET, LISTEN, advisory locks
+    # or cursors outside transactions), and asyncpg still rolls back any transaction left open.
+    return None
+
+
 class Store:
     """Typed access to Sundial's tables over one asyncpg pool."""
 
@@ -81,7 +89,9 @@ class Store:
 
     @classmethod
     async def connect(cls, dsn: str, *, min_size: int = 1, max_size: int = 10) -> Store:
-        pool = await asyncpg.create_pool(dsn, min_size=min_size, max_size=max_size, init=_init_connection)
+        pool = await asyncpg.create_pool(
+            dsn, min_size=min_size, max_size=max_size, init=_init_connection, reset=_keep_session
+        )
         return cls(pool)
 
     async def close(self) -> None:

@@ -17,9 +17,7 @@ from datetime import UTC, datetime, timedelta
 # RFC 3339 date-time, with the offset optional (a naive value is read in the job's time zone).
 # ``datetime.fromisoformat`` alone would also take dates without a time, week dates and other ISO 8601
 # forms that are not instants, so the shape is checked first.
-_RFC3339 = re.compile(
-    r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(?:\.\d{1,9})?(?:[Zz]|[+-]\d{2}:\d{2})?$", re.ASCII
-)
+_RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(?:\.\d{1,9})?(?:[Zz]|[+-]\d{2}:\d{2})?$", re.ASCII)
 _FRACTION = re.compile(r"\.(\d{7,9})")
 
 # Files under the zoneinfo directory that are not IANA zone names.

@@ -7,7 +7,6 @@ Every field reads ``SUNDIAL_<NAME>`` from the environment (``SUNDIAL_PORT``, ``S
 from __future__ import annotations
 
 from pydantic import Field, model_validator
-
 from sundial_common.settings import CommonSettings
 
 
@@ -27,9 +26,7 @@ class ApiSettings(CommonSettings):
         ge=0,
         description="A ONE_SHOT `runAt` at most this far in the past fires at once; further in the past → 422.",
     )
-    default_timeout_sec: int = Field(
-        600, ge=1, le=604800, description="`timeoutSec` of a job that does not give one."
-    )
+    default_timeout_sec: int = Field(600, ge=1, le=604800, description="`timeoutSec` of a job that does not give one.")
     db_pool_size: int = Field(20, ge=1, le=1000, description="Most Postgres connections one replica holds.")
     redis_timeout_sec: float = Field(
         1.0,

@@ -84,6 +84,13 @@ class OffsetTracker:
             if part is not None:
                 part.committed = position
 
+    def mark_uncommitted(self, positions: Mapping[TopicPartitionKey, int]) -> None:
+        """A commit of ``positions`` failed: offer them again at the next :meth:`committable`."""
+        for tp, position in positions.items():
+            part = self._partitions.get(tp)
+            if part is not None and part.committed == position:
+                part.committed = None
+
     def forget(self, partitions: Iterable[TopicPartitionKey]) -> None:
         """Drop partitions that were revoked: their commit position is no longer ours to move."""
         for tp in partitions:

@@ -223,4 +223,3 @@ def context_logger(
             "trace_id": trace_id,
         },
     )
-

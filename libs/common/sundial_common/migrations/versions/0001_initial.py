@@ -6,6 +6,7 @@ Create Date: 2026-11-21
 """
 
 from alembic import op
+from sqlalchemy.util import await_only
 
 revision = "0001"
 down_revision = None
@@ -13,8 +14,22 @@ branch_labels = None
 depends_on = None
 
 
+def _run_script(sql: str) -> None:
+    """Run a multi-statement SQL script inside the migration's transaction.
+
+    SQLAlchemy's asyncpg driver prepares every statement it sends, and a prepared statement holds a single
+    command ("cannot insert multiple commands into a prepared statement"), so the script goes through
+    asyncpg's simple-query ``execute`` on the same connection. The ``SELECT 1`` through SQLAlchemy first
+    makes the driver open the connection's transaction, so the script is part of it and commits with the
+    version bump.
+    """
+    bind = op.get_bind()
+    bind.exec_driver_sql("SELECT 1")
+    await_only(bind.connection.driver_connection.execute(sql))  # type: ignore[union-attr]
+
+
 def upgrade() -> None:
-    op.execute(
+    _run_script(
         """
     CREATE TABLE tenants (
         id          text PRIMARY KEY,
@@ -129,7 +144,7 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    op.execute(
+    _run_script(
         """
     DROP TABLE audit_log, shard_fence, execution_attempts, executions, jobs, tenants;
     DROP FUNCTION audit_log_is_append_only();

@@ -1,0 +1,158 @@
+"""The FastAPI application: routers, error handling, tracing, and the resources one process holds.
+
+:func:`create_app` builds an app from :class:`~sundial_api.settings.ApiSettings`; its lifespan opens one
+asyncpg pool (the :class:`~sundial_common.store.Store`) and one Redis connection pool (the
+:class:`~sundial_common.hotwindow.HotWindow`) and closes them on shutdown. Replicas share nothing else,
+so the API scales by running more of them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from redis.asyncio import Redis
+from sundial_common.clock import Clock, SystemClock
+from sundial_common.hotwindow import HotWindow
+from sundial_common.store import Store
+
+from sundial_api import executions, health, jobs, problems
+from sundial_api.limits import BodyLimitMiddleware
+from sundial_api.responses import OrjsonResponse
+from sundial_api.settings import ApiSettings
+from sundial_api.state import ApiState
+from sundial_api.tracing import TracingMiddleware
+
+log = logging.getLogger("sundial.api")
+
+DESCRIPTION = """\
+Sundial registers jobs — run once at an instant (`ONE_SHOT`), or after a delay (`DELAYED`) — and fires
+every occurrence on time, handing it at least once to a named worker pool over Kafka. Each occurrence is
+an **execution** with its attempts, worker, timestamps and an OpenTelemetry trace that runs from this API
+request through the dispatcher to the handler.
+
+**Authentication.** Every `/v1` call needs `Authorization: Bearer <jwt>`; the token names the tenant, and
+a tenant sees only its own jobs and executions (anything else is 404).
+
+**Errors** are RFC 9457 problem documents (`application/problem+json`) with `type`, `title`, `status`,
+`detail` and `errors: [{"field", "message"}]`, where `field` is the dotted camelCase path of the input at
+fault (`target.pool`, `runAt`, `cursor`, `body`). A failed request changes nothing.
+
+**Instants** are RFC 3339; responses give them in UTC with `Z`. Fire times have millisecond precision.
+"""
+
+TAGS = [
+    {"name": "jobs", "description": "Register, read and cancel jobs; page through their executions."},
+    {"name": "executions", "description": "One occurrence of a job: state, attempts, worker, trace."},
+    {"name": "health", "description": "Liveness and readiness probes (no token needed)."},
+]
+
+
+def _version() -> str:
+    try:
+        return version("sundial-api")
+    except PackageNotFoundError:  # running from a source tree that was never installed
+        return "0.0.0"
+
+
+def create_app(settings: ApiSettings | None = None, *, clock: Clock | None = None) -> FastAPI:
+    """The API as an ASGI app. ``clock`` is injectable so tests can pin "now"."""
+    settings = settings if settings is not None else ApiSettings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        store = await Store.connect(
+            settings.database_url, min_size=min(2, settings.db_pool_size), max_size=settings.db_pool_size
+        )
+        # Timeouts bound how long a sick Redis can hold a request: Redis is only a cache here.
+        redis = Redis.from_url(
+            settings.redis_url,
+            socket_timeout=settings.redis_timeout_sec,
+            socket_connect_timeout=settings.redis_timeout_sec,
+        )
+        app.state.api = ApiState(
+            settings=settings, store=store, hot_window=HotWindow(redis), clock=clock or SystemClock()
+        )
+        log.info("api ready (shards=%d, hot window=%ds)", settings.shards, settings.hot_window_sec)
+        try:
+            yield
+        finally:
+            await redis.aclose()
+            await store.close()
+            # Export the spans still queued here: after a graceful SIGTERM shutdown uvicorn re-raises the
+            # signal, and the process dies without running atexit hooks.
+            provider = trace.get_tracer_provider()
+            if isinstance(provider, TracerProvider):
+                await asyncio.to_thread(provider.force_flush)
+
+    app = FastAPI(
+        title="Sundial",
+        summary="A distributed job scheduler: register jobs over HTTP, run them on your worker pools.",
+        description=DESCRIPTION,
+        version=_version(),
+        openapi_tags=TAGS,
+        lifespan=lifespan,
+        default_response_class=OrjsonResponse,
+        redoc_url=None,
+        # FastAPI's own OpenTelemetry instrumentation would open a second SERVER span per request (and two
+        # INTERNAL ones, on the benchmark path); Sundial's request span is TracingMiddleware's, which
+        # names and shapes it the way the dispatcher and the worker continue it.
+        telemetry={"tracing": False, "metrics": False, "logs": False, "operation_spans": False},
+    )
+    problems.install(app)
+    # Whole-request limit: 413 before the body is parsed. The payload's own, smaller limit is checked
+    # after parsing, where the field can be named. Tracing goes outermost so that 413s are traced too.
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_bytes)
+    app.add_middleware(TracingMiddleware)
+    app.include_router(jobs.router)
+    app.include_router(executions.router)
+    app.include_router(health.router)
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = _problem_media_types(
+                get_openapi(
+                    title=app.title,
+                    version=app.version,
+                    summary=app.summary,
+                    description=app.description,
+                    routes=app.routes,
+                    tags=app.openapi_tags,
+                )
+            )
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+    return app
+
+
+def _problem_media_types(schema: dict[str, Any]) -> dict[str, Any]:
+    """Publish error responses as they are sent: ``application/problem+json`` with the Problem schema.
+
+    FastAPI files every documented response model under the route's default media type (JSON), and adds
+    its own ``HTTPValidationError`` 422 to routes with parameters; the API answers every validation error
+    with a Problem instead (see ``problems.py``), so the document says that.
+    """
+    problem = {"$ref": "#/components/schemas/Problem"}
+    for path_item in schema.get("paths", {}).values():
+        for operation in path_item.values():
+            for status, response in operation.get("responses", {}).items():
+                content = response.get("content", {})
+                if str(status)[0] in "45" and "application/json" in content:
+                    media = content["application/json"]
+                    if media.get("schema", {}).get("$ref", "").endswith("/HTTPValidationError"):
+                        media = {"schema": problem}
+                        response["description"] = "Invalid input; `errors` names each field at fault."
+                    response["content"] = {"application/problem+json": media}
+    schemas = schema.get("components", {}).get("schemas", {})
+    for unused in ("HTTPValidationError", "ValidationError"):
+        schemas.pop(unused, None)
+    return schema

@@ -1,0 +1,59 @@
+"""Bearer-token authentication: every /v1 route runs as the tenant the token names.
+
+Tokens are HS256 JWTs minted by ``sundial token`` (``sundial_common.auth``). Anything wrong with the
+token — missing, another scheme, bad signature, expired, no tenant — is the same 401, with
+``WWW-Authenticate: Bearer`` as RFC 6750 asks, and says what was wrong without echoing the token.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Annotated
+
+from fastapi import Depends
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sundial_common.auth import TENANT, InvalidToken, Principal, verify_token
+
+from sundial_api.problems import ProblemError
+from sundial_api.state import State
+
+_TENANT = re.compile(TENANT)
+
+# auto_error=False: a missing header must produce our problem document, not FastAPI's default body.
+_bearer = HTTPBearer(
+    auto_error=False,
+    scheme_name="bearerAuth",
+    bearerFormat="JWT",
+    description="A JWT naming the tenant (`sundial token --tenant <name>` mints one).",
+)
+
+
+def _unauthorized(detail: str, error: str) -> ProblemError:
+    return ProblemError(401, detail, headers={"WWW-Authenticate": f'Bearer realm="sundial", error="{error}"'})
+
+
+async def authenticate(
+    state: State, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+) -> Principal:
+    if credentials is None:
+        raise ProblemError(
+            401,
+            "a bearer token is required (Authorization: Bearer <jwt>)",
+            headers={"WWW-Authenticate": 'Bearer realm="sundial"'},
+        )
+    token = credentials.credentials
+    principal = state.verified_tokens.get(token, time.time())
+    if principal is not None:
+        return principal
+    try:
+        principal = verify_token(state.settings.jwt_secret, token)
+    except InvalidToken as exc:
+        raise _unauthorized(f"invalid bearer token: {exc}", "invalid_token") from None
+    if not _TENANT.match(principal.tenant):
+        raise _unauthorized("invalid bearer token: malformed tenant name", "invalid_token")
+    state.verified_tokens.put(token, principal)
+    return principal
+
+
+Authenticated = Annotated[Principal, Depends(authenticate)]

@@ -1,0 +1,85 @@
+"""``sundial api``: run one API replica under uvicorn (uvloop event loop, httptools parser).
+
+Options fall back to ``SUNDIAL_*`` environment variables, then to the defaults in
+:class:`~sundial_api.settings.ApiSettings`. SIGTERM and SIGINT stop it gracefully: uvicorn stops
+accepting, finishes in-flight requests, then the lifespan closes the database and Redis pools.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+import uvicorn
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from pydantic import ValidationError
+from sundial_common.logs import setup_logging
+from sundial_common.telemetry import setup_tracing
+
+from sundial_api.app import create_app
+from sundial_api.settings import ApiSettings
+
+log = logging.getLogger("sundial.api")
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+# Requests still running this long after SIGTERM are abandoned, so a stuck client cannot block a deploy.
+GRACEFUL_SHUTDOWN_SEC = 30
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="sundial api",
+        description="Run the Sundial HTTP API (one stateless replica; run more for more throughput). "
+        "Connection settings come from SUNDIAL_DATABASE_URL, SUNDIAL_REDIS_URL, SUNDIAL_JWT_SECRET, "
+        "SUNDIAL_OTLP_ENDPOINT and the other SUNDIAL_* variables.",
+    )
+    parser.add_argument("--host", default=None, help="Interface to bind (env SUNDIAL_HOST; default 127.0.0.1).")
+    parser.add_argument("--port", type=int, default=None, help="TCP port to bind (env SUNDIAL_PORT; default 8080).")
+    parser.add_argument(
+        "--log-level",
+        default=None,
+        type=str.upper,
+        choices=LOG_LEVELS,
+        help="Logging level (env SUNDIAL_LOG_LEVEL; default INFO).",
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    overrides = {"host": args.host, "port": args.port, "log_level": args.log_level}
+    try:
+        settings = ApiSettings(**{name: value for name, value in overrides.items() if value is not None})
+    except ValidationError as exc:
+        parser.error(f"invalid configuration:\n{exc}")
+
+    setup_logging(settings.log_level, settings.log_format)
+    setup_tracing("sundial-api", settings.otlp_endpoint)
+    config = uvicorn.Config(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        loop="uvloop",
+        http="httptools",
+        lifespan="on",
+        log_config=None,  # keep the process's logging setup (text or JSON lines)
+        log_level=settings.log_level.lower(),
+        access_log=settings.access_log,
+        server_header=False,
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SEC,
+    )
+    server = uvicorn.Server(config)
+    try:
+        server.run()
+    finally:
+        provider = trace.get_tracer_provider()
+        if isinstance(provider, TracerProvider):
+            provider.shutdown()  # flush spans still queued for export
+    # uvicorn returns without starting when the lifespan failed (e.g. Postgres unreachable).
+    return 0 if server.started else 3
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

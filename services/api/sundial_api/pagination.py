@@ -1,0 +1,48 @@
+"""Keyset pagination cursors: an opaque token for "after this row" in newest-first order.
+
+A cursor is base64url (no padding) of ``v1:<scheduled_for as epoch µs>:<execution id hex>`` — the sort
+key of the last row returned. Keyset pages stay correct and cheap however deep the client goes (no
+OFFSET scan) and while new executions arrive. The version prefix lets the encoding change later
+without misreading old cursors.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+from datetime import UTC, datetime, timedelta
+from uuid import UUID
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+_BASE64URL = re.compile(r"^[A-Za-z0-9_-]{1,200}$")
+_PLAIN = re.compile(r"^v1:(-?\d{1,20}):([0-9a-f]{32})$")
+
+
+class InvalidCursor(ValueError):
+    pass
+
+
+def encode_cursor(scheduled_for: datetime, execution_id: UUID) -> str:
+    micros = (scheduled_for - _EPOCH) // _MICROSECOND
+    plain = f"v1:{micros}:{execution_id.hex}".encode()
+    return base64.urlsafe_b64encode(plain).rstrip(b"=").decode()
+
+
+def decode_cursor(cursor: str) -> tuple[datetime, UUID]:
+    """The (scheduled_for, id) a cursor stands for; :class:`InvalidCursor` if this API did not issue it."""
+    if not _BASE64URL.match(cursor):
+        raise InvalidCursor("is not a cursor returned by this API")
+    try:
+        plain = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode("ascii")
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        raise InvalidCursor("is not a cursor returned by this API") from None
+    match = _PLAIN.match(plain)
+    if match is None:
+        raise InvalidCursor("is not a cursor returned by this API")
+    try:
+        scheduled_for = _EPOCH + int(match.group(1)) * _MICROSECOND
+    except OverflowError:
+        raise InvalidCursor("is not a cursor returned by this API") from None
+    return scheduled_for, UUID(hex=match.group(2))

@@ -1,0 +1,37 @@
+"""What one API process holds for its whole life: settings, the Postgres store, the Redis hot window, the clock.
+
+Built once by the app's lifespan and reached by handlers through :func:`get_state`, so no request opens a
+connection pool of its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Annotated
+
+from fastapi import Depends, Request
+from sundial_common.clock import Clock
+from sundial_common.hotwindow import HotWindow
+from sundial_common.store import Store
+
+from sundial_api.settings import ApiSettings
+from sundial_api.tokens import VerifiedTokens
+
+
+@dataclass(frozen=True, slots=True)
+class ApiState:
+    settings: ApiSettings
+    store: Store
+    hot_window: HotWindow
+    clock: Clock
+    verified_tokens: VerifiedTokens = field(default_factory=VerifiedTokens)
+
+
+async def get_state(request: Request) -> ApiState:
+    # ``async`` on purpose: FastAPI runs a plain ``def`` dependency in a worker thread, a thread hop per
+    # request for a dictionary lookup.
+    state: ApiState = request.app.state.api
+    return state
+
+
+State = Annotated[ApiState, Depends(get_state)]

@@ -1,0 +1,135 @@
+"""`sundial worker`: serve one pool's handlers from Kafka until SIGTERM/SIGINT.
+
+``sundial worker --app mymodule:worker`` imports ``worker`` (a :class:`~sundial_worker.sdk.Worker`)
+from ``mymodule`` — the current directory is importable, as with uvicorn — and runs it with
+:class:`~sundial_worker.runtime.WorkerRuntime`. The first signal stops gracefully (running handlers
+get the shutdown grace); a second one cuts the grace short.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import logging
+import os
+import signal
+import sys
+
+from pydantic import ValidationError
+from sundial_common.logs import setup_logging
+from sundial_common.service import run
+from sundial_common.telemetry import setup_tracing
+
+from sundial_worker.runtime import WorkerRuntime
+from sundial_worker.sdk import Worker
+from sundial_worker.settings import WorkerSettings
+
+log = logging.getLogger("sundial.worker")
+
+
+class AppError(Exception):
+    """``--app`` does not name a Worker; the message says why."""
+
+
+def load_worker(spec: str) -> Worker:
+    """The Worker named by ``module:attribute`` (``module`` alone means ``module:worker``)."""
+    module_name, _, attribute = spec.partition(":")
+    attribute = attribute or "worker"
+    if not module_name:
+        raise AppError(f"--app {spec!r}: expected `module:attribute`, e.g. `mymodule:worker`")
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        target: object = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and module_name.startswith(exc.name):
+            raise AppError(f"--app {spec!r}: no module named {exc.name!r} (is it on PYTHONPATH?)") from exc
+        raise  # the module exists but one of its own imports failed: show the real traceback
+    for part in attribute.split("."):
+        try:
+            target = getattr(target, part)
+        except AttributeError as exc:
+            raise AppError(f"--app {spec!r}: module {module_name!r} has no attribute {attribute!r}") from exc
+    if not isinstance(target, Worker):
+        raise AppError(f"--app {spec!r} is a {type(target).__name__}, not a sundial_worker.Worker")
+    return target
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="sundial worker",
+        description="Consume a pool's executions from Kafka and run their handlers: claim each one with a "
+        "compare-and-swap in Postgres, record its outcome, commit the offset only after that write. "
+        "SIGTERM/SIGINT stop gracefully; a second signal abandons running handlers to the sweeper.",
+    )
+    parser.add_argument("--app", help="The Worker to serve, as module:attribute (env SUNDIAL_WORKER_APP).")
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        help="Handlers running at once (env SUNDIAL_WORKER_CONCURRENCY; default: the Worker's concurrency).",
+    )
+    parser.add_argument(
+        "--worker-id", help="Identity in attempts and heartbeats (env SUNDIAL_WORKER_ID; default: host-pid)."
+    )
+    parser.add_argument(
+        "--shutdown-grace",
+        type=float,
+        help="Seconds a stop waits for running handlers (env SUNDIAL_WORKER_SHUTDOWN_GRACE_SEC; default 30).",
+    )
+    parser.add_argument("--log-level", help="Logging level (env SUNDIAL_LOG_LEVEL; default INFO).")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run a pool's handlers (`sundial worker --app module:worker`)."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    overrides = {
+        "worker_app": args.app,
+        "worker_concurrency": args.concurrency,
+        "worker_id": args.worker_id,
+        "worker_shutdown_grace_sec": args.shutdown_grace,
+        "log_level": args.log_level,
+    }
+    try:
+        settings = WorkerSettings(**{k: v for k, v in overrides.items() if v is not None})
+    except ValidationError as exc:
+        parser.error(str(exc))
+    setup_logging(settings.log_level, settings.log_format)
+    if not settings.worker_app:
+        parser.error("--app is required (or set SUNDIAL_WORKER_APP), e.g. --app sundial_worker.demo:worker")
+    try:
+        worker = load_worker(settings.worker_app)
+        config = settings.runtime_config(worker)
+    except (AppError, ValueError) as exc:
+        print(f"sundial worker: {exc}", file=sys.stderr)
+        return 2
+    setup_tracing("sundial-worker", settings.otlp_endpoint)
+    runtime = WorkerRuntime(worker, settings, config=config, worker_id=settings.identity())
+
+    async def serve(stop: asyncio.Event) -> None:
+        loop = asyncio.get_running_loop()
+
+        def on_signal() -> None:
+            if stop.is_set():
+                log.warning("second signal: abandoning running handlers now")
+                runtime.force_stop()
+            stop.set()
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, on_signal)
+        await runtime.run_until(stop)
+
+    code = run(serve)
+    if runtime.stuck_sync_handlers:
+        # A sync handler's thread cannot be interrupted, and the interpreter would wait for it at
+        # exit; everything that matters is written and committed, so leave without it.
+        log.warning("%d sync handler threads still running; exiting without them", runtime.stuck_sync_handlers)
+        logging.shutdown()
+        os._exit(code)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,358 @@
+"""The worker's side of Kafka: one consumer group per pool, and offsets committed only behind Postgres.
+
+:class:`ExecutionConsumer` is the small interface the runtime depends on (CONVENTIONS 1);
+:class:`KafkaExecutionConsumer` is its confluent-kafka implementation.
+
+Threading. confluent-kafka blocks and is not asyncio-aware, and its consumer must not be closed
+while another thread is inside ``consume()``. So every call on the consumer — consume, commit,
+pause, close — runs on one dedicated thread (a single-worker executor), which also makes it the
+thread that runs the rebalance callbacks. The only state shared with the event loop is the
+:class:`~sundial_worker.offsets.OffsetTracker` and the set of assigned partitions, guarded by a lock.
+
+Back-pressure. The runtime asks for at most as many messages as it has free handler slots, so
+nothing is taken from Kafka that cannot start now. When every slot is busy it calls
+:meth:`keepalive` instead: that pauses the assigned partitions and still calls ``consume()``, which
+is what keeps this member in the group (``max.poll.interval.ms``) and lets rebalances complete while
+long handlers run.
+
+Commits. A message is acknowledged (:meth:`ack`) once its Postgres write is done; :meth:`commit`
+commits, per partition, the end of the contiguous acknowledged prefix. When partitions are revoked,
+their prefix is committed synchronously before they go, so the next owner redelivers as little as
+possible; messages still running here are redelivered to it and lose the start CAS there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from sundial_common.broker import ensure_topics
+from sundial_common.messages import pool_topic
+
+from sundial_worker.offsets import OffsetTracker, TopicPartitionKey
+
+log = logging.getLogger("sundial.worker.kafka")
+
+T = TypeVar("T")
+
+
+def consumer_group(pool: str) -> str:
+    """Every worker of a pool shares one group, so each message goes to one of them."""
+    return f"sundial.pool.{pool}"
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """One message as the consumer handed it out; :meth:`ExecutionConsumer.ack` takes it back."""
+
+    topic: str
+    partition: int
+    offset: int
+    value: bytes | None
+    traceparent: str | None
+
+    @property
+    def tp(self) -> TopicPartitionKey:
+        return (self.topic, self.partition)
+
+
+class ExecutionConsumer(Protocol):
+    """Where execution messages come from, and where the worker says it is done with them."""
+
+    @property
+    def ready(self) -> asyncio.Event:
+        """Set once this member has been assigned partitions for the first time."""
+        ...
+
+    async def open(self) -> None: ...
+
+    async def poll(self, max_messages: int, wait_sec: float) -> list[Delivery]:
+        """Up to ``max_messages`` deliveries; waits at most ``wait_sec`` seconds for the first one."""
+        ...
+
+    async def keepalive(self, wait_sec: float) -> None:
+        """Stay in the group without taking messages (every handler slot is busy)."""
+        ...
+
+    def ack(self, delivery: Delivery) -> None:
+        """The delivery needs nothing more: its offset may be committed once those before it are."""
+        ...
+
+    async def commit(self) -> int:
+        """Commit what :meth:`ack` allows (asynchronously); returns how many partitions moved."""
+        ...
+
+    async def close(self) -> None:
+        """Final synchronous commit, then leave the group. Idempotent."""
+        ...
+
+
+class KafkaExecutionConsumer:
+    """confluent-kafka consumer of one pool's topic, driven from a dedicated thread."""
+
+    def __init__(
+        self,
+        bootstrap: str,
+        pool: str,
+        *,
+        client_id: str,
+        topic_partitions: int = 4,
+        overrides: dict[str, Any] | None = None,
+    ) -> None:
+        self.bootstrap = bootstrap
+        self.pool = pool
+        self.topic = pool_topic(pool)
+        self.group = consumer_group(pool)
+        self._topic_partitions = topic_partitions
+        self._config: dict[str, Any] = {
+            "bootstrap.servers": bootstrap,
+            "group.id": self.group,
+            "client.id": client_id,
+            # Offsets are committed by hand, only behind the Postgres write (see OffsetTracker).
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "auto.offset.reset": "earliest",
+            # tansu holds a first group join for about half the session timeout; librdkafka's 45 s
+            # default would leave a fresh worker without partitions for ~23 s.
+            "session.timeout.ms": 6000,
+            "heartbeat.interval.ms": 1000,
+            # The broker may come back empty (tansu keeps topics in memory): notice it quickly.
+            "topic.metadata.refresh.interval.ms": 10000,
+            "error_cb": self._on_error,
+        }
+        self._config.update(overrides or {})
+        self._ready = asyncio.Event()
+        self._lock = threading.Lock()
+        self._tracker = OffsetTracker()
+        self._assigned: set[TopicPartitionKey] = set()
+        self._consumer: Consumer | None = None
+        self._thread: ThreadPoolExecutor | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._paused = False
+        self._closed = False
+        self._fatal: KafkaError | None = None
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    @property
+    def ready(self) -> asyncio.Event:
+        return self._ready
+
+    async def open(self) -> None:
+        if self._consumer is not None:
+            return
+        self._loop = asyncio.get_running_loop()
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"sundial-kafka-{self.pool}")
+        await self._call(self._open_sync)
+
+    def _open_sync(self) -> None:
+        # Create the topic before subscribing, so the subscription never races topic auto-creation
+        # (a consumer subscribed to a missing topic only notices it at the next metadata refresh).
+        ensure_topics(self.bootstrap, [self.topic], partitions=self._topic_partitions)
+        consumer = Consumer(self._config)
+        consumer.subscribe([self.topic], on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost)
+        self._consumer = consumer
+
+    async def close(self) -> None:
+        if self._closed or self._thread is None:
+            self._closed = True
+            return
+        self._closed = True
+        try:
+            await self._call(self._close_sync)
+        finally:
+            self._thread.shutdown(wait=False)
+
+    def _close_sync(self) -> None:
+        consumer = self._consumer
+        if consumer is None:
+            return
+        self._commit_sync(consumer, asynchronous=False)
+        # close() leaves the group, so the partitions move to another member at once, not after the
+        # session timeout.
+        consumer.close()
+        self._consumer = None
+
+    # --- consuming ------------------------------------------------------------------------
+
+    async def poll(self, max_messages: int, wait_sec: float) -> list[Delivery]:
+        return await self._call(self._poll_sync, max_messages, wait_sec)
+
+    def _poll_sync(self, max_messages: int, timeout: float) -> list[Delivery]:
+        consumer = self._live_consumer()
+        if self._paused:
+            consumer.resume(consumer.assignment())
+            self._paused = False
+        # consume(n, t) waits until n messages or t elapsed, whichever comes first: wait for one
+        # message (low latency), then take whatever else is already fetched (batching).
+        messages = consumer.consume(1, timeout)
+        if messages and max_messages > 1:
+            messages.extend(consumer.consume(max_messages - 1, 0))
+        deliveries: list[Delivery] = []
+        with self._lock:
+            for message in messages:
+                if not self._usable(message):
+                    continue
+                topic, partition, offset = message.topic(), message.partition(), message.offset()
+                assert topic is not None and partition is not None and offset is not None
+                tp = (topic, partition)
+                # A message of a partition revoked between the two consume() calls is still run (the
+                # start CAS keeps that safe), but its offset belongs to the new owner now.
+                if tp in self._assigned:
+                    self._tracker.add(tp, offset)
+                deliveries.append(Delivery(topic, partition, offset, message.value(), _traceparent(message)))
+        return deliveries
+
+    async def keepalive(self, wait_sec: float) -> None:
+        await self._call(self._keepalive_sync, wait_sec)
+
+    def _keepalive_sync(self, timeout: float) -> None:
+        consumer = self._live_consumer()
+        consumer.pause(consumer.assignment())
+        self._paused = True
+        messages = [m for m in consumer.consume(64, timeout) if self._usable(m)]
+        if not messages:
+            return
+        # Partitions assigned during this call are not paused yet and may have delivered: put them
+        # back, so they are taken when a slot is free (nothing is claimed that cannot start now).
+        first: dict[TopicPartitionKey, int] = {}
+        for m in messages:
+            topic, partition, offset = m.topic(), m.partition(), m.offset()
+            assert topic is not None and partition is not None and offset is not None
+            first[(topic, partition)] = min(offset, first.get((topic, partition), offset))
+        for (topic, partition), offset in first.items():
+            consumer.seek(TopicPartition(topic, partition, offset))
+        consumer.pause(consumer.assignment())
+        log.debug("saturated: put back %d messages", len(messages))
+
+    def _usable(self, message: Message) -> bool:
+        err = message.error()
+        if err is None:
+            return True
+        if err.code() == KafkaError._PARTITION_EOF:
+            return False
+        if err.fatal():
+            raise KafkaException(err)
+        # Unknown topic (the broker restarted empty), transport errors: librdkafka retries these.
+        log.warning("kafka consume error on %s: %s", self.topic, err)
+        return False
+
+    # --- acknowledging and committing -----------------------------------------------------
+
+    def ack(self, delivery: Delivery) -> None:
+        with self._lock:
+            self._tracker.done(delivery.tp, delivery.offset)
+
+    def ack_many(self, deliveries: Sequence[Delivery]) -> None:
+        with self._lock:
+            for delivery in deliveries:
+                self._tracker.done(delivery.tp, delivery.offset)
+
+    async def commit(self) -> int:
+        if self._closed or self._consumer is None:
+            return 0
+        return await self._call(self._commit_live)
+
+    def _commit_live(self) -> int:
+        consumer = self._consumer
+        return 0 if consumer is None else self._commit_sync(consumer, asynchronous=True)
+
+    def _commit_sync(self, consumer: Consumer, *, asynchronous: bool) -> int:
+        with self._lock:
+            positions = self._tracker.committable(self._assigned)
+            if not positions:
+                return 0
+            self._tracker.mark_committed(positions)
+        offsets = [TopicPartition(topic, partition, offset) for (topic, partition), offset in positions.items()]
+        try:
+            if asynchronous:
+                consumer.commit(offsets=offsets, asynchronous=True)
+            else:
+                consumer.commit(offsets=offsets, asynchronous=False)
+        except KafkaException as exc:
+            # Not fatal: the next commit covers these partitions again, and at worst a few messages
+            # are delivered again and lose the start CAS.
+            log.warning("offset commit failed: %s", exc)
+            with self._lock:
+                self._tracker.mark_uncommitted(positions)
+            return 0
+        return len(offsets)
+
+    def pending(self) -> int:
+        """Messages handed out and not yet acknowledged, over all assigned partitions (for tests)."""
+        with self._lock:
+            return sum(self._tracker.pending(tp) for tp in self._tracker.partitions())
+
+    # --- callbacks (on the consumer thread, from inside consume()) ------------------------
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        keys = {(p.topic, p.partition) for p in partitions}
+        with self._lock:
+            self._assigned |= keys
+        log.info("partitions assigned: %s", _describe(partitions) or "none (more members than partitions)")
+        if self._loop is not None and not self._ready.is_set():
+            self._loop.call_soon_threadsafe(self._ready.set)
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        keys = {(p.topic, p.partition) for p in partitions}
+        with self._lock:
+            positions = self._tracker.committable(keys & self._assigned)
+            self._tracker.forget(keys)
+            self._assigned -= keys
+        if positions:
+            offsets = [TopicPartition(t, p, o) for (t, p), o in positions.items()]
+            try:
+                consumer.commit(offsets=offsets, asynchronous=False)
+            except KafkaException as exc:
+                log.warning("commit on revoke failed: %s", exc)
+        log.info("partitions revoked: %s", _describe(partitions))
+
+    def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        # Lost (session expired): the partitions may already be someone else's; committing could
+        # move their offsets under the new owner, so just let go.
+        keys = {(p.topic, p.partition) for p in partitions}
+        with self._lock:
+            self._tracker.forget(keys)
+            self._assigned -= keys
+        log.warning("partitions lost: %s", _describe(partitions))
+
+    def _on_error(self, err: KafkaError) -> None:
+        if err.fatal():
+            self._fatal = err
+            log.error("fatal kafka error: %s", err)
+        else:
+            log.warning("kafka: %s", err)
+
+    # --- plumbing -------------------------------------------------------------------------
+
+    def _live_consumer(self) -> Consumer:
+        if self._fatal is not None:
+            raise KafkaException(self._fatal)
+        if self._consumer is None:
+            raise RuntimeError("the Kafka consumer is not open")
+        return self._consumer
+
+    async def _call(self, func: Callable[..., T], *args: Any) -> T:
+        if self._thread is None:
+            raise RuntimeError("the Kafka consumer is not open")
+        return await asyncio.get_running_loop().run_in_executor(self._thread, func, *args)
+
+
+def _traceparent(message: Message) -> str | None:
+    headers = message.headers()
+    # Consumed messages carry a list of (name, value) pairs; the dict form only exists for producing.
+    pairs = headers.items() if isinstance(headers, dict) else headers or ()
+    for name, value in pairs:
+        if name == "traceparent" and value is not None:
+            return value.decode() if isinstance(value, bytes) else value
+    return None
+
+
+def _describe(partitions: Sequence[TopicPartition]) -> str:
+    return ", ".join(f"{p.topic}[{p.partition}]" for p in partitions)

@@ -1,0 +1,36 @@
+"""The example pool ``demo`` that ``make run`` serves: ``sundial worker --app sundial_worker.demo:worker``.
+
+``echo`` returns its payload, ``fail`` always raises, ``sleep`` sleeps ``payload["seconds"]`` while
+checkpointing its progress every second.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from sundial_worker.sdk import Context, Worker
+
+worker = Worker(pool="demo")
+
+
+@worker.handler("echo")
+async def echo(ctx: Context, payload: Any) -> Any:
+    return payload
+
+
+@worker.handler("fail")
+async def fail(ctx: Context, payload: Any) -> None:
+    raise RuntimeError("demo failure")
+
+
+@worker.handler("sleep")
+async def sleep(ctx: Context, payload: Any) -> dict[str, float]:
+    seconds = float(payload.get("seconds", 1)) if isinstance(payload, dict) else 1.0
+    slept = 0.0
+    while slept < seconds:
+        step = min(1.0, seconds - slept)
+        await asyncio.sleep(step)
+        slept += step
+        await ctx.heartbeat(progress={"slept": slept})
+    return {"slept": slept}

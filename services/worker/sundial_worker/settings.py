@@ -1,0 +1,56 @@
+"""The worker process's settings: the shared connection settings plus the runtime's knobs.
+
+Every field reads ``SUNDIAL_<FIELD>`` (``SUNDIAL_WORKER_CONCURRENCY`` …); the CLI's options override
+them. Concurrency has three layers: ``--concurrency``, then ``SUNDIAL_WORKER_CONCURRENCY``, then the
+``Worker(concurrency=…)`` the tenant wrote in code.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+from sundial_common.settings import CommonSettings
+
+from sundial_worker.runtime import WorkerConfig
+from sundial_worker.sdk import Worker
+
+_DEFAULTS = WorkerConfig()
+
+
+class WorkerSettings(CommonSettings):
+    """Settings of ``sundial worker``."""
+
+    worker_app: str | None = Field(None, description="The Worker to serve, as `module:attribute`.")
+    worker_concurrency: int | None = Field(
+        None, ge=1, description="Handlers running at once (default: the Worker's own `concurrency`)."
+    )
+    worker_id: str | None = Field(
+        None, description="This worker's identity in attempts and heartbeats (default: instance_id)."
+    )
+    worker_poll_batch: int = Field(_DEFAULTS.poll_batch, ge=1, description="Most messages taken per poll.")
+    worker_heartbeat_interval_sec: float = Field(
+        _DEFAULTS.heartbeat_interval_sec, gt=0, description="How often liveness keys are renewed."
+    )
+    worker_heartbeat_ttl_sec: float = Field(
+        _DEFAULTS.heartbeat_ttl_sec, gt=0, description="Liveness key lifetime; must exceed the interval."
+    )
+    worker_commit_interval_sec: float = Field(
+        _DEFAULTS.commit_interval_sec, gt=0, description="How often Kafka offsets are committed."
+    )
+    worker_shutdown_grace_sec: float = Field(
+        _DEFAULTS.shutdown_grace_sec, ge=0, description="How long a stop waits for running handlers."
+    )
+    worker_db_pool_size: int = Field(_DEFAULTS.db_pool_size, ge=1, description="Postgres connections.")
+
+    def runtime_config(self, worker: Worker) -> WorkerConfig:
+        return WorkerConfig(
+            concurrency=self.worker_concurrency or worker.concurrency,
+            poll_batch=self.worker_poll_batch,
+            heartbeat_interval_sec=self.worker_heartbeat_interval_sec,
+            heartbeat_ttl_sec=self.worker_heartbeat_ttl_sec,
+            commit_interval_sec=self.worker_commit_interval_sec,
+            shutdown_grace_sec=self.worker_shutdown_grace_sec,
+            db_pool_size=self.worker_db_pool_size,
+        )
+
+    def identity(self) -> str:
+        return self.worker_id or self.instance_id

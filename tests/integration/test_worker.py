@@ -1,0 +1,625 @@
+"""The worker runtime on real Postgres, Redis and the broker.
+
+Work is produced the way the dispatcher produces it: a job row, the fenced dispatch transaction that
+creates its PENDING execution, then an ``ExecutionMessage`` on the pool's topic. Each test has a pool
+(so a topic and a consumer group) of its own, because topics outlive a test in the session's broker.
+Every wait is a condition polled against a deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import signal
+import sys
+import textwrap
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import OFFSET_INVALID, Consumer, Producer, TopicPartition
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
+from redis.asyncio import Redis
+from sundial_common.broker import KafkaPublisher
+from sundial_common.clock import from_ms, to_ms
+from sundial_common.ids import new_id
+from sundial_common.messages import ExecutionMessage, pool_topic
+from sundial_common.store import Occurrence, PlannedExecution, Record, Store
+from sundial_common.telemetry import trace_id_hex, traceparent, tracer
+from sundial_worker import Context, Worker, WorkerConfig, WorkerRuntime
+from sundial_worker import demo as demo_app
+from sundial_worker.consumer import consumer_group
+from sundial_worker.runtime import heartbeat_key
+from sundial_worker.settings import WorkerSettings
+
+TENANT = "acme"
+FAST = WorkerConfig(
+    concurrency=8,
+    heartbeat_interval_sec=0.5,
+    heartbeat_ttl_sec=5.0,
+    commit_interval_sec=0.1,
+    shutdown_grace_sec=10.0,
+)
+JOIN_SEC = 30.0  # a fresh consumer group on tansu needs ~half the session timeout to get partitions
+
+
+# --- fixtures -----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def spans() -> InMemorySpanExporter:
+    """Every span this process ends from now on. The global provider can be set only once per process,
+    so an already installed SDK provider gets one more processor instead."""
+    provider = trace.get_tracer_provider()
+    if not isinstance(provider, TracerProvider):
+        provider = TracerProvider()
+        trace.set_tracer_provider(provider)
+    exporter = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return exporter
+
+
+@pytest.fixture
+def pool() -> str:
+    return f"w-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+async def store(database_url: str) -> AsyncIterator[Store]:
+    s = await Store.connect(database_url)
+    yield s
+    await s.close()
+
+
+@pytest.fixture
+async def redis(redis_url: str) -> AsyncIterator[Redis]:
+    client = Redis.from_url(redis_url, decode_responses=True)
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture
+async def publisher(kafka_bootstrap: str) -> AsyncIterator[KafkaPublisher]:
+    p = KafkaPublisher(kafka_bootstrap)
+    yield p
+    await p.close()
+
+
+@pytest.fixture
+def settings(database_url: str, redis_url: str, kafka_bootstrap: str) -> WorkerSettings:
+    return WorkerSettings(database_url=database_url, redis_url=redis_url, kafka_bootstrap=kafka_bootstrap)
+
+
+# --- helpers ------------------------------------------------------------------------------------
+
+
+@asynccontextmanager
+async def serving(worker: Worker, settings: WorkerSettings, **config: Any) -> AsyncIterator[WorkerRuntime]:
+    """A started runtime that owns its partitions; stopped (gracefully) on exit."""
+    runtime = WorkerRuntime(
+        worker, settings, config=dataclasses.replace(FAST, **config), worker_id=f"test-{uuid.uuid4().hex[:6]}"
+    )
+    await runtime.start()
+    try:
+        await asyncio.wait_for(runtime.ready.wait(), JOIN_SEC)
+        yield runtime
+    finally:
+        await runtime.stop()
+
+
+async def dispatch(
+    store: Store,
+    pool: str,
+    handler: str,
+    payloads: list[Any],
+    *,
+    timeout_sec: int = 30,
+    traceparent_value: str | None = None,
+) -> list[ExecutionMessage]:
+    """Jobs due now, dispatched through the real fenced transaction: PENDING executions and their messages."""
+    due = from_ms(to_ms(datetime.now(UTC)))  # fire times are compared at millisecond precision
+    occurrences = []
+    for payload in payloads:
+        job_id = new_id()
+        await store.insert_job(
+            {
+                "id": job_id,
+                "tenant_id": TENANT,
+                "name": f"{handler}-test",
+                "type": "ONE_SHOT",
+                "run_at": due,
+                "pool": pool,
+                "handler": handler,
+                "payload": payload,
+                "timeout_sec": timeout_sec,
+                "shard": 0,
+                "next_fire_at": due,
+            },
+            actor="test",
+        )
+        occurrences.append(Occurrence(job_id, due))
+    trace_id = traceparent_value.split("-")[1] if traceparent_value else None
+
+    def plan(rows: Any) -> list[PlannedExecution]:
+        return [PlannedExecution(new_id(), row, None, 1, trace_id, traceparent_value) for row in rows]
+
+    planned = await store.dispatch(0, 1, "test", occurrences, plan)
+    assert len(planned) == len(payloads)
+    return [
+        ExecutionMessage(
+            execution_id=str(p.execution_id),
+            job_id=str(p.job["id"]),
+            tenant_id=TENANT,
+            pool=pool,
+            handler=handler,
+            attempt=1,
+            fence_token=1,
+            scheduled_for=p.job["next_fire_at"].isoformat(),
+            timeout_sec=timeout_sec,
+            payload=p.job["payload"],
+            traceparent=traceparent_value,
+        )
+        for p in planned
+    ]
+
+
+async def publish(publisher: KafkaPublisher, messages: list[ExecutionMessage]) -> None:
+    errors = await publisher.publish(messages)
+    assert errors == [None] * len(messages)
+
+
+async def wait_until(predicate: Callable[[], Awaitable[bool]], what: str, within: float = 20.0) -> None:
+    deadline = time.monotonic() + within
+    while not await predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {within:.0f}s waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+async def execution(store: Store, message: ExecutionMessage) -> Record:
+    row = await store.get_execution(TENANT, uuid.UUID(message.execution_id))
+    assert row is not None
+    return row
+
+
+async def wait_state(store: Store, message: ExecutionMessage, state: str, within: float = 20.0) -> Record:
+    async def reached() -> bool:
+        return bool((await execution(store, message))["state"] == state)
+
+    await wait_until(reached, f"execution {message.execution_id} to be {state}", within)
+    return await execution(store, message)
+
+
+def produce_to(bootstrap: str, partition: int, messages: list[ExecutionMessage]) -> None:
+    """Publish to one partition explicitly, to control the order messages sit in."""
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all"})
+    for m in messages:
+        producer.produce(m.topic, m.encode(), key=m.execution_id.encode(), headers=m.headers(), partition=partition)
+    assert producer.flush(10) == 0
+
+
+def read_as_group(
+    bootstrap: str, pool: str, until: Callable[[list[tuple[int, int, ExecutionMessage]]], bool], timeout: float
+) -> list[tuple[int, int, ExecutionMessage]]:
+    """Join the pool's consumer group as a new member and read (partition, offset, message) until ``until``."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": consumer_group(pool),
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+            "session.timeout.ms": 6000,
+            "heartbeat.interval.ms": 1000,
+        }
+    )
+    seen: list[tuple[int, int, ExecutionMessage]] = []
+    try:
+        consumer.subscribe([pool_topic(pool)])
+        deadline = time.monotonic() + timeout
+        while not until(seen):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"second group member saw only {[(p, o) for p, o, _ in seen]}")
+            for m in consumer.consume(100, 0.2):
+                if m.error() is None:
+                    value, partition, offset = m.value(), m.partition(), m.offset()
+                    assert value is not None and partition is not None and offset is not None
+                    seen.append((partition, offset, ExecutionMessage.decode(value)))
+    finally:
+        consumer.close()
+    return seen
+
+
+def committed(bootstrap: str, pool: str, partitions: list[int]) -> dict[int, int]:
+    """The group's committed offsets (OFFSET_INVALID = nothing committed); does not join the group."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": consumer_group(pool)})
+    try:
+        tps = consumer.committed([TopicPartition(pool_topic(pool), p) for p in partitions], timeout=10)
+        return {tp.partition: tp.offset for tp in tps}
+    finally:
+        consumer.close()
+
+
+def demo_worker(pool: str, **kwargs: Any) -> Worker:
+    """The demo app's handlers, served on a pool of this test's own."""
+    worker = Worker(pool=pool, **kwargs)
+    for name in ("echo", "fail", "sleep"):
+        worker.handler(name)(demo_app.worker.handlers[name].func)
+    return worker
+
+
+# --- tests --------------------------------------------------------------------------------------
+
+
+async def test_echo_succeeds_with_its_result_and_attempt_recorded(
+    store: Store, publisher: KafkaPublisher, settings: WorkerSettings, pool: str
+) -> None:
+    async with serving(demo_worker(pool), settings) as runtime:
+        messages = await dispatch(store, pool, "echo", [{"n": 1}, {"n": 2}, {"n": 3}])
+        await publish(publisher, messages)
+        rows = [await wait_state(store, m, "SUCCEEDED") for m in messages]
+    assert [row["result"] for row in rows] == [{"n": 1}, {"n": 2}, {"n": 3}]
+    for row in rows:
+        assert row["worker_id"] == runtime.worker_id
+        assert row["error"] is None
+        assert row["started_at"] <= row["finished_at"]
+        [attempt] = await store.execution_attempts(row["id"])
+        assert attempt["attempt"] == 1
+        assert attempt["worker_id"] == runtime.worker_id
+        assert attempt["state"] == "SUCCEEDED"
+        assert attempt["started_at"] <= attempt["finished_at"]
+    assert runtime.stats.started == 3 and runtime.stats.succeeded == 3
+
+
+async def test_failing_handler_records_failed_with_type_and_message(
+    store: Store, publisher: KafkaPublisher, settings: WorkerSettings, pool: str
+) -> None:
+    async with serving(demo_worker(pool), settings):
+        [message] = await dispatch(store, pool, "fail", [{}])
+        await publish(publisher, [message])
+        row = await wait_state(store, message, "FAILED")
+    assert row["error"] == "RuntimeError: demo failure"
+    assert row["result"] is None
+    [attempt] = await store.execution_attempts(row["id"])
+    assert (attempt["state"], attempt["error"]) == ("FAILED", "RuntimeError: demo failure")
+
+
+async def test_unknown_handler_fails_with_a_clear_error(
+    store: Store, publisher: KafkaPublisher, settings: WorkerSettings, pool: str
+) -> None:
+    async with serving(demo_worker(pool), settings):
+        [message] = await dispatch(store, pool, "sned_email", [{}])
+        await publish(publisher, [message])
+        row = await wait_state(store, message, "FAILED")
+    assert row["error"] == f"UnknownHandler: pool '{pool}' has no handler 'sned_email' (registered: echo, fail, sleep)"
+
+
+async def test_handler_over_its_timeout_is_cancelled_and_timed_out(
+    store: Store, publisher: KafkaPublisher, settings: WorkerSettings, pool: str
+) -> None:
+    cancelled = asyncio.Event()
+    worker = Worker(pool=pool)
+
+    @worker.handler("hang")
+    async def hang(ctx: Context, payload: Any) -> None:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    async with serving(worker, settings):
+        [message] = await dispatch(store, pool, "hang", [{}], timeout_sec=1)
+        await publish(publisher, [message])
+        row = await wait_state(store, message, "TIMED_OUT")
+    assert cancelled.is_set()
+    assert row["error"] == "TimeoutError: handler 'hang' exceeded timeoutSec=1"
+    assert (row["finished_at"] - row["started_at"]).total_seconds() >= 1
+
+
+async def test_duplicate_and_stale_deliveries_do_not_run_the_handler_again(
+    store: Store, publisher: KafkaPublisher, settings: WorkerSettings, pool: str
+) -> None:
+    calls: list[uuid.UUID] = []
+    worker = Worker(pool=pool)
+
+    @worker.handler("count")
+    async def count(ctx: Context, payload: Any) -> int:
+        calls.append(ctx.execution_id)
+        return len(calls)
+
+    async with serving(worker, settings) as runtime:
+        [message] = await dispatch(store, pool, "count", [{}])
+        await publish(publisher, [message, message])  # the broker delivered it twice
+        await wait_state(store, message, "SUCCEEDED")
+        stale = dataclasses.replace(message, attempt=2)  # an attempt that is not the execution's current one
+        await publish(publisher, [message, stale])
+
+        async def all_seen() -> bool:
+            return runtime.stats.consumed == 4 and runtime.stats.started + runtime.stats.duplicates == 4
+
+        await wait_until(all_seen, "four deliveries to be handled")
+    assert calls == [uuid.UUID(message.execution_id)]
+    assert runtime.stats.started == 1 and runtime.stats.duplicates == 3
+    assert (await execution(store, message))["result"] == 1
+
+
+async def test_sync_handler_runs_in_the_thread_pool(
+    store: Store, publisher: KafkaPublisher, settings: WorkerSettings, pool: str, spans: InMemorySpanExporter
+) -> None:
+    worker = Worker(pool=pool)
+
+    @worker.handler("blocking")
+    def blocking(ctx: Context, payload: Any) -> dict[str, Any]:
+        time.sleep(0.05)  # a blocking call: it must not stall the event loop
+        return {"thread": threading.current_thread().name, "doubled": payload["x"] * 2, "trace_id": ctx.trace_id}
+
+    async with serving(worker, settings):
+        [message] = await dispatch(store, pool, "blocking", [{"x": 21}])
+        await publish(publisher, [message])
+        row = await wait_state(store, message, "SUCCEEDED")
+    assert row["result"]["doubled"] == 42
+    assert row["result"]["thread"].startswith("sundial-handler")
+    [span] = [s for s in spans.get_finished_spans() if s.name == "handler blocking"]
+    assert row["result"]["trace_id"] == format(span.context.trace_id, "032x")
+
+
+async def test_heartbeat_renews_liveness_and_records_progress(
+    store: Store, redis: Redis, publisher: KafkaPublisher, settings: WorkerSettings, pool: str
+) -> None:
+    checkpointed, release = asyncio.Event(), asyncio.Event()
+    worker = Worker(pool=pool)
+
+    @worker.handler("long")
+    async def long(ctx: Context, payload: Any) -> None:
+        await ctx.heartbeat(progress={"step": 1})
+        checkpointed.set()
+        await release.wait()
+
+    async with serving(worker, settings) as runtime:
+        [message] = await dispatch(store, pool, "long", [{}])
+        await publish(publisher, [message])
+        await asyncio.wait_for(checkpointed.wait(), 20)
+        key = heartbeat_key(message.execution_id)
+        [attempt] = await store.execution_attempts(uuid.UUID(message.execution_id))
+        assert attempt["progress"] == {"step": 1}
+        assert await redis.get(key) == runtime.worker_id
+        assert 0 < await redis.pttl(key) <= FAST.heartbeat_ttl_sec * 1000
+        await redis.delete(key)  # as if it had expired: the periodic renewal must bring it back
+
+        async def renewed() -> bool:
+            return await redis.get(key) == runtime.worker_id
+
+        await wait_until(renewed, "the periodic heartbeat to renew the key", within=5)
+        release.set()
+        await wait_state(store, message, "SUCCEEDED")
+
+        async def key_gone() -> bool:
+            return not await redis.exists(key)
+
+        await wait_until(key_gone, "the liveness key to be dropped once the outcome is written")
+
+
+async def test_no_more_executions_are_claimed_than_can_run(
+    store: Store, publisher: KafkaPublisher, settings: WorkerSettings, pool: str
+) -> None:
+    active = 0
+    most_active = 0
+    claim_to_start: list[float] = []
+    worker = Worker(pool=pool)
+
+    @worker.handler("slow")
+    async def slow(ctx: Context, payload: Any) -> None:
+        nonlocal active, most_active
+        active += 1
+        most_active = max(most_active, active)
+        # How long ago this execution was claimed (PENDING → RUNNING): a message taken from Kafka
+        # without a free slot would sit claimed while the earlier handlers run.
+        claim_to_start.append(
+            await store.pool.fetchval(
+                "SELECT extract(epoch FROM clock_timestamp() - started_at)::float8 FROM executions WHERE id = $1",
+                ctx.execution_id,
+            )
+        )
+        await asyncio.sleep(0.3)
+        active -= 1
+
+    async with serving(worker, settings, concurrency=2):
+        messages = await dispatch(store, pool, "slow", [{}] * 6)
+        await publish(publisher, messages)
+        for m in messages:
+            await wait_state(store, m, "SUCCEEDED")
+    assert most_active == 2
+    assert len(claim_to_start) == 6
+    assert max(claim_to_start) < 0.25, claim_to_start
+
+
+async def test_graceful_stop_waits_for_the_running_handler(
+    store: Store, publisher: KafkaPublisher, settings: WorkerSettings, pool: str
+) -> None:
+    started = asyncio.Event()
+    worker = Worker(pool=pool)
+
+    @worker.handler("slow")
+    async def slow(ctx: Context, payload: Any) -> str:
+        started.set()
+        await asyncio.sleep(1.0)
+        return "done"
+
+    async with serving(worker, settings) as runtime:
+        [message] = await dispatch(store, pool, "slow", [{}])
+        await publish(publisher, [message])
+        await asyncio.wait_for(started.wait(), 20)
+        assert (await execution(store, message))["state"] == "RUNNING"
+        await runtime.stop()
+        # stop() returned: the handler finished and its outcome is in Postgres.
+        row = await execution(store, message)
+        assert (row["state"], row["result"]) == ("SUCCEEDED", "done")
+        assert runtime.stats.abandoned == 0
+
+
+async def test_finished_messages_are_not_delivered_again_to_the_group(
+    store: Store, publisher: KafkaPublisher, settings: WorkerSettings, pool: str, kafka_bootstrap: str
+) -> None:
+    async with serving(demo_worker(pool), settings):
+        messages = await dispatch(store, pool, "echo", [{"i": i} for i in range(8)])
+        await publish(publisher, messages)
+        for m in messages:
+            await wait_state(store, m, "SUCCEEDED")
+    # After the stop (final commit, group left), a new member reads from the committed offsets: put a
+    # sentinel at the end of every partition and read until all four have come back.
+    sentinels = await dispatch(store, pool, "echo", [{"sentinel": p} for p in range(4)])
+    for partition, sentinel in enumerate(sentinels):
+        await asyncio.to_thread(produce_to, kafka_bootstrap, partition, [sentinel])
+    sentinel_ids = {s.execution_id for s in sentinels}
+
+    def all_sentinels(seen: list[tuple[int, int, ExecutionMessage]]) -> bool:
+        return sentinel_ids <= {m.execution_id for _, _, m in seen}
+
+    seen = await asyncio.to_thread(read_as_group, kafka_bootstrap, pool, all_sentinels, JOIN_SEC + 10)
+    assert {m.execution_id for _, _, m in seen} == sentinel_ids
+
+
+async def test_offset_is_never_committed_past_a_message_whose_handler_runs(
+    store: Store, publisher: KafkaPublisher, settings: WorkerSettings, pool: str, kafka_bootstrap: str
+) -> None:
+    worker = demo_worker(pool)
+
+    @worker.handler("hang")
+    async def hang(ctx: Context, payload: Any) -> None:
+        await asyncio.sleep(3600)
+
+    runtime = WorkerRuntime(worker, settings, config=dataclasses.replace(FAST, shutdown_grace_sec=0.2))
+    await runtime.start()
+    try:
+        await asyncio.wait_for(runtime.ready.wait(), JOIN_SEC)
+        [blocked] = await dispatch(store, pool, "hang", [{}])
+        behind = await dispatch(store, pool, "echo", [{"i": 1}, {"i": 2}])
+        # Partition 0 holds: the hanging execution at offset 0, then two that finish at offsets 1 and 2.
+        await asyncio.to_thread(produce_to, kafka_bootstrap, 0, [blocked, *behind])
+        for m in behind:
+            await wait_state(store, m, "SUCCEEDED")
+        await wait_state(store, blocked, "RUNNING")
+        # Proof that the committer runs: a message finished on partition 1 gets committed.
+        [other] = await dispatch(store, pool, "echo", [{"i": 3}])
+        await asyncio.to_thread(produce_to, kafka_bootstrap, 1, [other])
+        await wait_state(store, other, "SUCCEEDED")
+
+        async def partition_1_committed() -> bool:
+            return (await asyncio.to_thread(committed, kafka_bootstrap, pool, [1]))[1] == 1
+
+        await wait_until(partition_1_committed, "partition 1's offset to be committed")
+        assert (await asyncio.to_thread(committed, kafka_bootstrap, pool, [0]))[0] == OFFSET_INVALID
+    finally:
+        await runtime.stop()  # the grace runs out: the hanging handler is abandoned, not marked
+    assert runtime.stats.abandoned == 1
+    assert (await execution(store, blocked))["state"] == "RUNNING"  # left for the sweeper
+    assert (await asyncio.to_thread(committed, kafka_bootstrap, pool, [0]))[0] == OFFSET_INVALID
+
+    def partition_0_replayed(seen: list[tuple[int, int, ExecutionMessage]]) -> bool:
+        return len([1 for p, _, _ in seen if p == 0]) >= 3
+
+    seen = await asyncio.to_thread(read_as_group, kafka_bootstrap, pool, partition_0_replayed, JOIN_SEC + 10)
+    replayed = [(offset, m.execution_id) for p, offset, m in seen if p == 0]
+    assert replayed == [(0, blocked.execution_id), (1, behind[0].execution_id), (2, behind[1].execution_id)]
+    assert other.execution_id not in {m.execution_id for _, _, m in seen}
+
+
+async def test_handler_span_continues_the_dispatch_trace(
+    store: Store, publisher: KafkaPublisher, settings: WorkerSettings, pool: str, spans: InMemorySpanExporter
+) -> None:
+    with tracer.start_as_current_span("dispatch", kind=SpanKind.PRODUCER) as dispatch_span:
+        carrier = traceparent()
+    assert carrier is not None
+    worker = Worker(pool=pool)
+
+    @worker.handler("traced")
+    async def traced(ctx: Context, payload: Any) -> str | None:
+        return ctx.trace_id
+
+    async with serving(worker, settings):
+        [message] = await dispatch(store, pool, "traced", [{}], traceparent_value=carrier)
+        await publish(publisher, [message])
+        row = await wait_state(store, message, "SUCCEEDED")
+    [span] = [
+        s
+        for s in spans.get_finished_spans()
+        if s.name == "handler traced" and s.attributes and s.attributes["sundial.execution_id"] == message.execution_id
+    ]
+    assert span.kind == SpanKind.CONSUMER
+    assert span.parent is not None
+    assert span.parent.span_id == dispatch_span.get_span_context().span_id
+    assert span.context.trace_id == dispatch_span.get_span_context().trace_id
+    assert span.attributes is not None
+    assert span.attributes["sundial.attempt"] == 1 and span.attributes["sundial.tenant"] == TENANT
+    assert span.attributes["sundial.outcome"] == "SUCCEEDED"
+    assert row["result"] == trace_id_hex(dispatch_span) == row["trace_id"]
+
+
+async def test_cli_runs_an_app_and_finishes_the_running_handler_on_sigterm(
+    store: Store, publisher: KafkaPublisher, settings_env: dict[str, str], pool: str, tmp_path: Path
+) -> None:
+    # An app module in the working directory, as a tenant would have it.
+    (tmp_path / "tenant_app.py").write_text(
+        textwrap.dedent(
+            f"""
+            from sundial_worker import Worker
+            from sundial_worker.demo import sleep
+
+            worker = Worker(pool={pool!r})
+            worker.handler("sleep")(sleep)
+            """
+        )
+    )
+    env = {**os.environ, **settings_env, "SUNDIAL_WORKER_ID": "cli-worker", "SUNDIAL_WORKER_SHUTDOWN_GRACE_SEC": "20"}
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "sundial_worker",
+        "--app",
+        "tenant_app:worker",
+        cwd=tmp_path,
+        env=env,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    assert process.stderr is not None
+    lines: list[str] = []
+    assigned = asyncio.Event()
+
+    async def read_log() -> None:
+        assert process.stderr is not None
+        async for raw in process.stderr:
+            lines.append(raw.decode(errors="replace").rstrip())
+            if "partitions assigned" in lines[-1]:
+                assigned.set()
+
+    reader = asyncio.create_task(read_log())
+    try:
+        await asyncio.wait_for(assigned.wait(), JOIN_SEC)
+        [message] = await dispatch(store, pool, "sleep", [{"seconds": 1.5}])
+        await publish(publisher, [message])
+        await wait_state(store, message, "RUNNING")
+        process.send_signal(signal.SIGTERM)
+        code = await asyncio.wait_for(process.wait(), 30)
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+        await asyncio.wait_for(reader, 10)
+    log = "\n".join(lines)
+    assert code == 0, log
+    row = await execution(store, message)
+    assert (row["state"], row["result"], row["worker_id"]) == ("SUCCEEDED", {"slept": 1.5}, "cli-worker"), log
+    [attempt] = await store.execution_attempts(row["id"])
+    assert attempt["progress"] == {"slept": 1.5}
+    assert "worker cli-worker stopped" in log
