@@ -8,10 +8,9 @@ the hot-window member and its score. Every rejected request is checked to have w
 from __future__ import annotations
 
 import base64
-import functools
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -22,14 +21,13 @@ import jwt
 import orjson
 import pytest
 from opentelemetry import trace
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from redis.asyncio import Redis
 from sundial_api import ApiSettings, create_app
 from sundial_api.models import ExecutionDetail, ExecutionPage, JobDetail, Problem
 from sundial_common.auth import issue_token
 from sundial_common.hotwindow import member
+from sundial_infra.servers import LocalStack
 
 SECRET = "test-signing-key-for-the-api-suite"
 TENANT = "acme"
@@ -244,6 +242,24 @@ async def test_a_job_is_accepted_when_redis_is_down(database_url: str) -> None:
     assert ready.json()["checks"]["postgres"] == "ok" and ready.json()["checks"]["redis"] != "ok"
 
 
+async def test_requests_get_503_while_postgres_is_down(api: Api, stack: LocalStack) -> None:
+    stack.postgres.stop()
+    try:
+        created = await api.create(one_shot())
+        read = await api.client.get(f"/v1/jobs/{uuid.uuid4()}", headers=api.auth())
+        ready = await api.client.get("/readyz")
+    finally:
+        stack.postgres.start()
+
+    for response in (created, read, ready):
+        assert response.status_code == 503, response.text
+        error_fields(response)
+    assert created.headers["retry-after"] == "1"
+    assert ready.json()["checks"]["postgres"] != "ok" and ready.json()["checks"]["redis"] == "ok"
+    # The pool reconnects on its own once Postgres is back.
+    assert (await api.create(one_shot())).status_code == 201
+
+
 # --- bad input: the right status, the field named, nothing written ---------------------------------
 
 BAD_BODIES: list[tuple[str, dict[str, Any], int, str]] = [
@@ -291,7 +307,7 @@ BAD_BODIES: list[tuple[str, dict[str, Any], int, str]] = [
     ("payload integer beyond 64 bits", one_shot(payload={"n": 2**70}), 422, "payload"),
     (
         "payload nested too deep",
-        one_shot(payload=functools.reduce(lambda inner, _: {"a": inner}, range(300), {})),
+        one_shot(payload=orjson.loads(b'{"a":' * 300 + b"{}" + b"}" * 300)),
         422,
         "payload",
     ),
@@ -615,22 +631,9 @@ async def test_openapi_documents_the_api(api: Api) -> None:
     assert spec["components"]["securitySchemes"]["bearerAuth"]["scheme"] == "bearer"
 
 
-@pytest.fixture(scope="module")
-def span_exporter() -> Iterator[InMemorySpanExporter]:
-    provider = trace.get_tracer_provider()
-    if not isinstance(provider, TracerProvider):
-        provider = TracerProvider()
-        trace.set_tracer_provider(provider)
-    exporter = InMemorySpanExporter()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    yield exporter
-    exporter.shutdown()  # the processor stays on the global provider; a shut-down exporter drops spans
-
-
 async def test_the_request_span_continues_the_callers_trace_and_the_job_keeps_it(
-    api: Api, span_exporter: InMemorySpanExporter
+    api: Api, spans: InMemorySpanExporter
 ) -> None:
-    span_exporter.clear()
     caller_trace = "0af7651916cd43dd8448eb211c80319c"
     incoming = f"00-{caller_trace}-b7ad6b7169203331-01"
 
@@ -639,8 +642,8 @@ async def test_the_request_span_continues_the_callers_trace_and_the_job_keeps_it
     assert response.status_code == 201
     stored = await api.db.fetchval("SELECT traceparent FROM jobs")
     # Exactly one SERVER span per request: FastAPI's built-in instrumentation is off.
-    assert [s.name for s in span_exporter.get_finished_spans()] == ["POST /v1/jobs"]
-    (span,) = span_exporter.get_finished_spans()
+    assert [s.name for s in spans.get_finished_spans()] == ["POST /v1/jobs"]
+    (span,) = spans.get_finished_spans()
     assert span.kind == trace.SpanKind.SERVER
     assert format(span.context.trace_id, "032x") == caller_trace
     assert span.parent is not None and format(span.parent.span_id, "016x") == "b7ad6b7169203331"
@@ -650,4 +653,4 @@ async def test_the_request_span_continues_the_callers_trace_and_the_job_keeps_it
     assert attributes["http.response.status_code"] == 201
 
     await api.client.get(f"/v1/jobs/{response.json()['jobId']}", headers=api.auth())
-    assert "GET /v1/jobs/{job_id}" in [s.name for s in span_exporter.get_finished_spans()]
+    assert "GET /v1/jobs/{job_id}" in [s.name for s in spans.get_finished_spans()]

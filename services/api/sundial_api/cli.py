@@ -8,7 +8,6 @@ accepting, finishes in-flight requests, then the lifespan closes the database an
 from __future__ import annotations
 
 import argparse
-import logging
 
 import uvicorn
 from opentelemetry import trace
@@ -19,8 +18,6 @@ from sundial_common.telemetry import setup_tracing
 
 from sundial_api.app import create_app
 from sundial_api.settings import ApiSettings
-
-log = logging.getLogger("sundial.api")
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 # Requests still running this long after SIGTERM are abandoned, so a stuck client cannot block a deploy.

@@ -104,7 +104,10 @@ def parse_resource_id(kind: str, raw: str) -> UUID:
 
 
 def problem_body(status: int, detail: str, errors: FieldErrors = (), slug: str | None = None) -> dict[str, Any]:
-    title = HTTPStatus(status).phrase if status in HTTPStatus._value2member_map_ else "Error"
+    try:
+        title = HTTPStatus(status).phrase
+    except ValueError:  # a non-standard status
+        title = "Error"
     return {
         "type": PROBLEM_TYPE_BASE + (slug or _SLUGS.get(status, str(status))),
         "title": title,
@@ -130,9 +133,9 @@ def problem_response(
 def field_path(loc: Sequence[str | int]) -> str:
     """``("body", "target", "pool")`` → ``target.pool``; ``("query", "cursor")`` → ``cursor``.
 
-    Request models use camelCase aliases, and pydantic reports locations by alias, so the path is
-    already in the client's spelling. List positions render as ``[i]``. The bare source (the whole
-    body) is named ``body``.
+    Request models use camelCase aliases and pydantic reports locations by alias (see :func:`aliased`
+    for the exception), so the path is in the client's spelling. List positions render as ``[i]``. The
+    bare source (the whole body) is named ``body``.
     """
     parts = list(loc)
     source = str(parts.pop(0)) if parts and parts[0] in _SOURCES else None

@@ -26,13 +26,15 @@ SELECT * FROM jobs WHERE id = $1 AND tenant_id = $2;
 
 -- name: cancel_job
 -- A cancelled job fires no more; executions already dispatched are not touched here.
-WITH job AS (
-    UPDATE jobs SET state = 'CANCELLED', next_fire_at = NULL, version = version + 1, updated_at = now()
-    WHERE id = $1 AND tenant_id = $2 AND state IN ('ACTIVE', 'PAUSED')
-    RETURNING *
+WITH previous AS (
+    SELECT id, state FROM jobs WHERE id = $1 AND tenant_id = $2 AND state IN ('ACTIVE', 'PAUSED') FOR UPDATE
+), job AS (
+    UPDATE jobs j SET state = 'CANCELLED', next_fire_at = NULL, version = j.version + 1, updated_at = now()
+    FROM previous WHERE j.id = previous.id
+    RETURNING j.*
 ), audit AS (
     INSERT INTO audit_log (tenant_id, entity, entity_id, action, from_state, to_state, actor)
-    SELECT tenant_id, 'job', id, 'cancel', 'ACTIVE', 'CANCELLED', $3 FROM job
+    SELECT job.tenant_id, 'job', job.id, 'cancel', previous.state, 'CANCELLED', $3 FROM job JOIN previous USING (id)
 )
 SELECT * FROM job;
 
