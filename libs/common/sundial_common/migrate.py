@@ -10,8 +10,9 @@ import argparse
 import asyncio
 from pathlib import Path
 
-from alembic import command
+from alembic import command, op
 from alembic.config import Config
+from sqlalchemy.util import await_only
 
 from sundial_common.settings import CommonSettings
 
@@ -43,3 +44,17 @@ def main(argv: list[str] | None = None) -> int:
     command.upgrade(_config(dsn), args.revision)
     print(f"schema at {args.revision}")
     return 0
+
+
+def run_sql_script(sql: str) -> None:
+    """Run a multi-statement SQL script inside the migration's transaction.
+
+    SQLAlchemy's asyncpg driver prepares every statement it sends, and a prepared statement holds a single
+    command ("cannot insert multiple commands into a prepared statement"), so the script goes through
+    asyncpg's simple-query ``execute`` on the same connection. The ``SELECT 1`` through SQLAlchemy first
+    makes the driver open the connection's transaction, so the script is part of it and commits with the
+    version bump.
+    """
+    bind = op.get_bind()
+    bind.exec_driver_sql("SELECT 1")
+    await_only(bind.connection.driver_connection.execute(sql))  # type: ignore[union-attr]

@@ -5,8 +5,7 @@ Revises:
 Create Date: 2026-11-21
 """
 
-from alembic import op
-from sqlalchemy.util import await_only
+from sundial_common.migrate import run_sql_script
 
 revision = "0001"
 down_revision = None
@@ -14,22 +13,8 @@ branch_labels = None
 depends_on = None
 
 
-def _run_script(sql: str) -> None:
-    """Run a multi-statement SQL script inside the migration's transaction.
-
-    SQLAlchemy's asyncpg driver prepares every statement it sends, and a prepared statement holds a single
-    command ("cannot insert multiple commands into a prepared statement"), so the script goes through
-    asyncpg's simple-query ``execute`` on the same connection. The ``SELECT 1`` through SQLAlchemy first
-    makes the driver open the connection's transaction, so the script is part of it and commits with the
-    version bump.
-    """
-    bind = op.get_bind()
-    bind.exec_driver_sql("SELECT 1")
-    await_only(bind.connection.driver_connection.execute(sql))  # type: ignore[union-attr]
-
-
 def upgrade() -> None:
-    _run_script(
+    run_sql_script(
         """
     CREATE TABLE tenants (
         id          text PRIMARY KEY,
@@ -144,7 +129,7 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    _run_script(
+    run_sql_script(
         """
     DROP TABLE audit_log, shard_fence, execution_attempts, executions, jobs, tenants;
     DROP FUNCTION audit_log_is_append_only();
