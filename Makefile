@@ -7,7 +7,7 @@ export PATH := $(HOME)/.local/bin:$(PATH)
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: help deps run up down status test test-unit lint typecheck clean
+.PHONY: help deps run up down status test test-unit lint typecheck clean bench
 
 help: ## List the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -78,3 +78,6 @@ define kill_pid_files
 	done; \
 	for p in $$alive; do kill -KILL -- "-$$p" 2>/dev/null || kill -KILL "$$p" 2>/dev/null; done; true
 endef
+
+bench: deps ## Benchmark: stack on its own ports, workloads W1-W4 + raw ceilings; appends to bench/results/<date>.jsonl
+	uv run --frozen python bench/harness.py $(BENCH_ARGS)

@@ -1,0 +1,394 @@
+"""`make bench`: start a Sundial stack of a chosen shape on its own ports and measure it.
+
+Workloads (seed 002 targets: P95 dispatch latency < 1 s; 1M dispatches/min on a fleet):
+
+- ``create``  API create rate: single POSTs (and the batch endpoint when the API has it).
+- ``w1``      burst: N one-shot jobs all due at the same instant (``--burst 10000,100000``).
+- ``w2``      spread: 20,000 jobs due uniformly over 60 s.
+- ``w3``      sustained: a target rate of due executions per second for ``--duration`` s
+              (``--rates 1000,2500,5000,10000``).
+- ``w4``      at rest: N future recurring jobs; one hydrator pass over them; table and index sizes.
+- ``ceilings`` the raw parts: Postgres batched inserts, Redis ZADD and claim, broker produce/consume.
+
+Dispatch workloads insert their jobs straight into Postgres (COPY, as a bulk registration would), so
+what they measure is the scheduling path: hydrator → hot window → dispatcher → Kafka → worker. Each
+prints one JSON line and appends it to ``bench/results/<date>.jsonl`` with the machine, the git commit
+and the settings. A benchmark measures and records; it never passes or fails on timing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import httpx
+from redis.asyncio import Redis
+from sundial_common.auth import issue_token
+from sundial_common.hotwindow import HotWindow
+from sundial_common.ids import new_id, shard_for
+from sundial_common.settings import CommonSettings
+from sundial_common.store import Occurrence, Store
+from sundial_hydrator.hydrator import Hydrator, HydratorConfig
+from sundial_infra.servers import TEST_PORTS, LocalStack, Ports, wait_for
+from sundial_infra.supervisor import ProcessSpec, Supervisor, sundial_argv
+
+sys.path.insert(0, str(Path(__file__).parent))
+import ceilings  # noqa: E402  (a sibling script, not a package)
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "bench" / "results"
+#: Its own ports, so a bench never touches `make up` or `make test`.
+BENCH_PORTS = Ports(**{k: v + 2000 for k, v in vars(TEST_PORTS).items()})
+POOL = "demo"
+
+
+@dataclass(frozen=True)
+class Shape:
+    shards: int
+    dispatchers: int
+    workers: int
+    concurrency: int
+    durable: bool
+
+
+def _machine() -> dict[str, Any]:
+    mem_kb = next(int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines()
+                  if line.startswith("MemTotal"))
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    return {"cores": os.cpu_count(), "memory_gib": round(mem_kb / 2**20, 1), "python": platform.python_version(),
+            "commit": commit.stdout.strip() or None}
+
+
+def _cpu_seconds_of_tree(root_pid: int) -> float:
+    """utime + stime of a process and all its descendants (Postgres forks a backend per connection)."""
+    parents: dict[int, int] = {}
+    ticks: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        pid = int(entry.name)
+        parents[pid] = int(fields[1])
+        ticks[pid] = int(fields[11]) + int(fields[12]) + int(fields[13]) + int(fields[14])
+    total, stack = 0, [root_pid]
+    while stack:
+        pid = stack.pop()
+        total += ticks.get(pid, 0)
+        stack.extend(child for child, parent in parents.items() if parent == pid)
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def _percentiles(values: Sequence[float]) -> dict[str, float | None]:
+    if not values:
+        return {"p50": None, "p95": None, "p99": None, "max": None}
+    ordered = sorted(values)
+
+    def at(q: float) -> float:
+        return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 1)
+
+    return {"p50": round(statistics.median(ordered), 1), "p95": at(0.95), "p99": at(0.99), "max": round(ordered[-1], 1)}
+
+
+class Bench:
+    def __init__(self, shape: Shape, root: Path) -> None:
+        self.shape = shape
+        self.stack = LocalStack(root, BENCH_PORTS, durable=shape.durable)
+        self.root = root
+        env = {**self.stack.env(), "SUNDIAL_SHARDS": str(shape.shards), "SUNDIAL_LOG_LEVEL": "INFO",
+               "SUNDIAL_WORKER_CONCURRENCY": str(shape.concurrency)}
+        self.env = env
+        processes = [
+            ProcessSpec("api", sundial_argv("api", "--host", "127.0.0.1", "--port", str(BENCH_PORTS.api))),
+            ProcessSpec("hydrator", sundial_argv("hydrator")),
+            ProcessSpec("sweeper", sundial_argv("sweeper")),
+            *(ProcessSpec(f"dispatcher-{i}", sundial_argv("dispatcher")) for i in range(shape.dispatchers)),
+            *(ProcessSpec(f"worker-{i}", sundial_argv("worker", "--app", "sundial_worker.demo:worker"))
+              for i in range(shape.workers)),
+        ]
+        self.supervisor = Supervisor(processes, env={**os.environ, **env}, log_dir=root / "logs",
+                                     run_dir=root / "run")
+        self.token = issue_token(CommonSettings().jwt_secret, "bench-api")
+
+    def start(self) -> None:
+        self.stack.start()
+        subprocess.run([*sundial_argv("migrate")], env={**os.environ, **self.env}, check=True, capture_output=True)
+        self.supervisor.start()
+        api = f"http://127.0.0.1:{BENCH_PORTS.api}/readyz"
+        if not wait_for(lambda: _ok(api), timeout=60):
+            raise RuntimeError(f"bench api not ready; see {self.supervisor.log_file('api')}")
+        for i in range(self.shape.workers):
+            log = self.supervisor.log_file(f"worker-{i}")
+            if not wait_for(lambda log=log: log.exists() and "partitions assigned" in log.read_text(errors="replace"),
+                            timeout=60):
+                raise RuntimeError(f"worker-{i} got no partitions; see {log}")
+
+    def stop(self) -> None:
+        self.supervisor.stop()
+        self.stack.stop()
+
+    def cpu(self) -> dict[str, float]:
+        seconds = {s.name: _cpu_seconds_of_tree(s.pid) for s in self.supervisor.status() if s.pid}
+        for server, pid in self.stack.status():
+            if pid:
+                seconds[type(server).__name__.removesuffix("Server").lower()] = _cpu_seconds_of_tree(pid)
+        return seconds
+
+    # --- workloads ---------------------------------------------------------------------------
+
+    async def insert_jobs(self, tenant: str, due: Sequence[datetime]) -> float:
+        """COPY one-shot jobs due at ``due`` into Postgres; returns seconds taken."""
+        conn = await asyncpg.connect(self.stack.postgres_dsn)
+        try:
+            started = time.perf_counter()
+            await conn.execute("INSERT INTO tenants (id) VALUES ($1) ON CONFLICT DO NOTHING", tenant)
+            records = []
+            for i, instant in enumerate(due):
+                job_id = new_id()
+                records.append((job_id, tenant, f"bench-{i}", "ONE_SHOT", instant, POOL, "echo", '{"i": %d}' % i, 60,
+                                "ACTIVE", shard_for(job_id, self.shape.shards), instant))
+            await conn.copy_records_to_table(
+                "jobs", records=records,
+                columns=["id", "tenant_id", "name", "type", "run_at", "pool", "handler", "payload", "timeout_sec",
+                         "state", "shard", "next_fire_at"],
+            )
+            # Like the API, the registrar puts near-due jobs into the hot window itself: the hydrator
+            # only promotes beyond its watermark (and re-adds overdue jobs after a grace).
+            redis = Redis.from_url(self.stack.redis_url)
+            try:
+                hot = HotWindow(redis)
+                by_shard: dict[int, list[Occurrence]] = {}
+                for r in records:
+                    by_shard.setdefault(r[10], []).append(Occurrence(r[0], r[11]))
+                for shard, occurrences in by_shard.items():
+                    for offset in range(0, len(occurrences), 5000):
+                        await hot.add(shard, occurrences[offset : offset + 5000])
+            finally:
+                await redis.aclose()
+            return time.perf_counter() - started
+        finally:
+            await conn.close()
+
+    async def run_dispatch(self, workload: str, due: list[datetime], settle_sec: float = 30.0) -> dict[str, Any]:
+        tenant = f"bench-{workload}-{uuid.uuid4().hex[:6]}"
+        cpu_before = self.cpu()
+        insert_s = await self.insert_jobs(tenant, due)
+        inserted_at = datetime.now(UTC)
+        conn = await asyncpg.connect(self.stack.postgres_dsn)
+        try:
+            last_due = max(due)
+            done = 0
+            progress_at = time.monotonic()
+            while True:
+                now_done = await conn.fetchval(
+                    "SELECT count(*) FROM executions WHERE tenant_id = $1 AND state = 'SUCCEEDED'", tenant)
+                if now_done != done:
+                    done, progress_at = now_done, time.monotonic()
+                if done >= len(due):
+                    break
+                if datetime.now(UTC) > last_due and time.monotonic() - progress_at > settle_sec:
+                    break
+                await asyncio.sleep(0.5)
+            rows = await conn.fetch(
+                """SELECT e.scheduled_for, e.started_at, e.finished_at,
+                          (SELECT count(*) FROM execution_attempts a WHERE a.execution_id = e.id) AS starts
+                   FROM executions e WHERE e.tenant_id = $1 AND e.started_at IS NOT NULL""", tenant)
+        finally:
+            await conn.close()
+        cpu_after = self.cpu()
+        lateness = [(r["started_at"] - r["scheduled_for"]).total_seconds() * 1000 for r in rows]
+        first_due = min(due)
+        finished = [r["finished_at"] for r in rows if r["finished_at"]]
+        span = (max(finished) - first_due).total_seconds() if finished else None
+        return {
+            "jobs": len(due),
+            "insert_rows_per_s": round(len(due) / insert_s),
+            "inserted_before_first_due_s": round((first_due - inserted_at).total_seconds(), 2),
+            "succeeded": done,
+            "lost": len(due) - done,
+            "duplicate_starts": sum(r["starts"] - 1 for r in rows if r["starts"] > 1),
+            "lateness_ms": _percentiles(lateness),
+            "all_started_after_due_s": round((max(r["started_at"] for r in rows) - last_due).total_seconds(), 2)
+            if rows else None,
+            "completion_per_s": round(len(finished) / span) if span else None,
+            "cpu_s": {k: round(cpu_after.get(k, 0) - v, 1) for k, v in cpu_before.items()},
+        }
+
+    async def run_create(self, count: int) -> dict[str, Any]:
+        url = f"http://127.0.0.1:{BENCH_PORTS.api}"
+        body = {"name": "c", "type": "DELAYED", "delaySeconds": 86400, "target": {"pool": POOL, "handler": "echo"}}
+        limit = asyncio.Semaphore(64)
+        async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {self.token}"},
+                                     timeout=30, limits=httpx.Limits(max_connections=64)) as client:
+
+            async def one() -> int:
+                async with limit:
+                    return (await client.post("/v1/jobs", json=body)).status_code
+
+            started = time.perf_counter()
+            codes = await asyncio.gather(*(one() for _ in range(count)))
+            single = count / (time.perf_counter() - started)
+            result: dict[str, Any] = {"single": {"jobs": count, "per_s": round(single),
+                                                 "errors": sum(c != 201 for c in codes)}}
+            batch_size = 500
+            batches = max(1, count // batch_size)
+            started = time.perf_counter()
+            responses = await asyncio.gather(*(client.post("/v1/jobs:batch", json={"jobs": [body] * batch_size})
+                                               for _ in range(batches)))
+            if responses[0].status_code in (404, 405):
+                result["batch"] = "not available"
+            else:
+                result["batch"] = {"jobs": batches * batch_size, "batch_size": batch_size,
+                                   "per_s": round(batches * batch_size / (time.perf_counter() - started)),
+                                   "http_errors": sum(r.status_code >= 300 for r in responses)}
+        return result
+
+    async def run_at_rest(self, count: int) -> dict[str, Any]:
+        tenant = f"bench-rest-{uuid.uuid4().hex[:6]}"
+        base = datetime.now(UTC) + timedelta(days=2)
+        conn = await asyncpg.connect(self.stack.postgres_dsn)
+        try:
+            await conn.execute("INSERT INTO tenants (id) VALUES ($1) ON CONFLICT DO NOTHING", tenant)
+            started = time.perf_counter()
+            for offset in range(0, count, 100_000):
+                records = []
+                for i in range(offset, min(count, offset + 100_000)):
+                    job_id = new_id()
+                    at = base + timedelta(seconds=i % 86400 * 30)
+                    records.append((job_id, tenant, f"rest-{i}", "CRON", "0 3 * * *", "UTC", POOL, "echo", 60,
+                                    "ACTIVE", shard_for(job_id, self.shape.shards), at))
+                await conn.copy_records_to_table(
+                    "jobs", records=records,
+                    columns=["id", "tenant_id", "name", "type", "schedule", "timezone", "pool", "handler",
+                             "timeout_sec", "state", "shard", "next_fire_at"])
+            insert_s = time.perf_counter() - started
+            await conn.execute("ANALYZE jobs")
+            sizes = await conn.fetchrow(
+                """SELECT pg_total_relation_size('jobs') AS jobs_total, pg_relation_size('jobs') AS jobs_heap,
+                          pg_indexes_size('jobs') AS jobs_indexes, pg_database_size(current_database()) AS database""")
+        finally:
+            await conn.close()
+        # One hydrator pass from an empty hot window: what a restart after a Redis loss costs.
+        store = await Store.connect(self.stack.postgres_dsn)
+        redis = Redis.from_url(self.stack.redis_url)
+        try:
+            hydrator = Hydrator(store, HotWindow(redis), HydratorConfig(shards=self.shape.shards))
+            started = time.perf_counter()
+            await hydrator.run_once()
+            cold = time.perf_counter() - started
+            started = time.perf_counter()
+            await hydrator.run_once()
+            warm = time.perf_counter() - started
+        finally:
+            await redis.aclose()
+            await store.close()
+        return {"jobs": count, "insert_rows_per_s": round(count / insert_s),
+                "hydrator_pass_ms": {"first": round(cold * 1000, 1), "steady": round(warm * 1000, 1)},
+                "sizes_mib": {k: round(v / 2**20, 1) for k, v in dict(sizes).items()}}
+
+
+def _ok(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _record(line: dict[str, Any]) -> None:
+    text = json.dumps(line, default=str)
+    print(text, flush=True)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    with (RESULTS / f"{datetime.now(UTC):%Y-%m-%d}.jsonl").open("a") as out:
+        out.write(text + "\n")
+
+
+async def main_async(args: argparse.Namespace) -> None:
+    shape = Shape(args.shards, args.dispatchers, args.workers, args.concurrency, not args.no_durable)
+    bench = Bench(shape, REPO / ".sundial" / "bench")
+    meta = {"machine": _machine(), "settings": vars(shape), "at": datetime.now(UTC).isoformat()}
+    if "ceilings" in args.workloads:
+        # The parts alone, before Sundial's processes compete for the cores.
+        bench.stack.start()
+        try:
+            _record({"workload": "ceilings", **await ceilings.measure_all(
+                bench.stack.postgres_dsn, bench.stack.redis_url, bench.stack.kafka_bootstrap, args.scale), **meta})
+        finally:
+            bench.stack.stop()
+    if not set(args.workloads) - {"ceilings"}:
+        return
+    try:
+        bench.start()
+        lead = timedelta(seconds=args.lead)
+        if "create" in args.workloads:
+            _record({"workload": "create", **await bench.run_create(int(5000 * args.scale)), **meta})
+        if "w1" in args.workloads:
+            for n in args.burst:
+                n = int(n * args.scale)
+                due = datetime.now(UTC) + lead + timedelta(seconds=n / 50_000)
+                due = due.replace(microsecond=due.microsecond // 1000 * 1000)
+                _record({"workload": "w1", "burst": n, **await bench.run_dispatch("w1", [due] * n), **meta})
+        if "w2" in args.workloads:
+            n, over = int(20_000 * args.scale), args.duration
+            start = datetime.now(UTC) + lead
+            due = [_ms(start + timedelta(seconds=over * i / n)) for i in range(n)]
+            _record({"workload": "w2", "over_s": over, **await bench.run_dispatch("w2", due), **meta})
+        if "w3" in args.workloads:
+            for rate in args.rates:
+                n = int(rate * args.duration)
+                start = datetime.now(UTC) + lead + timedelta(seconds=n / 50_000)
+                due = [_ms(start + timedelta(seconds=i / rate)) for i in range(n)]
+                _record({"workload": "w3", "target_per_s": rate, "duration_s": args.duration,
+                         **await bench.run_dispatch("w3", due), **meta})
+        if "w4" in args.workloads:
+            _record({"workload": "w4", **await bench.run_at_rest(int(args.at_rest * args.scale)), **meta})
+    finally:
+        bench.stop()
+
+
+def _ms(instant: datetime) -> datetime:
+    return instant.replace(microsecond=instant.microsecond // 1000 * 1000)
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="bench/harness.py", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("workloads", nargs="*", default=["ceilings", "create", "w1", "w2", "w3", "w4"],
+                        help="which workloads (default: all)")
+    parser.add_argument("--shards", type=int, default=8)
+    parser.add_argument("--dispatchers", type=int, default=2)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--concurrency", type=int, default=256, help="handler slots per worker")
+    parser.add_argument("--burst", type=_ints, default=[10_000, 100_000], help="W1 sizes")
+    parser.add_argument("--rates", type=_ints, default=[1000, 2500, 5000, 10000], help="W3 rates per second")
+    parser.add_argument("--duration", type=float, default=60.0, help="W2/W3 seconds")
+    parser.add_argument("--at-rest", type=int, default=1_000_000, help="W4 jobs")
+    parser.add_argument("--lead", type=float, default=5.0, help="seconds between registration and first due")
+    parser.add_argument("--scale", type=float, default=1.0, help="multiply every count (0.01 = smoke)")
+    parser.add_argument("--no-durable", action="store_true", help="Postgres without fsync (as in tests)")
+    args = parser.parse_args(argv)
+    asyncio.run(main_async(args))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
