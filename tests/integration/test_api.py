@@ -279,7 +279,7 @@ BAD_BODIES: list[tuple[str, dict[str, Any], int, str]] = [
     ("name empty", one_shot(name=""), 422, "name"),
     ("name too long", one_shot(name="n" * 201), 422, "name"),
     ("type unknown", one_shot(type="WEEKLY"), 422, "type"),
-    ("type not supported yet", one_shot(type="CRON"), 422, "type"),
+    ("CRON without its schedule", one_shot(type="CRON", runAt=None), 422, "schedule"),
     ("runAt not an instant", one_shot(runAt="tomorrow at noon"), 422, "runAt"),
     ("runAt impossible date", one_shot(runAt="2030-02-30T10:00:00Z"), 422, "runAt"),
     ("runAt a date only", one_shot(runAt="2030-02-01"), 422, "runAt"),
@@ -607,10 +607,16 @@ async def test_openapi_documents_the_api(api: Api) -> None:
         "/v1/jobs",
         "/v1/jobs/{job_id}",
         "/v1/jobs/{job_id}/executions",
+        "/v1/jobs/{job_id}/pause",
+        "/v1/jobs/{job_id}/resume",
+        "/v1/jobs/{job_id}/trigger",
+        "/v1/jobs/{job_id}/preview",
+        "/v1/schedules:preview",
         "/v1/executions/{execution_id}",
         "/healthz",
         "/readyz",
     } <= set(spec["paths"])
+    assert "patch" in spec["paths"]["/v1/jobs/{job_id}"]
     create = spec["paths"]["/v1/jobs"]["post"]
     assert "Idempotency-Key" in [p["name"] for p in create["parameters"]]
     assert create["responses"]["422"]["content"]["application/problem+json"]["schema"]["$ref"].endswith("/Problem")
@@ -626,6 +632,16 @@ async def test_openapi_documents_the_api(api: Api) -> None:
         "retryPolicy",
         "timeoutSec",
         "priority",
+        "schedule",
+        "intervalSec",
+        "runList",
+        "startAt",
+        "endAt",
+        "maxRuns",
+        "jitterSec",
+        "overlapPolicy",
+        "catchupPolicy",
+        "catchupWindowSec",
     } == set(job_create["properties"])
     assert job_create["additionalProperties"] is False
     assert spec["components"]["securitySchemes"]["bearerAuth"]["scheme"] == "bearer"

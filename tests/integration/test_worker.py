@@ -25,9 +25,6 @@ from typing import Any
 
 import pytest
 from confluent_kafka import OFFSET_INVALID, Consumer, Producer, TopicPartition
-from opentelemetry import trace
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 from redis.asyncio import Redis
@@ -55,19 +52,6 @@ JOIN_SEC = 30.0  # a fresh consumer group on tansu needs ~half the session timeo
 
 
 # --- fixtures -----------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="session")
-def spans() -> InMemorySpanExporter:
-    """Every span this process ends from now on. The global provider can be set only once per process,
-    so an already installed SDK provider gets one more processor instead."""
-    provider = trace.get_tracer_provider()
-    if not isinstance(provider, TracerProvider):
-        provider = TracerProvider()
-        trace.set_tracer_provider(provider)
-    exporter = InMemorySpanExporter()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    return exporter
 
 
 @pytest.fixture
@@ -408,6 +392,46 @@ async def test_heartbeat_renews_liveness_and_records_progress(
             return not await redis.exists(key)
 
         await wait_until(key_gone, "the liveness key to be dropped once the outcome is written")
+
+
+async def test_a_late_outcome_is_rejected_and_leaves_the_new_owners_liveness_alone(
+    store: Store,
+    redis: Redis,
+    publisher: KafkaPublisher,
+    settings: WorkerSettings,
+    pool: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    running, release = asyncio.Event(), asyncio.Event()
+    worker = Worker(pool=pool)
+
+    @worker.handler("slow")
+    async def slow(ctx: Context, payload: Any) -> str:
+        running.set()
+        await release.wait()
+        return "too late"
+
+    # No periodic renewal during the test: it would legitimately overwrite the key the test plants.
+    async with serving(worker, settings, heartbeat_interval_sec=60, heartbeat_ttl_sec=120) as runtime:
+        [message] = await dispatch(store, pool, "slow", [{}])
+        await publish(publisher, [message])
+        await asyncio.wait_for(running.wait(), 20)
+        # Meanwhile the sweeper decided this worker was lost and another worker took the execution.
+        await store.pool.execute(
+            "UPDATE executions SET worker_id = 'other-worker' WHERE id = $1", uuid.UUID(message.execution_id)
+        )
+        key = heartbeat_key(message.execution_id)
+        await redis.set(key, "other-worker")
+        release.set()
+
+        async def rejected() -> bool:
+            return runtime.stats.rejected == 1
+
+        await wait_until(rejected, "the late outcome to be rejected")
+    row = await execution(store, message)
+    assert (row["state"], row["worker_id"], row["result"]) == ("RUNNING", "other-worker", None)
+    assert await redis.get(key) == "other-worker"
+    assert any("late write rejected" in r.getMessage() and r.levelname == "WARNING" for r in caplog.records)
 
 
 async def test_no_more_executions_are_claimed_than_can_run(

@@ -21,7 +21,15 @@ from sundial_api.models import (
 from sundial_api.pagination import InvalidCursor, decode_cursor, encode_cursor
 from sundial_api.problems import allowed_fields, describe, field_path, suggest_field
 from sundial_api.responses import dumps
-from sundial_api.schedule import ScheduleError, first_fire, parse_instant, resolve_local, truncate_ms
+from sundial_api.schedule import (
+    Resolved,
+    ScheduleError,
+    first_fire,
+    parse_instant,
+    resolve_local,
+    resolve_schedule,
+    truncate_ms,
+)
 from sundial_api.settings import ApiSettings
 from sundial_api.tokens import VerifiedTokens
 from sundial_common.auth import issue_token, verify_token
@@ -134,7 +142,27 @@ def test_a_minimal_one_shot_gets_the_documented_defaults() -> None:
         (body(delaySeconds=10), "delaySeconds", "not allowed for ONE_SHOT"),
         (body(type="DELAYED", runAt=None), "delaySeconds", "required for DELAYED"),
         (body(type="DELAYED", delaySeconds=5), "runAt", "not allowed for DELAYED"),
-        (body(type="INTERVAL"), "type", "not supported yet"),
+        (body(type="INTERVAL", runAt=None), "intervalSec", "required for INTERVAL"),
+        (body(type="INTERVAL", runAt=None, intervalSec=0), "intervalSec", "greater than or equal to 1"),
+        (body(type="CRON", runAt=None), "schedule", "required for CRON"),
+        (body(type="CRON", runAt=None, schedule="61 * * * *"), "schedule", "61 is out of range 0–59"),
+        (body(type="CRON", runAt=None, schedule="* * *"), "schedule", "3 field(s)"),
+        (body(type="CRON", runAt=None, schedule="0 0 1-1 * * * *"), "schedule", "7 field(s)"),
+        (body(type="RUN_LIST", runAt=None), "runList", "required for RUN_LIST"),
+        (body(type="RUN_LIST", runAt=None, runList=[]), "runList", "at least 1"),
+        (body(type="RUN_LIST", runAt=None, runList=["2030-06-01T12:05:00Z"] * 1001), "runList", "at most 1000"),
+        (body(type="RUN_LIST", runAt=None, runList=["2030-06-01T12:05:00Z", "soon"]), "runList[1]", "RFC 3339"),
+        (body(schedule="* * * * *"), "schedule", "only for CRON jobs; ONE_SHOT jobs take runAt"),
+        (body(intervalSec=5), "intervalSec", "only for INTERVAL jobs"),
+        (body(startAt="2030-06-01T12:00:00Z"), "startAt", "only for CRON, INTERVAL and RUN_LIST"),
+        (body(maxRuns=3), "maxRuns", "only for CRON, INTERVAL and RUN_LIST"),
+        (body(overlapPolicy="SKIP"), "overlapPolicy", "only for CRON, INTERVAL and RUN_LIST"),
+        (body(type="CRON", runAt=None, schedule="@daily", overlapPolicy="NEVER"), "overlapPolicy", "ALLOW"),
+        (body(type="CRON", runAt=None, schedule="@daily", catchupPolicy="ALL"), "catchupPolicy", "FIRE_ALL"),
+        (body(type="CRON", runAt=None, schedule="@daily", catchupWindowSec=0), "catchupWindowSec", "1"),
+        (body(type="CRON", runAt=None, schedule="@daily", maxRuns=0), "maxRuns", "1"),
+        (body(type="CRON", runAt=None, schedule="@daily", jitterSec=86401), "jitterSec", "86400"),
+        (body(type="CRON", runAt=None, schedule="@daily", endAt="tomorrow"), "endAt", "RFC 3339"),
         (body(type="weekly"), "type", "ONE_SHOT"),
         (body(runAt="2030-06-01"), "runAt", "RFC 3339"),
         (body(runAt="2030-06-01T25:00:00Z"), "runAt", "not a valid date-time"),
@@ -245,7 +273,7 @@ def test_first_fire_of_a_delayed_job_counts_from_now() -> None:
     assert later.next_fire_at == NOW + timedelta(microseconds=1000)
 
 
-def test_first_fire_refuses_types_it_cannot_schedule_yet() -> None:
+def test_first_fire_is_for_one_offs_only() -> None:
     with pytest.raises(ScheduleError) as caught:
         first_fire("CRON", run_at=None, delay_seconds=None, zone="UTC", now=NOW, grace_sec=60)
     assert caught.value.field == "type"
@@ -291,6 +319,18 @@ def test_rendered_rows_match_the_documented_views() -> None:
         "timezone": "UTC",
         "run_at": NOW,
         "delay_seconds": None,
+        "schedule": None,
+        "interval_sec": None,
+        "run_list": None,
+        "start_at": None,
+        "end_at": None,
+        "max_runs": None,
+        "jitter_sec": 0,
+        "overlap_policy": "ALLOW",
+        "catchup_policy": "FIRE_ONCE",
+        "catchup_window_sec": 60,
+        "next_nominal_at": NOW,
+        "missed_fires": 0,
         "pool": "demo",
         "handler": "echo",
         "payload": {"a": 1},
@@ -308,6 +348,9 @@ def test_rendered_rows_match_the_documented_views() -> None:
         "id": uuid.uuid4(),
         "job_id": ident,
         "scheduled_for": NOW,
+        "fire_at": NOW,
+        "triggered": False,
+        "cancel_requested_at": None,
         "state": "PENDING",
         "attempt": 1,
         "max_attempts": 3,
@@ -376,3 +419,64 @@ def test_the_token_cache_is_bounded() -> None:
         tokens.put(token, verify_token("k" * 32, token))
 
     assert [tokens.get(t, 0) is not None for t in issued] == [False, True, True]
+
+
+# --- recurring schedules as a client writes them ------------------------------------------------------
+
+
+def resolve(job_type: str, **fields: Any) -> Resolved:
+    return resolve_schedule(
+        job_type, zone=fields.pop("zone", "UTC"), now=NOW, grace_sec=60, min_interval_sec=5, **fields
+    )
+
+
+def test_a_minimal_cron_job_gets_the_documented_defaults() -> None:
+    job = JobCreate.model_validate(body(type="CRON", runAt=None, schedule="*/5 * * * *"))
+    assert (job.overlap_policy, job.catchup_policy, job.catchup_window_sec, job.jitter_sec) == (
+        "ALLOW",
+        "FIRE_ONCE",
+        60,
+        0,
+    )
+    assert resolve("CRON", cron="*/5 * * * *").next_nominal == datetime(2030, 6, 1, 12, 5, tzinfo=UTC)
+
+
+def test_schedule_bounds_are_read_in_the_jobs_zone_and_must_be_in_order() -> None:
+    resolved = resolve("CRON", cron="0 * * * *", zone="Asia/Tokyo", start_at=datetime(2030, 6, 2, 9, 0))
+    assert resolved.spec.start_at == datetime(2030, 6, 2, 0, tzinfo=UTC)
+    assert resolved.next_nominal == datetime(2030, 6, 2, 0, tzinfo=UTC)
+    with pytest.raises(ScheduleError) as caught:
+        resolve("CRON", cron="0 * * * *", start_at=NOW + timedelta(days=2), end_at=NOW + timedelta(days=1))
+    assert caught.value.field == "endAt" and "before startAt" in caught.value.message
+    with pytest.raises(ScheduleError) as caught:
+        resolve("CRON", cron="0 0 * * *", end_at=NOW + timedelta(hours=1))
+    assert caught.value.field == "endAt" and "no occurrence" in caught.value.message
+
+
+def test_a_cron_that_never_matches_is_refused() -> None:
+    with pytest.raises(ScheduleError) as caught:
+        resolve("CRON", cron="0 0 30 2 *")
+    assert caught.value.field == "schedule" and "never fires" in caught.value.message
+
+
+def test_an_interval_is_anchored_one_interval_from_now_or_at_start_at() -> None:
+    assert resolve("INTERVAL", interval_sec=60).next_nominal == truncate_ms(NOW + timedelta(seconds=60))
+    anchored = resolve("INTERVAL", interval_sec=60, start_at=datetime(2030, 6, 1, 11, 0, 30, tzinfo=UTC))
+    assert anchored.next_nominal == datetime(2030, 6, 1, 12, 0, 30, tzinfo=UTC)  # on the grid, after now
+    with pytest.raises(ScheduleError) as caught:
+        resolve("INTERVAL", interval_sec=4)
+    assert caught.value.field == "intervalSec" and "minimum is 5 s" in caught.value.message
+
+
+def test_a_run_list_is_sorted_deduplicated_and_refuses_instants_long_past() -> None:
+    later, sooner = NOW + timedelta(hours=2), NOW + timedelta(minutes=1)
+    resolved = resolve("RUN_LIST", run_list=[later, sooner, later, NOW - timedelta(seconds=30)])
+    assert resolved.spec.run_list == (truncate_ms(NOW - timedelta(seconds=30)), truncate_ms(sooner), truncate_ms(later))
+    assert resolved.next_nominal == truncate_ms(NOW - timedelta(seconds=30))  # within the grace: fires at once
+    with pytest.raises(ScheduleError) as caught:
+        resolve("RUN_LIST", run_list=[later, NOW - timedelta(seconds=61)])
+    assert caught.value.field == "runList[1]" and "in the past" in caught.value.message
+
+
+def test_max_runs_already_used_leaves_no_occurrence() -> None:
+    assert resolve("CRON", cron="@hourly", max_runs=3, runs=3).next_nominal is None

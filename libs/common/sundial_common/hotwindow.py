@@ -73,9 +73,10 @@ class HotWindow:
     def watermark_key(self, shard: int) -> str:
         return f"{self.prefix}:{{{shard}}}:hydrated-until"
 
-    async def add(self, shard: int, occurrences: Sequence[Occurrence]) -> None:
+    async def add(self, shard: int, occurrences: Sequence[Occurrence], *, only_new: bool = False) -> None:
+        """Add (or move) members. ``only_new`` leaves members that already exist where they are (ZADD NX)."""
         if occurrences:
-            await self.redis.zadd(self.key(shard), {member(o.job_id): to_ms(o.due) for o in occurrences})
+            await self.redis.zadd(self.key(shard), {member(o.job_id): to_ms(o.due) for o in occurrences}, nx=only_new)
 
     async def remove(self, shard: int, job_ids: Sequence[UUID]) -> None:
         if job_ids:

@@ -28,7 +28,13 @@ class CommonSettings(BaseSettings):
     redis_url: str = Field("redis://127.0.0.1:56379/0", description="Redis URL (hot window, heartbeats).")
     etcd_endpoint: str = Field("127.0.0.1:52379", description="etcd host:port used for shard leases.")
     kafka_bootstrap: str = Field("127.0.0.1:59092", description="Kafka bootstrap servers.")
-    shards: int = Field(1, ge=1, le=1024, description="Number of dispatcher shards (hot-window ZSETs).")
+    shards: int = Field(
+        8,
+        ge=1,
+        le=1024,
+        description="Number of dispatcher shards (hot-window ZSETs). Every process must use the same value: "
+        "a job's shard is stored with it.",
+    )
     hot_window_sec: int = Field(3600, ge=10, description="Occurrences due within this horizon live in Redis.")
     jwt_secret: str = Field(
         "sundial-dev-signing-key-change-me",
@@ -40,6 +46,12 @@ class CommonSettings(BaseSettings):
     trace_link_template: str = Field(
         "http://127.0.0.1:16686/trace/{trace_id}",
         description="Where a trace id can be looked up (Jaeger UI); returned beside every execution.",
+    )
+    lease_ttl_sec: float = Field(
+        5.0, ge=2.0, description="etcd lease TTL of a leadership (shard, hydrator, sweeper) and of a replica's entry."
+    )
+    lease_margin_sec: float = Field(
+        1.0, gt=0, description="A leader stops trusting its term this long before it could expire."
     )
     instance_id: str = Field(
         default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}",

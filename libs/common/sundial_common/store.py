@@ -8,7 +8,7 @@ prepares and caches every statement, so hot paths pay no parse cost.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, TypeAlias, cast
 from uuid import UUID
@@ -41,7 +41,11 @@ class Occurrence:
 
 @dataclass(frozen=True, slots=True)
 class PlannedExecution:
-    """What the dispatcher decided for one locked due job: the execution to create and the job's next fire."""
+    """What the dispatcher decided for one locked due job: the execution to create and the job's next fire.
+
+    ``next_fire_at`` is read only when the plan is a plain list (one execution per job, each advancing its
+    job there); a :class:`DispatchPlan` carries the jobs' moves separately as :class:`JobAdvance`.
+    """
 
     execution_id: UUID
     job: Record
@@ -49,6 +53,66 @@ class PlannedExecution:
     max_attempts: int
     trace_id: str | None
     traceparent: str | None
+    #: The nominal occurrence (unique per job). Default: the job's due occurrence.
+    scheduled_for: datetime | None = None
+    #: When it was due to fire after jitter. Default: the job's ``next_fire_at``.
+    fire_at: datetime | None = None
+    #: PENDING (to publish) or SKIPPED (recorded, never published: the overlap policy said so).
+    state: str = "PENDING"
+    #: A manual run (``POST /v1/jobs/{id}/trigger``), outside the schedule.
+    triggered: bool = False
+    #: Why it was skipped, for the execution's ``error`` and the audit log.
+    note: str | None = None
+
+    @property
+    def nominal(self) -> datetime:
+        if self.scheduled_for is not None:
+            return self.scheduled_for
+        return cast(datetime, self.job.get("next_nominal_at") or self.job["next_fire_at"])
+
+    @property
+    def due(self) -> datetime:
+        return self.fire_at if self.fire_at is not None else cast(datetime, self.job["next_fire_at"])
+
+
+@dataclass(frozen=True, slots=True)
+class JobAdvance:
+    """How one dispatched job moves: to its next occurrence (``advance``) and/or past its pending trigger."""
+
+    job_id: UUID
+    #: The next fire the job was locked at (compare-and-set).
+    prev_fire_at: datetime | None
+    next_fire_at: datetime | None
+    next_nominal_at: datetime | None
+    #: Runs the schedule started in this transaction (counted against ``max_runs``).
+    runs: int = 0
+    #: Occurrences that passed beyond the catch-up window without a run of their own.
+    missed: int = 0
+    advance: bool = True
+    trigger_done: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class DispatchPlan:
+    """Everything the planner decided for one batch of locked jobs."""
+
+    executions: list[PlannedExecution]
+    advances: list[JobAdvance]
+    #: Open executions to cancel (overlap policy CANCEL_RUNNING).
+    cancel: list[UUID] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class DispatchOutcome:
+    """What one dispatch transaction committed."""
+
+    #: Executions actually inserted (an occurrence that already had one is left out), PENDING and SKIPPED.
+    created: list[PlannedExecution]
+    plan: DispatchPlan
+    #: RUNNING executions asked to stop; their Redis cancel flag is the caller's to set, after commit.
+    cancel_requested: list[UUID]
+    #: Claimed members that were not due, with the score their job's member belongs at now.
+    misplaced: list[Occurrence]
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,9 +188,80 @@ class Store:
             values.get("next_fire_at"),
             values.get("traceparent"),
             actor,
+            values.get("interval_sec"),
+            values.get("run_list"),
+            values.get("start_at"),
+            values.get("end_at"),
+            values.get("max_runs"),
+            values.get("jitter_sec", 0),
+            values.get("overlap_policy", "ALLOW"),
+            values.get("catchup_policy", "FIRE_ONCE"),
+            values.get("catchup_window_sec", 60),
+            values.get("next_nominal_at", values.get("next_fire_at")),
         )
         assert row is not None
         return cast(Record, row)
+
+    async def pause_job(self, tenant_id: str, job_id: UUID, actor: str) -> Record | None:
+        """ACTIVE → PAUSED; None when the job was not active (or not this tenant's)."""
+        return cast(Record | None, await self.pool.fetchrow(Q["pause_job"], job_id, tenant_id, actor))
+
+    async def resume_job(self, tenant_id: str, job_id: UUID, actor: str) -> Record | None:
+        """PAUSED → ACTIVE (COMPLETED if it has no occurrence left); None when the job was not paused."""
+        return cast(Record | None, await self.pool.fetchrow(Q["resume_job"], job_id, tenant_id, actor))
+
+    async def trigger_job(
+        self, tenant_id: str, job_id: UUID, at: datetime, execution_id: UUID, actor: str
+    ) -> Record | None:
+        """Record a manual run request; None when the job is cancelled, unknown, or already has one pending."""
+        return cast(
+            Record | None,
+            await self.pool.fetchrow(Q["trigger_job"], job_id, tenant_id, at, execution_id, actor),
+        )
+
+    async def update_job(
+        self, current: Record, values: Mapping[str, Any], actor: str, changed: Sequence[str]
+    ) -> Record | None:
+        """Write a job's new definition if it is still at ``current``'s version, next fire and state.
+
+        ``values`` holds every definition column (as ``insert_job`` takes them) plus ``next_fire_at``,
+        ``next_nominal_at`` and ``state``. None when another writer got there first.
+        """
+        row = await self.pool.fetchrow(
+            Q["update_job"],
+            current["id"],
+            current["tenant_id"],
+            current["version"],
+            current["next_fire_at"],
+            current["state"],
+            values["name"],
+            values["type"],
+            values.get("schedule"),
+            values["timezone"],
+            values.get("run_at"),
+            values.get("delay_seconds"),
+            values["pool"],
+            values["handler"],
+            values["payload"],
+            values["retry_policy"],
+            values["timeout_sec"],
+            values["priority"],
+            values.get("interval_sec"),
+            values.get("run_list"),
+            values.get("start_at"),
+            values.get("end_at"),
+            values.get("max_runs"),
+            values["jitter_sec"],
+            values["overlap_policy"],
+            values["catchup_policy"],
+            values["catchup_window_sec"],
+            values["next_fire_at"],
+            values["next_nominal_at"],
+            values["state"],
+            actor,
+            {"changed": list(changed)},
+        )
+        return cast(Record | None, row)
 
     async def get_job(self, tenant_id: str, job_id: UUID) -> Record | None:
         return cast(Record | None, await self.pool.fetchrow(Q["get_job"], job_id, tenant_id))
@@ -159,6 +294,11 @@ class Store:
         rows = await self.pool.fetch(Q["overdue_jobs"], shard, before, limit)
         return [Occurrence(row["id"], row["next_fire_at"]) for row in rows]
 
+    async def overdue_triggers(self, shard: int, before: datetime, limit: int) -> list[Occurrence]:
+        """Manual triggers of ``shard`` still pending since before ``before`` (their member was lost)."""
+        rows = await self.pool.fetch(Q["overdue_triggers"], shard, before, limit)
+        return [Occurrence(row["id"], row["trigger_at"]) for row in rows]
+
     # --- dispatch ---------------------------------------------------------------------------
 
     async def dispatch(
@@ -167,48 +307,110 @@ class Store:
         token: int,
         holder: str,
         claims: Sequence[Occurrence],
-        plan: Callable[[Sequence[Record]], list[PlannedExecution]],
+        plan: Callable[[Sequence[Record]], list[PlannedExecution] | DispatchPlan],
     ) -> list[PlannedExecution]:
+        """:meth:`dispatch_occurrences`, returning only the executions created."""
+        return (await self.dispatch_occurrences(shard, token, holder, claims, plan)).created
+
+    async def dispatch_occurrences(
+        self,
+        shard: int,
+        token: int,
+        holder: str,
+        claims: Sequence[Occurrence],
+        plan: Callable[[Sequence[Record]], list[PlannedExecution] | DispatchPlan],
+    ) -> DispatchOutcome:
         """The fenced dispatch transaction (DESIGN invariants 2 and 4).
 
-        Raises the shard's fence to ``token`` (or raises :class:`FencedOut`), locks the claimed jobs
-        that still match Postgres, lets ``plan`` decide each execution and next fire, inserts the
-        executions (unique per occurrence) and advances the jobs with compare-and-set. Returns the
-        executions actually created; publishing them is the caller's job, after commit.
+        Raises the shard's fence to ``token`` (or raises :class:`FencedOut`), locks the claimed jobs that
+        are due in Postgres (with their open executions, for the overlap policy), lets ``plan`` decide the
+        executions and each job's move, inserts the executions (unique per occurrence), advances the jobs
+        with compare-and-set and cancels what CANCEL_RUNNING replaces — a handful of statements per batch,
+        whatever its size. Publishing and Redis writes are the caller's job, after commit.
+
+        ``plan`` may return a plain list (one execution per job, advancing it to ``next_fire_at``).
         """
+        empty = DispatchPlan([], [])
         if not claims:
-            return []
+            return DispatchOutcome([], empty, [], [])
+        ids = [c.job_id for c in claims]
+        dues = [c.due for c in claims]
+        misplaced: list[Occurrence] = []
+        cancelled: list[Record] = []
         async with self.pool.acquire() as conn, conn.transaction():
             if await conn.fetchval(Q["raise_fence"], shard, token, holder) is None:
                 raise FencedOut(shard, token)
-            due = await conn.fetch(Q["lock_due_jobs"], [c.job_id for c in claims], [c.due for c in claims], shard)
-            planned = plan(due)
-            if not planned:
-                return []
-            inserted = await conn.fetch(
-                Q["insert_executions"],
-                [p.execution_id for p in planned],
-                [p.job["tenant_id"] for p in planned],
-                [p.job["id"] for p in planned],
-                [p.job["next_fire_at"] for p in planned],
-                [p.job["pool"] for p in planned],
-                [p.job["handler"] for p in planned],
-                [p.max_attempts for p in planned],
-                [p.job["timeout_sec"] for p in planned],
-                shard,
-                token,
-                [p.trace_id for p in planned],
-                [p.traceparent for p in planned],
-                holder,
-            )
-            await conn.execute(
-                Q["advance_jobs"],
-                [p.job["id"] for p in planned],
-                [p.job["next_fire_at"] for p in planned],
-                [p.next_fire_at for p in planned],
-            )
-        created = {row["id"] for row in inserted}
-        return [p for p in planned if p.execution_id in created]
+            due = await conn.fetch(Q["lock_due_jobs"], ids, dues, shard)
+            if len(due) < len(claims):
+                matched = {row["id"] for row in due}
+                unmatched = [c for c in claims if c.job_id not in matched]
+                rows = await conn.fetch(
+                    Q["claimed_but_not_due"], [c.job_id for c in unmatched], [c.due for c in unmatched], shard
+                )
+                misplaced = [
+                    Occurrence(row["id"], row["belongs_at"])
+                    for row in rows
+                    if row["belongs_at"] is not None and row["belongs_at"] > row["claimed_due"]
+                ]
+            decided = plan(due) if due else empty
+            if isinstance(decided, list):
+                decided = DispatchPlan(
+                    decided,
+                    [
+                        JobAdvance(p.job["id"], p.job["next_fire_at"], p.next_fire_at, p.next_fire_at, runs=1)
+                        for p in decided
+                    ],
+                )
+            planned = decided.executions
+            inserted: list[Record] = []
+            if planned:
+                inserted = await conn.fetch(
+                    Q["insert_executions"],
+                    [p.execution_id for p in planned],
+                    [p.job["tenant_id"] for p in planned],
+                    [p.job["id"] for p in planned],
+                    [p.nominal for p in planned],
+                    [p.job["pool"] for p in planned],
+                    [p.job["handler"] for p in planned],
+                    [p.max_attempts for p in planned],
+                    [p.job["timeout_sec"] for p in planned],
+                    shard,
+                    token,
+                    [p.trace_id for p in planned],
+                    [p.traceparent for p in planned],
+                    holder,
+                    [p.due for p in planned],
+                    [p.state for p in planned],
+                    [p.triggered for p in planned],
+                    [p.note for p in planned],
+                )
+            advances = decided.advances
+            if advances:
+                await conn.execute(
+                    Q["advance_jobs"],
+                    [a.job_id for a in advances],
+                    [a.prev_fire_at for a in advances],
+                    [a.next_fire_at for a in advances],
+                    [a.next_nominal_at for a in advances],
+                    [a.runs for a in advances],
+                    [a.missed for a in advances],
+                    [a.advance for a in advances],
+                    [a.trigger_done for a in advances],
+                    holder,
+                )
+            if decided.cancel:
+                cancelled = await conn.fetch(Q["cancel_overlapping"], list(decided.cancel), holder)
+        created_ids = {row["id"] for row in inserted}
+        return DispatchOutcome(
+            created=[p for p in planned if p.execution_id in created_ids],
+            plan=decided,
+            cancel_requested=[row["id"] for row in cancelled if row["state"] == "RUNNING"],
+            misplaced=misplaced,
+        )
+
+    async def shard_fences(self) -> list[Record]:
+        """Per shard, the highest token that has written (``shard``, ``token``, ``holder``, ``updated_at``)."""
+        return cast(list[Record], await self.pool.fetch(Q["shard_fences"]))
 
     async def mark_published(self, execution_ids: Sequence[UUID]) -> None:
         if execution_ids:

@@ -24,7 +24,7 @@ from sundial_common.clock import Clock, SystemClock
 from sundial_common.hotwindow import HotWindow
 from sundial_common.store import Store
 
-from sundial_api import executions, health, jobs, problems
+from sundial_api import admin, executions, health, jobs, problems
 from sundial_api.limits import BodyLimitMiddleware
 from sundial_api.responses import OrjsonResponse
 from sundial_api.settings import ApiSettings
@@ -34,10 +34,11 @@ from sundial_api.tracing import TracingMiddleware
 log = logging.getLogger("sundial.api")
 
 DESCRIPTION = """\
-Sundial registers jobs — run once at an instant (`ONE_SHOT`), or after a delay (`DELAYED`) — and fires
-every occurrence on time, handing it at least once to a named worker pool over Kafka. Each occurrence is
-an **execution** with its attempts, worker, timestamps and an OpenTelemetry trace that runs from this API
-request through the dispatcher to the handler.
+Sundial registers jobs — run once at an instant (`ONE_SHOT`) or after a delay (`DELAYED`), or recur on a
+cron expression in a time zone (`CRON`), every N seconds (`INTERVAL`) or at listed instants (`RUN_LIST`) —
+and fires every occurrence on time, handing it at least once to a named worker pool over Kafka. Each
+occurrence is an **execution** with its attempts, worker, timestamps and an OpenTelemetry trace that runs
+from this API request through the dispatcher to the handler.
 
 **Authentication.** Every `/v1` call needs `Authorization: Bearer <jwt>`; the token names the tenant, and
 a tenant sees only its own jobs and executions (anything else is 404).
@@ -50,7 +51,11 @@ fault (`target.pool`, `runAt`, `cursor`, `body`). A failed request changes nothi
 """
 
 TAGS = [
-    {"name": "jobs", "description": "Register, read and cancel jobs; page through their executions."},
+    {
+        "name": "jobs",
+        "description": "Register, read, change, pause, resume, trigger and cancel jobs; preview schedules; "
+        "page through executions.",
+    },
     {"name": "executions", "description": "One occurrence of a job: state, attempts, worker, trace."},
     {"name": "health", "description": "Liveness and readiness probes (no token needed)."},
 ]
@@ -113,8 +118,10 @@ def create_app(settings: ApiSettings | None = None, *, clock: Clock | None = Non
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_bytes)
     app.add_middleware(TracingMiddleware)
     app.include_router(jobs.router)
+    app.include_router(jobs.schedules_router)
     app.include_router(executions.router)
     app.include_router(health.router)
+    app.include_router(admin.router)
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:

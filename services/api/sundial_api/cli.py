@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from sundial_common.logs import setup_logging
 from sundial_common.telemetry import setup_tracing
 
+from sundial_api.admin import register_replica
 from sundial_api.app import create_app
 from sundial_api.settings import ApiSettings
 
@@ -54,8 +55,10 @@ def main(argv: list[str] | None = None) -> int:
 
     setup_logging(settings.log_level, settings.log_format)
     setup_tracing("sundial-api", settings.otlp_endpoint)
+    app = create_app(settings)
+    register_replica(app)  # a served replica shows up in the cluster view (GET /v1/admin/cluster)
     config = uvicorn.Config(
-        create_app(settings),
+        app,
         host=settings.host,
         port=settings.port,
         loop="uvloop",

@@ -1,9 +1,13 @@
-"""``/v1/jobs``: register, read, page through and cancel jobs.
+"""``/v1/jobs``: register, read, change, pause, resume, trigger, preview, page through and cancel jobs.
 
 Creating a job is one INSERT statement (tenant, job and audit row together, so nothing is ever half
 written), then — only if it is due within the hot window — one ZADD. Postgres is the truth (DESIGN
 invariant 1): if the ZADD fails the job is still accepted, and the hydrator's overdue scan puts it in
-the window.
+the window. Every other change is one compare-and-set statement, then the job's hot-window member is
+moved to where the job now says it belongs (or removed).
+
+A job's ``version`` is its ETag: responses carry ``ETag: "<version>"`` and ``PATCH`` honours ``If-Match``
+(412 when the job has changed since), so two editors never silently overwrite each other.
 """
 
 from __future__ import annotations
@@ -11,18 +15,39 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from datetime import timedelta
+from collections.abc import Mapping
+from datetime import datetime, timedelta
 from typing import Annotated, Any
+from uuid import UUID
 
 import orjson
-from fastapi import APIRouter, Header, Path, Query
+from fastapi import APIRouter, Body, Header, Path, Query
+from fastapi.exceptions import RequestValidationError
+from pydantic import ValidationError
 from redis.exceptions import RedisError
 from starlette.responses import Response
 from sundial_common import ids, telemetry
-from sundial_common.store import Occurrence
+from sundial_common.schedules import ScheduleSpec, fire_at, local_time, preview, spec_from_row
+from sundial_common.store import Occurrence, Record
 
 from sundial_api.auth import Authenticated
-from sundial_api.models import ExecutionPage, Job, JobCreate, JobDetail, JobState, render_execution, render_job
+from sundial_api.models import (
+    MAX_PREVIEW,
+    SCHEDULE_FIELDS,
+    TYPE_FIELDS,
+    ExecutionPage,
+    Job,
+    JobCreate,
+    JobDetail,
+    JobPatch,
+    JobState,
+    JobType,
+    Preview,
+    SchedulePreviewRequest,
+    Triggered,
+    render_execution,
+    render_job,
+)
 from sundial_api.pagination import InvalidCursor, decode_cursor, encode_cursor
 from sundial_api.problems import (
     ProblemError,
@@ -33,12 +58,13 @@ from sundial_api.problems import (
     responses,
 )
 from sundial_api.responses import OrjsonResponse
-from sundial_api.schedule import ScheduleError, first_fire
-from sundial_api.state import State
+from sundial_api.schedule import Resolved, ScheduleError, resolve_schedule
+from sundial_api.state import ApiState, State
 
 log = logging.getLogger("sundial.api")
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+schedules_router = APIRouter(prefix="/v1", tags=["jobs"])
 
 LATEST_EXECUTIONS = 10
 # Also add occurrences due a little past the horizon: a hydrator pass that read Postgres before this
@@ -80,67 +106,125 @@ async def create_job(
     written when the request fails.
     """
     settings = state.settings
+    _check_payload(body.payload, settings.max_payload_bytes)
+    now = state.clock.now()
+    resolved = _resolve(body, state, now)
+    assert resolved.next_nominal is not None  # a new job always has an occurrence (else 422 above)
+
+    job_id = ids.new_id()
+    shard = ids.shard_for(job_id, settings.shards)
+    values = _definition(body, resolved, settings.default_timeout_sec)
+    values.update(
+        {
+            "id": job_id,
+            "tenant_id": principal.tenant,
+            "state": JobState.ACTIVE.value,
+            "shard": shard,
+            "next_nominal_at": resolved.next_nominal,
+            "next_fire_at": fire_at(job_id, resolved.next_nominal, body.jitter_sec),
+            # The request span's context: the dispatch and the handler run continue this trace.
+            "traceparent": telemetry.traceparent(),
+        }
+    )
+    row = await state.store.insert_job(values, actor=principal.subject)
+    await _sync_hot_window(state, row, principal.tenant, removing=False)
+    log.debug("job created", extra={"tenant": principal.tenant, "job_id": job_id, "shard": shard})
+    return OrjsonResponse(render_job(row), status_code=201, headers={"Location": f"/v1/jobs/{job_id}", **_etag(row)})
+
+
+def _check_payload(payload: Any, max_bytes: int) -> None:
     # Valid JSON that Postgres' jsonb cannot hold must be a 422 here, not a 500 at the INSERT.
     try:
-        payload_json = orjson.dumps(body.payload)
+        payload_json = orjson.dumps(payload)
     except orjson.JSONEncodeError as exc:  # integers beyond 64 bits, nesting deeper than 255
         raise invalid("payload", f"cannot be stored: {exc}") from None
     if b"\\u0000" in payload_json and _NUL_ESCAPE.search(payload_json):
         raise invalid("payload", "cannot contain the NUL character (\\u0000)")
     payload_size = len(payload_json)
-    if payload_size > settings.max_payload_bytes:
-        message = f"is {payload_size} bytes as JSON; at most {settings.max_payload_bytes} are accepted"
+    if payload_size > max_bytes:
+        message = f"is {payload_size} bytes as JSON; at most {max_bytes} are accepted"
         raise ProblemError(413, f"`payload` {message}", errors=[field_error("payload", message)])
 
-    now = state.clock.now()
+
+def _resolve(body: JobCreate | SchedulePreviewRequest, state: ApiState, now: datetime, runs: int = 0) -> Resolved:
+    """The request's schedule and its next occurrence; 422 naming the field when it cannot fire."""
     try:
-        first = first_fire(
+        return resolve_schedule(
             body.type,
-            run_at=body.run_at,
-            delay_seconds=body.delay_seconds,
             zone=body.timezone,
             now=now,
-            grace_sec=settings.run_at_grace_sec,
+            grace_sec=state.settings.run_at_grace_sec,
+            min_interval_sec=state.settings.min_interval_sec,
+            run_at=body.run_at,
+            delay_seconds=body.delay_seconds,
+            cron=body.schedule,
+            interval_sec=body.interval_sec,
+            run_list=body.run_list,
+            start_at=body.start_at,
+            end_at=body.end_at,
+            max_runs=body.max_runs,
+            jitter_sec=body.jitter_sec if isinstance(body, JobCreate) else 0,
+            runs=runs,
         )
     except ScheduleError as exc:
         raise invalid(exc.field, exc.message) from None
 
-    job_id = ids.new_id()
-    shard = ids.shard_for(job_id, settings.shards)
-    values: dict[str, Any] = {
-        "id": job_id,
-        "tenant_id": principal.tenant,
+
+def _definition(body: JobCreate, resolved: Resolved, default_timeout_sec: int) -> dict[str, Any]:
+    """The ``jobs`` columns that define a job (what ``insert_job`` and ``update_job`` write)."""
+    spec = resolved.spec
+    return {
         "name": body.name,
         "type": body.type.value,
+        "schedule": spec.cron,
         "timezone": body.timezone,
-        "run_at": first.run_at,
+        # ONE_SHOT keeps the instant it was asked for; DELAYED's instant is its first occurrence.
+        "run_at": spec.run_at if body.type is JobType.ONE_SHOT else None,
         "delay_seconds": body.delay_seconds,
+        "interval_sec": spec.interval_sec,
+        "run_list": list(spec.run_list) or None,
+        "start_at": spec.start_at,
+        "end_at": spec.end_at,
+        "max_runs": spec.max_runs,
+        "jitter_sec": body.jitter_sec,
+        "overlap_policy": body.overlap_policy.value,
+        "catchup_policy": body.catchup_policy.value,
+        "catchup_window_sec": body.catchup_window_sec,
         "pool": body.target.pool,
         "handler": body.target.handler,
         "payload": body.payload,
         # camelCase, as the client wrote it and as the dispatcher reads it (``maxAttempts``).
         "retry_policy": body.retry_policy.model_dump(mode="json", by_alias=True),
-        "timeout_sec": body.timeout_sec if body.timeout_sec is not None else settings.default_timeout_sec,
+        "timeout_sec": body.timeout_sec if body.timeout_sec is not None else default_timeout_sec,
         "priority": body.priority.value,
-        "state": JobState.ACTIVE.value,
-        "shard": shard,
-        "next_fire_at": first.next_fire_at,
-        # The request span's context: the dispatch and the handler run continue this trace.
-        "traceparent": telemetry.traceparent(),
     }
-    row = await state.store.insert_job(values, actor=principal.subject)
 
-    if first.next_fire_at < now + timedelta(seconds=settings.hot_window_sec) + _HOT_WINDOW_MARGIN:
-        try:
-            await state.hot_window.add(shard, [Occurrence(job_id, first.next_fire_at)])
-        except (RedisError, OSError) as exc:
-            log.warning(
-                "job stored but not added to the hot window (the hydrator will add it): %r",
-                exc,
-                extra={"tenant": principal.tenant, "job_id": job_id, "shard": shard},
-            )
-    log.debug("job created", extra={"tenant": principal.tenant, "job_id": job_id, "shard": shard})
-    return OrjsonResponse(render_job(row), status_code=201, headers={"Location": f"/v1/jobs/{job_id}"})
+
+def _etag(row: Record) -> dict[str, str]:
+    return {"ETag": f'"{row["version"]}"'}
+
+
+async def _sync_hot_window(state: ApiState, row: Record, tenant: str, *, removing: bool = True) -> None:
+    """Put the job's hot-window member where the job now says it belongs: its next fire if it is active,
+    or a pending trigger; nowhere if neither is due within the hot window (the hydrator promotes later
+    ones). Best effort: Postgres has the truth, and the hydrator's scans repair a failed write.
+    """
+    candidates = [row["trigger_at"]]
+    if row["state"] == JobState.ACTIVE:
+        candidates.append(row["next_fire_at"])
+    due = min((c for c in candidates if c is not None), default=None)
+    horizon = state.clock.now() + timedelta(seconds=state.settings.hot_window_sec) + _HOT_WINDOW_MARGIN
+    try:
+        if due is not None and due < horizon:
+            await state.hot_window.add(row["shard"], [Occurrence(row["id"], due)])
+        elif removing:
+            await state.hot_window.remove(row["shard"], [row["id"]])
+    except (RedisError, OSError) as exc:
+        log.warning(
+            "job stored but its hot-window member not updated (the hydrator will repair it): %r",
+            exc,
+            extra={"tenant": tenant, "job_id": row["id"], "shard": row["shard"]},
+        )
 
 
 @router.get(
@@ -160,7 +244,7 @@ async def get_job(job_id: JobId, state: State, principal: Authenticated) -> Resp
     template = state.settings.trace_link_template
     view = render_job(job)
     view["latestExecutions"] = [render_execution(row, template) for row in executions]
-    return OrjsonResponse(view)
+    return OrjsonResponse(view, headers=_etag(job))
 
 
 @router.get(
@@ -229,3 +313,280 @@ async def cancel_job(job_id: JobId, state: State, principal: Authenticated) -> R
             extra={"tenant": principal.tenant, "job_id": ident},
         )
     return OrjsonResponse(render_job(row))
+
+
+# --- lifecycle: pause, resume, trigger, change ----------------------------------------------------------
+
+
+async def _existing(state: ApiState, tenant: str, ident: UUID, job_id: str) -> Record:
+    row = await state.store.get_job(tenant, ident)
+    if row is None:
+        raise not_found("job", job_id)
+    return row
+
+
+@router.post(
+    "/{job_id}/pause",
+    response_model=Job,
+    responses=responses(401, 404, 409, 503),
+    summary="Pause a job: no fires until it is resumed",
+)
+async def pause_job(job_id: JobId, state: State, principal: Authenticated) -> Response:
+    """ACTIVE → PAUSED: the job leaves the hot window and fires no more; executions already dispatched go on.
+
+    Idempotent (pausing a paused job answers 200 again); a COMPLETED or CANCELLED job: 409. The job keeps
+    its next occurrence, so `resume` can apply the catch-up policy to what was missed meanwhile.
+    """
+    ident = parse_resource_id("job", job_id)
+    row = await state.store.pause_job(principal.tenant, ident, actor=principal.subject)
+    if row is None:
+        row = await _existing(state, principal.tenant, ident, job_id)
+        if row["state"] != JobState.PAUSED:
+            raise ProblemError(409, f"job {job_id} is {row['state']}: only an ACTIVE job can be paused")
+    await _sync_hot_window(state, row, principal.tenant)
+    return OrjsonResponse(render_job(row), headers=_etag(row))
+
+
+@router.post(
+    "/{job_id}/resume",
+    response_model=Job,
+    responses=responses(401, 404, 409, 503),
+    summary="Resume a paused job",
+)
+async def resume_job(job_id: JobId, state: State, principal: Authenticated) -> Response:
+    """PAUSED → ACTIVE. The occurrences that came due while it was paused go to the catch-up policy at once:
+    those at most `catchupWindowSec` late run as usual; older ones were missed — `FIRE_ONCE` runs one for
+    them, `FIRE_ALL` each, `SKIP` none (counted in `missedFires`). Then the schedule carries on from now.
+
+    Idempotent (resuming an active job answers 200 again); a COMPLETED or CANCELLED job: 409.
+    """
+    ident = parse_resource_id("job", job_id)
+    row = await state.store.resume_job(principal.tenant, ident, actor=principal.subject)
+    if row is None:
+        row = await _existing(state, principal.tenant, ident, job_id)
+        if row["state"] != JobState.ACTIVE:
+            raise ProblemError(409, f"job {job_id} is {row['state']}: only a PAUSED job can be resumed")
+    await _sync_hot_window(state, row, principal.tenant)
+    return OrjsonResponse(render_job(row), headers=_etag(row))
+
+
+@router.post(
+    "/{job_id}/trigger",
+    status_code=202,
+    response_model=Triggered,
+    responses=responses(401, 404, 409, 503),
+    summary="Run a job once now, without moving its schedule",
+    response_description="The run is accepted; `Location` points at its execution.",
+)
+async def trigger_job(job_id: JobId, state: State, principal: Authenticated) -> Response:
+    """One extra run now — also for a PAUSED or COMPLETED job — that leaves the schedule as it is (it does not
+    count against `maxRuns`). The dispatcher creates the execution within moments, with the id returned
+    here. A trigger still pending is not doubled: asking again returns it. A CANCELLED job: 409.
+    """
+    ident = parse_resource_id("job", job_id)
+    execution_id = ids.new_id()
+    at = state.clock.now()
+    at = at.replace(microsecond=at.microsecond - at.microsecond % 1000)
+    row = await state.store.trigger_job(principal.tenant, ident, at, execution_id, actor=principal.subject)
+    if row is None:
+        row = await _existing(state, principal.tenant, ident, job_id)
+        if row["trigger_execution_id"] is None:
+            raise ProblemError(409, f"job {job_id} is {row['state']}: it cannot run again")
+    else:
+        await _sync_hot_window(state, row, principal.tenant)
+    pending = row["trigger_execution_id"]
+    return OrjsonResponse(
+        {"jobId": str(row["id"]), "executionId": str(pending), "scheduledFor": row["trigger_at"]},
+        status_code=202,
+        headers={"Location": f"/v1/executions/{pending}"},
+    )
+
+
+def _if_match(header: str | None) -> int | None:
+    """The version an ``If-Match`` header names (``"3"``, ``W/"3"`` or ``3``); None for absent or ``*``."""
+    if header is None or header.strip() == "*":
+        return None
+    text = header.strip().removeprefix("W/").strip('"')
+    if not text.isdigit():
+        raise invalid("If-Match", f'`{header}` is not a job version; send the ETag of the job, e.g. "3"')
+    return int(text)
+
+
+def _as_body(row: Record) -> dict[str, Any]:
+    """A stored job as the request body that would create it (camelCase, instants as RFC 3339)."""
+
+    def iso(value: datetime | None) -> str | None:
+        return None if value is None else value.isoformat()
+
+    body: dict[str, Any] = {
+        "name": row["name"],
+        "type": row["type"],
+        "timezone": row["timezone"],
+        "runAt": iso(row["run_at"]),
+        "delaySeconds": row["delay_seconds"],
+        "schedule": row["schedule"],
+        "intervalSec": row["interval_sec"],
+        "runList": [iso(i) for i in row["run_list"]] if row["run_list"] else None,
+        "startAt": iso(row["start_at"]),
+        "endAt": iso(row["end_at"]),
+        "maxRuns": row["max_runs"],
+        "jitterSec": row["jitter_sec"],
+        "overlapPolicy": row["overlap_policy"],
+        "catchupPolicy": row["catchup_policy"],
+        "catchupWindowSec": row["catchup_window_sec"],
+        "target": {"pool": row["pool"], "handler": row["handler"]},
+        "payload": row["payload"],
+        "retryPolicy": row["retry_policy"],
+        "timeoutSec": row["timeout_sec"],
+        "priority": row["priority"],
+    }
+    if row["type"] not in (JobType.CRON, JobType.INTERVAL, JobType.RUN_LIST):
+        for name in ("overlapPolicy", "catchupPolicy", "catchupWindowSec"):
+            body.pop(name)  # defaults a one-off cannot be given explicitly
+    return body
+
+
+def _merged(row: Record, patch: Mapping[str, Any]) -> JobCreate:
+    """The job as changed, validated like a new one (a 422 names the field, as for a create)."""
+    body = _as_body(row)
+    new_type = patch.get("type")
+    if new_type is not None and new_type != row["type"]:
+        for name in TYPE_FIELDS.values():  # the old type's own field goes with it
+            body[name] = None
+        if new_type not in (JobType.CRON, JobType.INTERVAL, JobType.RUN_LIST):
+            for name in ("startAt", "endAt", "maxRuns", "overlapPolicy", "catchupPolicy", "catchupWindowSec"):
+                body[name] = None
+    body.update(patch)
+    try:
+        return JobCreate.model_validate({k: v for k, v in body.items() if v is not None})
+    except ValidationError as exc:
+        raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in exc.errors()]) from None
+
+
+@router.patch(
+    "/{job_id}",
+    response_model=Job,
+    responses=responses(401, 404, 409, 412, 413, 422, 503),
+    summary="Change a job",
+)
+async def update_job(
+    job_id: JobId,
+    body: Annotated[JobPatch, Body()],
+    state: State,
+    principal: Authenticated,
+    if_match: Annotated[
+        str | None,
+        Header(
+            alias="If-Match",
+            description='The job\'s `version` (its ETag, e.g. `"3"`) this change is based on: if the job has '
+            "changed since, nothing is written and the answer is 412. Without it the change applies to the "
+            "current version.",
+        ),
+    ] = None,
+) -> Response:
+    """Change any field of an ACTIVE or PAUSED job (`null` clears an optional one).
+
+    The job as changed is validated like a new one; a change to when it fires applies from the next
+    occurrence after now, and executions already dispatched continue. A schedule that is over at once
+    (`endAt` in the past, `maxRuns` already reached) leaves the job COMPLETED.
+    """
+    ident = parse_resource_id("job", job_id)
+    expected = _if_match(if_match)
+    patch = body.model_dump(by_alias=True, include=body.model_fields_set)
+    if "payload" in patch:
+        _check_payload(patch["payload"], state.settings.max_payload_bytes)
+    reschedule = bool(patch.keys() & SCHEDULE_FIELDS)
+    # A compare-and-set on the version and on the occurrence the change was computed from; a dispatch that
+    # commits in between moves the occurrence, and the change is simply computed again.
+    for _ in range(5):
+        current = await _existing(state, principal.tenant, ident, job_id)
+        if expected is not None and current["version"] != expected:
+            raise ProblemError(
+                412,
+                f"job {job_id} is at version {current['version']}, not {expected}: read it again and retry",
+                errors=[field_error("If-Match", f"the job is at version {current['version']}")],
+                slug="precondition-failed",
+                headers=_etag(current),
+            )
+        if current["state"] not in (JobState.ACTIVE, JobState.PAUSED):
+            raise ProblemError(409, f"job {job_id} is {current['state']}: only ACTIVE or PAUSED jobs change")
+        changed = _merged(current, patch)
+        now = state.clock.now()
+        if reschedule:
+            resolved = _resolve(changed, state, now, runs=current["fire_count"])
+            nominal = resolved.next_nominal
+        else:
+            resolved = Resolved(spec_from_row(current), current["next_nominal_at"] or current["next_fire_at"])
+            nominal = resolved.next_nominal
+        values = _definition(changed, resolved, state.settings.default_timeout_sec)
+        if changed.type is JobType.DELAYED and not reschedule:
+            values["run_at"] = None
+        values["next_nominal_at"] = nominal
+        values["next_fire_at"] = fire_at(ident, nominal, changed.jitter_sec) if nominal is not None else None
+        values["state"] = current["state"] if nominal is not None else JobState.COMPLETED.value
+        row = await state.store.update_job(current, values, actor=principal.subject, changed=sorted(patch))
+        if row is not None:
+            await _sync_hot_window(state, row, principal.tenant)
+            return OrjsonResponse(render_job(row), headers=_etag(row))
+    raise ProblemError(409, f"job {job_id} kept changing under this update; retry", headers={"Retry-After": "1"})
+
+
+# --- preview -------------------------------------------------------------------------------------------
+
+
+def _fires(spec: ScheduleSpec, first: datetime | None, count: int, runs: int, job_id: UUID | None) -> dict[str, Any]:
+    nominals = [] if first is None else [first, *preview(spec, first, count - 1, runs + 1)]
+    return {
+        "timezone": spec.timezone,
+        "fires": [
+            {
+                "scheduledFor": n,
+                "fireAt": fire_at(job_id, n, spec.jitter_sec) if job_id is not None else n,
+                "local": local_time(n, spec.timezone).isoformat(),
+            }
+            for n in nominals
+        ],
+    }
+
+
+@router.get(
+    "/{job_id}/preview",
+    response_model=Preview,
+    responses=responses(401, 404, 422, 503),
+    summary="The next fires of a job",
+)
+async def preview_job(
+    job_id: JobId,
+    state: State,
+    principal: Authenticated,
+    count: Annotated[int, Query(ge=1, le=MAX_PREVIEW, description="How many fires to list.")] = 10,
+) -> Response:
+    """The job's next `count` fires — nominal and with jitter, in UTC and on the wall clock of its zone — as
+    the dispatcher will compute them. A paused job lists those after now (resuming may add catch-up runs);
+    a completed or cancelled one, none.
+    """
+    ident = parse_resource_id("job", job_id)
+    job = await _existing(state, principal.tenant, ident, job_id)
+    spec = spec_from_row(job)
+    runs = job["fire_count"]
+    first: datetime | None = None
+    if job["state"] == JobState.ACTIVE:
+        first = job["next_nominal_at"] or job["next_fire_at"]
+    elif job["state"] == JobState.PAUSED and job["next_fire_at"] is not None:
+        upcoming = preview(spec, state.clock.now(), 1, runs)
+        first = upcoming[0] if upcoming else None
+    return OrjsonResponse(_fires(spec, first, count, runs, ident))
+
+
+@schedules_router.post(
+    "/schedules:preview",
+    response_model=Preview,
+    responses=responses(401, 422, 503),
+    summary="Try a schedule: its next fires, without creating a job",
+)
+async def preview_schedule(body: SchedulePreviewRequest, state: State, principal: Authenticated) -> Response:
+    """The next `count` fires of the schedule in the body (a job body's schedule fields), in UTC and on the
+    wall clock of its zone. Validated as a job would be: an invalid schedule is a 422 naming the field.
+    """
+    resolved = _resolve(body, state, state.clock.now())
+    return OrjsonResponse(_fires(resolved.spec, resolved.next_nominal, body.count, 0, None))

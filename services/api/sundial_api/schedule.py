@@ -1,8 +1,11 @@
-"""How a job's schedule becomes its first fire time: instants, time zones and the millisecond rule.
+"""How a job's schedule fields become a schedule and its first fire: instants, time zones, bounds.
 
 Pure functions of their arguments (``now`` is passed in), so the time logic is unit-tested without a
-clock. Fire times are kept at millisecond precision because the hot window scores occurrences by epoch
-milliseconds and the dispatcher matches a claimed member to its job on that exact value.
+clock. The schedule math itself (cron across DST, intervals, run lists, jitter) is
+:mod:`sundial_common.schedules`, shared with the dispatcher; this module reads what a client wrote —
+RFC 3339 instants, naive wall-clock times in the job's zone, the grace period for instants just past —
+and refuses, naming the field, what cannot fire. Fire times are kept at millisecond precision because the
+hot window scores occurrences by epoch milliseconds.
 """
 
 from __future__ import annotations
@@ -11,8 +14,32 @@ import difflib
 import functools
 import re
 import zoneinfo
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+
+from sundial_common.schedules import (
+    MAX_RUN_LIST,
+    Kind,
+    ScheduleError,
+    ScheduleSpec,
+    next_fire,
+    resolve_local,
+    truncate_ms,
+)
+
+__all__ = [
+    "FirstFire",
+    "Resolved",
+    "ScheduleError",
+    "first_fire",
+    "is_zone",
+    "parse_instant",
+    "resolve_local",
+    "resolve_schedule",
+    "suggest_zone",
+    "truncate_ms",
+]
 
 # RFC 3339 date-time, with the offset optional (a naive value is read in the job's time zone).
 # ``datetime.fromisoformat`` alone would also take dates without a time, week dates and other ISO 8601
@@ -22,15 +49,6 @@ _FRACTION = re.compile(r"\.(\d{7,9})")
 
 # Files under the zoneinfo directory that are not IANA zone names.
 _NOT_ZONES = frozenset({"localtime", "posixrules", "Factory"})
-
-
-class ScheduleError(ValueError):
-    """A schedule that cannot fire as given; ``field`` names the request field at fault."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(message)
-        self.field = field
-        self.message = message
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,38 +101,6 @@ def suggest_zone(name: str) -> str | None:
     return by_folded[close[0]] if close else None
 
 
-def truncate_ms(instant: datetime) -> datetime:
-    """Drop sub-millisecond digits (the hot window's precision)."""
-    return instant.replace(microsecond=instant.microsecond - instant.microsecond % 1000)
-
-
-def resolve_local(local: datetime, zone: str) -> datetime:
-    """A naive wall-clock time in ``zone`` as a UTC instant, with cron's DST rule (DESIGN invariant 6).
-
-    A time that occurs twice (fall-back) means its first occurrence; a time skipped by spring-forward
-    means the first instant after the gap, i.e. the transition itself.
-    """
-    tz = zoneinfo.ZoneInfo(zone)
-    first = local.replace(tzinfo=tz, fold=0)
-    instant = first.astimezone(UTC)
-    if instant.astimezone(tz).replace(tzinfo=None) == local:
-        return instant
-    # In a gap: fold=0 reads the wall time with the offset from before the jump, which lands *after*
-    # the transition by as far as the wall time is into the gap; fold=1 reads it with the offset from
-    # after the jump, which lands before the transition. The transition is the first instant between the
-    # two that has the later offset; tz transitions fall on whole seconds, so bisect over seconds.
-    after_offset = instant.astimezone(tz).utcoffset()
-    lo = int(local.replace(tzinfo=tz, fold=1).astimezone(UTC).timestamp())  # before the jump
-    hi = int(instant.timestamp()) + 1  # after the jump
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if datetime.fromtimestamp(mid, UTC).astimezone(tz).utcoffset() == after_offset:
-            hi = mid
-        else:
-            lo = mid
-    return datetime.fromtimestamp(hi, UTC)
-
-
 def first_fire(
     job_type: str,
     *,
@@ -146,4 +132,115 @@ def first_fire(
         if delay_seconds is None:
             raise ScheduleError("delaySeconds", "is required for DELAYED jobs")
         return FirstFire(run_at=None, next_fire_at=truncate_ms(now + timedelta(seconds=delay_seconds)))
-    raise ScheduleError("type", f"{job_type} jobs are not supported yet")
+    raise ScheduleError("type", f"{job_type} is not a one-off type; see resolve_schedule")
+
+
+@dataclass(frozen=True, slots=True)
+class Resolved:
+    """A job's schedule as stored (instants in UTC at millisecond precision) and its next nominal fire."""
+
+    spec: ScheduleSpec
+    #: The next occurrence's nominal instant; None only when the job has no occurrence left (``runs`` used up).
+    next_nominal: datetime | None
+
+
+def _utc(instant: datetime | None, zone: str) -> datetime | None:
+    if instant is None:
+        return None
+    return truncate_ms(resolve_local(instant, zone) if instant.tzinfo is None else instant.astimezone(UTC))
+
+
+def _iso(instant: datetime) -> str:
+    return instant.isoformat().replace("+00:00", "Z")
+
+
+def resolve_schedule(
+    job_type: str,
+    *,
+    zone: str,
+    now: datetime,
+    grace_sec: int,
+    min_interval_sec: int,
+    run_at: datetime | None = None,
+    delay_seconds: int | None = None,
+    cron: str | None = None,
+    interval_sec: int | None = None,
+    run_list: Sequence[datetime] | None = None,
+    start_at: datetime | None = None,
+    end_at: datetime | None = None,
+    max_runs: int | None = None,
+    jitter_sec: int = 0,
+    runs: int = 0,
+) -> Resolved:
+    """The schedule a client asked for, received at ``now``, and its first occurrence from now on.
+
+    ``runs`` is how many runs the job's schedule has already started (a PATCH of a running job): when they
+    use up ``max_runs`` the result has no next occurrence. Otherwise a schedule that can never fire is an
+    error naming the field to fix. The request model has already checked each field on its own.
+    """
+    kind = Kind(job_type)
+    start = _utc(start_at, zone)
+    end = _utc(end_at, zone)
+    if start is not None and end is not None and end < start:
+        raise ScheduleError("endAt", f"{_iso(end)} is before startAt ({_iso(start)})")
+    grace_start = now - timedelta(seconds=grace_sec)
+    after = now
+    instant: datetime | None = None
+    instants: tuple[datetime, ...] = ()
+    if kind is Kind.ONE_SHOT:
+        first = first_fire("ONE_SHOT", run_at=run_at, delay_seconds=None, zone=zone, now=now, grace_sec=grace_sec)
+        instant = first.run_at
+        after = first.next_fire_at - timedelta(milliseconds=1)
+    elif kind is Kind.DELAYED:
+        first = first_fire("DELAYED", run_at=None, delay_seconds=delay_seconds, zone=zone, now=now, grace_sec=grace_sec)
+        instant = first.next_fire_at
+        after = instant - timedelta(milliseconds=1)
+    elif kind is Kind.INTERVAL:
+        if interval_sec is None:
+            raise ScheduleError("intervalSec", "is required for INTERVAL jobs")
+        if interval_sec < min_interval_sec:
+            raise ScheduleError("intervalSec", f"is {interval_sec} s; the minimum is {min_interval_sec} s")
+        # The grid's anchor: a first fire one interval from now unless the client chose one.
+        start = start if start is not None else truncate_ms(now + timedelta(seconds=interval_sec))
+    elif kind is Kind.RUN_LIST:
+        if not run_list:
+            raise ScheduleError("runList", "is required for RUN_LIST jobs: at least one instant")
+        if len(run_list) > MAX_RUN_LIST:
+            raise ScheduleError("runList", f"has {len(run_list)} instants; at most {MAX_RUN_LIST} are accepted")
+        resolved = []
+        for index, entry in enumerate(run_list):
+            at = _utc(entry, zone)
+            assert at is not None
+            if at < grace_start:
+                late = (now - at).total_seconds()
+                raise ScheduleError(
+                    f"runList[{index}]",
+                    f"{_iso(at)} is {late:.0f} s in the past; at most {grace_sec} s in the past is accepted "
+                    "(and fires at once)",
+                )
+            resolved.append(at)
+        instants = tuple(sorted(set(resolved)))
+        after = instants[0] - timedelta(milliseconds=1)
+    elif kind is Kind.CRON and cron is None:
+        raise ScheduleError("schedule", "is required for CRON jobs")
+    spec = ScheduleSpec(
+        kind=kind,
+        timezone=zone,
+        cron=cron if kind is Kind.CRON else None,
+        interval_sec=interval_sec if kind is Kind.INTERVAL else None,
+        run_at=instant,
+        run_list=instants,
+        start_at=start,
+        end_at=end,
+        max_runs=max_runs,
+        jitter_sec=jitter_sec,
+    )
+    nominal = next_fire(spec, after, runs)
+    if nominal is None and (max_runs is None or runs < max_runs):
+        if end is not None:
+            raise ScheduleError("endAt", f"the schedule has no occurrence between now and {_iso(end)}")
+        raise ScheduleError(
+            {Kind.CRON: "schedule", Kind.RUN_LIST: "runList"}.get(kind, "type"),
+            "never fires: no date matches it" if kind is Kind.CRON else "has no occurrence left",
+        )
+    return Resolved(spec, nominal)

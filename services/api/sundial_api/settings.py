@@ -27,6 +27,9 @@ class ApiSettings(CommonSettings):
         description="A ONE_SHOT `runAt` at most this far in the past fires at once; further in the past → 422.",
     )
     default_timeout_sec: int = Field(600, ge=1, le=604800, description="`timeoutSec` of a job that does not give one.")
+    min_interval_sec: int = Field(
+        1, ge=1, description="Smallest accepted `intervalSec` of an INTERVAL job; smaller → 422."
+    )
     db_pool_size: int = Field(20, ge=1, le=1000, description="Most Postgres connections one replica holds.")
     redis_timeout_sec: float = Field(
         1.0,

@@ -1,4 +1,10 @@
-"""`sundial dispatcher`: lead shards through etcd and dispatch their due occurrences to Kafka."""
+"""`sundial dispatcher`: lead this replica's share of the shards through etcd and dispatch their due occurrences.
+
+One process = one replica: it registers in the etcd registry, follows the registry to know the live
+replicas, and runs one campaign per shard (:mod:`sundial_dispatcher.shards`). On SIGTERM it first
+leaves the registry — so the other replicas know at once who owns its shards now — then finishes each
+shard's pass in flight and revokes the leases; the new owners, already watching, lead within moments.
+"""
 
 from __future__ import annotations
 
@@ -6,19 +12,19 @@ import argparse
 import asyncio
 import logging
 
-import aetcd
 from redis.asyncio import Redis
 from sundial_common.broker import KafkaPublisher
 from sundial_common.hotwindow import HotWindow
+from sundial_common.leadership import LeadershipConfig, ShardLeadership
 from sundial_common.logs import setup_logging
+from sundial_common.registry import ClusterKeys, Membership, ReplicaRecord, ReplicaRegistration, etcd_client
 from sundial_common.service import run, supervise
 from sundial_common.store import Store
 from sundial_common.telemetry import setup_tracing
 
 from sundial_dispatcher.dispatcher import DispatcherConfig
-from sundial_dispatcher.leadership import LeadershipConfig
 from sundial_dispatcher.settings import DispatcherSettings
-from sundial_dispatcher.shards import Dependencies, lead_shard
+from sundial_dispatcher.shards import CampaignConfig, Dependencies, Placement, ShardCampaign, dispatch_work
 
 log = logging.getLogger("sundial.dispatcher")
 
@@ -26,14 +32,17 @@ log = logging.getLogger("sundial.dispatcher")
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="sundial dispatcher",
-        description="Campaign for every shard's etcd lease; for each shard led, claim due occurrences from "
-        "its hot window, commit their executions in one fenced transaction and publish them to the pools' "
-        "Kafka topics. Run several replicas: standbys take over within a lease TTL.",
+        description="Lead this replica's share of the shards (etcd leases, balanced over the live replicas), "
+        "claim due occurrences from their hot windows, commit their executions in one fenced transaction and "
+        "publish them to the pools' Kafka topics. Run several replicas: the shards spread over them, and a "
+        "standby takes over a dead replica's shards within a lease TTL.",
     )
     parser.add_argument("--log-level", help="Logging level (env SUNDIAL_LOG_LEVEL).")
-    parser.add_argument("--lease-ttl", type=float, help="Lease TTL in seconds (env SUNDIAL_LEASE_TTL_SEC).")
+    parser.add_argument("--lease-ttl", type=float, help="Lease TTL in seconds, at least 2 (env SUNDIAL_LEASE_TTL_SEC).")
+    parser.add_argument("--instance-id", help="This replica's id in etcd (env SUNDIAL_INSTANCE_ID; default host-pid).")
     args = parser.parse_args(argv)
-    settings = DispatcherSettings()
+    overrides = {"lease_ttl_sec": args.lease_ttl, "instance_id": args.instance_id}
+    settings = DispatcherSettings(**{k: v for k, v in overrides.items() if v is not None})
     setup_logging(args.log_level or settings.log_level, settings.log_format)
     setup_tracing("sundial-dispatcher", settings.otlp_endpoint)
     config = DispatcherConfig(
@@ -42,27 +51,69 @@ def main(argv: list[str] | None = None) -> int:
         poll_interval_sec=settings.dispatcher_poll_interval_sec,
         hot_window_sec=settings.hot_window_sec,
     )
+    keys = ClusterKeys()
     leadership_config = LeadershipConfig(
-        ttl_sec=args.lease_ttl or settings.lease_ttl_sec, margin_sec=settings.lease_margin_sec
+        ttl_sec=settings.lease_ttl_sec, margin_sec=settings.lease_margin_sec, key_prefix=keys.shard_prefix
     )
+    campaign_config = CampaignConfig(shards=settings.shards, orphan_grace_sec=settings.dispatcher_orphan_grace_sec)
+    me = settings.instance_id
 
     async def serve(stop: asyncio.Event) -> None:
-        host, _, port = settings.etcd_endpoint.rpartition(":")
         store = await Store.connect(settings.database_url, max_size=max(2, config.shards))
         redis = Redis.from_url(settings.redis_url)
         publisher = KafkaPublisher(settings.kafka_bootstrap)
-        etcd = aetcd.Client(host=host or "127.0.0.1", port=int(port))
+        etcd = etcd_client(settings.etcd_endpoint)
         deps = Dependencies(store, HotWindow(redis), publisher, etcd)
-        log.info("dispatcher %s started: campaigning for %d shards", settings.instance_id, config.shards)
+        registration = ReplicaRegistration(
+            etcd, ReplicaRecord.for_this_process("dispatcher", me), ttl_sec=settings.lease_ttl_sec, keys=keys
+        )
+        membership = Membership(etcd, "dispatcher", keys)
+        placement = Placement(membership, config.shards)
+        # Campaigns stop only after this replica has left the registry (see the module docstring).
+        campaigns_stop = asyncio.Event()
+
+        async def leave_then_stop_campaigns() -> None:
+            await stop.wait()
+            await registration.deregister()
+            campaigns_stop.set()
+
         try:
+            # The view must include this replica before any campaign asks who owns what.
+            await membership.catch_up(await registration.register())
+            log.info(
+                "dispatcher %s started: %d shards, %d live replicas (%s)",
+                me,
+                config.shards,
+                len(membership.members),
+                ", ".join(membership.members),
+            )
+            work = dispatch_work(deps, config, me)
+            campaigns = {
+                f"shard-{shard}": ShardCampaign(
+                    shard,
+                    ShardLeadership(etcd, shard, me, leadership_config),
+                    me=me,
+                    etcd=etcd,
+                    membership=membership,
+                    placement=placement,
+                    registration=registration,
+                    work=work,
+                    config=campaign_config,
+                    keys=keys,
+                ).run(campaigns_stop)
+                for shard in range(config.shards)
+            }
             await supervise(
                 stop,
                 {
-                    f"shard-{shard}": lead_shard(stop, shard, settings.instance_id, deps, config, leadership_config)
-                    for shard in range(config.shards)
+                    "registry": registration.run(stop),
+                    "membership": membership.run(campaigns_stop),
+                    "leave": leave_then_stop_campaigns(),
+                    **campaigns,
                 },
             )
         finally:
+            await registration.deregister()
             await publisher.close()
             await etcd.close()
             await redis.aclose()

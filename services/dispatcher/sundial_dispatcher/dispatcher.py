@@ -17,10 +17,12 @@ Leader-only: a :class:`ShardDispatcher` exists only while its process holds the 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
+from uuid import UUID
 
 from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode, get_current_span
 from sundial_common.broker import Publisher
@@ -29,14 +31,32 @@ from sundial_common.crashpoints import crash_point
 from sundial_common.hotwindow import HotWindow
 from sundial_common.ids import new_id
 from sundial_common.messages import ExecutionMessage
-from sundial_common.store import Occurrence, PlannedExecution, Record, Store
+from sundial_common.schedules import fire_at, spec_from_row
+from sundial_common.store import (
+    DispatchOutcome,
+    DispatchPlan,
+    JobAdvance,
+    Occurrence,
+    PlannedExecution,
+    Record,
+    Store,
+)
 from sundial_common.telemetry import context_from, trace_id_hex, traceparent, tracer
+
+from sundial_dispatcher.planning import Catchup, Overlap, Policies, decide
 
 log = logging.getLogger(__name__)
 
 #: Job types whose executions continue the trace of the request that created them. A recurring
 #: job's fires each start a trace of their own, linked to the creating request.
 _ONE_OFF = frozenset({"ONE_SHOT", "DELAYED"})
+#: Redis key a worker watches to stop a running execution (set for CANCEL_RUNNING; Postgres has the truth
+#: in ``executions.cancel_requested_at``).
+CANCEL_KEY = "sundial:cancel:{execution_id}"
+CANCEL_KEY_TTL_SEC = 7 * 24 * 3600
+# Members re-added just beyond the hot window cost nothing; one the hydrator's watermark has already passed
+# would wait for the overdue scan (the API uses the same margin).
+_HOT_WINDOW_MARGIN = timedelta(seconds=60)
 
 
 @dataclass(frozen=True)
@@ -48,6 +68,10 @@ class DispatcherConfig:
     poll_interval_sec: float = 0.05
     #: Next fires due within this horizon are put straight back into the hot window.
     hot_window_sec: int = 3600
+    #: BUFFER_ONE: how often a job waiting for its open execution to end is looked at again.
+    buffer_poll_sec: float = 1.0
+    #: Catch-up FIRE_ALL: at most this many missed occurrences of one job run per pass.
+    fire_all_cap: int = 100
 
     def __post_init__(self) -> None:
         if self.shards < 1:
@@ -64,42 +88,146 @@ class DispatchResult:
     dispatched: int = 0
     published: int = 0
     publish_failed: int = 0
+    #: Occurrences recorded as SKIPPED by an overlap policy.
+    skipped: int = 0
+    #: Jobs waiting for their open execution to end (BUFFER_ONE).
+    held: int = 0
+    #: Occurrences missed beyond their catch-up window.
+    missed: int = 0
 
 
 @dataclass
 class _Planner:
-    """Decides, inside the dispatch transaction, each locked job's execution and next fire."""
+    """Decides, inside the dispatch transaction, each locked job's executions and its move.
 
+    For a job whose schedule is due it applies the catch-up and overlap policies
+    (:func:`~sundial_dispatcher.planning.decide`) and recomputes the next occurrence from the schedule; a
+    pending manual trigger becomes one more execution that leaves the schedule where it is.
+    """
+
+    now: datetime
+    config: DispatcherConfig
     spans: dict[str, Span] = field(default_factory=dict)
+    #: Jobs to look at again soon (BUFFER_ONE waiting on an open execution).
+    holds: list[Occurrence] = field(default_factory=list)
+    #: Where each locked job's hot-window member belongs after this transaction (None: nowhere).
+    members: dict[UUID, datetime | None] = field(default_factory=dict)
 
-    def __call__(self, jobs: Sequence[Record]) -> list[PlannedExecution]:
-        planned = []
+    def __call__(self, jobs: Sequence[Record]) -> DispatchPlan:
+        executions: list[PlannedExecution] = []
+        advances: list[JobAdvance] = []
+        cancel: list[UUID] = []
         for job in jobs:
-            execution_id = new_id()
-            span = self._span(job, str(execution_id))
-            self.spans[str(execution_id)] = span
-            policy = job["retry_policy"] or {}
-            planned.append(
-                PlannedExecution(
-                    execution_id=execution_id,
-                    job=job,
-                    next_fire_at=None,  # one-off jobs fire once; recurring schedules come with their issue
-                    max_attempts=int(policy.get("maxAttempts", 1)),
-                    trace_id=trace_id_hex(span),
-                    traceparent=traceparent(span),
+            claimed = job["claimed_due"]
+            schedule_due = job["state"] == "ACTIVE" and job["next_fire_at"] <= claimed
+            trigger_due = job["trigger_at"] is not None and job["trigger_at"] <= claimed
+            next_fire_at = job["next_fire_at"] if job["state"] == "ACTIVE" else None
+            advance: JobAdvance | None = None
+            nominals: set[datetime] = set()
+            if schedule_due:
+                advance, planned, to_cancel = self._schedule(job)
+                executions += planned
+                cancel += to_cancel
+                nominals = {p.nominal for p in planned}
+                if advance is not None:
+                    next_fire_at = advance.next_fire_at
+                else:  # held: its member comes back with the holds, not at its (past) fire time
+                    next_fire_at = None
+            if trigger_due:
+                at = job["trigger_at"]
+                while at in nominals:  # one occurrence, one execution: a trigger never lands on a scheduled one
+                    at += timedelta(milliseconds=1)
+                executions.append(self._execution(job, job["trigger_execution_id"], at, at, triggered=True))
+                advance = (
+                    JobAdvance(job["id"], job["next_fire_at"], None, None, advance=False, trigger_done=True)
+                    if advance is None
+                    else dataclasses.replace(advance, trigger_done=True)
                 )
-            )
-        return planned
+            if advance is not None:
+                advances.append(advance)
+            pending_trigger = job["trigger_at"] if not trigger_due else None
+            candidates = [t for t in (next_fire_at, pending_trigger) if t is not None]
+            self.members[job["id"]] = min(candidates) if candidates else None
+        return DispatchPlan(executions, advances, cancel)
+
+    def _schedule(self, job: Record) -> tuple[JobAdvance | None, list[PlannedExecution], list[UUID]]:
+        """The due schedule of ``job``: its executions, its move (None: held, nothing changes), what to cancel."""
+        spec = spec_from_row(job)
+        nominal = job["next_nominal_at"] or job["next_fire_at"]
+        decision = decide(
+            spec,
+            job["id"],
+            nominal,
+            self.now,
+            runs_so_far=job["fire_count"],
+            policies=Policies(
+                overlap=Overlap(job["overlap_policy"]),
+                catchup=Catchup(job["catchup_policy"]),
+                catchup_window_sec=job["catchup_window_sec"],
+                fire_all_cap=self.config.fire_all_cap,
+            ),
+            open_executions=job["open_execution_ids"] or (),
+        )
+        if decision.hold:
+            retry_at = self.now + timedelta(seconds=self.config.buffer_poll_sec)
+            self.holds.append(Occurrence(job["id"], retry_at))
+            return None, [], []
+        planned = [self._execution(job, new_id(), n, fire_at(job["id"], n, spec.jitter_sec)) for n in decision.runs]
+        planned += [
+            self._execution(job, new_id(), n, fire_at(job["id"], n, spec.jitter_sec), state="SKIPPED", note=why)
+            for n, why in decision.skipped
+        ]
+        following = decision.next_nominal
+        advance = JobAdvance(
+            job["id"],
+            job["next_fire_at"],
+            fire_at(job["id"], following, spec.jitter_sec) if following is not None else None,
+            following,
+            runs=len(decision.runs),
+            missed=decision.missed,
+        )
+        return advance, planned, decision.cancel
+
+    def _execution(
+        self,
+        job: Record,
+        execution_id: UUID,
+        nominal: datetime,
+        due: datetime,
+        *,
+        state: str = "PENDING",
+        triggered: bool = False,
+        note: str | None = None,
+    ) -> PlannedExecution:
+        trace_id = parent = None
+        if state == "PENDING":  # a SKIPPED occurrence is never published: no dispatch span
+            span = self._span(job, str(execution_id), nominal)
+            self.spans[str(execution_id)] = span
+            trace_id, parent = trace_id_hex(span), traceparent(span)
+        policy = job["retry_policy"] or {}
+        return PlannedExecution(
+            execution_id=execution_id,
+            job=job,
+            next_fire_at=None,
+            max_attempts=int(policy.get("maxAttempts", 1)),
+            trace_id=trace_id,
+            traceparent=parent,
+            scheduled_for=nominal,
+            fire_at=due,
+            state=state,
+            triggered=triggered,
+            note=note,
+        )
 
     @staticmethod
-    def _span(job: Record, execution_id: str) -> Span:
+    def _span(job: Record, execution_id: str, nominal: datetime) -> Span:
         attributes = {
             "sundial.job_id": str(job["id"]),
             "sundial.execution_id": execution_id,
             "sundial.tenant": job["tenant_id"],
             "sundial.pool": job["pool"],
             "sundial.handler": job["handler"],
-            "sundial.scheduled_for": job["next_fire_at"].isoformat(),
+            "sundial.scheduled_for": nominal.isoformat(),
         }
         origin = context_from(job["traceparent"])
         if job["type"] in _ONE_OFF:
@@ -137,24 +265,32 @@ class ShardDispatcher:
         if not claims:
             return DispatchResult()
         crash_point("dispatcher.after_claim")
-        planner = _Planner()
+        planner = _Planner(now=self.clock.now(), config=self.config)
         try:
-            planned = await self.store.dispatch(self.shard, self.token, self.holder, claims, planner)
+            outcome = await self.store.dispatch_occurrences(self.shard, self.token, self.holder, claims, planner)
         except BaseException:
             for span in planner.spans.values():
                 span.set_status(Status(StatusCode.ERROR, "dispatch transaction failed"))
                 span.end()
             raise
         crash_point("dispatcher.after_commit")
-        result = DispatchResult(claimed=len(claims), dispatched=len(planned))
+        planned = [p for p in outcome.created if p.state == "PENDING"]
+        result = DispatchResult(
+            claimed=len(claims),
+            dispatched=len(planned),
+            skipped=len(outcome.created) - len(planned),
+            held=len(planner.holds),
+            missed=sum(a.missed for a in outcome.plan.advances),
+        )
         created = {str(p.execution_id) for p in planned}
         for execution_id, span in planner.spans.items():
             if execution_id not in created:  # the occurrence already had its execution
                 span.set_attribute("sundial.duplicate", True)
                 span.end()
+        await self._requeue_next_fires(planner, outcome)
+        await self._flag_cancellations(outcome.cancel_requested)
         if not planned:
             return result
-        await self._requeue_next_fires(planned)
         messages = [self._message(p) for p in planned]
         errors = await self.publisher.publish(messages)
         published: set[str] = set()
@@ -178,18 +314,27 @@ class ShardDispatcher:
         await self.store.mark_published([p.execution_id for p in planned if str(p.execution_id) in published])
         return result
 
-    async def _requeue_next_fires(self, planned: Sequence[PlannedExecution]) -> None:
-        """Jobs whose next fire is already inside the hot window go straight back into it.
+    async def _requeue_next_fires(self, planner: _Planner, outcome: DispatchOutcome) -> None:
+        """Put the dispatched jobs' members back where they now belong, if that is inside the hot window.
 
-        Further-out fires are the hydrator's to promote when their time comes.
+        The claim removed each member; a job's next fire (or a trigger still pending) due soon goes straight
+        back, as does a BUFFER_ONE job waiting on its open execution and a claimed member that raced ahead of
+        a re-schedule. Further-out fires are the hydrator's to promote when their time comes. ``NX``: a member
+        someone else (the API after a PATCH or resume) has written since the claim is newer than ours.
         """
-        horizon = self.clock.now() + timedelta(seconds=self.config.hot_window_sec)
-        upcoming = [
-            Occurrence(p.job["id"], p.next_fire_at)
-            for p in planned
-            if p.next_fire_at is not None and p.next_fire_at < horizon
-        ]
-        await self.hot_window.add(self.shard, upcoming)
+        horizon = self.clock.now() + timedelta(seconds=self.config.hot_window_sec) + _HOT_WINDOW_MARGIN
+        upcoming = [Occurrence(job_id, due) for job_id, due in planner.members.items() if due is not None]
+        upcoming += planner.holds + outcome.misplaced
+        await self.hot_window.add(self.shard, [o for o in upcoming if o.due < horizon], only_new=True)
+
+    async def _flag_cancellations(self, execution_ids: Sequence[UUID]) -> None:
+        """CANCEL_RUNNING: tell the workers running these to stop (Postgres already records the request)."""
+        if not execution_ids:
+            return
+        async with self.hot_window.redis.pipeline(transaction=False) as pipe:
+            for execution_id in execution_ids:
+                pipe.set(CANCEL_KEY.format(execution_id=execution_id), "1", ex=CANCEL_KEY_TTL_SEC)
+            await pipe.execute()
 
     def _message(self, p: PlannedExecution) -> ExecutionMessage:
         job = p.job
@@ -201,7 +346,7 @@ class ShardDispatcher:
             handler=job["handler"],
             attempt=1,
             fence_token=self.token,
-            scheduled_for=job["next_fire_at"].isoformat(),
+            scheduled_for=p.nominal.isoformat(),
             timeout_sec=job["timeout_sec"],
             payload=job["payload"],
             traceparent=p.traceparent,

@@ -1,26 +1,66 @@
-"""Leading shards: campaign for each shard, dispatch while trusted, step down when the term ends.
+"""Leading shards: campaign for the shards this replica should own, stand by for the rest, hand over, rescue.
 
-Leader-only work is grouped here (CONVENTIONS 5): a :class:`ShardDispatcher` exists only inside a
-term and is dropped the moment the term is lost, fenced out, or the process is asked to stop. On
-SIGTERM the in-flight pass finishes, then the lease is revoked so a standby leads within moments.
+Every dispatcher replica runs one :class:`ShardCampaign` per shard. The *placement*
+(:mod:`sundial_dispatcher.balance`, over the live replicas in the etcd registry) names each shard's
+**owner**; leadership itself is still won in etcd (:mod:`sundial_common.leadership`) and fenced in
+Postgres. A campaign is always in one of three phases:
+
+* **Owner, standing by** — this replica should lead the shard. If the leader key is free it creates it
+  at once. If another replica leads, it writes a *successor request* (``/sundial/shards/<n>/successor``
+  = its id, attached to its registry lease, so it vanishes if this replica dies) and watches the leader
+  key; the moment the key is deleted it contends.
+* **Not the owner, standing by** — it watches the leader key too, but when the key is deleted it lets
+  the owner have it: it waits ``orphan_grace_sec`` (or until the membership changes) and contends only
+  if the shard is still leaderless. So a shard whose owner is dead, or not yet known to be dead, is
+  never orphaned for longer than the grace.
+* **Leading** — it dispatches the shard (the leader work) while its term is trusted. It steps down when
+  the term is lost, when the fence rejects a write (a newer leader has written: :class:`FencedOut`),
+  when the process stops, or when the shard's owner — another live replica — asks for it with a
+  successor request made after this term began. Stepping down finishes the pass in flight, then
+  revokes the lease, and the owner, already watching, leads within a round trip.
+
+Requests older than the term are ignored so that a shard taken over by a rescuer is not bounced back
+to a replica that asked before and then failed to take it; the owner asks again when it sees a new term.
+
+A replica joining the registry thus pulls its share of shards from the others, one graceful handover
+each; a replica leaving (SIGTERM) removes itself from the registry first, so its shards' new owners
+are known before it lets go of them; a replica that dies is replaced when its leases expire.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import aetcd
 from sundial_common.broker import Publisher
 from sundial_common.hotwindow import HotWindow
-from sundial_common.service import sleep_or_stop
+from sundial_common.leadership import LeadershipStopped, ShardLeadership, Term, first_of
+from sundial_common.registry import ClusterKeys, Membership, ReplicaRegistration
 from sundial_common.store import FencedOut, Store
 
+from sundial_dispatcher.balance import placement
 from sundial_dispatcher.dispatcher import DispatcherConfig, ShardDispatcher
-from sundial_dispatcher.leadership import LeadershipConfig, LeadershipStopped, ShardLeadership
+
+__all__ = [
+    "CampaignConfig",
+    "Dependencies",
+    "LeaderWork",
+    "Placement",
+    "ShardCampaign",
+    "Tenure",
+    "dispatch_work",
+]
 
 log = logging.getLogger(__name__)
+
+# How often a waiting owner or leader re-reads etcd without a watch event (a watch stream can die silently).
+_RECHECK_SEC = 10.0
+# After an etcd error, wait this long before trying again.
+_RETRY_SEC = 0.5
 
 
 @dataclass(frozen=True)
@@ -31,72 +71,291 @@ class Dependencies:
     etcd: aetcd.Client
 
 
-async def _wait_any(*events: asyncio.Event, seconds: float) -> None:
-    waiters = [asyncio.ensure_future(e.wait()) for e in events]
-    try:
-        await asyncio.wait(waiters, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for waiter in waiters:
-            waiter.cancel()
+@dataclass(frozen=True)
+class CampaignConfig:
+    """How a replica campaigns.
+
+    shards: number of shards (every process must agree).
+    orphan_grace_sec: how long a shard must stay leaderless before a replica that does not own it takes
+        it over; the owner, watching the same key, normally leads within milliseconds of the vacancy.
+    """
+
+    shards: int
+    orphan_grace_sec: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.shards < 1:
+            raise ValueError(f"shards must be >= 1, got {self.shards}")
+        if not self.orphan_grace_sec > 0:
+            raise ValueError(f"orphan_grace_sec must be > 0, got {self.orphan_grace_sec!r}")
 
 
-async def lead_shard(
-    stop: asyncio.Event,
-    shard: int,
-    holder: str,
-    deps: Dependencies,
-    config: DispatcherConfig,
-    leadership_config: LeadershipConfig,
-) -> None:
-    """Campaign for ``shard`` until ``stop``; while leading, dispatch it."""
-    async with ShardLeadership(deps.etcd, shard, holder, leadership_config) as leadership:
-        while not stop.is_set():
-            acquiring = asyncio.ensure_future(leadership.acquire())
-            stopping = asyncio.ensure_future(stop.wait())
-            await asyncio.wait({acquiring, stopping}, return_when=asyncio.FIRST_COMPLETED)
-            stopping.cancel()
-            if not acquiring.done():
-                acquiring.cancel()
-                await asyncio.gather(acquiring, return_exceptions=True)
-                return
-            try:
-                term = acquiring.result()
-            except LeadershipStopped:
-                return
-            log.info("shard %d: leading with fence token %d", shard, term.token, extra={"shard": shard})
-            dispatcher = ShardDispatcher(shard, term.token, holder, deps.store, deps.hot_window, deps.publisher, config)
-            try:
-                await _dispatch_while_trusted(stop, leadership, dispatcher, config)
-            except FencedOut as exc:
-                log.error("shard %d: %s; stepping down", shard, exc, extra={"shard": shard})
-            finally:
-                await leadership.resign()
+class Placement:
+    """The owner of each shard under the current membership (recomputed only when the members change)."""
+
+    def __init__(self, membership: Membership, shards: int) -> None:
+        self._membership = membership
+        self._shards = shards
+        self._members: tuple[str, ...] | None = None
+        self._owners: dict[int, str] = {}
+
+    def owner(self, shard: int) -> str | None:
+        members = self._membership.members
+        if members != self._members:
+            self._owners = placement(self._shards, members) if members else {}
+            self._members = members
+        return self._owners.get(shard)
 
 
-async def _dispatch_while_trusted(
-    stop: asyncio.Event, leadership: ShardLeadership, dispatcher: ShardDispatcher, config: DispatcherConfig
-) -> None:
-    failures = 0
-    while not stop.is_set() and leadership.trusted():
-        try:
-            result = await dispatcher.run_once()
-            failures = 0
-        except FencedOut:
-            raise
-        except Exception:
-            # Postgres, Redis or the broker is unreachable: keep the term (nobody else could do
-            # better) and retry with backoff. Claimed members are recovered by the hydrator.
-            failures += 1
-            delay = min(0.1 * 2**failures, 5.0)
-            log.exception("shard %d: dispatch pass failed; retrying in %.1fs", dispatcher.shard, delay)
-            if await sleep_or_stop(stop, delay):
-                return
-            continue
-        if result.claimed < config.batch_size:
-            await _wait_any(stop, leadership.lost, seconds=config.poll_interval_sec)
-    if not stop.is_set() and not leadership.trusted():
-        log.warning(
-            "shard %d: term no longer trusted (%s); stopped dispatching",
-            dispatcher.shard,
-            leadership.lost_reason or "trust window ended",
+@dataclass(frozen=True)
+class Tenure:
+    """What leader work sees of its term: keep working while ``active()``; ``pause`` between passes."""
+
+    term: Term
+    leadership: ShardLeadership
+    #: Set when the process stops or the shard is being handed over: finish the pass in flight and return.
+    step_down: asyncio.Event
+
+    def active(self) -> bool:
+        return not self.step_down.is_set() and self.leadership.trusted()
+
+    async def pause(self, seconds: float) -> None:
+        """Wait ``seconds``, or less if the term ends or the work must step down."""
+        await first_of(asyncio.sleep(seconds), self.step_down, self.leadership.lost)
+
+
+LeaderWork = Callable[[Tenure], Awaitable[None]]
+"""The work done while leading a shard. Returns when ``tenure.active()`` turns false; may raise FencedOut."""
+
+
+def dispatch_work(deps: Dependencies, config: DispatcherConfig, holder: str) -> LeaderWork:
+    """The dispatcher's leader work: run dispatch passes on the shard for as long as the term allows."""
+
+    async def work(tenure: Tenure) -> None:
+        shard = tenure.term.shard
+        dispatcher = ShardDispatcher(
+            shard, tenure.term.token, holder, deps.store, deps.hot_window, deps.publisher, config
         )
+        failures = 0
+        while tenure.active():
+            try:
+                result = await dispatcher.run_once()
+                failures = 0
+            except FencedOut:
+                raise
+            except Exception:
+                # Postgres, Redis or the broker is unreachable: keep the term (nobody else could do
+                # better) and retry with backoff. Claimed members are recovered by the hydrator.
+                failures += 1
+                delay = min(0.1 * 2**failures, 5.0)
+                log.exception("shard %d: dispatch pass failed; retrying in %.1fs", shard, delay, extra={"shard": shard})
+                await tenure.pause(delay)
+                continue
+            if result.claimed < config.batch_size:
+                await tenure.pause(config.poll_interval_sec)
+        if not tenure.step_down.is_set() and not tenure.leadership.trusted():
+            log.warning(
+                "shard %d: term no longer trusted (%s); stopped dispatching",
+                shard,
+                tenure.leadership.lost_reason or "trust window ended",
+                extra={"shard": shard},
+            )
+
+    return work
+
+
+async def _slept(seconds: float) -> bool:
+    await asyncio.sleep(seconds)
+    return True
+
+
+class ShardCampaign:
+    """One replica's campaign for one shard (see the module docstring). ``run(stop)`` until stopped."""
+
+    def __init__(
+        self,
+        shard: int,
+        leadership: ShardLeadership,
+        *,
+        me: str,
+        etcd: aetcd.Client,
+        membership: Membership,
+        placement: Placement,
+        registration: ReplicaRegistration,
+        work: LeaderWork,
+        config: CampaignConfig,
+        keys: ClusterKeys | None = None,
+    ) -> None:
+        self.shard = shard
+        self.leadership = leadership
+        self.me = me
+        self._etcd = etcd
+        self._membership = membership
+        self._placement = placement
+        self._registration = registration
+        self._work = work
+        self._config = config
+        self._successor_key = (keys or ClusterKeys()).successor(shard)
+        self._extra = {"shard": shard}
+
+    def owns(self) -> bool:
+        return self._placement.owner(self.shard) == self.me
+
+    async def run(self, stop: asyncio.Event) -> None:
+        async with self.leadership:
+            while not stop.is_set():
+                try:
+                    term = await self._campaign(stop)
+                except LeadershipStopped:
+                    return
+                except (aetcd.ClientError, TimeoutError) as exc:
+                    log.warning("shard %d: etcd error while standing by: %r", self.shard, exc, extra=self._extra)
+                    await first_of(asyncio.sleep(_RETRY_SEC), stop)
+                    continue
+                if term is None:
+                    return
+                await self._lead(stop, term)
+
+    # -- standing by ---------------------------------------------------------------------------------
+
+    async def _campaign(self, stop: asyncio.Event) -> Term | None:
+        """Return a term once this replica leads the shard; None when stopping."""
+        while not stop.is_set():
+            changed = self._membership.changed()
+            if self.owns():
+                term = await self._stand_by_as_owner(stop, changed)
+            else:
+                term = await self._stand_by_for_orphan(stop, changed)
+            if term is not None:
+                return term
+        return None
+
+    async def _stand_by_as_owner(self, stop: asyncio.Event, changed: asyncio.Event) -> Term | None:
+        """Contend now; while another replica leads, ask it to hand over and wait for the key to go."""
+        asked_at = 0  # revision of our successor request; it must be newer than the term it is meant for
+        try:
+            while not (stop.is_set() or changed.is_set()):
+                term = await self.leadership.try_acquire()
+                if term is not None:
+                    return term
+                current = await self.leadership.current_leader()
+                if current is None:
+                    continue  # freed between the two reads: try again
+                holder, token = current
+                if asked_at < token:
+                    asked_at = await self._ask_for_handover()
+                    log.info(
+                        "shard %d: owned here but led by %s (token %d); asked for a handover",
+                        self.shard,
+                        holder,
+                        token,
+                        extra=self._extra,
+                    )
+                # Wakes when the leader key is deleted, or the membership changes (we may no longer own it).
+                await first_of(self.leadership.wait_for_vacancy(), stop, changed)
+            return None
+        finally:
+            if asked_at:
+                await asyncio.shield(self._withdraw_handover_request())
+
+    async def _stand_by_for_orphan(self, stop: asyncio.Event, changed: asyncio.Event) -> Term | None:
+        """Not the owner: lead only a shard that stays leaderless for the grace period."""
+        vacant_at = await first_of(self.leadership.wait_for_vacancy(), stop, changed)
+        if vacant_at is None:
+            return None
+        # The vacancy may come from a replica that just left the registry (a graceful stop deregisters
+        # first, then resigns): see the registry at least as of the vacancy before deciding who owns it.
+        await self._membership.catch_up(vacant_at)
+        if changed.is_set() or self.owns():
+            return None  # re-evaluate: we may be the owner now
+        if await first_of(_slept(self._config.orphan_grace_sec), stop, changed) is None:
+            return None
+        term = await self.leadership.try_acquire()
+        if term is not None:
+            log.warning(
+                "shard %d: took over a shard left without a leader for %.1fs (its owner is %s)",
+                self.shard,
+                self._config.orphan_grace_sec,
+                self._placement.owner(self.shard) or "nobody: no live replica is registered",
+                extra=self._extra,
+            )
+        return term
+
+    async def _ask_for_handover(self) -> int:
+        lease = self._registration.lease_id
+        put = await self._etcd.put(self._successor_key, self.me.encode(), lease=lease)
+        return int(put.header.revision)
+
+    async def _withdraw_handover_request(self) -> None:
+        tx = self._etcd.transactions
+        with contextlib.suppress(aetcd.ClientError):
+            await self._etcd.transaction(
+                compare=[tx.value(self._successor_key) == self.me.encode()],
+                success=[tx.delete(self._successor_key)],
+                failure=[],
+            )
+
+    # -- leading -------------------------------------------------------------------------------------
+
+    async def _lead(self, stop: asyncio.Event, term: Term) -> None:
+        log.info("shard %d: leading with fence token %d", self.shard, term.token, extra=self._extra)
+        handover = asyncio.Event()
+        step_down = asyncio.Event()
+        watcher = asyncio.create_task(
+            self._await_handover_request(term, handover), name=f"sundial-shard-{self.shard}-handover-watch"
+        )
+        relay = asyncio.create_task(self._relay(step_down, stop, handover), name=f"sundial-shard-{self.shard}-relay")
+        try:
+            await self._work(Tenure(term, self.leadership, step_down))
+        except FencedOut as exc:
+            log.error(
+                "shard %d: write rejected by the fence (%s): a newer leader has written; stepping down",
+                self.shard,
+                exc,
+                extra={**self._extra, "fence_token": term.token},
+            )
+        finally:
+            for task in (watcher, relay):
+                task.cancel()
+            await asyncio.wait({watcher, relay})
+            await self.leadership.resign()
+        if not watcher.cancelled() and (died := watcher.exception()) is not None:
+            # A leader that can no longer hear handover requests would keep its shards forever: fail loudly.
+            raise RuntimeError(f"shard {self.shard}: the handover watch died") from died
+        if handover.is_set() and not stop.is_set():
+            log.info("shard %d: handed over to %s", self.shard, self._placement.owner(self.shard), extra=self._extra)
+
+    @staticmethod
+    async def _relay(step_down: asyncio.Event, *events: asyncio.Event) -> None:
+        await first_of(asyncio.Event().wait(), *events)
+        step_down.set()
+
+    async def _await_handover_request(self, term: Term, handover: asyncio.Event) -> None:
+        """Set ``handover`` once the shard's owner, another live replica, asks for it during this term."""
+        key = self._successor_key
+        while True:
+            changed = self._membership.changed()
+            try:
+                found = await self._etcd.get_range(key, key + b"\0")
+                if found:
+                    request = found[0]
+                    successor = request.value.decode(errors="replace")
+                    if (
+                        successor != self.me
+                        and request.mod_revision > term.token
+                        and self._placement.owner(self.shard) == successor
+                    ):
+                        handover.set()
+                        return
+                watch = await self._etcd.watch(
+                    key, start_revision=int(found.header.revision) + 1, kind=aetcd.EventKind.PUT
+                )
+                try:
+                    with contextlib.suppress(TimeoutError, StopAsyncIteration):
+                        await asyncio.wait_for(first_of(anext(aiter(watch)), changed), _RECHECK_SEC)
+                finally:
+                    with contextlib.suppress(AttributeError, aetcd.ClientError):
+                        await watch.cancel()
+            except aetcd.ClientError as exc:
+                log.warning("shard %d: cannot watch for handover requests: %r", self.shard, exc, extra=self._extra)
+                await asyncio.sleep(_RETRY_SEC)

@@ -1,4 +1,8 @@
-"""`sundial hydrator`: promote near-due occurrences from Postgres into the Redis hot window."""
+"""`sundial hydrator`: promote near-due occurrences from Postgres into the Redis hot window.
+
+Run several replicas: one is active (elected in etcd, see ``sundial_common.singleton``), the others stand by
+and take over within a lease TTL.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ from redis.asyncio import Redis
 from sundial_common.hotwindow import HotWindow
 from sundial_common.logs import setup_logging
 from sundial_common.service import every, run
+from sundial_common.singleton import run_singleton
 from sundial_common.store import Store
 
 from sundial_hydrator.hydrator import Hydrator, HydratorConfig
@@ -22,7 +27,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="sundial hydrator",
         description="Promote occurrences due within the hot window from Postgres into Redis, and rebuild "
-        "the window after Redis loses it. Safe to run on several replicas.",
+        "the window after Redis loses it. Run several replicas: one is active (elected through etcd), the "
+        "others stand by and take over within a lease TTL (env SUNDIAL_LEASE_TTL_SEC).",
     )
     parser.add_argument("--interval", type=float, help="Seconds between passes (env SUNDIAL_HYDRATOR_INTERVAL_SEC).")
     parser.add_argument("--log-level", help="Logging level (env SUNDIAL_LOG_LEVEL).")
@@ -35,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
         batch_size=settings.hydrator_batch_size,
         interval_sec=args.interval or settings.hydrator_interval_sec,
         overdue_grace_sec=settings.hydrator_overdue_grace_sec,
+        overdue_interval_sec=settings.hydrator_overdue_interval_sec,
     )
 
     async def serve(stop: asyncio.Event) -> None:
@@ -43,7 +50,11 @@ def main(argv: list[str] | None = None) -> int:
         try:
             hydrator = Hydrator(store, HotWindow(redis), config)
             log.info("hydrator started: %d shards, window %ds", config.shards, config.hot_window_sec)
-            await every(stop, config.interval_sec, hydrator.run_once, name="hydrate")
+
+            async def hydrate_while_leading(until: asyncio.Event) -> None:
+                await every(until, config.interval_sec, hydrator.run_once, name="hydrate")
+
+            await run_singleton(stop, "hydrator", settings, hydrate_while_leading)
         finally:
             await redis.aclose()
             await store.close()

@@ -110,5 +110,7 @@ class Hydrator:
     async def _recover_overdue(self, shard: int) -> int:
         before = self.clock.now() - timedelta(seconds=self.config.overdue_grace_sec)
         overdue = await self.store.overdue_jobs(shard, before, self.config.batch_size)
+        # Manual triggers (POST /v1/jobs/{id}/trigger) whose member was lost; a paused job can hold one too.
+        overdue += await self.store.overdue_triggers(shard, before, self.config.batch_size)
         await self.hot_window.add(shard, overdue)
         return len(overdue)

@@ -1,4 +1,8 @@
-"""`sundial sweeper`: republish executions whose messages were lost."""
+"""`sundial sweeper`: republish executions whose messages were lost.
+
+Run several replicas: one is active (elected in etcd, see ``sundial_common.singleton``), the others stand by
+and take over within a lease TTL.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ import logging
 from sundial_common.broker import KafkaPublisher
 from sundial_common.logs import setup_logging
 from sundial_common.service import every, run
+from sundial_common.singleton import run_singleton
 from sundial_common.store import Store
 
 from sundial_sweeper.settings import SweeperSettings
@@ -21,7 +26,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="sundial sweeper",
         description="Find executions that fell between the cracks (never published, or published and never "
-        "started) and publish them again. Safe to run on several replicas.",
+        "started) and publish them again. Run several replicas: one is active (elected through etcd), the "
+        "others stand by and take over within a lease TTL (env SUNDIAL_LEASE_TTL_SEC).",
     )
     parser.add_argument("--interval", type=float, help="Seconds between passes (env SUNDIAL_SWEEPER_INTERVAL_SEC).")
     parser.add_argument("--log-level", help="Logging level (env SUNDIAL_LOG_LEVEL).")
@@ -40,13 +46,17 @@ def main(argv: list[str] | None = None) -> int:
         try:
             sweeper = Sweeper(store, publisher, config)
             log.info("sweeper started")
-            await every(
-                stop,
-                config.interval_sec,
-                sweeper.run_once,
-                name="sweep",
-                again_now=lambda r: r.republished >= config.batch_size,
-            )
+
+            async def sweep_while_leading(until: asyncio.Event) -> None:
+                await every(
+                    until,
+                    config.interval_sec,
+                    sweeper.run_once,
+                    name="sweep",
+                    again_now=lambda r: r.republished >= config.batch_size,
+                )
+
+            await run_singleton(stop, "sweeper", settings, sweep_while_leading)
         finally:
             await publisher.close()
             await store.close()

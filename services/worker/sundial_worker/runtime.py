@@ -18,8 +18,8 @@ tasks run beside the handlers, each a loop around a ``*_once()`` pass that tests
     Every ``commit_interval_sec``, commits each partition's contiguous acknowledged prefix, so the
     offset never passes a message whose handler still runs or whose result is not in Postgres yet.
 ``heartbeat``
-    Every ``heartbeat_interval_sec``, ONE Redis pipeline renews ``sundial:hb:<execution id>`` for
-    every running execution; the sweeper treats a RUNNING execution without that key as lost.
+    Every ``heartbeat_interval_sec``, ONE Redis call renews ``sundial:hb:<execution id>`` for every
+    running execution; the sweeper treats a RUNNING execution without that key as lost.
 
 So the only per-message round trip is the handler itself: starts, finishes and heartbeats travel in
 batches.
@@ -48,6 +48,7 @@ import asyncpg
 import orjson
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from redis.asyncio import Redis
+from redis.commands.core import AsyncScript
 from redis.exceptions import RedisError
 from sundial_common.messages import ExecutionMessage
 from sundial_common.settings import CommonSettings
@@ -80,6 +81,23 @@ _BACKOFF_MAX_SEC = 5.0
 # orjson writes NUL as \u0000, which Postgres jsonb rejects; an even run of backslashes before it
 # would be an escaped backslash followed by the literal text "u0000", which is fine.
 _JSON_NUL = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")
+# Renew many liveness keys in ONE command: a pipeline of SETs costs redis-py a pack and a parse per
+# key, which at thousands of executions a second was most of the poll loop's CPU. The keys of one
+# call may live on different Redis Cluster slots; Sundial runs one Redis (or a proxy) for them.
+_RENEW = """
+for i = 1, #KEYS do redis.call('SET', KEYS[i], ARGV[1], 'PX', ARGV[2]) end
+return #KEYS
+"""
+# Drop liveness keys only where they are still ours: after a late (rejected) write, the sweeper may
+# have handed the execution to another worker, whose key has the same name.
+_RELEASE = """
+local n = 0
+for i = 1, #KEYS do
+  if redis.call('GET', KEYS[i]) == ARGV[1] then n = n + redis.call('DEL', KEYS[i]) end
+end
+return n
+"""
+_RENEW_CHUNK = 1000
 
 
 def heartbeat_key(execution_id: UUID | str) -> str:
@@ -218,8 +236,13 @@ class WorkerRuntime:
         self.stats = WorkerStats()
         self._store: Store | None = None
         self._redis: Redis | None = None
+        self._renew_script: AsyncScript | None = None
+        self._release_script: AsyncScript | None = None
         self._handler_threads: ThreadPoolExecutor | None = None
         self._running: dict[UUID, _Running] = {}
+        # Won executions whose outcome is not in Postgres yet (running, or finished and waiting for
+        # the flusher): a redelivery of one must wait for that write before its offset may commit.
+        self._unsettled: dict[UUID, _Running] = {}
         self._finished: list[_Finished] = []
         self._finished_ready = asyncio.Event()
         self._flush_full = asyncio.Event()
@@ -279,6 +302,8 @@ class WorkerRuntime:
             self._redis = Redis.from_url(
                 self.settings.redis_url, socket_timeout=5, socket_connect_timeout=5, health_check_interval=30
             )
+            self._renew_script = self._redis.register_script(_RENEW)
+            self._release_script = self._redis.register_script(_RELEASE)
             self._handler_threads = ThreadPoolExecutor(
                 max_workers=self.config.concurrency, thread_name_prefix="sundial-handler"
             )
@@ -362,6 +387,8 @@ class WorkerRuntime:
             except TimeoutError:
                 await self.consumer.keepalive(0)
             return PollResult()
+        # One pass at a time: a second pass in flight (to overlap the CAS with consuming) measured no
+        # faster, because consume calls share the consumer's one thread and an idle one blocks it.
         deliveries = await self.consumer.poll(min(free, self.config.poll_batch), self.config.poll_timeout_sec)
         if not deliveries:
             return PollResult()
@@ -376,11 +403,12 @@ class WorkerRuntime:
             if message is None:
                 continue
             execution_id = UUID(message.execution_id)
-            running = self._running.get(execution_id)
-            if running is not None and running.attempt == message.attempt:
-                # Redelivered while it runs here (a rebalance handed the partition back): its offset
-                # may only be committed once the running handler's outcome is written.
-                running.deliveries.append(delivery)
+            unsettled = self._unsettled.get(execution_id)
+            if unsettled is not None and unsettled.attempt == message.attempt:
+                # Redelivered before its outcome is written (a rebalance handed the partition back):
+                # the CAS would lose and acknowledge it at once, letting the commit pass a message
+                # whose write is not done. Its offset is acknowledged with the outcome instead.
+                unsettled.deliveries.append(delivery)
                 duplicates += 1
                 continue
             claim = claims.get((execution_id, message.attempt))
@@ -442,6 +470,7 @@ class WorkerRuntime:
         message = claim.message
         running = _Running(claim.execution_id, message.attempt, message, claim.deliveries)
         self._running[claim.execution_id] = running
+        self._unsettled[claim.execution_id] = running
         task = asyncio.create_task(self._execute(running, row), name=f"handler {message.handler} {claim.execution_id}")
         running.task = task
         task.add_done_callback(self._on_handler_done)
@@ -567,8 +596,7 @@ class WorkerRuntime:
         span.record_exception(exc)
         span.set_status(Status(StatusCode.ERROR, error))
         self.stats.failed += 1
-        result: Outcome = outcome("FAILED", error=error)
-        return result
+        return outcome("FAILED", error=error)
 
     async def _run_sync(self, spec: HandlerSpec, ctx: Context, payload: Any) -> Any:
         assert self._handler_threads is not None
@@ -610,18 +638,18 @@ class WorkerRuntime:
             await self.heartbeat_once()
 
     async def heartbeat_once(self) -> int:
-        """Renew every running execution's liveness key in one pipeline; returns how many."""
+        """Renew every running execution's liveness key in one Redis call; returns how many."""
         return await self._renew_heartbeats(list(self._running))
 
     async def _renew_heartbeats(self, execution_ids: Sequence[UUID]) -> int:
-        if not execution_ids or self._redis is None:
+        renew = self._renew_script
+        if not execution_ids or renew is None:
             return 0
         ttl_ms = int(self.config.heartbeat_ttl_sec * 1000)
+        keys = [heartbeat_key(e) for e in execution_ids]
         try:
-            async with self._redis.pipeline(transaction=False) as pipe:
-                for execution_id in execution_ids:
-                    pipe.set(heartbeat_key(execution_id), self.worker_id, px=ttl_ms)
-                await pipe.execute()
+            for i in range(0, len(keys), _RENEW_CHUNK):
+                await renew(keys=keys[i : i + _RENEW_CHUNK], args=[self.worker_id, ttl_ms])
         except _REDIS_ERRORS as exc:
             # Not fatal: Postgres holds the truth; a missed renewal at worst lets the sweeper retry.
             log.warning("heartbeat renewal of %d executions failed: %s", len(execution_ids), exc)
@@ -629,10 +657,13 @@ class WorkerRuntime:
         return len(execution_ids)
 
     async def _drop_heartbeats(self, execution_ids: Sequence[UUID]) -> None:
-        if not execution_ids or self._redis is None:
+        release = self._release_script
+        if not execution_ids or release is None:
             return
+        keys = [heartbeat_key(e) for e in execution_ids]
         try:
-            await self._redis.delete(*(heartbeat_key(e) for e in execution_ids))
+            for i in range(0, len(keys), _RENEW_CHUNK):
+                await release(keys=keys[i : i + _RENEW_CHUNK], args=[self.worker_id])
         except _REDIS_ERRORS as exc:
             log.warning("could not delete %d heartbeat keys (they expire anyway): %s", len(execution_ids), exc)
 
@@ -678,6 +709,7 @@ class WorkerRuntime:
                 )
             else:
                 finished.logger.debug("execution finished: %s", finished.outcome.state)
+            self._unsettled.pop(finished.outcome.execution_id, None)
             self._ack(finished.deliveries)
         self.stats.flushes += 1
         self.stats.rejected += rejected
@@ -776,6 +808,8 @@ class WorkerRuntime:
         if self._redis is not None:
             await self._redis.aclose()
             self._redis = None
+            self._renew_script = None
+            self._release_script = None
         if self._store is not None:
             await self._store.close()
             self._store = None

@@ -1,0 +1,536 @@
+"""Leadership on etcd leases: which replica may act for a shard (or a singleton role), and until when.
+
+Dispatcher replicas elect one leader per shard with it; the hydrator and the sweeper elect one active
+instance each (``run_as_leader``), a "shard" of their own key prefix. It lives in ``sundial_common``
+because all three, and the admin view that reads the leader keys, depend on it.
+
+**A term.** Leading a shard means holding the key ``{key_prefix}{shard}/leader`` in etcd, written with
+a transaction that succeeds only if the key does not exist (``create_revision == 0``) and attached to a
+lease this replica was granted. A term is ``(holder id, token)``: the token is the key's
+``create_revision``, the etcd revision at which this holder created it. etcd revisions only grow, and
+the key must be deleted before anyone can create it again, so every later term of the shard has a
+strictly larger token. The token is the fencing token of DESIGN.md invariant 4.
+
+**Renew only our own term.** The keepalive task refreshes the lease this holder was granted and checks
+that the key still carries this term's create revision. It never touches anybody else's lease or key:
+if the key changed hands, our term is over, whatever our lease says.
+
+**The trust window.** etcd deletes the key when the lease has gone ``ttl`` seconds without a renewal,
+counted from when etcd *received* the renewal. We only know when we *sent* it, which was earlier, so
+``last successful renewal start + ttl`` is a lower bound on the expiry. We stop acting a margin before
+that bound: a leader is trusted only while ``now < renewal_start + ttl - margin`` on a monotonic clock
+(injected, see ``Clock``). The margin absorbs clock-rate drift between machines and the time between
+checking ``trusted()`` and the write it guards. When the window ends without a renewal, ``lost`` is set
+by the keepalive task, which wakes at the window's end rather than at its next renewal tick.
+
+**Standbys watch, they do not poll.** A replica that finds the key taken watches it from the revision
+it read, and contends the moment a DELETE arrives (resignation revokes the lease, which deletes the key;
+a crashed leader's lease expires). Watching from a known revision means no delete is missed between
+the read and the watch; a compacted or broken watch just sends the standby back to re-read the key.
+
+**The database has the last word.** A leader can be paused (GC, SIGSTOP, a slow disk) after checking
+``trusted()`` and wake up past its lease, with a successor already dispatching. No client-side check
+can close that gap, so each dispatch transaction raises ``shard_fence(shard).token`` to its own token
+and fails if a larger one is recorded: once the successor has written, the old leader cannot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Protocol, TypeVar
+
+import aetcd
+import aetcd.exceptions
+
+__all__ = [
+    "Clock",
+    "LeadershipConfig",
+    "LeadershipStopped",
+    "MonotonicClock",
+    "ShardLeadership",
+    "Term",
+    "first_of",
+    "run_as_leader",
+]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+MIN_TTL_SEC = 2.0
+"""etcd (3.4 defaults) rounds shorter leases up to about 2 s; a shorter ttl would make our trust window a lie."""
+
+# A standby re-reads the key this often even without a watch event: a watch stream can die silently
+# (a network partition without a reset), and a standby must not wait forever on it.
+_STANDBY_RECHECK_SEC = 10.0
+
+# Errors that are the caller's configuration, not etcd's weather: retrying them would loop forever.
+_PERMANENT_ERRORS: tuple[type[BaseException], ...] = (
+    aetcd.InvalidArgumentError,
+    aetcd.exceptions.UnauthenticatedError,
+)
+
+
+class Clock(Protocol):
+    """Monotonic time and sleeping on it; tests inject a fake to move time without waiting."""
+
+    def monotonic(self) -> float: ...
+
+    async def sleep(self, seconds: float) -> None: ...
+
+
+class MonotonicClock:
+    """The real clock: ``time.monotonic`` and ``asyncio.sleep``."""
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(max(0.0, seconds))
+
+
+class LeadershipStopped(Exception):
+    """``acquire()`` was called on, or interrupted by, a stopped ``ShardLeadership``."""
+
+
+@dataclass(frozen=True)
+class Term:
+    """One holder's leadership of one shard. ``token`` is the fencing token (the key's create revision)."""
+
+    shard: int
+    holder: str
+    token: int
+    lease_id: int
+
+
+@dataclass(frozen=True)
+class LeadershipConfig:
+    """How leases are sized and where leader keys live.
+
+    ttl_sec: lease time-to-live; a crashed leader is replaced after at most about this long.
+        At least 2.0 (etcd's minimum lease). Renewals happen every ``ttl_sec / 3``.
+    margin_sec: how long before the earliest possible lease expiry a leader stops trusting itself.
+        Must leave a trust window (``ttl_sec - margin_sec``) longer than the renewal interval.
+    key_prefix: etcd prefix of the leader keys; the key of shard N is ``f"{key_prefix}{N}/leader"``.
+    """
+
+    ttl_sec: float = 5.0
+    margin_sec: float = 1.0
+    key_prefix: str = "/sundial/shards/"
+
+    def __post_init__(self) -> None:
+        for name in ("ttl_sec", "margin_sec"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+                raise ValueError(f"{name} must be a finite number of seconds, got {value!r}")
+        if self.ttl_sec < MIN_TTL_SEC:
+            raise ValueError(
+                f"ttl_sec must be at least {MIN_TTL_SEC} seconds (etcd silently rounds shorter leases up, "
+                f"so the trust window would not match the real lease), got {self.ttl_sec!r}"
+            )
+        if self.margin_sec <= 0:
+            raise ValueError(
+                f"margin_sec must be > 0: it covers clock drift and the time between checking "
+                f"trusted() and writing, got {self.margin_sec!r}"
+            )
+        if self.trust_window_sec <= self.renew_interval_sec:
+            raise ValueError(
+                f"margin_sec={self.margin_sec!r} leaves a trust window of {self.trust_window_sec:.2f} s, "
+                f"not longer than the renewal interval ttl_sec/3 = {self.renew_interval_sec:.2f} s: the "
+                f"leader would lose trust before it could renew; use margin_sec < "
+                f"{self.ttl_sec - self.renew_interval_sec:.2f} or a larger ttl_sec"
+            )
+        if not isinstance(self.key_prefix, str) or not self.key_prefix.startswith("/"):
+            raise ValueError(f"key_prefix must be a string starting with '/', got {self.key_prefix!r}")
+        if not self.key_prefix.endswith("/"):
+            raise ValueError(
+                f"key_prefix must end with '/' so that shard 1's key is not a prefix of shard 10's, "
+                f"got {self.key_prefix!r} (did you mean {self.key_prefix + '/'!r}?)"
+            )
+
+    @property
+    def renew_interval_sec(self) -> float:
+        return self.ttl_sec / 3
+
+    @property
+    def trust_window_sec(self) -> float:
+        return self.ttl_sec - self.margin_sec
+
+    def leader_key(self, shard: int) -> str:
+        return f"{self.key_prefix}{shard}/leader"
+
+
+class ShardLeadership:
+    """Leader election for one shard, for one holder.
+
+    ``acquire()`` blocks until this holder leads and returns the ``Term``; a named keepalive task then
+    renews the lease. Do leader-only work while ``trusted()``; ``lost`` is set when the term ends
+    (renewal failed, key changed hands, trust window ran out, resigned or stopped) and cleared when a
+    new term begins. ``start``/``stop`` (or ``async with``) are idempotent; ``stop`` resigns and wakes
+    a standby blocked in ``acquire()`` with ``LeadershipStopped``.
+    """
+
+    def __init__(
+        self,
+        client: aetcd.Client,
+        shard: int,
+        holder: str,
+        config: LeadershipConfig | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        if isinstance(shard, bool) or not isinstance(shard, int) or shard < 0:
+            raise ValueError(f"shard must be a non-negative integer, got {shard!r}")
+        if not holder:
+            raise ValueError("holder must be a non-empty id naming this replica (e.g. hostname:pid)")
+        self._client = client
+        self._shard = shard
+        self._holder = holder
+        self._config = config or LeadershipConfig()
+        self._clock: Clock = clock or MonotonicClock()
+        self._key = self._config.leader_key(shard).encode()
+        self.lost = asyncio.Event()
+        self.lost_reason: str | None = None
+        self._term: Term | None = None
+        self._ttl = self._config.ttl_sec  # the granted TTL, if etcd ever grants less than we asked
+        self._renewed_at = 0.0  # clock time at which the last successful renewal (or the grant) started
+        self._keepalive: asyncio.Task[None] | None = None
+        self._watch: Any = None  # the standby's open aetcd watch, so stop() can end it
+        self._started = False
+        self._stopped = False
+
+    # -- lifecycle -----------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self._stopped:
+            raise LeadershipStopped("a stopped ShardLeadership cannot be restarted; build a new one")
+        if not self._started:
+            await self._client.connect()
+            self._started = True
+
+    async def stop(self) -> None:
+        self._stopped = True
+        watch, self._watch = self._watch, None
+        if watch is not None:
+            await self._cancel_watch(watch)
+        await self.resign()
+
+    async def __aenter__(self) -> ShardLeadership:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.stop()
+
+    # -- state ---------------------------------------------------------------------------------------
+
+    @property
+    def term(self) -> Term | None:
+        """The term this holder leads, or None (never led, lost, resigned or stopped)."""
+        return None if self.lost.is_set() else self._term
+
+    def trusted(self) -> bool:
+        """True while this holder leads and is inside its trust window: safe to start leader work."""
+        return self.term is not None and self._clock.monotonic() < self._trust_deadline()
+
+    def _trust_deadline(self) -> float:
+        return self._renewed_at + self._ttl - self._config.margin_sec
+
+    # -- acquiring -----------------------------------------------------------------------------------
+
+    async def acquire(self) -> Term:
+        """Block until this holder leads the shard; return the term (the current one if already leading)."""
+        await self.start()
+        if self.trusted() and self._term is not None:
+            return self._term
+        await self.resign()  # clear what is left of a lost term (its keepalive task, its lease)
+        retry = self._config.renew_interval_sec
+        while True:
+            if self._stopped:
+                raise LeadershipStopped(f"shard {self._shard}: stopped while acquiring")
+            try:
+                current = await self._client.get(self._key)
+                if current is None:
+                    term = await self._try_create()
+                    if term is not None:
+                        return term
+                    continue  # someone else won the race: read again and stand by behind them
+                log.debug(
+                    "shard %d: led by %r (token %d); standing by",
+                    self._shard,
+                    current.value.decode(errors="replace"),
+                    current.create_revision,
+                )
+                await self._await_vacancy(int(current.header.revision))
+            except _PERMANENT_ERRORS:
+                raise
+            except aetcd.ClientError as exc:
+                log.warning("shard %d: etcd error while acquiring, retrying in %.1fs: %r", self._shard, retry, exc)
+                await self._clock.sleep(retry)
+
+    async def try_acquire(self) -> Term | None:
+        """One attempt without waiting: lead if the key is vacant, else None (the current term if leading)."""
+        await self.start()
+        if self.trusted() and self._term is not None:
+            return self._term
+        await self.resign()
+        if self._stopped:
+            raise LeadershipStopped(f"shard {self._shard}: stopped")
+        if await self._client.get(self._key) is not None:
+            return None
+        return await self._try_create()
+
+    async def current_leader(self) -> tuple[str, int] | None:
+        """Who leads the shard now, as (holder, token); None if nobody does."""
+        current = await self._client.get(self._key)
+        if current is None:
+            return None
+        return current.value.decode(errors="replace"), int(current.create_revision)
+
+    async def wait_for_vacancy(self) -> int:
+        """Block until nobody leads the shard; return an etcd revision at which the key was absent.
+
+        A standby that is not meant to lead right away (see the dispatcher's campaign) uses this to learn
+        that a shard was left without a leader, without contending for it yet. The revision lets it
+        bring other views of etcd (the replica registry) up to the same point before deciding.
+        """
+        await self.start()
+        retry = self._config.renew_interval_sec
+        while True:
+            if self._stopped:
+                raise LeadershipStopped(f"shard {self._shard}: stopped while waiting for a vacancy")
+            try:
+                # A range read rather than get(): an absent key still comes with the header's revision.
+                found = await self._client.get_range(self._key, self._key + b"\0")
+                if not found:
+                    return int(found.header.revision)
+                deleted_at = await self._await_vacancy(int(found.header.revision))
+                if deleted_at is not None:
+                    return deleted_at
+            except _PERMANENT_ERRORS:
+                raise
+            except aetcd.ClientError as exc:
+                log.warning("shard %d: etcd error while standing by, retrying in %.1fs: %r", self._shard, retry, exc)
+                await self._clock.sleep(retry)
+
+    async def _try_create(self) -> Term | None:
+        """Grant a lease and create the key with it; None (and the lease revoked) if the key was taken."""
+        started = self._clock.monotonic()
+        lease = await self._client.lease(math.ceil(self._config.ttl_sec))
+        tx = self._client.transactions
+        try:
+            created, responses = await self._client.transaction(
+                compare=[tx.create(self._key) == 0],
+                success=[tx.put(self._key, self._holder.encode(), lease=lease.id), tx.get(self._key)],
+                failure=[],
+            )
+        except BaseException:
+            # Includes cancellation: the txn may have been applied; do not leave the shard held for a TTL.
+            await asyncio.shield(self._revoke_quietly(lease.id))
+            raise
+        if not created:
+            await self._revoke_quietly(lease.id)
+            return None
+        kv = responses[1][0][1]  # the get after the put: (value, Get) pairs
+        term = Term(shard=self._shard, holder=self._holder, token=int(kv.create_revision), lease_id=lease.id)
+        if self._stopped:
+            await self._revoke_quietly(lease.id)
+            raise LeadershipStopped(f"shard {self._shard}: stopped while acquiring")
+        self._term = term
+        self._ttl = min(self._config.ttl_sec, float(lease.ttl))
+        self._renewed_at = started
+        self.lost_reason = None
+        self.lost.clear()
+        self._keepalive = asyncio.create_task(
+            self._keep_alive(term), name=f"sundial-leadership-keepalive-shard-{self._shard}-{self._holder}"
+        )
+        log.info("shard %d: %r now leads with token %d", self._shard, self._holder, term.token)
+        return term
+
+    async def _await_vacancy(self, seen_revision: int) -> int | None:
+        """Return when the key may be free: a DELETE after ``seen_revision``, a broken watch, or a recheck.
+
+        Returns the DELETE's revision when one arrived, else None (the caller re-reads the key).
+        """
+        watch = await self._client.watch(self._key, start_revision=seen_revision + 1, kind=aetcd.EventKind.DELETE)
+        self._watch = watch
+        try:
+            if not self._stopped:  # stop() may have run while the watch was being created
+                event = await self._within(anext(aiter(watch)), _STANDBY_RECHECK_SEC)
+                return int(event.kv.mod_revision)
+        except (StopAsyncIteration, TimeoutError):
+            pass  # stop() cancelled the watch, or it is time for the periodic re-read
+        except aetcd.RevisionCompactedError:
+            log.info("shard %d: watch history compacted; re-reading the leader key", self._shard)
+        finally:
+            self._watch = None
+            await self._cancel_watch(watch)
+        return None
+
+    @staticmethod
+    async def _cancel_watch(watch: Any) -> None:
+        # aetcd's Watch.cancel() raises AttributeError once its client is closed (the watcher is gone);
+        # the watch is dead either way.
+        with contextlib.suppress(AttributeError, aetcd.ClientError):
+            await watch.cancel()
+
+    # -- keeping the term ----------------------------------------------------------------------------
+
+    async def _keep_alive(self, term: Term) -> None:
+        interval = self._config.renew_interval_sec
+        next_renewal = self._renewed_at + interval
+        try:
+            while True:
+                await self._clock.sleep(min(next_renewal, self._trust_deadline()) - self._clock.monotonic())
+                if not self.trusted():
+                    self._mark_lost(term, "trust window ended before a renewal succeeded")
+                    break
+                started = self._clock.monotonic()
+                try:
+                    still_ours = await self._within(self._renew(term), self._trust_deadline() - started)
+                except TimeoutError:
+                    self._mark_lost(term, "renewal did not complete within the trust window")
+                    break
+                except _PERMANENT_ERRORS:
+                    raise
+                except aetcd.ClientError as exc:
+                    # Transient (etcd restarting, leader election): try again soon; the trust window
+                    # still bounds how long we act without a renewal.
+                    log.warning("shard %d: lease renewal failed, retrying: %r", self._shard, exc)
+                    next_renewal = started + interval / 3
+                    continue
+                if not still_ours:
+                    self._mark_lost(term, "lease expired or the leader key changed hands")
+                    break
+                self._renewed_at = started
+                next_renewal = started + interval
+        except asyncio.CancelledError:
+            raise  # resign()/stop(): they revoke the lease themselves
+        except Exception as exc:
+            log.exception("shard %d: keepalive task crashed; giving up the term", self._shard)
+            self._mark_lost(term, f"keepalive task crashed: {exc!r}")
+        # Free the key now rather than after the TTL, so a standby (or we) can take over at once.
+        await self._revoke_quietly(term.lease_id)
+
+    async def _renew(self, term: Term) -> bool:
+        """Refresh our lease; True if it is alive and the key is still the one this term created."""
+        reply = await self._client.refresh_lease(term.lease_id)
+        if reply is None or reply.TTL <= 0:  # aetcd reports an expired/unknown lease as TTL 0, not an error
+            return False
+        current = await self._client.get(self._key)
+        return current is not None and current.create_revision == term.token and current.lease == term.lease_id
+
+    def _mark_lost(self, term: Term, reason: str) -> None:
+        if self._term is term and not self.lost.is_set():
+            self.lost_reason = reason
+            self.lost.set()
+            log.warning("shard %d: term with token %d lost: %s", self._shard, term.token, reason)
+
+    # -- giving up -----------------------------------------------------------------------------------
+
+    async def resign(self) -> None:
+        """End the term: stop renewing and revoke the lease (deleting the key). Idempotent."""
+        task, self._keepalive = self._keepalive, None
+        if task is not None and not task.done():
+            task.cancel()
+            # wait() rather than `await task`: the task's CancelledError is not ours to swallow or raise,
+            # and resign() must still revoke when called from a `finally` in an already-cancelled task.
+            await asyncio.wait({task})
+        term, self._term = self._term, None
+        if term is None:
+            return
+        if not self.lost.is_set():
+            self.lost_reason = "stopped" if self._stopped else "resigned"
+            self.lost.set()
+        await self._revoke_quietly(term.lease_id)
+        log.info("shard %d: %r resigned term with token %d", self._shard, self._holder, term.token)
+
+    async def _revoke_quietly(self, lease_id: int) -> None:
+        # Best effort: a lease that already expired is fine, and one we cannot reach expires by itself.
+        try:
+            await self._within(self._client.revoke_lease(lease_id), self._config.ttl_sec)
+        except (aetcd.ClientError, TimeoutError) as exc:
+            log.debug("shard %d: revoking lease %d: %r", self._shard, lease_id, exc)
+
+    async def _within(self, work: Awaitable[T], seconds: float) -> T:
+        """Await ``work``, or raise TimeoutError once ``seconds`` have passed on the injected clock."""
+        work_task = asyncio.ensure_future(work)
+        timer = asyncio.ensure_future(self._clock.sleep(seconds))
+        try:
+            await asyncio.wait({work_task, timer}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            timer.cancel()
+            if not work_task.done():
+                work_task.cancel()
+        if not work_task.done():
+            raise TimeoutError
+        return work_task.result()
+
+
+# -- running leader-only work ------------------------------------------------------------------------
+
+
+async def first_of(work: Awaitable[T], *events: asyncio.Event) -> T | None:
+    """``work``'s result, or None (and ``work`` cancelled) if one of ``events`` is set first."""
+    work_task = asyncio.ensure_future(work)
+    waiters = [asyncio.ensure_future(event.wait()) for event in events]
+    try:
+        await asyncio.wait({work_task, *waiters}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()
+        if not work_task.done():
+            work_task.cancel()
+            await asyncio.wait({work_task})
+    if work_task.cancelled():
+        return None
+    return work_task.result()
+
+
+async def _set_when_any(target: asyncio.Event, *events: asyncio.Event) -> None:
+    await first_of(asyncio.Event().wait(), *events)
+    target.set()
+
+
+async def run_as_leader(
+    stop: asyncio.Event,
+    leadership: ShardLeadership,
+    work: Callable[[asyncio.Event], Awaitable[None]],
+    *,
+    role: str,
+) -> None:
+    """Campaign until ``stop``; during each term run ``work(until)``, where ``until`` is set when the term
+    ends (lost, trust window over) or the process stops. Then resign and stand by again.
+
+    Leader-only work is grouped here (CONVENTIONS 5): it is started when a term begins and told to stop
+    when it ends, rather than checking ``if leader:`` in every pass. This is for loops that are safe to
+    overlap for a moment (every write compare-and-set, DESIGN invariant 3), like the hydrator's and the
+    sweeper's: a pass that is running when the term ends finishes, and nothing fences it.
+    """
+    async with leadership:
+        while not stop.is_set():
+            try:
+                term = await first_of(leadership.acquire(), stop)
+            except LeadershipStopped:
+                return
+            if term is None:
+                return
+            log.info("%s: this replica is now the active one (fence token %d)", role, term.token)
+            until = asyncio.Event()
+            relay = asyncio.create_task(_set_when_any(until, stop, leadership.lost), name=f"sundial-{role}-term")
+            try:
+                await work(until)
+            finally:
+                relay.cancel()
+                await asyncio.wait({relay})
+                await leadership.resign()
+            if not stop.is_set():
+                log.warning("%s: term ended (%s); standing by", role, leadership.lost_reason or "resigned")

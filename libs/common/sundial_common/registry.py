@@ -1,0 +1,348 @@
+"""The replica registry in etcd: which Sundial processes are alive, and the keys the cluster lives under.
+
+**Registering.** Every long-lived process (dispatcher, hydrator, sweeper, api) puts one key,
+``/sundial/replicas/<kind>/<id>``, holding a JSON :class:`ReplicaRecord`, attached to a lease of its own.
+:class:`ReplicaRegistration` renews the lease every ``ttl / 3`` and rewrites the record with a fresh
+``heartbeat`` each time, so an operator can see when a replica last spoke. A replica that dies stops
+renewing and etcd deletes its key one TTL later; one that stops gracefully revokes the lease at once.
+A replica that was paused past its TTL (SIGSTOP, a long GC) finds its lease gone and registers again.
+
+**Membership.** :class:`Membership` is one replica's view of the live replicas of a kind: a read of the
+prefix, then a watch from the revision of that read (so no change between the two is missed), with a
+periodic re-read in case a watch stream dies silently. Views of different replicas converge within a
+watch round trip; the dispatcher's shard placement is a pure function of this view, so replicas agree on
+who should lead what as soon as their views agree.
+
+Keys are laid out by :class:`ClusterKeys`, shared with the leadership module's leader keys and the admin
+view, so nothing else spells them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import os
+import socket
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from typing import Any
+
+import aetcd
+import orjson
+
+__all__ = [
+    "KINDS",
+    "ClusterKeys",
+    "LeftRegistry",
+    "Membership",
+    "ReplicaRecord",
+    "ReplicaRegistration",
+    "etcd_client",
+]
+
+log = logging.getLogger(__name__)
+
+KINDS = ("api", "dispatcher", "hydrator", "sweeper", "worker")
+"""Process kinds a record may name (``worker`` is reserved: workers do not register yet)."""
+
+# How often a view re-reads etcd even without a watch event: a watch stream can die silently (a network
+# partition without a reset), and a stale view must not last forever.
+_RECHECK_SEC = 10.0
+
+
+def etcd_client(endpoint: str) -> aetcd.Client:
+    """A client for ``host:port`` (``SUNDIAL_ETCD_ENDPOINT``); it connects on first use."""
+    host, _, port = endpoint.rpartition(":")
+    return aetcd.Client(host=host or "127.0.0.1", port=int(port))
+
+
+@dataclass(frozen=True)
+class ClusterKeys:
+    """Where the cluster lives in etcd. Every key is under ``root`` (one cluster per root)."""
+
+    root: str = "/sundial/"
+
+    def __post_init__(self) -> None:
+        if not self.root.startswith("/") or not self.root.endswith("/"):
+            raise ValueError(f"root must start and end with '/', got {self.root!r}")
+
+    @property
+    def shard_prefix(self) -> str:
+        """Prefix of the dispatcher shards' leader keys (``LeadershipConfig.key_prefix``)."""
+        return f"{self.root}shards/"
+
+    @property
+    def roles_prefix(self) -> str:
+        return f"{self.root}roles/"
+
+    def role_prefix(self, role: str) -> str:
+        """Prefix of a singleton role's leader key (hydrator, sweeper): its "shard" 0."""
+        if not role or "/" in role:
+            raise ValueError(f"role must be a non-empty name without '/', got {role!r}")
+        return f"{self.roles_prefix}{role}/"
+
+    def successor(self, shard: int) -> bytes:
+        """Where the replica that should lead ``shard`` asks its current leader to hand it over."""
+        return f"{self.shard_prefix}{shard}/successor".encode()
+
+    def replicas(self, kind: str | None = None) -> bytes:
+        return f"{self.root}replicas/{kind}/".encode() if kind else f"{self.root}replicas/".encode()
+
+    def replica(self, kind: str, replica_id: str) -> bytes:
+        return self.replicas(kind) + replica_id.encode()
+
+
+@dataclass(frozen=True)
+class ReplicaRecord:
+    """What a replica says about itself in the registry. Times are UTC, ISO 8601."""
+
+    id: str
+    kind: str
+    host: str
+    pid: int
+    started: str
+    heartbeat: str
+
+    @classmethod
+    def for_this_process(cls, kind: str, replica_id: str) -> ReplicaRecord:
+        if kind not in KINDS:
+            raise ValueError(f"unknown replica kind {kind!r}; expected one of {', '.join(KINDS)}")
+        if not replica_id or "/" in replica_id:
+            raise ValueError(f"replica id must be non-empty and contain no '/', got {replica_id!r}")
+        now = _now()
+        return cls(id=replica_id, kind=kind, host=socket.gethostname(), pid=os.getpid(), started=now, heartbeat=now)
+
+    def encode(self) -> bytes:
+        return orjson.dumps(self.__dict__)
+
+    @classmethod
+    def decode(cls, raw: bytes) -> ReplicaRecord:
+        data: dict[str, Any] = orjson.loads(raw)
+        return cls(
+            id=str(data["id"]),
+            kind=str(data["kind"]),
+            host=str(data.get("host", "")),
+            pid=int(data.get("pid", 0)),
+            started=str(data.get("started", "")),
+            heartbeat=str(data.get("heartbeat", "")),
+        )
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+class LeftRegistry(RuntimeError):
+    """``register()`` after (or during) ``deregister()``: a replica that left stays gone."""
+
+
+class ReplicaRegistration:
+    """This process's entry in the registry, kept alive until ``run``'s stop event (or ``deregister``).
+
+    ``register()`` puts the entry and returns the etcd revision of the write (so a caller can bring a
+    :class:`Membership` up to it); ``run(stop)`` renews until ``stop`` and then deregisters; it belongs in
+    the process's supervised tasks. ``lease_id`` is the entry's lease, which other keys that must vanish
+    with this replica (a shard's successor request) are attached to.
+    """
+
+    def __init__(
+        self, client: aetcd.Client, record: ReplicaRecord, *, ttl_sec: float = 5.0, keys: ClusterKeys | None = None
+    ) -> None:
+        if ttl_sec < 2.0:
+            raise ValueError(f"ttl_sec must be at least 2 seconds (etcd's minimum lease), got {ttl_sec!r}")
+        self._client = client
+        self.record = record
+        self.ttl_sec = ttl_sec
+        self.keys = keys or ClusterKeys()
+        self._key = self.keys.replica(record.kind, record.id)
+        self.lease_id: int | None = None
+        self._deregistered = False
+        self._leaving: asyncio.Future[None] | None = None
+
+    async def register(self) -> int:
+        """Grant a lease and put the record under it; the revision of the put."""
+        if self._deregistered:
+            raise LeftRegistry(f"{self.record.kind} replica {self.record.id} has left the registry")
+        lease = await self._client.lease(math.ceil(self.ttl_sec))
+        if self._deregistered:  # deregister() ran while the grant was in flight
+            await self._client.revoke_lease(lease.id)
+            raise LeftRegistry(f"{self.record.kind} replica {self.record.id} has left the registry")
+        self.lease_id = lease.id
+        self.record = replace(self.record, heartbeat=_now())
+        put = await self._client.put(self._key, self.record.encode(), lease=lease.id)
+        log.info("registered %s replica %s (lease %x)", self.record.kind, self.record.id, lease.id)
+        return int(put.header.revision)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Renew the entry every ``ttl / 3`` (re-registering after a lost lease) until ``stop``; then deregister."""
+        interval = self.ttl_sec / 3
+        try:
+            while not self._deregistered:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), interval)
+                if stop.is_set():
+                    break
+                try:
+                    await asyncio.wait_for(self._renew(), self.ttl_sec)
+                except (aetcd.ClientError, TimeoutError) as exc:
+                    # etcd restarting or unreachable: keep trying; the entry expires meanwhile, which is the
+                    # truth (nobody can see us), and the next success puts it back.
+                    log.warning("%s replica %s: registry renewal failed: %r", self.record.kind, self.record.id, exc)
+        finally:
+            await asyncio.shield(self.deregister())
+
+    async def _renew(self) -> None:
+        lease_id = self.lease_id
+        with contextlib.suppress(LeftRegistry):
+            if lease_id is None:
+                await self.register()
+                return
+            reply = await self._client.refresh_lease(lease_id)
+            if reply is None or reply.TTL <= 0:  # expired while we were paused or cut off
+                log.warning(
+                    "%s replica %s: registry lease expired; registering again", self.record.kind, self.record.id
+                )
+                await self.register()
+                return
+        if self._deregistered:
+            return
+        self.record = replace(self.record, heartbeat=_now())
+        await self._client.put(self._key, self.record.encode(), lease=lease_id)
+
+    async def deregister(self) -> None:
+        """Remove the entry now (revoke its lease), so peers see this replica leave at once.
+
+        Idempotent, and every caller returns only once the entry is gone (or could not be reached).
+        """
+        self._deregistered = True
+        if self._leaving is None:
+            self._leaving = asyncio.ensure_future(self._revoke())
+        await asyncio.shield(self._leaving)
+
+    async def _revoke(self) -> None:
+        lease_id, self.lease_id = self.lease_id, None
+        if lease_id is None:
+            return
+        try:
+            await asyncio.wait_for(self._client.revoke_lease(lease_id), self.ttl_sec)
+            log.info("deregistered %s replica %s", self.record.kind, self.record.id)
+        except (aetcd.ClientError, TimeoutError) as exc:  # it expires by itself
+            log.debug("revoking registry lease %x: %r", lease_id, exc)
+
+
+class Membership:
+    """The live replicas of one kind, as one replica sees them (see the module docstring).
+
+    ``members`` is the sorted tuple of live ids and ``revision`` the etcd revision the view is current
+    to. ``changed()`` returns an event that is set the next time the *set* of members changes (heartbeats
+    do not count), so a waiter takes the event, evaluates, then waits on it without missing a change.
+    """
+
+    def __init__(self, client: aetcd.Client, kind: str, keys: ClusterKeys | None = None) -> None:
+        self._client = client
+        self.kind = kind
+        self.keys = keys or ClusterKeys()
+        self._prefix = self.keys.replicas(kind)
+        self.records: dict[str, ReplicaRecord] = {}
+        self.members: tuple[str, ...] = ()
+        self.revision = 0
+        self._changed = asyncio.Event()
+        self._refresh_lock = asyncio.Lock()
+
+    def changed(self) -> asyncio.Event:
+        return self._changed
+
+    async def refresh(self) -> None:
+        """Re-read the whole prefix (linearizable, so the view is at least as new as any write before it)."""
+        async with self._refresh_lock:
+            found = await self._client.get_prefix(self._prefix)
+            revision = int(found.header.revision)
+            if revision < self.revision:
+                return  # a watch event already brought us further
+            records: dict[str, ReplicaRecord] = {}
+            for kv in found:
+                record = self._decode(kv.key, kv.value)
+                if record is not None:
+                    records[record.id] = record
+            self.records = records
+            self.revision = revision
+            self._publish()
+
+    async def catch_up(self, revision: int) -> None:
+        """Make the view at least as new as ``revision`` (re-reading if the watch has not got there yet)."""
+        if self.revision < revision:
+            await self.refresh()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Keep the view current until ``stop``: read, watch from the read's revision, re-read on trouble."""
+        while not stop.is_set():
+            try:
+                await self.refresh()
+                await self._follow(stop)
+            except aetcd.RevisionCompactedError:
+                log.info("membership watch history compacted; re-reading")
+            except aetcd.ClientError as exc:
+                log.warning("membership of %s replicas: etcd error, retrying: %r", self.kind, exc)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), 1.0)
+
+    async def _follow(self, stop: asyncio.Event) -> None:
+        watch = await self._client.watch_prefix(self._prefix, start_revision=self.revision + 1)
+        events = aiter(watch)
+        stopping = asyncio.ensure_future(stop.wait())
+        next_event: asyncio.Future[Any] | None = None
+        try:
+            while not stop.is_set():
+                if next_event is None:
+                    next_event = asyncio.ensure_future(anext(events))
+                done, _ = await asyncio.wait(
+                    {next_event, stopping}, timeout=_RECHECK_SEC, return_when=asyncio.FIRST_COMPLETED
+                )
+                if stop.is_set():
+                    return
+                if next_event not in done:
+                    # Quiet for a while: re-read, so a watch stream that died silently costs at most this long.
+                    await self.refresh()
+                    continue
+                try:
+                    event = next_event.result()
+                except StopAsyncIteration:
+                    return  # the watch was cancelled; run() reads again and watches anew
+                next_event = None
+                self._apply(event)
+        finally:
+            stopping.cancel()
+            if next_event is not None and not next_event.done():
+                next_event.cancel()
+            with contextlib.suppress(AttributeError, aetcd.ClientError):
+                await watch.cancel()
+
+    def _apply(self, event: Any) -> None:
+        revision = int(event.kv.mod_revision)
+        if revision <= self.revision:
+            return  # a refresh already covered it
+        if event.kind == aetcd.EventKind.DELETE:
+            replica_id = event.kv.key[len(self._prefix) :].decode(errors="replace")
+            self.records.pop(replica_id, None)
+        else:
+            record = self._decode(event.kv.key, event.kv.value)
+            if record is not None:
+                self.records[record.id] = record
+        self.revision = revision
+        self._publish()
+
+    def _decode(self, key: bytes, value: bytes) -> ReplicaRecord | None:
+        try:
+            return ReplicaRecord.decode(value)
+        except (ValueError, KeyError, TypeError) as exc:
+            log.warning("ignoring malformed registry entry %r: %r", key, exc)
+            return None
+
+    def _publish(self) -> None:
+        members = tuple(sorted(self.records))
+        if members != self.members:
+            self.members = members
+            changed, self._changed = self._changed, asyncio.Event()
+            changed.set()

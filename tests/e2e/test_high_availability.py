@@ -1,0 +1,220 @@
+"""High availability with real processes: fencing of a paused leader, graceful handover, crash failover,
+balance across replicas, standby hydrator and sweeper, several API replicas.
+
+Leases are short here (TTL 2 s, margin 0.5 s, see ``tests/e2e/ha.py``); every wait is a poll with a
+deadline well above what the behaviour needs. Jobs are put straight into the shard under test so that a
+leader can be chosen and hurt on purpose; checks read Postgres (the executions) and etcd (the leaders).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+from datetime import UTC, datetime, timedelta
+
+import httpx
+import pytest
+from sundial_common.auth import issue_token
+from sundial_common.settings import CommonSettings
+from sundial_dispatcher.balance import placement
+
+from tests.e2e.conftest import SUNDIAL, free_port
+from tests.e2e.ha import LEASE_TTL, HaCluster, cluster_fixture, eventually, every, process_state
+
+pytestmark = pytest.mark.e2e
+__all__ = ["cluster_fixture"]  # the `cluster` fixture
+
+
+async def test_a_leader_paused_past_its_lease_is_fenced_out_when_it_resumes(cluster: HaCluster) -> None:
+    """SIGSTOP between claim and commit (a GC pause, a frozen VM): the successor dispatches; on SIGCONT the
+    old leader's transaction is rejected by the shard fence, it steps down, and nothing runs twice."""
+    cluster.start("hydrator", "hydrator")
+    # The doomed leader stops itself right after its first claim, before the fenced transaction.
+    cluster.start_dispatcher("doomed", SUNDIAL_SHARDS="1", SUNDIAL_PAUSE_POINT="dispatcher.after_claim")
+    cluster.env["SUNDIAL_SHARDS"] = "1"
+    cluster.shards = 1
+    cluster.processes.wait_for_log("doomed", "leading with fence token")
+    doomed_token = (await cluster.leaders())[0][1]
+
+    jobs = await cluster.add_jobs(every(datetime.now(UTC) + timedelta(seconds=0.5), 0.1, 40), shard=0)
+    cluster.processes.wait_for_log("doomed", "pause point dispatcher.after_claim reached", timeout=15)
+    await eventually(lambda: process_state(cluster.pid("doomed")) == "T", 5, "doomed is stopped")
+
+    cluster.start_dispatcher("successor")
+    leaders = await cluster.wait_for_leaders(lambda ls: ls.get(0, ("", 0))[0] == "successor", LEASE_TTL + 5)
+    successor_token = leaders[0][1]
+    assert successor_token > doomed_token
+
+    async def successor_dispatched() -> bool:
+        rows = await cluster.fetch("SELECT count(*) AS n FROM executions WHERE fence_token = $1", successor_token)
+        return rows[0]["n"] > 0
+
+    await eventually(successor_dispatched, 10, "the successor dispatches")
+
+    cluster.resume("doomed")
+    cluster.processes.wait_for_log("doomed", "write rejected by the fence", timeout=10)
+    await cluster.wait_all_dispatched(len(jobs), within=30)  # what doomed had claimed comes back via the hydrator
+    counts = await cluster.check_invariants(jobs)
+    stale = await cluster.fetch("SELECT count(*) AS n FROM executions WHERE fence_token = $1", doomed_token)
+    assert stale[0]["n"] == 0, "the paused leader's write must not land"
+    assert counts["executions"] == len(jobs)
+    assert process_state(cluster.pid("doomed")) != "?", "a fenced-out leader steps down; it does not crash"
+
+
+async def test_sigterm_hands_every_shard_over_within_half_a_second(cluster: HaCluster) -> None:
+    cluster.start("hydrator", "hydrator")
+    cluster.start_dispatcher("alpha")
+    cluster.start_dispatcher("beta")
+    expected = placement(8, ["alpha", "beta"])
+    await cluster.wait_for_leaders(lambda ls: {s: h for s, (h, _) in ls.items()} == expected, 15)
+
+    start = datetime.now(UTC) + timedelta(seconds=1)
+    jobs = await cluster.add_jobs(every(start, 0.005, 1200))  # every shard: one job due every ~40 ms, for 6 s
+    await asyncio.sleep(max(0.0, (start - datetime.now(UTC)).total_seconds()) + 2)  # into the stream of jobs
+    assert cluster.terminate("alpha") == 0
+    await cluster.wait_for_leaders(lambda ls: len(ls) == 8 and {h for h, _ in ls.values()} == {"beta"}, 5)
+
+    await cluster.wait_all_dispatched(len(jobs), within=30)
+    await cluster.check_invariants(jobs)
+    gaps = await cluster.dispatch_gaps(since=start)
+    alpha_shards = [s for s, owner in expected.items() if owner == "alpha"]
+    worst = max(gaps[s].seconds for s in alpha_shards)
+    assert worst < 0.5, f"longest dispatch gap on a handed-over shard: {worst:.3f}s ({gaps})"
+
+
+async def test_a_killed_replica_is_replaced_within_a_lease_and_gets_its_shards_back_on_restart(
+    cluster: HaCluster,
+) -> None:
+    cluster.start("hydrator", "hydrator")
+    cluster.start_dispatcher("alpha")
+    cluster.start_dispatcher("beta")
+    expected = placement(8, ["alpha", "beta"])
+    await cluster.wait_for_leaders(lambda ls: {s: h for s, (h, _) in ls.items()} == expected, 15)
+
+    start = datetime.now(UTC) + timedelta(seconds=1)
+    jobs = await cluster.add_jobs(every(start, 0.01, 800))  # each shard: a job every ~80 ms, for 8 s
+    await asyncio.sleep(max(0.0, (start - datetime.now(UTC)).total_seconds()) + 1.5)
+    cluster.kill("alpha")
+    await cluster.wait_for_leaders(lambda ls: len(ls) == 8 and {h for h, _ in ls.values()} == {"beta"}, LEASE_TTL + 5)
+
+    # alpha comes back (same id, as a restarted pod would): the placement gives it its shards back.
+    cluster.start_dispatcher("alpha")
+    await cluster.wait_for_leaders(lambda ls: {s: h for s, (h, _) in ls.items()} == expected, 15)
+
+    await cluster.wait_all_dispatched(len(jobs), within=30)
+    await cluster.check_invariants(jobs)
+    gaps = await cluster.dispatch_gaps(since=start)
+    worst = max(gaps[s].seconds for s, owner in expected.items() if owner == "alpha")
+    # A crash is noticed when the dead leader's lease expires: at most one TTL, plus the next pass.
+    assert worst < LEASE_TTL + 1, f"longest dispatch gap on a shard of the killed replica: {worst:.3f}s"
+
+
+async def test_a_standby_hydrator_and_sweeper_take_over_when_the_active_ones_die(cluster: HaCluster) -> None:
+    for name, command in (("hyd-1", "hydrator"), ("hyd-2", "hydrator"), ("swp-1", "sweeper"), ("swp-2", "sweeper")):
+        cluster.start(name, command)
+
+    async def active() -> dict[str, str]:
+        async with cluster.etcd() as etcd:
+            found = await etcd.get_prefix(cluster.keys.roles_prefix.encode())
+        return {kv.key.decode().split("/")[-3]: kv.value.decode() for kv in found}
+
+    roles = await eventually(lambda: _both(active()), 15, "an active hydrator and sweeper")
+    for role, names in (("hydrator", ("hyd-1", "hyd-2")), ("sweeper", ("swp-1", "swp-2"))):
+        leader = roles[role]
+        assert leader in names
+        cluster.kill(leader)
+        survivor = next(n for n in names if n != leader)
+        await eventually(lambda r=role, s=survivor: _is(active(), r, s), LEASE_TTL + 5, f"{survivor} takes over")
+        cluster.processes.wait_for_log(survivor, "is now the active one")
+
+
+async def _both(roles: asyncio.Future[dict[str, str]] | object) -> dict[str, str] | None:
+    found = await roles  # type: ignore[misc]
+    return found if {"hydrator", "sweeper"} <= set(found) else None
+
+
+async def _is(roles: object, role: str, holder: str) -> bool:
+    return (await roles).get(role) == holder  # type: ignore[misc,no-any-return]
+
+
+async def test_several_api_replicas_serve_at_once_and_the_cluster_view_shows_every_replica(
+    cluster: HaCluster,
+) -> None:
+    ports = [free_port(), free_port()]
+    for i, port in enumerate(ports):
+        cluster.start(f"api-{i}", "api", "--host", "127.0.0.1", "--port", str(port))
+    cluster.start("hydrator", "hydrator")
+    cluster.start("sweeper", "sweeper")
+    cluster.start_dispatcher("alpha")
+    cluster.start_dispatcher("beta")
+    cluster.start("worker", "worker", "--app", "sundial_worker.demo:worker", "--concurrency", "32")
+    for i, port in enumerate(ports):
+        cluster.processes.wait_http_ok(f"api-{i}", f"http://127.0.0.1:{port}/readyz")
+    cluster.processes.wait_for_log("worker", "partitions assigned", timeout=60)
+
+    secret = CommonSettings().jwt_secret
+    tenant = {"Authorization": f"Bearer {issue_token(secret, 'ha')}"}
+    admin = {"Authorization": f"Bearer {issue_token(secret, 'ops', admin=True)}"}
+    clients = [httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) for port in ports]
+    try:
+        created = await asyncio.gather(
+            *(
+                clients[i % 2].post(
+                    "/v1/jobs",
+                    headers=tenant,
+                    json={
+                        "name": f"ha-{i}",
+                        "type": "DELAYED",
+                        "delaySeconds": 1,
+                        "target": {"pool": "demo", "handler": "echo"},
+                        "payload": {"i": i},
+                    },
+                )
+                for i in range(40)
+            )
+        )
+        assert [r.status_code for r in created] == [201] * 40
+        job_ids = [r.json()["jobId"] for r in created]
+
+        async def all_succeeded() -> bool:
+            rows = await cluster.fetch("SELECT count(*) AS n FROM executions WHERE state = 'SUCCEEDED'")
+            return rows[0]["n"] == 40
+
+        await eventually(all_succeeded, 60, "every job succeeds")
+        # Either replica reads what the other wrote: they share nothing but Postgres and Redis.
+        for i, job_id in enumerate(job_ids):
+            job = (await clients[(i + 1) % 2].get(f"/v1/jobs/{job_id}", headers=tenant)).json()
+            assert job["state"] == "COMPLETED"
+
+        async def full_view() -> dict[str, object] | None:
+            view = (await clients[1].get("/v1/admin/cluster", headers=admin)).json()
+            kinds = sorted(r["kind"] for r in view["replicas"])
+            return view if kinds == ["api", "api", "dispatcher", "dispatcher", "hydrator", "sweeper"] else None
+
+        view = await eventually(full_view, 15, "every replica registered")
+    finally:
+        for client in clients:
+            await client.aclose()
+
+    replicas = {r["id"]: r for r in view["replicas"]}  # type: ignore[index]
+    assert {"api-0", "api-1", "alpha", "beta", "hydrator", "sweeper"} == set(replicas)
+    assert sorted(replicas["alpha"]["leadsShards"] + replicas["beta"]["leadsShards"]) == list(range(8))
+    assert len(replicas["alpha"]["leadsShards"]) == len(replicas["beta"]["leadsShards"]) == 4
+    assert replicas["api-0"]["pid"] == cluster.pid("api-0")
+    assert all(s["leader"] in ("alpha", "beta") and s["fenceToken"] for s in view["shards"])  # type: ignore[index]
+    assert {r["role"]: r["leader"] for r in view["roles"]} == {"hydrator": "hydrator", "sweeper": "sweeper"}  # type: ignore[index]
+
+    # `sundial cluster` prints the same, read straight from etcd, Postgres and Redis.
+    env = {**cluster.processes.env, **cluster.env}
+    printed = await asyncio.to_thread(
+        subprocess.run, [SUNDIAL, "cluster", "--json"], env=env, capture_output=True, text=True, timeout=30
+    )
+    assert printed.returncode == 0, printed.stderr
+    direct = json.loads(printed.stdout)
+    assert {r["id"] for r in direct["replicas"]} == set(replicas)
+    assert [s["leader"] for s in direct["shards"]] == [s["leader"] for s in view["shards"]]  # type: ignore[index]
+    table = await asyncio.to_thread(
+        subprocess.run, [SUNDIAL, "cluster"], env=env, capture_output=True, text=True, timeout=30
+    )
+    assert table.returncode == 0 and "LAST HEARTBEAT" in table.stdout and "alpha" in table.stdout
