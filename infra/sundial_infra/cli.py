@@ -27,6 +27,7 @@ from sundial_infra.supervisor import (
     DevLayout,
     DevRunner,
     banner,
+    default_processes,
     failure_excerpt,
     log_tails,
     readyz_ok,
@@ -36,7 +37,7 @@ from sundial_infra.supervisor import (
 
 log = logging.getLogger("sundial.infra.cli")
 
-_PROCESS_NAMES = ("api", "hydrator", "dispatcher", "sweeper", "worker")
+_PROCESS_NAMES = tuple(spec.name for spec in default_processes())
 
 
 def repo_root(start: Path | None = None) -> Path:

@@ -55,10 +55,11 @@ def sundial_argv(*args: str) -> tuple[str, ...]:
 
 @dataclasses.dataclass(frozen=True)
 class ProcessSpec:
-    """One supervised process: a name (its log and pid file) and its argv."""
+    """One supervised process: a name (its log and pid file), its argv and environment variables of its own."""
 
     name: str
     argv: tuple[str, ...]
+    env: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         if not self.name or "/" in self.name or self.name.startswith("."):
@@ -67,13 +68,25 @@ class ProcessSpec:
             raise ValueError(f"process {self.name!r} has an empty argv")
 
 
+def _replica(name: str, *command: str) -> ProcessSpec:
+    # The process name doubles as the replica id in etcd, so `sundial cluster` names what `make status` shows.
+    return ProcessSpec(name, sundial_argv(*command), env=(("SUNDIAL_INSTANCE_ID", name),))
+
+
 def default_processes(api_port: int = DEV_PORTS.api) -> tuple[ProcessSpec, ...]:
-    """The Sundial processes of one development environment."""
+    """The Sundial processes of one development environment: HA out of the box.
+
+    8 shards (the default ``SUNDIAL_SHARDS``) over two dispatcher replicas, and a standby for the hydrator
+    and the sweeper; kill any one of them and the other takes over (see the README's HA section).
+    """
     return (
-        ProcessSpec("api", sundial_argv("api", "--host", "127.0.0.1", "--port", str(api_port))),
-        ProcessSpec("hydrator", sundial_argv("hydrator")),
-        ProcessSpec("dispatcher", sundial_argv("dispatcher")),
-        ProcessSpec("sweeper", sundial_argv("sweeper")),
+        _replica("api", "api", "--host", "127.0.0.1", "--port", str(api_port)),
+        _replica("hydrator-1", "hydrator"),
+        _replica("hydrator-2", "hydrator"),
+        _replica("dispatcher-1", "dispatcher"),
+        _replica("dispatcher-2", "dispatcher"),
+        _replica("sweeper-1", "sweeper"),
+        _replica("sweeper-2", "sweeper"),
         ProcessSpec("worker", sundial_argv("worker", "--app", "sundial_worker.demo:worker")),
     )
 
@@ -169,7 +182,7 @@ class Supervisor:
         spec = child.spec
         child.started_at = self._clock()
         child.restart_at = None
-        env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, **self.env, **dict(spec.env), "PYTHONUNBUFFERED": "1"}
         self._note(child, f"starting {' '.join(spec.argv)}")
         try:
             with open(self.log_file(spec.name), "ab") as out:
@@ -363,6 +376,7 @@ def _display(path: Path) -> str:
 def banner(layout: DevLayout, stack: LocalStack) -> str:
     api = f"http://127.0.0.1:{stack.ports.api}"
     auth = f'-H "Authorization: Bearer $(cat {_display(layout.dev_token)})"'
+    admin = f'-H "Authorization: Bearer $(cat {_display(layout.admin_token)})"'
     body = (
         '{"name":"hello","type":"DELAYED","delaySeconds":2,'
         '"target":{"pool":"demo","handler":"echo"},"payload":{"msg":"hi"}}'
@@ -381,6 +395,8 @@ Create a job that runs in 2 seconds on the demo worker:
 Then look at it and its execution (ids from the answers):
   curl -s {api}/v1/jobs/<job id> {auth}
   curl -s {api}/v1/executions/<execution id> {auth}
+Who leads which shard (8 shards over 2 dispatcher replicas, standbys for the rest):
+  uv run sundial cluster     or   curl -s {api}/v1/admin/cluster {admin}
 
 Stop everything with `make down` (or Ctrl-C if you ran `make run`).
 """

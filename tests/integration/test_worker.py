@@ -252,7 +252,8 @@ async def test_echo_succeeds_with_its_result_and_attempt_recorded(
         messages = await dispatch(store, pool, "echo", [{"n": 1}, {"n": 2}, {"n": 3}])
         await publish(publisher, messages)
         rows = [await wait_state(store, m, "SUCCEEDED") for m in messages]
-    assert [row["result"] for row in rows] == [{"n": 1}, {"n": 2}, {"n": 3}]
+    assert [row["result"] for row in rows] == [m.payload for m in messages]
+    assert sorted(m.payload["n"] for m in messages) == [1, 2, 3]
     for row in rows:
         assert row["worker_id"] == runtime.worker_id
         assert row["error"] is None
@@ -416,11 +417,16 @@ async def test_a_late_outcome_is_rejected_and_leaves_the_new_owners_liveness_alo
         [message] = await dispatch(store, pool, "slow", [{}])
         await publish(publisher, [message])
         await asyncio.wait_for(running.wait(), 20)
+        key = heartbeat_key(message.execution_id)
+
+        async def own_liveness_set() -> bool:
+            return bool(await redis.get(key) == runtime.worker_id)
+
+        await wait_until(own_liveness_set, "the worker's own liveness key")
         # Meanwhile the sweeper decided this worker was lost and another worker took the execution.
         await store.pool.execute(
             "UPDATE executions SET worker_id = 'other-worker' WHERE id = $1", uuid.UUID(message.execution_id)
         )
-        key = heartbeat_key(message.execution_id)
         await redis.set(key, "other-worker")
         release.set()
 

@@ -380,8 +380,9 @@ def oracle_fires(drawn: Drawn, zone: str, after: datetime, until: datetime, step
     tz = zoneinfo.ZoneInfo(zone)
     seen: set[datetime] = set()
     fires = []
-    # Start early enough to have seen the first pass of any repeated hour that ``after`` may be in.
-    t = datetime.fromtimestamp((int(after.timestamp()) // 3600 - 6) * 3600, UTC)
+    # Start early enough to have seen the first pass of any repeated hour that ``after`` may be in (the
+    # longest since 1980 are 3 h: Antarctica/Casey).
+    t = datetime.fromtimestamp((int(after.timestamp()) // 3600 - 4) * 3600, UTC)
     previous: datetime | None = None
     while t <= until:
         wall = t.astimezone(tz).replace(tzinfo=None)
@@ -485,12 +486,12 @@ def test_next_fire_agrees_with_a_minute_by_minute_walk(drawn: Drawn, where: tupl
     check_against_oracle(drawn, zone, after, timedelta(hours=36), timedelta(minutes=1))
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(drawn=expressions(with_seconds=True), where=instants_near_transitions())
 def test_six_field_next_fire_agrees_with_a_second_by_second_walk(drawn: Drawn, where: tuple[str, datetime]) -> None:
     zone, after = where
     assume(len(drawn.hours) > 2)  # keep the short walk likely to see fires
-    check_against_oracle(drawn, zone, after, timedelta(hours=3), timedelta(seconds=1))
+    check_against_oracle(drawn, zone, after, timedelta(hours=2), timedelta(seconds=1))
 
 
 @PROPERTY

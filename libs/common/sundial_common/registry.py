@@ -52,10 +52,14 @@ KINDS = ("api", "dispatcher", "hydrator", "sweeper", "worker")
 _RECHECK_SEC = 10.0
 
 
+ETCD_CALL_TIMEOUT_SEC = 5
+"""Deadline of one etcd call: a partitioned etcd must fail a call (and let the caller retry or stop), not hang it."""
+
+
 def etcd_client(endpoint: str) -> aetcd.Client:
     """A client for ``host:port`` (``SUNDIAL_ETCD_ENDPOINT``); it connects on first use."""
     host, _, port = endpoint.rpartition(":")
-    return aetcd.Client(host=host or "127.0.0.1", port=int(port))
+    return aetcd.Client(host=host or "127.0.0.1", port=int(port), timeout=ETCD_CALL_TIMEOUT_SEC)
 
 
 @dataclass(frozen=True)

@@ -387,6 +387,9 @@ async def trigger_job(job_id: JobId, state: State, principal: Authenticated) -> 
     execution_id = ids.new_id()
     at = state.clock.now()
     at = at.replace(microsecond=at.microsecond - at.microsecond % 1000)
+    if at.microsecond == 0:
+        # Cron occurrences fall on whole seconds, and (job, scheduledFor) is unique: keep clear of them.
+        at += timedelta(milliseconds=1)
     row = await state.store.trigger_job(principal.tenant, ident, at, execution_id, actor=principal.subject)
     if row is None:
         row = await _existing(state, principal.tenant, ident, job_id)

@@ -119,7 +119,9 @@ class _Planner:
         cancel: list[UUID] = []
         for job in jobs:
             claimed = job["claimed_due"]
-            schedule_due = job["state"] == "ACTIVE" and job["next_fire_at"] <= claimed
+            schedule_due = (
+                job["state"] == "ACTIVE" and job["next_fire_at"] is not None and job["next_fire_at"] <= claimed
+            )
             trigger_due = job["trigger_at"] is not None and job["trigger_at"] <= claimed
             next_fire_at = job["next_fire_at"] if job["state"] == "ACTIVE" else None
             advance: JobAdvance | None = None

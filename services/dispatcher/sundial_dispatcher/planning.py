@@ -20,7 +20,9 @@ Every missed occurrence without a run of its own is counted in the job's ``misse
 * ``ALLOW`` (default): everything runs;
 * ``SKIP``: the occurrence is recorded as a SKIPPED execution; of several due together, the first runs;
 * ``BUFFER_ONE``: the occurrence waits until the open execution ends, then runs (late); occurrences that
-  came due meanwhile are recorded as SKIPPED — the buffer holds one;
+  came due meanwhile are recorded as SKIPPED — the buffer holds one. A wait longer than
+  ``catchup_window_sec`` makes the buffered occurrence a missed one (the catch-up policy cannot tell a
+  long overlap from downtime), so such jobs want a window longer than their longest run;
 * ``CANCEL_RUNNING``: the open executions are cancelled and the newest occurrence runs; older ones due
   together are recorded as SKIPPED (they would be cancelled at once).
 

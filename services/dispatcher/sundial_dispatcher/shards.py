@@ -242,8 +242,7 @@ class ShardCampaign:
                 if current is None:
                     continue  # freed between the two reads: try again
                 holder, token = current
-                if asked_at < token:
-                    asked_at = await self._ask_for_handover()
+                if asked_at < token and (asked_at := await self._ask_for_handover()):
                     log.info(
                         "shard %d: owned here but led by %s (token %d); asked for a handover",
                         self.shard,
@@ -282,17 +281,25 @@ class ShardCampaign:
         return term
 
     async def _ask_for_handover(self) -> int:
+        """Put the successor request; its revision, or 0 if it could not be attached to our registry lease."""
         lease = self._registration.lease_id
+        if lease is None:
+            # Re-registering right now: a request without a lease would outlive us; ask on the next round.
+            return 0
         put = await self._etcd.put(self._successor_key, self.me.encode(), lease=lease)
         return int(put.header.revision)
 
     async def _withdraw_handover_request(self) -> None:
         tx = self._etcd.transactions
-        with contextlib.suppress(aetcd.ClientError):
-            await self._etcd.transaction(
-                compare=[tx.value(self._successor_key) == self.me.encode()],
-                success=[tx.delete(self._successor_key)],
-                failure=[],
+        # Bounded: this runs on the way out too, and the request dies with our lease anyway.
+        with contextlib.suppress(aetcd.ClientError, TimeoutError):
+            await asyncio.wait_for(
+                self._etcd.transaction(
+                    compare=[tx.value(self._successor_key) == self.me.encode()],
+                    success=[tx.delete(self._successor_key)],
+                    failure=[],
+                ),
+                _RETRY_SEC * 4,
             )
 
     # -- leading -------------------------------------------------------------------------------------

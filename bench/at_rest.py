@@ -1,0 +1,248 @@
+"""Scale at rest: N recurring jobs registered, and what they cost while they wait.
+
+    uv run python bench/at_rest.py                 # 1,000,000 jobs, 4 shards, its own servers
+    uv run python bench/at_rest.py --jobs 100000   # smaller
+
+It starts its own Postgres and Redis (``LocalStack`` on the test ports + ``--port-offset``, under
+``.sundial/bench-at-rest/``, wiped first), migrates, and registers ``--jobs`` recurring jobs straight into
+Postgres with COPY (as a bulk registration would; the API path is measured elsewhere): a realistic mix of
+daily and hourly cron jobs in several time zones and intervals from 5 minutes to a day, each with its next
+fire computed by ``sundial_common.schedules`` exactly as the API does. Then it measures:
+
+* Postgres size: the ``jobs`` heap, each of its indexes, the database;
+* the hydrator: one pass from an empty Redis (a rebuild: promotes the whole hot window), then steady
+  passes a second apart (promote the slice that entered the window), and the overdue scan; plus the
+  plan of one promotion page, to show it is an index range scan and never a table scan;
+* Redis: hot-window members and memory.
+
+It prints one JSON line and appends it to ``bench/results/<date>.jsonl``. A measurement, not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import os
+import random
+import shutil
+import subprocess
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+from redis.asyncio import Redis
+from sundial_common.hotwindow import HotWindow
+from sundial_common.ids import new_id, shard_for
+from sundial_common.migrate import upgrade
+from sundial_common.queries import Q
+from sundial_common.schedules import Kind, ScheduleSpec, fire_at, next_fire
+from sundial_common.store import Store
+from sundial_hydrator.hydrator import Hydrator, HydratorConfig
+from sundial_infra.servers import TEST_PORTS, LocalStack, Ports
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "bench" / "results"
+ZONES = ["UTC", "America/New_York", "America/Los_Angeles", "Europe/London", "Europe/Berlin", "Asia/Kolkata"]
+COLUMNS = [
+    "id", "tenant_id", "name", "type", "schedule", "timezone", "interval_sec", "start_at", "pool", "handler",
+    "payload", "timeout_sec", "state", "shard", "jitter_sec", "next_nominal_at", "next_fire_at",
+]  # fmt: skip
+
+
+class FixedClock:
+    def __init__(self, now: datetime) -> None:
+        self.current = now
+
+    def now(self) -> datetime:
+        return self.current
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+
+def job_record(i: int, tenant: str, shards: int, now: datetime, rng: random.Random) -> tuple[Any, ...]:
+    """One job of the mix: 60% daily cron, 25% hourly cron, 15% intervals; a tenth of them jittered."""
+    job_id = new_id()
+    zone = rng.choice(ZONES)
+    kind = rng.random()
+    interval = start = None
+    if kind < 0.6:
+        schedule: str | None = f"{rng.randrange(60)} {rng.randrange(24)} * * *"
+        spec = ScheduleSpec(Kind.CRON, timezone=zone, cron=schedule)
+    elif kind < 0.85:
+        schedule = f"{rng.randrange(60)} * * * *"
+        spec = ScheduleSpec(Kind.CRON, timezone=zone, cron=schedule)
+    else:
+        schedule = None
+        interval = rng.choice([300, 900, 3600, 4 * 3600, 86400])
+        start = now - timedelta(seconds=rng.randrange(interval))
+        spec = ScheduleSpec(Kind.INTERVAL, timezone=zone, interval_sec=interval, start_at=start)
+    jitter = 60 if i % 10 == 0 else 0
+    nominal = next_fire(spec, now)
+    assert nominal is not None
+    return (
+        job_id, tenant, f"job-{i}", spec.kind.value, schedule, zone, interval, start, "reports", "build",
+        {"report": i % 1000}, 600, "ACTIVE", shard_for(job_id, shards), jitter, nominal,
+        fire_at(job_id, nominal, jitter),
+    )  # fmt: skip
+
+
+async def register(dsn: str, count: int, shards: int, now: datetime) -> float:
+    """COPY ``count`` jobs in batches; returns the rows per second."""
+    rng = random.Random(42)
+    conn = await asyncpg.connect(dsn)
+    # COPY speaks binary: jsonb is a version byte, then the JSON text.
+    await conn.set_type_codec(
+        "jsonb",
+        schema="pg_catalog",
+        encoder=lambda value: b"\x01" + json.dumps(value).encode(),
+        decoder=lambda data: json.loads(data[1:]),
+        format="binary",
+    )
+    tenant = "bench-at-rest"
+    started = time.perf_counter()
+    try:
+        await conn.execute("INSERT INTO tenants (id) VALUES ($1) ON CONFLICT DO NOTHING", tenant)
+        for offset in range(0, count, 50_000):
+            batch = [job_record(i, tenant, shards, now, rng) for i in range(offset, min(count, offset + 50_000))]
+            await conn.copy_records_to_table("jobs", records=batch, columns=COLUMNS)
+        await conn.execute("VACUUM ANALYZE jobs")
+    finally:
+        await conn.close()
+    return count / (time.perf_counter() - started)
+
+
+async def sizes(dsn: str) -> dict[str, Any]:
+    conn = await asyncpg.connect(dsn)
+    try:
+        indexes = await conn.fetch(
+            "SELECT indexrelid::regclass::text AS name, pg_relation_size(indexrelid) AS bytes "
+            "FROM pg_index WHERE indrelid = 'jobs'::regclass ORDER BY 1"
+        )
+        row = await conn.fetchrow(
+            "SELECT pg_relation_size('jobs') AS heap, pg_total_relation_size('jobs') AS total, "
+            "pg_database_size(current_database()) AS database, (SELECT count(*) FROM jobs) AS jobs"
+        )
+        assert row is not None
+        plan = await conn.fetch(
+            "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) " + Q["hydration_range"].rstrip().rstrip(";"),
+            0,
+            datetime.now(UTC),
+            datetime.now(UTC) + timedelta(hours=1),
+            uuid.UUID(int=0),
+            5000,
+        )
+    finally:
+        await conn.close()
+    mib = 2**20
+    return {
+        "jobs_heap_mib": round(row["heap"] / mib, 1),
+        "jobs_indexes_mib": {r["name"]: round(r["bytes"] / mib, 1) for r in indexes},
+        "jobs_total_mib": round(row["total"] / mib, 1),
+        "database_mib": round(row["database"] / mib, 1),
+        "bytes_per_job": round(row["total"] / max(1, row["jobs"])),
+        "promotion_page_plan": [r[0] for r in plan],
+    }
+
+
+async def hydrate(dsn: str, redis_url: str, shards: int, now: datetime, steady_passes: int) -> dict[str, Any]:
+    store = await Store.connect(dsn)
+    redis = Redis.from_url(redis_url)
+    clock = FixedClock(now)
+    try:
+        await redis.flushall()
+        hydrator = Hydrator(store, HotWindow(redis), HydratorConfig(shards=shards), clock=clock)
+        started = time.perf_counter()
+        cold = await hydrator.run_once()  # also runs the overdue scan (first pass)
+        cold_s = time.perf_counter() - started
+        steady = []
+        promoted = 0
+        for _ in range(steady_passes):
+            clock.current += timedelta(seconds=1)
+            started = time.perf_counter()
+            result = await hydrator.run_once()
+            steady.append(time.perf_counter() - started)
+            promoted += result.promoted
+        overdue_started = time.perf_counter()
+        for shard in range(shards):
+            await store.overdue_jobs(shard, clock.current - timedelta(seconds=15), 5000)
+        overdue_s = time.perf_counter() - overdue_started
+        members = sum([await HotWindow(redis).size(s) for s in range(shards)])
+        memory = (await redis.info("memory"))["used_memory"]
+    finally:
+        await redis.aclose()
+        await store.close()
+    steady.sort()
+    return {
+        "rebuild_pass_ms": round(cold_s * 1000, 1),
+        "rebuild_promoted": cold.promoted,
+        "steady_pass_ms": {
+            "p50": round(steady[len(steady) // 2] * 1000, 2),
+            "max": round(steady[-1] * 1000, 2),
+            "passes": len(steady),
+            "promoted_per_pass": round(promoted / max(1, len(steady)), 1),
+        },
+        "overdue_scan_ms": round(overdue_s * 1000, 2),
+        "hot_window_members": members,
+        "redis_used_memory_mib": round(memory / 2**20, 1),
+    }
+
+
+def machine() -> dict[str, Any]:
+    mem_kb = next(
+        int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines() if line.startswith("MemTotal")
+    )
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    return {"cores": os.cpu_count(), "memory_gib": round(mem_kb / 2**20, 1), "commit": commit.stdout.strip() or None}
+
+
+async def main_async(args: argparse.Namespace) -> dict[str, Any]:
+    ports = Ports(**{f.name: getattr(TEST_PORTS, f.name) + args.port_offset for f in dataclasses.fields(Ports)})
+    root = REPO / ".sundial" / "bench-at-rest"
+    stack = LocalStack(root, ports, durable=False)
+    stack.stop()
+    shutil.rmtree(root, ignore_errors=True)
+    stack.start()
+    try:
+        dsn = stack.postgres_dsn
+        await upgrade(dsn)
+        now = datetime.now(UTC).replace(microsecond=0)
+        rate = await register(dsn, args.jobs, args.shards, now)
+        result = {
+            "workload": "at_rest",
+            "jobs": args.jobs,
+            "shards": args.shards,
+            "register_rows_per_s": round(rate),
+            "postgres": await sizes(dsn),
+            "hydrator": await hydrate(dsn, stack.redis_url, args.shards, now, args.steady_passes),
+            "machine": machine(),
+            "at": datetime.now(UTC).isoformat(),
+        }
+    finally:
+        if not args.keep:
+            stack.stop()
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--jobs", type=int, default=1_000_000, help="Recurring jobs to register.")
+    parser.add_argument("--shards", type=int, default=4, help="Dispatcher shards (hot-window ZSETs).")
+    parser.add_argument("--steady-passes", type=int, default=30, help="Steady hydrator passes to time.")
+    parser.add_argument("--port-offset", type=int, default=2310, help="Added to the test ports.")
+    parser.add_argument("--keep", action="store_true", help="Leave the servers running afterwards.")
+    result = asyncio.run(main_async(parser.parse_args()))
+    text = json.dumps(result, default=str)
+    print(text, flush=True)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    with (RESULTS / f"{datetime.now(UTC):%Y-%m-%d}.jsonl").open("a") as out:
+        out.write(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
