@@ -15,7 +15,6 @@ from typing import Any
 import asyncpg
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from redis.asyncio import Redis
-
 from sundial_common.hotwindow import HotWindow
 from sundial_common.store import Occurrence
 
@@ -104,8 +103,9 @@ def broker_produce_consume(bootstrap: str, messages: int, size: int = 400) -> di
     producer.flush(60)
     produce_elapsed = time.perf_counter() - started
 
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4().hex}",
-                         "fetch.wait.max.ms": 10})
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4().hex}", "fetch.wait.max.ms": 10}
+    )
     partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
     consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
     received = 0

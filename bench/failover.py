@@ -145,9 +145,11 @@ class FailoverBench:
             keys = await etcd.get_prefix(self.keys.shard_prefix.encode())
             leaders = sum(1 for kv in keys if kv.key.endswith(b"/leader"))
             pending = any(kv.key.endswith(b"/successor") for kv in keys)
-            registered = len(await etcd.get_prefix(self.keys.replicas("dispatcher")))
+            prefix = self.keys.replicas("dispatcher")
+            registered = {kv.key[len(prefix) :].decode() for kv in await etcd.get_prefix(prefix)}
+            alive = {n for n, proc in self.procs.items() if n.startswith("dispatcher-") and proc.poll() is None}
             current = await self.leader(etcd)
-            if current != seen or leaders < self.args.shards or pending or registered < self.args.replicas:
+            if current != seen or leaders < self.args.shards or pending or not alive <= registered:
                 seen, stable_since = current, time.monotonic()
             elif current is not None and time.monotonic() - stable_since >= quiet_sec:
                 recent = await db.fetchval(

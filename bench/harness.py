@@ -7,7 +7,7 @@ Workloads (seed 002 targets: P95 dispatch latency < 1 s; 1M dispatches/min on a 
 - ``w2``      spread: 20,000 jobs due uniformly over 60 s.
 - ``w3``      sustained: a target rate of due executions per second for ``--duration`` s
               (``--rates 1000,2500,5000,10000``).
-- ``w4``      at rest: N future recurring jobs; one hydrator pass over them; table and index sizes.
+- ``w4``      at rest: N future recurring jobs (bench/at_rest.py); hydrator passes; table and index sizes.
 - ``ceilings`` the raw parts: Postgres batched inserts, Redis ZADD and claim, broker produce/consume.
 
 Dispatch workloads insert their jobs straight into Postgres (COPY, as a bulk registration would), so
@@ -41,13 +41,13 @@ from sundial_common.auth import issue_token
 from sundial_common.hotwindow import HotWindow
 from sundial_common.ids import new_id, shard_for
 from sundial_common.settings import CommonSettings
-from sundial_common.store import Occurrence, Store
-from sundial_hydrator.hydrator import Hydrator, HydratorConfig
+from sundial_common.store import Occurrence
 from sundial_infra.servers import TEST_PORTS, LocalStack, Ports, wait_for
 from sundial_infra.supervisor import ProcessSpec, Supervisor, sundial_argv
 
 sys.path.insert(0, str(Path(__file__).parent))
-import ceilings  # noqa: E402  (a sibling script, not a package)
+import at_rest
+import ceilings
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
@@ -66,11 +66,16 @@ class Shape:
 
 
 def _machine() -> dict[str, Any]:
-    mem_kb = next(int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines()
-                  if line.startswith("MemTotal"))
+    mem_kb = next(
+        int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines() if line.startswith("MemTotal")
+    )
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
-    return {"cores": os.cpu_count(), "memory_gib": round(mem_kb / 2**20, 1), "python": platform.python_version(),
-            "commit": commit.stdout.strip() or None}
+    return {
+        "cores": os.cpu_count(),
+        "memory_gib": round(mem_kb / 2**20, 1),
+        "python": platform.python_version(),
+        "commit": commit.stdout.strip() or None,
+    }
 
 
 def _cpu_seconds_of_tree(root_pid: int) -> float:
@@ -111,19 +116,24 @@ class Bench:
         self.shape = shape
         self.stack = LocalStack(root, BENCH_PORTS, durable=shape.durable)
         self.root = root
-        env = {**self.stack.env(), "SUNDIAL_SHARDS": str(shape.shards), "SUNDIAL_LOG_LEVEL": "INFO",
-               "SUNDIAL_WORKER_CONCURRENCY": str(shape.concurrency)}
+        env = {
+            **self.stack.env(),
+            "SUNDIAL_SHARDS": str(shape.shards),
+            "SUNDIAL_LOG_LEVEL": "INFO",
+            "SUNDIAL_WORKER_CONCURRENCY": str(shape.concurrency),
+        }
         self.env = env
         processes = [
             ProcessSpec("api", sundial_argv("api", "--host", "127.0.0.1", "--port", str(BENCH_PORTS.api))),
             ProcessSpec("hydrator", sundial_argv("hydrator")),
             ProcessSpec("sweeper", sundial_argv("sweeper")),
             *(ProcessSpec(f"dispatcher-{i}", sundial_argv("dispatcher")) for i in range(shape.dispatchers)),
-            *(ProcessSpec(f"worker-{i}", sundial_argv("worker", "--app", "sundial_worker.demo:worker"))
-              for i in range(shape.workers)),
+            *(
+                ProcessSpec(f"worker-{i}", sundial_argv("worker", "--app", "sundial_worker.demo:worker"))
+                for i in range(shape.workers)
+            ),
         ]
-        self.supervisor = Supervisor(processes, env={**os.environ, **env}, log_dir=root / "logs",
-                                     run_dir=root / "run")
+        self.supervisor = Supervisor(processes, env={**os.environ, **env}, log_dir=root / "logs", run_dir=root / "run")
         self.token = issue_token(CommonSettings().jwt_secret, "bench-api")
 
     def start(self) -> None:
@@ -135,8 +145,9 @@ class Bench:
             raise RuntimeError(f"bench api not ready; see {self.supervisor.log_file('api')}")
         for i in range(self.shape.workers):
             log = self.supervisor.log_file(f"worker-{i}")
-            if not wait_for(lambda log=log: log.exists() and "partitions assigned" in log.read_text(errors="replace"),
-                            timeout=60):
+            if not wait_for(
+                lambda log=log: log.exists() and "partitions assigned" in log.read_text(errors="replace"), timeout=60
+            ):
                 raise RuntimeError(f"worker-{i} got no partitions; see {log}")
 
     def stop(self) -> None:
@@ -161,12 +172,39 @@ class Bench:
             records = []
             for i, instant in enumerate(due):
                 job_id = new_id()
-                records.append((job_id, tenant, f"bench-{i}", "ONE_SHOT", instant, POOL, "echo", '{"i": %d}' % i, 60,
-                                "ACTIVE", shard_for(job_id, self.shape.shards), instant))
+                records.append(
+                    (
+                        job_id,
+                        tenant,
+                        f"bench-{i}",
+                        "ONE_SHOT",
+                        instant,
+                        POOL,
+                        "echo",
+                        f'{{"i": {i}}}',
+                        60,
+                        "ACTIVE",
+                        shard_for(job_id, self.shape.shards),
+                        instant,
+                    )
+                )
             await conn.copy_records_to_table(
-                "jobs", records=records,
-                columns=["id", "tenant_id", "name", "type", "run_at", "pool", "handler", "payload", "timeout_sec",
-                         "state", "shard", "next_fire_at"],
+                "jobs",
+                records=records,
+                columns=[
+                    "id",
+                    "tenant_id",
+                    "name",
+                    "type",
+                    "run_at",
+                    "pool",
+                    "handler",
+                    "payload",
+                    "timeout_sec",
+                    "state",
+                    "shard",
+                    "next_fire_at",
+                ],
             )
             # Like the API, the registrar puts near-due jobs into the hot window itself: the hydrator
             # only promotes beyond its watermark (and re-adds overdue jobs after a grace).
@@ -197,7 +235,8 @@ class Bench:
             progress_at = time.monotonic()
             while True:
                 now_done = await conn.fetchval(
-                    "SELECT count(*) FROM executions WHERE tenant_id = $1 AND state = 'SUCCEEDED'", tenant)
+                    "SELECT count(*) FROM executions WHERE tenant_id = $1 AND state = 'SUCCEEDED'", tenant
+                )
                 if now_done != done:
                     done, progress_at = now_done, time.monotonic()
                 if done >= len(due):
@@ -208,7 +247,9 @@ class Bench:
             rows = await conn.fetch(
                 """SELECT e.scheduled_for, e.started_at, e.finished_at,
                           (SELECT count(*) FROM execution_attempts a WHERE a.execution_id = e.id) AS starts
-                   FROM executions e WHERE e.tenant_id = $1 AND e.started_at IS NOT NULL""", tenant)
+                   FROM executions e WHERE e.tenant_id = $1 AND e.started_at IS NOT NULL""",
+                tenant,
+            )
         finally:
             await conn.close()
         cpu_after = self.cpu()
@@ -225,7 +266,8 @@ class Bench:
             "duplicate_starts": sum(r["starts"] - 1 for r in rows if r["starts"] > 1),
             "lateness_ms": _percentiles(lateness),
             "all_started_after_due_s": round((max(r["started_at"] for r in rows) - last_due).total_seconds(), 2)
-            if rows else None,
+            if rows
+            else None,
             "completion_per_s": round(len(finished) / span) if span else None,
             "cpu_s": {k: round(cpu_after.get(k, 0) - v, 1) for k, v in cpu_before.items()},
         }
@@ -234,8 +276,12 @@ class Bench:
         url = f"http://127.0.0.1:{BENCH_PORTS.api}"
         body = {"name": "c", "type": "DELAYED", "delaySeconds": 86400, "target": {"pool": POOL, "handler": "echo"}}
         limit = asyncio.Semaphore(64)
-        async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {self.token}"},
-                                     timeout=30, limits=httpx.Limits(max_connections=64)) as client:
+        async with httpx.AsyncClient(
+            base_url=url,
+            headers={"Authorization": f"Bearer {self.token}"},
+            timeout=30,
+            limits=httpx.Limits(max_connections=64),
+        ) as client:
 
             async def one() -> int:
                 async with limit:
@@ -244,63 +290,25 @@ class Bench:
             started = time.perf_counter()
             codes = await asyncio.gather(*(one() for _ in range(count)))
             single = count / (time.perf_counter() - started)
-            result: dict[str, Any] = {"single": {"jobs": count, "per_s": round(single),
-                                                 "errors": sum(c != 201 for c in codes)}}
+            result: dict[str, Any] = {
+                "single": {"jobs": count, "per_s": round(single), "errors": sum(c != 201 for c in codes)}
+            }
             batch_size = 500
             batches = max(1, count // batch_size)
             started = time.perf_counter()
-            responses = await asyncio.gather(*(client.post("/v1/jobs:batch", json={"jobs": [body] * batch_size})
-                                               for _ in range(batches)))
+            responses = await asyncio.gather(
+                *(client.post("/v1/jobs:batch", json={"jobs": [body] * batch_size}) for _ in range(batches))
+            )
             if responses[0].status_code in (404, 405):
                 result["batch"] = "not available"
             else:
-                result["batch"] = {"jobs": batches * batch_size, "batch_size": batch_size,
-                                   "per_s": round(batches * batch_size / (time.perf_counter() - started)),
-                                   "http_errors": sum(r.status_code >= 300 for r in responses)}
+                result["batch"] = {
+                    "jobs": batches * batch_size,
+                    "batch_size": batch_size,
+                    "per_s": round(batches * batch_size / (time.perf_counter() - started)),
+                    "http_errors": sum(r.status_code >= 300 for r in responses),
+                }
         return result
-
-    async def run_at_rest(self, count: int) -> dict[str, Any]:
-        tenant = f"bench-rest-{uuid.uuid4().hex[:6]}"
-        base = datetime.now(UTC) + timedelta(days=2)
-        conn = await asyncpg.connect(self.stack.postgres_dsn)
-        try:
-            await conn.execute("INSERT INTO tenants (id) VALUES ($1) ON CONFLICT DO NOTHING", tenant)
-            started = time.perf_counter()
-            for offset in range(0, count, 100_000):
-                records = []
-                for i in range(offset, min(count, offset + 100_000)):
-                    job_id = new_id()
-                    at = base + timedelta(seconds=i % 86400 * 30)
-                    records.append((job_id, tenant, f"rest-{i}", "CRON", "0 3 * * *", "UTC", POOL, "echo", 60,
-                                    "ACTIVE", shard_for(job_id, self.shape.shards), at))
-                await conn.copy_records_to_table(
-                    "jobs", records=records,
-                    columns=["id", "tenant_id", "name", "type", "schedule", "timezone", "pool", "handler",
-                             "timeout_sec", "state", "shard", "next_fire_at"])
-            insert_s = time.perf_counter() - started
-            await conn.execute("ANALYZE jobs")
-            sizes = await conn.fetchrow(
-                """SELECT pg_total_relation_size('jobs') AS jobs_total, pg_relation_size('jobs') AS jobs_heap,
-                          pg_indexes_size('jobs') AS jobs_indexes, pg_database_size(current_database()) AS database""")
-        finally:
-            await conn.close()
-        # One hydrator pass from an empty hot window: what a restart after a Redis loss costs.
-        store = await Store.connect(self.stack.postgres_dsn)
-        redis = Redis.from_url(self.stack.redis_url)
-        try:
-            hydrator = Hydrator(store, HotWindow(redis), HydratorConfig(shards=self.shape.shards))
-            started = time.perf_counter()
-            await hydrator.run_once()
-            cold = time.perf_counter() - started
-            started = time.perf_counter()
-            await hydrator.run_once()
-            warm = time.perf_counter() - started
-        finally:
-            await redis.aclose()
-            await store.close()
-        return {"jobs": count, "insert_rows_per_s": round(count / insert_s),
-                "hydrator_pass_ms": {"first": round(cold * 1000, 1), "steady": round(warm * 1000, 1)},
-                "sizes_mib": {k: round(v / 2**20, 1) for k, v in dict(sizes).items()}}
 
 
 def _ok(url: str) -> bool:
@@ -326,11 +334,25 @@ async def main_async(args: argparse.Namespace) -> None:
         # The parts alone, before Sundial's processes compete for the cores.
         bench.stack.start()
         try:
-            _record({"workload": "ceilings", **await ceilings.measure_all(
-                bench.stack.postgres_dsn, bench.stack.redis_url, bench.stack.kafka_bootstrap, args.scale), **meta})
+            _record(
+                {
+                    "workload": "ceilings",
+                    **await ceilings.measure_all(
+                        bench.stack.postgres_dsn, bench.stack.redis_url, bench.stack.kafka_bootstrap, args.scale
+                    ),
+                    **meta,
+                }
+            )
         finally:
             bench.stack.stop()
-    if not set(args.workloads) - {"ceilings"}:
+    if "w4" in args.workloads:
+        # At rest: N future recurring jobs, one hydrator rebuild and steady passes, table and index sizes.
+        at_rest_args = argparse.Namespace(
+            jobs=int(args.at_rest * args.scale), shards=args.shards, steady_passes=30, port_offset=2310, keep=False
+        )
+        result = await at_rest.main_async(at_rest_args)
+        _record({**result, "workload": "w4", **meta})
+    if not set(args.workloads) - {"ceilings", "w4"}:
         return
     try:
         bench.start()
@@ -353,10 +375,15 @@ async def main_async(args: argparse.Namespace) -> None:
                 n = int(rate * args.duration)
                 start = datetime.now(UTC) + lead + timedelta(seconds=n / 50_000)
                 due = [_ms(start + timedelta(seconds=i / rate)) for i in range(n)]
-                _record({"workload": "w3", "target_per_s": rate, "duration_s": args.duration,
-                         **await bench.run_dispatch("w3", due), **meta})
-        if "w4" in args.workloads:
-            _record({"workload": "w4", **await bench.run_at_rest(int(args.at_rest * args.scale)), **meta})
+                _record(
+                    {
+                        "workload": "w3",
+                        "target_per_s": rate,
+                        "duration_s": args.duration,
+                        **await bench.run_dispatch("w3", due),
+                        **meta,
+                    }
+                )
     finally:
         bench.stop()
 
@@ -370,10 +397,15 @@ def _ints(text: str) -> list[int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="bench/harness.py", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("workloads", nargs="*", default=["ceilings", "create", "w1", "w2", "w3", "w4"],
-                        help="which workloads (default: all)")
+    parser = argparse.ArgumentParser(
+        prog="bench/harness.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "workloads",
+        nargs="*",
+        default=["ceilings", "create", "w1", "w2", "w3", "w4"],
+        help="which workloads (default: all)",
+    )
     parser.add_argument("--shards", type=int, default=8)
     parser.add_argument("--dispatchers", type=int, default=2)
     parser.add_argument("--workers", type=int, default=2)
