@@ -65,3 +65,17 @@ def test_tokens_name_their_tenant_and_reject_tampering() -> None:
         verify_token("another-signing-key-that-is-long-enough", token)
     with pytest.raises(InvalidToken):
         verify_token(SECRET, issue_token(SECRET, "acme", ttl_sec=-10))
+
+
+def test_execution_message_ignores_fields_it_does_not_know() -> None:
+    """A newer dispatcher may add fields during a rolling deploy; older workers must still decode."""
+    import orjson
+
+    raw = orjson.loads(
+        ExecutionMessage(
+            execution_id="e1", job_id="j1", tenant_id="acme", pool="demo", handler="echo", attempt=1,
+            fence_token=1, scheduled_for="2026-11-21T10:00:00+00:00", timeout_sec=30, payload={},
+        ).encode()
+    )
+    raw["added_later"] = 1
+    assert ExecutionMessage.decode(orjson.dumps(raw)).execution_id == "e1"

@@ -8,7 +8,7 @@ consumer can route, dedupe and continue the trace without decoding the body.
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import orjson
@@ -41,7 +41,7 @@ class ExecutionMessage:
         return pool_topic(self.pool)
 
     def encode(self) -> bytes:
-        return orjson.dumps(asdict(self))
+        return orjson.dumps(self)  # orjson serialises dataclasses natively (no deep copy)
 
     def headers(self) -> list[tuple[str, str | bytes | None]]:
         headers: list[tuple[str, str | bytes | None]] = [
@@ -56,4 +56,9 @@ class ExecutionMessage:
 
     @classmethod
     def decode(cls, value: bytes) -> ExecutionMessage:
-        return cls(**orjson.loads(value))
+        # Unknown keys are ignored so that a newer dispatcher can add fields during a rolling deploy.
+        data = orjson.loads(value)
+        return cls(**{name: data[name] for name in _FIELDS if name in data})
+
+
+_FIELDS = tuple(f.name for f in fields(ExecutionMessage))
