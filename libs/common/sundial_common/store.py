@@ -145,6 +145,20 @@ async def _keep_session(conn: asyncpg.Connection) -> None:
     return None
 
 
+#: Column defaults of a new job when the caller leaves them out (see ``insert_job``).
+_JOB_DEFAULTS: dict[str, Any] = {
+    "timezone": "UTC",
+    "payload": {},
+    "retry_policy": {},
+    "priority": "NORMAL",
+    "state": "ACTIVE",
+    "jitter_sec": 0,
+    "overlap_policy": "ALLOW",
+    "catchup_policy": "FIRE_ONCE",
+    "catchup_window_sec": 60,
+}
+
+
 class Store:
     """Typed access to Sundial's tables over one asyncpg pool."""
 
@@ -201,6 +215,21 @@ class Store:
         )
         assert row is not None
         return cast(Record, row)
+
+    async def insert_jobs(self, jobs: Sequence[Mapping[str, Any]], actor: str) -> list[Record]:
+        """Register many jobs in one round trip; rows come back in the order of ``jobs``.
+
+        Each mapping holds ``jobs`` column values; absent optional columns take the same defaults as
+        :meth:`insert_job`.
+        """
+        if not jobs:
+            return []
+        rows = [
+            {**_JOB_DEFAULTS, "next_nominal_at": job.get("next_fire_at"), **job} for job in jobs
+        ]
+        inserted = await self.pool.fetch(Q["insert_jobs"], rows, actor)
+        by_id = {row["id"]: row for row in inserted}
+        return [cast(Record, by_id[job["id"]]) for job in jobs]
 
     async def pause_job(self, tenant_id: str, job_id: UUID, actor: str) -> Record | None:
         """ACTIVE → PAUSED; None when the job was not active (or not this tenant's)."""

@@ -24,6 +24,30 @@ WITH tenant AS (
 )
 SELECT * FROM job;
 
+-- name: insert_jobs
+-- A batch of jobs as one JSON array of column values (POST /v1/jobs:batch): their tenants, the jobs and
+-- their audit rows in one statement. Columns not named here take their defaults.
+WITH input AS (
+    SELECT * FROM jsonb_populate_recordset(NULL::jobs, $1::jsonb)
+), tenant AS (
+    INSERT INTO tenants (id) SELECT DISTINCT tenant_id FROM input ON CONFLICT (id) DO NOTHING
+), job AS (
+    INSERT INTO jobs (id, tenant_id, name, type, schedule, timezone, run_at, delay_seconds, pool, handler,
+                      payload, retry_policy, timeout_sec, priority, state, shard, next_fire_at, traceparent,
+                      interval_sec, run_list, start_at, end_at, max_runs, jitter_sec, overlap_policy,
+                      catchup_policy, catchup_window_sec, next_nominal_at)
+    SELECT id, tenant_id, name, type, schedule, timezone, run_at, delay_seconds, pool, handler,
+           payload, retry_policy, timeout_sec, priority, state, shard, next_fire_at, traceparent,
+           interval_sec, run_list, start_at, end_at, max_runs, jitter_sec, overlap_policy,
+           catchup_policy, catchup_window_sec, next_nominal_at
+    FROM input
+    RETURNING *
+), audit AS (
+    INSERT INTO audit_log (tenant_id, entity, entity_id, action, to_state, actor)
+    SELECT tenant_id, 'job', id, 'create', state, $2 FROM job
+)
+SELECT * FROM job;
+
 -- name: get_job
 SELECT * FROM jobs WHERE id = $1 AND tenant_id = $2;
 

@@ -1,0 +1,109 @@
+"""`POST /v1/jobs:batch`: register up to 1,000 jobs in one request, with a result per item.
+
+Tenant services register in bulk (a nightly import, a fan-out of reminders). Each item is validated
+exactly like a single `POST /v1/jobs`; the valid ones are written in ONE statement and put into the
+hot window with one call per shard, the invalid ones come back as problem documents naming their
+field. One bad item never rejects the others; nothing is written for an invalid item.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+from typing import Any
+
+from fastapi import APIRouter
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from redis.exceptions import RedisError
+from sundial_common import ids, telemetry
+from sundial_common.schedules import fire_at
+from sundial_common.store import Occurrence, Record
+
+from sundial_api.auth import Authenticated
+from sundial_api.jobs import _HOT_WINDOW_MARGIN, _check_payload, _definition, _resolve
+from sundial_api.models import JobCreate, JobState, render_job
+from sundial_api.problems import ProblemError, describe, problem_body, responses
+from sundial_api.responses import OrjsonResponse
+from sundial_api.state import ApiState, State
+
+log = logging.getLogger("sundial.api")
+
+router = APIRouter(prefix="/v1", tags=["jobs"])
+
+MAX_BATCH = 1000
+
+
+class JobBatch(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    jobs: list[dict[str, Any]] = Field(
+        min_length=1, max_length=MAX_BATCH, description=f"1 to {MAX_BATCH} job bodies, as for `POST /v1/jobs`."
+    )
+
+
+@router.post(
+    "/jobs:batch",
+    status_code=200,
+    responses=responses(401, 413, 422, 503),
+    summary="Register up to 1,000 jobs",
+    response_description="`results[i]` answers `jobs[i]`: `status` 201 with the `job`, or 4xx with a `problem`.",
+)
+async def create_jobs(body: JobBatch, state: State, principal: Authenticated) -> OrjsonResponse:
+    """Validate every item as a single create would; store the valid ones together."""
+    settings = state.settings
+    now = state.clock.now()
+    results: list[dict[str, Any]] = [{} for _ in body.jobs]
+    accepted: list[tuple[int, dict[str, Any]]] = []
+    traceparent = telemetry.traceparent()
+    for index, raw in enumerate(body.jobs):
+        try:
+            job = JobCreate.model_validate(raw)
+            _check_payload(job.payload, settings.max_payload_bytes)
+            resolved = _resolve(job, state, now)
+        except ValidationError as exc:
+            errors = [describe({**e, "loc": ("body", *e["loc"])}, JobCreate) for e in exc.errors()]
+            fields = ", ".join(dict.fromkeys(f"`{e['field']}`" for e in errors))
+            results[index] = {"index": index, "status": 422, "problem": problem_body(422, f"invalid: {fields}", errors)}
+            continue
+        except ProblemError as exc:
+            results[index] = {
+                "index": index,
+                "status": exc.status,
+                "problem": problem_body(exc.status, exc.detail, exc.errors, exc.slug),
+            }
+            continue
+        assert resolved.next_nominal is not None
+        job_id = ids.new_id()
+        values = _definition(job, resolved, settings.default_timeout_sec)
+        values.update(
+            {
+                "id": job_id,
+                "tenant_id": principal.tenant,
+                "state": JobState.ACTIVE.value,
+                "shard": ids.shard_for(job_id, settings.shards),
+                "next_nominal_at": resolved.next_nominal,
+                "next_fire_at": fire_at(job_id, resolved.next_nominal, job.jitter_sec),
+                "traceparent": traceparent,
+            }
+        )
+        accepted.append((index, values))
+
+    rows = await state.store.insert_jobs([values for _, values in accepted], actor=principal.subject)
+    await _add_to_hot_window(state, rows)
+    for (index, _), row in zip(accepted, rows, strict=True):
+        results[index] = {"index": index, "status": 201, "job": render_job(row)}
+    return OrjsonResponse({"created": len(rows), "failed": len(body.jobs) - len(rows), "results": results})
+
+
+async def _add_to_hot_window(state: ApiState, rows: list[Record]) -> None:
+    """Near-due jobs go into their shards' hot windows, one call per shard (best effort, as for one job)."""
+    horizon = state.clock.now() + timedelta(seconds=state.settings.hot_window_sec) + _HOT_WINDOW_MARGIN
+    by_shard: dict[int, list[Occurrence]] = {}
+    for row in rows:
+        if row["next_fire_at"] is not None and row["next_fire_at"] < horizon:
+            by_shard.setdefault(row["shard"], []).append(Occurrence(row["id"], row["next_fire_at"]))
+    try:
+        for shard, occurrences in by_shard.items():
+            await state.hot_window.add(shard, occurrences)
+    except (RedisError, OSError) as exc:
+        log.warning("batch stored but hot-window members not all added (the hydrator will repair it): %r", exc)
