@@ -23,6 +23,7 @@ import asyncio
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -137,6 +138,9 @@ class Bench:
         self.token = issue_token(CommonSettings().jwt_secret, "bench-api")
 
     def start(self) -> None:
+        # A fresh stack every run: measurements must not depend on what an earlier run left behind.
+        self.stack.stop()
+        shutil.rmtree(self.root, ignore_errors=True)
         self.stack.start()
         subprocess.run([*sundial_argv("migrate")], env={**os.environ, **self.env}, check=True, capture_output=True)
         self.supervisor.start()
