@@ -5,7 +5,6 @@ from __future__ import annotations
 import uuid
 
 import pytest
-
 from sundial_common.auth import InvalidToken, issue_token, verify_token
 from sundial_common.clock import from_ms, to_ms
 from sundial_common.ids import new_id, shard_for
@@ -46,8 +45,16 @@ def test_epoch_ms_round_trip() -> None:
 
 def test_execution_message_round_trips_with_headers() -> None:
     message = ExecutionMessage(
-        execution_id="e1", job_id="j1", tenant_id="acme", pool="demo", handler="echo", attempt=2,
-        fence_token=77, scheduled_for="2026-11-21T10:00:00+00:00", timeout_sec=30, payload={"a": [1, 2]},
+        execution_id="e1",
+        job_id="j1",
+        tenant_id="acme",
+        pool="demo",
+        handler="echo",
+        attempt=2,
+        fence_token=77,
+        scheduled_for="2026-11-21T10:00:00+00:00",
+        timeout_sec=30,
+        payload={"a": [1, 2]},
         traceparent="00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
     )
     assert ExecutionMessage.decode(message.encode()) == message
@@ -73,8 +80,16 @@ def test_execution_message_ignores_fields_it_does_not_know() -> None:
 
     raw = orjson.loads(
         ExecutionMessage(
-            execution_id="e1", job_id="j1", tenant_id="acme", pool="demo", handler="echo", attempt=1,
-            fence_token=1, scheduled_for="2026-11-21T10:00:00+00:00", timeout_sec=30, payload={},
+            execution_id="e1",
+            job_id="j1",
+            tenant_id="acme",
+            pool="demo",
+            handler="echo",
+            attempt=1,
+            fence_token=1,
+            scheduled_for="2026-11-21T10:00:00+00:00",
+            timeout_sec=30,
+            payload={},
         ).encode()
     )
     raw["added_later"] = 1

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from sundial_dispatcher.dispatcher import DispatcherConfig
 from sundial_hydrator.hydrator import HydratorConfig
 from sundial_sweeper.sweeper import SweeperConfig
