@@ -70,6 +70,9 @@ class Chaos:
 
         self.track(run(), f"chaos-{action}-{slot}")
 
+    def healthy(self) -> list[str]:
+        return [slot for slot in REPLICAS if slot not in self.disturbed]
+
     def track(self, coro: Coroutine[Any, Any, None], name: str) -> None:
         task = asyncio.create_task(coro, name=name)
         self.pending.add(task)
@@ -84,10 +87,9 @@ class Chaos:
         self.disturbed.discard(slot)
 
     async def strike(self, action: str | None = None) -> None:
-        healthy = [slot for slot in REPLICAS if slot not in self.disturbed]
-        if len(healthy) <= 1:
-            return  # keep one replica undisturbed, so the run ends in bounded time
-        slot = self.rng.choice(healthy)
+        # Keep one replica undisturbed, so the run ends in bounded time: wait for another to recover first.
+        await eventually(lambda: len(self.healthy()) >= 2, 30, "a second undisturbed replica", interval=0.1)
+        slot = self.rng.choice(self.healthy())
         action = action or self.rng.choice(("kill", "pause", "term"))
         self.actions[action] += 1
         self.disturbed.add(slot)
@@ -156,5 +158,5 @@ async def test_killing_pausing_and_restarting_dispatchers_loses_doubles_and_miso
         f"p99 {lateness[0]['p99']:.3f}s max {lateness[0]['worst']:.3f}s; drained {time.monotonic() - began:.1f}s "
         "after the last strike"
     )
-    assert sum(chaos.actions.values()) >= 5, "the run must actually have been chaotic"
+    assert sum(chaos.actions.values()) >= 5, f"the run must actually have been chaotic: {dict(chaos.actions)}"
     assert rejected >= 1, "a replica frozen mid-pass and resumed after its successor wrote must be fenced out"

@@ -23,6 +23,7 @@ from sundial_common.leadership import (
     LeadershipStopped,
     ShardLeadership,
     Term,
+    run_as_leader,
 )
 
 T = TypeVar("T")
@@ -337,3 +338,51 @@ async def test_stop_and_resign_are_idempotent_and_safe_before_start(
     assert scoped.lost.is_set() and scoped.lost_reason == "stopped"
     assert await leader_of(observer, config) is None, "leaving the context revokes the lease"
     await scoped.stop()
+
+
+async def test_try_acquire_and_wait_for_vacancy_let_a_standby_watch_without_contending(
+    make_leadership: MakeLeadership, observer: aetcd.Client, config: LeadershipConfig
+) -> None:
+    leader, watcher = make_leadership("leader"), make_leadership("watcher")
+    assert await watcher.wait_for_vacancy() > 0, "a vacant shard is reported at once"
+    term = await within(5, leader.acquire())
+    assert await watcher.try_acquire() is None, "try_acquire never waits and never steals"
+    assert await watcher.current_leader() == ("leader", term.token)
+
+    vacancy = asyncio.create_task(watcher.wait_for_vacancy())
+    assert await still_pending(vacancy)
+    await leader.resign()
+    deleted_at = await within(1, vacancy)
+    assert deleted_at > term.token
+    assert await watcher.current_leader() is None, "waiting for a vacancy does not take the shard"
+    taken = await watcher.try_acquire()
+    assert taken is not None and taken.token > deleted_at
+    assert await leader_of(observer, config) == ("watcher", taken.token)
+
+
+async def test_run_as_leader_runs_the_work_only_during_a_term_and_campaigns_again_after_it_ends(
+    make_leadership: MakeLeadership, observer: aetcd.Client, config: LeadershipConfig
+) -> None:
+    started: asyncio.Queue[int] = asyncio.Queue()  # the token of each term the work ran in
+    working = asyncio.Event()
+
+    async def work(until: asyncio.Event) -> None:
+        current = await leader_of(observer, config)
+        assert current is not None
+        working.set()
+        started.put_nowait(current[1])
+        await until.wait()
+        working.clear()
+
+    stop = asyncio.Event()
+    runner = asyncio.create_task(run_as_leader(stop, make_leadership("singleton"), work, role="test"))
+    first = await within(5, started.get())
+    # The term ends under it (an operator deletes the key): the work is told to stop, and a new term follows.
+    await observer.delete(config.leader_key(SHARD).encode())
+    second = await within(5, started.get())
+    assert second > first and working.is_set()
+
+    stop.set()
+    await within(5, runner)
+    assert not working.is_set()
+    assert await leader_of(observer, config) is None, "stopping resigns"

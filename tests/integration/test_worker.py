@@ -270,11 +270,11 @@ async def test_failing_handler_records_failed_with_type_and_message(
     store: Store, publisher: KafkaPublisher, settings: WorkerSettings, pool: str
 ) -> None:
     async with serving(demo_worker(pool), settings):
-        [message] = await dispatch(store, pool, "fail", [{}])
+        [message] = await dispatch(store, pool, "fail", [{}])  # maxAttempts 1: no retry
         await publish(publisher, [message])
-        row = await wait_state(store, message, "FAILED")
+        row = await wait_state(store, message, "DEAD")
     assert row["error"] == "RuntimeError: demo failure"
-    assert row["result"] is None
+    assert row["result"] is None and row["next_attempt_at"] is None
     [attempt] = await store.execution_attempts(row["id"])
     assert (attempt["state"], attempt["error"]) == ("FAILED", "RuntimeError: demo failure")
 
@@ -285,7 +285,7 @@ async def test_unknown_handler_fails_with_a_clear_error(
     async with serving(demo_worker(pool), settings):
         [message] = await dispatch(store, pool, "sned_email", [{}])
         await publish(publisher, [message])
-        row = await wait_state(store, message, "FAILED")
+        row = await wait_state(store, message, "DEAD")
     assert row["error"] == f"UnknownHandler: pool '{pool}' has no handler 'sned_email' (registered: echo, fail, sleep)"
 
 
@@ -306,8 +306,10 @@ async def test_handler_over_its_timeout_is_cancelled_and_timed_out(
     async with serving(worker, settings):
         [message] = await dispatch(store, pool, "hang", [{}], timeout_sec=1)
         await publish(publisher, [message])
-        row = await wait_state(store, message, "TIMED_OUT")
+        row = await wait_state(store, message, "DEAD")
     assert cancelled.is_set()
+    [attempt] = await store.execution_attempts(row["id"])
+    assert attempt["state"] == "TIMED_OUT"
     assert row["error"] == "TimeoutError: handler 'hang' exceeded timeoutSec=1"
     assert (row["finished_at"] - row["started_at"]).total_seconds() >= 1
 

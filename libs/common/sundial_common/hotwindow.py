@@ -4,19 +4,25 @@ Redis is a cache of Postgres here (DESIGN invariant 1): anything in it can vanis
 rebuilds it. Keys carry a ``{shard}`` hash tag so a shard's keys live on one Redis Cluster slot and
 its Lua scripts stay atomic there.
 
-Members are ``j:<job id>``: a job has one next occurrence at a time, and its score is when.
+Members are ``j:<job id>``: a job has one next occurrence at a time, and its score is when. A scheduled
+retry is ``r:<execution id>``, scored at its next attempt: a retry is a delayed occurrence through the same
+window, claimed by the same script and dispatched under the same fence.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 from uuid import UUID
 
 from redis.asyncio import Redis
 
 from sundial_common.clock import from_ms, to_ms
-from sundial_common.store import Occurrence
+from sundial_common.store import Occurrence, RetryDue
+
+log = logging.getLogger(__name__)
 
 # Claim = read the due members and remove them in one atomic step, so two claimers never both win.
 _CLAIM = """
@@ -53,9 +59,39 @@ def member(job_id: UUID) -> str:
     return f"j:{job_id}"
 
 
+def retry_member(execution_id: UUID) -> str:
+    return f"r:{execution_id}"
+
+
 def _occurrence(raw_member: bytes | str, score: float) -> Occurrence:
     text = raw_member.decode() if isinstance(raw_member, bytes) else raw_member
     return Occurrence(UUID(text.removeprefix("j:")), from_ms(score))
+
+
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    """What one claim took out of a shard's window: jobs' next fires and scheduled retries."""
+
+    jobs: list[Occurrence] = field(default_factory=list)
+    retries: list[RetryDue] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.jobs) + len(self.retries)
+
+
+def _claimed(flat: Sequence[bytes | str]) -> Claimed:
+    claimed = Claimed()
+    for i in range(0, len(flat), 2):
+        raw, score = flat[i], float(flat[i + 1])
+        text = raw.decode() if isinstance(raw, bytes) else raw
+        kind, _, ident = text.partition(":")
+        if kind == "r":
+            claimed.retries.append(RetryDue(UUID(ident), from_ms(score)))
+        elif kind == "j":
+            claimed.jobs.append(Occurrence(UUID(ident), from_ms(score)))
+        else:  # not ours: dropping it is all a claim can do with it
+            log.warning("hot window: ignoring unknown member %r", text)
+    return claimed
 
 
 class HotWindow:
@@ -83,9 +119,24 @@ class HotWindow:
             await self.redis.zrem(self.key(shard), *(member(j) for j in job_ids))
 
     async def claim(self, shard: int, now: datetime, limit: int) -> list[Occurrence]:
-        """Atomically take up to ``limit`` members due at or before ``now``."""
+        """Atomically take up to ``limit`` members due at or before ``now``; only the jobs' are returned.
+
+        Retry members it takes are left to the hydrator's overdue scan: callers that dispatch retries use
+        :meth:`claim_due`.
+        """
+        return (await self.claim_due(shard, now, limit)).jobs
+
+    async def claim_due(self, shard: int, now: datetime, limit: int) -> Claimed:
+        """Atomically take up to ``limit`` members of any kind due at or before ``now``."""
         flat = await self._claim(keys=[self.key(shard)], args=[to_ms(now), limit])
-        return [_occurrence(flat[i], float(flat[i + 1])) for i in range(0, len(flat), 2)]
+        return _claimed(flat)
+
+    async def add_retries(self, shard: int, retries: Sequence[RetryDue], *, only_new: bool = False) -> None:
+        """Add (or move) scheduled retries' members. ``only_new``: leave existing ones where they are."""
+        if retries:
+            await self.redis.zadd(
+                self.key(shard), {retry_member(r.execution_id): to_ms(r.due) for r in retries}, nx=only_new
+            )
 
     async def watermark(self, shard: int) -> int | None:
         """Epoch ms up to which the hydrator has promoted this shard; None after a flush."""
@@ -93,9 +144,14 @@ class HotWindow:
         return int(raw) if raw is not None else None
 
     async def hydrate(
-        self, shard: int, expected: int | None, new_watermark: int | None, occurrences: Sequence[Occurrence]
+        self,
+        shard: int,
+        expected: int | None,
+        new_watermark: int | None,
+        occurrences: Sequence[Occurrence],
+        retries: Sequence[RetryDue] = (),
     ) -> bool:
-        """Add ``occurrences`` and move the watermark (unless None) in one step.
+        """Add ``occurrences`` (and scheduled ``retries``) and move the watermark (unless None) in one step.
 
         False, and nothing written, if the watermark is no longer ``expected`` (Redis was flushed).
         """
@@ -105,6 +161,8 @@ class HotWindow:
         ]
         for o in occurrences:
             args += [to_ms(o.due), member(o.job_id)]
+        for r in retries:
+            args += [to_ms(r.due), retry_member(r.execution_id)]
         result = await self._hydrate(keys=[self.key(shard), self.watermark_key(shard)], args=args)
         return int(result) >= 0
 

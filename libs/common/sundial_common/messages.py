@@ -62,3 +62,22 @@ class ExecutionMessage:
 
 
 _FIELDS = tuple(f.name for f in fields(ExecutionMessage))
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter(ExecutionMessage):
+    """An execution that used up its attempts (DEAD), as published to ``sundial.dlq`` for someone to look at.
+
+    It carries what its last attempt carried plus why it died, so a consumer of the topic (an alerting
+    hook, an ops dashboard) needs nothing else; ``POST /v1/executions/{id}/retry`` runs it once more.
+    """
+
+    error: str | None = None
+    max_attempts: int = 0
+    job_name: str | None = None
+    finished_at: str | None = None  # ISO 8601 UTC
+    trace_id: str | None = None
+
+    @property
+    def topic(self) -> str:
+        return DLQ_TOPIC

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, TypeAlias, cast
 from uuid import UUID
 
@@ -124,6 +124,66 @@ class Outcome:
     state: str
     result: Any = None
     error: str | None = None
+    #: For a FAILED or TIMED_OUT attempt: how long until the next one, if the execution has attempts left.
+    retry_delay_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class RetryDue:
+    """A scheduled retry of an execution, as the hot window holds it (member ``r:<execution id>``)."""
+
+    execution_id: UUID
+    due: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """An outcome Postgres accepted: how the attempt ended and what became of the execution."""
+
+    execution_id: UUID
+    attempt: int
+    #: The execution's state now: the attempt's, or DEAD (no attempts left), or CANCELLED (cancel requested).
+    state: str
+    attempt_state: str
+    shard: int
+    #: When the next attempt is due, if one was scheduled.
+    next_attempt_at: datetime | None
+
+    @property
+    def retry(self) -> RetryDue | None:
+        return None if self.next_attempt_at is None else RetryDue(self.execution_id, self.next_attempt_at)
+
+
+@dataclass(frozen=True, slots=True)
+class LostAttempt:
+    """An attempt the sweeper ends: whose it was (compare-and-swap), why, and the backoff of its retry."""
+
+    execution_id: UUID
+    attempt: int
+    worker_id: str
+    #: FAILED_WORKER_LOST or TIMED_OUT.
+    state: str
+    error: str
+    retry_delay_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class RetryDispatch:
+    """What one retry transaction did: the executions now PENDING (with their payload), and members to put back."""
+
+    dispatched: list[Record]
+    #: Claimed members whose retry is scheduled later than claimed, at the score they belong at.
+    misplaced: list[RetryDue]
+
+
+@dataclass(frozen=True, slots=True)
+class IdempotentResponse:
+    """What a ``POST`` with an Idempotency-Key answered, kept to answer its retries the same way."""
+
+    status_code: int
+    headers: dict[str, str]
+    body: bytes
+    resource_id: UUID | None
 
 
 async def _init_connection(conn: asyncpg.Connection) -> None:
@@ -181,38 +241,7 @@ class Store:
     # --- jobs (API) -------------------------------------------------------------------------
 
     async def insert_job(self, values: dict[str, Any], actor: str) -> Record:
-        row = await self.pool.fetchrow(
-            Q["insert_job"],
-            values["id"],
-            values["tenant_id"],
-            values["name"],
-            values["type"],
-            values.get("schedule"),
-            values.get("timezone", "UTC"),
-            values.get("run_at"),
-            values.get("delay_seconds"),
-            values["pool"],
-            values["handler"],
-            values.get("payload", {}),
-            values.get("retry_policy", {}),
-            values["timeout_sec"],
-            values.get("priority", "NORMAL"),
-            values.get("state", "ACTIVE"),
-            values["shard"],
-            values.get("next_fire_at"),
-            values.get("traceparent"),
-            actor,
-            values.get("interval_sec"),
-            values.get("run_list"),
-            values.get("start_at"),
-            values.get("end_at"),
-            values.get("max_runs"),
-            values.get("jitter_sec", 0),
-            values.get("overlap_policy", "ALLOW"),
-            values.get("catchup_policy", "FIRE_ONCE"),
-            values.get("catchup_window_sec", 60),
-            values.get("next_nominal_at", values.get("next_fire_at")),
-        )
+        row = await self.pool.fetchrow(Q["insert_job"], *_job_args(values, actor))
         assert row is not None
         return cast(Record, row)
 
@@ -224,9 +253,7 @@ class Store:
         """
         if not jobs:
             return []
-        rows = [
-            {**_JOB_DEFAULTS, "next_nominal_at": job.get("next_fire_at"), **job} for job in jobs
-        ]
+        rows = [{**_JOB_DEFAULTS, "next_nominal_at": job.get("next_fire_at"), **job} for job in jobs]
         inserted = await self.pool.fetch(Q["insert_jobs"], rows, actor)
         by_id = {row["id"]: row for row in inserted}
         return [cast(Record, by_id[job["id"]]) for job in jobs]
@@ -469,8 +496,16 @@ class Store:
 
     async def finish_executions(self, worker_id: str, outcomes: Sequence[Outcome]) -> set[UUID]:
         """RUNNING → terminal for attempts this worker owns; returns the ids whose write was accepted."""
+        return {f.execution_id for f in await self.finish_attempts(worker_id, outcomes)}
+
+    async def finish_attempts(self, worker_id: str, outcomes: Sequence[Outcome]) -> list[Finished]:
+        """RUNNING → how each attempt ended, for attempts this worker owns; the accepted ones, with their retry.
+
+        A FAILED or TIMED_OUT attempt with attempts left schedules the next one ``retry_delay_ms`` after the
+        database's now; the last one leaves the execution DEAD.
+        """
         if not outcomes:
-            return set()
+            return []
         rows = await self.pool.fetch(
             Q["finish_executions"],
             [o.execution_id for o in outcomes],
@@ -479,9 +514,202 @@ class Store:
             [o.result for o in outcomes],
             [o.error for o in outcomes],
             worker_id,
+            [o.retry_delay_ms for o in outcomes],
         )
-        return {row["id"] for row in rows}
+        return [_finished(row) for row in rows]
 
     async def record_progress(self, execution_id: UUID, attempt: int, worker_id: str, progress: Any) -> bool:
         row = await self.pool.fetchrow(Q["record_progress"], execution_id, attempt, worker_id, progress)
         return row is not None
+
+    async def cancel_requested(self, execution_ids: Sequence[UUID]) -> set[UUID]:
+        """Of these RUNNING executions, the ones whose cancel has been requested in Postgres."""
+        if not execution_ids:
+            return set()
+        rows = await self.pool.fetch(Q["cancel_requested"], list(execution_ids))
+        return {row["id"] for row in rows}
+
+    # --- retries (hydrator, dispatcher) -------------------------------------------------------
+
+    async def retry_range(self, shard: int, after: RetryDue, end: datetime, limit: int) -> list[RetryDue]:
+        """Scheduled retries of ``shard`` due before ``end``, in (due, id) order strictly after ``after``."""
+        rows = await self.pool.fetch(Q["retry_range"], shard, after.due, end, after.execution_id, limit)
+        return [RetryDue(row["id"], row["next_attempt_at"]) for row in rows]
+
+    async def overdue_retries(self, shard: int, before: datetime, limit: int) -> list[RetryDue]:
+        """Scheduled retries of ``shard`` due before ``before`` and still not dispatched (their member was lost)."""
+        rows = await self.pool.fetch(Q["overdue_retries"], shard, before, limit)
+        return [RetryDue(row["id"], row["next_attempt_at"]) for row in rows]
+
+    async def dispatch_retries(self, shard: int, token: int, holder: str, claims: Sequence[RetryDue]) -> RetryDispatch:
+        """The fenced retry transaction: raise the shard's fence to ``token`` (or raise :class:`FencedOut`), then
+        move each claimed retry that is due to PENDING with its next attempt. Publishing is the caller's job,
+        after commit (the execution row is the outbox, as for a first attempt).
+        """
+        if not claims:
+            return RetryDispatch([], [])
+        ids = [c.execution_id for c in claims]
+        misplaced: list[RetryDue] = []
+        async with self.pool.acquire() as conn, conn.transaction():
+            if await conn.fetchval(Q["raise_fence"], shard, token, holder) is None:
+                raise FencedOut(shard, token)
+            rows = await conn.fetch(Q["dispatch_retries"], ids, [c.due for c in claims], shard, token, holder)
+            if len(rows) < len(claims):
+                done = {row["id"] for row in rows}
+                claimed = {c.execution_id: c.due for c in claims}
+                later = await conn.fetch(Q["retries_not_due"], [i for i in ids if i not in done], shard)
+                misplaced = [
+                    RetryDue(row["id"], row["next_attempt_at"])
+                    for row in later
+                    if row["next_attempt_at"] > claimed[row["id"]]
+                ]
+        return RetryDispatch(cast(list[Record], rows), misplaced)
+
+    # --- sweeper: lost and overdue attempts, dead letters -------------------------------------
+
+    async def running_executions(self, after: tuple[datetime, UUID] | None, limit: int) -> list[Record]:
+        """RUNNING executions, oldest first, after the keyset position ``after`` (created_at, id)."""
+        after_time, after_id = after if after else (datetime.min.replace(tzinfo=UTC), UUID(int=0))
+        return cast(list[Record], await self.pool.fetch(Q["running_executions"], after_time, after_id, limit))
+
+    async def fail_running(self, actor: str, attempts: Sequence[LostAttempt]) -> list[Finished]:
+        """End attempts whose worker is gone or that ran past their timeout (CAS on attempt and worker)."""
+        if not attempts:
+            return []
+        rows = await self.pool.fetch(
+            Q["fail_running"],
+            [a.execution_id for a in attempts],
+            [a.attempt for a in attempts],
+            [a.worker_id for a in attempts],
+            [a.state for a in attempts],
+            [a.error for a in attempts],
+            [a.retry_delay_ms for a in attempts],
+            actor,
+        )
+        return [_finished(row) for row in rows]
+
+    async def dead_letters(self, limit: int) -> list[Record]:
+        return cast(list[Record], await self.pool.fetch(Q["dead_letters"], limit))
+
+    async def mark_dead_lettered(self, execution_ids: Sequence[UUID]) -> None:
+        if execution_ids:
+            await self.pool.execute(Q["mark_dead_lettered"], list(execution_ids))
+
+    async def purge_idempotency_keys(self, limit: int) -> int:
+        status = await self.pool.execute(Q["purge_idempotency_keys"], limit)
+        return int(status.split()[-1])
+
+    # --- executions (API) ---------------------------------------------------------------------
+
+    async def list_executions_by_state(
+        self, tenant_id: str, state: str, before: UUID | None, limit: int
+    ) -> list[Record]:
+        return cast(list[Record], await self.pool.fetch(Q["list_executions_by_state"], tenant_id, state, before, limit))
+
+    async def cancel_execution(self, tenant_id: str, execution_id: UUID, actor: str) -> Record | None:
+        """PENDING (or waiting for a retry) → CANCELLED; RUNNING → cancel requested. None: nothing to cancel."""
+        return cast(Record | None, await self.pool.fetchrow(Q["cancel_execution"], execution_id, tenant_id, actor))
+
+    async def retry_dead_execution(self, tenant_id: str, execution_id: UUID, actor: str) -> Record | None:
+        """A DEAD execution gets one more attempt, due now. None: not DEAD, or its retry is already scheduled."""
+        return cast(Record | None, await self.pool.fetchrow(Q["retry_dead_execution"], execution_id, tenant_id, actor))
+
+    # --- idempotency keys (API) ---------------------------------------------------------------
+
+    async def claim_idempotency_key(
+        self, tenant_id: str, key: str, request_hash: bytes, token: UUID, lock_sec: float, ttl_sec: float
+    ) -> bool:
+        """Take ``key`` for this request (new, expired, or an abandoned claim of the same body)."""
+        row = await self.pool.fetchrow(
+            Q["claim_idempotency_key"], tenant_id, key, request_hash, token, lock_sec, ttl_sec
+        )
+        return row is not None
+
+    async def get_idempotency_key(self, tenant_id: str, key: str) -> Record | None:
+        return cast(Record | None, await self.pool.fetchrow(Q["get_idempotency_key"], tenant_id, key))
+
+    async def release_idempotency_key(self, tenant_id: str, key: str, token: UUID) -> None:
+        await self.pool.execute(Q["release_idempotency_key"], tenant_id, key, token)
+
+    async def insert_job_idempotent(
+        self,
+        values: dict[str, Any],
+        actor: str,
+        *,
+        key: str,
+        token: UUID,
+        respond: Callable[[Record], IdempotentResponse],
+    ) -> tuple[Record, IdempotentResponse] | None:
+        """:meth:`insert_job` and the key's completion in one transaction: the job exists iff the key answers
+        with it, so a retry can never create a second one. None (and nothing written) if the claim was taken
+        over meanwhile.
+        """
+        try:
+            async with self.pool.acquire() as conn, conn.transaction():
+                row = cast(Record, await conn.fetchrow(Q["insert_job"], *_job_args(values, actor)))
+                response = respond(row)
+                completed = await conn.fetchval(
+                    Q["complete_idempotency_key"],
+                    values["tenant_id"],
+                    key,
+                    token,
+                    response.status_code,
+                    response.headers,
+                    response.body,
+                    response.resource_id,
+                )
+                if completed is None:
+                    raise _ClaimLost  # leaving the block by an exception rolls the job back
+        except _ClaimLost:
+            return None
+        return row, response
+
+
+class _ClaimLost(Exception):
+    """Rolls back a transaction whose idempotency claim another request took over."""
+
+
+def _finished(row: Record) -> Finished:
+    return Finished(
+        execution_id=row["id"],
+        attempt=row["attempt"],
+        state=row["state"],
+        attempt_state=row["attempt_state"],
+        shard=row["shard"],
+        next_attempt_at=row["next_attempt_at"],
+    )
+
+
+def _job_args(values: Mapping[str, Any], actor: str) -> tuple[Any, ...]:
+    """``insert_job``'s parameters, in order, from a job's column values (absent optional ones defaulted)."""
+    return (
+        values["id"],
+        values["tenant_id"],
+        values["name"],
+        values["type"],
+        values.get("schedule"),
+        values.get("timezone", "UTC"),
+        values.get("run_at"),
+        values.get("delay_seconds"),
+        values["pool"],
+        values["handler"],
+        values.get("payload", {}),
+        values.get("retry_policy", {}),
+        values["timeout_sec"],
+        values.get("priority", "NORMAL"),
+        values.get("state", "ACTIVE"),
+        values["shard"],
+        values.get("next_fire_at"),
+        values.get("traceparent"),
+        actor,
+        values.get("interval_sec"),
+        values.get("run_list"),
+        values.get("start_at"),
+        values.get("end_at"),
+        values.get("max_runs"),
+        values.get("jitter_sec", 0),
+        values.get("overlap_policy", "ALLOW"),
+        values.get("catchup_policy", "FIRE_ONCE"),
+        values.get("catchup_window_sec", 60),
+        values.get("next_nominal_at", values.get("next_fire_at")),
+    )

@@ -1,24 +1,101 @@
-"""``/v1/executions``: one occurrence's whole story — state, every attempt, worker, timestamps and trace."""
+"""``/v1/executions``: one occurrence's whole story, the dead-letter view, cancelling and re-running one.
+
+* ``GET /v1/executions/{id}`` — state, every attempt (worker, times, error, progress), trace.
+* ``GET /v1/executions?state=DEAD`` — the tenant's executions in one state, newest first: the dead-letter
+  queue as ops see it (the same executions are published to the ``sundial.dlq`` topic).
+* ``POST /v1/executions/{id}/cancel`` — a PENDING execution (or one waiting for a retry) is CANCELLED at
+  once and never starts; a RUNNING one is asked to stop — ``cancelRequestedAt`` in Postgres and the Redis
+  flag ``sundial:cancel:<id>`` its worker polls — and its worker records CANCELLED (202). A finished one: 409.
+* ``POST /v1/executions/{id}/retry`` — a DEAD execution gets one more attempt: it is scheduled now and goes
+  through the hot window and the dispatcher like any retry (202).
+
+Every change is one compare-and-swap statement with its audit row; Redis writes come after and are best
+effort (the worker also reads cancel requests from Postgres, the hydrator re-adds a lost retry member).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
+import logging
+import re
 from typing import Annotated
+from uuid import UUID
 
-from fastapi import APIRouter, Path
+from fastapi import APIRouter, Path, Query
+from redis.exceptions import RedisError
 from starlette.responses import Response
+from sundial_common.signals import CANCEL_KEY_TTL_SEC, cancel_key
+from sundial_common.store import Record, RetryDue
 
 from sundial_api.auth import Authenticated
-from sundial_api.models import ExecutionDetail, render_attempt, render_execution
-from sundial_api.problems import not_found, parse_resource_id, responses
+from sundial_api.models import (
+    Execution,
+    ExecutionDetail,
+    ExecutionList,
+    ExecutionState,
+    render_attempt,
+    render_execution,
+)
+from sundial_api.problems import ProblemError, invalid, not_found, parse_resource_id, responses
 from sundial_api.responses import OrjsonResponse
-from sundial_api.state import State
+from sundial_api.state import ApiState, State
+
+log = logging.getLogger("sundial.api")
 
 router = APIRouter(prefix="/v1/executions", tags=["executions"])
 
 ExecutionId = Annotated[
     str, Path(description="The execution's id (a UUID). Unknown, malformed or another tenant's: 404.")
 ]
+
+_CURSOR = re.compile(r"^x1:([0-9a-f]{32})$")
+
+
+def _encode_cursor(execution_id: UUID) -> str:
+    return base64.urlsafe_b64encode(f"x1:{execution_id.hex}".encode()).rstrip(b"=").decode()
+
+
+def _decode_cursor(cursor: str) -> UUID:
+    try:
+        plain = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode("ascii")
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        plain = ""
+    match = _CURSOR.match(plain)
+    if match is None:
+        raise invalid("cursor", "is not a cursor returned by this API")
+    return UUID(hex=match.group(1))
+
+
+def _view(state: ApiState, row: Record) -> dict[str, object]:
+    return render_execution(row, state.settings.trace_link_template)
+
+
+@router.get(
+    "",
+    response_model=ExecutionList,
+    responses=responses(401, 422, 503),
+    summary="List executions in one state (e.g. the dead letters), newest first",
+)
+async def list_executions(
+    state: State,
+    principal: Authenticated,
+    execution_state: Annotated[
+        ExecutionState,
+        Query(alias="state", description="Only executions in this state; `DEAD` lists the dead letters."),
+    ],
+    limit: Annotated[int, Query(ge=1, le=200, description="Page size.")] = 50,
+    cursor: Annotated[
+        str | None, Query(description="`nextCursor` of the previous page; omit for the first page.")
+    ] = None,
+) -> Response:
+    before = _decode_cursor(cursor) if cursor is not None else None
+    # One row more than the page tells whether another page exists without a count query.
+    rows = await state.store.list_executions_by_state(principal.tenant, execution_state.value, before, limit + 1)
+    page = rows[:limit]
+    next_cursor = _encode_cursor(page[-1]["id"]) if len(rows) > limit else None
+    return OrjsonResponse({"items": [_view(state, row) for row in page], "nextCursor": next_cursor})
 
 
 @router.get(
@@ -35,6 +112,77 @@ async def get_execution(execution_id: ExecutionId, state: State, principal: Auth
     )
     if execution is None:
         raise not_found("execution", execution_id)
-    view = render_execution(execution, state.settings.trace_link_template)
+    view = _view(state, execution)
     view["attempts"] = [render_attempt(row) for row in attempts]
     return OrjsonResponse(view)
+
+
+@router.post(
+    "/{execution_id}/cancel",
+    response_model=Execution,
+    responses={
+        202: {"model": Execution, "description": "RUNNING: its worker has been asked to stop it."},
+        **responses(401, 404, 409, 503),
+    },
+    summary="Cancel an execution",
+    response_description="PENDING or waiting for a retry: now CANCELLED.",
+)
+async def cancel_execution(execution_id: ExecutionId, state: State, principal: Authenticated) -> Response:
+    """A PENDING execution, or one waiting for its next attempt, is CANCELLED at once (200) and never starts.
+    A RUNNING one is asked to stop (202, `cancelRequestedAt` set): its handler sees `ctx.cancelled` within a
+    second and is interrupted; the worker records CANCELLED (a handler that ignores it is abandoned after a
+    grace period). Asking again is harmless. A finished execution cannot be cancelled: 409.
+    """
+    ident = parse_resource_id("execution", execution_id)
+    row = await state.store.cancel_execution(principal.tenant, ident, actor=principal.subject)
+    if row is None:
+        current = await state.store.get_execution(principal.tenant, ident)
+        if current is None:
+            raise not_found("execution", execution_id)
+        raise ProblemError(409, f"execution {execution_id} is {current['state']}: it has finished, nothing to cancel")
+    if row["state"] != "RUNNING":
+        return OrjsonResponse(_view(state, row))
+    try:
+        await state.hot_window.redis.set(cancel_key(ident), "1", ex=CANCEL_KEY_TTL_SEC)
+    except (RedisError, OSError) as exc:
+        # Postgres has the request; the worker reads it from there at its next heartbeat instead.
+        log.warning(
+            "cancel of a running execution recorded, but its Redis flag not set: %r",
+            exc,
+            extra={"tenant": principal.tenant, "execution_id": ident},
+        )
+    return OrjsonResponse(_view(state, row), status_code=202)
+
+
+@router.post(
+    "/{execution_id}/retry",
+    status_code=202,
+    response_model=Execution,
+    responses=responses(401, 404, 409, 503),
+    summary="Run a DEAD execution once more",
+    response_description="Its next attempt is scheduled now (`nextAttemptAt`); `Location` points at it.",
+)
+async def retry_execution(execution_id: ExecutionId, state: State, principal: Authenticated) -> Response:
+    """A DEAD execution (it used up its attempts) gets one more: the dispatcher starts it within moments, with
+    the next attempt number, and it runs as any attempt does (a failure makes it DEAD again). Asking again
+    while that attempt is scheduled answers the same. Any other state: 409.
+    """
+    ident = parse_resource_id("execution", execution_id)
+    row = await state.store.retry_dead_execution(principal.tenant, ident, actor=principal.subject)
+    if row is None:
+        current = await state.store.get_execution(principal.tenant, ident)
+        if current is None:
+            raise not_found("execution", execution_id)
+        if current["state"] != "DEAD" or current["next_attempt_at"] is None:
+            raise ProblemError(409, f"execution {execution_id} is {current['state']}: only a DEAD one can be retried")
+        row = current  # its retry is already scheduled
+    else:
+        try:
+            await state.hot_window.add_retries(row["shard"], [RetryDue(ident, row["next_attempt_at"])])
+        except (RedisError, OSError) as exc:
+            log.warning(
+                "retry scheduled, but its hot-window member not added (the hydrator will): %r",
+                exc,
+                extra={"tenant": principal.tenant, "execution_id": ident},
+            )
+    return OrjsonResponse(_view(state, row), status_code=202, headers={"Location": f"/v1/executions/{ident}"})

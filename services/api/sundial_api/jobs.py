@@ -30,6 +30,7 @@ from sundial_common import ids, telemetry
 from sundial_common.schedules import ScheduleSpec, fire_at, local_time, preview, spec_from_row
 from sundial_common.store import Occurrence, Record
 
+from sundial_api import idempotency
 from sundial_api.auth import Authenticated
 from sundial_api.models import (
     MAX_PREVIEW,
@@ -95,8 +96,9 @@ async def create_job(
         str | None,
         Header(
             alias="Idempotency-Key",
-            description="Reserved: a later release makes a retried create with the same key return the first "
-            "job instead of registering a second. Accepted and ignored for now.",
+            description="Makes a retried create safe (kept 24 h per tenant, 1-255 visible ASCII characters): the "
+            "same key with the same body answers what the first request answered and registers nothing more; with "
+            "another body, 422; while the first request still runs, 409.",
         ),
     ] = None,
 ) -> Response:
@@ -126,7 +128,13 @@ async def create_job(
             "traceparent": telemetry.traceparent(),
         }
     )
-    row = await state.store.insert_job(values, actor=principal.subject)
+    if idempotency_key is None:
+        row = await state.store.insert_job(values, actor=principal.subject)
+    else:
+        created = await idempotency.create_job_once(state, principal, idempotency_key, body, values)
+        if isinstance(created, Response):
+            return created  # the first request's answer, replayed
+        row = created
     await _sync_hot_window(state, row, principal.tenant, removing=False)
     log.debug("job created", extra={"tenant": principal.tenant, "job_id": job_id, "shard": shard})
     return OrjsonResponse(render_job(row), status_code=201, headers={"Location": f"/v1/jobs/{job_id}", **_etag(row)})

@@ -170,7 +170,9 @@ class Target(_Request):
 
 
 class RetryPolicy(_Request):
-    """How failed attempts are retried. Stored with the job (retries arrive in a later release)."""
+    """How failed attempts are retried: after attempt n fails, the next starts `initialDelayMs` (FIXED),
+    `initialDelayMs × n` (LINEAR) or `initialDelayMs × 2^(n−1)` (EXPONENTIAL) later, at most `maxDelayMs`; with
+    `jitter`, a random delay between half that and all of it. After `maxAttempts` the execution is DEAD."""
 
     max_attempts: StrictInt = Field(3, ge=1, le=100, description="Attempts in total, the first included.")
     backoff: Backoff = Field(Backoff.EXPONENTIAL, description="How the delay grows between attempts.")
@@ -538,6 +540,9 @@ class Execution(_View):
     state: ExecutionState
     attempt: int = Field(description="The current attempt, from 1.")
     max_attempts: int
+    next_attempt_at: datetime | None = Field(
+        None, description="While a retry is scheduled (after a failed attempt with attempts left): when it is due."
+    )
     shard: int
     fence_token: int = Field(description="Leadership token of the dispatcher that created it (for dedupe).")
     pool: str
@@ -651,6 +656,7 @@ def render_execution(row: Mapping[str, Any], trace_link_template: str) -> dict[s
         "state": row["state"],
         "attempt": row["attempt"],
         "maxAttempts": row["max_attempts"],
+        "nextAttemptAt": row.get("next_attempt_at"),
         "shard": row["shard"],
         "fenceToken": row["fence_token"],
         "pool": row["pool"],
@@ -678,3 +684,8 @@ def render_attempt(row: Mapping[str, Any]) -> dict[str, Any]:
         "error": row["error"],
         "progress": row["progress"],
     }
+
+
+class ExecutionList(_View):
+    items: list[Execution] = Field(description="Newest first.")
+    next_cursor: str | None = Field(description="Pass as `cursor` for the next page; null on the last page.")

@@ -38,6 +38,16 @@ class ApiSettings(CommonSettings):
         "Redis must not stall requests: past this the API answers from Postgres and logs a warning.",
     )
     access_log: bool = Field(False, description="Log one line per request (uvicorn's access log).")
+    idempotency_ttl_sec: int = Field(
+        86400, ge=60, description="How long an `Idempotency-Key` of `POST /v1/jobs` is remembered (per tenant)."
+    )
+    idempotency_lock_sec: float = Field(
+        10.0,
+        gt=0,
+        description="A create holding an `Idempotency-Key` that has not finished after this long is presumed dead "
+        "(the API or Postgres went away): a retry with the same key and body takes over (its job, if the first "
+        "request ever commits one, is rolled back). Until then a retry gets 409.",
+    )
 
     @model_validator(mode="after")
     def _payload_fits_in_request(self) -> ApiSettings:

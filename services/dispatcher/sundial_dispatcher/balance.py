@@ -8,7 +8,7 @@ and fenced in Postgres; the placement only decides who *contends first* and who 
 **Rendezvous (highest random weight).** Each (replica, shard) pair gets a weight from a stable hash;
 a shard prefers replicas in decreasing weight order. Plain rendezvous moves only the shards a joining
 replica wins (or a leaving one held), but with few shards its loads are lumpy: 8 shards over 2
-replicas give a 6/2 split or worse about a third of the time.
+replicas give a 6/2 split or worse nearly a third of the time (74 in 256).
 
 **Bounded loads.** So pairs are taken greedily in decreasing weight, and a replica stops accepting
 shards once it has its fair share: ``⌊S/R⌋`` each, plus one for the first ``S mod R`` replicas to fill

@@ -44,6 +44,7 @@ from sundial_common.store import (
 from sundial_common.telemetry import context_from, trace_id_hex, traceparent, tracer
 
 from sundial_dispatcher.planning import Catchup, Overlap, Policies, decide
+from sundial_dispatcher.retries import RetryDispatcher
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +95,8 @@ class DispatchResult:
     held: int = 0
     #: Occurrences missed beyond their catch-up window.
     missed: int = 0
+    #: Scheduled retries moved to their next attempt.
+    retried: int = 0
 
 
 @dataclass
@@ -263,10 +266,15 @@ class ShardDispatcher:
 
     async def run_once(self) -> DispatchResult:
         """One pass. Raises ``FencedOut`` if a newer leader has written for this shard."""
-        claims = await self.hot_window.claim(self.shard, self.clock.now(), self.config.batch_size)
-        if not claims:
+        claimed = await self.hot_window.claim_due(self.shard, self.clock.now(), self.config.batch_size)
+        if not claimed:
             return DispatchResult()
         crash_point("dispatcher.after_claim")
+        # Scheduled retries claimed with the jobs (see sundial_dispatcher.retries).
+        retried = (await self._retries().dispatch(claimed.retries)).retried if claimed.retries else 0
+        claims = claimed.jobs
+        if not claims:
+            return DispatchResult(claimed=len(claimed), retried=retried)
         planner = _Planner(now=self.clock.now(), config=self.config)
         try:
             outcome = await self.store.dispatch_occurrences(self.shard, self.token, self.holder, claims, planner)
@@ -278,7 +286,8 @@ class ShardDispatcher:
         crash_point("dispatcher.after_commit")
         planned = [p for p in outcome.created if p.state == "PENDING"]
         result = DispatchResult(
-            claimed=len(claims),
+            claimed=len(claimed),
+            retried=retried,
             dispatched=len(planned),
             skipped=len(outcome.created) - len(planned),
             held=len(planner.holds),
@@ -315,6 +324,18 @@ class ShardDispatcher:
             )
         await self.store.mark_published([p.execution_id for p in planned if str(p.execution_id) in published])
         return result
+
+    def _retries(self) -> RetryDispatcher:
+        return RetryDispatcher(
+            self.shard,
+            self.token,
+            self.holder,
+            self.store,
+            self.hot_window,
+            self.publisher,
+            self.clock,
+            self.config.hot_window_sec,
+        )
 
     async def _requeue_next_fires(self, planner: _Planner, outcome: DispatchOutcome) -> None:
         """Put the dispatched jobs' members back where they now belong, if that is inside the hot window.

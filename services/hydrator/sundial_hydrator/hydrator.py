@@ -11,6 +11,13 @@ not fired — whose member was lost (an API replica that could not reach Redis, 
 between claiming a member and committing). Adding a member twice is harmless: the dispatcher only
 acts on members that still match Postgres, and an occurrence can have only one execution.
 
+Scheduled retries (``executions.next_attempt_at``, member ``r:<execution id>``) get the same treatment as
+jobs: promoted by an indexed range scan behind the same watermark (so a flushed Redis gets them back in the
+rebuild pass), and re-added by the overdue scan when their member was lost (a dispatcher killed after
+claiming it, a worker that could not reach Redis after recording the failure). This is where a lost retry
+comes back, rather than in the sweeper: the hydrator is the one process that writes Postgres' view of "due
+soon" into Redis, and the watermark that makes a flush harmless covers retries only if they go through it.
+
 Several hydrators may run at once: every write is idempotent or compare-and-set.
 """
 
@@ -19,14 +26,15 @@ from __future__ import annotations
 import logging
 import uuid
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from sundial_common.clock import Clock, SystemClock, from_ms, to_ms
 from sundial_common.hotwindow import HotWindow
-from sundial_common.store import Occurrence, Store
+from sundial_common.store import Occurrence, RetryDue, Store
 
 log = logging.getLogger(__name__)
 _BEGINNING = Occurrence(uuid.UUID(int=0), from_ms(0))
+_FIRST_RETRY = RetryDue(uuid.UUID(int=0), from_ms(0))
 
 
 @dataclass(frozen=True)
@@ -93,7 +101,9 @@ class Hydrator:
         watermark = await self.hot_window.watermark(shard)
         horizon = self.clock.now() + timedelta(seconds=self.config.hot_window_sec)
         position = _BEGINNING if watermark is None else Occurrence(uuid.UUID(int=0), from_ms(watermark))
-        promoted = 0
+        promoted, ok = await self._promote_retries(shard, watermark, horizon)
+        if not ok:
+            return promoted, False, False
         while True:
             page = await self.store.hydration_range(shard, position, horizon, self.config.batch_size)
             last_page = len(page) < self.config.batch_size
@@ -107,10 +117,29 @@ class Hydrator:
                 return promoted, watermark is None, True
             position = page[-1]
 
+    async def _promote_retries(self, shard: int, watermark: int | None, horizon: datetime) -> tuple[int, bool]:
+        """Scheduled retries due in [watermark, horizon), added without moving the watermark (the jobs' last
+        page moves it). Returns (members added, ok)."""
+        position = _FIRST_RETRY if watermark is None else RetryDue(uuid.UUID(int=0), from_ms(watermark))
+        promoted = 0
+        while True:
+            page = await self.store.retry_range(shard, position, horizon, self.config.batch_size)
+            if not page:
+                return promoted, True
+            if not await self.hot_window.hydrate(shard, watermark, None, (), page):
+                log.warning("shard %d: hot window changed under the hydrator (flushed?); will rebuild", shard)
+                return promoted, False
+            promoted += len(page)
+            if len(page) < self.config.batch_size:
+                return promoted, True
+            position = page[-1]
+
     async def _recover_overdue(self, shard: int) -> int:
         before = self.clock.now() - timedelta(seconds=self.config.overdue_grace_sec)
         overdue = await self.store.overdue_jobs(shard, before, self.config.batch_size)
         # Manual triggers (POST /v1/jobs/{id}/trigger) whose member was lost; a paused job can hold one too.
         overdue += await self.store.overdue_triggers(shard, before, self.config.batch_size)
         await self.hot_window.add(shard, overdue)
-        return len(overdue)
+        retries = await self.store.overdue_retries(shard, before, self.config.batch_size)
+        await self.hot_window.add_retries(shard, retries)
+        return len(overdue) + len(retries)

@@ -1,4 +1,4 @@
-"""`sundial sweeper`: republish executions whose messages were lost.
+"""`sundial sweeper`: end attempts whose worker was lost, republish executions whose messages were lost.
 
 Run several replicas: one is active (elected in etcd, see ``sundial_common.singleton``), the others stand by
 and take over within a lease TTL.
@@ -10,6 +10,7 @@ import argparse
 import asyncio
 import logging
 
+from redis.asyncio import Redis
 from sundial_common.broker import KafkaPublisher
 from sundial_common.logs import setup_logging
 from sundial_common.service import every, run
@@ -17,7 +18,7 @@ from sundial_common.singleton import run_singleton
 from sundial_common.store import Store
 
 from sundial_sweeper.settings import SweeperSettings
-from sundial_sweeper.sweeper import Sweeper, SweeperConfig
+from sundial_sweeper.sweeper import Sweeper
 
 log = logging.getLogger("sundial.sweeper")
 
@@ -25,26 +26,26 @@ log = logging.getLogger("sundial.sweeper")
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="sundial sweeper",
-        description="Find executions that fell between the cracks (never published, or published and never "
-        "started) and publish them again. Run several replicas: one is active (elected through etcd), the "
-        "others stand by and take over within a lease TTL (env SUNDIAL_LEASE_TTL_SEC).",
+        description="Find executions that fell between the cracks: attempts whose worker stopped heartbeating or "
+        "that ran past their timeout (ended and retried by the job's policy), executions never published or "
+        "published and never started (published again), dead letters (to sundial.dlq). Run several replicas: one "
+        "is active (elected through etcd), the others stand by and take over within a lease TTL "
+        "(env SUNDIAL_LEASE_TTL_SEC).",
     )
     parser.add_argument("--interval", type=float, help="Seconds between passes (env SUNDIAL_SWEEPER_INTERVAL_SEC).")
     parser.add_argument("--log-level", help="Logging level (env SUNDIAL_LOG_LEVEL).")
     args = parser.parse_args(argv)
     settings = SweeperSettings()
     setup_logging(args.log_level or settings.log_level, settings.log_format)
-    config = SweeperConfig(
-        unpublished_after_sec=settings.sweeper_unpublished_after_sec,
-        unstarted_after_sec=settings.sweeper_unstarted_after_sec,
-        interval_sec=args.interval or settings.sweeper_interval_sec,
-    )
+    config = settings.sweeper_config(args.interval)
 
     async def serve(stop: asyncio.Event) -> None:
         store = await Store.connect(settings.database_url, max_size=2)
         publisher = KafkaPublisher(settings.kafka_bootstrap)
+        # Liveness keys: a sick Redis must not stall the other scans for long.
+        redis = Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=5)
         try:
-            sweeper = Sweeper(store, publisher, config)
+            sweeper = Sweeper(store, publisher, config, redis=redis)
             log.info("sweeper started")
 
             async def sweep_while_leading(until: asyncio.Event) -> None:
@@ -59,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
             await run_singleton(stop, "sweeper", settings, sweep_while_leading)
         finally:
             await publisher.close()
+            await redis.aclose()
             await store.close()
             log.info("sweeper stopped")
 

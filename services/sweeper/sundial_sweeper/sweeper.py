@@ -1,25 +1,56 @@
-"""The sweeper: finds executions that fell between the cracks and sends them on again.
+"""The sweeper: finds executions that fell between the cracks and moves them on.
 
-This pass covers the outbox side of DESIGN invariant 1: a PENDING execution whose Kafka message was
-never published (the dispatcher died between commit and publish, or the publish failed), or was
-published but never picked up (the broker restarted empty and lost it). Republishing is safe: the
-worker's PENDING→RUNNING compare-and-swap lets only one delivery run.
+Each pass (``run_once``) runs these scans, each bounded by ``batch_size`` rows:
 
-Several sweepers may run at once; at worst a message is published twice, which the CAS absorbs.
+(a) **Lost workers** — a RUNNING attempt whose liveness key ``sundial:hb:<execution id>`` is missing (or
+    names another worker) is compare-and-swapped to ``FAILED_WORKER_LOST`` on the very worker and attempt
+    it saw (``WHERE state = 'RUNNING' AND worker_id = … AND attempt = …``), which schedules its retry with
+    the job's backoff, or makes it DEAD after its last attempt. Keys vanish without their worker dying when
+    Redis is flushed or restarts empty, so a key must stay missing for ``lost_confirm_sec`` (longer than the
+    workers' renewal interval) before its attempt is declared lost: a live worker renews it meanwhile.
+(t) **Timeouts** — a RUNNING attempt past its ``timeoutSec`` (plus a grace for the worker to record it
+    itself) is TIMED_OUT, whether its worker vanished or hangs: same compare-and-swap, same retry policy.
+(b) **Outbox** — a PENDING execution whose Kafka message was never published (the dispatcher died between
+    commit and publish, or the publish failed), or was published but not started within
+    ``unstarted_after_sec`` (the broker restarted empty and lost it), is published again. Republishing is
+    safe: the worker's PENDING→RUNNING compare-and-swap lets one delivery run.
+(d) **Dead letters** — a DEAD execution whose message has not reached ``sundial.dlq`` is published there
+    (the execution row is that topic's outbox too), then marked.
+(e) **Idempotency keys** past their 24 hours are purged.
+
+Scan (c) of the issue — a scheduled retry whose hot-window member was lost — is the hydrator's: it owns
+Postgres' view of "due soon" in Redis, and its watermark and overdue scan cover retries as they cover jobs.
+
+Time is Postgres' (``now()`` comes back with the rows), so the sweeper's clock does not decide who is late.
+Several sweepers may run at once (every write is a compare-and-swap); one is active through an etcd lease
+only so that N replicas do not scan N times.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
-from datetime import timedelta
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+from uuid import UUID
 
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
 from sundial_common.broker import Publisher
 from sundial_common.clock import Clock, SystemClock
-from sundial_common.messages import ExecutionMessage
-from sundial_common.store import Record, Store
+from sundial_common.hotwindow import HotWindow
+from sundial_common.messages import DeadLetter, ExecutionMessage
+from sundial_common.retry_policy import RetryPolicy
+from sundial_common.signals import heartbeat_key
+from sundial_common.store import Finished, LostAttempt, Record, RetryDue, Store
 
 log = logging.getLogger(__name__)
+
+_REDIS_ERRORS: tuple[type[BaseException], ...] = (RedisError, OSError, TimeoutError)
+# RUNNING rows looked at per pass, at most: pages of batch_size.
+_MAX_RUNNING_PAGES = 20
 
 
 @dataclass(frozen=True)
@@ -28,14 +59,30 @@ class SweeperConfig:
     unpublished_after_sec: float = 5.0
     #: A PENDING execution published this long ago and still not started is published again.
     unstarted_after_sec: float = 60.0
-    #: Rows per pass.
+    #: Rows per scan and pass.
     batch_size: int = 1000
     #: Seconds between passes.
     interval_sec: float = 2.0
+    #: The workers' liveness TTL: an attempt younger than this may not have its first key yet.
+    heartbeat_ttl_sec: float = 30.0
+    #: How long a liveness key must stay missing before its attempt is lost; must exceed the workers'
+    #: renewal interval (10 s), so that a flushed Redis does not turn every running execution into a retry.
+    lost_confirm_sec: float = 15.0
+    #: A RUNNING attempt this long past its timeoutSec is TIMED_OUT by the sweeper (its worker would have
+    #: recorded it by then: it interrupts the handler at the deadline and waits its cancel grace, 5 s).
+    timeout_grace_sec: float = 15.0
+    #: Who the audit log names for the sweeper's writes.
+    actor: str = "sweeper"
+    #: Retries due within this horizon go straight into the hot window (the hydrator promotes later ones).
+    hot_window_sec: int = 3600
 
     def __post_init__(self) -> None:
-        if self.unpublished_after_sec <= 0 or self.unstarted_after_sec <= 0 or self.interval_sec <= 0:
-            raise ValueError("sweeper thresholds and interval must be > 0")
+        positive = ("unpublished_after_sec", "unstarted_after_sec", "interval_sec", "heartbeat_ttl_sec")
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise ValueError(f"SweeperConfig.{name} must be > 0")
+        if self.lost_confirm_sec < 0 or self.timeout_grace_sec < 0:
+            raise ValueError("SweeperConfig.lost_confirm_sec and timeout_grace_sec must be >= 0")
         if self.batch_size < 1:
             raise ValueError("batch_size must be >= 1")
 
@@ -44,6 +91,23 @@ class SweeperConfig:
 class SweepResult:
     republished: int = 0
     publish_failed: int = 0
+    #: Attempts whose worker was lost (FAILED_WORKER_LOST, or DEAD/CANCELLED where that applies).
+    lost: int = 0
+    #: Attempts that ran past their timeout.
+    timed_out: int = 0
+    #: Liveness keys seen missing for the first time (not yet confirmed lost).
+    suspected: int = 0
+    dead_lettered: int = 0
+    keys_purged: int = 0
+
+
+@dataclass
+class _Running:
+    """What one scan of the RUNNING executions found."""
+
+    timed_out: list[LostAttempt] = field(default_factory=list)
+    #: Attempts old enough to have a liveness key, to check in Redis.
+    to_check: list[Record] = field(default_factory=list)
 
 
 def _message(row: Record) -> ExecutionMessage:
@@ -62,14 +126,185 @@ def _message(row: Record) -> ExecutionMessage:
     )
 
 
+def _dead_letter(row: Record) -> DeadLetter:
+    finished: datetime | None = row["finished_at"]
+    return DeadLetter(
+        execution_id=str(row["id"]),
+        job_id=str(row["job_id"]),
+        tenant_id=row["tenant_id"],
+        pool=row["pool"],
+        handler=row["handler"],
+        attempt=row["attempt"],
+        fence_token=0,
+        scheduled_for=row["scheduled_for"].isoformat(),
+        timeout_sec=0,
+        payload=row["payload"],
+        error=row["error"],
+        max_attempts=row["max_attempts"],
+        job_name=row["job_name"],
+        finished_at=finished.isoformat() if finished else None,
+        trace_id=row["trace_id"],
+    )
+
+
 class Sweeper:
-    def __init__(self, store: Store, publisher: Publisher, config: SweeperConfig, clock: Clock | None = None):
+    """The sweeper's scans over one store, publisher and (for liveness) Redis; one ``run_once`` per pass."""
+
+    def __init__(
+        self,
+        store: Store,
+        publisher: Publisher,
+        config: SweeperConfig,
+        clock: Clock | None = None,
+        *,
+        redis: Redis | None = None,
+    ) -> None:
         self.store = store
         self.publisher = publisher
         self.config = config
         self.clock = clock or SystemClock()
+        self.redis = redis
+        self.hot_window = HotWindow(redis) if redis is not None else None
+        # (execution, attempt) → monotonic time its liveness key was first seen missing.
+        self._missing_since: dict[tuple[UUID, int], float] = {}
+        if redis is None:
+            log.warning("sweeper without Redis: lost workers are not detected (timeouts still are)")
 
     async def run_once(self) -> SweepResult:
+        lost, timed_out, suspected = await self.sweep_running()
+        republished, failed = await self.republish_stale()
+        dead_lettered = await self.publish_dead_letters()
+        purged = await self.store.purge_idempotency_keys(self.config.batch_size)
+        return SweepResult(
+            republished=republished,
+            publish_failed=failed,
+            lost=lost,
+            timed_out=timed_out,
+            suspected=suspected,
+            dead_lettered=dead_lettered,
+            keys_purged=purged,
+        )
+
+    # --- (a) and (t): RUNNING attempts whose worker is gone or that ran past their timeout -----------
+
+    async def sweep_running(self) -> tuple[int, int, int]:
+        """Returns (attempts declared lost, attempts timed out, keys newly suspected)."""
+        found = await self._scan_running()
+        lost, suspected = await self._lost(found.to_check)
+        ended = await self.store.fail_running(self.config.actor, found.timed_out + lost)
+        timed_out = sum(1 for f in ended if f.attempt_state == "TIMED_OUT")
+        await self._schedule_retries(ended)
+        if ended:
+            log.warning(
+                "ended %d attempts: %d lost their worker, %d ran past their timeout (%d retries scheduled, %d DEAD)",
+                len(ended),
+                len(ended) - timed_out,
+                timed_out,
+                sum(1 for f in ended if f.next_attempt_at is not None),
+                sum(1 for f in ended if f.state == "DEAD"),
+            )
+        for f in ended:
+            self._missing_since.pop((f.execution_id, f.attempt), None)
+        return len(ended) - timed_out, timed_out, suspected
+
+    async def _scan_running(self) -> _Running:
+        found = _Running()
+        after: tuple[datetime, UUID] | None = None
+        ttl = timedelta(seconds=self.config.heartbeat_ttl_sec)
+        grace = timedelta(seconds=self.config.timeout_grace_sec)
+        for _ in range(_MAX_RUNNING_PAGES):
+            rows = await self.store.running_executions(after, self.config.batch_size)
+            for row in rows:
+                age = row["db_now"] - row["started_at"]
+                timeout = row["timeout_sec"]
+                if timeout and age > timedelta(seconds=timeout) + grace:
+                    found.timed_out.append(
+                        self._ended(
+                            row,
+                            "TIMED_OUT",
+                            f"TimeoutError: the attempt ran past timeoutSec={timeout} and its worker "
+                            f"({row['worker_id']}) did not end it",
+                        )
+                    )
+                elif age > ttl:
+                    found.to_check.append(row)
+            if len(rows) < self.config.batch_size:
+                break
+            after = (rows[-1]["created_at"], rows[-1]["id"])
+        return found
+
+    async def _lost(self, rows: Sequence[Record]) -> tuple[list[LostAttempt], int]:
+        """Of RUNNING attempts old enough to have a liveness key, those whose key has stayed missing long enough."""
+        if self.redis is None:
+            return [], 0
+        seen = {(row["id"], row["attempt"]) for row in rows}
+        # Forget attempts that ended some other way (or that we no longer look at).
+        for key in [k for k in self._missing_since if k not in seen]:
+            del self._missing_since[key]
+        if not rows:
+            return [], 0
+        try:
+            values: list[Any] = []
+            for i in range(0, len(rows), 1000):
+                values += await self.redis.mget([heartbeat_key(row["id"]) for row in rows[i : i + 1000]])
+        except _REDIS_ERRORS as exc:
+            # Without Redis nothing can be told about liveness: never declare a worker lost on that.
+            log.warning("could not read liveness keys (%s); lost workers are looked for next pass", exc)
+            return [], 0
+        now = self.clock.monotonic()
+        lost: list[LostAttempt] = []
+        suspected = 0
+        for row, value in zip(rows, values, strict=True):
+            key = (row["id"], row["attempt"])
+            holder = value.decode() if isinstance(value, bytes) else value
+            if holder == row["worker_id"]:
+                self._missing_since.pop(key, None)
+                continue
+            first = self._missing_since.setdefault(key, now)
+            if first == now:
+                suspected += 1
+            if now - first >= self.config.lost_confirm_sec:
+                lost.append(
+                    self._ended(
+                        row,
+                        "FAILED_WORKER_LOST",
+                        f"WorkerLost: worker {row['worker_id']} stopped renewing its heartbeat",
+                    )
+                )
+        return lost, suspected
+
+    async def _schedule_retries(self, ended: Sequence[Finished]) -> None:
+        """Put the retries just scheduled into their shards' hot windows (best effort: the hydrator's overdue
+        scan re-adds any that is missing)."""
+        if self.hot_window is None:
+            return
+        horizon = self.clock.now() + timedelta(seconds=self.config.hot_window_sec)
+        by_shard: dict[int, list[RetryDue]] = defaultdict(list)
+        for f in ended:
+            if f.retry is not None and f.retry.due < horizon:
+                by_shard[f.shard].append(f.retry)
+        try:
+            for shard, retries in by_shard.items():
+                await self.hot_window.add_retries(shard, retries)
+        except _REDIS_ERRORS as exc:
+            log.warning("could not add retries to the hot window (the hydrator will): %s", exc)
+
+    @staticmethod
+    def _ended(row: Record, state: str, error: str) -> LostAttempt:
+        policy = RetryPolicy.from_json(row["retry_policy"])
+        return LostAttempt(
+            execution_id=row["id"],
+            attempt=row["attempt"],
+            worker_id=row["worker_id"],
+            state=state,
+            error=error,
+            retry_delay_ms=policy.delay_ms(row["attempt"]),
+        )
+
+    # --- (b): the outbox of the pools' topics ----------------------------------------------------------
+
+    async def republish_stale(self) -> tuple[int, int]:
+        """Returns (republished, publish failures)."""
         now = self.clock.now()
         rows = await self.store.stale_pending(
             now - timedelta(seconds=self.config.unpublished_after_sec),
@@ -77,11 +312,24 @@ class Sweeper:
             self.config.batch_size,
         )
         if not rows:
-            return SweepResult()
+            return 0, 0
         messages = [_message(row) for row in rows]
         errors = await self.publisher.publish(messages)
         sent = [row["id"] for row, error in zip(rows, errors, strict=True) if error is None]
         await self.store.republished(sent)
         failed = len(rows) - len(sent)
         log.warning("republished %d stale PENDING executions (%d failed, retried next pass)", len(sent), failed)
-        return SweepResult(republished=len(sent), publish_failed=failed)
+        return len(sent), failed
+
+    # --- (d): the outbox of sundial.dlq -----------------------------------------------------------------
+
+    async def publish_dead_letters(self) -> int:
+        rows = await self.store.dead_letters(self.config.batch_size)
+        if not rows:
+            return 0
+        errors = await self.publisher.publish([_dead_letter(row) for row in rows])
+        sent = [row["id"] for row, error in zip(rows, errors, strict=True) if error is None]
+        await self.store.mark_dead_lettered(sent)
+        if len(sent) < len(rows):
+            log.warning("%d dead letters not published (retried next pass)", len(rows) - len(sent))
+        return len(sent)

@@ -122,6 +122,10 @@ class KafkaExecutionConsumer:
             # default would leave a fresh worker without partitions for ~23 s.
             "session.timeout.ms": 6000,
             "heartbeat.interval.ms": 1000,
+            # How long the broker may hold a fetch that has no data yet. librdkafka's 500 ms default is the
+            # floor of an idle worker's latency: a message produced just after a fetch was parked waited
+            # for it. 10 ms costs an idle consumer a few cheap requests a second per broker.
+            "fetch.wait.max.ms": 10,
             # The broker may come back empty (tansu keeps topics in memory): notice it quickly.
             "topic.metadata.refresh.interval.ms": 10000,
             "error_cb": self._on_error,

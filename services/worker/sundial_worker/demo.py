@@ -1,7 +1,8 @@
 """The example pool ``demo`` that ``make run`` serves: ``sundial worker --app sundial_worker.demo:worker``.
 
-``echo`` returns its payload, ``fail`` always raises, ``sleep`` sleeps ``payload["seconds"]`` while
-checkpointing its progress every second.
+``echo`` returns its payload, ``fail`` always raises, ``flaky`` fails its first ``payload["failures"]``
+attempts (default 1) and then returns, ``sleep`` sleeps ``payload["seconds"]`` while checkpointing its
+progress every second — and a retry resumes from the last checkpoint (``ctx.previous_progress``).
 """
 
 from __future__ import annotations
@@ -24,10 +25,19 @@ async def fail(ctx: Context, payload: Any) -> None:
     raise RuntimeError("demo failure")
 
 
+@worker.handler("flaky")
+async def flaky(ctx: Context, payload: Any) -> dict[str, int]:
+    failures = int(payload.get("failures", 1)) if isinstance(payload, dict) else 1
+    if ctx.attempt <= failures:
+        raise RuntimeError(f"flaky: attempt {ctx.attempt} of the first {failures} fails")
+    return {"attempt": ctx.attempt}
+
+
 @worker.handler("sleep")
 async def sleep(ctx: Context, payload: Any) -> dict[str, float]:
     seconds = float(payload.get("seconds", 1)) if isinstance(payload, dict) else 1.0
-    slept = 0.0
+    previous = ctx.previous_progress
+    slept = float(previous.get("slept", 0.0)) if isinstance(previous, dict) else 0.0
     while slept < seconds:
         step = min(1.0, seconds - slept)
         await asyncio.sleep(step)

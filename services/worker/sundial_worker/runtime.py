@@ -19,7 +19,20 @@ tasks run beside the handlers, each a loop around a ``*_once()`` pass that tests
     offset never passes a message whose handler still runs or whose result is not in Postgres yet.
 ``heartbeat``
     Every ``heartbeat_interval_sec``, ONE Redis call renews ``sundial:hb:<execution id>`` for every
-    running execution; the sweeper treats a RUNNING execution without that key as lost.
+    running execution; the sweeper treats a RUNNING execution without that key as lost. The same pass
+    asks Postgres which running executions have a cancel requested (the fallback for a lost Redis flag).
+``cancel``
+    Every ``cancel_poll_interval_sec``, ONE Redis call reads the cancel flags
+    (``sundial:cancel:<execution id>``) of every running execution.
+
+Ending an attempt. A handler that returns is SUCCEEDED; one that raises, FAILED. At the job's
+``timeoutSec``, or when its execution's cancel is requested, the handler is interrupted: ``ctx.cancelled``
+turns true and its task is cancelled (a sync handler's thread cannot be, and must look at
+``ctx.cancelled``); a handler that has not ended ``cancel_grace_sec`` later is abandoned. The attempt is
+TIMED_OUT or CANCELLED either way. A FAILED or TIMED_OUT attempt carries the backoff of the job's retry
+policy: Postgres schedules the next attempt (or makes the execution DEAD after the last) in the same
+compare-and-swap that records the outcome, and after the write the worker puts the retry's member into its
+shard's hot window (best effort: the hydrator re-adds one that is missing).
 
 So the only per-message round trip is the handler itself: starts, finishes and heartbeats travel in
 batches.
@@ -35,11 +48,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import dataclasses
 import logging
 import re
 from collections.abc import Callable, Coroutine, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, fields
+from datetime import UTC, datetime, timedelta
 from types import TracebackType
 from typing import Any
 from uuid import UUID
@@ -50,9 +65,12 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
 from redis.exceptions import RedisError
+from sundial_common.hotwindow import HotWindow
 from sundial_common.messages import ExecutionMessage
+from sundial_common.retry_policy import RetryPolicy
 from sundial_common.settings import CommonSettings
-from sundial_common.store import Outcome, Record, Store
+from sundial_common.signals import cancel_key, heartbeat_key
+from sundial_common.store import Finished, Outcome, Record, RetryDue, Store
 from sundial_common.telemetry import context_from, trace_id_hex, tracer
 
 from sundial_worker.consumer import Delivery, ExecutionConsumer, KafkaExecutionConsumer
@@ -60,8 +78,6 @@ from sundial_worker.sdk import Context, HandlerSpec, Worker, context_logger
 
 log = logging.getLogger("sundial.worker")
 handler_log = logging.getLogger("sundial.worker.handler")
-
-HEARTBEAT_KEY_PREFIX = "sundial:hb:"
 
 # Database errors worth waiting out (connection trouble, failover, overload, lock conflicts); any
 # other error is a bug and fails the runtime loudly instead of retrying forever.
@@ -98,11 +114,9 @@ end
 return n
 """
 _RENEW_CHUNK = 1000
-
-
-def heartbeat_key(execution_id: UUID | str) -> str:
-    """The Redis key whose presence says a worker is still running ``execution_id``."""
-    return f"{HEARTBEAT_KEY_PREFIX}{execution_id}"
+# Retries due a little past the hot window go in too: the hydrator's watermark may already have passed
+# them (the API and the dispatcher use the same margin for jobs).
+_HOT_WINDOW_MARGIN = timedelta(seconds=60)
 
 
 class WorkerCrashed(RuntimeError):
@@ -133,17 +147,27 @@ class WorkerConfig:
     """How long a stop waits for running handlers before abandoning them to the sweeper."""
     db_pool_size: int = 8
     """Postgres connections (start/finish batches and handlers' progress writes)."""
+    cancel_poll_interval_sec: float = 0.5
+    """How often the cancel flags of running executions are read (a handler sees a cancel within this)."""
+    cancel_grace_sec: float = 5.0
+    """How long an interrupted handler (timeout or cancel) may take to end before it is abandoned."""
 
     def __post_init__(self) -> None:
         for name in ("concurrency", "poll_batch", "flush_max_outcomes", "db_pool_size"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"WorkerConfig.{name} must be a positive integer; got {value!r}")
-        for name in ("poll_timeout_sec", "heartbeat_interval_sec", "heartbeat_ttl_sec", "commit_interval_sec"):
+        for name in (
+            "poll_timeout_sec",
+            "heartbeat_interval_sec",
+            "heartbeat_ttl_sec",
+            "commit_interval_sec",
+            "cancel_poll_interval_sec",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int | float) or value <= 0:
                 raise ValueError(f"WorkerConfig.{name} must be a positive number of seconds; got {value!r}")
-        for name in ("flush_interval_sec", "shutdown_grace_sec"):
+        for name in ("flush_interval_sec", "shutdown_grace_sec", "cancel_grace_sec"):
             value = getattr(self, name)
             if not isinstance(value, int | float) or value < 0:
                 raise ValueError(f"WorkerConfig.{name} must be zero or more seconds; got {value!r}")
@@ -169,6 +193,12 @@ class WorkerStats:
     succeeded: int = 0
     failed: int = 0
     timed_out: int = 0
+    cancelled: int = 0
+    #: Interrupted handlers (timeout, cancel) that had not ended after the cancel grace.
+    abandoned_on_interrupt: int = 0
+    #: Failed attempts whose next attempt was scheduled / executions that went DEAD.
+    retries_scheduled: int = 0
+    dead: int = 0
     rejected: int = 0
     abandoned: int = 0
     flushes: int = 0
@@ -198,6 +228,8 @@ class _Running:
     deliveries: list[Delivery]
     task: asyncio.Task[None] | None = None
     ctx: Context | None = None
+    #: Set when the execution's cancel is requested: the handler is interrupted.
+    cancel: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 @dataclass(eq=False, slots=True)
@@ -238,6 +270,7 @@ class WorkerRuntime:
         self._redis: Redis | None = None
         self._renew_script: AsyncScript | None = None
         self._release_script: AsyncScript | None = None
+        self._hot_window: HotWindow | None = None
         self._handler_threads: ThreadPoolExecutor | None = None
         self._running: dict[UUID, _Running] = {}
         # Won executions whose outcome is not in Postgres yet (running, or finished and waiting for
@@ -304,6 +337,7 @@ class WorkerRuntime:
             )
             self._renew_script = self._redis.register_script(_RENEW)
             self._release_script = self._redis.register_script(_RELEASE)
+            self._hot_window = HotWindow(self._redis)
             self._handler_threads = ThreadPoolExecutor(
                 max_workers=self.config.concurrency, thread_name_prefix="sundial-handler"
             )
@@ -316,6 +350,7 @@ class WorkerRuntime:
         self._spawn("flush", self._flush_loop)
         self._spawn("commit", self._commit_loop)
         self._spawn("heartbeat", self._heartbeat_loop)
+        self._spawn("cancel", self._cancel_loop)
 
     async def stop(self) -> None:
         """Stop taking work, finish (or after the grace, abandon) running handlers, flush, commit, leave."""
@@ -331,7 +366,7 @@ class WorkerRuntime:
             await self._stop_polling()
             await self._finish_handlers()
             await self._drain_outcomes()
-            for name in ("commit", "heartbeat"):
+            for name in ("commit", "heartbeat", "cancel"):
                 await self._cancel_side_task(name)
             await self._close_resources()
         finally:
@@ -531,14 +566,22 @@ class WorkerRuntime:
                     pool=self.worker.pool,
                     trace_id=trace_id,
                     logger=logger,
+                    previous_progress=row.get("previous_progress"),
                     _sink=self,
                 )
                 running.ctx = ctx
+                if running.cancel.is_set():  # asked to stop before it even started
+                    ctx.request_cancel()
                 try:
-                    outcome = await self._invoke(spec, ctx, message, span)
+                    outcome = await self._invoke(spec, ctx, message, span, running)
                 except asyncio.CancelledError:
                     span.set_attribute("sundial.outcome", "ABANDONED")
                     raise
+                if outcome.state in ("FAILED", "TIMED_OUT"):
+                    # The backoff is the worker's to compute (the policy's jitter); Postgres decides whether
+                    # attempts are left and adds it to its own clock.
+                    policy = RetryPolicy.from_json(row.get("retry_policy"))
+                    outcome = dataclasses.replace(outcome, retry_delay_ms=policy.delay_ms(running.attempt))
                 span.set_attribute("sundial.outcome", outcome.state)
         finally:
             # The slot frees when the handler ends; the outcome's write and commit follow in batches.
@@ -549,7 +592,9 @@ class WorkerRuntime:
         if len(self._finished) >= self.config.flush_max_outcomes:
             self._flush_full.set()
 
-    async def _invoke(self, spec: HandlerSpec | None, ctx: Context, message: ExecutionMessage, span: Span) -> Outcome:
+    async def _invoke(
+        self, spec: HandlerSpec | None, ctx: Context, message: ExecutionMessage, span: Span, running: _Running
+    ) -> Outcome:
         def outcome(state: str, result: Any = None, error: str | None = None) -> Outcome:
             return Outcome(ctx.execution_id, ctx.attempt, state, result, error)
 
@@ -560,24 +605,21 @@ class WorkerRuntime:
             self.stats.failed += 1
             return outcome("FAILED", error=error)
         timeout = message.timeout_sec if message.timeout_sec and message.timeout_sec > 0 else None
-        scope = asyncio.timeout(timeout)
         ctx.logger.debug("running handler %s", spec.name)
+        # The handler runs as a task of its own, so that a timeout or a cancel can interrupt it and still
+        # give it the cancel grace to clean up, while this task decides the outcome.
+        work = self._start_handler(spec, ctx, message.payload)
         try:
-            async with scope:
-                if spec.is_async:
-                    result = await spec.func(ctx, message.payload)
-                else:
-                    result = await self._run_sync(spec, ctx, message.payload)
-        except TimeoutError as exc:
-            if not scope.expired():
-                return self._handler_failed(ctx, span, exc, outcome)
-            error = f"TimeoutError: handler {spec.name!r} exceeded timeoutSec={timeout}"
-            ctx.logger.warning("%s", error)
-            span.set_status(Status(StatusCode.ERROR, error))
-            self.stats.timed_out += 1
-            if not spec.is_async:
-                ctx.logger.warning("the sync handler's thread keeps running until it returns; it cannot be interrupted")
-            return outcome("TIMED_OUT", error=error)
+            interrupted = await self._wait_handler(work, running.cancel, timeout)
+        except asyncio.CancelledError:  # the shutdown grace ran out: the handler is abandoned with us
+            work.cancel()
+            raise
+        if interrupted is not None:
+            return await self._interrupt(spec, ctx, span, work, interrupted, timeout, outcome)
+        try:
+            result = work.result()
+        except asyncio.CancelledError as exc:  # the handler cancelled itself (or something it awaited)
+            return self._handler_failed(ctx, span, exc, outcome)
         except Exception as exc:
             return self._handler_failed(ctx, span, exc, outcome)
         encoded, problem = _encode_result(result)
@@ -589,7 +631,69 @@ class WorkerRuntime:
         self.stats.succeeded += 1
         return outcome("SUCCEEDED", result=encoded)
 
-    def _handler_failed(self, ctx: Context, span: Span, exc: Exception, outcome: Callable[..., Outcome]) -> Outcome:
+    def _start_handler(self, spec: HandlerSpec, ctx: Context, payload: Any) -> asyncio.Future[Any]:
+        if spec.is_async:
+            return asyncio.ensure_future(spec.func(ctx, payload))
+        return self._submit_sync(spec, ctx, payload)
+
+    @staticmethod
+    async def _wait_handler(work: asyncio.Future[Any], cancel: asyncio.Event, limit_sec: float | None) -> str | None:
+        """Wait for the handler to end; None if it did, else why it must be interrupted (timeout, cancel)."""
+        if cancel.is_set():
+            return "cancel"
+        cancelled = asyncio.ensure_future(cancel.wait())
+        try:
+            # asyncio.wait, not asyncio.timeout: reaching the limit must not cancel anything yet.
+            await asyncio.wait([work, cancelled], timeout=limit_sec, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            cancelled.cancel()
+        if work.done():
+            return None
+        return "cancel" if cancel.is_set() else "timeout"
+
+    async def _interrupt(
+        self,
+        spec: HandlerSpec,
+        ctx: Context,
+        span: Span,
+        work: asyncio.Future[Any],
+        why: str,
+        limit_sec: float | None,
+        outcome: Callable[..., Outcome],
+    ) -> Outcome:
+        """Stop a handler at its timeout or on a cancel: ``ctx.cancelled``, cancel its task, wait the grace."""
+        ctx.request_cancel()
+        if spec.is_async:
+            work.cancel()
+        # A sync handler's future is its thread's: cancelling it would only stop us waiting, so it is left to
+        # notice ctx.cancelled within the grace.
+        done, _ = await asyncio.wait([work], timeout=self.config.cancel_grace_sec)
+        if not done:
+            # Whatever it ends with later is nobody's business any more; don't let asyncio complain about it.
+            work.add_done_callback(lambda f: f.cancelled() or f.exception())
+            self.stats.abandoned_on_interrupt += 1
+            ctx.logger.warning(
+                "handler %s did not stop within %.1fs of being interrupted (%s); abandoned",
+                spec.name,
+                self.config.cancel_grace_sec,
+                why,
+            )
+        elif not work.cancelled() and work.exception() is not None:
+            ctx.logger.debug("interrupted handler raised %r", work.exception())
+        if not spec.is_async and not done:
+            ctx.logger.warning("the sync handler's thread keeps running until it returns; it cannot be interrupted")
+        if why == "timeout":
+            error = f"TimeoutError: handler {spec.name!r} exceeded timeoutSec={limit_sec:g}"
+            ctx.logger.warning("%s", error)
+            span.set_status(Status(StatusCode.ERROR, error))
+            self.stats.timed_out += 1
+            return outcome("TIMED_OUT", error=error)
+        error = "Cancelled: the execution's cancel was requested"
+        ctx.logger.info("handler %s cancelled on request", spec.name)
+        self.stats.cancelled += 1
+        return outcome("CANCELLED", error=error)
+
+    def _handler_failed(self, ctx: Context, span: Span, exc: BaseException, outcome: Callable[..., Outcome]) -> Outcome:
         error = _error_text(exc)
         # The traceback stays in the log (and on the span); Postgres keeps the one-line error.
         ctx.logger.warning("handler %s failed: %s", ctx.handler, error, exc_info=exc)
@@ -598,7 +702,7 @@ class WorkerRuntime:
         self.stats.failed += 1
         return outcome("FAILED", error=error)
 
-    async def _run_sync(self, spec: HandlerSpec, ctx: Context, payload: Any) -> Any:
+    def _submit_sync(self, spec: HandlerSpec, ctx: Context, payload: Any) -> asyncio.Future[Any]:
         assert self._handler_threads is not None
         # Copy the context so the handler's thread sees the handler span as current.
         future = self._handler_threads.submit(contextvars.copy_context().run, spec.func, ctx, payload)
@@ -606,7 +710,7 @@ class WorkerRuntime:
         # process must know (see stuck_sync_handlers) rather than hang at exit waiting for it.
         self._sync_calls.add(future)
         future.add_done_callback(self._sync_calls.discard)
-        return await asyncio.wrap_future(future)
+        return asyncio.wrap_future(future)
 
     # --- heartbeats and progress -------------------------------------------------------------
 
@@ -636,6 +740,53 @@ class WorkerRuntime:
         while True:
             await asyncio.sleep(self.config.heartbeat_interval_sec)
             await self.heartbeat_once()
+            await self.cancel_requests_from_postgres()
+
+    # --- cancellation -------------------------------------------------------------------------
+
+    async def _cancel_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.cancel_poll_interval_sec)
+            await self.cancel_once()
+
+    async def cancel_once(self) -> int:
+        """Read the Redis cancel flags of every running execution in one call; interrupt those flagged."""
+        redis = self._redis
+        ids = [r.execution_id for r in self._running.values() if not r.cancel.is_set()]
+        if not ids or redis is None:
+            return 0
+        try:
+            flags: list[Any] = []
+            for i in range(0, len(ids), _RENEW_CHUNK):
+                flags += await redis.mget([cancel_key(e) for e in ids[i : i + _RENEW_CHUNK]])
+        except _REDIS_ERRORS as exc:
+            # Postgres keeps the request too; the heartbeat pass reads it from there.
+            log.warning("reading cancel flags failed: %s", exc)
+            return 0
+        return self._request_cancel([e for e, flag in zip(ids, flags, strict=True) if flag is not None])
+
+    async def cancel_requests_from_postgres(self) -> int:
+        """The fallback for a lost Redis flag (Redis flushed or restarted): ``executions.cancel_requested_at``."""
+        ids = [r.execution_id for r in self._running.values() if not r.cancel.is_set()]
+        if not ids or self._store is None:
+            return 0
+        try:
+            requested = await self.store.cancel_requested(ids)
+        except _TRANSIENT_DB_ERRORS as exc:
+            log.warning("reading cancel requests from Postgres failed: %s", exc)
+            return 0
+        return self._request_cancel([e for e in ids if e in requested])
+
+    def _request_cancel(self, execution_ids: Sequence[UUID]) -> int:
+        for execution_id in execution_ids:
+            running = self._running.get(execution_id)
+            if running is None or running.cancel.is_set():
+                continue
+            if running.ctx is not None:
+                running.ctx.request_cancel()
+                running.ctx.logger.info("cancel requested: interrupting the handler")
+            running.cancel.set()
+        return len(execution_ids)
 
     async def heartbeat_once(self) -> int:
         """Renew every running execution's liveness key in one Redis call; returns how many."""
@@ -696,11 +847,26 @@ class WorkerRuntime:
         if not self._finished:
             return FlushResult()
         batch = self._finished[: self.config.flush_max_outcomes]
-        accepted = await self.store.finish_executions(self.worker_id, [f.outcome for f in batch])
+        written = await self.store.finish_attempts(self.worker_id, [f.outcome for f in batch])
         # Only now is the batch out of the buffer: a failed write above leaves it to be retried.
         del self._finished[: len(batch)]
+        accepted = {f.execution_id: f for f in written}
         rejected = 0
         for finished in batch:
+            if (record := accepted.get(finished.outcome.execution_id)) is not None:
+                if record.next_attempt_at is not None:
+                    self.stats.retries_scheduled += 1
+                    finished.logger.info(
+                        "attempt %d %s; next attempt at %s",
+                        record.attempt,
+                        record.attempt_state,
+                        record.next_attempt_at.isoformat(),
+                    )
+                elif record.state == "DEAD":
+                    self.stats.dead += 1
+                    finished.logger.warning(
+                        "attempt %d %s; no attempts left: DEAD", record.attempt, record.attempt_state
+                    )
             if finished.outcome.execution_id not in accepted:
                 rejected += 1
                 finished.logger.warning(
@@ -714,7 +880,28 @@ class WorkerRuntime:
         self.stats.flushes += 1
         self.stats.rejected += rejected
         await self._drop_heartbeats([f.outcome.execution_id for f in batch])
+        await self._schedule_retries(written)
         return FlushResult(written=len(batch) - rejected, rejected=rejected)
+
+    async def _schedule_retries(self, written: Sequence[Finished]) -> None:
+        """Put the retries just scheduled into their shards' hot windows, if they are due within it.
+
+        Best effort: Postgres has the retry, and the hydrator promotes it (or re-adds it once overdue).
+        """
+        window = self._hot_window
+        if window is None:
+            return
+        horizon = datetime.now(UTC) + timedelta(seconds=self.settings.hot_window_sec) + _HOT_WINDOW_MARGIN
+        by_shard: dict[int, list[RetryDue]] = {}
+        for record in written:
+            retry = record.retry
+            if retry is not None and retry.due < horizon:
+                by_shard.setdefault(record.shard, []).append(retry)
+        try:
+            for shard, retries in by_shard.items():
+                await window.add_retries(shard, retries)
+        except _REDIS_ERRORS as exc:
+            log.warning("could not add %d retries to the hot window (the hydrator will): %s", len(written), exc)
 
     # --- commit -------------------------------------------------------------------------------
 
@@ -810,6 +997,7 @@ class WorkerRuntime:
             self._redis = None
             self._renew_script = None
             self._release_script = None
+            self._hot_window = None
         if self._store is not None:
             await self._store.close()
             self._store = None

@@ -40,6 +40,15 @@ class WorkerSettings(CommonSettings):
         _DEFAULTS.shutdown_grace_sec, ge=0, description="How long a stop waits for running handlers."
     )
     worker_db_pool_size: int = Field(_DEFAULTS.db_pool_size, ge=1, description="Postgres connections.")
+    worker_cancel_poll_interval_sec: float = Field(
+        _DEFAULTS.cancel_poll_interval_sec, gt=0, description="How often running executions' cancel flags are read."
+    )
+    worker_cancel_grace_sec: float = Field(
+        _DEFAULTS.cancel_grace_sec,
+        ge=0,
+        description="How long a handler interrupted by its timeout or a cancel may take to end before it is "
+        "abandoned (its attempt is TIMED_OUT or CANCELLED either way).",
+    )
 
     def runtime_config(self, worker: Worker) -> WorkerConfig:
         return WorkerConfig(
@@ -50,6 +59,8 @@ class WorkerSettings(CommonSettings):
             commit_interval_sec=self.worker_commit_interval_sec,
             shutdown_grace_sec=self.worker_shutdown_grace_sec,
             db_pool_size=self.worker_db_pool_size,
+            cancel_poll_interval_sec=self.worker_cancel_poll_interval_sec,
+            cancel_grace_sec=self.worker_cancel_grace_sec,
         )
 
     def identity(self) -> str:

@@ -299,7 +299,7 @@ SELECT e.id, e.tenant_id, e.job_id, e.scheduled_for, e.shard, e.fence_token, e.p
        e.attempt, e.timeout_sec, e.traceparent, j.payload
 FROM executions e JOIN jobs j ON j.id = e.job_id
 WHERE e.state = 'PENDING'
-  AND ((e.published_at IS NULL AND e.created_at < $1) OR e.published_at < $2)
+  AND ((e.published_at IS NULL AND coalesce(e.pending_since, e.created_at) < $1) OR e.published_at < $2)
 ORDER BY e.created_at
 LIMIT $3;
 
@@ -322,27 +322,54 @@ WITH started AS (
     INSERT INTO audit_log (tenant_id, entity, entity_id, action, from_state, to_state, actor)
     SELECT tenant_id, 'execution', id, 'start', 'PENDING', 'RUNNING', $3 FROM started
 )
-SELECT * FROM started;
+-- With the job's retry policy (the worker computes the backoff of a failure) and the last progress an
+-- earlier attempt checkpointed (ctx.previous_progress, to resume a long job).
+SELECT s.*, j.retry_policy, previous.progress AS previous_progress
+FROM started s
+JOIN jobs j ON j.id = s.job_id
+LEFT JOIN LATERAL (
+    SELECT a.progress FROM execution_attempts a
+    WHERE s.attempt > 1 AND a.execution_id = s.id AND a.attempt < s.attempt AND a.progress IS NOT NULL
+    ORDER BY a.attempt DESC LIMIT 1
+) previous ON true;
 
 -- name: finish_executions
--- RUNNING -> a terminal state, only for the attempt this worker owns. A worker that lost its claim
+-- RUNNING -> how the attempt ended, only for the attempt this worker owns. A worker that lost its claim
 -- (the sweeper moved on) gets zero rows and its result is dropped.
+-- A FAILED or TIMED_OUT attempt schedules the next one $7 ms from now (the worker computed the backoff) if
+-- attempts are left; the last one leaves the execution DEAD, and one whose cancel was requested CANCELLED.
+-- The attempt row keeps how the attempt itself ended.
 WITH finished AS (
     UPDATE executions e
-    SET state = f.state, result = f.result, error = f.error, finished_at = now()
-    FROM unnest($1::uuid[], $2::int[], $3::text[], $4::jsonb[], $5::text[]) AS f (id, attempt, state, result, error)
+    SET state = CASE
+            WHEN f.state IN ('FAILED', 'TIMED_OUT') AND e.cancel_requested_at IS NOT NULL THEN 'CANCELLED'
+            WHEN f.state IN ('FAILED', 'TIMED_OUT') AND e.attempt >= e.max_attempts THEN 'DEAD'
+            ELSE f.state END,
+        next_attempt_at = CASE
+            WHEN f.state IN ('FAILED', 'TIMED_OUT') AND e.cancel_requested_at IS NULL AND e.attempt < e.max_attempts
+            THEN now() + f.delay_ms * interval '1 millisecond' END,
+        result = f.result, error = f.error, finished_at = now()
+    FROM unnest($1::uuid[], $2::int[], $3::text[], $4::jsonb[], $5::text[], $7::bigint[])
+         AS f (id, attempt, state, result, error, delay_ms)
     WHERE e.id = f.id AND e.attempt = f.attempt AND e.state = 'RUNNING' AND e.worker_id = $6
-    RETURNING e.id, e.attempt, e.tenant_id, e.state, e.error, e.finished_at
+    RETURNING e.id, e.attempt, e.tenant_id, e.state, e.error, e.finished_at, e.shard, e.next_attempt_at,
+              f.state AS attempt_state
 ), attempts AS (
     UPDATE execution_attempts a
-    SET state = finished.state, error = finished.error, finished_at = finished.finished_at
+    SET state = finished.attempt_state, error = finished.error, finished_at = finished.finished_at
     FROM finished
     WHERE a.execution_id = finished.id AND a.attempt = finished.attempt
 ), audit AS (
-    INSERT INTO audit_log (tenant_id, entity, entity_id, action, from_state, to_state, actor)
-    SELECT tenant_id, 'execution', id, 'finish', 'RUNNING', state, $6 FROM finished
+    INSERT INTO audit_log (tenant_id, entity, entity_id, action, from_state, to_state, actor, detail)
+    SELECT tenant_id, 'execution', id, 'finish', 'RUNNING', attempt_state, $6,
+           jsonb_build_object('attempt', attempt, 'nextAttemptAt', next_attempt_at)
+    FROM finished
+    UNION ALL
+    SELECT tenant_id, 'execution', id, CASE WHEN state = 'DEAD' THEN 'dead' ELSE 'cancel' END, attempt_state, state,
+           $6, jsonb_build_object('attempt', attempt)
+    FROM finished WHERE state <> attempt_state
 )
-SELECT id, attempt, state FROM finished;
+SELECT id, attempt, state, attempt_state, shard, next_attempt_at FROM finished;
 
 -- name: record_progress
 UPDATE execution_attempts a SET progress = $4
@@ -350,3 +377,206 @@ FROM executions e
 WHERE a.execution_id = $1 AND a.attempt = $2 AND e.id = a.execution_id AND e.attempt = a.attempt
   AND e.state = 'RUNNING' AND e.worker_id = $3
 RETURNING a.execution_id;
+
+-- ============================================================================================
+-- Reliable execution (issue 4): retries, the sweeper's scans, cancellation, dead letters, idempotency.
+-- ============================================================================================
+
+-- name: retry_range
+-- Scheduled retries of one shard due in [$2, $3), after the keyset position ($2, $4): the hydrator promotes
+-- them into the hot window beside the jobs. An index range scan on executions_retry_idx.
+SELECT id, next_attempt_at FROM executions
+WHERE shard = $1 AND next_attempt_at IS NOT NULL
+  AND (next_attempt_at, id) > ($2, $4::uuid) AND next_attempt_at < $3
+ORDER BY next_attempt_at, id
+LIMIT $5;
+
+-- name: overdue_retries
+-- Scheduled retries of one shard that should have been dispatched before $2 and were not: their hot-window
+-- member was lost (Redis flushed, a dispatcher died after claiming it, the writer could not reach Redis).
+SELECT id, next_attempt_at FROM executions
+WHERE shard = $1 AND next_attempt_at IS NOT NULL AND next_attempt_at < $2
+ORDER BY next_attempt_at, id
+LIMIT $3;
+
+-- name: dispatch_retries
+-- The claimed retry members that are due in Postgres move to their next attempt: back to PENDING with
+-- attempt + 1, stamped with this leader's fence token (the caller raised the fence in this transaction).
+-- Compare-and-swap on the retryable state and on the retry still being scheduled at or before the claimed
+-- score: a cancelled, already retried or re-scheduled execution matches nothing. The previous attempt's
+-- error stays until the new attempt ends; its worker and times go.
+WITH due AS (
+    SELECT e.id, e.state
+    FROM executions e
+    JOIN unnest($1::uuid[], $2::timestamptz[]) AS c (id, due) ON e.id = c.id
+    WHERE e.shard = $3 AND e.next_attempt_at IS NOT NULL
+      AND date_trunc('milliseconds', e.next_attempt_at) <= c.due
+      AND e.state IN ('FAILED', 'TIMED_OUT', 'FAILED_WORKER_LOST', 'DEAD')
+    ORDER BY e.id
+    FOR UPDATE OF e
+), retried AS (
+    UPDATE executions e
+    SET state = 'PENDING', attempt = e.attempt + 1, next_attempt_at = NULL, fence_token = $4, worker_id = NULL,
+        started_at = NULL, finished_at = NULL, result = NULL, published_at = NULL, pending_since = now(),
+        dlq_published_at = NULL
+    FROM due WHERE e.id = due.id
+    RETURNING e.id, e.tenant_id, e.job_id, e.scheduled_for, e.shard, e.fence_token, e.pool, e.handler,
+              e.attempt, e.timeout_sec, e.traceparent, due.state AS from_state
+), audit AS (
+    INSERT INTO audit_log (tenant_id, entity, entity_id, action, from_state, to_state, actor, detail)
+    SELECT tenant_id, 'execution', id, 'retry', from_state, 'PENDING', $5,
+           jsonb_build_object('attempt', attempt, 'fenceToken', fence_token)
+    FROM retried
+)
+SELECT r.*, j.payload FROM retried r JOIN jobs j ON j.id = r.job_id;
+
+-- name: retries_not_due
+-- Claimed retry members that matched nothing, with when their retry is scheduled now (a member that raced
+-- ahead of a re-scheduled retry goes back at the right score).
+SELECT id, next_attempt_at FROM executions WHERE id = ANY($1::uuid[]) AND shard = $2 AND next_attempt_at IS NOT NULL;
+
+-- name: running_executions
+-- The sweeper's view of RUNNING executions, oldest first, keyset-paged on executions_open_idx: who runs each
+-- attempt, since when, its timeout, and the job's retry policy (for the backoff of a lost attempt).
+SELECT e.id, e.tenant_id, e.job_id, e.shard, e.worker_id, e.attempt, e.max_attempts, e.created_at, e.started_at,
+       e.timeout_sec, e.cancel_requested_at, j.retry_policy, now() AS db_now
+FROM executions e JOIN jobs j ON j.id = e.job_id
+WHERE e.state = 'RUNNING' AND (e.created_at, e.id) > ($1, $2::uuid)
+ORDER BY e.created_at, e.id
+LIMIT $3;
+
+-- name: fail_running
+-- The sweeper ends attempts whose worker is gone (FAILED_WORKER_LOST) or ran past its timeout (TIMED_OUT),
+-- compare-and-swap on the attempt and the worker it saw: a worker that finished meanwhile, or an attempt
+-- that moved on, is left alone. Then as for a worker's failure: a retry $6 ms from now if attempts are left,
+-- DEAD after the last, CANCELLED if a cancel was requested.
+WITH failed AS (
+    UPDATE executions e
+    SET state = CASE
+            WHEN e.cancel_requested_at IS NOT NULL THEN 'CANCELLED'
+            WHEN e.attempt >= e.max_attempts THEN 'DEAD'
+            ELSE f.state END,
+        next_attempt_at = CASE
+            WHEN e.cancel_requested_at IS NULL AND e.attempt < e.max_attempts
+            THEN now() + f.delay_ms * interval '1 millisecond' END,
+        error = f.error, finished_at = now()
+    FROM unnest($1::uuid[], $2::int[], $3::text[], $4::text[], $5::text[], $6::bigint[])
+         AS f (id, attempt, worker_id, state, error, delay_ms)
+    WHERE e.id = f.id AND e.attempt = f.attempt AND e.state = 'RUNNING' AND e.worker_id = f.worker_id
+    RETURNING e.id, e.attempt, e.tenant_id, e.state, e.error, e.finished_at, e.shard, e.next_attempt_at,
+              f.state AS attempt_state, f.worker_id AS lost_worker
+), attempts AS (
+    UPDATE execution_attempts a
+    SET state = failed.attempt_state, error = failed.error, finished_at = failed.finished_at
+    FROM failed
+    WHERE a.execution_id = failed.id AND a.attempt = failed.attempt
+), audit AS (
+    INSERT INTO audit_log (tenant_id, entity, entity_id, action, from_state, to_state, actor, detail)
+    SELECT tenant_id, 'execution', id, 'sweep', 'RUNNING', attempt_state, $7,
+           jsonb_build_object('attempt', attempt, 'worker', lost_worker, 'nextAttemptAt', next_attempt_at)
+    FROM failed
+    UNION ALL
+    SELECT tenant_id, 'execution', id, CASE WHEN state = 'DEAD' THEN 'dead' ELSE 'cancel' END, attempt_state, state,
+           $7, jsonb_build_object('attempt', attempt)
+    FROM failed WHERE state <> attempt_state
+)
+SELECT id, attempt, state, attempt_state, shard, next_attempt_at FROM failed;
+
+-- name: cancel_requested
+-- Of the given RUNNING executions, those whose cancel has been requested (the worker's fallback when the
+-- Redis flag was lost).
+SELECT id FROM executions WHERE id = ANY($1::uuid[]) AND state = 'RUNNING' AND cancel_requested_at IS NOT NULL;
+
+-- name: dead_letters
+-- The sundial.dlq outbox: DEAD executions whose dead letter is not published yet, oldest first.
+SELECT e.id, e.tenant_id, e.job_id, e.scheduled_for, e.pool, e.handler, e.attempt, e.max_attempts, e.error,
+       e.finished_at, e.trace_id, j.name AS job_name, j.payload
+FROM executions e JOIN jobs j ON j.id = e.job_id
+WHERE e.state = 'DEAD' AND e.dlq_published_at IS NULL
+ORDER BY e.finished_at
+LIMIT $1;
+
+-- name: mark_dead_lettered
+UPDATE executions SET dlq_published_at = now() WHERE id = ANY($1::uuid[]) AND state = 'DEAD';
+
+-- name: list_executions_by_state
+-- GET /v1/executions?state=…: one tenant's executions in one state, newest first, keyset on the id (UUIDv7).
+SELECT * FROM executions
+WHERE tenant_id = $1 AND state = $2 AND ($3::uuid IS NULL OR id < $3)
+ORDER BY id DESC
+LIMIT $4;
+
+-- name: cancel_execution
+-- POST /v1/executions/{id}/cancel. PENDING, or waiting for a retry: CANCELLED at once (a worker's start CAS
+-- then fails, a claimed retry member matches nothing). RUNNING: the cancel is requested and its worker,
+-- told through Redis (or this column), stops the handler and records CANCELLED. Anything else: no row.
+WITH previous AS (
+    SELECT id, state FROM executions
+    WHERE id = $1 AND tenant_id = $2 AND (state IN ('PENDING', 'RUNNING') OR next_attempt_at IS NOT NULL)
+    FOR UPDATE
+), changed AS (
+    UPDATE executions e
+    SET state = CASE WHEN p.state = 'RUNNING' THEN e.state ELSE 'CANCELLED' END,
+        cancel_requested_at = coalesce(e.cancel_requested_at, now()),
+        next_attempt_at = NULL,
+        finished_at = CASE WHEN p.state = 'RUNNING' THEN e.finished_at ELSE now() END
+    FROM previous p WHERE e.id = p.id
+    RETURNING e.*, p.state AS from_state
+), audit AS (
+    INSERT INTO audit_log (tenant_id, entity, entity_id, action, from_state, to_state, actor)
+    SELECT tenant_id, 'execution', id, CASE WHEN state = 'CANCELLED' THEN 'cancel' ELSE 'cancel_request' END,
+           from_state, state, $3
+    FROM changed
+)
+SELECT * FROM changed;
+
+-- name: retry_dead_execution
+-- POST /v1/executions/{id}/retry: a DEAD execution gets one more attempt, scheduled now; the dispatcher
+-- moves it to PENDING through the hot window like any retry. No row: not DEAD, or its retry is scheduled.
+WITH changed AS (
+    UPDATE executions
+    SET next_attempt_at = now(), max_attempts = attempt + 1
+    WHERE id = $1 AND tenant_id = $2 AND state = 'DEAD' AND next_attempt_at IS NULL
+    RETURNING *
+), audit AS (
+    INSERT INTO audit_log (tenant_id, entity, entity_id, action, from_state, to_state, actor, detail)
+    SELECT tenant_id, 'execution', id, 'retry_request', 'DEAD', 'DEAD', $3,
+           jsonb_build_object('nextAttempt', attempt + 1)
+    FROM changed
+)
+SELECT * FROM changed;
+
+-- name: claim_idempotency_key
+-- Take the key for this request: a new key, one past its expiry, or (same body only) an in-flight claim
+-- whose request died. No row: someone else holds it; read it with get_idempotency_key.
+INSERT INTO idempotency_keys AS k (tenant_id, key, request_hash, token, state, locked_until, expires_at)
+VALUES ($1, $2, $3, $4, 'IN_FLIGHT', now() + $5 * interval '1 second', now() + $6 * interval '1 second')
+ON CONFLICT (tenant_id, key) DO UPDATE
+SET request_hash = excluded.request_hash, token = excluded.token, state = 'IN_FLIGHT',
+    locked_until = excluded.locked_until, expires_at = excluded.expires_at, status_code = NULL, headers = NULL,
+    body = NULL, resource_id = NULL, created_at = now()
+WHERE k.expires_at < now()
+   OR (k.state = 'IN_FLIGHT' AND k.locked_until < now() AND k.request_hash = excluded.request_hash)
+RETURNING token;
+
+-- name: get_idempotency_key
+SELECT *, locked_until < now() AS lock_expired FROM idempotency_keys
+WHERE tenant_id = $1 AND key = $2 AND expires_at >= now();
+
+-- name: complete_idempotency_key
+-- In the transaction that created the resource: the key now answers with this response. No row: the claim
+-- was taken over (this request outlived its lock), and the caller rolls its work back.
+UPDATE idempotency_keys
+SET state = 'DONE', status_code = $4, headers = $5, body = $6, resource_id = $7, locked_until = NULL
+WHERE tenant_id = $1 AND key = $2 AND token = $3 AND state = 'IN_FLIGHT'
+RETURNING key;
+
+-- name: release_idempotency_key
+-- The request failed without creating anything: let a retry with the key run at once.
+DELETE FROM idempotency_keys WHERE tenant_id = $1 AND key = $2 AND token = $3 AND state = 'IN_FLIGHT';
+
+-- name: purge_idempotency_keys
+-- Keys past their 24 hours, a batch at a time (the sweeper), on idempotency_keys_expiry_idx.
+DELETE FROM idempotency_keys k
+USING (SELECT tenant_id, key FROM idempotency_keys WHERE expires_at < now() ORDER BY expires_at LIMIT $1) old
+WHERE k.tenant_id = old.tenant_id AND k.key = old.key;

@@ -1,0 +1,128 @@
+"""``Idempotency-Key`` on ``POST /v1/jobs``: a retried create registers one job, and answers as the first did.
+
+A client that lost the answer to a create (a timeout, a 503 while Postgres restarted, its own crash) sends
+the same request again with the same key. Keys are scoped per tenant and kept 24 hours
+(``SUNDIAL_IDEMPOTENCY_TTL_SEC``):
+
+* same key, same body, first request done → the first answer again, byte for byte (status, ``Location``,
+  ``ETag``, body), with ``Idempotent-Replayed: true``;
+* same key, another body → 422 naming ``Idempotency-Key``;
+* same key while the first request is still running → 409 with ``Retry-After`` (never a second job:
+  concurrent duplicates race for one row, and exactly one wins).
+
+How. The request first *claims* the key: one ``INSERT … ON CONFLICT`` writes an IN_FLIGHT row with the body's
+hash and a claim token, locked for ``SUNDIAL_IDEMPOTENCY_LOCK_SEC``. The job is then inserted **in the same
+transaction** that completes the key with the answer (only the claim's token may complete it). So a job
+exists if and only if its key answers with it: a crash or a Postgres restart anywhere in between leaves
+either both or neither. A claim whose request died (the API crashed, the database went away) is taken over
+by a retry of the same body once its lock has passed; if the first request was merely slow and comes back,
+its completion finds another token and its transaction — job included — rolls back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import re
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+from pydantic import BaseModel
+from starlette.responses import Response
+from sundial_common.auth import Principal
+from sundial_common.store import IdempotentResponse, Record
+
+from sundial_api.models import render_job
+from sundial_api.problems import ProblemError, field_error
+from sundial_api.responses import dumps
+from sundial_api.state import ApiState
+
+log = logging.getLogger("sundial.api")
+
+HEADER = "Idempotency-Key"
+#: Visible ASCII (a UUID, a hash, "order-42-create"), as the IETF draft and Stripe accept.
+_KEY = re.compile(r"^[\x21-\x7e]{1,255}$")
+_CLAIM_ROUNDS = 3
+
+
+def _invalid_key(message: str) -> ProblemError:
+    return ProblemError(422, f"`{HEADER}` {message}", errors=[field_error(HEADER, message)])
+
+
+def request_hash(body: BaseModel) -> bytes:
+    """The body as the client sent it (set fields only, keys sorted): equal requests hash equal."""
+    canonical = body.model_dump(mode="json", by_alias=True, exclude_unset=True)
+    return hashlib.sha256(orjson.dumps(canonical, option=orjson.OPT_SORT_KEYS)).digest()
+
+
+def _replay(row: Mapping[str, Any]) -> Response:
+    headers = {**(row["headers"] or {}), "Idempotent-Replayed": "true"}
+    return Response(bytes(row["body"]), status_code=row["status_code"], headers=headers, media_type="application/json")
+
+
+def _created(row: Record) -> IdempotentResponse:
+    """What ``POST /v1/jobs`` answers for a new job (the same bytes ``jobs.create_job`` sends)."""
+    return IdempotentResponse(
+        status_code=201,
+        headers={"Location": f"/v1/jobs/{row['id']}", "ETag": f'"{row["version"]}"'},
+        body=dumps(render_job(row)),
+        resource_id=row["id"],
+    )
+
+
+async def _claim(state: ApiState, tenant: str, key: str, digest: bytes) -> uuid.UUID | Response:
+    """Take the key for this request (its claim token), or the answer a request holding it calls for."""
+    settings = state.settings
+    for _ in range(_CLAIM_ROUNDS):
+        token = uuid.uuid4()
+        if await state.store.claim_idempotency_key(
+            tenant, key, digest, token, settings.idempotency_lock_sec, settings.idempotency_ttl_sec
+        ):
+            return token
+        row = await state.store.get_idempotency_key(tenant, key)
+        if row is None:
+            continue  # it expired between the two statements: claim it again
+        if bytes(row["request_hash"]) != digest:
+            raise _invalid_key("was already used with a different request body; use a new key for a new request")
+        if row["state"] == "DONE":
+            return _replay(row)
+        if row["lock_expired"]:
+            continue  # its request died: the next claim takes it over
+        raise ProblemError(
+            409,
+            "a request with this Idempotency-Key is still being processed; retry shortly",
+            headers={"Retry-After": "1"},
+            slug="idempotency-key-in-use",
+        )
+    raise ProblemError(409, "the Idempotency-Key kept changing hands; retry shortly", headers={"Retry-After": "1"})
+
+
+async def create_job_once(
+    state: ApiState, principal: Principal, key: str, body: BaseModel, values: dict[str, Any]
+) -> Record | Response:
+    """Insert the job described by ``values`` unless ``key`` already did: the new row, or the answer to replay."""
+    if not _KEY.match(key):
+        raise _invalid_key("must be 1 to 255 visible ASCII characters (a UUID is a good choice)")
+    digest = request_hash(body)
+    for _ in range(_CLAIM_ROUNDS):
+        claimed = await _claim(state, principal.tenant, key, digest)
+        if isinstance(claimed, Response):
+            return claimed
+        try:
+            done = await state.store.insert_job_idempotent(
+                values, principal.subject, key=key, token=claimed, respond=_created
+            )
+        except Exception:
+            # Nothing was created (the transaction rolled back): free the key for an immediate retry. If
+            # Postgres itself is gone this fails too, and the claim's lock runs out instead.
+            with contextlib.suppress(Exception):
+                await state.store.release_idempotency_key(principal.tenant, key, claimed)
+            raise
+        if done is not None:
+            return done[0]
+        # Our claim was taken over while we ran (we outlived its lock): what holds the key now decides.
+        log.warning("idempotency claim of a create was taken over; its job was rolled back")
+    raise ProblemError(409, "the Idempotency-Key kept changing hands; retry shortly", headers={"Retry-After": "1"})

@@ -1,0 +1,130 @@
+"""The retry half of a shard's dispatch pass: scheduled retries claimed from the hot window go out again.
+
+A failed attempt (FAILED, TIMED_OUT, FAILED_WORKER_LOST) with attempts left gets ``next_attempt_at`` in
+Postgres and a member ``r:<execution id>`` in its shard's hot window, scored at that instant — a delayed
+occurrence like a job's next fire, not a separate retry topic: one claim script, one fence, one outbox.
+When the leader claims such members it runs the same three steps as for a job (see
+:mod:`sundial_dispatcher.dispatcher`):
+
+1. **Claim** — already done by the shared claim; a crash after it loses only Redis members, which the
+   hydrator's overdue scan puts back from ``next_attempt_at``.
+2. **Commit** — one transaction raises the shard fence to this term's token (a paused ex-leader is
+   rejected, DESIGN invariant 4) and compare-and-swaps each due retry from its failed state to PENDING
+   with ``attempt + 1`` and this term's token (invariant 3). A member whose execution was cancelled or has
+   already been retried matches nothing; one that raced ahead of a re-scheduled retry goes back at the
+   right score.
+3. **Publish** the next attempts to their pools' topics, then mark them published. A crash before that
+   leaves PENDING rows the sweeper republishes. A worker still holding the previous attempt loses every
+   compare-and-swap: its attempt number is no longer the execution's.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+from sundial_common.broker import Publisher
+from sundial_common.clock import Clock
+from sundial_common.crashpoints import crash_point
+from sundial_common.hotwindow import HotWindow
+from sundial_common.messages import ExecutionMessage
+from sundial_common.store import Record, RetryDue, Store
+from sundial_common.telemetry import context_from, traceparent, tracer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RetryResult:
+    #: Executions moved to their next attempt.
+    retried: int = 0
+    published: int = 0
+    publish_failed: int = 0
+
+
+class RetryDispatcher:
+    """Leader-only: dispatch one shard's claimed retry members under one term's fencing token."""
+
+    def __init__(
+        self,
+        shard: int,
+        token: int,
+        holder: str,
+        store: Store,
+        hot_window: HotWindow,
+        publisher: Publisher,
+        clock: Clock,
+        hot_window_sec: int,
+    ) -> None:
+        self.shard = shard
+        self.token = token
+        self.holder = holder
+        self.store = store
+        self.hot_window = hot_window
+        self.publisher = publisher
+        self.clock = clock
+        self.hot_window_sec = hot_window_sec
+
+    async def dispatch(self, claims: Sequence[RetryDue]) -> RetryResult:
+        """Commit (fenced) and publish the next attempt of each due retry. Raises ``FencedOut`` like a dispatch."""
+        if not claims:
+            return RetryResult()
+        outcome = await self.store.dispatch_retries(self.shard, self.token, self.holder, claims)
+        crash_point("dispatcher.after_commit")
+        if outcome.misplaced:
+            horizon = self.clock.now() + timedelta(seconds=self.hot_window_sec)
+            await self.hot_window.add_retries(
+                self.shard, [r for r in outcome.misplaced if r.due < horizon], only_new=True
+            )
+        if not outcome.dispatched:
+            return RetryResult()
+        messages: list[ExecutionMessage] = []
+        spans: list[Span] = []
+        for row in outcome.dispatched:
+            # Each attempt gets a dispatch span in the execution's own trace, as the first one did, and the
+            # handler's span continues it: every attempt of one occurrence is one story.
+            span = tracer.start_span(
+                "dispatch retry",
+                context=context_from(row["traceparent"]),
+                kind=SpanKind.PRODUCER,
+                attributes={
+                    "sundial.execution_id": str(row["id"]),
+                    "sundial.job_id": str(row["job_id"]),
+                    "sundial.tenant": row["tenant_id"],
+                    "sundial.pool": row["pool"],
+                    "sundial.attempt": row["attempt"],
+                    "sundial.fence_token": self.token,
+                },
+            )
+            spans.append(span)
+            messages.append(self._message(row, traceparent(span) or row["traceparent"]))
+        errors = await self.publisher.publish(messages)
+        for span, error in zip(spans, errors, strict=True):
+            if error is not None:
+                span.set_status(Status(StatusCode.ERROR, f"publish failed: {error}"))
+            span.end()
+        sent = [row["id"] for row, error in zip(outcome.dispatched, errors, strict=True) if error is None]
+        failed = len(messages) - len(sent)
+        if failed:
+            # Not lost: they are PENDING and unpublished, and the sweeper sends them again.
+            log.warning("shard %d: %d retry publishes failed; the sweeper will send them", self.shard, failed)
+        await self.store.mark_published(sent)
+        return RetryResult(retried=len(messages), published=len(sent), publish_failed=failed)
+
+    def _message(self, row: Record, parent: str | None) -> ExecutionMessage:
+        return ExecutionMessage(
+            execution_id=str(row["id"]),
+            job_id=str(row["job_id"]),
+            tenant_id=row["tenant_id"],
+            pool=row["pool"],
+            handler=row["handler"],
+            attempt=row["attempt"],
+            fence_token=self.token,
+            scheduled_for=row["scheduled_for"].isoformat(),
+            timeout_sec=row["timeout_sec"],
+            payload=row["payload"],
+            traceparent=parent,
+        )

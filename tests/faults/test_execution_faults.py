@@ -1,0 +1,236 @@
+"""Reliable execution under fire: seven faults injected into a running stack, each with the same promises.
+
+Each scenario starts every Sundial process (supervised: a killed one comes back, as under ``make up``),
+creates ``1,000 × SUNDIAL_FAULT_SCALE`` jobs through HTTP, injects its fault while they run, lets the
+system heal, and checks Postgres (``FaultStack.check``): no acknowledged create lost; every due job reached a
+terminal state; at most one accepted completion per (job, occurrence); no write committed with a stale
+fencing token. Duplicate handler starts are allowed (at-least-once) and reported.
+
+1. ``kill -9`` a worker mid-handler            5. Postgres stopped (immediate) during create load
+2. the dispatcher killed at each crash point   6. a worker SIGSTOPped past its heartbeat TTL, then resumed
+3. the Kafka broker restarted (empty)          7. a retry storm: every handler fails for a while
+4. Redis FLUSHALL, then Redis restarted empty
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import statistics
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from sundial_infra.servers import LocalStack
+
+from tests.faults.harness import FaultStack, eventually, one_shots, scaled
+
+JOBS = scaled(1000)
+pytestmark = [pytest.mark.faults, pytest.mark.timeout(300)]
+
+
+@pytest.fixture
+async def faults(settings_env: dict[str, str], tmp_path: Path) -> AsyncIterator[FaultStack]:
+    stack = FaultStack(settings_env, tmp_path)
+    stack.start()
+    try:
+        await stack.ready()
+        yield stack
+    finally:
+        await asyncio.to_thread(stack.stop)
+
+
+def report(name: str, line: str) -> None:
+    print(f"\nfault {name}: {line}")
+
+
+async def test_a_worker_killed_mid_handler_loses_nothing(faults: FaultStack) -> None:
+    bodies = one_shots(faults.pool, JOBS, start_in=4, spread=6, payload={"ms": 400})
+    creating = asyncio.create_task(faults.create_jobs(bodies))
+
+    async def running_on_worker_1() -> bool:
+        rows = await faults.fetch("SELECT count(*) AS n FROM executions WHERE state = 'RUNNING'")
+        return int(rows[0]["n"]) >= 20
+
+    await eventually(running_on_worker_1, 60, "handlers running")
+    faults.signal("worker-1", signal.SIGKILL)
+    job_ids = await creating
+    await faults.wait_terminal(len(job_ids), within=120)
+    result = await faults.check(job_ids)
+    assert result.attempt_states["FAILED_WORKER_LOST"] >= 1, "the kill landed mid-handler: those attempts were lost"
+    assert faults.restarts()["worker-1"] >= 1, "the supervisor restarted the killed worker"
+    report("kill -9 worker", result.line())
+
+
+async def test_the_dispatcher_killed_at_each_crash_point_loses_and_doubles_nothing(faults: FaultStack) -> None:
+    bodies = one_shots(faults.pool, JOBS, start_in=4, spread=10, payload={"ms": 20})
+    creating = asyncio.create_task(faults.create_jobs(bodies))
+    # A second replica armed with a crash point takes its share of the shards, dies at its first pass with
+    # due work, and is not restarted (the supervised replica takes its shards back); then the other point.
+    for point in ("dispatcher.after_claim", "dispatcher.after_commit"):
+        name = f"crash-{point.split('.')[1]}"
+        proc = faults.extra.start(name, "dispatcher", env={"SUNDIAL_CRASH_POINT": point, "SUNDIAL_INSTANCE_ID": name})
+        await eventually(lambda p=proc: p.poll() is not None, 60, f"{name} to reach {point}")  # type: ignore[misc]
+        assert proc.returncode == 137 and f"crash point {point} reached" in faults.log(name), faults.log(name)[-2000:]
+    job_ids = await creating
+    await faults.wait_terminal(len(job_ids), within=120)
+    result = await faults.check(job_ids)
+    report("dispatcher crash points", result.line())
+
+
+async def test_the_broker_restarting_empty_loses_nothing(faults: FaultStack, stack: LocalStack) -> None:
+    bodies = one_shots(faults.pool, JOBS, start_in=4, spread=8, payload={"ms": 50})
+    creating = asyncio.create_task(faults.create_jobs(bodies))
+
+    async def some_done() -> bool:
+        return await faults.terminal() >= JOBS // 5
+
+    await eventually(some_done, 60, "a fifth of the jobs done")
+    began = time.monotonic()
+    await asyncio.to_thread(stack.broker.restart)  # memory storage: every topic, message and offset gone
+    restarted_in = time.monotonic() - began
+    job_ids = await creating
+    await faults.wait_terminal(len(job_ids), within=150)
+    result = await faults.check(job_ids)
+    assert "republished" in faults.log("sweeper"), "messages the broker lost were sent again from the outbox"
+    report("broker restart", f"{result.line()}; broker down {restarted_in:.1f}s")
+
+
+async def test_redis_flushed_then_restarted_empty_loses_nothing(faults: FaultStack, stack: LocalStack) -> None:
+    from redis.asyncio import Redis
+
+    bodies = one_shots(faults.pool, JOBS, start_in=4, spread=10, payload={"ms": 300})
+    creating = asyncio.create_task(faults.create_jobs(bodies))
+
+    async def some_done() -> bool:
+        return await faults.terminal() >= JOBS // 5
+
+    await eventually(some_done, 60, "a fifth of the jobs done")
+    redis = Redis.from_url(stack.redis_url)
+    try:
+        await redis.flushall()  # hot windows, watermarks, heartbeats, cancel flags: all gone
+    finally:
+        await redis.aclose()
+
+    async def half_done() -> bool:
+        return await faults.terminal() >= JOBS // 2
+
+    await eventually(half_done, 60, "half of the jobs done")
+    await asyncio.to_thread(stack.redis.restart)  # not durable: it comes back empty
+    job_ids = await creating
+    await faults.wait_terminal(len(job_ids), within=120)
+    result = await faults.check(job_ids)
+    # Heartbeats vanished with Redis, but their workers were alive: the sweeper waited for them to come back.
+    assert result.attempt_states["FAILED_WORKER_LOST"] == 0, result.line()
+    assert "rebuil" in faults.log("hydrator") or "re-added" in faults.log("hydrator")
+    report("redis flush + restart", result.line())
+
+
+async def test_postgres_restarted_during_create_load_makes_one_job_per_key(
+    faults: FaultStack, stack: LocalStack
+) -> None:
+    bodies = one_shots(faults.pool, JOBS, start_in=8, spread=4, payload={"ms": 20})
+    creating = asyncio.create_task(faults.create_jobs(bodies, concurrency=16, within=180))
+
+    async def creates_under_way() -> bool:
+        return sum(faults.create_attempts.values()) >= JOBS // 3 if hasattr(faults, "create_attempts") else False
+
+    await eventually(creates_under_way, 60, "a third of the creates sent")
+    await asyncio.to_thread(stack.postgres.stop, "immediate")  # pg_ctl stop -m immediate: a crash
+    await asyncio.sleep(1.0)  # the outage itself: creates meanwhile get 503 and are retried with their key
+    await asyncio.to_thread(stack.postgres.start)
+    job_ids = await creating
+    await faults.wait_terminal(len(job_ids), within=150)
+    result = await faults.check(job_ids)
+    failed_creates = {k: v for k, v in faults.create_attempts.items() if k != 201}
+    assert failed_creates, "the outage must have failed some creates, which were then retried"
+    keys = await faults.fetch("SELECT count(*) AS n FROM idempotency_keys WHERE state = 'DONE'")
+    assert int(keys[0]["n"]) == len(job_ids)
+    report("postgres restart", f"{result.line()}; create answers {dict(faults.create_attempts)}")
+
+
+async def test_a_worker_paused_past_its_heartbeat_ttl_cannot_overwrite_the_retry(faults: FaultStack) -> None:
+    bodies = one_shots(faults.pool, JOBS, start_in=4, spread=6, payload={"ms": 1500})
+    creating = asyncio.create_task(faults.create_jobs(bodies))
+
+    async def running() -> bool:
+        rows = await faults.fetch("SELECT count(*) AS n FROM executions WHERE state = 'RUNNING'")
+        return int(rows[0]["n"]) >= 20
+
+    await eventually(running, 60, "handlers running")
+    faults.signal("worker-1", signal.SIGSTOP)
+    # Past its TTL (3 s) and the sweeper's confirmation (1.5 s): its attempts are declared lost and retried.
+    await faults.wait_for_log("sweeper", "lost their worker", within=30)
+    await asyncio.sleep(2.0)  # the paused worker's handlers are due to finish meanwhile
+    faults.signal("worker-1", signal.SIGCONT)
+    await faults.wait_for_log("worker-1", "late write rejected", within=30)
+    job_ids = await creating
+    await faults.wait_terminal(len(job_ids), within=120)
+    result = await faults.check(job_ids)
+    rejected = faults.log("worker-1").count("late write rejected")
+    assert result.attempt_states["FAILED_WORKER_LOST"] >= rejected >= 1
+    report("SIGSTOP worker", f"{result.line()}; {rejected} late writes rejected")
+
+
+async def test_a_retry_storm_is_spread_and_capped_by_jittered_backoff(faults: FaultStack) -> None:
+    outage_sec = 8.0
+    policy = {"maxAttempts": 12, "backoff": "EXPONENTIAL", "initialDelayMs": 500, "maxDelayMs": 2000, "jitter": True}
+    fail_until = time.time() + 4 + outage_sec
+    bodies = one_shots(
+        faults.pool,
+        JOBS,
+        start_in=4,
+        spread=0.5,
+        handler="storm",
+        payload={"failUntil": fail_until},
+        retry_policy=policy,
+    )
+    job_ids = await faults.create_jobs(bodies)
+    probe_latency: list[float] = []
+
+    async def probe() -> None:
+        async with faults.client() as client:
+            while time.time() < fail_until + 2:
+                began = time.monotonic()
+                response = await client.get(f"/v1/jobs/{job_ids[0]}")
+                assert response.status_code == 200
+                probe_latency.append(time.monotonic() - began)
+                await asyncio.sleep(0.2)
+
+    await probe()
+    await faults.wait_terminal(len(job_ids), within=120)
+    result = await faults.check(job_ids, retried_handler=True)
+    starts = await faults.fetch(
+        "SELECT execution_id, attempt, extract(epoch FROM started_at) AS at FROM execution_attempts"
+        " ORDER BY execution_id, attempt"
+    )
+    by_execution: dict[object, list[float]] = {}
+    for row in starts:
+        by_execution.setdefault(row["execution_id"], []).append(float(row["at"]))
+    # Every gap between attempts honours at least half its backoff (equal jitter), so no retry loops tight.
+    policy_floor = [0.25, 0.5, 1.0] + [1.0] * 20
+    gaps = [t[i + 1] - t[i] for t in by_execution.values() for i in range(len(t) - 1)]
+    tight = [
+        (n, t[n + 1] - t[n])
+        for t in by_execution.values()
+        for n in range(len(t) - 1)
+        if t[n + 1] - t[n] < policy_floor[n]
+    ]
+    assert not tight, f"retries sooner than half their backoff: {tight[:5]}"
+    # The first retries of a thousand executions that failed together come back spread, not as one wave.
+    second = sorted(t[1] for t in by_execution.values() if len(t) > 1)
+    spread = second[int(0.9 * len(second))] - second[int(0.1 * len(second))]
+    assert spread >= 0.15, f"first retries bunched within {spread:.3f}s"
+    # Capped: the outage of 8 s fits ~5 attempts at this backoff, never a retry per poll.
+    most = max(len(t) for t in by_execution.values())
+    assert most <= 8, f"an execution was attempted {most} times in an {outage_sec:.0f}s outage"
+    assert max(probe_latency) < 2.0, f"the API slowed to {max(probe_latency):.2f}s during the storm"
+    assert not any(faults.restarts().values()), faults.restarts()
+    mean_attempts = statistics.mean(len(t) for t in by_execution.values())
+    report(
+        "retry storm",
+        f"{result.line()}; attempts per execution max {most}, mean {mean_attempts:.1f};"
+        f" first-retry spread p10-p90 {spread:.2f}s; mean gap {statistics.mean(gaps):.2f}s;"
+        f" API p50 {statistics.median(probe_latency) * 1000:.0f}ms max {max(probe_latency) * 1000:.0f}ms",
+    )
