@@ -70,6 +70,11 @@ def scaled(jobs: int) -> int:
     return max(1, int(jobs * SCALE))
 
 
+def budget(seconds: float) -> float:
+    """A wait that grows with the scale: ten times the jobs may take ten times as long to drain."""
+    return seconds * max(1.0, SCALE)
+
+
 @dataclass
 class Report:
     jobs: int
@@ -86,7 +91,7 @@ class Report:
         return (
             f"{self.jobs} jobs, {self.executions} executions, {self.attempts} attempts "
             f"({dict(self.attempt_states)}), {self.duplicate_starts} duplicate starts, "
-            f"executions {dict(self.execution_states)}, {self.terms} dispatcher terms"
+            f"executions {dict(self.execution_states)}, {self.terms} dispatcher terms wrote them"
         )
 
 
@@ -187,6 +192,7 @@ class FaultStack:
     ) -> list[str]:
         """POST each body with its own Idempotency-Key, retrying (same key) until acknowledged; the job ids."""
         limit = asyncio.Semaphore(concurrency)
+        within = budget(within)
         deadline = time.monotonic() + within
         ids: list[str] = [""] * len(bodies)
         self.create_attempts: Counter[int] = Counter()
@@ -224,6 +230,8 @@ class FaultStack:
         return int(rows[0]["n"])
 
     async def wait_terminal(self, jobs: int, within: float) -> None:
+        within = budget(within)
+
         async def done() -> bool:
             try:
                 return await self.terminal() >= jobs
@@ -279,7 +287,7 @@ class FaultStack:
         total = sum(attempt_states.values())
         # Re-runs of the same occurrence not caused by a failing handler: the faults' duplicate starts.
         failing = attempt_states["FAILED"] + attempt_states["TIMED_OUT"] if retried_handler else 0
-        terms = await self.fetch("SELECT count(DISTINCT (shard, token)) AS n FROM shard_fence")
+        terms = await self.fetch("SELECT count(DISTINCT (shard, fence_token)) AS n FROM executions")
         return Report(
             jobs=len(jobs),
             executions=len(executions),

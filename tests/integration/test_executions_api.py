@@ -225,3 +225,16 @@ async def test_a_malformed_key_is_named(api: Api, key: str) -> None:
     assert response.status_code == 422
     assert error_fields(response) == ["Idempotency-Key"]
     assert await jobs_named(api, "bad-key") == 0
+
+
+async def test_a_retried_batch_with_the_same_key_registers_its_jobs_once(api: Api) -> None:
+    items = [one_shot(name=f"batch-{i}") for i in range(3)] + [one_shot(target={"pool": "Bad Pool!", "handler": "x"})]
+    headers = {**api.auth(), "Idempotency-Key": "batch-1"}
+    first = await api.client.post("/v1/jobs:batch", json={"jobs": items}, headers=headers)
+    assert first.status_code == 200 and first.json()["created"] == 3, first.text
+    second = await api.client.post("/v1/jobs:batch", json={"jobs": items}, headers=headers)
+    assert (second.status_code, second.content) == (200, first.content)
+    assert second.headers["idempotent-replayed"] == "true"
+    assert int(await api.db.fetchval("SELECT count(*) FROM jobs WHERE name LIKE 'batch-%'")) == 3
+    other = await api.client.post("/v1/jobs:batch", json={"jobs": items[:1]}, headers=headers)
+    assert other.status_code == 422 and error_fields(other) == ["Idempotency-Key"]

@@ -7,10 +7,10 @@ prepares and caches every statement, so hot paths pay no parse cost.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, TypeAlias, cast
+from typing import Any, TypeAlias, TypeVar, cast
 from uuid import UUID
 
 import asyncpg
@@ -20,6 +20,7 @@ from sundial_common.queries import Q
 
 #: A row as asyncpg returns it (read by column name).
 Record: TypeAlias = Mapping[str, Any]
+_T = TypeVar("_T")
 
 
 class FencedOut(Exception):
@@ -644,13 +645,48 @@ class Store:
         with it, so a retry can never create a second one. None (and nothing written) if the claim was taken
         over meanwhile.
         """
+
+        async def insert(conn: asyncpg.Connection) -> Record:
+            return cast(Record, await conn.fetchrow(Q["insert_job"], *_job_args(values, actor)))
+
+        return await self._insert_once(values["tenant_id"], key, token, insert, respond)
+
+    async def insert_jobs_idempotent(
+        self,
+        jobs: Sequence[Mapping[str, Any]],
+        actor: str,
+        *,
+        tenant_id: str,
+        key: str,
+        token: UUID,
+        respond: Callable[[list[Record]], IdempotentResponse],
+    ) -> tuple[list[Record], IdempotentResponse] | None:
+        """:meth:`insert_jobs` and the key's completion in one transaction (see :meth:`insert_job_idempotent`)."""
+
+        async def insert(conn: asyncpg.Connection) -> list[Record]:
+            if not jobs:
+                return []
+            rows = [{**_JOB_DEFAULTS, "next_nominal_at": job.get("next_fire_at"), **job} for job in jobs]
+            by_id = {row["id"]: row for row in await conn.fetch(Q["insert_jobs"], rows, actor)}
+            return [cast(Record, by_id[job["id"]]) for job in jobs]
+
+        return await self._insert_once(tenant_id, key, token, insert, respond)
+
+    async def _insert_once(
+        self,
+        tenant_id: str,
+        key: str,
+        token: UUID,
+        insert: Callable[[asyncpg.Connection], Awaitable[_T]],
+        respond: Callable[[_T], IdempotentResponse],
+    ) -> tuple[_T, IdempotentResponse] | None:
         try:
             async with self.pool.acquire() as conn, conn.transaction():
-                row = cast(Record, await conn.fetchrow(Q["insert_job"], *_job_args(values, actor)))
-                response = respond(row)
+                created = await insert(conn)
+                response = respond(created)
                 completed = await conn.fetchval(
                     Q["complete_idempotency_key"],
-                    values["tenant_id"],
+                    tenant_id,
                     key,
                     token,
                     response.status_code,
@@ -659,10 +695,10 @@ class Store:
                     response.resource_id,
                 )
                 if completed is None:
-                    raise _ClaimLost  # leaving the block by an exception rolls the job back
+                    raise _ClaimLost  # leaving the block by an exception rolls the insert back
         except _ClaimLost:
             return None
-        return row, response
+        return created, response
 
 
 class _ClaimLost(Exception):

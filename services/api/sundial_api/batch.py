@@ -10,15 +10,17 @@ from __future__ import annotations
 
 import logging
 from datetime import timedelta
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Header
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from redis.exceptions import RedisError
+from starlette.responses import Response
 from sundial_common import ids, telemetry
 from sundial_common.schedules import fire_at
 from sundial_common.store import Occurrence, Record
 
+from sundial_api import idempotency
 from sundial_api.auth import Authenticated
 from sundial_api.jobs import _HOT_WINDOW_MARGIN, _check_payload, _definition, _resolve
 from sundial_api.models import JobCreate, JobState, render_job
@@ -48,7 +50,19 @@ class JobBatch(BaseModel):
     summary="Register up to 1,000 jobs",
     response_description="`results[i]` answers `jobs[i]`: `status` 201 with the `job`, or 4xx with a `problem`.",
 )
-async def create_jobs(body: JobBatch, state: State, principal: Authenticated) -> OrjsonResponse:
+async def create_jobs(
+    body: JobBatch,
+    state: State,
+    principal: Authenticated,
+    idempotency_key: Annotated[
+        str | None,
+        Header(
+            alias="Idempotency-Key",
+            description="As for `POST /v1/jobs`: the same key with the same body answers the first answer again and "
+            "registers nothing more; another body, 422; while the first still runs, 409.",
+        ),
+    ] = None,
+) -> Response:
     """Validate every item as a single create would; store the valid ones together."""
     settings = state.settings
     now = state.clock.now()
@@ -88,11 +102,21 @@ async def create_jobs(body: JobBatch, state: State, principal: Authenticated) ->
         )
         accepted.append((index, values))
 
-    rows = await state.store.insert_jobs([values for _, values in accepted], actor=principal.subject)
+    def answer(rows: list[Record]) -> dict[str, Any]:
+        for (index, _), row in zip(accepted, rows, strict=True):
+            results[index] = {"index": index, "status": 201, "job": render_job(row)}
+        return {"created": len(rows), "failed": len(body.jobs) - len(rows), "results": results}
+
+    jobs = [values for _, values in accepted]
+    if idempotency_key is None:
+        rows = await state.store.insert_jobs(jobs, actor=principal.subject)
+    else:
+        created = await idempotency.create_jobs_once(state, principal, idempotency_key, body, jobs, answer)
+        if isinstance(created, Response):
+            return created  # the first request's answer, replayed
+        rows = created
     await _add_to_hot_window(state, rows)
-    for (index, _), row in zip(accepted, rows, strict=True):
-        results[index] = {"index": index, "status": 201, "job": render_job(row)}
-    return OrjsonResponse({"created": len(rows), "failed": len(body.jobs) - len(rows), "results": results})
+    return OrjsonResponse(answer(rows))
 
 
 async def _add_to_hot_window(state: ApiState, rows: list[Record]) -> None:

@@ -1,4 +1,5 @@
-"""``Idempotency-Key`` on ``POST /v1/jobs``: a retried create registers one job, and answers as the first did.
+"""``Idempotency-Key`` on ``POST /v1/jobs`` (and ``/v1/jobs:batch``): a retried create registers its jobs once,
+and answers as the first request did.
 
 A client that lost the answer to a create (a timeout, a 503 while Postgres restarted, its own crash) sends
 the same request again with the same key. Keys are scoped per tenant and kept 24 hours
@@ -26,8 +27,8 @@ import hashlib
 import logging
 import re
 import uuid
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 import orjson
 from pydantic import BaseModel
@@ -46,6 +47,7 @@ HEADER = "Idempotency-Key"
 #: Visible ASCII (a UUID, a hash, "order-42-create"), as the IETF draft and Stripe accept.
 _KEY = re.compile(r"^[\x21-\x7e]{1,255}$")
 _CLAIM_ROUNDS = 3
+_T = TypeVar("_T")
 
 
 def _invalid_key(message: str) -> ProblemError:
@@ -104,6 +106,46 @@ async def create_job_once(
     state: ApiState, principal: Principal, key: str, body: BaseModel, values: dict[str, Any]
 ) -> Record | Response:
     """Insert the job described by ``values`` unless ``key`` already did: the new row, or the answer to replay."""
+
+    async def insert(token: uuid.UUID) -> Record | None:
+        done = await state.store.insert_job_idempotent(
+            values, principal.subject, key=key, token=token, respond=_created
+        )
+        return None if done is None else done[0]
+
+    return await _once(state, principal, key, body, insert)
+
+
+async def create_jobs_once(
+    state: ApiState,
+    principal: Principal,
+    key: str,
+    body: BaseModel,
+    jobs: Sequence[dict[str, Any]],
+    answer: Callable[[list[Record]], dict[str, Any]],
+) -> list[Record] | Response:
+    """``POST /v1/jobs:batch`` with a key: insert ``jobs`` unless ``key`` already did; ``answer(rows)`` is the
+    200 body that will be replayed. The new rows, or the answer to replay."""
+
+    def respond(rows: list[Record]) -> IdempotentResponse:
+        return IdempotentResponse(status_code=200, headers={}, body=dumps(answer(rows)), resource_id=None)
+
+    async def insert(token: uuid.UUID) -> list[Record] | None:
+        done = await state.store.insert_jobs_idempotent(
+            jobs, principal.subject, tenant_id=principal.tenant, key=key, token=token, respond=respond
+        )
+        return None if done is None else done[0]
+
+    return await _once(state, principal, key, body, insert)
+
+
+async def _once(
+    state: ApiState,
+    principal: Principal,
+    key: str,
+    body: BaseModel,
+    insert: Callable[[uuid.UUID], Awaitable[_T | None]],
+) -> _T | Response:
     if not _KEY.match(key):
         raise _invalid_key("must be 1 to 255 visible ASCII characters (a UUID is a good choice)")
     digest = request_hash(body)
@@ -112,17 +154,15 @@ async def create_job_once(
         if isinstance(claimed, Response):
             return claimed
         try:
-            done = await state.store.insert_job_idempotent(
-                values, principal.subject, key=key, token=claimed, respond=_created
-            )
+            created = await insert(claimed)
         except Exception:
             # Nothing was created (the transaction rolled back): free the key for an immediate retry. If
             # Postgres itself is gone this fails too, and the claim's lock runs out instead.
             with contextlib.suppress(Exception):
                 await state.store.release_idempotency_key(principal.tenant, key, claimed)
             raise
-        if done is not None:
-            return done[0]
+        if created is not None:
+            return created
         # Our claim was taken over while we ran (we outlived its lock): what holds the key now decides.
-        log.warning("idempotency claim of a create was taken over; its job was rolled back")
+        log.warning("idempotency claim of a create was taken over; what it created was rolled back")
     raise ProblemError(409, "the Idempotency-Key kept changing hands; retry shortly", headers={"Retry-After": "1"})

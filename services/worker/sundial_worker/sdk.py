@@ -174,7 +174,8 @@ class Context:
     pool: str
     trace_id: str | None
     logger: logging.LoggerAdapter[logging.Logger]
-    # The checkpoint of the previous attempt, for resuming; retries (a later issue) fill it in.
+    # The last progress an earlier attempt of this execution checkpointed (ctx.heartbeat(progress=…)), so a
+    # retry can resume a long job instead of starting over; None on a first attempt or without checkpoints.
     previous_progress: Any | None = None
     # The last progress this attempt reported through heartbeat().
     progress: Any | None = None
@@ -195,7 +196,9 @@ class Context:
 
     @property
     def cancelled(self) -> bool:
-        """True once a cancel of this execution has been requested; a handler should stop soon after."""
+        """True once the attempt is being stopped: its execution's cancel was requested, or it reached its
+        timeout. An async handler's task is cancelled at the same moment; a sync handler must check this flag
+        (its thread cannot be interrupted) and return within the cancel grace, or it is abandoned."""
         return self._cancel_requested
 
     def request_cancel(self) -> None:
