@@ -178,11 +178,12 @@ async def test_a_worker_paused_past_its_heartbeat_ttl_cannot_overwrite_the_retry
 async def test_a_retry_storm_is_spread_and_capped_by_jittered_backoff(faults: FaultStack) -> None:
     outage_sec = 8.0
     policy = {"maxAttempts": 12, "backoff": "EXPONENTIAL", "initialDelayMs": 500, "maxDelayMs": 2000, "jitter": True}
-    fail_until = time.time() + 4 + outage_sec
+    start_in = 4 + JOBS / 400  # the creates (~500/s) are done before the first one fails
+    fail_until = time.time() + start_in + outage_sec
     bodies = one_shots(
         faults.pool,
         JOBS,
-        start_in=4,
+        start_in=start_in,
         spread=0.5,
         handler="storm",
         payload={"failUntil": fail_until},

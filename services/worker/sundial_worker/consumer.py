@@ -297,6 +297,16 @@ class KafkaExecutionConsumer:
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         keys = {(p.topic, p.partition) for p in partitions}
+        # librdkafka keeps a partition's pause flag across a rebalance. A partition paused when it was taken
+        # away (this worker was saturated, then stopped past its session timeout: SIGSTOP, a long GC) would
+        # come back paused and never be read again, its messages left to the sweeper forever. So assign
+        # here (the eager protocol lets the callback do it) and resume what was assigned; if every slot is
+        # busy, the next keepalive pauses them again.
+        try:
+            consumer.assign(partitions)
+            consumer.resume(partitions)
+        except KafkaException as exc:
+            log.warning("could not resume newly assigned partitions: %s", exc)
         with self._lock:
             self._assigned |= keys
         log.info("partitions assigned: %s", _describe(partitions) or "none (more members than partitions)")
