@@ -14,11 +14,16 @@ first one's servers. ``SUNDIAL_TEST_PORT_OFFSET=N`` moves a session to ports ``T
 
 from __future__ import annotations
 
+import os
+
+# The etcd client's gRPC threads live in this process while it forks servers (Postgres via runuser): with
+# gRPC's fork handlers on, a forked child was once seen to crash before exec. We never use gRPC in a child.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+
 import atexit
 import contextlib
 import dataclasses
 import fcntl
-import os
 import shutil
 import signal
 import tempfile
