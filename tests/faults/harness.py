@@ -24,7 +24,7 @@ import threading
 import time
 import uuid
 from collections import Counter, defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -37,6 +37,7 @@ from sundial_common.settings import CommonSettings
 from sundial_infra.supervisor import Backoff, ProcessSpec, Supervisor, sundial_argv
 
 from tests.e2e.conftest import Processes, free_port
+from tests.e2e.ha import eventually
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCALE = float(os.environ.get("SUNDIAL_FAULT_SCALE", "1") or "1")
@@ -346,17 +347,3 @@ def one_shots(
         }
         for i in range(count)
     ]
-
-
-async def eventually(check: Callable[[], Any], within: float, what: str, interval: float = 0.1) -> Any:
-    """Poll ``check`` (sync or async) until truthy; fail after ``within`` seconds."""
-    deadline = time.monotonic() + within
-    while True:
-        value = check()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {within}s")
-        await asyncio.sleep(interval)
