@@ -42,6 +42,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from redis.asyncio import Redis
+from sundial_common.store import Store
 from sundial_infra.servers import TEST_PORTS, LocalStack, Ports, Server
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -220,3 +221,11 @@ def spans(_span_exporter: InMemorySpanExporter) -> Iterator[InMemorySpanExporter
     _span_exporter.clear()
     yield _span_exporter
     _span_exporter.clear()
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def store(database_url: str) -> AsyncIterator[Store]:
+    """A Store (asyncpg pool) on this test's fresh database."""
+    s = await Store.connect(database_url)
+    yield s
+    await s.close()

@@ -31,13 +31,6 @@ def _ms(instant: datetime) -> datetime:
 
 
 @pytest.fixture
-async def store(database_url: str) -> AsyncIterator[Store]:
-    s = await Store.connect(database_url)
-    yield s
-    await s.close()
-
-
-@pytest.fixture
 async def hot_window(redis_url: str) -> AsyncIterator[HotWindow]:
     redis = Redis.from_url(redis_url)
     yield HotWindow(redis)

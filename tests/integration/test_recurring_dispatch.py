@@ -44,13 +44,6 @@ class MovableClock:
 
 
 @pytest.fixture
-async def store(database_url: str) -> AsyncIterator[Store]:
-    s = await Store.connect(database_url)
-    yield s
-    await s.close()
-
-
-@pytest.fixture
 async def hot_window(redis_url: str) -> AsyncIterator[HotWindow]:
     redis = Redis.from_url(redis_url)
     yield HotWindow(redis)

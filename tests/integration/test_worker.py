@@ -60,13 +60,6 @@ def pool() -> str:
 
 
 @pytest.fixture
-async def store(database_url: str) -> AsyncIterator[Store]:
-    s = await Store.connect(database_url)
-    yield s
-    await s.close()
-
-
-@pytest.fixture
 async def redis(redis_url: str) -> AsyncIterator[Redis]:
     client = Redis.from_url(redis_url, decode_responses=True)
     yield client
