@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime, timedelta
 from typing import Annotated, Any
 from uuid import UUID
@@ -27,6 +27,7 @@ from pydantic import ValidationError
 from redis.exceptions import RedisError
 from starlette.responses import Response
 from sundial_common import ids, telemetry
+from sundial_common.auth import Principal
 from sundial_common.schedules import ScheduleSpec, fire_at, local_time, preview, spec_from_row
 from sundial_common.store import Occurrence, Record
 
@@ -345,14 +346,9 @@ async def pause_job(job_id: JobId, state: State, principal: Authenticated) -> Re
     Idempotent (pausing a paused job answers 200 again); a COMPLETED or CANCELLED job: 409. The job keeps
     its next occurrence, so `resume` can apply the catch-up policy to what was missed meanwhile.
     """
-    ident = parse_resource_id("job", job_id)
-    row = await state.store.pause_job(principal.tenant, ident, actor=principal.subject)
-    if row is None:
-        row = await _existing(state, principal.tenant, ident, job_id)
-        if row["state"] != JobState.PAUSED:
-            raise ProblemError(409, f"job {job_id} is {row['state']}: only an ACTIVE job can be paused")
-    await _sync_hot_window(state, row, principal.tenant)
-    return OrjsonResponse(render_job(row), headers=_etag(row))
+    return await _transition(
+        state, principal, job_id, state.store.pause_job, JobState.PAUSED, "an ACTIVE job can be paused"
+    )
 
 
 @router.post(
@@ -368,12 +364,26 @@ async def resume_job(job_id: JobId, state: State, principal: Authenticated) -> R
 
     Idempotent (resuming an active job answers 200 again); a COMPLETED or CANCELLED job: 409.
     """
+    return await _transition(
+        state, principal, job_id, state.store.resume_job, JobState.ACTIVE, "a PAUSED job can be resumed"
+    )
+
+
+async def _transition(
+    state: ApiState,
+    principal: Principal,
+    job_id: str,
+    change: Callable[..., Awaitable[Record | None]],
+    target: JobState,
+    rule: str,
+) -> Response:
+    """Apply a pause/resume CAS; already in ``target`` answers 200 again (idempotent), any other state 409."""
     ident = parse_resource_id("job", job_id)
-    row = await state.store.resume_job(principal.tenant, ident, actor=principal.subject)
+    row = await change(principal.tenant, ident, actor=principal.subject)
     if row is None:
         row = await _existing(state, principal.tenant, ident, job_id)
-        if row["state"] != JobState.ACTIVE:
-            raise ProblemError(409, f"job {job_id} is {row['state']}: only a PAUSED job can be resumed")
+        if row["state"] != target:
+            raise ProblemError(409, f"job {job_id} is {row['state']}: only {rule}")
     await _sync_hot_window(state, row, principal.tenant)
     return OrjsonResponse(render_job(row), headers=_etag(row))
 
