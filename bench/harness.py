@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import platform
@@ -55,6 +56,14 @@ RESULTS = REPO / "bench" / "results"
 #: Its own ports, so a bench never touches `make up` or `make test`.
 BENCH_PORTS = Ports(**{k: v + 2000 for k, v in vars(TEST_PORTS).items()})
 POOL = "demo"
+#: A production Postgres is tuned; the defaults (128 MB buffers, 1 GB of WAL between checkpoints) are a
+#: laptop's. pg_stat_statements says which statements the database time goes to.
+POSTGRES_SETTINGS = {
+    "shared_buffers": "512MB",
+    "max_wal_size": "4GB",
+    "checkpoint_timeout": "15min",
+    "shared_preload_libraries": "pg_stat_statements",
+}
 
 
 @dataclass(frozen=True)
@@ -71,11 +80,20 @@ def _machine() -> dict[str, Any]:
         int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines() if line.startswith("MemTotal")
     )
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    # Uncommitted changes to the code make the commit a lie; results files are the only expected change.
+    status = subprocess.run(
+        ["git", "status", "--porcelain", "--", ".", ":!bench/results"], cwd=REPO, capture_output=True, text=True
+    )
+    # A fixed piece of pure Python work: this VM's speed drifts (ceilings measured 25-40% apart within an
+    # hour on an idle machine), so a figure reads against the speed of the machine when it was taken.
+    started = time.perf_counter()
+    sum(range(30_000_000))
     return {
+        "cpu_probe_s": round(time.perf_counter() - started, 3),
         "cores": os.cpu_count(),
         "memory_gib": round(mem_kb / 2**20, 1),
         "python": platform.python_version(),
-        "commit": commit.stdout.strip() or None,
+        "commit": (commit.stdout.strip() + ("-dirty" if status.stdout.strip() else "")) or None,
     }
 
 
@@ -113,9 +131,12 @@ def _percentiles(values: Sequence[float]) -> dict[str, float | None]:
 
 
 class Bench:
-    def __init__(self, shape: Shape, root: Path) -> None:
+    def __init__(self, shape: Shape, root: Path, ports: Ports = BENCH_PORTS, profile: Path | None = None) -> None:
         self.shape = shape
-        self.stack = LocalStack(root, BENCH_PORTS, durable=shape.durable)
+        self.ports = ports
+        #: Where py-spy writes one collapsed-stack profile per Sundial process and workload (None: no profiling).
+        self.profile = profile
+        self.stack = LocalStack(root, ports, durable=shape.durable, postgres_settings=POSTGRES_SETTINGS)
         self.root = root
         env = {
             **self.stack.env(),
@@ -125,7 +146,7 @@ class Bench:
         }
         self.env = env
         processes = [
-            ProcessSpec("api", sundial_argv("api", "--host", "127.0.0.1", "--port", str(BENCH_PORTS.api))),
+            ProcessSpec("api", sundial_argv("api", "--host", "127.0.0.1", "--port", str(ports.api))),
             ProcessSpec("hydrator", sundial_argv("hydrator")),
             ProcessSpec("sweeper", sundial_argv("sweeper")),
             *(ProcessSpec(f"dispatcher-{i}", sundial_argv("dispatcher")) for i in range(shape.dispatchers)),
@@ -143,8 +164,11 @@ class Bench:
         shutil.rmtree(self.root, ignore_errors=True)
         self.stack.start()
         subprocess.run([*sundial_argv("migrate")], env={**os.environ, **self.env}, check=True, capture_output=True)
+        self.stack.postgres.psql(
+            "CREATE EXTENSION IF NOT EXISTS pg_stat_statements", database=self.stack.postgres.database
+        )
         self.supervisor.start()
-        api = f"http://127.0.0.1:{BENCH_PORTS.api}/readyz"
+        api = f"http://127.0.0.1:{self.ports.api}/readyz"
         if not wait_for(lambda: _ok(api), timeout=60):
             raise RuntimeError(f"bench api not ready; see {self.supervisor.log_file('api')}")
         for i in range(self.shape.workers):
@@ -229,10 +253,13 @@ class Bench:
 
     async def run_dispatch(self, workload: str, due: list[datetime], settle_sec: float = 30.0) -> dict[str, Any]:
         tenant = f"bench-{workload}-{uuid.uuid4().hex[:6]}"
-        cpu_before = self.cpu()
         insert_s = await self.insert_jobs(tenant, due)
         inserted_at = datetime.now(UTC)
+        # CPU and statements count from here: registering the jobs is not what the workload measures.
+        cpu_before = self.cpu()
         conn = await asyncpg.connect(self.stack.postgres_dsn)
+        await conn.execute("SELECT pg_stat_statements_reset()")
+        profilers = self._profile(f"{workload}-{len(due)}", (max(due) - inserted_at).total_seconds() + 5)
         try:
             last_due = max(due)
             done = 0
@@ -254,8 +281,11 @@ class Bench:
                    FROM executions e WHERE e.tenant_id = $1 AND e.started_at IS NOT NULL""",
                 tenant,
             )
+            statements = await _top_statements(conn)
         finally:
             await conn.close()
+            for profiler in profilers:
+                profiler.wait()
         cpu_after = self.cpu()
         lateness = [(r["started_at"] - r["scheduled_for"]).total_seconds() * 1000 for r in rows]
         first_due = min(due)
@@ -274,10 +304,41 @@ class Bench:
             else None,
             "completion_per_s": round(len(finished) / span) if span else None,
             "cpu_s": {k: round(cpu_after.get(k, 0) - v, 1) for k, v in cpu_before.items()},
+            "postgres_statements": statements,
         }
 
+    def _profile(self, label: str, seconds: float) -> list[subprocess.Popen[bytes]]:
+        """py-spy on one dispatcher and one worker for ``seconds`` (collapsed stacks, one file each)."""
+        if self.profile is None:
+            return []
+        self.profile.mkdir(parents=True, exist_ok=True)
+        pids = {s.name: s.pid for s in self.supervisor.status() if s.pid}
+        return [
+            subprocess.Popen(
+                [
+                    "py-spy",
+                    "record",
+                    "--format",
+                    "raw",
+                    "--rate",
+                    "200",
+                    "--nonblocking",
+                    "--duration",
+                    str(max(1, round(seconds))),
+                    "--pid",
+                    str(pids[name]),
+                    "--output",
+                    str(self.profile / f"{label}-{name}.txt"),
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            for name in ("dispatcher-0", "worker-0")
+            if name in pids
+        ]
+
     async def run_create(self, count: int) -> dict[str, Any]:
-        url = f"http://127.0.0.1:{BENCH_PORTS.api}"
+        url = f"http://127.0.0.1:{self.ports.api}"
         body = {"name": "c", "type": "DELAYED", "delaySeconds": 86400, "target": {"pool": POOL, "handler": "echo"}}
         limit = asyncio.Semaphore(64)
         async with httpx.AsyncClient(
@@ -315,6 +376,20 @@ class Bench:
         return result
 
 
+async def _top_statements(conn: asyncpg.Connection, limit: int = 8) -> list[dict[str, Any]]:
+    """Where the database time went: the statements with the most execution time since the last reset."""
+    rows = await conn.fetch(
+        """SELECT calls, rows, total_exec_time, left(regexp_replace(query, '\\s+', ' ', 'g'), 90) AS query
+           FROM pg_stat_statements WHERE query NOT LIKE '%pg_stat_statements%'
+           ORDER BY total_exec_time DESC LIMIT $1""",
+        limit,
+    )
+    return [
+        {"query": r["query"], "calls": r["calls"], "rows": r["rows"], "total_ms": round(r["total_exec_time"])}
+        for r in rows
+    ]
+
+
 def _ok(url: str) -> bool:
     try:
         return httpx.get(url, timeout=1).status_code == 200
@@ -322,23 +397,25 @@ def _ok(url: str) -> bool:
         return False
 
 
-def _record(line: dict[str, Any]) -> None:
+def _record(line: dict[str, Any], results: Path = RESULTS) -> None:
     text = json.dumps(line, default=str)
     print(text, flush=True)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    with (RESULTS / f"{datetime.now(UTC):%Y-%m-%d}.jsonl").open("a") as out:
+    results.mkdir(parents=True, exist_ok=True)
+    with (results / f"{datetime.now(UTC):%Y-%m-%d}.jsonl").open("a") as out:
         out.write(text + "\n")
 
 
 async def main_async(args: argparse.Namespace) -> None:
     shape = Shape(args.shards, args.dispatchers, args.workers, args.concurrency, not args.no_durable)
-    bench = Bench(shape, REPO / ".sundial" / "bench")
+    ports = Ports(**{k: v + args.port_offset for k, v in vars(TEST_PORTS).items()})
+    bench = Bench(shape, args.root, ports, args.profile)
+    record = functools.partial(_record, results=args.results)
     meta = {"machine": _machine(), "settings": vars(shape), "at": datetime.now(UTC).isoformat()}
     if "ceilings" in args.workloads:
         # The parts alone, before Sundial's processes compete for the cores.
         bench.stack.start()
         try:
-            _record(
+            record(
                 {
                     "workload": "ceilings",
                     **await ceilings.measure_all(
@@ -355,31 +432,31 @@ async def main_async(args: argparse.Namespace) -> None:
             jobs=int(args.at_rest * args.scale), shards=args.shards, steady_passes=30, port_offset=2310, keep=False
         )
         result = await at_rest.main_async(at_rest_args)
-        _record({**result, "workload": "w4", **meta})
+        record({**result, "workload": "w4", **meta})
     if not set(args.workloads) - {"ceilings", "w4"}:
         return
     try:
         bench.start()
         lead = timedelta(seconds=args.lead)
         if "create" in args.workloads:
-            _record({"workload": "create", **await bench.run_create(int(5000 * args.scale)), **meta})
+            record({"workload": "create", **await bench.run_create(int(5000 * args.scale)), **meta})
         if "w1" in args.workloads:
             for n in args.burst:
                 n = int(n * args.scale)
                 due = datetime.now(UTC) + lead + timedelta(seconds=n / 50_000)
                 due = due.replace(microsecond=due.microsecond // 1000 * 1000)
-                _record({"workload": "w1", "burst": n, **await bench.run_dispatch("w1", [due] * n), **meta})
+                record({"workload": "w1", "burst": n, **await bench.run_dispatch("w1", [due] * n), **meta})
         if "w2" in args.workloads:
             n, over = int(20_000 * args.scale), args.duration
             start = datetime.now(UTC) + lead
             due = [_ms(start + timedelta(seconds=over * i / n)) for i in range(n)]
-            _record({"workload": "w2", "over_s": over, **await bench.run_dispatch("w2", due), **meta})
+            record({"workload": "w2", "over_s": over, **await bench.run_dispatch("w2", due), **meta})
         if "w3" in args.workloads:
             for rate in args.rates:
                 n = int(rate * args.duration)
                 start = datetime.now(UTC) + lead + timedelta(seconds=n / 50_000)
                 due = [_ms(start + timedelta(seconds=i / rate)) for i in range(n)]
-                _record(
+                record(
                     {
                         "workload": "w3",
                         "target_per_s": rate,
@@ -420,6 +497,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--at-rest", type=int, default=1_000_000, help="W4 jobs")
     parser.add_argument("--lead", type=float, default=5.0, help="seconds between registration and first due")
     parser.add_argument("--scale", type=float, default=1.0, help="multiply every count (0.01 = smoke)")
+    parser.add_argument("--results", type=Path, default=RESULTS, help="directory of the <date>.jsonl files")
+    parser.add_argument("--root", type=Path, default=REPO / ".sundial" / "bench", help="the stack's data directory")
+    parser.add_argument(
+        "--port-offset", type=int, default=2000, help="ports = the test ports + this (keep runs ≥ 2 apart)"
+    )
+    parser.add_argument("--profile", type=Path, help="py-spy a dispatcher and a worker into this directory")
     parser.add_argument("--no-durable", action="store_true", help="Postgres without fsync (as in tests)")
     args = parser.parse_args(argv)
     asyncio.run(main_async(args))

@@ -453,9 +453,19 @@ class PostgresServer(Server):
     user = "sundial"
     database = "sundial"
 
-    def __init__(self, data_dir: Path, port: int, *, durable: bool = True, start_timeout: float = 60.0) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        port: int,
+        *,
+        durable: bool = True,
+        settings: dict[str, str] | None = None,
+        start_timeout: float = 60.0,
+    ) -> None:
         super().__init__(data_dir, port, start_timeout=start_timeout)
         self.durable = durable
+        #: Extra server settings (``-c key=value``), e.g. the bench's buffers and pg_stat_statements.
+        self.settings = dict(settings or {})
 
     @property
     def url(self) -> str:
@@ -573,6 +583,7 @@ class PostgresServer(Server):
             # `pg_ctl stop -m immediate` loses commits from the last wal_writer_delay, which fault tests
             # (DESIGN invariant 1) would see as lost jobs; with fsync off it costs a write(), no more.
             settings |= {"fsync": "off", "full_page_writes": "off"}
+        settings |= self.settings
         cmd = [str(self.bindir / "postgres"), "-D", str(self.pgdata)]
         for key, value in settings.items():
             cmd += ["-c", f"{key}={value}"]
@@ -837,11 +848,19 @@ TEST_PORTS = Ports(postgres=45432, redis=46379, etcd=42379, broker=49092, api=48
 class LocalStack:
     """Postgres, Redis, etcd and the broker under ``root/<server>/`` on one port set."""
 
-    def __init__(self, root: Path, ports: Ports = DEV_PORTS, durable: bool = True) -> None:
+    def __init__(
+        self,
+        root: Path,
+        ports: Ports = DEV_PORTS,
+        durable: bool = True,
+        postgres_settings: dict[str, str] | None = None,
+    ) -> None:
         self.root = Path(root).resolve()
         self.ports = ports
         self.durable = durable
-        self.postgres = PostgresServer(self.root / "postgres", ports.postgres, durable=durable)
+        self.postgres = PostgresServer(
+            self.root / "postgres", ports.postgres, durable=durable, settings=postgres_settings
+        )
         self.redis = RedisServer(self.root / "redis", ports.redis)
         self.etcd = EtcdServer(self.root / "etcd", ports.etcd)
         self.broker = BrokerServer(self.root / "broker", ports.broker)

@@ -6,6 +6,7 @@ sleeps and hopes.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -139,7 +140,8 @@ async def test_dispatch_commits_one_execution_per_occurrence_and_publishes_it(
     due = datetime.now(UTC) - timedelta(milliseconds=10)
     jobs = [await make_job(store, due, pool) for _ in range(5)]
     await hot_window.add(0, [Occurrence(j, _ms(due)) for j in jobs])
-    dispatcher = ShardDispatcher(0, 42, "replica-a", store, hot_window, publisher, DispatcherConfig())
+    config = DispatcherConfig(mark_published_after_sec=0)
+    dispatcher = ShardDispatcher(0, 42, "replica-a", store, hot_window, publisher, config)
 
     result = await dispatcher.run_once()
 
@@ -159,6 +161,29 @@ async def test_dispatch_commits_one_execution_per_occurrence_and_publishes_it(
     again = await dispatcher.run_once()
     assert (again.claimed, again.dispatched) == (1, 0)
     assert await store.pool.fetchval("SELECT count(*) FROM executions") == 5
+
+
+async def test_published_at_is_marked_later_and_only_on_executions_still_waiting(
+    store: Store, hot_window: HotWindow, publisher: KafkaPublisher, pool: str
+) -> None:
+    due = datetime.now(UTC) - timedelta(milliseconds=10)
+    waiting, started = await make_job(store, due, pool), await make_job(store, due, pool)
+    await hot_window.add(0, [Occurrence(waiting, _ms(due)), Occurrence(started, _ms(due))])
+    config = DispatcherConfig(mark_published_after_sec=0.2)
+    dispatcher = ShardDispatcher(0, 42, "replica-a", store, hot_window, publisher, config)
+    assert (await dispatcher.run_once()).published == 2
+    rows = {r["job_id"]: r for r in await store.pool.fetch("SELECT id, job_id, published_at FROM executions")}
+    assert [r["published_at"] for r in rows.values()] == [None, None]  # not yet: one write saved per execution
+
+    # A worker starts one first: its start records the message's broker timestamp.
+    sent_at = datetime.now(UTC) - timedelta(milliseconds=5)
+    assert len(await store.start_executions("w", [(rows[started]["id"], 1)], [sent_at])) == 1
+    await asyncio.sleep(0.25)
+    await dispatcher.run_once()  # nothing due; marks what was published 0.2 s ago
+
+    after = {r["job_id"]: r["published_at"] for r in await store.pool.fetch("SELECT * FROM executions")}
+    assert after[started] == sent_at
+    assert after[waiting] is not None and after[waiting] > sent_at
 
 
 async def test_a_fenced_out_leader_writes_nothing(

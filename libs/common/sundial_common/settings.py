@@ -43,6 +43,13 @@ class CommonSettings(BaseSettings):
     otlp_endpoint: str | None = Field(
         None, description="OTLP/HTTP traces endpoint (e.g. http://jaeger:4318/v1/traces); unset = no export."
     )
+    trace_sample_ratio: float = Field(
+        1.0,
+        ge=0,
+        le=1,
+        description="Share of new traces recorded and exported (parent-based: a trace is kept or dropped whole). "
+        "Every execution keeps a trace id either way.",
+    )
     trace_link_template: str = Field(
         "http://127.0.0.1:16686/trace/{trace_id}",
         description="Where a trace id can be looked up (Jaeger UI); returned beside every execution.",

@@ -2,7 +2,9 @@
 
 The link between processes is the W3C ``traceparent``: stored on the job by the API, on the
 execution by the dispatcher, and carried as a Kafka header to the worker. Export is OTLP/HTTP when
-``SUNDIAL_OTLP_ENDPOINT`` is set (Jaeger speaks OTLP), otherwise spans are created but not exported.
+``SUNDIAL_OTLP_ENDPOINT`` is set (Jaeger speaks OTLP), for ``SUNDIAL_TRACE_SAMPLE_RATIO`` of the traces.
+Without an endpoint nothing is recorded: spans still carry trace ids and the traceparent still travels,
+so every execution has its trace id, but a recorded span nobody exports was a fifth of a worker's CPU.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased, TraceIdRatioBased
 from opentelemetry.trace import Span
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
@@ -23,11 +26,12 @@ _propagator = TraceContextTextMapPropagator()
 tracer = trace.get_tracer("sundial")
 
 
-def setup_tracing(service: str, otlp_endpoint: str | None) -> None:
+def setup_tracing(service: str, otlp_endpoint: str | None, sample_ratio: float = 1.0) -> None:
     """Install the process-wide tracer provider (once; later calls keep the first provider)."""
     if isinstance(trace.get_tracer_provider(), TracerProvider):
         return
-    provider = TracerProvider(resource=Resource.create({"service.name": service}))
+    sampler = ParentBased(TraceIdRatioBased(sample_ratio)) if otlp_endpoint else ALWAYS_OFF
+    provider = TracerProvider(resource=Resource.create({"service.name": service}), sampler=sampler)
     if otlp_endpoint:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 

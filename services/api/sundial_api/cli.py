@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"invalid configuration:\n{exc}")
 
     setup_logging(settings.log_level, settings.log_format)
-    setup_tracing("sundial-api", settings.otlp_endpoint)
+    setup_tracing("sundial-api", settings.otlp_endpoint, settings.trace_sample_ratio)
     app = create_app(settings)
     register_replica(app)  # a served replica shows up in the cluster view (GET /v1/admin/cluster)
     config = uvicorn.Config(

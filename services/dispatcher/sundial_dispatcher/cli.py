@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     overrides = {"lease_ttl_sec": args.lease_ttl, "instance_id": args.instance_id}
     settings = DispatcherSettings(**{k: v for k, v in overrides.items() if v is not None})
     setup_logging(args.log_level or settings.log_level, settings.log_format)
-    setup_tracing("sundial-dispatcher", settings.otlp_endpoint)
+    setup_tracing("sundial-dispatcher", settings.otlp_endpoint, settings.trace_sample_ratio)
     config = DispatcherConfig(
         shards=settings.shards,
         batch_size=settings.dispatcher_batch_size,

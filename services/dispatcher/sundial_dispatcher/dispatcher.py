@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -73,6 +75,8 @@ class DispatcherConfig:
     buffer_poll_sec: float = 1.0
     #: Catch-up FIRE_ALL: at most this many missed occurrences of one job run per pass.
     fire_all_cap: int = 100
+    #: Seconds after a publish that its executions still PENDING are marked published (0: at once).
+    mark_published_after_sec: float = 1.0
 
     def __post_init__(self) -> None:
         if self.shards < 1:
@@ -81,6 +85,8 @@ class DispatcherConfig:
             raise ValueError("batch_size must be within 1..10000")
         if self.poll_interval_sec <= 0:
             raise ValueError("poll_interval_sec must be > 0")
+        if self.mark_published_after_sec < 0:
+            raise ValueError("mark_published_after_sec must be >= 0")
 
 
 @dataclass
@@ -263,9 +269,12 @@ class ShardDispatcher:
         self.publisher = publisher
         self.config = config
         self.clock = clock or SystemClock()
+        #: Published executions not yet marked in Postgres: (monotonic time of the publish, ids).
+        self._unmarked: deque[tuple[float, list[UUID]]] = deque()
 
     async def run_once(self) -> DispatchResult:
         """One pass. Raises ``FencedOut`` if a newer leader has written for this shard."""
+        await self._mark_published()
         claimed = await self.hot_window.claim_due(self.shard, self.clock.now(), self.config.batch_size)
         if not claimed:
             return DispatchResult()
@@ -322,8 +331,24 @@ class ShardDispatcher:
                 result.publish_failed,
                 next(e for e in errors if e),
             )
-        await self.store.mark_published([p.execution_id for p in planned if str(p.execution_id) in published])
+        self._unmarked.append((time.monotonic(), [p.execution_id for p in planned if str(p.execution_id) in published]))
+        await self._mark_published()
         return result
+
+    async def _mark_published(self) -> None:
+        """Record ``published_at`` for executions published ``mark_published_after_sec`` ago and still PENDING.
+
+        ``published_at`` tells the sweeper a PENDING execution is waiting in Kafka rather than never sent.
+        Marking a second later, and only rows still PENDING, skips the write for nearly every execution: a
+        worker has started it by then, and its start records the message's broker timestamp as
+        ``published_at``. Marks still waiting when leadership ends are dropped; the sweeper then sends those
+        executions again if they are still unstarted, and the start CAS drops the duplicate.
+        """
+        horizon = time.monotonic() - self.config.mark_published_after_sec
+        due: list[UUID] = []
+        while self._unmarked and self._unmarked[0][0] <= horizon:
+            due += self._unmarked.popleft()[1]
+        await self.store.mark_published(due)
 
     def _retries(self) -> RetryDispatcher:
         return RetryDispatcher(

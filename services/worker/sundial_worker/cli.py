@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     except (AppError, ValueError) as exc:
         print(f"sundial worker: {exc}", file=sys.stderr)
         return 2
-    setup_tracing("sundial-worker", settings.otlp_endpoint)
+    setup_tracing("sundial-worker", settings.otlp_endpoint, settings.trace_sample_ratio)
     runtime = WorkerRuntime(worker, settings, config=config, worker_id=settings.identity())
 
     async def serve(stop: asyncio.Event) -> None:

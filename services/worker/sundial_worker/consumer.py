@@ -29,9 +29,10 @@ import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, Protocol, TypeVar
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaError, KafkaException, Message, TopicPartition
 from sundial_common.broker import ensure_topics
 from sundial_common.messages import pool_topic
 
@@ -56,6 +57,8 @@ class Delivery:
     offset: int
     value: bytes | None
     traceparent: str | None
+    #: When the message reached the broker (its Kafka timestamp), if the broker said.
+    published_at: datetime | None = None
 
     @property
     def tp(self) -> TopicPartitionKey:
@@ -210,7 +213,9 @@ class KafkaExecutionConsumer:
                 # start CAS keeps that safe), but its offset belongs to the new owner now.
                 if tp in self._assigned:
                     self._tracker.add(tp, offset)
-                deliveries.append(Delivery(topic, partition, offset, message.value(), _traceparent(message)))
+                deliveries.append(
+                    Delivery(topic, partition, offset, message.value(), _traceparent(message), _timestamp(message))
+                )
         return deliveries
 
     async def keepalive(self, wait_sec: float) -> None:
@@ -366,6 +371,11 @@ def _traceparent(message: Message) -> str | None:
         if name == "traceparent" and value is not None:
             return value.decode() if isinstance(value, bytes) else value
     return None
+
+
+def _timestamp(message: Message) -> datetime | None:
+    kind, millis = message.timestamp()
+    return None if kind == TIMESTAMP_NOT_AVAILABLE else datetime.fromtimestamp(millis / 1000, UTC)
 
 
 def _describe(partitions: Sequence[TopicPartition]) -> str:

@@ -372,7 +372,8 @@ class WorkerRuntime:
         finally:
             self._stopped = True
             self._stop_done.set()
-        log.info("worker %s stopped", self.worker_id)
+        counts = ", ".join(f"{f.name} {getattr(self.stats, f.name)}" for f in fields(self.stats))
+        log.info("worker %s stopped: %s", self.worker_id, counts)
 
     def force_stop(self) -> None:
         """Cut the shutdown grace short (a second SIGINT/SIGTERM)."""
@@ -457,7 +458,10 @@ class WorkerRuntime:
             self.stats.duplicates += duplicates
             return PollResult(consumed=len(deliveries), duplicates=duplicates)
         rows = await self._with_db_retry(
-            "start executions", lambda store: store.start_executions(self.worker_id, list(claims))
+            "start executions",
+            lambda store: store.start_executions(
+                self.worker_id, list(claims), [c.deliveries[0].published_at for c in claims.values()]
+            ),
         )
         if rows is None:  # stopping while the database was unreachable
             return PollResult(consumed=len(deliveries), duplicates=duplicates)

@@ -2,6 +2,13 @@
 -- State changes are compare-and-swap (DESIGN invariant 3): they name the state they expect and
 -- return the rows they changed; zero rows means another actor won and the caller does nothing.
 -- Batches travel as parallel arrays through unnest(), so a batch is one round trip.
+--
+-- A batch of executions is found by primary key, never through the index of open states: a state filter
+-- is written `e.state || '' = 'RUNNING'`, which no index can serve. Otherwise the planner, which
+-- guesses 10 elements for a parameter array and whose statistics lag a table growing by thousands of
+-- rows a second, drove the join from executions_open_idx: every call scanned all PENDING (or
+-- RUNNING) rows, or rescanned the array once per such row. Under a backlog that made one 250-row
+-- finish cost 100 ms instead of 3 ms (bench W3 at 5,000/s), and the backlog grew.
 
 -- name: ping
 SELECT 1;
@@ -289,8 +296,9 @@ WITH flagged AS (
 SELECT id, state FROM flagged;
 
 -- name: mark_published
+-- Only executions still waiting: a started one has its broker timestamp as published_at already.
 UPDATE executions SET published_at = now()
-WHERE id = ANY($1::uuid[]) AND published_at IS NULL;
+WHERE id = ANY($1::uuid[]) AND published_at IS NULL AND state || '' = 'PENDING';
 
 -- name: stale_pending
 -- PENDING executions whose message was never published, or was published and never picked up
@@ -304,16 +312,18 @@ ORDER BY e.created_at
 LIMIT $3;
 
 -- name: republished
-UPDATE executions SET published_at = now() WHERE id = ANY($1::uuid[]) AND state = 'PENDING';
+UPDATE executions SET published_at = now() WHERE id = ANY($1::uuid[]) AND state || '' = 'PENDING';
 
 -- name: start_executions
 -- PENDING -> RUNNING for a batch of delivered messages. A duplicate delivery, or a message for an
 -- attempt that is no longer current, matches no row and is acknowledged without running.
+-- published_at: the message's broker timestamp, unless the dispatcher has marked it already.
 WITH started AS (
     UPDATE executions e
-    SET state = 'RUNNING', worker_id = $3, started_at = now()
-    FROM unnest($1::uuid[], $2::int[]) AS m (id, attempt)
-    WHERE e.id = m.id AND e.attempt = m.attempt AND e.state = 'PENDING'
+    SET state = 'RUNNING', worker_id = $3, started_at = now(),
+        published_at = coalesce(e.published_at, m.published_at, now())
+    FROM unnest($1::uuid[], $2::int[], $4::timestamptz[]) AS m (id, attempt, published_at)
+    WHERE e.id = m.id AND e.attempt = m.attempt AND e.state || '' = 'PENDING'
     RETURNING e.id, e.attempt, e.tenant_id, e.job_id, e.scheduled_for, e.started_at, e.trace_id
 ), attempts AS (
     INSERT INTO execution_attempts (execution_id, attempt, tenant_id, worker_id, state, started_at)
@@ -351,7 +361,7 @@ WITH finished AS (
         result = f.result, error = f.error, finished_at = now()
     FROM unnest($1::uuid[], $2::int[], $3::text[], $4::jsonb[], $5::text[], $7::bigint[])
          AS f (id, attempt, state, result, error, delay_ms)
-    WHERE e.id = f.id AND e.attempt = f.attempt AND e.state = 'RUNNING' AND e.worker_id = $6
+    WHERE e.id = f.id AND e.attempt = f.attempt AND e.state || '' = 'RUNNING' AND e.worker_id = $6
     RETURNING e.id, e.attempt, e.tenant_id, e.state, e.error, e.finished_at, e.shard, e.next_attempt_at,
               f.state AS attempt_state
 ), attempts AS (
@@ -462,7 +472,7 @@ WITH failed AS (
         error = f.error, finished_at = now()
     FROM unnest($1::uuid[], $2::int[], $3::text[], $4::text[], $5::text[], $6::bigint[])
          AS f (id, attempt, worker_id, state, error, delay_ms)
-    WHERE e.id = f.id AND e.attempt = f.attempt AND e.state = 'RUNNING' AND e.worker_id = f.worker_id
+    WHERE e.id = f.id AND e.attempt = f.attempt AND e.state || '' = 'RUNNING' AND e.worker_id = f.worker_id
     RETURNING e.id, e.attempt, e.tenant_id, e.state, e.error, e.finished_at, e.shard, e.next_attempt_at,
               f.state AS attempt_state, f.worker_id AS lost_worker
 ), attempts AS (
@@ -485,7 +495,7 @@ SELECT id, attempt, state, attempt_state, shard, next_attempt_at FROM failed;
 -- name: cancel_requested
 -- Of the given RUNNING executions, those whose cancel has been requested (the worker's fallback when the
 -- Redis flag was lost).
-SELECT id FROM executions WHERE id = ANY($1::uuid[]) AND state = 'RUNNING' AND cancel_requested_at IS NOT NULL;
+SELECT id FROM executions WHERE id = ANY($1::uuid[]) AND state || '' = 'RUNNING' AND cancel_requested_at IS NOT NULL;
 
 -- name: dead_letters
 -- The sundial.dlq outbox: DEAD executions whose dead letter is not published yet, oldest first.

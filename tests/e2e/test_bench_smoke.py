@@ -1,0 +1,54 @@
+"""`make bench` still runs: a seconds-long smoke of the harness on its own stack.
+
+A benchmark is not a test: nothing here looks at a timing. It checks that every workload of a tiny run
+prints its JSON line with the figures the issue asks for, and that no job of the dispatch workloads was
+lost or started twice (that is correctness, whatever the speed).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def test_the_bench_harness_runs_every_dispatch_workload_and_records_its_figures(tmp_path: Path) -> None:
+    # Beside this session's test stack (the harness starts its own servers on these ports).
+    offset = 2000 + int(os.environ.get("SUNDIAL_TEST_PORT_OFFSET", "0") or "0")
+    argv = [
+        sys.executable,
+        str(REPO / "bench" / "harness.py"),
+        *("ceilings", "create", "w1", "w2", "w3"),
+        *("--scale", "0.01", "--burst", "2000", "--rates", "2000", "--duration", "2", "--lead", "2"),
+        *("--shards", "2", "--dispatchers", "1", "--workers", "1", "--no-durable"),
+        *("--port-offset", str(offset), "--root", str(tmp_path / "stack"), "--results", str(tmp_path / "results")),
+    ]
+    run = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=280, check=False)
+    assert run.returncode == 0, run.stderr[-3000:]
+
+    lines = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
+    by_workload = {line["workload"]: line for line in lines}
+    assert set(by_workload) == {"ceilings", "create", "w1", "w2", "w3"}
+    for line in lines:
+        assert {"cores", "memory_gib", "commit", "cpu_probe_s"} <= set(line["machine"])
+        assert line["settings"]["shards"] == 2
+    assert by_workload["ceilings"]["postgres_insert"]["rows_per_s"] > 0
+    assert by_workload["create"]["single"]["errors"] == 0
+    assert by_workload["create"]["batch"]["http_errors"] == 0
+    for name in ("w1", "w2", "w3"):
+        line = by_workload[name]
+        assert line["jobs"] > 0
+        assert (line["lost"], line["duplicate_starts"]) == (0, 0), line
+        assert set(line["lateness_ms"]) == {"p50", "p95", "p99", "max"}
+        assert {"dispatcher-0", "worker-0", "postgres", "broker"} <= set(line["cpu_s"])
+    # The same lines were appended to the results file.
+    (results,) = (tmp_path / "results").glob("*.jsonl")
+    assert len(results.read_text().splitlines()) == len(lines)
