@@ -26,7 +26,7 @@ def test_the_bench_harness_runs_every_dispatch_workload_and_records_its_figures(
     argv = [
         sys.executable,
         str(REPO / "bench" / "harness.py"),
-        *("ceilings", "create", "w1", "w2", "w3"),
+        *("ceilings", "create", "w1", "w3"),  # W2 is W3's code with other numbers
         *("--scale", "0.01", "--burst", "2000", "--rates", "2000", "--duration", "2", "--lead", "2"),
         *("--shards", "2", "--dispatchers", "1", "--workers", "1", "--no-durable"),
         *("--port-offset", str(offset), "--root", str(tmp_path / "stack"), "--results", str(tmp_path / "results")),
@@ -36,14 +36,14 @@ def test_the_bench_harness_runs_every_dispatch_workload_and_records_its_figures(
 
     lines = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
     by_workload = {line["workload"]: line for line in lines}
-    assert set(by_workload) == {"ceilings", "create", "w1", "w2", "w3"}
+    assert set(by_workload) == {"ceilings", "create", "w1", "w3"}
     for line in lines:
         assert {"cores", "memory_gib", "commit", "cpu_probe_s"} <= set(line["machine"])
         assert line["settings"]["shards"] == 2
     assert by_workload["ceilings"]["postgres_insert"]["rows_per_s"] > 0
     assert by_workload["create"]["single"]["errors"] == 0
     assert by_workload["create"]["batch"]["http_errors"] == 0
-    for name in ("w1", "w2", "w3"):
+    for name in ("w1", "w3"):
         line = by_workload[name]
         assert line["jobs"] > 0
         assert (line["lost"], line["duplicate_starts"]) == (0, 0), line

@@ -237,7 +237,11 @@ class Store:
             # JIT compiles a plan whose estimated cost passes a threshold, for every execution: on the batched
             # hot-path statements (estimates of unnest()ed arrays against a table whose statistics lag its
             # growth) it was measured adding ~30 ms to a 2 ms statement. Nothing Sundial runs is analytic.
-            server_settings={"jit": "off"},
+            # Plans are made for each execution, never cached generic: a generic plan is chosen while
+            # executions is nearly empty (a seq scan is then cheapest) and kept as it grows by thousands of
+            # rows a second, until autovacuum's next analyze. Bench W3 at 1,000/s measured the batched
+            # start and finish at 14 ms a call (a scan of the table) instead of a few primary-key probes.
+            server_settings={"jit": "off", "plan_cache_mode": "force_custom_plan", "random_page_cost": "1.1"},
         )
         return cls(pool)
 
