@@ -234,9 +234,9 @@ class Store:
             max_size=max_size,
             init=_init_connection,
             reset=_keep_session,
-            # JIT compiles a plan whose estimated cost passes a threshold, for every execution: on the batched
-            # hot-path statements (estimates of unnest()ed arrays against a table whose statistics lag its
-            # growth) it was measured adding ~30 ms to a 2 ms statement. Nothing Sundial runs is analytic.
+            # JIT compiles, at every execution, any plan whose estimated cost passes a threshold, and the
+            # estimates of batched statements (unnest()ed arrays against tables whose statistics lag their
+            # growth) are guesses. Nothing Sundial runs is analytic enough to win it back.
             # Plans are made for each execution, never cached generic: a generic plan is chosen while
             # executions is nearly empty (a seq scan is then cheapest) and kept as it grows by thousands of
             # rows a second, until autovacuum's next analyze. Bench W3 at 1,000/s measured the batched
