@@ -443,8 +443,8 @@ async def main_async(args: argparse.Namespace) -> None:
     runs: list[tuple[dict[str, Any], Callable[[], Awaitable[dict[str, Any]]]]] = []
     if "create" in args.workloads:
         runs.append(({"workload": "create"}, lambda: bench.run_create(int(5000 * args.scale))))
-    for n in args.burst if "w1" in args.workloads else []:
-        runs.append(({"workload": "w1", "burst": int(n * args.scale)}, functools.partial(_burst, bench, n, args)))
+    for n in (int(b * args.scale) for b in args.burst) if "w1" in args.workloads else []:
+        runs.append(({"workload": "w1", "burst": n}, functools.partial(_burst, bench, n, args)))
     if "w2" in args.workloads:
         n = int(20_000 * args.scale)
         runs.append(({"workload": "w2", "over_s": args.duration}, functools.partial(_spread, bench, "w2", n, args)))
@@ -461,7 +461,6 @@ async def main_async(args: argparse.Namespace) -> None:
 
 async def _burst(bench: Bench, n: int, args: argparse.Namespace) -> dict[str, Any]:
     """W1: ``n`` one-shot jobs, all due at one instant."""
-    n = int(n * args.scale)
     due = _ms(datetime.now(UTC) + timedelta(seconds=args.lead + n / 50_000))
     return await bench.run_dispatch("w1", [due] * n)
 

@@ -42,6 +42,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from redis.asyncio import Redis
+from sundial_common.broker import KafkaPublisher
 from sundial_common.store import Store
 from sundial_infra.servers import TEST_PORTS, LocalStack, Ports, Server
 
@@ -229,3 +230,11 @@ async def store(database_url: str) -> AsyncIterator[Store]:
     s = await Store.connect(database_url)
     yield s
     await s.close()
+
+
+@pytest.fixture
+async def publisher(kafka_bootstrap: str) -> AsyncIterator[KafkaPublisher]:
+    """The dispatcher's Kafka publisher on the test broker."""
+    p = KafkaPublisher(kafka_bootstrap)
+    yield p
+    await p.close()

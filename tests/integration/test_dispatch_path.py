@@ -39,13 +39,6 @@ async def hot_window(redis_url: str) -> AsyncIterator[HotWindow]:
 
 
 @pytest.fixture
-async def publisher(kafka_bootstrap: str) -> AsyncIterator[KafkaPublisher]:
-    p = KafkaPublisher(kafka_bootstrap)
-    yield p
-    await p.close()
-
-
-@pytest.fixture
 def pool() -> str:
     # Topics outlive a test in the session's broker; a pool of its own keeps each test's messages apart.
     return f"t-{uuid.uuid4().hex[:10]}"

@@ -51,13 +51,6 @@ async def hot_window(redis_url: str) -> AsyncIterator[HotWindow]:
 
 
 @pytest.fixture
-async def publisher(kafka_bootstrap: str) -> AsyncIterator[KafkaPublisher]:
-    p = KafkaPublisher(kafka_bootstrap)
-    yield p
-    await p.close()
-
-
-@pytest.fixture
 def pool() -> str:
     return f"t-{uuid.uuid4().hex[:10]}"
 

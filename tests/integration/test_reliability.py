@@ -70,13 +70,6 @@ async def redis(redis_url: str) -> AsyncIterator[Redis]:
 
 
 @pytest.fixture
-async def publisher(kafka_bootstrap: str) -> AsyncIterator[KafkaPublisher]:
-    p = KafkaPublisher(kafka_bootstrap)
-    yield p
-    await p.close()
-
-
-@pytest.fixture
 def settings(database_url: str, redis_url: str, kafka_bootstrap: str) -> WorkerSettings:
     return WorkerSettings(database_url=database_url, redis_url=redis_url, kafka_bootstrap=kafka_bootstrap, shards=1)
 
