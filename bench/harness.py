@@ -53,8 +53,11 @@ import ceilings
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
-#: Its own ports, so a bench never touches `make up` or `make test`.
-BENCH_PORTS = Ports(**{k: v + 2000 for k, v in vars(TEST_PORTS).items()})
+#: Its own ports (Postgres 25432, Redis 26379, etcd 22379, broker 29092, API 28080), so a bench never touches
+#: `make up` or `make test`; below Linux's ephemeral range (32768-60999), where a client socket of another
+#: process can hold a listening port (a CI run failed once on the broker's port at test ports + 2000).
+PORT_OFFSET = -20000
+BENCH_PORTS = Ports(**{k: v + PORT_OFFSET for k, v in vars(TEST_PORTS).items()})
 POOL = "demo"
 #: A production Postgres is tuned; the defaults (128 MB buffers, 1 GB of WAL between checkpoints) are a
 #: laptop's. pg_stat_statements says which statements the database time goes to.
@@ -502,7 +505,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results", type=Path, default=RESULTS, help="directory of the <date>.jsonl files")
     parser.add_argument("--root", type=Path, default=REPO / ".sundial" / "bench", help="the stack's data directory")
     parser.add_argument(
-        "--port-offset", type=int, default=2000, help="ports = the test ports + this (keep runs ≥ 2 apart)"
+        "--port-offset", type=int, default=PORT_OFFSET, help="ports = the test ports + this (keep runs ≥ 2 apart)"
     )
     parser.add_argument("--profile", type=Path, help="py-spy a dispatcher and a worker into this directory")
     parser.add_argument("--no-durable", action="store_true", help="Postgres without fsync (as in tests)")
