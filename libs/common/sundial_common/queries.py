@@ -1,6 +1,6 @@
-"""Named SQL queries, loaded once from ``sql/queries.sql``.
+"""Named SQL queries: each store's ``.sql`` file under ``sundial_common/stores/sql``, split by ``-- name:``.
 
-All SQL lives in that one file (CONVENTIONS 2); code refers to a statement by its ``-- name:``.
+SQL lives in one file per store (CONVENTIONS 2); a store refers to a statement by its ``-- name:``.
 """
 
 from __future__ import annotations
@@ -22,4 +22,6 @@ def load(text: str) -> dict[str, str]:
     return queries
 
 
-Q = load(files("sundial_common").joinpath("sql/queries.sql").read_text())
+def load_file(filename: str) -> dict[str, str]:
+    """The named queries of one store's file, ``sundial_common/stores/sql/<filename>``."""
+    return load(files("sundial_common").joinpath("stores", "sql", filename).read_text())

@@ -1,0 +1,57 @@
+"""The Postgres stores: the only source of truth (DESIGN invariant 1), one store per domain.
+
+Every database call a Sundial process makes goes through one of them, each a small ``typing.Protocol`` with
+one Postgres implementation and its own file of named queries under ``sql/``:
+
+- :mod:`~sundial_common.stores.jobs` — jobs' definitions and lifecycle; the hydrator's scans of due jobs;
+- :mod:`~sundial_common.stores.executions` — executions and attempts: reads, cancels, the worker's start
+  and finish, the sweeper's lost attempts and dead letters;
+- :mod:`~sundial_common.stores.dispatch` — the leader's fenced dispatch of occurrences and retries, the
+  retries coming due, and the execution outbox;
+- :mod:`~sundial_common.stores.idempotency` — Idempotency-Key claims and responses.
+
+They share one :class:`~sundial_common.stores.database.Database` (the asyncpg pool and its connection
+setup); :class:`Stores` holds them together for a process. The values they trade in that are not one
+domain's (rows, hot-window occurrences and retries) are in :mod:`~sundial_common.stores.types`. Batches are
+one round trip each (arrays through ``unnest``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sundial_common.stores.database import Database
+from sundial_common.stores.dispatch import DispatchStore, PostgresDispatchStore
+from sundial_common.stores.executions import ExecutionStore, PostgresExecutionStore
+from sundial_common.stores.idempotency import IdempotencyStore, PostgresIdempotencyStore
+from sundial_common.stores.jobs import JobStore, PostgresJobStore
+
+
+@dataclass(frozen=True, slots=True)
+class Stores:
+    """A process's stores, over one shared pool (``database``)."""
+
+    database: Database
+    jobs: JobStore
+    executions: ExecutionStore
+    dispatch: DispatchStore
+    idempotency: IdempotencyStore
+
+    @classmethod
+    def over(cls, database: Database) -> Stores:
+        """The Postgres stores over ``database``'s pool."""
+        return cls(
+            database=database,
+            jobs=PostgresJobStore(database),
+            executions=PostgresExecutionStore(database),
+            dispatch=PostgresDispatchStore(database),
+            idempotency=PostgresIdempotencyStore(database),
+        )
+
+    @classmethod
+    async def connect(cls, dsn: str, *, min_size: int = 1, max_size: int = 10) -> Stores:
+        """Open the pool (see :meth:`Database.connect`) and the stores over it."""
+        return cls.over(await Database.connect(dsn, min_size=min_size, max_size=max_size))
+
+    async def close(self) -> None:
+        await self.database.close()

@@ -1,0 +1,329 @@
+"""The dispatch store: what a shard's leader writes under its fence, and the outbox it publishes from.
+
+A dispatch transaction first raises the shard's fence to the leader's token (DESIGN invariant 4; a newer
+leader's write makes it raise :class:`FencedOut`), then creates the executions of the claimed due
+occurrences (:meth:`PostgresDispatchStore.dispatch_occurrences`) or moves claimed retries back to PENDING
+(:meth:`PostgresDispatchStore.dispatch_retries`). The execution row is the outbox: the dispatcher marks what
+it published, the sweeper republishes what stayed PENDING. The hydrator reads the retries coming due here
+too, beside the jobs (:mod:`sundial_common.stores.jobs`).
+
+SQL: ``sql/dispatch.sql``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Protocol, cast
+from uuid import UUID
+
+from sundial_common.queries import load_file
+from sundial_common.stores.database import Database
+from sundial_common.stores.types import Occurrence, Record, RetryDue
+
+Q = load_file("dispatch.sql")
+
+
+class FencedOut(Exception):
+    """A newer leader has written for this shard: the caller's term is over."""
+
+    def __init__(self, shard: int, token: int) -> None:
+        super().__init__(f"shard {shard}: token {token} is fenced out by a newer leader")
+        self.shard = shard
+        self.token = token
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedExecution:
+    """What the dispatcher decided for one locked due job: the execution to create and the job's next fire.
+
+    ``next_fire_at`` is read only when the plan is a plain list (one execution per job, each advancing its
+    job there); a :class:`DispatchPlan` carries the jobs' moves separately as :class:`JobAdvance`.
+    """
+
+    execution_id: UUID
+    job: Record
+    next_fire_at: datetime | None
+    max_attempts: int
+    trace_id: str | None
+    traceparent: str | None
+    #: The nominal occurrence (unique per job). Default: the job's due occurrence.
+    scheduled_for: datetime | None = None
+    #: When it was due to fire after jitter. Default: the job's ``next_fire_at``.
+    fire_at: datetime | None = None
+    #: PENDING (to publish) or SKIPPED (recorded, never published: the overlap policy said so).
+    state: str = "PENDING"
+    #: A manual run (``POST /v1/jobs/{id}/trigger``), outside the schedule.
+    triggered: bool = False
+    #: Why it was skipped, for the execution's ``error`` and the audit log.
+    note: str | None = None
+
+    @property
+    def nominal(self) -> datetime:
+        if self.scheduled_for is not None:
+            return self.scheduled_for
+        return cast(datetime, self.job.get("next_nominal_at") or self.job["next_fire_at"])
+
+    @property
+    def due(self) -> datetime:
+        return self.fire_at if self.fire_at is not None else cast(datetime, self.job["next_fire_at"])
+
+
+@dataclass(frozen=True, slots=True)
+class JobAdvance:
+    """How one dispatched job moves: to its next occurrence (``advance``) and/or past its pending trigger."""
+
+    job_id: UUID
+    #: The next fire the job was locked at (compare-and-set).
+    prev_fire_at: datetime | None
+    next_fire_at: datetime | None
+    next_nominal_at: datetime | None
+    #: Runs the schedule started in this transaction (counted against ``max_runs``).
+    runs: int = 0
+    #: Occurrences that passed beyond the catch-up window without a run of their own.
+    missed: int = 0
+    advance: bool = True
+    trigger_done: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class DispatchPlan:
+    """Everything the planner decided for one batch of locked jobs."""
+
+    executions: list[PlannedExecution]
+    advances: list[JobAdvance]
+    #: Open executions to cancel (overlap policy CANCEL_RUNNING).
+    cancel: list[UUID] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class DispatchOutcome:
+    """What one dispatch transaction committed."""
+
+    #: Executions actually inserted (an occurrence that already had one is left out), PENDING and SKIPPED.
+    created: list[PlannedExecution]
+    plan: DispatchPlan
+    #: RUNNING executions asked to stop; their Redis cancel flag is the caller's to set, after commit.
+    cancel_requested: list[UUID]
+    #: Claimed members that were not due, with the score their job's member belongs at now.
+    misplaced: list[Occurrence]
+
+
+@dataclass(frozen=True, slots=True)
+class RetryDispatch:
+    """What one retry transaction did: the executions now PENDING (with their payload), and members to put back."""
+
+    dispatched: list[Record]
+    #: Claimed members whose retry is scheduled later than claimed, at the score they belong at.
+    misplaced: list[RetryDue]
+
+
+
+#: Decides, for the locked due jobs, what to create: a plain list (one execution per job, each advancing its
+#: job to its ``next_fire_at``) or a full :class:`DispatchPlan`.
+Planner = Callable[[Sequence[Record]], list[PlannedExecution] | DispatchPlan]
+
+
+class DispatchStore(Protocol):
+    """Fenced writes of a shard's leader, the retries coming due, and the execution outbox."""
+
+    async def dispatch_occurrences(
+        self, shard: int, token: int, holder: str, claims: Sequence[Occurrence], plan: Planner
+    ) -> DispatchOutcome: ...
+
+    async def dispatch(
+        self, shard: int, token: int, holder: str, claims: Sequence[Occurrence], plan: Planner
+    ) -> list[PlannedExecution]: ...
+
+    async def dispatch_retries(
+        self, shard: int, token: int, holder: str, claims: Sequence[RetryDue]
+    ) -> RetryDispatch: ...
+
+    async def shard_fences(self) -> list[Record]: ...
+
+    async def retry_range(self, shard: int, after: RetryDue, end: datetime, limit: int) -> list[RetryDue]: ...
+
+    async def overdue_retries(self, shard: int, before: datetime, limit: int) -> list[RetryDue]: ...
+
+    async def mark_published(self, execution_ids: Sequence[UUID]) -> None: ...
+
+    async def stale_pending(
+        self, unpublished_before: datetime, published_before: datetime, limit: int
+    ) -> list[Record]: ...
+
+    async def republished(self, execution_ids: Sequence[UUID]) -> None: ...
+
+
+class PostgresDispatchStore:
+    """:class:`DispatchStore` over the shared pool."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    # --- first attempts of due occurrences ---------------------------------------------------
+
+    async def dispatch(
+        self,
+        shard: int,
+        token: int,
+        holder: str,
+        claims: Sequence[Occurrence],
+        plan: Planner,
+    ) -> list[PlannedExecution]:
+        """:meth:`dispatch_occurrences`, returning only the executions created."""
+        return (await self.dispatch_occurrences(shard, token, holder, claims, plan)).created
+
+    async def dispatch_occurrences(
+        self,
+        shard: int,
+        token: int,
+        holder: str,
+        claims: Sequence[Occurrence],
+        plan: Planner,
+    ) -> DispatchOutcome:
+        """The fenced dispatch transaction (DESIGN invariants 2 and 4).
+
+        Raises the shard's fence to ``token`` (or raises :class:`FencedOut`), locks the claimed jobs that
+        are due in Postgres (with their open executions, for the overlap policy), lets ``plan`` decide the
+        executions and each job's move, inserts the executions (unique per occurrence), advances the jobs
+        with compare-and-set and cancels what CANCEL_RUNNING replaces — a handful of statements per batch,
+        whatever its size. Publishing and Redis writes are the caller's job, after commit.
+
+        ``plan`` may return a plain list (one execution per job, advancing it to ``next_fire_at``).
+        """
+        empty = DispatchPlan([], [])
+        if not claims:
+            return DispatchOutcome([], empty, [], [])
+        ids = [c.job_id for c in claims]
+        dues = [c.due for c in claims]
+        misplaced: list[Occurrence] = []
+        cancelled: list[Record] = []
+        async with self._db.pool.acquire() as conn, conn.transaction():
+            if await conn.fetchval(Q["raise_fence"], shard, token, holder) is None:
+                raise FencedOut(shard, token)
+            due = await conn.fetch(Q["lock_due_jobs"], ids, dues, shard)
+            if len(due) < len(claims):
+                matched = {row["id"] for row in due}
+                unmatched = [c for c in claims if c.job_id not in matched]
+                rows = await conn.fetch(
+                    Q["claimed_but_not_due"], [c.job_id for c in unmatched], [c.due for c in unmatched], shard
+                )
+                misplaced = [
+                    Occurrence(row["id"], row["belongs_at"])
+                    for row in rows
+                    if row["belongs_at"] is not None and row["belongs_at"] > row["claimed_due"]
+                ]
+            decided = plan(due) if due else empty
+            if isinstance(decided, list):
+                decided = DispatchPlan(
+                    decided,
+                    [
+                        JobAdvance(p.job["id"], p.job["next_fire_at"], p.next_fire_at, p.next_fire_at, runs=1)
+                        for p in decided
+                    ],
+                )
+            planned = decided.executions
+            inserted: list[Record] = []
+            if planned:
+                inserted = await conn.fetch(
+                    Q["insert_executions"],
+                    [p.execution_id for p in planned],
+                    [p.job["tenant_id"] for p in planned],
+                    [p.job["id"] for p in planned],
+                    [p.nominal for p in planned],
+                    [p.job["pool"] for p in planned],
+                    [p.job["handler"] for p in planned],
+                    [p.max_attempts for p in planned],
+                    [p.job["timeout_sec"] for p in planned],
+                    shard,
+                    token,
+                    [p.trace_id for p in planned],
+                    [p.traceparent for p in planned],
+                    holder,
+                    [p.due for p in planned],
+                    [p.state for p in planned],
+                    [p.triggered for p in planned],
+                    [p.note for p in planned],
+                )
+            advances = decided.advances
+            if advances:
+                await conn.execute(
+                    Q["advance_jobs"],
+                    [a.job_id for a in advances],
+                    [a.prev_fire_at for a in advances],
+                    [a.next_fire_at for a in advances],
+                    [a.next_nominal_at for a in advances],
+                    [a.runs for a in advances],
+                    [a.missed for a in advances],
+                    [a.advance for a in advances],
+                    [a.trigger_done for a in advances],
+                    holder,
+                )
+            if decided.cancel:
+                cancelled = await conn.fetch(Q["cancel_overlapping"], list(decided.cancel), holder)
+        created_ids = {row["id"] for row in inserted}
+        return DispatchOutcome(
+            created=[p for p in planned if p.execution_id in created_ids],
+            plan=decided,
+            cancel_requested=[row["id"] for row in cancelled if row["state"] == "RUNNING"],
+            misplaced=misplaced,
+        )
+
+    async def shard_fences(self) -> list[Record]:
+        """Per shard, the highest token that has written (``shard``, ``token``, ``holder``, ``updated_at``)."""
+        return cast(list[Record], await self._db.pool.fetch(Q["shard_fences"]))
+
+    # --- retries ------------------------------------------------------------------------------
+
+    async def retry_range(self, shard: int, after: RetryDue, end: datetime, limit: int) -> list[RetryDue]:
+        """Scheduled retries of ``shard`` due before ``end``, in (due, id) order strictly after ``after``."""
+        rows = await self._db.pool.fetch(Q["retry_range"], shard, after.due, end, after.execution_id, limit)
+        return [RetryDue(row["id"], row["next_attempt_at"]) for row in rows]
+
+    async def overdue_retries(self, shard: int, before: datetime, limit: int) -> list[RetryDue]:
+        """Scheduled retries of ``shard`` due before ``before`` and still not dispatched (their member was lost)."""
+        rows = await self._db.pool.fetch(Q["overdue_retries"], shard, before, limit)
+        return [RetryDue(row["id"], row["next_attempt_at"]) for row in rows]
+
+    async def dispatch_retries(self, shard: int, token: int, holder: str, claims: Sequence[RetryDue]) -> RetryDispatch:
+        """The fenced retry transaction: raise the shard's fence to ``token`` (or raise :class:`FencedOut`), then
+        move each claimed retry that is due to PENDING with its next attempt. Publishing is the caller's job,
+        after commit (the execution row is the outbox, as for a first attempt).
+        """
+        if not claims:
+            return RetryDispatch([], [])
+        ids = [c.execution_id for c in claims]
+        misplaced: list[RetryDue] = []
+        async with self._db.pool.acquire() as conn, conn.transaction():
+            if await conn.fetchval(Q["raise_fence"], shard, token, holder) is None:
+                raise FencedOut(shard, token)
+            rows = await conn.fetch(Q["dispatch_retries"], ids, [c.due for c in claims], shard, token, holder)
+            if len(rows) < len(claims):
+                done = {row["id"] for row in rows}
+                claimed = {c.execution_id: c.due for c in claims}
+                later = await conn.fetch(Q["retries_not_due"], [i for i in ids if i not in done], shard)
+                misplaced = [
+                    RetryDue(row["id"], row["next_attempt_at"])
+                    for row in later
+                    if row["next_attempt_at"] > claimed[row["id"]]
+                ]
+        return RetryDispatch(cast(list[Record], rows), misplaced)
+
+    # --- the outbox (dispatcher, sweeper) ----------------------------------------------------
+
+    async def mark_published(self, execution_ids: Sequence[UUID]) -> None:
+        if execution_ids:
+            await self._db.pool.execute(Q["mark_published"], list(execution_ids))
+
+    async def stale_pending(self, unpublished_before: datetime, published_before: datetime, limit: int) -> list[Record]:
+        """PENDING executions never published since before ``unpublished_before``, or published before
+        ``published_before`` and never started: the sweeper sends them again."""
+        return cast(
+            list[Record],
+            await self._db.pool.fetch(Q["stale_pending"], unpublished_before, published_before, limit),
+        )
+
+    async def republished(self, execution_ids: Sequence[UUID]) -> None:
+        if execution_ids:
+            await self._db.pool.execute(Q["republished"], list(execution_ids))

@@ -1,0 +1,248 @@
+"""The execution store: executions and their attempts once they exist — the API's reads, cancels and retries
+of dead ones; the worker's start compare-and-swap, outcomes, progress and cancel checks; the sweeper's scan
+of running attempts, its ending of lost ones, and the dead-letter outbox.
+
+SQL: ``sql/executions.sql``. Creating executions (and moving a retry back to PENDING) is the fenced
+dispatch store's (:mod:`sundial_common.stores.dispatch`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Protocol, cast
+from uuid import UUID
+
+from sundial_common.queries import load_file
+from sundial_common.stores.database import Database
+from sundial_common.stores.types import Record, RetryDue
+
+Q = load_file("executions.sql")
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """How one attempt ended, as the worker reports it."""
+
+    execution_id: UUID
+    attempt: int
+    state: str
+    result: Any = None
+    error: str | None = None
+    #: For a FAILED or TIMED_OUT attempt: how long until the next one, if the execution has attempts left.
+    retry_delay_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """An outcome Postgres accepted: how the attempt ended and what became of the execution."""
+
+    execution_id: UUID
+    attempt: int
+    #: The execution's state now: the attempt's, or DEAD (no attempts left), or CANCELLED (cancel requested).
+    state: str
+    attempt_state: str
+    shard: int
+    #: When the next attempt is due, if one was scheduled.
+    next_attempt_at: datetime | None
+
+    @property
+    def retry(self) -> RetryDue | None:
+        return None if self.next_attempt_at is None else RetryDue(self.execution_id, self.next_attempt_at)
+
+
+@dataclass(frozen=True, slots=True)
+class LostAttempt:
+    """An attempt the sweeper ends: whose it was (compare-and-swap), why, and the backoff of its retry."""
+
+    execution_id: UUID
+    attempt: int
+    worker_id: str
+    #: FAILED_WORKER_LOST or TIMED_OUT.
+    state: str
+    error: str
+    retry_delay_ms: int
+
+
+class ExecutionStore(Protocol):
+    """Executions and attempts, read and moved along by the API, the workers and the sweeper."""
+
+    # --- reads and user actions (API)
+    async def get_execution(self, tenant_id: str, execution_id: UUID) -> Record | None: ...
+
+    async def execution_attempts(self, execution_id: UUID) -> list[Record]: ...
+
+    async def latest_executions(self, job_id: UUID, limit: int) -> list[Record]: ...
+
+    async def page_executions(
+        self, job_id: UUID, after: tuple[datetime, UUID] | None, limit: int
+    ) -> list[Record]: ...
+
+    async def list_executions_by_state(
+        self, tenant_id: str, state: str, before: UUID | None, limit: int
+    ) -> list[Record]: ...
+
+    async def cancel_execution(self, tenant_id: str, execution_id: UUID, actor: str) -> Record | None: ...
+
+    async def retry_dead_execution(self, tenant_id: str, execution_id: UUID, actor: str) -> Record | None: ...
+
+    # --- attempts (worker)
+    async def start_executions(
+        self, worker_id: str, claims: Sequence[tuple[UUID, int]], published_at: Sequence[datetime | None] = ()
+    ) -> list[Record]: ...
+
+    async def finish_executions(self, worker_id: str, outcomes: Sequence[Outcome]) -> set[UUID]: ...
+
+    async def finish_attempts(self, worker_id: str, outcomes: Sequence[Outcome]) -> list[Finished]: ...
+
+    async def record_progress(self, execution_id: UUID, attempt: int, worker_id: str, progress: Any) -> bool: ...
+
+    async def cancel_requested(self, execution_ids: Sequence[UUID]) -> set[UUID]: ...
+
+    # --- lost attempts and dead letters (sweeper)
+    async def running_executions(self, after: tuple[datetime, UUID] | None, limit: int) -> list[Record]: ...
+
+    async def fail_running(self, actor: str, attempts: Sequence[LostAttempt]) -> list[Finished]: ...
+
+    async def dead_letters(self, limit: int) -> list[Record]: ...
+
+    async def mark_dead_lettered(self, execution_ids: Sequence[UUID]) -> None: ...
+
+
+class PostgresExecutionStore:
+    """:class:`ExecutionStore` over the shared pool."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    # --- reads and user actions (API) --------------------------------------------------------
+
+    async def get_execution(self, tenant_id: str, execution_id: UUID) -> Record | None:
+        return cast(Record | None, await self._db.pool.fetchrow(Q["get_execution"], execution_id, tenant_id))
+
+    async def execution_attempts(self, execution_id: UUID) -> list[Record]:
+        return cast(list[Record], await self._db.pool.fetch(Q["execution_attempts"], execution_id))
+
+    async def latest_executions(self, job_id: UUID, limit: int) -> list[Record]:
+        return cast(list[Record], await self._db.pool.fetch(Q["latest_executions"], job_id, limit))
+
+    async def page_executions(self, job_id: UUID, after: tuple[datetime, UUID] | None, limit: int) -> list[Record]:
+        after_time, after_id = after if after else (None, None)
+        return cast(
+            list[Record], await self._db.pool.fetch(Q["page_executions"], job_id, after_time, after_id, limit)
+        )
+
+    async def list_executions_by_state(
+        self, tenant_id: str, state: str, before: UUID | None, limit: int
+    ) -> list[Record]:
+        return cast(
+            list[Record], await self._db.pool.fetch(Q["list_executions_by_state"], tenant_id, state, before, limit)
+        )
+
+    async def cancel_execution(self, tenant_id: str, execution_id: UUID, actor: str) -> Record | None:
+        """PENDING (or waiting for a retry) → CANCELLED; RUNNING → cancel requested. None: nothing to cancel."""
+        return cast(
+            Record | None, await self._db.pool.fetchrow(Q["cancel_execution"], execution_id, tenant_id, actor)
+        )
+
+    async def retry_dead_execution(self, tenant_id: str, execution_id: UUID, actor: str) -> Record | None:
+        """A DEAD execution gets one more attempt, due now. None: not DEAD, or its retry is already scheduled."""
+        return cast(
+            Record | None, await self._db.pool.fetchrow(Q["retry_dead_execution"], execution_id, tenant_id, actor)
+        )
+
+    # --- attempts (worker) -------------------------------------------------------------------
+
+    async def start_executions(
+        self, worker_id: str, claims: Sequence[tuple[UUID, int]], published_at: Sequence[datetime | None] = ()
+    ) -> list[Record]:
+        """PENDING → RUNNING for the given (execution id, attempt) pairs; returns those this worker won.
+
+        ``published_at``: per claim, when its message reached the broker (its Kafka timestamp), if known.
+        """
+        if not claims:
+            return []
+        sent = list(published_at) or [None] * len(claims)
+        return cast(
+            list[Record],
+            await self._db.pool.fetch(
+                Q["start_executions"], [c[0] for c in claims], [c[1] for c in claims], worker_id, sent
+            ),
+        )
+
+    async def finish_executions(self, worker_id: str, outcomes: Sequence[Outcome]) -> set[UUID]:
+        """RUNNING → terminal for attempts this worker owns; returns the ids whose write was accepted."""
+        return {f.execution_id for f in await self.finish_attempts(worker_id, outcomes)}
+
+    async def finish_attempts(self, worker_id: str, outcomes: Sequence[Outcome]) -> list[Finished]:
+        """RUNNING → how each attempt ended, for attempts this worker owns; the accepted ones, with their retry.
+
+        A FAILED or TIMED_OUT attempt with attempts left schedules the next one ``retry_delay_ms`` after the
+        database's now; the last one leaves the execution DEAD.
+        """
+        if not outcomes:
+            return []
+        rows = await self._db.pool.fetch(
+            Q["finish_executions"],
+            [o.execution_id for o in outcomes],
+            [o.attempt for o in outcomes],
+            [o.state for o in outcomes],
+            [o.result for o in outcomes],
+            [o.error for o in outcomes],
+            worker_id,
+            [o.retry_delay_ms for o in outcomes],
+        )
+        return [_finished(row) for row in rows]
+
+    async def record_progress(self, execution_id: UUID, attempt: int, worker_id: str, progress: Any) -> bool:
+        row = await self._db.pool.fetchrow(Q["record_progress"], execution_id, attempt, worker_id, progress)
+        return row is not None
+
+    async def cancel_requested(self, execution_ids: Sequence[UUID]) -> set[UUID]:
+        """Of these RUNNING executions, the ones whose cancel has been requested in Postgres."""
+        if not execution_ids:
+            return set()
+        rows = await self._db.pool.fetch(Q["cancel_requested"], list(execution_ids))
+        return {row["id"] for row in rows}
+
+    # --- lost attempts and dead letters (sweeper) --------------------------------------------
+
+    async def running_executions(self, after: tuple[datetime, UUID] | None, limit: int) -> list[Record]:
+        """RUNNING executions, oldest first, after the keyset position ``after`` (created_at, id)."""
+        after_time, after_id = after if after else (datetime.min.replace(tzinfo=UTC), UUID(int=0))
+        return cast(list[Record], await self._db.pool.fetch(Q["running_executions"], after_time, after_id, limit))
+
+    async def fail_running(self, actor: str, attempts: Sequence[LostAttempt]) -> list[Finished]:
+        """End attempts whose worker is gone or that ran past their timeout (CAS on attempt and worker)."""
+        if not attempts:
+            return []
+        rows = await self._db.pool.fetch(
+            Q["fail_running"],
+            [a.execution_id for a in attempts],
+            [a.attempt for a in attempts],
+            [a.worker_id for a in attempts],
+            [a.state for a in attempts],
+            [a.error for a in attempts],
+            [a.retry_delay_ms for a in attempts],
+            actor,
+        )
+        return [_finished(row) for row in rows]
+
+    async def dead_letters(self, limit: int) -> list[Record]:
+        return cast(list[Record], await self._db.pool.fetch(Q["dead_letters"], limit))
+
+    async def mark_dead_lettered(self, execution_ids: Sequence[UUID]) -> None:
+        if execution_ids:
+            await self._db.pool.execute(Q["mark_dead_lettered"], list(execution_ids))
+
+
+def _finished(row: Record) -> Finished:
+    return Finished(
+        execution_id=row["id"],
+        attempt=row["attempt"],
+        state=row["state"],
+        attempt_state=row["attempt_state"],
+        shard=row["shard"],
+        next_attempt_at=row["next_attempt_at"],
+    )

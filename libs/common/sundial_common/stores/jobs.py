@@ -1,0 +1,223 @@
+"""The job store: jobs' definitions and lifecycle (create, change, pause, resume, trigger, cancel, read), and
+the hydrator's scans of the jobs coming due.
+
+SQL: ``sql/jobs.sql``. Every write records its audit row in the same statement. The executions a job's
+occurrences become are the dispatch store's (:mod:`sundial_common.stores.dispatch`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any, Protocol, cast
+from uuid import UUID
+
+import asyncpg
+
+from sundial_common.queries import load_file
+from sundial_common.stores.database import Database
+from sundial_common.stores.types import Occurrence, Record
+
+Q = load_file("jobs.sql")
+
+#: Column defaults of a new job when the caller leaves them out (see ``insert_job``).
+_JOB_DEFAULTS: dict[str, Any] = {
+    "timezone": "UTC",
+    "payload": {},
+    "retry_policy": {},
+    "priority": "NORMAL",
+    "state": "ACTIVE",
+    "jitter_sec": 0,
+    "overlap_policy": "ALLOW",
+    "catchup_policy": "FIRE_ONCE",
+    "catchup_window_sec": 60,
+}
+
+
+class JobStore(Protocol):
+    """Jobs as the API changes them and the hydrator finds them due."""
+
+    async def insert_job(self, values: dict[str, Any], actor: str) -> Record: ...
+
+    async def insert_jobs(self, jobs: Sequence[Mapping[str, Any]], actor: str) -> list[Record]: ...
+
+    async def get_job(self, tenant_id: str, job_id: UUID) -> Record | None: ...
+
+    async def update_job(
+        self, current: Record, values: Mapping[str, Any], actor: str, changed: Sequence[str]
+    ) -> Record | None: ...
+
+    async def pause_job(self, tenant_id: str, job_id: UUID, actor: str) -> Record | None: ...
+
+    async def resume_job(self, tenant_id: str, job_id: UUID, actor: str) -> Record | None: ...
+
+    async def trigger_job(
+        self, tenant_id: str, job_id: UUID, at: datetime, execution_id: UUID, actor: str
+    ) -> Record | None: ...
+
+    async def cancel_job(self, tenant_id: str, job_id: UUID, actor: str) -> Record | None: ...
+
+    async def hydration_range(self, shard: int, after: Occurrence, end: datetime, limit: int) -> list[Occurrence]: ...
+
+    async def overdue_jobs(self, shard: int, before: datetime, limit: int) -> list[Occurrence]: ...
+
+    async def overdue_triggers(self, shard: int, before: datetime, limit: int) -> list[Occurrence]: ...
+
+
+class PostgresJobStore:
+    """:class:`JobStore` over the shared pool."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    async def insert_job(self, values: dict[str, Any], actor: str) -> Record:
+        return await insert_job_on(self._db.pool, values, actor)
+
+    async def insert_jobs(self, jobs: Sequence[Mapping[str, Any]], actor: str) -> list[Record]:
+        """Register many jobs in one round trip; rows come back in the order of ``jobs``.
+
+        Each mapping holds ``jobs`` column values; absent optional columns take the same defaults as
+        :meth:`insert_job`.
+        """
+        return await insert_jobs_on(self._db.pool, jobs, actor)
+
+    async def get_job(self, tenant_id: str, job_id: UUID) -> Record | None:
+        return cast(Record | None, await self._db.pool.fetchrow(Q["get_job"], job_id, tenant_id))
+
+    async def update_job(
+        self, current: Record, values: Mapping[str, Any], actor: str, changed: Sequence[str]
+    ) -> Record | None:
+        """Write a job's new definition if it is still at ``current``'s version, next fire and state.
+
+        ``values`` holds every definition column (as ``insert_job`` takes them) plus ``next_fire_at``,
+        ``next_nominal_at`` and ``state``. None when another writer got there first.
+        """
+        row = await self._db.pool.fetchrow(
+            Q["update_job"],
+            current["id"],
+            current["tenant_id"],
+            current["version"],
+            current["next_fire_at"],
+            current["state"],
+            values["name"],
+            values["type"],
+            values.get("schedule"),
+            values["timezone"],
+            values.get("run_at"),
+            values.get("delay_seconds"),
+            values["pool"],
+            values["handler"],
+            values["payload"],
+            values["retry_policy"],
+            values["timeout_sec"],
+            values["priority"],
+            values.get("interval_sec"),
+            values.get("run_list"),
+            values.get("start_at"),
+            values.get("end_at"),
+            values.get("max_runs"),
+            values["jitter_sec"],
+            values["overlap_policy"],
+            values["catchup_policy"],
+            values["catchup_window_sec"],
+            values["next_fire_at"],
+            values["next_nominal_at"],
+            values["state"],
+            actor,
+            {"changed": list(changed)},
+        )
+        return cast(Record | None, row)
+
+    async def pause_job(self, tenant_id: str, job_id: UUID, actor: str) -> Record | None:
+        """ACTIVE → PAUSED; None when the job was not active (or not this tenant's)."""
+        return cast(Record | None, await self._db.pool.fetchrow(Q["pause_job"], job_id, tenant_id, actor))
+
+    async def resume_job(self, tenant_id: str, job_id: UUID, actor: str) -> Record | None:
+        """PAUSED → ACTIVE (COMPLETED if it has no occurrence left); None when the job was not paused."""
+        return cast(Record | None, await self._db.pool.fetchrow(Q["resume_job"], job_id, tenant_id, actor))
+
+    async def trigger_job(
+        self, tenant_id: str, job_id: UUID, at: datetime, execution_id: UUID, actor: str
+    ) -> Record | None:
+        """Record a manual run request; None when the job is cancelled, unknown, or already has one pending."""
+        return cast(
+            Record | None,
+            await self._db.pool.fetchrow(Q["trigger_job"], job_id, tenant_id, at, execution_id, actor),
+        )
+
+    async def cancel_job(self, tenant_id: str, job_id: UUID, actor: str) -> Record | None:
+        """ACTIVE/PAUSED → CANCELLED; None when the job was not cancellable (or not this tenant's)."""
+        return cast(Record | None, await self._db.pool.fetchrow(Q["cancel_job"], job_id, tenant_id, actor))
+
+    # --- the hydrator's scans -----------------------------------------------------------------
+
+    async def hydration_range(self, shard: int, after: Occurrence, end: datetime, limit: int) -> list[Occurrence]:
+        """Active jobs of ``shard`` due before ``end``, in (due, id) order strictly after ``after``."""
+        rows = await self._db.pool.fetch(Q["hydration_range"], shard, after.due, end, after.job_id, limit)
+        return [Occurrence(row["id"], row["next_fire_at"]) for row in rows]
+
+    async def overdue_jobs(self, shard: int, before: datetime, limit: int) -> list[Occurrence]:
+        rows = await self._db.pool.fetch(Q["overdue_jobs"], shard, before, limit)
+        return [Occurrence(row["id"], row["next_fire_at"]) for row in rows]
+
+    async def overdue_triggers(self, shard: int, before: datetime, limit: int) -> list[Occurrence]:
+        """Manual triggers of ``shard`` still pending since before ``before`` (their member was lost)."""
+        rows = await self._db.pool.fetch(Q["overdue_triggers"], shard, before, limit)
+        return [Occurrence(row["id"], row["trigger_at"]) for row in rows]
+
+
+# The inserts run on the pool or, for an Idempotency-Key (sundial_common.stores.idempotency), on the
+# connection of the transaction that completes the key.
+
+
+async def insert_job_on(conn: asyncpg.Pool | asyncpg.Connection, values: Mapping[str, Any], actor: str) -> Record:
+    """``insert_job`` on ``conn``: the tenant on first use, the job and its audit row."""
+    row = await conn.fetchrow(Q["insert_job"], *_job_args(values, actor))
+    assert row is not None
+    return cast(Record, row)
+
+
+async def insert_jobs_on(
+    conn: asyncpg.Pool | asyncpg.Connection, jobs: Sequence[Mapping[str, Any]], actor: str
+) -> list[Record]:
+    """``insert_jobs`` on ``conn``; rows come back in the order of ``jobs``."""
+    if not jobs:
+        return []
+    rows = [{**_JOB_DEFAULTS, "next_nominal_at": job.get("next_fire_at"), **job} for job in jobs]
+    by_id = {row["id"]: row for row in await conn.fetch(Q["insert_jobs"], rows, actor)}
+    return [cast(Record, by_id[job["id"]]) for job in jobs]
+
+
+def _job_args(values: Mapping[str, Any], actor: str) -> tuple[Any, ...]:
+    """``insert_job``'s parameters, in order, from a job's column values (absent optional ones defaulted)."""
+    return (
+        values["id"],
+        values["tenant_id"],
+        values["name"],
+        values["type"],
+        values.get("schedule"),
+        values.get("timezone", "UTC"),
+        values.get("run_at"),
+        values.get("delay_seconds"),
+        values["pool"],
+        values["handler"],
+        values.get("payload", {}),
+        values.get("retry_policy", {}),
+        values["timeout_sec"],
+        values.get("priority", "NORMAL"),
+        values.get("state", "ACTIVE"),
+        values["shard"],
+        values.get("next_fire_at"),
+        values.get("traceparent"),
+        actor,
+        values.get("interval_sec"),
+        values.get("run_list"),
+        values.get("start_at"),
+        values.get("end_at"),
+        values.get("max_runs"),
+        values.get("jitter_sec", 0),
+        values.get("overlap_policy", "ALLOW"),
+        values.get("catchup_policy", "FIRE_ONCE"),
+        values.get("catchup_window_sec", 60),
+        values.get("next_nominal_at", values.get("next_fire_at")),
+    )

@@ -1,0 +1,198 @@
+-- The dispatch store (sundial_common.stores.dispatch): what a shard's leader writes under its fence
+-- (first attempts and retries), and the execution outbox the dispatcher and sweeper publish from.
+-- State changes are compare-and-swap (DESIGN invariant 3): they name the state they expect and
+-- return the rows they changed; zero rows means another actor won and the caller does nothing.
+-- Batches travel as parallel arrays through unnest(), so a batch is one round trip.
+-- A batch of executions is found by primary key (see the note opening executions.sql).
+
+-- name: raise_fence
+-- DESIGN invariant 4: the shard's token only grows. No row back = a newer leader has written.
+INSERT INTO shard_fence AS f (shard, token, holder) VALUES ($1, $2, $3)
+ON CONFLICT (shard) DO UPDATE SET token = excluded.token, holder = excluded.holder, updated_at = now()
+WHERE f.token <= excluded.token
+RETURNING token;
+
+-- name: shard_fences
+-- The admin view: per shard, the highest leadership token that has written and who held it.
+SELECT shard, token, holder, updated_at FROM shard_fence ORDER BY shard;
+
+-- name: lock_due_jobs
+-- The claimed members that are due in Postgres, locked so nobody moves them while this transaction
+-- dispatches them: an active job whose next fire is at or before the claimed score, or a live job with a
+-- trigger pending at or before it. A member scored later than the job's next fire (a BUFFER_ONE hold, a
+-- re-added member) still dispatches it; one scored earlier (stale) matches nothing.
+-- Jobs with an overlap policy other than ALLOW bring their executions still open (PENDING or RUNNING),
+-- oldest first: one probe of executions_job_open_idx each, and no extra round trip.
+SELECT j.*, c.due AS claimed_due, open.ids AS open_execution_ids, open.states AS open_execution_states
+FROM jobs j
+-- Scores are epoch milliseconds; fire times are written at millisecond precision, compared at it too.
+JOIN unnest($1::uuid[], $2::timestamptz[]) AS c (id, due) ON j.id = c.id
+LEFT JOIN LATERAL (
+    SELECT array_agg(e.id ORDER BY e.scheduled_for) AS ids, array_agg(e.state ORDER BY e.scheduled_for) AS states
+    FROM executions e
+    WHERE j.overlap_policy <> 'ALLOW' AND e.job_id = j.id AND e.state IN ('PENDING', 'RUNNING')
+) open ON true
+WHERE j.shard = $3
+  AND ((j.state = 'ACTIVE' AND date_trunc('milliseconds', j.next_fire_at) <= c.due)
+       OR (j.state <> 'CANCELLED' AND j.trigger_at <= c.due))
+ORDER BY j.id
+FOR UPDATE OF j;
+
+-- name: claimed_but_not_due
+-- Claimed members that matched no due job, with where their job's member belongs now: its next fire if
+-- active, or its pending trigger (NULL: nowhere). A member that raced ahead of a re-schedule is put back
+-- at the right score instead of waiting for the hydrator's overdue scan.
+SELECT j.id, c.due AS claimed_due,
+       least(CASE WHEN j.state = 'ACTIVE' THEN j.next_fire_at END,
+             CASE WHEN j.state <> 'CANCELLED' THEN j.trigger_at END) AS belongs_at
+FROM jobs j
+JOIN unnest($1::uuid[], $2::timestamptz[]) AS c (id, due) ON j.id = c.id
+WHERE j.shard = $3;
+
+-- name: insert_executions
+-- One row per occurrence; a SKIPPED one (overlap policy) is terminal at once and never published.
+WITH inserted AS (
+    INSERT INTO executions (id, tenant_id, job_id, scheduled_for, shard, fence_token, pool, handler, state,
+                            max_attempts, timeout_sec, trace_id, traceparent, fire_at, triggered, error,
+                            finished_at)
+    SELECT e.id, e.tenant_id, e.job_id, e.scheduled_for, $9, $10, e.pool, e.handler, e.state,
+           e.max_attempts, e.timeout_sec, e.trace_id, e.traceparent, e.fire_at, e.triggered, e.note,
+           CASE WHEN e.state = 'SKIPPED' THEN now() END
+    FROM unnest($1::uuid[], $2::text[], $3::uuid[], $4::timestamptz[], $5::text[], $6::text[],
+                $7::int[], $8::int[], $11::text[], $12::text[], $14::timestamptz[], $15::text[], $16::bool[],
+                $17::text[])
+         AS e (id, tenant_id, job_id, scheduled_for, pool, handler, max_attempts, timeout_sec, trace_id,
+               traceparent, fire_at, state, triggered, note)
+    ON CONFLICT (job_id, scheduled_for) DO NOTHING
+    RETURNING id, tenant_id, state, error
+), audit AS (
+    INSERT INTO audit_log (tenant_id, entity, entity_id, action, to_state, actor, detail)
+    SELECT tenant_id, 'execution', id, CASE WHEN state = 'SKIPPED' THEN 'skip' ELSE 'dispatch' END, state, $13,
+           CASE WHEN error IS NOT NULL THEN jsonb_build_object('reason', error) END
+    FROM inserted
+)
+SELECT id FROM inserted;
+
+-- name: advance_jobs
+-- Moves each dispatched job to its next occurrence, with compare-and-set on the one it was at; a job with
+-- no next occurrence is COMPLETED. A job only holding a trigger (advance = false) keeps its schedule.
+-- Missed fires (catch-up) and completions are audited.
+WITH advanced AS (
+    UPDATE jobs j
+    SET next_fire_at = CASE WHEN a.advance THEN a.next_fire_at ELSE j.next_fire_at END,
+        next_nominal_at = CASE WHEN a.advance THEN a.next_nominal_at ELSE j.next_nominal_at END,
+        state = CASE WHEN a.advance AND a.next_fire_at IS NULL THEN 'COMPLETED' ELSE j.state END,
+        fire_count = j.fire_count + a.runs,
+        missed_fires = j.missed_fires + a.missed,
+        trigger_at = CASE WHEN a.trigger_done THEN NULL ELSE j.trigger_at END,
+        trigger_execution_id = CASE WHEN a.trigger_done THEN NULL ELSE j.trigger_execution_id END,
+        updated_at = now()
+    FROM unnest($1::uuid[], $2::timestamptz[], $3::timestamptz[], $4::timestamptz[], $5::int[], $6::bigint[],
+                $7::bool[], $8::bool[])
+         AS a (id, prev, next_fire_at, next_nominal_at, runs, missed, advance, trigger_done)
+    WHERE j.id = a.id AND (NOT a.advance OR (j.next_fire_at = a.prev AND j.state = 'ACTIVE'))
+    RETURNING j.id, j.tenant_id, j.state, a.advance, a.missed
+), audit AS (
+    INSERT INTO audit_log (tenant_id, entity, entity_id, action, from_state, to_state, actor, detail)
+    SELECT tenant_id, 'job', id, 'complete', 'ACTIVE', 'COMPLETED', $9, NULL FROM advanced
+    WHERE advance AND state = 'COMPLETED'
+    UNION ALL
+    SELECT tenant_id, 'job', id, 'missed', NULL, NULL, $9, jsonb_build_object('missedFires', missed) FROM advanced
+    WHERE missed > 0
+)
+SELECT id FROM advanced;
+
+-- name: cancel_overlapping
+-- Overlap policy CANCEL_RUNNING: the job's open executions are asked to stop. A PENDING one is cancelled
+-- here (its worker's PENDING -> RUNNING swap then fails); a RUNNING one gets cancel_requested_at, which
+-- its worker honours (as it does the Redis key sundial:cancel:<execution id>).
+WITH flagged AS (
+    UPDATE executions e
+    SET cancel_requested_at = coalesce(e.cancel_requested_at, now()),
+        state = CASE WHEN e.state = 'PENDING' THEN 'CANCELLED' ELSE e.state END,
+        finished_at = CASE WHEN e.state = 'PENDING' THEN now() ELSE e.finished_at END,
+        error = CASE WHEN e.state = 'PENDING' THEN 'cancelled: a newer occurrence started (CANCEL_RUNNING)'
+                     ELSE e.error END
+    WHERE e.id = ANY($1::uuid[]) AND e.state IN ('PENDING', 'RUNNING')
+    RETURNING e.id, e.tenant_id, e.state
+), audit AS (
+    INSERT INTO audit_log (tenant_id, entity, entity_id, action, from_state, to_state, actor, detail)
+    SELECT tenant_id, 'execution', id,
+           CASE WHEN state = 'CANCELLED' THEN 'cancel' ELSE 'cancel_request' END,
+           CASE WHEN state = 'CANCELLED' THEN 'PENDING' ELSE 'RUNNING' END, state, $2,
+           '{"reason": "overlapPolicy CANCEL_RUNNING"}'::jsonb
+    FROM flagged
+)
+SELECT id, state FROM flagged;
+
+-- name: mark_published
+-- Only executions still waiting: a started one has its broker timestamp as published_at already.
+UPDATE executions SET published_at = now()
+WHERE id = ANY($1::uuid[]) AND published_at IS NULL AND state || '' = 'PENDING';
+
+-- name: stale_pending
+-- PENDING executions whose message was never published, or was published and never picked up
+-- (the broker may have lost it): the execution row is the outbox, so they can be sent again.
+SELECT e.id, e.tenant_id, e.job_id, e.scheduled_for, e.shard, e.fence_token, e.pool, e.handler,
+       e.attempt, e.timeout_sec, e.traceparent, j.payload
+FROM executions e JOIN jobs j ON j.id = e.job_id
+WHERE e.state = 'PENDING'
+  AND ((e.published_at IS NULL AND coalesce(e.pending_since, e.created_at) < $1) OR e.published_at < $2)
+ORDER BY e.created_at
+LIMIT $3;
+
+-- name: republished
+UPDATE executions SET published_at = now() WHERE id = ANY($1::uuid[]) AND state || '' = 'PENDING';
+
+-- name: retry_range
+-- Scheduled retries of one shard due in [$2, $3), after the keyset position ($2, $4): the hydrator promotes
+-- them into the hot window beside the jobs. An index range scan on executions_retry_idx.
+SELECT id, next_attempt_at FROM executions
+WHERE shard = $1 AND next_attempt_at IS NOT NULL
+  AND (next_attempt_at, id) > ($2, $4::uuid) AND next_attempt_at < $3
+ORDER BY next_attempt_at, id
+LIMIT $5;
+
+-- name: overdue_retries
+-- Scheduled retries of one shard that should have been dispatched before $2 and were not: their hot-window
+-- member was lost (Redis flushed, a dispatcher died after claiming it, the writer could not reach Redis).
+SELECT id, next_attempt_at FROM executions
+WHERE shard = $1 AND next_attempt_at IS NOT NULL AND next_attempt_at < $2
+ORDER BY next_attempt_at, id
+LIMIT $3;
+
+-- name: dispatch_retries
+-- The claimed retry members that are due in Postgres move to their next attempt: back to PENDING with
+-- attempt + 1, stamped with this leader's fence token (the caller raised the fence in this transaction).
+-- Compare-and-swap on the retryable state and on the retry still being scheduled at or before the claimed
+-- score: a cancelled, already retried or re-scheduled execution matches nothing. The previous attempt's
+-- error stays until the new attempt ends; its worker and times go.
+WITH due AS (
+    SELECT e.id, e.state
+    FROM executions e
+    JOIN unnest($1::uuid[], $2::timestamptz[]) AS c (id, due) ON e.id = c.id
+    WHERE e.shard = $3 AND e.next_attempt_at IS NOT NULL
+      AND date_trunc('milliseconds', e.next_attempt_at) <= c.due
+      AND e.state IN ('FAILED', 'TIMED_OUT', 'FAILED_WORKER_LOST', 'DEAD')
+    ORDER BY e.id
+    FOR UPDATE OF e
+), retried AS (
+    UPDATE executions e
+    SET state = 'PENDING', attempt = e.attempt + 1, next_attempt_at = NULL, fence_token = $4, worker_id = NULL,
+        started_at = NULL, finished_at = NULL, result = NULL, published_at = NULL, pending_since = now(),
+        dlq_published_at = NULL
+    FROM due WHERE e.id = due.id
+    RETURNING e.id, e.tenant_id, e.job_id, e.scheduled_for, e.shard, e.fence_token, e.pool, e.handler,
+              e.attempt, e.timeout_sec, e.traceparent, due.state AS from_state
+), audit AS (
+    INSERT INTO audit_log (tenant_id, entity, entity_id, action, from_state, to_state, actor, detail)
+    SELECT tenant_id, 'execution', id, 'retry', from_state, 'PENDING', $5,
+           jsonb_build_object('attempt', attempt, 'fenceToken', fence_token)
+    FROM retried
+)
+SELECT r.*, j.payload FROM retried r JOIN jobs j ON j.id = r.job_id;
+
+-- name: retries_not_due
+-- Claimed retry members that matched nothing, with when their retry is scheduled now (a member that raced
+-- ahead of a re-scheduled retry goes back at the right score).
+SELECT id, next_attempt_at FROM executions WHERE id = ANY($1::uuid[]) AND shard = $2 AND next_attempt_at IS NOT NULL;

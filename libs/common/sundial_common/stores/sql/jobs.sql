@@ -1,0 +1,151 @@
+-- The job store (sundial_common.stores.jobs): jobs' definitions and lifecycle, and the hydrator's scans
+-- of the jobs coming due.
+-- State changes are compare-and-swap (DESIGN invariant 3): they name the state they expect and
+-- return the rows they changed; zero rows means another actor won and the caller does nothing.
+-- Batches travel as parallel arrays through unnest(), so a batch is one round trip.
+
+-- name: insert_job
+-- Creates the tenant on first use, the job, and its audit row in one statement.
+WITH tenant AS (
+    INSERT INTO tenants (id) VALUES ($2) ON CONFLICT (id) DO NOTHING
+), job AS (
+    INSERT INTO jobs (id, tenant_id, name, type, schedule, timezone, run_at, delay_seconds, pool, handler,
+                      payload, retry_policy, timeout_sec, priority, state, shard, next_fire_at, traceparent,
+                      interval_sec, run_list, start_at, end_at, max_runs, jitter_sec, overlap_policy,
+                      catchup_policy, catchup_window_sec, next_nominal_at)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18,
+            $20, $21, $22, $23, $24, $25, $26, $27, $28, $29)
+    RETURNING *
+), audit AS (
+    INSERT INTO audit_log (tenant_id, entity, entity_id, action, to_state, actor)
+    SELECT tenant_id, 'job', id, 'create', state, $19 FROM job
+)
+SELECT * FROM job;
+
+-- name: insert_jobs
+-- A batch of jobs as one JSON array of column values (POST /v1/jobs:batch): their tenants, the jobs and
+-- their audit rows in one statement. Columns not named here take their defaults.
+WITH input AS (
+    SELECT * FROM jsonb_populate_recordset(NULL::jobs, $1::jsonb)
+), tenant AS (
+    INSERT INTO tenants (id) SELECT DISTINCT tenant_id FROM input ON CONFLICT (id) DO NOTHING
+), job AS (
+    INSERT INTO jobs (id, tenant_id, name, type, schedule, timezone, run_at, delay_seconds, pool, handler,
+                      payload, retry_policy, timeout_sec, priority, state, shard, next_fire_at, traceparent,
+                      interval_sec, run_list, start_at, end_at, max_runs, jitter_sec, overlap_policy,
+                      catchup_policy, catchup_window_sec, next_nominal_at)
+    SELECT id, tenant_id, name, type, schedule, timezone, run_at, delay_seconds, pool, handler,
+           payload, retry_policy, timeout_sec, priority, state, shard, next_fire_at, traceparent,
+           interval_sec, run_list, start_at, end_at, max_runs, jitter_sec, overlap_policy,
+           catchup_policy, catchup_window_sec, next_nominal_at
+    FROM input
+    RETURNING *
+), audit AS (
+    INSERT INTO audit_log (tenant_id, entity, entity_id, action, to_state, actor)
+    SELECT tenant_id, 'job', id, 'create', state, $2 FROM job
+)
+SELECT * FROM job;
+
+-- name: get_job
+SELECT * FROM jobs WHERE id = $1 AND tenant_id = $2;
+
+-- name: cancel_job
+-- A cancelled job fires no more; executions already dispatched are not touched here.
+WITH previous AS (
+    SELECT id, state FROM jobs WHERE id = $1 AND tenant_id = $2 AND state IN ('ACTIVE', 'PAUSED') FOR UPDATE
+), job AS (
+    UPDATE jobs j SET state = 'CANCELLED', next_fire_at = NULL, version = j.version + 1, updated_at = now()
+    FROM previous WHERE j.id = previous.id
+    RETURNING j.*
+), audit AS (
+    INSERT INTO audit_log (tenant_id, entity, entity_id, action, from_state, to_state, actor)
+    SELECT job.tenant_id, 'job', job.id, 'cancel', previous.state, 'CANCELLED', $3 FROM job JOIN previous USING (id)
+)
+SELECT * FROM job;
+
+-- name: pause_job
+-- ACTIVE -> PAUSED. The job keeps its next occurrence; resuming hands it to the catch-up policy.
+WITH previous AS (
+    SELECT id FROM jobs WHERE id = $1 AND tenant_id = $2 AND state = 'ACTIVE' FOR UPDATE
+), job AS (
+    UPDATE jobs j SET state = 'PAUSED', version = j.version + 1, updated_at = now()
+    FROM previous WHERE j.id = previous.id
+    RETURNING j.*
+), audit AS (
+    INSERT INTO audit_log (tenant_id, entity, entity_id, action, from_state, to_state, actor)
+    SELECT tenant_id, 'job', id, 'pause', 'ACTIVE', 'PAUSED', $3 FROM job
+)
+SELECT * FROM job;
+
+-- name: resume_job
+-- PAUSED -> ACTIVE with the occurrence it had when paused: if that is past, the dispatcher fires it at once
+-- and applies the catch-up policy to the occurrences missed meanwhile.
+WITH previous AS (
+    SELECT id FROM jobs WHERE id = $1 AND tenant_id = $2 AND state = 'PAUSED' FOR UPDATE
+), job AS (
+    UPDATE jobs j
+    SET state = CASE WHEN j.next_fire_at IS NULL THEN 'COMPLETED' ELSE 'ACTIVE' END,
+        version = j.version + 1, updated_at = now()
+    FROM previous WHERE j.id = previous.id
+    RETURNING j.*
+), audit AS (
+    INSERT INTO audit_log (tenant_id, entity, entity_id, action, from_state, to_state, actor)
+    SELECT tenant_id, 'job', id, 'resume', 'PAUSED', state, $3 FROM job
+)
+SELECT * FROM job;
+
+-- name: trigger_job
+-- Asks for one run now, outside the schedule; the dispatcher creates it (execution id $4) and clears this.
+-- A trigger already pending is kept: a double click runs once.
+WITH job AS (
+    UPDATE jobs SET trigger_at = $3, trigger_execution_id = $4, updated_at = now()
+    WHERE id = $1 AND tenant_id = $2 AND state <> 'CANCELLED' AND trigger_at IS NULL
+    RETURNING *
+), audit AS (
+    INSERT INTO audit_log (tenant_id, entity, entity_id, action, actor, detail)
+    SELECT tenant_id, 'job', id, 'trigger', $5, jsonb_build_object('executionId', $4::uuid) FROM job
+)
+SELECT * FROM job;
+
+-- name: update_job
+-- PATCH: compare-and-set on the version the client saw ($3) and on the occurrence the new values were
+-- computed from ($4, the next fire read with it), so a dispatch committed in between is never overwritten.
+WITH job AS (
+    UPDATE jobs j
+    SET name = $6, type = $7, schedule = $8, timezone = $9, run_at = $10, delay_seconds = $11, pool = $12,
+        handler = $13, payload = $14, retry_policy = $15, timeout_sec = $16, priority = $17, interval_sec = $18,
+        run_list = $19, start_at = $20, end_at = $21, max_runs = $22, jitter_sec = $23, overlap_policy = $24,
+        catchup_policy = $25, catchup_window_sec = $26, next_fire_at = $27, next_nominal_at = $28, state = $29,
+        version = j.version + 1, updated_at = now()
+    WHERE j.id = $1 AND j.tenant_id = $2 AND j.version = $3 AND j.next_fire_at IS NOT DISTINCT FROM $4
+      AND j.state = $5
+    RETURNING j.*
+), audit AS (
+    INSERT INTO audit_log (tenant_id, entity, entity_id, action, from_state, to_state, actor, detail)
+    SELECT tenant_id, 'job', id, 'update', $5, state, $30, $31 FROM job
+)
+SELECT * FROM job;
+
+-- name: hydration_range
+-- Active jobs of one shard due in [$2, $3), after the keyset position ($2, $4) so that many jobs at
+-- one instant page correctly: an index range scan on jobs_due_idx, never a table scan.
+SELECT id, next_fire_at FROM jobs
+WHERE shard = $1 AND state = 'ACTIVE' AND next_fire_at IS NOT NULL
+  AND (next_fire_at, id) > ($2, $4::uuid) AND next_fire_at < $3
+ORDER BY next_fire_at, id
+LIMIT $5;
+
+-- name: overdue_jobs
+-- Active jobs of one shard that should have fired before $2 and did not: their hot-window member
+-- was lost (Redis flushed, a dispatcher died between claim and commit, an API replica missed it).
+SELECT id, next_fire_at FROM jobs
+WHERE shard = $1 AND state = 'ACTIVE' AND next_fire_at IS NOT NULL AND next_fire_at < $2
+ORDER BY next_fire_at
+LIMIT $3;
+
+-- name: overdue_triggers
+-- Manual triggers still pending after $2: their hot-window member was lost. jobs_trigger_idx keeps it small.
+SELECT id, trigger_at FROM jobs
+WHERE shard = $1 AND trigger_at IS NOT NULL AND trigger_at < $2 AND state <> 'CANCELLED'
+ORDER BY trigger_at
+LIMIT $3;
