@@ -39,9 +39,9 @@ from redis.asyncio import Redis
 from sundial_common.hotwindow import HotWindow
 from sundial_common.ids import new_id, shard_for
 from sundial_common.migrate import upgrade
-from sundial_common.queries import Q
 from sundial_common.schedules import Kind, ScheduleSpec, fire_at, next_fire
-from sundial_common.store import Store
+from sundial_common.stores import Stores
+from sundial_common.stores.jobs import Q
 from sundial_hydrator.hydrator import Hydrator, HydratorConfig
 from sundial_infra.servers import TEST_PORTS, LocalStack, Ports
 
@@ -151,12 +151,12 @@ async def sizes(dsn: str) -> dict[str, Any]:
 
 
 async def hydrate(dsn: str, redis_url: str, shards: int, now: datetime, steady_passes: int) -> dict[str, Any]:
-    store = await Store.connect(dsn)
+    stores = await Stores.connect(dsn)
     redis = Redis.from_url(redis_url)
     clock = FixedClock(now)
     try:
         await redis.flushall()
-        hydrator = Hydrator(store, HotWindow(redis), HydratorConfig(shards=shards), clock=clock)
+        hydrator = Hydrator(stores, HotWindow(redis), HydratorConfig(shards=shards), clock=clock)
         started = time.perf_counter()
         cold = await hydrator.run_once()  # also runs the overdue scan (first pass)
         cold_s = time.perf_counter() - started
@@ -170,13 +170,13 @@ async def hydrate(dsn: str, redis_url: str, shards: int, now: datetime, steady_p
             promoted += result.promoted
         overdue_started = time.perf_counter()
         for shard in range(shards):
-            await store.overdue_jobs(shard, clock.current - timedelta(seconds=15), 5000)
+            await stores.jobs.overdue_jobs(shard, clock.current - timedelta(seconds=15), 5000)
         overdue_s = time.perf_counter() - overdue_started
         members = sum([await HotWindow(redis).size(s) for s in range(shards)])
         memory = (await redis.info("memory"))["used_memory"]
     finally:
         await redis.aclose()
-        await store.close()
+        await stores.close()
     steady.sort()
     return {
         "rebuild_pass_ms": round(cold_s * 1000, 1),

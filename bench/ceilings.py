@@ -16,7 +16,7 @@ import asyncpg
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from redis.asyncio import Redis
 from sundial_common.hotwindow import HotWindow
-from sundial_common.store import Occurrence
+from sundial_common.stores.types import Occurrence
 
 
 async def postgres_insert(dsn: str, rows: int, batch: int = 5000) -> dict[str, Any]:

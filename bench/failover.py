@@ -50,7 +50,8 @@ from sundial_common.hotwindow import HotWindow
 from sundial_common.ids import new_id, shard_for
 from sundial_common.messages import pool_topic
 from sundial_common.registry import ClusterKeys
-from sundial_common.store import Occurrence, Store
+from sundial_common.stores import Stores
+from sundial_common.stores.types import Occurrence
 from sundial_infra.servers import TEST_PORTS, LocalStack, Ports
 
 REPO = Path(__file__).resolve().parent.parent
@@ -167,7 +168,7 @@ class FailoverBench:
 
     async def feed(self, stop: asyncio.Event) -> None:
         """Keep jobs due every ``period`` on shard 0, inserted a few seconds ahead of time."""
-        store = await Store.connect(self.stack.postgres_dsn, max_size=2)
+        stores = await Stores.connect(self.stack.postgres_dsn, max_size=2)
         redis = Redis.from_url(self.stack.redis_url)
         window = HotWindow(redis)
         period = timedelta(seconds=self.args.period)
@@ -181,7 +182,7 @@ class FailoverBench:
                     job_id = new_id()
                     while shard_for(job_id, self.args.shards) != SHARD:
                         job_id = new_id()
-                    await store.insert_job(
+                    await stores.jobs.insert_job(
                         {
                             "id": job_id,
                             "tenant_id": "bench",
@@ -204,7 +205,7 @@ class FailoverBench:
                     await asyncio.wait_for(stop.wait(), 1.0)
         finally:
             await redis.aclose()
-            await store.close()
+            await stores.close()
 
     # -- one trial ---------------------------------------------------------------------------------
 

@@ -43,7 +43,7 @@ from sundial_common.auth import issue_token
 from sundial_common.hotwindow import HotWindow
 from sundial_common.ids import new_id, shard_for
 from sundial_common.settings import CommonSettings
-from sundial_common.store import Occurrence
+from sundial_common.stores.types import Occurrence
 from sundial_infra.servers import TEST_PORTS, LocalStack, Ports, wait_for
 from sundial_infra.supervisor import ProcessSpec, Supervisor, sundial_argv
 

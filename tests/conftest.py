@@ -43,7 +43,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from redis.asyncio import Redis
 from sundial_common.broker import KafkaPublisher
-from sundial_common.store import Store
+from sundial_common.stores import Stores
 from sundial_infra.servers import TEST_PORTS, LocalStack, Ports, Server
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -225,9 +225,9 @@ def spans(_span_exporter: InMemorySpanExporter) -> Iterator[InMemorySpanExporter
 
 
 @pytest_asyncio.fixture(loop_scope="session")
-async def store(database_url: str) -> AsyncIterator[Store]:
-    """A Store (asyncpg pool) on this test's fresh database."""
-    s = await Store.connect(database_url)
+async def stores(database_url: str) -> AsyncIterator[Stores]:
+    """The stores, over one asyncpg pool, on this test's fresh database."""
+    s = await Stores.connect(database_url)
     yield s
     await s.close()
 

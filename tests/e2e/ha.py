@@ -31,7 +31,8 @@ from sundial_common.hotwindow import HotWindow
 from sundial_common.ids import new_id, shard_for
 from sundial_common.messages import pool_topic
 from sundial_common.registry import ClusterKeys
-from sundial_common.store import Occurrence, Store
+from sundial_common.stores import Stores
+from sundial_common.stores.types import Occurrence
 
 from tests.e2e.conftest import Processes
 
@@ -169,7 +170,7 @@ class HaCluster:
 
     async def add_jobs(self, due: Sequence[datetime], shard: int | None = None) -> list[uuid.UUID]:
         """One ONE_SHOT job per instant, in ``shard`` (or wherever its id hashes), in Postgres and Redis."""
-        store = await Store.connect(self.database_url, max_size=8)
+        stores = await Stores.connect(self.database_url, max_size=8)
         redis = Redis.from_url(self.redis_url)
         window = HotWindow(redis)
         ids: list[uuid.UUID] = []
@@ -182,7 +183,7 @@ class HaCluster:
                 job_id = new_id()
             job_shard = shard_for(job_id, self.shards)
             async with limit:
-                await store.insert_job(
+                await stores.jobs.insert_job(
                     {
                         "id": job_id,
                         "tenant_id": "ha",
@@ -207,7 +208,7 @@ class HaCluster:
                 await window.add(job_shard, occurrences)
         finally:
             await redis.aclose()
-            await store.close()
+            await stores.close()
         return ids
 
     async def fetch(self, sql: str, *args: Any) -> list[asyncpg.Record]:

@@ -19,7 +19,7 @@ from sundial_common.auth import issue_token
 from sundial_common.hotwindow import HotWindow
 from sundial_common.leadership import LeadershipConfig, ShardLeadership
 from sundial_common.registry import ClusterKeys, ReplicaRecord, ReplicaRegistration
-from sundial_common.store import Occurrence
+from sundial_common.stores.types import Occurrence
 
 SECRET = "admin-test-signing-key-of-32-bytes-at-least"
 SHARDS = 4

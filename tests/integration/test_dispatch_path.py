@@ -19,7 +19,9 @@ from sundial_common.broker import KafkaPublisher
 from sundial_common.hotwindow import HotWindow
 from sundial_common.ids import new_id
 from sundial_common.messages import ExecutionMessage, pool_topic
-from sundial_common.store import FencedOut, Occurrence, PlannedExecution, Store
+from sundial_common.stores import Stores
+from sundial_common.stores.dispatch import FencedOut, PlannedExecution
+from sundial_common.stores.types import Occurrence
 from sundial_common.telemetry import traceparent, tracer
 from sundial_dispatcher.dispatcher import DispatcherConfig, ShardDispatcher
 from sundial_hydrator.hydrator import Hydrator, HydratorConfig
@@ -44,9 +46,9 @@ def pool() -> str:
     return f"t-{uuid.uuid4().hex[:10]}"
 
 
-async def make_job(store: Store, due: datetime, pool: str, *, traceparent_value: str | None = None) -> uuid.UUID:
+async def make_job(stores: Stores, due: datetime, pool: str, *, traceparent_value: str | None = None) -> uuid.UUID:
     job_id = new_id()
-    await store.insert_job(
+    await stores.jobs.insert_job(
         {
             "id": job_id,
             "tenant_id": "acme",
@@ -89,12 +91,12 @@ def consume(bootstrap: str, topic: str, count: int, timeout: float = 15.0) -> li
 
 
 async def test_hydrator_promotes_only_the_hot_window_and_rebuilds_after_a_flush(
-    store: Store, hot_window: HotWindow, pool: str
+    stores: Stores, hot_window: HotWindow, pool: str
 ) -> None:
     now = datetime.now(UTC)
-    soon = [await make_job(store, now + timedelta(minutes=m), pool) for m in (1, 2, 30)]
-    later = await make_job(store, now + timedelta(hours=3), pool)
-    hydrator = Hydrator(store, hot_window, HydratorConfig(hot_window_sec=3600, batch_size=2))
+    soon = [await make_job(stores, now + timedelta(minutes=m), pool) for m in (1, 2, 30)]
+    later = await make_job(stores, now + timedelta(hours=3), pool)
+    hydrator = Hydrator(stores, hot_window, HydratorConfig(hot_window_sec=3600, batch_size=2))
 
     result = await hydrator.run_once()
 
@@ -111,39 +113,39 @@ async def test_hydrator_promotes_only_the_hot_window_and_rebuilds_after_a_flush(
 
 
 async def test_hydrator_pages_through_many_jobs_due_at_one_instant(
-    store: Store, hot_window: HotWindow, pool: str
+    stores: Stores, hot_window: HotWindow, pool: str
 ) -> None:
     due = datetime.now(UTC) + timedelta(minutes=5)
-    jobs = [await make_job(store, due, pool) for _ in range(7)]
-    await Hydrator(store, hot_window, HydratorConfig(batch_size=3)).run_once()
+    jobs = [await make_job(stores, due, pool) for _ in range(7)]
+    await Hydrator(stores, hot_window, HydratorConfig(batch_size=3)).run_once()
     assert await hot_window.size(0) == len(jobs)
 
 
 async def test_hydrator_re_adds_overdue_jobs_whose_member_was_lost(
-    store: Store, hot_window: HotWindow, pool: str
+    stores: Stores, hot_window: HotWindow, pool: str
 ) -> None:
-    job_id = await make_job(store, datetime.now(UTC) - timedelta(seconds=60), pool)
-    await Hydrator(store, hot_window, HydratorConfig(overdue_grace_sec=15)).run_once()
+    job_id = await make_job(stores, datetime.now(UTC) - timedelta(seconds=60), pool)
+    await Hydrator(stores, hot_window, HydratorConfig(overdue_grace_sec=15)).run_once()
     assert await hot_window.redis.zscore(hot_window.key(0), f"j:{job_id}") is not None
 
 
 async def test_dispatch_commits_one_execution_per_occurrence_and_publishes_it(
-    store: Store, hot_window: HotWindow, publisher: KafkaPublisher, pool: str, kafka_bootstrap: str
+    stores: Stores, hot_window: HotWindow, publisher: KafkaPublisher, pool: str, kafka_bootstrap: str
 ) -> None:
     due = datetime.now(UTC) - timedelta(milliseconds=10)
-    jobs = [await make_job(store, due, pool) for _ in range(5)]
+    jobs = [await make_job(stores, due, pool) for _ in range(5)]
     await hot_window.add(0, [Occurrence(j, _ms(due)) for j in jobs])
     config = DispatcherConfig(mark_published_after_sec=0)
-    dispatcher = ShardDispatcher(0, 42, "replica-a", store, hot_window, publisher, config)
+    dispatcher = ShardDispatcher(0, 42, "replica-a", stores.dispatch, hot_window, publisher, config)
 
     result = await dispatcher.run_once()
 
     assert (result.claimed, result.dispatched, result.published) == (5, 5, 5)
-    rows = await store.pool.fetch("SELECT * FROM executions ORDER BY job_id")
+    rows = await stores.database.pool.fetch("SELECT * FROM executions ORDER BY job_id")
     assert sorted(r["job_id"] for r in rows) == sorted(jobs)
     assert {(r["state"], r["fence_token"], r["attempt"]) for r in rows} == {("PENDING", 42, 1)}
     assert all(r["published_at"] is not None for r in rows)
-    states = await store.pool.fetch("SELECT state, next_fire_at FROM jobs")
+    states = await stores.database.pool.fetch("SELECT state, next_fire_at FROM jobs")
     assert {(s["state"], s["next_fire_at"]) for s in states} == {("COMPLETED", None)}
     messages = consume(kafka_bootstrap, pool_topic(pool), 5)
     assert {m.execution_id for m in messages} == {str(r["id"]) for r in rows}
@@ -153,39 +155,39 @@ async def test_dispatch_commits_one_execution_per_occurrence_and_publishes_it(
     await hot_window.add(0, [Occurrence(jobs[0], _ms(due))])
     again = await dispatcher.run_once()
     assert (again.claimed, again.dispatched) == (1, 0)
-    assert await store.pool.fetchval("SELECT count(*) FROM executions") == 5
+    assert await stores.database.pool.fetchval("SELECT count(*) FROM executions") == 5
 
 
 async def test_published_at_is_marked_later_and_only_on_executions_still_waiting(
-    store: Store, hot_window: HotWindow, publisher: KafkaPublisher, pool: str
+    stores: Stores, hot_window: HotWindow, publisher: KafkaPublisher, pool: str
 ) -> None:
     due = datetime.now(UTC) - timedelta(milliseconds=10)
-    waiting, started = await make_job(store, due, pool), await make_job(store, due, pool)
+    waiting, started = await make_job(stores, due, pool), await make_job(stores, due, pool)
     await hot_window.add(0, [Occurrence(waiting, _ms(due)), Occurrence(started, _ms(due))])
     config = DispatcherConfig(mark_published_after_sec=0.2)
-    dispatcher = ShardDispatcher(0, 42, "replica-a", store, hot_window, publisher, config)
+    dispatcher = ShardDispatcher(0, 42, "replica-a", stores.dispatch, hot_window, publisher, config)
     assert (await dispatcher.run_once()).published == 2
-    rows = {r["job_id"]: r for r in await store.pool.fetch("SELECT id, job_id, published_at FROM executions")}
+    rows = {r["job_id"]: r for r in await stores.database.pool.fetch("SELECT id, job_id, published_at FROM executions")}
     assert [r["published_at"] for r in rows.values()] == [None, None]  # not yet: one write saved per execution
 
     # A worker starts one first: its start records the message's broker timestamp.
     sent_at = datetime.now(UTC) - timedelta(milliseconds=5)
-    assert len(await store.start_executions("w", [(rows[started]["id"], 1)], [sent_at])) == 1
+    assert len(await stores.executions.start_executions("w", [(rows[started]["id"], 1)], [sent_at])) == 1
     await asyncio.sleep(0.25)
     await dispatcher.run_once()  # nothing due; marks what was published 0.2 s ago
 
-    after = {r["job_id"]: r["published_at"] for r in await store.pool.fetch("SELECT * FROM executions")}
+    after = {r["job_id"]: r["published_at"] for r in await stores.database.pool.fetch("SELECT * FROM executions")}
     assert after[started] == sent_at
     assert after[waiting] is not None and after[waiting] > sent_at
 
 
 async def test_a_fenced_out_leader_writes_nothing(
-    store: Store, hot_window: HotWindow, publisher: KafkaPublisher, pool: str
+    stores: Stores, hot_window: HotWindow, publisher: KafkaPublisher, pool: str
 ) -> None:
     due = datetime.now(UTC) - timedelta(milliseconds=10)
-    first, second = await make_job(store, due, pool), await make_job(store, due, pool)
-    successor = ShardDispatcher(0, 200, "replica-b", store, hot_window, publisher, DispatcherConfig())
-    stale = ShardDispatcher(0, 100, "replica-a", store, hot_window, publisher, DispatcherConfig())
+    first, second = await make_job(stores, due, pool), await make_job(stores, due, pool)
+    successor = ShardDispatcher(0, 200, "replica-b", stores.dispatch, hot_window, publisher, DispatcherConfig())
+    stale = ShardDispatcher(0, 100, "replica-a", stores.dispatch, hot_window, publisher, DispatcherConfig())
 
     await hot_window.add(0, [Occurrence(first, _ms(due))])
     assert (await successor.run_once()).dispatched == 1
@@ -193,24 +195,24 @@ async def test_a_fenced_out_leader_writes_nothing(
     with pytest.raises(FencedOut):
         await stale.run_once()
 
-    assert await store.pool.fetchval("SELECT count(*) FROM executions") == 1
-    assert await store.pool.fetchval("SELECT count(*) FROM executions WHERE fence_token = 100") == 0
-    assert await store.pool.fetchval("SELECT token FROM shard_fence WHERE shard = 0") == 200
-    assert await store.pool.fetchval("SELECT state FROM jobs WHERE id = $1", second) == "ACTIVE"
+    assert await stores.database.pool.fetchval("SELECT count(*) FROM executions") == 1
+    assert await stores.database.pool.fetchval("SELECT count(*) FROM executions WHERE fence_token = 100") == 0
+    assert await stores.database.pool.fetchval("SELECT token FROM shard_fence WHERE shard = 0") == 200
+    assert await stores.database.pool.fetchval("SELECT state FROM jobs WHERE id = $1", second) == "ACTIVE"
 
 
 async def test_dispatch_continues_the_creating_requests_trace(
-    store: Store, hot_window: HotWindow, publisher: KafkaPublisher, pool: str, spans: object
+    stores: Stores, hot_window: HotWindow, publisher: KafkaPublisher, pool: str, spans: object
 ) -> None:
     with tracer.start_as_current_span("POST /v1/jobs") as request_span:
         origin = traceparent()
     due = datetime.now(UTC) - timedelta(milliseconds=10)
-    job_id = await make_job(store, due, pool, traceparent_value=origin)
+    job_id = await make_job(stores, due, pool, traceparent_value=origin)
     await hot_window.add(0, [Occurrence(job_id, _ms(due))])
 
-    await ShardDispatcher(0, 1, "replica-a", store, hot_window, publisher, DispatcherConfig()).run_once()
+    await ShardDispatcher(0, 1, "replica-a", stores.dispatch, hot_window, publisher, DispatcherConfig()).run_once()
 
-    row = await store.pool.fetchrow("SELECT trace_id, traceparent FROM executions WHERE job_id = $1", job_id)
+    row = await stores.database.pool.fetchrow("SELECT trace_id, traceparent FROM executions WHERE job_id = $1", job_id)
     request_trace = format(request_span.get_span_context().trace_id, "032x")
     assert row["trace_id"] == request_trace
     assert row["traceparent"].split("-")[1] == request_trace
@@ -220,21 +222,21 @@ async def test_dispatch_continues_the_creating_requests_trace(
 
 
 async def test_sweeper_republishes_executions_whose_message_was_never_sent(
-    store: Store, publisher: KafkaPublisher, pool: str, kafka_bootstrap: str
+    stores: Stores, publisher: KafkaPublisher, pool: str, kafka_bootstrap: str
 ) -> None:
     due = datetime.now(UTC) - timedelta(seconds=30)
-    job_id = await make_job(store, due, pool)
+    job_id = await make_job(stores, due, pool)
     # A dispatcher that committed and died before publishing leaves exactly this behind.
     execution_id = new_id()
-    await store.dispatch(
+    await stores.dispatch.dispatch(
         0,
         1,
         "replica-a",
         [Occurrence(job_id, _ms(due))],
         lambda jobs: [PlannedExecution(execution_id, j, None, 1, None, None) for j in jobs],
     )
-    await store.pool.execute("UPDATE executions SET created_at = now() - interval '1 minute'")
-    sweeper = Sweeper(store, publisher, SweeperConfig(unpublished_after_sec=5))
+    await stores.database.pool.execute("UPDATE executions SET created_at = now() - interval '1 minute'")
+    sweeper = Sweeper(stores, publisher, SweeperConfig(unpublished_after_sec=5))
 
     assert (await sweeper.run_once()).republished == 1
     assert (await sweeper.run_once()).republished == 0  # published now; not sent again right away

@@ -23,7 +23,8 @@ from sundial_common.hotwindow import HotWindow
 from sundial_common.ids import new_id
 from sundial_common.messages import pool_topic
 from sundial_common.schedules import Kind, ScheduleSpec, fire_at, next_fire
-from sundial_common.store import Occurrence, Store
+from sundial_common.stores import Stores
+from sundial_common.stores.types import Occurrence
 from sundial_dispatcher.dispatcher import CANCEL_KEY, DispatcherConfig, DispatchResult, ShardDispatcher
 from sundial_hydrator.hydrator import Hydrator, HydratorConfig
 
@@ -65,12 +66,14 @@ def clock() -> MovableClock:
 
 
 @pytest.fixture
-def dispatcher(store: Store, hot_window: HotWindow, publisher: KafkaPublisher, clock: MovableClock) -> ShardDispatcher:
-    return ShardDispatcher(0, 1, "replica-a", store, hot_window, publisher, DispatcherConfig(), clock=clock)
+def dispatcher(
+    stores: Stores, hot_window: HotWindow, publisher: KafkaPublisher, clock: MovableClock
+) -> ShardDispatcher:
+    return ShardDispatcher(0, 1, "replica-a", stores.dispatch, hot_window, publisher, DispatcherConfig(), clock=clock)
 
 
 async def make_job(
-    store: Store,
+    stores: Stores,
     hot_window: HotWindow,
     pool: str,
     *,
@@ -83,7 +86,7 @@ async def make_job(
     """A CRON job at its first occurrence ``first`` (nominal), in the hot window, as the API stores one."""
     job_id = new_id()
     due = fire_at(job_id, first, jitter_sec)
-    await store.insert_job(
+    await stores.jobs.insert_job(
         {
             "id": job_id,
             "tenant_id": "acme",
@@ -112,12 +115,14 @@ async def at(clock: MovableClock, dispatcher: ShardDispatcher, instant: datetime
     return await dispatcher.run_once()
 
 
-async def executions(store: Store, job_id: uuid.UUID) -> list[Any]:
-    return list(await store.pool.fetch("SELECT * FROM executions WHERE job_id = $1 ORDER BY scheduled_for", job_id))
+async def executions(stores: Stores, job_id: uuid.UUID) -> list[Any]:
+    return list(
+        await stores.database.pool.fetch("SELECT * FROM executions WHERE job_id = $1 ORDER BY scheduled_for", job_id)
+    )
 
 
-async def job(store: Store, job_id: uuid.UUID) -> Any:
-    return await store.pool.fetchrow("SELECT * FROM jobs WHERE id = $1", job_id)
+async def job(stores: Stores, job_id: uuid.UUID) -> Any:
+    return await stores.database.pool.fetchrow("SELECT * FROM jobs WHERE id = $1", job_id)
 
 
 async def score(hot_window: HotWindow, job_id: uuid.UUID) -> float | None:
@@ -128,17 +133,17 @@ async def score(hot_window: HotWindow, job_id: uuid.UUID) -> float | None:
 
 
 async def test_each_fire_recomputes_the_next_from_the_schedule_and_requeues_it(
-    store: Store,
+    stores: Stores,
     hot_window: HotWindow,
     dispatcher: ShardDispatcher,
     clock: MovableClock,
     pool: str,
     kafka_bootstrap: str,
 ) -> None:
-    job_id = await make_job(store, hot_window, pool)
+    job_id = await make_job(stores, hot_window, pool)
 
     assert (await at(clock, dispatcher, T0)).dispatched == 1
-    row = await job(store, job_id)
+    row = await job(stores, job_id)
     assert (row["state"], row["next_fire_at"], row["next_nominal_at"], row["fire_count"]) == (
         "ACTIVE",
         T0 + MINUTE,
@@ -149,7 +154,7 @@ async def test_each_fire_recomputes_the_next_from_the_schedule_and_requeues_it(
     assert (await at(clock, dispatcher, T0 + MINUTE - timedelta(milliseconds=1))).claimed == 0
     assert (await at(clock, dispatcher, T0 + MINUTE)).dispatched == 1
 
-    rows = await executions(store, job_id)
+    rows = await executions(stores, job_id)
     assert [(r["scheduled_for"], r["fire_at"], r["state"]) for r in rows] == [
         (T0, T0, "PENDING"),
         (T0 + MINUTE, T0 + MINUTE, "PENDING"),
@@ -159,17 +164,17 @@ async def test_each_fire_recomputes_the_next_from_the_schedule_and_requeues_it(
 
 
 async def test_a_jittered_fire_keeps_its_nominal_time_beside_the_actual_one(
-    store: Store, hot_window: HotWindow, dispatcher: ShardDispatcher, clock: MovableClock, pool: str
+    stores: Stores, hot_window: HotWindow, dispatcher: ShardDispatcher, clock: MovableClock, pool: str
 ) -> None:
-    job_id = await make_job(store, hot_window, pool, jitter_sec=30)
+    job_id = await make_job(stores, hot_window, pool, jitter_sec=30)
     due = fire_at(job_id, T0, 30)
 
     assert (await at(clock, dispatcher, T0)).claimed == (1 if due == T0 else 0)
     assert (await at(clock, dispatcher, due)).dispatched == 1
 
-    [execution] = await executions(store, job_id)
+    [execution] = await executions(stores, job_id)
     assert (execution["scheduled_for"], execution["fire_at"]) == (T0, due)
-    row = await job(store, job_id)
+    row = await job(stores, job_id)
     assert row["next_nominal_at"] == T0 + MINUTE
     assert row["next_fire_at"] == fire_at(job_id, T0 + MINUTE, 30)  # the same delay a restart would compute
 
@@ -179,7 +184,7 @@ async def test_a_jittered_fire_keeps_its_nominal_time_beside_the_actual_one(
     [("0 * * * *", 25), ("*/30 * * * *", 50), ("30 1 * * *", 1), ("0 2 * * *", 1)],
 )
 async def test_the_dispatcher_follows_the_dst_rule_through_a_fall_back_day(
-    store: Store,
+    stores: Stores,
     hot_window: HotWindow,
     dispatcher: ShardDispatcher,
     clock: MovableClock,
@@ -191,13 +196,13 @@ async def test_the_dispatcher_follows_the_dst_rule_through_a_fall_back_day(
     day_start = datetime(2030, 11, 3, tzinfo=zone).astimezone(UTC)
     day_end = datetime(2030, 11, 4, tzinfo=zone).astimezone(UTC)
     first = first_of(schedule, "America/New_York", day_start)
-    job_id = await make_job(store, hot_window, pool, schedule=schedule, zone="America/New_York", first=first)
+    job_id = await make_job(stores, hot_window, pool, schedule=schedule, zone="America/New_York", first=first)
 
-    while (row := await job(store, job_id))["next_fire_at"] < day_end:
+    while (row := await job(stores, job_id))["next_fire_at"] < day_end:
         await hot_window.add(0, [Occurrence(job_id, row["next_fire_at"])])  # the hydrator would, when due
         assert (await at(clock, dispatcher, row["next_fire_at"])).dispatched == 1
 
-    fired = [r["scheduled_for"] for r in await executions(store, job_id)]
+    fired = [r["scheduled_for"] for r in await executions(stores, job_id)]
     assert len(fired) == fires_that_day
     assert len(set(fired)) == len(fired)
     if fires_that_day > 1:  # real time: evenly spaced, no gap, no repeat
@@ -214,76 +219,76 @@ def first_of(schedule: str, zone: str, start: datetime) -> datetime:
 
 
 async def test_overlap_skip_records_a_skipped_execution_and_never_publishes_it(
-    store: Store, hot_window: HotWindow, dispatcher: ShardDispatcher, clock: MovableClock, pool: str
+    stores: Stores, hot_window: HotWindow, dispatcher: ShardDispatcher, clock: MovableClock, pool: str
 ) -> None:
-    job_id = await make_job(store, hot_window, pool, overlap_policy="SKIP")
+    job_id = await make_job(stores, hot_window, pool, overlap_policy="SKIP")
     await at(clock, dispatcher, T0)  # PENDING: no worker picks it up
 
     result = await at(clock, dispatcher, T0 + MINUTE)
 
     assert (result.dispatched, result.skipped) == (0, 1)
-    first, skipped = await executions(store, job_id)
+    first, skipped = await executions(stores, job_id)
     assert (skipped["scheduled_for"], skipped["state"], skipped["published_at"]) == (T0 + MINUTE, "SKIPPED", None)
     assert skipped["finished_at"] is not None and "overlapPolicy SKIP" in skipped["error"]
-    row = await job(store, job_id)
+    row = await job(stores, job_id)
     assert (row["next_fire_at"], row["fire_count"]) == (T0 + 2 * MINUTE, 1)  # skips are not runs
     assert (
-        await store.pool.fetchval(
+        await stores.database.pool.fetchval(
             "SELECT count(*) FROM audit_log WHERE entity_id = $1 AND action = 'skip'", skipped["id"]
         )
         == 1
     )
 
-    await store.pool.execute("UPDATE executions SET state = 'SUCCEEDED' WHERE id = $1", first["id"])
+    await stores.database.pool.execute("UPDATE executions SET state = 'SUCCEEDED' WHERE id = $1", first["id"])
     assert (await at(clock, dispatcher, T0 + 2 * MINUTE)).dispatched == 1
 
 
 async def test_buffer_one_waits_for_the_open_execution_then_runs_and_drops_what_came_meanwhile(
-    store: Store, hot_window: HotWindow, dispatcher: ShardDispatcher, clock: MovableClock, pool: str
+    stores: Stores, hot_window: HotWindow, dispatcher: ShardDispatcher, clock: MovableClock, pool: str
 ) -> None:
-    job_id = await make_job(store, hot_window, pool, overlap_policy="BUFFER_ONE", catchup_window_sec=3600)
+    job_id = await make_job(stores, hot_window, pool, overlap_policy="BUFFER_ONE", catchup_window_sec=3600)
     await at(clock, dispatcher, T0)
-    [running] = await executions(store, job_id)
-    await store.pool.execute("UPDATE executions SET state = 'RUNNING' WHERE id = $1", running["id"])
+    [running] = await executions(stores, job_id)
+    await stores.database.pool.execute("UPDATE executions SET state = 'RUNNING' WHERE id = $1", running["id"])
 
     held = await at(clock, dispatcher, T0 + MINUTE)
 
     assert (held.held, held.dispatched) == (1, 0)
-    assert len(await executions(store, job_id)) == 1
-    assert (await job(store, job_id))["next_fire_at"] == T0 + MINUTE  # not advanced: it waits
+    assert len(await executions(stores, job_id)) == 1
+    assert (await job(stores, job_id))["next_fire_at"] == T0 + MINUTE  # not advanced: it waits
     assert await score(hot_window, job_id) == to_ms(T0 + MINUTE + timedelta(seconds=1))  # looked at again soon
     assert (await at(clock, dispatcher, T0 + MINUTE + timedelta(seconds=1))).held == 1  # still running
 
-    await store.pool.execute("UPDATE executions SET state = 'SUCCEEDED' WHERE id = $1", running["id"])
+    await stores.database.pool.execute("UPDATE executions SET state = 'SUCCEEDED' WHERE id = $1", running["id"])
     released = await at(clock, dispatcher, T0 + 2 * MINUTE + timedelta(seconds=5))
 
     assert (released.dispatched, released.skipped) == (1, 1)
-    rows = await executions(store, job_id)
+    rows = await executions(stores, job_id)
     assert [(r["scheduled_for"], r["state"]) for r in rows[1:]] == [
         (T0 + MINUTE, "PENDING"),  # the buffered one, late
         (T0 + 2 * MINUTE, "SKIPPED"),  # came due while the buffer was full
     ]
-    assert (await job(store, job_id))["next_fire_at"] == T0 + 3 * MINUTE
+    assert (await job(stores, job_id))["next_fire_at"] == T0 + 3 * MINUTE
 
 
 async def test_cancel_running_asks_the_open_execution_to_stop_and_runs_the_new_one(
-    store: Store, hot_window: HotWindow, dispatcher: ShardDispatcher, clock: MovableClock, pool: str
+    stores: Stores, hot_window: HotWindow, dispatcher: ShardDispatcher, clock: MovableClock, pool: str
 ) -> None:
-    job_id = await make_job(store, hot_window, pool, overlap_policy="CANCEL_RUNNING")
+    job_id = await make_job(stores, hot_window, pool, overlap_policy="CANCEL_RUNNING")
     await at(clock, dispatcher, T0)
-    [running] = await executions(store, job_id)
-    await store.pool.execute("UPDATE executions SET state = 'RUNNING' WHERE id = $1", running["id"])
+    [running] = await executions(stores, job_id)
+    await stores.database.pool.execute("UPDATE executions SET state = 'RUNNING' WHERE id = $1", running["id"])
 
     assert (await at(clock, dispatcher, T0 + MINUTE)).dispatched == 1
 
-    old, new = await executions(store, job_id)
+    old, new = await executions(stores, job_id)
     assert (old["state"], new["state"]) == ("RUNNING", "PENDING")  # the worker ends the old one
     assert old["cancel_requested_at"] is not None
     assert await hot_window.redis.get(CANCEL_KEY.format(execution_id=old["id"])) == b"1"
 
     # A PENDING one (never picked up) is cancelled outright.
     assert (await at(clock, dispatcher, T0 + 2 * MINUTE)).dispatched == 1
-    states = [(r["state"], r["cancel_requested_at"] is not None) for r in await executions(store, job_id)]
+    states = [(r["state"], r["cancel_requested_at"] is not None) for r in await executions(stores, job_id)]
     assert states == [("RUNNING", True), ("CANCELLED", True), ("PENDING", False)]
 
 
@@ -300,7 +305,7 @@ async def test_cancel_running_asks_the_open_execution_to_stop_and_runs_the_new_o
     ],
 )
 async def test_catch_up_after_downtime_follows_the_policy_and_counts_missed_fires(
-    store: Store,
+    stores: Stores,
     hot_window: HotWindow,
     publisher: KafkaPublisher,
     clock: MovableClock,
@@ -311,49 +316,51 @@ async def test_catch_up_after_downtime_follows_the_policy_and_counts_missed_fire
     missed: int,
 ) -> None:
     dispatcher = ShardDispatcher(
-        0, 1, "replica-a", store, hot_window, publisher, DispatcherConfig(fire_all_cap=cap), clock=clock
+        0, 1, "replica-a", stores.dispatch, hot_window, publisher, DispatcherConfig(fire_all_cap=cap), clock=clock
     )
-    job_id = await make_job(store, hot_window, pool, catchup_policy=policy, catchup_window_sec=30)
+    job_id = await make_job(stores, hot_window, pool, catchup_policy=policy, catchup_window_sec=30)
 
     # Down from T0 until 40 s after T0+10min: 11 occurrences came due, every one more than 30 s ago.
     result = await at(clock, dispatcher, T0 + 10 * MINUTE + timedelta(seconds=40))
 
     assert (result.dispatched, result.missed) == (len(runs), missed)
-    assert [r["scheduled_for"] for r in await executions(store, job_id)] == [T0 + m * MINUTE for m in runs]
-    row = await job(store, job_id)
+    assert [r["scheduled_for"] for r in await executions(stores, job_id)] == [T0 + m * MINUTE for m in runs]
+    row = await job(stores, job_id)
     assert (row["missed_fires"], row["fire_count"], row["next_fire_at"]) == (missed, len(runs), T0 + 11 * MINUTE)
-    audit = await store.pool.fetchval("SELECT detail FROM audit_log WHERE entity_id = $1 AND action = 'missed'", job_id)
+    audit = await stores.database.pool.fetchval(
+        "SELECT detail FROM audit_log WHERE entity_id = $1 AND action = 'missed'", job_id
+    )
     assert audit == ({"missedFires": missed} if missed else None)
 
 
 async def test_occurrences_late_within_the_window_each_run(
-    store: Store, hot_window: HotWindow, dispatcher: ShardDispatcher, clock: MovableClock, pool: str
+    stores: Stores, hot_window: HotWindow, dispatcher: ShardDispatcher, clock: MovableClock, pool: str
 ) -> None:
-    job_id = await make_job(store, hot_window, pool, catchup_policy="SKIP", catchup_window_sec=300)
+    job_id = await make_job(stores, hot_window, pool, catchup_policy="SKIP", catchup_window_sec=300)
     result = await at(clock, dispatcher, T0 + 3 * MINUTE)  # a dispatcher restart: 4 due, none missed
     assert (result.dispatched, result.missed) == (4, 0)
-    assert len(await executions(store, job_id)) == 4
+    assert len(await executions(stores, job_id)) == 4
 
 
 # --- the end of a schedule -------------------------------------------------------------------------------
 
 
 async def test_max_runs_and_end_at_complete_the_job(
-    store: Store, hot_window: HotWindow, dispatcher: ShardDispatcher, clock: MovableClock, pool: str
+    stores: Stores, hot_window: HotWindow, dispatcher: ShardDispatcher, clock: MovableClock, pool: str
 ) -> None:
-    limited = await make_job(store, hot_window, pool, max_runs=2)
-    ending = await make_job(store, hot_window, pool, end_at=T0 + MINUTE)
+    limited = await make_job(stores, hot_window, pool, max_runs=2)
+    ending = await make_job(stores, hot_window, pool, end_at=T0 + MINUTE)
 
     await at(clock, dispatcher, T0)
-    assert {(await job(store, j))["state"] for j in (limited, ending)} == {"ACTIVE"}
+    assert {(await job(stores, j))["state"] for j in (limited, ending)} == {"ACTIVE"}
     await at(clock, dispatcher, T0 + MINUTE)
 
     for job_id in (limited, ending):
-        row = await job(store, job_id)
+        row = await job(stores, job_id)
         assert (row["state"], row["next_fire_at"], row["fire_count"]) == ("COMPLETED", None, 2)
         assert await score(hot_window, job_id) is None
         assert (
-            await store.pool.fetchval(
+            await stores.database.pool.fetchval(
                 "SELECT count(*) FROM audit_log WHERE entity_id = $1 AND action = 'complete'", job_id
             )
             == 1
@@ -365,11 +372,11 @@ async def test_max_runs_and_end_at_complete_the_job(
 
 @pytest.mark.parametrize("state", ["ACTIVE", "PAUSED"])
 async def test_a_trigger_runs_once_without_moving_the_schedule(
-    store: Store, hot_window: HotWindow, dispatcher: ShardDispatcher, clock: MovableClock, pool: str, state: str
+    stores: Stores, hot_window: HotWindow, dispatcher: ShardDispatcher, clock: MovableClock, pool: str, state: str
 ) -> None:
-    job_id = await make_job(store, hot_window, pool, first=T0 + timedelta(days=1), schedule="0 0 * * *")
+    job_id = await make_job(stores, hot_window, pool, first=T0 + timedelta(days=1), schedule="0 0 * * *")
     execution_id = new_id()
-    await store.pool.execute(
+    await stores.database.pool.execute(
         "UPDATE jobs SET state = $2, trigger_at = $3, trigger_execution_id = $4 WHERE id = $1",
         job_id,
         state,
@@ -380,9 +387,9 @@ async def test_a_trigger_runs_once_without_moving_the_schedule(
 
     assert (await at(clock, dispatcher, T0)).dispatched == 1
 
-    [execution] = await executions(store, job_id)
+    [execution] = await executions(stores, job_id)
     assert (execution["id"], execution["scheduled_for"], execution["triggered"]) == (execution_id, T0, True)
-    row = await job(store, job_id)
+    row = await job(stores, job_id)
     assert (row["state"], row["next_fire_at"], row["fire_count"], row["trigger_at"]) == (
         state,
         T0 + timedelta(days=1),
@@ -393,14 +400,14 @@ async def test_a_trigger_runs_once_without_moving_the_schedule(
 
 
 async def test_a_member_that_raced_ahead_of_a_reschedule_is_put_back_where_it_belongs(
-    store: Store, hot_window: HotWindow, dispatcher: ShardDispatcher, clock: MovableClock, pool: str
+    stores: Stores, hot_window: HotWindow, dispatcher: ShardDispatcher, clock: MovableClock, pool: str
 ) -> None:
-    moved = await make_job(store, hot_window, pool)
-    cancelled = await make_job(store, hot_window, pool)
-    await store.pool.execute(
+    moved = await make_job(stores, hot_window, pool)
+    cancelled = await make_job(stores, hot_window, pool)
+    await stores.database.pool.execute(
         "UPDATE jobs SET next_fire_at = $2, next_nominal_at = $2 WHERE id = $1", moved, T0 + 2 * MINUTE
     )
-    await store.pool.execute("UPDATE jobs SET state = 'CANCELLED' WHERE id = $1", cancelled)
+    await stores.database.pool.execute("UPDATE jobs SET state = 'CANCELLED' WHERE id = $1", cancelled)
 
     result = await at(clock, dispatcher, T0)
 
@@ -410,13 +417,13 @@ async def test_a_member_that_raced_ahead_of_a_reschedule_is_put_back_where_it_be
 
 
 async def test_the_hydrator_recovers_a_trigger_whose_member_was_lost(
-    store: Store, hot_window: HotWindow, pool: str
+    stores: Stores, hot_window: HotWindow, pool: str
 ) -> None:
-    job_id = await make_job(store, hot_window, pool, first=T0 + timedelta(days=1))
+    job_id = await make_job(stores, hot_window, pool, first=T0 + timedelta(days=1))
     await hot_window.redis.flushall()
     lost_at = datetime.now(UTC).replace(microsecond=0) - MINUTE
-    await store.pool.execute(
+    await stores.database.pool.execute(
         "UPDATE jobs SET trigger_at = $2, trigger_execution_id = $3 WHERE id = $1", job_id, lost_at, new_id()
     )
-    await Hydrator(store, hot_window, HydratorConfig(overdue_grace_sec=15)).run_once()
+    await Hydrator(stores, hot_window, HydratorConfig(overdue_grace_sec=15)).run_once()
     assert await score(hot_window, job_id) == to_ms(lost_at)

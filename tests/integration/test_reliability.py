@@ -25,7 +25,10 @@ from sundial_common.hotwindow import HotWindow, retry_member
 from sundial_common.ids import new_id
 from sundial_common.messages import DLQ_TOPIC, ExecutionMessage, pool_topic
 from sundial_common.signals import cancel_key, heartbeat_key
-from sundial_common.store import FencedOut, Occurrence, Outcome, PlannedExecution, Record, RetryDue, Store
+from sundial_common.stores import Stores
+from sundial_common.stores.dispatch import FencedOut, PlannedExecution
+from sundial_common.stores.executions import Outcome
+from sundial_common.stores.types import Occurrence, Record, RetryDue
 from sundial_dispatcher.dispatcher import DispatcherConfig, ShardDispatcher
 from sundial_hydrator.hydrator import Hydrator, HydratorConfig
 from sundial_sweeper.sweeper import Sweeper, SweeperConfig
@@ -75,7 +78,7 @@ def settings(database_url: str, redis_url: str, kafka_bootstrap: str) -> WorkerS
 
 
 async def make_executions(
-    store: Store,
+    stores: Stores,
     pool: str,
     handler: str,
     count: int = 1,
@@ -89,7 +92,7 @@ async def make_executions(
     occurrences = []
     for i in range(count):
         job_id = new_id()
-        await store.insert_job(
+        await stores.jobs.insert_job(
             {
                 "id": job_id,
                 "tenant_id": TENANT,
@@ -112,7 +115,7 @@ async def make_executions(
     def plan(rows: Any) -> list[PlannedExecution]:
         return [PlannedExecution(new_id(), row, None, attempts, None, None) for row in rows]
 
-    planned = await store.dispatch(0, 1, "test", occurrences, plan)
+    planned = await stores.dispatch.dispatch(0, 1, "test", occurrences, plan)
     return [
         ExecutionMessage(
             execution_id=str(p.execution_id),
@@ -130,19 +133,19 @@ async def make_executions(
     ]
 
 
-async def row_of(store: Store, message: ExecutionMessage | uuid.UUID) -> Record:
+async def row_of(stores: Stores, message: ExecutionMessage | uuid.UUID) -> Record:
     ident = message if isinstance(message, uuid.UUID) else uuid.UUID(message.execution_id)
-    row = await store.get_execution(TENANT, ident)
+    row = await stores.executions.get_execution(TENANT, ident)
     assert row is not None
     return row
 
 
-async def reaches(store: Store, message: ExecutionMessage, state: str, within: float = 20.0) -> Record:
+async def reaches(stores: Stores, message: ExecutionMessage, state: str, within: float = 20.0) -> Record:
     async def reached() -> bool:
-        return bool((await row_of(store, message))["state"] == state)
+        return bool((await row_of(stores, message))["state"] == state)
 
     await wait_until(reached, f"execution {message.execution_id} to be {state}", within)
-    return await row_of(store, message)
+    return await row_of(stores, message)
 
 
 async def serving(worker: Worker, settings: WorkerSettings, **config: Any) -> WorkerRuntime:
@@ -154,8 +157,10 @@ async def serving(worker: Worker, settings: WorkerSettings, **config: Any) -> Wo
     return runtime
 
 
-def dispatcher(store: Store, redis: Redis, publisher: KafkaPublisher, token: int = 5) -> ShardDispatcher:
-    return ShardDispatcher(0, token, f"leader-{token}", store, HotWindow(redis), publisher, DispatcherConfig(shards=1))
+def dispatcher(stores: Stores, redis: Redis, publisher: KafkaPublisher, token: int = 5) -> ShardDispatcher:
+    return ShardDispatcher(
+        0, token, f"leader-{token}", stores.dispatch, HotWindow(redis), publisher, DispatcherConfig(shards=1)
+    )
 
 
 def consume(bootstrap: str, topic: str, wanted: set[str], timeout: float = 15.0) -> list[ExecutionMessage]:
@@ -179,7 +184,7 @@ def consume(bootstrap: str, topic: str, wanted: set[str], timeout: float = 15.0)
 
 
 async def test_a_failed_attempt_schedules_its_retry_with_the_jobs_backoff_in_the_hot_window(
-    store: Store, redis: Redis, publisher: KafkaPublisher, settings: WorkerSettings, pool: str
+    stores: Stores, redis: Redis, publisher: KafkaPublisher, settings: WorkerSettings, pool: str
 ) -> None:
     worker = Worker(pool=pool)
 
@@ -190,9 +195,9 @@ async def test_a_failed_attempt_schedules_its_retry_with_the_jobs_backoff_in_the
     policy = {"maxAttempts": 3, "backoff": "FIXED", "initialDelayMs": 60_000, "maxDelayMs": 60_000, "jitter": False}
     runtime = await serving(worker, settings)
     try:
-        [message] = await make_executions(store, pool, "boom", retry_policy=policy)
+        [message] = await make_executions(stores, pool, "boom", retry_policy=policy)
         await publish(publisher, [message])
-        row = await reaches(store, message, "FAILED")
+        row = await reaches(stores, message, "FAILED")
     finally:
         await runtime.stop()
     # Scheduled by Postgres' clock, one backoff after the attempt ended.
@@ -200,13 +205,13 @@ async def test_a_failed_attempt_schedules_its_retry_with_the_jobs_backoff_in_the
     assert row["attempt"] == 1 and row["error"] == "ValueError: downstream said no"
     score = await redis.zscore(HotWindow(redis).key(0), retry_member(row["id"]))
     assert score == to_ms(row["next_attempt_at"])
-    [attempt] = await store.execution_attempts(row["id"])
+    [attempt] = await stores.executions.execution_attempts(row["id"])
     assert (attempt["state"], attempt["error"]) == ("FAILED", "ValueError: downstream said no")
     assert runtime.stats.retries_scheduled == 1
 
 
 async def test_the_next_attempt_is_dispatched_fenced_and_resumes_from_the_last_checkpoint(
-    store: Store, redis: Redis, publisher: KafkaPublisher, settings: WorkerSettings, pool: str
+    stores: Stores, redis: Redis, publisher: KafkaPublisher, settings: WorkerSettings, pool: str
 ) -> None:
     seen: list[tuple[int, Any, int]] = []
     worker = Worker(pool=pool)
@@ -219,28 +224,28 @@ async def test_the_next_attempt_is_dispatched_fenced_and_resumes_from_the_last_c
             raise RuntimeError("crashed half way")
         return {"resumed_from": ctx.previous_progress["done"]}
 
-    leader = dispatcher(store, redis, publisher, token=5)
+    leader = dispatcher(stores, redis, publisher, token=5)
     runtime = await serving(worker, settings)
     try:
-        [message] = await make_executions(store, pool, "resumable", retry_policy=NO_JITTER_RETRY)
+        [message] = await make_executions(stores, pool, "resumable", retry_policy=NO_JITTER_RETRY)
         await publish(publisher, [message])
-        await reaches(store, message, "FAILED")
+        await reaches(stores, message, "FAILED")
 
         async def retried() -> bool:
             return (await leader.run_once()).retried == 1
 
         await wait_until(retried, "the dispatcher to claim the due retry")
-        row = await reaches(store, message, "SUCCEEDED")
+        row = await reaches(stores, message, "SUCCEEDED")
     finally:
         await runtime.stop()
     assert seen == [(1, None, 1), (2, {"done": 7}, 5)]
     assert (row["attempt"], row["fence_token"], row["result"]) == (2, 5, {"resumed_from": 7})
-    attempts = await store.execution_attempts(row["id"])
+    attempts = await stores.executions.execution_attempts(row["id"])
     assert [(a["attempt"], a["state"], a["progress"]) for a in attempts] == [
         (1, "FAILED", {"done": 7}),
         (2, "SUCCEEDED", None),
     ]
-    audit = await store.pool.fetch(
+    audit = await stores.database.pool.fetch(
         "SELECT action, from_state, to_state, detail FROM audit_log WHERE entity_id = $1 ORDER BY id", row["id"]
     )
     assert [(a["action"], a["from_state"], a["to_state"]) for a in audit] == [
@@ -255,7 +260,7 @@ async def test_the_next_attempt_is_dispatched_fenced_and_resumes_from_the_last_c
 
 
 async def test_the_last_failed_attempt_leaves_the_execution_dead(
-    store: Store, redis: Redis, publisher: KafkaPublisher, settings: WorkerSettings, pool: str
+    stores: Stores, redis: Redis, publisher: KafkaPublisher, settings: WorkerSettings, pool: str
 ) -> None:
     worker = Worker(pool=pool)
 
@@ -263,55 +268,59 @@ async def test_the_last_failed_attempt_leaves_the_execution_dead(
     async def never(ctx: Context, payload: Any) -> None:
         raise RuntimeError(f"attempt {ctx.attempt}")
 
-    leader = dispatcher(store, redis, publisher)
+    leader = dispatcher(stores, redis, publisher)
     runtime = await serving(worker, settings)
     try:
-        [message] = await make_executions(store, pool, "never", retry_policy={**NO_JITTER_RETRY, "maxAttempts": 2})
+        [message] = await make_executions(stores, pool, "never", retry_policy={**NO_JITTER_RETRY, "maxAttempts": 2})
         await publish(publisher, [message])
-        await reaches(store, message, "FAILED")
+        await reaches(stores, message, "FAILED")
 
         async def retried() -> bool:
             return (await leader.run_once()).retried == 1
 
         await wait_until(retried, "the retry to be dispatched")
-        row = await reaches(store, message, "DEAD")
+        row = await reaches(stores, message, "DEAD")
     finally:
         await runtime.stop()
     assert (row["attempt"], row["next_attempt_at"], row["error"]) == (2, None, "RuntimeError: attempt 2")
-    assert [a["state"] for a in await store.execution_attempts(row["id"])] == ["FAILED", "FAILED"]
+    assert [a["state"] for a in await stores.executions.execution_attempts(row["id"])] == ["FAILED", "FAILED"]
     assert runtime.stats.dead == 1
 
 
 async def test_retries_are_claimed_only_when_due_and_a_stale_leader_cannot_dispatch_them(
-    store: Store, redis: Redis, publisher: KafkaPublisher, pool: str, kafka_bootstrap: str
+    stores: Stores, redis: Redis, publisher: KafkaPublisher, pool: str, kafka_bootstrap: str
 ) -> None:
     ensure_topics(kafka_bootstrap, [pool_topic(pool)])
-    messages = await make_executions(store, pool, "echo", 3, retry_policy=NO_JITTER_RETRY)
+    messages = await make_executions(stores, pool, "echo", 3, retry_policy=NO_JITTER_RETRY)
     ids = [uuid.UUID(m.execution_id) for m in messages]
     # Three failed attempts: one retry due, one due in an hour, one cancelled while it waited.
-    await store.pool.execute(
+    await stores.database.pool.execute(
         "UPDATE executions SET state = 'FAILED', worker_id = 'w', next_attempt_at = now() - interval '1 second'"
         " WHERE id = ANY($1)",
         ids,
     )
-    await store.pool.execute("UPDATE executions SET next_attempt_at = now() + interval '1 hour' WHERE id = $1", ids[1])
-    await store.cancel_execution(TENANT, ids[2], "test")
+    await stores.database.pool.execute(
+        "UPDATE executions SET next_attempt_at = now() + interval '1 hour' WHERE id = $1", ids[1]
+    )
+    await stores.executions.cancel_execution(TENANT, ids[2], "test")
     window = HotWindow(redis)
     now = datetime.now(UTC)
     # Members for all three, claimed now: one due, one that raced ahead of its re-scheduled retry, one for
     # the execution cancelled while it waited.
     members = [RetryDue(r, now) for r in ids]
     await window.add_retries(0, members)
-    stale = dispatcher(store, redis, publisher, token=3)
-    await store.pool.execute("UPDATE shard_fence SET token = 4, holder = 'newer' WHERE shard = 0")  # a newer term
+    stale = dispatcher(stores, redis, publisher, token=3)
+    await stores.database.pool.execute(
+        "UPDATE shard_fence SET token = 4, holder = 'newer' WHERE shard = 0"
+    )  # a newer term
     with pytest.raises(FencedOut):
         await stale.run_once()
-    assert (await row_of(store, ids[0]))["state"] == "FAILED"  # the stale leader wrote nothing
+    assert (await row_of(stores, ids[0]))["state"] == "FAILED"  # the stale leader wrote nothing
 
     await window.add_retries(0, members)  # the stale leader's claim took them; the hydrator would put them back
-    result = await dispatcher(store, redis, publisher, token=4).run_once()
+    result = await dispatcher(stores, redis, publisher, token=4).run_once()
     assert result.retried == 1
-    first, later, cancelled = [await row_of(store, r) for r in ids]
+    first, later, cancelled = [await row_of(stores, r) for r in ids]
     assert (first["state"], first["attempt"], first["fence_token"], first["next_attempt_at"]) == ("PENDING", 2, 4, None)
     assert (later["state"], later["attempt"]) == ("FAILED", 1)
     assert cancelled["state"] == "CANCELLED"
@@ -323,22 +332,22 @@ async def test_retries_are_claimed_only_when_due_and_a_stale_leader_cannot_dispa
 
 
 async def test_the_hydrator_promotes_scheduled_retries_and_rebuilds_them_after_a_flush(
-    store: Store, redis: Redis, pool: str
+    stores: Stores, redis: Redis, pool: str
 ) -> None:
-    messages = await make_executions(store, pool, "echo", 3, retry_policy=NO_JITTER_RETRY)
+    messages = await make_executions(stores, pool, "echo", 3, retry_policy=NO_JITTER_RETRY)
     ids = [uuid.UUID(m.execution_id) for m in messages]
-    await store.pool.execute(
+    await stores.database.pool.execute(
         "UPDATE executions SET state = 'FAILED', next_attempt_at = now() + interval '10 minutes' WHERE id = $1", ids[0]
     )
-    await store.pool.execute(
+    await stores.database.pool.execute(
         "UPDATE executions SET state = 'FAILED', next_attempt_at = now() + interval '2 hours' WHERE id = $1", ids[1]
     )
     # Overdue: its member was claimed by a dispatcher that died before committing.
-    await store.pool.execute(
+    await stores.database.pool.execute(
         "UPDATE executions SET state = 'TIMED_OUT', next_attempt_at = now() - interval '1 minute' WHERE id = $1", ids[2]
     )
     window = HotWindow(redis)
-    hydrator = Hydrator(store, window, HydratorConfig(shards=1, overdue_grace_sec=15))
+    hydrator = Hydrator(stores, window, HydratorConfig(shards=1, overdue_grace_sec=15))
     key = window.key(0)
     await hydrator.run_once()
     members = {m.decode() for m in await redis.zrange(key, 0, -1)}
@@ -357,7 +366,7 @@ async def test_the_hydrator_promotes_scheduled_retries_and_rebuilds_them_after_a
 
 
 async def test_a_cancel_flag_interrupts_the_running_handler_within_a_second(
-    store: Store, redis: Redis, publisher: KafkaPublisher, settings: WorkerSettings, pool: str
+    stores: Stores, redis: Redis, publisher: KafkaPublisher, settings: WorkerSettings, pool: str
 ) -> None:
     started, saw = asyncio.Event(), asyncio.Event()
     worker = Worker(pool=pool)
@@ -374,23 +383,23 @@ async def test_a_cancel_flag_interrupts_the_running_handler_within_a_second(
 
     runtime = await serving(worker, settings)
     try:
-        [message] = await make_executions(store, pool, "long", retry_policy=NO_JITTER_RETRY)
+        [message] = await make_executions(stores, pool, "long", retry_policy=NO_JITTER_RETRY)
         await publish(publisher, [message])
         await asyncio.wait_for(started.wait(), 20)
         asked = time.monotonic()
         await redis.set(cancel_key(message.execution_id), "1")
-        row = await reaches(store, message, "CANCELLED", within=5)
+        row = await reaches(stores, message, "CANCELLED", within=5)
         took = time.monotonic() - asked
     finally:
         await runtime.stop()
     assert saw.is_set() and took < 1.5, took
     assert row["next_attempt_at"] is None  # a cancelled execution is not retried
-    [attempt] = await store.execution_attempts(row["id"])
+    [attempt] = await stores.executions.execution_attempts(row["id"])
     assert attempt["state"] == "CANCELLED"
 
 
 async def test_a_handler_that_ignores_the_cancel_is_abandoned_after_the_grace(
-    store: Store, publisher: KafkaPublisher, settings: WorkerSettings, pool: str
+    stores: Stores, publisher: KafkaPublisher, settings: WorkerSettings, pool: str
 ) -> None:
     started, release = threading.Event(), threading.Event()
     saw_cancel: list[bool] = []
@@ -404,12 +413,12 @@ async def test_a_handler_that_ignores_the_cancel_is_abandoned_after_the_grace(
 
     runtime = await serving(worker, settings, cancel_grace_sec=0.5)
     try:
-        [message] = await make_executions(store, pool, "stubborn")
+        [message] = await make_executions(stores, pool, "stubborn")
         await publish(publisher, [message])
         assert await asyncio.to_thread(started.wait, 20)
         # Only Postgres knows (as if the Redis flag was lost): the worker reads it at its heartbeat.
-        await store.cancel_execution(TENANT, uuid.UUID(message.execution_id), "test")
-        row = await reaches(store, message, "CANCELLED", within=5)
+        await stores.executions.cancel_execution(TENANT, uuid.UUID(message.execution_id), "test")
+        row = await reaches(stores, message, "CANCELLED", within=5)
         assert runtime.stats.abandoned_on_interrupt == 1 and runtime.stats.cancelled == 1
     finally:
         release.set()
@@ -421,23 +430,23 @@ async def test_a_handler_that_ignores_the_cancel_is_abandoned_after_the_grace(
 # --- the sweeper ----------------------------------------------------------------------------------
 
 
-async def running(store: Store, message: ExecutionMessage, worker_id: str, started_ago_sec: float) -> uuid.UUID:
+async def running(stores: Stores, message: ExecutionMessage, worker_id: str, started_ago_sec: float) -> uuid.UUID:
     ident = uuid.UUID(message.execution_id)
-    assert len(await store.start_executions(worker_id, [(ident, 1)])) == 1
-    await store.pool.execute(
+    assert len(await stores.executions.start_executions(worker_id, [(ident, 1)])) == 1
+    await stores.database.pool.execute(
         "UPDATE executions SET started_at = now() - $2 * interval '1 second' WHERE id = $1", ident, started_ago_sec
     )
     return ident
 
 
 async def test_the_sweeper_declares_a_worker_lost_only_once_its_heartbeat_stayed_missing(
-    store: Store, redis: Redis, publisher: KafkaPublisher, pool: str
+    stores: Stores, redis: Redis, publisher: KafkaPublisher, pool: str
 ) -> None:
-    [message] = await make_executions(store, pool, "echo", retry_policy=NO_JITTER_RETRY, timeout_sec=600)
-    ident = await running(store, message, "w1", started_ago_sec=120)
+    [message] = await make_executions(stores, pool, "echo", retry_policy=NO_JITTER_RETRY, timeout_sec=600)
+    ident = await running(stores, message, "w1", started_ago_sec=120)
     clock = FakeClock()
     config = SweeperConfig(heartbeat_ttl_sec=30, lost_confirm_sec=10)
-    sweeper = Sweeper(store, publisher, config, clock, redis=redis)
+    sweeper = Sweeper(stores, publisher, config, clock, redis=redis)
 
     await redis.set(heartbeat_key(ident), "w1")
     assert (await sweeper.run_once()).suspected == 0
@@ -454,41 +463,41 @@ async def test_the_sweeper_declares_a_worker_lost_only_once_its_heartbeat_stayed
     assert (await sweeper.run_once()).lost == 0
     clock.mono += 2
     assert (await sweeper.run_once()).lost == 1
-    row = await row_of(store, ident)
+    row = await row_of(stores, ident)
     assert (row["state"], row["worker_id"]) == ("FAILED_WORKER_LOST", "w1")
     assert row["next_attempt_at"] - row["finished_at"] == timedelta(milliseconds=200)
     assert row["error"] == "WorkerLost: worker w1 stopped renewing its heartbeat"
-    [attempt] = await store.execution_attempts(ident)
+    [attempt] = await stores.executions.execution_attempts(ident)
     assert attempt["state"] == "FAILED_WORKER_LOST"
     assert await redis.zscore(HotWindow(redis).key(0), retry_member(ident)) == to_ms(row["next_attempt_at"])
     # The late worker wakes up and reports: its write is rejected, the retry stands.
-    assert await store.finish_executions("w1", [Outcome(ident, 1, "SUCCEEDED", {"late": True})]) == set()
-    assert (await row_of(store, ident))["state"] == "FAILED_WORKER_LOST"
+    assert await stores.executions.finish_executions("w1", [Outcome(ident, 1, "SUCCEEDED", {"late": True})]) == set()
+    assert (await row_of(stores, ident))["state"] == "FAILED_WORKER_LOST"
 
 
 async def test_the_sweeper_times_out_an_attempt_its_worker_never_ended(
-    store: Store, redis: Redis, publisher: KafkaPublisher, pool: str
+    stores: Stores, redis: Redis, publisher: KafkaPublisher, pool: str
 ) -> None:
-    [message] = await make_executions(store, pool, "echo", timeout_sec=2)  # maxAttempts 1
-    ident = await running(store, message, "w1", started_ago_sec=30)
+    [message] = await make_executions(stores, pool, "echo", timeout_sec=2)  # maxAttempts 1
+    ident = await running(stores, message, "w1", started_ago_sec=30)
     await redis.set(heartbeat_key(ident), "w1")  # alive, but hung past its timeout
-    sweeper = Sweeper(store, publisher, SweeperConfig(timeout_grace_sec=5), redis=redis)
+    sweeper = Sweeper(stores, publisher, SweeperConfig(timeout_grace_sec=5), redis=redis)
     assert (await sweeper.run_once()).timed_out == 1
-    row = await row_of(store, ident)
+    row = await row_of(stores, ident)
     assert row["state"] == "DEAD" and row["error"].startswith("TimeoutError: the attempt ran past timeoutSec=2")
-    assert [a["state"] for a in await store.execution_attempts(ident)] == ["TIMED_OUT"]
+    assert [a["state"] for a in await stores.executions.execution_attempts(ident)] == ["TIMED_OUT"]
 
 
 async def test_dead_executions_are_published_to_the_dead_letter_topic_once(
-    store: Store, publisher: KafkaPublisher, pool: str, kafka_bootstrap: str
+    stores: Stores, publisher: KafkaPublisher, pool: str, kafka_bootstrap: str
 ) -> None:
     ensure_topics(kafka_bootstrap, [DLQ_TOPIC])
-    [message] = await make_executions(store, pool, "echo")
+    [message] = await make_executions(stores, pool, "echo")
     ident = uuid.UUID(message.execution_id)
-    await store.pool.execute(
+    await stores.database.pool.execute(
         "UPDATE executions SET state = 'DEAD', error = 'RuntimeError: x', finished_at = now() WHERE id = $1", ident
     )
-    sweeper = Sweeper(store, publisher, SweeperConfig())
+    sweeper = Sweeper(stores, publisher, SweeperConfig())
     assert (await sweeper.run_once()).dead_lettered == 1
     assert (await sweeper.run_once()).dead_lettered == 0
     [letter] = await asyncio.to_thread(consume, kafka_bootstrap, DLQ_TOPIC, {str(ident)})

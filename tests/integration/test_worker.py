@@ -32,7 +32,9 @@ from sundial_common.broker import KafkaPublisher
 from sundial_common.clock import from_ms, to_ms
 from sundial_common.ids import new_id
 from sundial_common.messages import ExecutionMessage, pool_topic
-from sundial_common.store import Occurrence, PlannedExecution, Record, Store
+from sundial_common.stores import Stores
+from sundial_common.stores.dispatch import PlannedExecution
+from sundial_common.stores.types import Occurrence, Record
 from sundial_common.telemetry import trace_id_hex, traceparent, tracer
 from sundial_worker import Context, Worker, WorkerConfig, WorkerRuntime
 from sundial_worker import demo as demo_app
@@ -89,7 +91,7 @@ async def serving(worker: Worker, settings: WorkerSettings, **config: Any) -> As
 
 
 async def dispatch(
-    store: Store,
+    stores: Stores,
     pool: str,
     handler: str,
     payloads: list[Any],
@@ -102,7 +104,7 @@ async def dispatch(
     occurrences = []
     for payload in payloads:
         job_id = new_id()
-        await store.insert_job(
+        await stores.jobs.insert_job(
             {
                 "id": job_id,
                 "tenant_id": TENANT,
@@ -124,7 +126,7 @@ async def dispatch(
     def plan(rows: Any) -> list[PlannedExecution]:
         return [PlannedExecution(new_id(), row, None, 1, trace_id, traceparent_value) for row in rows]
 
-    planned = await store.dispatch(0, 1, "test", occurrences, plan)
+    planned = await stores.dispatch.dispatch(0, 1, "test", occurrences, plan)
     assert len(planned) == len(payloads)
     return [
         ExecutionMessage(
@@ -157,18 +159,18 @@ async def wait_until(predicate: Callable[[], Awaitable[bool]], what: str, within
         await asyncio.sleep(0.05)
 
 
-async def execution(store: Store, message: ExecutionMessage) -> Record:
-    row = await store.get_execution(TENANT, uuid.UUID(message.execution_id))
+async def execution(stores: Stores, message: ExecutionMessage) -> Record:
+    row = await stores.executions.get_execution(TENANT, uuid.UUID(message.execution_id))
     assert row is not None
     return row
 
 
-async def wait_state(store: Store, message: ExecutionMessage, state: str, within: float = 20.0) -> Record:
+async def wait_state(stores: Stores, message: ExecutionMessage, state: str, within: float = 20.0) -> Record:
     async def reached() -> bool:
-        return bool((await execution(store, message))["state"] == state)
+        return bool((await execution(stores, message))["state"] == state)
 
     await wait_until(reached, f"execution {message.execution_id} to be {state}", within)
-    return await execution(store, message)
+    return await execution(stores, message)
 
 
 def produce_to(bootstrap: str, partition: int, messages: list[ExecutionMessage]) -> None:
@@ -232,19 +234,19 @@ def demo_worker(pool: str, **kwargs: Any) -> Worker:
 
 
 async def test_echo_succeeds_with_its_result_and_attempt_recorded(
-    store: Store, publisher: KafkaPublisher, settings: WorkerSettings, pool: str
+    stores: Stores, publisher: KafkaPublisher, settings: WorkerSettings, pool: str
 ) -> None:
     async with serving(demo_worker(pool), settings) as runtime:
-        messages = await dispatch(store, pool, "echo", [{"n": 1}, {"n": 2}, {"n": 3}])
+        messages = await dispatch(stores, pool, "echo", [{"n": 1}, {"n": 2}, {"n": 3}])
         await publish(publisher, messages)
-        rows = [await wait_state(store, m, "SUCCEEDED") for m in messages]
+        rows = [await wait_state(stores, m, "SUCCEEDED") for m in messages]
     assert [row["result"] for row in rows] == [m.payload for m in messages]
     assert sorted(m.payload["n"] for m in messages) == [1, 2, 3]
     for row in rows:
         assert row["worker_id"] == runtime.worker_id
         assert row["error"] is None
         assert row["started_at"] <= row["finished_at"]
-        [attempt] = await store.execution_attempts(row["id"])
+        [attempt] = await stores.executions.execution_attempts(row["id"])
         assert attempt["attempt"] == 1
         assert attempt["worker_id"] == runtime.worker_id
         assert attempt["state"] == "SUCCEEDED"
@@ -253,30 +255,30 @@ async def test_echo_succeeds_with_its_result_and_attempt_recorded(
 
 
 async def test_failing_handler_records_failed_with_type_and_message(
-    store: Store, publisher: KafkaPublisher, settings: WorkerSettings, pool: str
+    stores: Stores, publisher: KafkaPublisher, settings: WorkerSettings, pool: str
 ) -> None:
     async with serving(demo_worker(pool), settings):
-        [message] = await dispatch(store, pool, "fail", [{}])  # maxAttempts 1: no retry
+        [message] = await dispatch(stores, pool, "fail", [{}])  # maxAttempts 1: no retry
         await publish(publisher, [message])
-        row = await wait_state(store, message, "DEAD")
+        row = await wait_state(stores, message, "DEAD")
     assert row["error"] == "RuntimeError: demo failure"
     assert row["result"] is None and row["next_attempt_at"] is None
-    [attempt] = await store.execution_attempts(row["id"])
+    [attempt] = await stores.executions.execution_attempts(row["id"])
     assert (attempt["state"], attempt["error"]) == ("FAILED", "RuntimeError: demo failure")
 
 
 async def test_unknown_handler_fails_with_a_clear_error(
-    store: Store, publisher: KafkaPublisher, settings: WorkerSettings, pool: str
+    stores: Stores, publisher: KafkaPublisher, settings: WorkerSettings, pool: str
 ) -> None:
     async with serving(demo_worker(pool), settings):
-        [message] = await dispatch(store, pool, "sned_email", [{}])
+        [message] = await dispatch(stores, pool, "sned_email", [{}])
         await publish(publisher, [message])
-        row = await wait_state(store, message, "DEAD")
+        row = await wait_state(stores, message, "DEAD")
     assert row["error"] == f"UnknownHandler: pool '{pool}' has no handler 'sned_email' (registered: echo, fail, sleep)"
 
 
 async def test_handler_over_its_timeout_is_cancelled_and_timed_out(
-    store: Store, publisher: KafkaPublisher, settings: WorkerSettings, pool: str
+    stores: Stores, publisher: KafkaPublisher, settings: WorkerSettings, pool: str
 ) -> None:
     cancelled = asyncio.Event()
     worker = Worker(pool=pool)
@@ -290,18 +292,18 @@ async def test_handler_over_its_timeout_is_cancelled_and_timed_out(
             raise
 
     async with serving(worker, settings):
-        [message] = await dispatch(store, pool, "hang", [{}], timeout_sec=1)
+        [message] = await dispatch(stores, pool, "hang", [{}], timeout_sec=1)
         await publish(publisher, [message])
-        row = await wait_state(store, message, "DEAD")
+        row = await wait_state(stores, message, "DEAD")
     assert cancelled.is_set()
-    [attempt] = await store.execution_attempts(row["id"])
+    [attempt] = await stores.executions.execution_attempts(row["id"])
     assert attempt["state"] == "TIMED_OUT"
     assert row["error"] == "TimeoutError: handler 'hang' exceeded timeoutSec=1"
     assert (row["finished_at"] - row["started_at"]).total_seconds() >= 1
 
 
 async def test_duplicate_and_stale_deliveries_do_not_run_the_handler_again(
-    store: Store, publisher: KafkaPublisher, settings: WorkerSettings, pool: str
+    stores: Stores, publisher: KafkaPublisher, settings: WorkerSettings, pool: str
 ) -> None:
     calls: list[uuid.UUID] = []
     worker = Worker(pool=pool)
@@ -312,9 +314,9 @@ async def test_duplicate_and_stale_deliveries_do_not_run_the_handler_again(
         return len(calls)
 
     async with serving(worker, settings) as runtime:
-        [message] = await dispatch(store, pool, "count", [{}])
+        [message] = await dispatch(stores, pool, "count", [{}])
         await publish(publisher, [message, message])  # the broker delivered it twice
-        await wait_state(store, message, "SUCCEEDED")
+        await wait_state(stores, message, "SUCCEEDED")
         stale = dataclasses.replace(message, attempt=2)  # an attempt that is not the execution's current one
         await publish(publisher, [message, stale])
 
@@ -324,11 +326,11 @@ async def test_duplicate_and_stale_deliveries_do_not_run_the_handler_again(
         await wait_until(all_seen, "four deliveries to be handled")
     assert calls == [uuid.UUID(message.execution_id)]
     assert runtime.stats.started == 1 and runtime.stats.duplicates == 3
-    assert (await execution(store, message))["result"] == 1
+    assert (await execution(stores, message))["result"] == 1
 
 
 async def test_sync_handler_runs_in_the_thread_pool(
-    store: Store, publisher: KafkaPublisher, settings: WorkerSettings, pool: str, spans: InMemorySpanExporter
+    stores: Stores, publisher: KafkaPublisher, settings: WorkerSettings, pool: str, spans: InMemorySpanExporter
 ) -> None:
     worker = Worker(pool=pool)
 
@@ -338,9 +340,9 @@ async def test_sync_handler_runs_in_the_thread_pool(
         return {"thread": threading.current_thread().name, "doubled": payload["x"] * 2, "trace_id": ctx.trace_id}
 
     async with serving(worker, settings):
-        [message] = await dispatch(store, pool, "blocking", [{"x": 21}])
+        [message] = await dispatch(stores, pool, "blocking", [{"x": 21}])
         await publish(publisher, [message])
-        row = await wait_state(store, message, "SUCCEEDED")
+        row = await wait_state(stores, message, "SUCCEEDED")
     assert row["result"]["doubled"] == 42
     assert row["result"]["thread"].startswith("sundial-handler")
     [span] = [s for s in spans.get_finished_spans() if s.name == "handler blocking"]
@@ -348,7 +350,7 @@ async def test_sync_handler_runs_in_the_thread_pool(
 
 
 async def test_heartbeat_renews_liveness_and_records_progress(
-    store: Store, redis: Redis, publisher: KafkaPublisher, settings: WorkerSettings, pool: str
+    stores: Stores, redis: Redis, publisher: KafkaPublisher, settings: WorkerSettings, pool: str
 ) -> None:
     checkpointed, release = asyncio.Event(), asyncio.Event()
     worker = Worker(pool=pool)
@@ -360,11 +362,11 @@ async def test_heartbeat_renews_liveness_and_records_progress(
         await release.wait()
 
     async with serving(worker, settings) as runtime:
-        [message] = await dispatch(store, pool, "long", [{}])
+        [message] = await dispatch(stores, pool, "long", [{}])
         await publish(publisher, [message])
         await asyncio.wait_for(checkpointed.wait(), 20)
         key = heartbeat_key(message.execution_id)
-        [attempt] = await store.execution_attempts(uuid.UUID(message.execution_id))
+        [attempt] = await stores.executions.execution_attempts(uuid.UUID(message.execution_id))
         assert attempt["progress"] == {"step": 1}
         assert await redis.get(key) == runtime.worker_id
         assert 0 < await redis.pttl(key) <= FAST.heartbeat_ttl_sec * 1000
@@ -375,7 +377,7 @@ async def test_heartbeat_renews_liveness_and_records_progress(
 
         await wait_until(renewed, "the periodic heartbeat to renew the key", within=5)
         release.set()
-        await wait_state(store, message, "SUCCEEDED")
+        await wait_state(stores, message, "SUCCEEDED")
 
         async def key_gone() -> bool:
             return not await redis.exists(key)
@@ -384,7 +386,7 @@ async def test_heartbeat_renews_liveness_and_records_progress(
 
 
 async def test_a_late_outcome_is_rejected_and_leaves_the_new_owners_liveness_alone(
-    store: Store,
+    stores: Stores,
     redis: Redis,
     publisher: KafkaPublisher,
     settings: WorkerSettings,
@@ -402,7 +404,7 @@ async def test_a_late_outcome_is_rejected_and_leaves_the_new_owners_liveness_alo
 
     # No periodic renewal during the test: it would legitimately overwrite the key the test plants.
     async with serving(worker, settings, heartbeat_interval_sec=60, heartbeat_ttl_sec=120) as runtime:
-        [message] = await dispatch(store, pool, "slow", [{}])
+        [message] = await dispatch(stores, pool, "slow", [{}])
         await publish(publisher, [message])
         await asyncio.wait_for(running.wait(), 20)
         key = heartbeat_key(message.execution_id)
@@ -412,7 +414,7 @@ async def test_a_late_outcome_is_rejected_and_leaves_the_new_owners_liveness_alo
 
         await wait_until(own_liveness_set, "the worker's own liveness key")
         # Meanwhile the sweeper decided this worker was lost and another worker took the execution.
-        await store.pool.execute(
+        await stores.database.pool.execute(
             "UPDATE executions SET worker_id = 'other-worker' WHERE id = $1", uuid.UUID(message.execution_id)
         )
         await redis.set(key, "other-worker")
@@ -422,14 +424,14 @@ async def test_a_late_outcome_is_rejected_and_leaves_the_new_owners_liveness_alo
             return runtime.stats.rejected == 1
 
         await wait_until(rejected, "the late outcome to be rejected")
-    row = await execution(store, message)
+    row = await execution(stores, message)
     assert (row["state"], row["worker_id"], row["result"]) == ("RUNNING", "other-worker", None)
     assert await redis.get(key) == "other-worker"
     assert any("late write rejected" in r.getMessage() and r.levelname == "WARNING" for r in caplog.records)
 
 
 async def test_no_more_executions_are_claimed_than_can_run(
-    store: Store, publisher: KafkaPublisher, settings: WorkerSettings, pool: str
+    stores: Stores, publisher: KafkaPublisher, settings: WorkerSettings, pool: str
 ) -> None:
     active = 0
     most_active = 0
@@ -444,7 +446,7 @@ async def test_no_more_executions_are_claimed_than_can_run(
         # How long ago this execution was claimed (PENDING → RUNNING): a message taken from Kafka
         # without a free slot would sit claimed while the earlier handlers run.
         claim_to_start.append(
-            await store.pool.fetchval(
+            await stores.database.pool.fetchval(
                 "SELECT extract(epoch FROM clock_timestamp() - started_at)::float8 FROM executions WHERE id = $1",
                 ctx.execution_id,
             )
@@ -453,17 +455,17 @@ async def test_no_more_executions_are_claimed_than_can_run(
         active -= 1
 
     async with serving(worker, settings, concurrency=2):
-        messages = await dispatch(store, pool, "slow", [{}] * 6)
+        messages = await dispatch(stores, pool, "slow", [{}] * 6)
         await publish(publisher, messages)
         for m in messages:
-            await wait_state(store, m, "SUCCEEDED")
+            await wait_state(stores, m, "SUCCEEDED")
     assert most_active == 2
     assert len(claim_to_start) == 6
     assert max(claim_to_start) < 0.25, claim_to_start
 
 
 async def test_graceful_stop_waits_for_the_running_handler(
-    store: Store, publisher: KafkaPublisher, settings: WorkerSettings, pool: str
+    stores: Stores, publisher: KafkaPublisher, settings: WorkerSettings, pool: str
 ) -> None:
     started = asyncio.Event()
     worker = Worker(pool=pool)
@@ -475,28 +477,28 @@ async def test_graceful_stop_waits_for_the_running_handler(
         return "done"
 
     async with serving(worker, settings) as runtime:
-        [message] = await dispatch(store, pool, "slow", [{}])
+        [message] = await dispatch(stores, pool, "slow", [{}])
         await publish(publisher, [message])
         await asyncio.wait_for(started.wait(), 20)
-        assert (await execution(store, message))["state"] == "RUNNING"
+        assert (await execution(stores, message))["state"] == "RUNNING"
         await runtime.stop()
         # stop() returned: the handler finished and its outcome is in Postgres.
-        row = await execution(store, message)
+        row = await execution(stores, message)
         assert (row["state"], row["result"]) == ("SUCCEEDED", "done")
         assert runtime.stats.abandoned == 0
 
 
 async def test_finished_messages_are_not_delivered_again_to_the_group(
-    store: Store, publisher: KafkaPublisher, settings: WorkerSettings, pool: str, kafka_bootstrap: str
+    stores: Stores, publisher: KafkaPublisher, settings: WorkerSettings, pool: str, kafka_bootstrap: str
 ) -> None:
     async with serving(demo_worker(pool), settings):
-        messages = await dispatch(store, pool, "echo", [{"i": i} for i in range(8)])
+        messages = await dispatch(stores, pool, "echo", [{"i": i} for i in range(8)])
         await publish(publisher, messages)
         for m in messages:
-            await wait_state(store, m, "SUCCEEDED")
+            await wait_state(stores, m, "SUCCEEDED")
     # After the stop (final commit, group left), a new member reads from the committed offsets: put a
     # sentinel at the end of every partition and read until all four have come back.
-    sentinels = await dispatch(store, pool, "echo", [{"sentinel": p} for p in range(4)])
+    sentinels = await dispatch(stores, pool, "echo", [{"sentinel": p} for p in range(4)])
     for partition, sentinel in enumerate(sentinels):
         await asyncio.to_thread(produce_to, kafka_bootstrap, partition, [sentinel])
     sentinel_ids = {s.execution_id for s in sentinels}
@@ -509,7 +511,7 @@ async def test_finished_messages_are_not_delivered_again_to_the_group(
 
 
 async def test_offset_is_never_committed_past_a_message_whose_handler_runs(
-    store: Store, publisher: KafkaPublisher, settings: WorkerSettings, pool: str, kafka_bootstrap: str
+    stores: Stores, publisher: KafkaPublisher, settings: WorkerSettings, pool: str, kafka_bootstrap: str
 ) -> None:
     worker = demo_worker(pool)
 
@@ -521,17 +523,17 @@ async def test_offset_is_never_committed_past_a_message_whose_handler_runs(
     await runtime.start()
     try:
         await asyncio.wait_for(runtime.ready.wait(), JOIN_SEC)
-        [blocked] = await dispatch(store, pool, "hang", [{}])
-        behind = await dispatch(store, pool, "echo", [{"i": 1}, {"i": 2}])
+        [blocked] = await dispatch(stores, pool, "hang", [{}])
+        behind = await dispatch(stores, pool, "echo", [{"i": 1}, {"i": 2}])
         # Partition 0 holds: the hanging execution at offset 0, then two that finish at offsets 1 and 2.
         await asyncio.to_thread(produce_to, kafka_bootstrap, 0, [blocked, *behind])
         for m in behind:
-            await wait_state(store, m, "SUCCEEDED")
-        await wait_state(store, blocked, "RUNNING")
+            await wait_state(stores, m, "SUCCEEDED")
+        await wait_state(stores, blocked, "RUNNING")
         # Proof that the committer runs: a message finished on partition 1 gets committed.
-        [other] = await dispatch(store, pool, "echo", [{"i": 3}])
+        [other] = await dispatch(stores, pool, "echo", [{"i": 3}])
         await asyncio.to_thread(produce_to, kafka_bootstrap, 1, [other])
-        await wait_state(store, other, "SUCCEEDED")
+        await wait_state(stores, other, "SUCCEEDED")
 
         async def partition_1_committed() -> bool:
             return (await asyncio.to_thread(committed, kafka_bootstrap, pool, [1]))[1] == 1
@@ -541,7 +543,7 @@ async def test_offset_is_never_committed_past_a_message_whose_handler_runs(
     finally:
         await runtime.stop()  # the grace runs out: the hanging handler is abandoned, not marked
     assert runtime.stats.abandoned == 1
-    assert (await execution(store, blocked))["state"] == "RUNNING"  # left for the sweeper
+    assert (await execution(stores, blocked))["state"] == "RUNNING"  # left for the sweeper
     assert (await asyncio.to_thread(committed, kafka_bootstrap, pool, [0]))[0] == OFFSET_INVALID
 
     def partition_0_replayed(seen: list[tuple[int, int, ExecutionMessage]]) -> bool:
@@ -554,7 +556,7 @@ async def test_offset_is_never_committed_past_a_message_whose_handler_runs(
 
 
 async def test_handler_span_continues_the_dispatch_trace(
-    store: Store, publisher: KafkaPublisher, settings: WorkerSettings, pool: str, spans: InMemorySpanExporter
+    stores: Stores, publisher: KafkaPublisher, settings: WorkerSettings, pool: str, spans: InMemorySpanExporter
 ) -> None:
     with tracer.start_as_current_span("dispatch", kind=SpanKind.PRODUCER) as dispatch_span:
         carrier = traceparent()
@@ -566,9 +568,9 @@ async def test_handler_span_continues_the_dispatch_trace(
         return ctx.trace_id
 
     async with serving(worker, settings):
-        [message] = await dispatch(store, pool, "traced", [{}], traceparent_value=carrier)
+        [message] = await dispatch(stores, pool, "traced", [{}], traceparent_value=carrier)
         await publish(publisher, [message])
-        row = await wait_state(store, message, "SUCCEEDED")
+        row = await wait_state(stores, message, "SUCCEEDED")
     [span] = [
         s
         for s in spans.get_finished_spans()
@@ -585,7 +587,7 @@ async def test_handler_span_continues_the_dispatch_trace(
 
 
 async def test_cli_runs_an_app_and_finishes_the_running_handler_on_sigterm(
-    store: Store, publisher: KafkaPublisher, settings_env: dict[str, str], pool: str, tmp_path: Path
+    stores: Stores, publisher: KafkaPublisher, settings_env: dict[str, str], pool: str, tmp_path: Path
 ) -> None:
     # An app module in the working directory, as a tenant would have it.
     (tmp_path / "tenant_app.py").write_text(
@@ -624,9 +626,9 @@ async def test_cli_runs_an_app_and_finishes_the_running_handler_on_sigterm(
     reader = asyncio.create_task(read_log())
     try:
         await asyncio.wait_for(assigned.wait(), JOIN_SEC)
-        [message] = await dispatch(store, pool, "sleep", [{"seconds": 1.5}])
+        [message] = await dispatch(stores, pool, "sleep", [{"seconds": 1.5}])
         await publish(publisher, [message])
-        await wait_state(store, message, "RUNNING")
+        await wait_state(stores, message, "RUNNING")
         process.send_signal(signal.SIGTERM)
         code = await asyncio.wait_for(process.wait(), 30)
     finally:
@@ -636,8 +638,8 @@ async def test_cli_runs_an_app_and_finishes_the_running_handler_on_sigterm(
         await asyncio.wait_for(reader, 10)
     log = "\n".join(lines)
     assert code == 0, log
-    row = await execution(store, message)
+    row = await execution(stores, message)
     assert (row["state"], row["result"], row["worker_id"]) == ("SUCCEEDED", {"slept": 1.5}, "cli-worker"), log
-    [attempt] = await store.execution_attempts(row["id"])
+    [attempt] = await stores.executions.execution_attempts(row["id"])
     assert attempt["progress"] == {"slept": 1.5}
     assert "worker cli-worker stopped" in log

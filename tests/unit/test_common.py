@@ -9,7 +9,8 @@ from sundial_common.auth import InvalidToken, issue_token, verify_token
 from sundial_common.clock import from_ms, to_ms
 from sundial_common.ids import new_id, shard_for
 from sundial_common.messages import ExecutionMessage, pool_topic
-from sundial_common.queries import Q, load
+from sundial_common.queries import load
+from sundial_common.stores import database, dispatch, executions, idempotency, jobs
 
 SECRET = "a-test-signing-key-that-is-long-enough"
 
@@ -33,6 +34,7 @@ def test_shard_mapping_is_stable_and_spread() -> None:
 
 
 def test_every_named_query_is_loaded_once() -> None:
+    Q = {**database.Q, **jobs.Q, **executions.Q, **dispatch.Q, **idempotency.Q}
     assert {"insert_job", "raise_fence", "lock_due_jobs", "start_executions", "finish_executions"} <= set(Q)
     with pytest.raises(ValueError, match="twice"):
         load("-- name: a\nSELECT 1;\n-- name: a\nSELECT 2;\n")

@@ -22,7 +22,7 @@ import aetcd
 
 from sundial_common.hotwindow import HotWindow
 from sundial_common.registry import ClusterKeys, ReplicaRecord
-from sundial_common.store import Store
+from sundial_common.stores.dispatch import DispatchStore
 
 __all__ = ["ROLES", "ClusterState", "ReplicaState", "RoleState", "ShardState", "read_cluster"]
 
@@ -197,7 +197,7 @@ async def read_cluster(
     shards: int,
     *,
     hot_window: HotWindow | None = None,
-    store: Store | None = None,
+    dispatch: DispatchStore | None = None,
     keys: ClusterKeys | None = None,
 ) -> ClusterState:
     """Read the snapshot (see the module docstring). Raises ``aetcd.ClientError`` if etcd does not answer."""
@@ -240,7 +240,7 @@ async def read_cluster(
         _bounded("redis", asyncio.gather(*(hot_window.size(s) for s in shard_ids)), errors)
         if hot_window is not None
         else _none(),
-        _bounded("postgres", store.shard_fences(), errors) if store is not None else _none(),
+        _bounded("postgres", dispatch.shard_fences(), errors) if dispatch is not None else _none(),
     )
     recorded = {int(row["shard"]): int(row["token"]) for row in fences or ()}
 

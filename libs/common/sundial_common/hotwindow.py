@@ -20,7 +20,7 @@ from uuid import UUID
 from redis.asyncio import Redis
 
 from sundial_common.clock import from_ms, to_ms
-from sundial_common.store import Occurrence, RetryDue
+from sundial_common.stores.types import Occurrence, RetryDue
 
 log = logging.getLogger(__name__)
 

@@ -135,7 +135,7 @@ async def cluster(request: Request, state: State, principal: Authenticated) -> R
     etcd: aetcd.Client = request.app.state.admin_etcd
     try:
         view = await asyncio.wait_for(
-            read_cluster(etcd, state.settings.shards, hot_window=state.hot_window, store=state.store),
+            read_cluster(etcd, state.settings.shards, hot_window=state.hot_window, dispatch=state.stores.dispatch),
             CLUSTER_VIEW_TIMEOUT_SEC,
         )
     except (aetcd.ClientError, TimeoutError) as exc:

@@ -1,7 +1,7 @@
 """The FastAPI application: routers, error handling, tracing, and the resources one process holds.
 
 :func:`create_app` builds an app from :class:`~sundial_api.settings.ApiSettings`; its lifespan opens one
-asyncpg pool (the :class:`~sundial_common.store.Store`) and one Redis connection pool (the
+asyncpg pool (shared by the :class:`~sundial_common.stores.Stores`) and one Redis connection pool (the
 :class:`~sundial_common.hotwindow.HotWindow`) and closes them on shutdown. Replicas share nothing else,
 so the API scales by running more of them.
 """
@@ -22,7 +22,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from redis.asyncio import Redis
 from sundial_common.clock import Clock, SystemClock
 from sundial_common.hotwindow import HotWindow
-from sundial_common.store import Store
+from sundial_common.stores import Stores
 
 from sundial_api import admin, batch, executions, health, jobs, problems
 from sundial_api.limits import BodyLimitMiddleware
@@ -74,7 +74,7 @@ def create_app(settings: ApiSettings | None = None, *, clock: Clock | None = Non
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        store = await Store.connect(
+        stores = await Stores.connect(
             settings.database_url, min_size=min(2, settings.db_pool_size), max_size=settings.db_pool_size
         )
         # Timeouts bound how long a sick Redis can hold a request: Redis is only a cache here.
@@ -84,14 +84,14 @@ def create_app(settings: ApiSettings | None = None, *, clock: Clock | None = Non
             socket_connect_timeout=settings.redis_timeout_sec,
         )
         app.state.api = ApiState(
-            settings=settings, store=store, hot_window=HotWindow(redis), clock=clock or SystemClock()
+            settings=settings, stores=stores, hot_window=HotWindow(redis), clock=clock or SystemClock()
         )
         log.info("api ready (shards=%d, hot window=%ds)", settings.shards, settings.hot_window_sec)
         try:
             yield
         finally:
             await redis.aclose()
-            await store.close()
+            await stores.close()
             # Export the spans still queued here: after a graceful SIGTERM shutdown uvicorn re-raises the
             # signal, and the process dies without running atexit hooks.
             provider = trace.get_tracer_provider()

@@ -18,7 +18,7 @@ from redis.exceptions import RedisError
 from starlette.responses import Response
 from sundial_common import ids, telemetry
 from sundial_common.schedules import fire_at
-from sundial_common.store import Occurrence, Record
+from sundial_common.stores.types import Occurrence, Record
 
 from sundial_api import idempotency
 from sundial_api.auth import Authenticated
@@ -109,7 +109,7 @@ async def create_jobs(
 
     jobs = [values for _, values in accepted]
     if idempotency_key is None:
-        rows = await state.store.insert_jobs(jobs, actor=principal.subject)
+        rows = await state.stores.jobs.insert_jobs(jobs, actor=principal.subject)
     else:
         created = await idempotency.create_jobs_once(state, principal, idempotency_key, body, jobs, answer)
         if isinstance(created, Response):

@@ -27,7 +27,7 @@ from fastapi import APIRouter, Path, Query
 from redis.exceptions import RedisError
 from starlette.responses import Response
 from sundial_common.signals import CANCEL_KEY_TTL_SEC, cancel_key
-from sundial_common.store import Record, RetryDue
+from sundial_common.stores.types import Record, RetryDue
 
 from sundial_api.auth import Authenticated
 from sundial_api.models import (
@@ -92,7 +92,9 @@ async def list_executions(
 ) -> Response:
     before = _decode_cursor(cursor) if cursor is not None else None
     # One row more than the page tells whether another page exists without a count query.
-    rows = await state.store.list_executions_by_state(principal.tenant, execution_state.value, before, limit + 1)
+    rows = await state.stores.executions.list_executions_by_state(
+        principal.tenant, execution_state.value, before, limit + 1
+    )
     page = rows[:limit]
     next_cursor = _encode_cursor(page[-1]["id"]) if len(rows) > limit else None
     return OrjsonResponse({"items": [_view(state, row) for row in page], "nextCursor": next_cursor})
@@ -108,7 +110,8 @@ async def get_execution(execution_id: ExecutionId, state: State, principal: Auth
     ident = parse_resource_id("execution", execution_id)
     # Both reads at once; the attempts are discarded unless the execution is this tenant's.
     execution, attempts = await asyncio.gather(
-        state.store.get_execution(principal.tenant, ident), state.store.execution_attempts(ident)
+        state.stores.executions.get_execution(principal.tenant, ident),
+        state.stores.executions.execution_attempts(ident),
     )
     if execution is None:
         raise not_found("execution", execution_id)
@@ -134,9 +137,9 @@ async def cancel_execution(execution_id: ExecutionId, state: State, principal: A
     grace period). Asking again is harmless. A finished execution cannot be cancelled: 409.
     """
     ident = parse_resource_id("execution", execution_id)
-    row = await state.store.cancel_execution(principal.tenant, ident, actor=principal.subject)
+    row = await state.stores.executions.cancel_execution(principal.tenant, ident, actor=principal.subject)
     if row is None:
-        current = await state.store.get_execution(principal.tenant, ident)
+        current = await state.stores.executions.get_execution(principal.tenant, ident)
         if current is None:
             raise not_found("execution", execution_id)
         raise ProblemError(409, f"execution {execution_id} is {current['state']}: it has finished, nothing to cancel")
@@ -168,9 +171,9 @@ async def retry_execution(execution_id: ExecutionId, state: State, principal: Au
     while that attempt is scheduled answers the same. Any other state: 409.
     """
     ident = parse_resource_id("execution", execution_id)
-    row = await state.store.retry_dead_execution(principal.tenant, ident, actor=principal.subject)
+    row = await state.stores.executions.retry_dead_execution(principal.tenant, ident, actor=principal.subject)
     if row is None:
-        current = await state.store.get_execution(principal.tenant, ident)
+        current = await state.stores.executions.get_execution(principal.tenant, ident)
         if current is None:
             raise not_found("execution", execution_id)
         if current["state"] != "DEAD" or current["next_attempt_at"] is None:

@@ -44,7 +44,7 @@ async def healthz() -> Response:
     summary="Readiness: Postgres and Redis answer",
 )
 async def readyz(state: State) -> Response:
-    postgres, redis = await asyncio.gather(_check(state.store.ping()), _check(state.hot_window.redis.ping()))
+    postgres, redis = await asyncio.gather(_check(state.stores.database.ping()), _check(state.hot_window.redis.ping()))
     checks = {"postgres": postgres, "redis": redis}
     if postgres == "ok" and redis == "ok":
         return OrjsonResponse({"status": "ready", "checks": checks})

@@ -34,7 +34,8 @@ import orjson
 from pydantic import BaseModel
 from starlette.responses import Response
 from sundial_common.auth import Principal
-from sundial_common.store import IdempotentResponse, Record
+from sundial_common.stores.idempotency import IdempotentResponse
+from sundial_common.stores.types import Record
 
 from sundial_api.models import render_job
 from sundial_api.problems import ProblemError, field_error
@@ -80,11 +81,11 @@ async def _claim(state: ApiState, tenant: str, key: str, digest: bytes) -> uuid.
     settings = state.settings
     for _ in range(_CLAIM_ROUNDS):
         token = uuid.uuid4()
-        if await state.store.claim_idempotency_key(
+        if await state.stores.idempotency.claim_idempotency_key(
             tenant, key, digest, token, settings.idempotency_lock_sec, settings.idempotency_ttl_sec
         ):
             return token
-        row = await state.store.get_idempotency_key(tenant, key)
+        row = await state.stores.idempotency.get_idempotency_key(tenant, key)
         if row is None:
             continue  # it expired between the two statements: claim it again
         if bytes(row["request_hash"]) != digest:
@@ -108,7 +109,7 @@ async def create_job_once(
     """Insert the job described by ``values`` unless ``key`` already did: the new row, or the answer to replay."""
 
     async def insert(token: uuid.UUID) -> Record | None:
-        done = await state.store.insert_job_idempotent(
+        done = await state.stores.idempotency.insert_job_idempotent(
             values, principal.subject, key=key, token=token, respond=_created
         )
         return None if done is None else done[0]
@@ -131,7 +132,7 @@ async def create_jobs_once(
         return IdempotentResponse(status_code=200, headers={}, body=dumps(answer(rows)), resource_id=None)
 
     async def insert(token: uuid.UUID) -> list[Record] | None:
-        done = await state.store.insert_jobs_idempotent(
+        done = await state.stores.idempotency.insert_jobs_idempotent(
             jobs, principal.subject, tenant_id=principal.tenant, key=key, token=token, respond=respond
         )
         return None if done is None else done[0]
@@ -159,7 +160,7 @@ async def _once(
             # Nothing was created (the transaction rolled back): free the key for an immediate retry. If
             # Postgres itself is gone this fails too, and the claim's lock runs out instead.
             with contextlib.suppress(Exception):
-                await state.store.release_idempotency_key(principal.tenant, key, claimed)
+                await state.stores.idempotency.release_idempotency_key(principal.tenant, key, claimed)
             raise
         if created is not None:
             return created

@@ -29,7 +29,7 @@ from starlette.responses import Response
 from sundial_common import ids, telemetry
 from sundial_common.auth import Principal
 from sundial_common.schedules import ScheduleSpec, fire_at, local_time, preview, spec_from_row
-from sundial_common.store import Occurrence, Record
+from sundial_common.stores.types import Occurrence, Record
 
 from sundial_api import idempotency
 from sundial_api.auth import Authenticated
@@ -130,7 +130,7 @@ async def create_job(
         }
     )
     if idempotency_key is None:
-        row = await state.store.insert_job(values, actor=principal.subject)
+        row = await state.stores.jobs.insert_job(values, actor=principal.subject)
     else:
         created = await idempotency.create_job_once(state, principal, idempotency_key, body, values)
         if isinstance(created, Response):
@@ -246,7 +246,8 @@ async def get_job(job_id: JobId, state: State, principal: Authenticated) -> Resp
     ident = parse_resource_id("job", job_id)
     # Both reads at once; the executions are discarded unless the job is this tenant's.
     job, executions = await asyncio.gather(
-        state.store.get_job(principal.tenant, ident), state.store.latest_executions(ident, LATEST_EXECUTIONS)
+        state.stores.jobs.get_job(principal.tenant, ident),
+        state.stores.executions.latest_executions(ident, LATEST_EXECUTIONS),
     )
     if job is None:
         raise not_found("job", job_id)
@@ -280,7 +281,8 @@ async def list_executions(
             raise invalid("cursor", str(exc)) from None
     # One row more than the page tells whether another page exists without a count query.
     job, rows = await asyncio.gather(
-        state.store.get_job(principal.tenant, ident), state.store.page_executions(ident, after, limit + 1)
+        state.stores.jobs.get_job(principal.tenant, ident),
+        state.stores.executions.page_executions(ident, after, limit + 1),
     )
     if job is None:
         raise not_found("job", job_id)
@@ -304,9 +306,9 @@ async def cancel_job(job_id: JobId, state: State, principal: Authenticated) -> R
     already dispatched are not stopped here (`POST /v1/executions/{id}/cancel` will do that).
     """
     ident = parse_resource_id("job", job_id)
-    row = await state.store.cancel_job(principal.tenant, ident, actor=principal.subject)
+    row = await state.stores.jobs.cancel_job(principal.tenant, ident, actor=principal.subject)
     if row is None:
-        row = await state.store.get_job(principal.tenant, ident)
+        row = await state.stores.jobs.get_job(principal.tenant, ident)
         if row is None:
             raise not_found("job", job_id)
         if row["state"] != JobState.CANCELLED:
@@ -328,7 +330,7 @@ async def cancel_job(job_id: JobId, state: State, principal: Authenticated) -> R
 
 
 async def _existing(state: ApiState, tenant: str, ident: UUID, job_id: str) -> Record:
-    row = await state.store.get_job(tenant, ident)
+    row = await state.stores.jobs.get_job(tenant, ident)
     if row is None:
         raise not_found("job", job_id)
     return row
@@ -347,7 +349,7 @@ async def pause_job(job_id: JobId, state: State, principal: Authenticated) -> Re
     its next occurrence, so `resume` can apply the catch-up policy to what was missed meanwhile.
     """
     return await _transition(
-        state, principal, job_id, state.store.pause_job, JobState.PAUSED, "an ACTIVE job can be paused"
+        state, principal, job_id, state.stores.jobs.pause_job, JobState.PAUSED, "an ACTIVE job can be paused"
     )
 
 
@@ -365,7 +367,7 @@ async def resume_job(job_id: JobId, state: State, principal: Authenticated) -> R
     Idempotent (resuming an active job answers 200 again); a COMPLETED or CANCELLED job: 409.
     """
     return await _transition(
-        state, principal, job_id, state.store.resume_job, JobState.ACTIVE, "a PAUSED job can be resumed"
+        state, principal, job_id, state.stores.jobs.resume_job, JobState.ACTIVE, "a PAUSED job can be resumed"
     )
 
 
@@ -408,7 +410,7 @@ async def trigger_job(job_id: JobId, state: State, principal: Authenticated) -> 
     if at.microsecond == 0:
         # Cron occurrences fall on whole seconds, and (job, scheduledFor) is unique: keep clear of them.
         at += timedelta(milliseconds=1)
-    row = await state.store.trigger_job(principal.tenant, ident, at, execution_id, actor=principal.subject)
+    row = await state.stores.jobs.trigger_job(principal.tenant, ident, at, execution_id, actor=principal.subject)
     if row is None:
         row = await _existing(state, principal.tenant, ident, job_id)
         if row["trigger_execution_id"] is None:
@@ -545,7 +547,7 @@ async def update_job(
         values["next_nominal_at"] = nominal
         values["next_fire_at"] = fire_at(ident, nominal, changed.jitter_sec) if nominal is not None else None
         values["state"] = current["state"] if nominal is not None else JobState.COMPLETED.value
-        row = await state.store.update_job(current, values, actor=principal.subject, changed=sorted(patch))
+        row = await state.stores.jobs.update_job(current, values, actor=principal.subject, changed=sorted(patch))
         if row is not None:
             await _sync_hot_window(state, row, principal.tenant)
             return OrjsonResponse(render_job(row), headers=_etag(row))

@@ -1,4 +1,4 @@
-"""What one API process holds for its whole life: settings, the Postgres store, the Redis hot window, the clock.
+"""What one API process holds for its whole life: settings, the Postgres stores, the Redis hot window, the clock.
 
 Built once by the app's lifespan and reached by handlers through :func:`get_state`, so no request opens a
 connection pool of its own.
@@ -12,7 +12,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 from sundial_common.clock import Clock
 from sundial_common.hotwindow import HotWindow
-from sundial_common.store import Store
+from sundial_common.stores import Stores
 
 from sundial_api.settings import ApiSettings
 from sundial_api.tokens import VerifiedTokens
@@ -21,7 +21,7 @@ from sundial_api.tokens import VerifiedTokens
 @dataclass(frozen=True, slots=True)
 class ApiState:
     settings: ApiSettings
-    store: Store
+    stores: Stores
     hot_window: HotWindow
     clock: Clock
     verified_tokens: VerifiedTokens = field(default_factory=VerifiedTokens)

@@ -19,7 +19,7 @@ from sundial_common.leadership import LeadershipConfig, ShardLeadership
 from sundial_common.logs import setup_logging
 from sundial_common.registry import ClusterKeys, Membership, ReplicaRecord, ReplicaRegistration, etcd_client
 from sundial_common.service import run, supervise
-from sundial_common.store import Store
+from sundial_common.stores import Stores
 from sundial_common.telemetry import setup_tracing
 
 from sundial_dispatcher.dispatcher import DispatcherConfig
@@ -59,11 +59,11 @@ def main(argv: list[str] | None = None) -> int:
     me = settings.instance_id
 
     async def serve(stop: asyncio.Event) -> None:
-        store = await Store.connect(settings.database_url, max_size=max(2, config.shards))
+        stores = await Stores.connect(settings.database_url, max_size=max(2, config.shards))
         redis = Redis.from_url(settings.redis_url)
         publisher = KafkaPublisher(settings.kafka_bootstrap)
         etcd = etcd_client(settings.etcd_endpoint)
-        deps = Dependencies(store, HotWindow(redis), publisher, etcd)
+        deps = Dependencies(stores, HotWindow(redis), publisher, etcd)
         registration = ReplicaRegistration(
             etcd, ReplicaRecord.for_this_process("dispatcher", me), ttl_sec=settings.lease_ttl_sec, keys=keys
         )
@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
             await publisher.close()
             await etcd.close()
             await redis.aclose()
-            await store.close()
+            await stores.close()
             log.info("dispatcher stopped")
 
     return run(serve)

@@ -17,7 +17,7 @@ from sundial_common.cluster import read_cluster
 from sundial_common.hotwindow import HotWindow
 from sundial_common.registry import etcd_client
 from sundial_common.settings import CommonSettings
-from sundial_common.store import Store
+from sundial_common.stores import Stores
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,22 +35,25 @@ def main(argv: list[str] | None = None) -> int:
     async def show() -> int:
         etcd = etcd_client(settings.etcd_endpoint)
         redis = Redis.from_url(settings.redis_url, socket_timeout=2.0, socket_connect_timeout=2.0)
-        store: Store | None = None
+        stores: Stores | None = None
         try:
             try:
-                store = await asyncio.wait_for(Store.connect(settings.database_url, min_size=1, max_size=1), 5.0)
+                stores = await asyncio.wait_for(Stores.connect(settings.database_url, min_size=1, max_size=1), 5.0)
             except Exception as exc:  # Postgres down: show the rest, say so
                 print(f"(Postgres unreachable: {type(exc).__name__}: {exc})", file=sys.stderr)
             try:
                 state = await asyncio.wait_for(
-                    read_cluster(etcd, settings.shards, hot_window=HotWindow(redis), store=store), 10.0
+                    read_cluster(
+                        etcd, settings.shards, hot_window=HotWindow(redis), dispatch=stores.dispatch if stores else None
+                    ),
+                    10.0,
                 )
             except (aetcd.ClientError, TimeoutError) as exc:
                 print(f"sundial cluster: etcd at {settings.etcd_endpoint} did not answer: {exc!r}", file=sys.stderr)
                 return 1
         finally:
-            if store is not None:
-                await store.close()
+            if stores is not None:
+                await stores.close()
             await redis.aclose()
             await etcd.close()
         if args.json:

@@ -34,15 +34,8 @@ from sundial_common.hotwindow import HotWindow
 from sundial_common.ids import new_id
 from sundial_common.messages import ExecutionMessage
 from sundial_common.schedules import fire_at, spec_from_row
-from sundial_common.store import (
-    DispatchOutcome,
-    DispatchPlan,
-    JobAdvance,
-    Occurrence,
-    PlannedExecution,
-    Record,
-    Store,
-)
+from sundial_common.stores.dispatch import DispatchOutcome, DispatchPlan, DispatchStore, JobAdvance, PlannedExecution
+from sundial_common.stores.types import Occurrence, Record
 from sundial_common.telemetry import context_from, trace_id_hex, traceparent, tracer
 
 from sundial_dispatcher.planning import Catchup, Overlap, Policies, decide
@@ -255,7 +248,7 @@ class ShardDispatcher:
         shard: int,
         token: int,
         holder: str,
-        store: Store,
+        store: DispatchStore,
         hot_window: HotWindow,
         publisher: Publisher,
         config: DispatcherConfig,

@@ -31,7 +31,8 @@ from sundial_common.clock import Clock
 from sundial_common.crashpoints import crash_point
 from sundial_common.hotwindow import HotWindow
 from sundial_common.messages import ExecutionMessage
-from sundial_common.store import Record, RetryDue, Store
+from sundial_common.stores.dispatch import DispatchStore
+from sundial_common.stores.types import Record, RetryDue
 from sundial_common.telemetry import context_from, traceparent, tracer
 
 log = logging.getLogger(__name__)
@@ -53,7 +54,7 @@ class RetryDispatcher:
         shard: int,
         token: int,
         holder: str,
-        store: Store,
+        store: DispatchStore,
         hot_window: HotWindow,
         publisher: Publisher,
         clock: Clock,

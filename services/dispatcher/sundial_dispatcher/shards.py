@@ -40,7 +40,8 @@ from sundial_common.broker import Publisher
 from sundial_common.hotwindow import HotWindow
 from sundial_common.leadership import LeadershipStopped, ShardLeadership, Term, first_of
 from sundial_common.registry import ClusterKeys, Membership, ReplicaRegistration
-from sundial_common.store import FencedOut, Store
+from sundial_common.stores import Stores
+from sundial_common.stores.dispatch import FencedOut
 
 from sundial_dispatcher.balance import placement
 from sundial_dispatcher.dispatcher import DispatcherConfig, ShardDispatcher
@@ -65,7 +66,7 @@ _RETRY_SEC = 0.5
 
 @dataclass(frozen=True)
 class Dependencies:
-    store: Store
+    stores: Stores
     hot_window: HotWindow
     publisher: Publisher
     etcd: aetcd.Client
@@ -134,7 +135,7 @@ def dispatch_work(deps: Dependencies, config: DispatcherConfig, holder: str) -> 
     async def work(tenure: Tenure) -> None:
         shard = tenure.term.shard
         dispatcher = ShardDispatcher(
-            shard, tenure.term.token, holder, deps.store, deps.hot_window, deps.publisher, config
+            shard, tenure.term.token, holder, deps.stores.dispatch, deps.hot_window, deps.publisher, config
         )
         failures = 0
         while tenure.active():

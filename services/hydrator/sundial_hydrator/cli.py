@@ -15,7 +15,7 @@ from sundial_common.hotwindow import HotWindow
 from sundial_common.logs import setup_logging
 from sundial_common.service import every, run
 from sundial_common.singleton import run_singleton
-from sundial_common.store import Store
+from sundial_common.stores import Stores
 
 from sundial_hydrator.hydrator import Hydrator, HydratorConfig
 from sundial_hydrator.settings import HydratorSettings
@@ -45,10 +45,10 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     async def serve(stop: asyncio.Event) -> None:
-        store = await Store.connect(settings.database_url, max_size=4)
+        stores = await Stores.connect(settings.database_url, max_size=4)
         redis = Redis.from_url(settings.redis_url)
         try:
-            hydrator = Hydrator(store, HotWindow(redis), config)
+            hydrator = Hydrator(stores, HotWindow(redis), config)
             log.info("hydrator started: %d shards, window %ds", config.shards, config.hot_window_sec)
 
             async def hydrate_while_leading(until: asyncio.Event) -> None:
@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
             await run_singleton(stop, "hydrator", settings, hydrate_while_leading)
         finally:
             await redis.aclose()
-            await store.close()
+            await stores.close()
             log.info("hydrator stopped")
 
     return run(serve)

@@ -30,7 +30,8 @@ from datetime import datetime, timedelta
 
 from sundial_common.clock import Clock, SystemClock, from_ms, to_ms
 from sundial_common.hotwindow import HotWindow
-from sundial_common.store import Occurrence, RetryDue, Store
+from sundial_common.stores import Stores
+from sundial_common.stores.types import Occurrence, RetryDue
 
 log = logging.getLogger(__name__)
 _BEGINNING = Occurrence(uuid.UUID(int=0), from_ms(0))
@@ -73,8 +74,10 @@ class HydrationResult:
 
 
 class Hydrator:
-    def __init__(self, store: Store, hot_window: HotWindow, config: HydratorConfig, clock: Clock | None = None) -> None:
-        self.store = store
+    def __init__(
+        self, stores: Stores, hot_window: HotWindow, config: HydratorConfig, clock: Clock | None = None
+    ) -> None:
+        self.stores = stores
         self.hot_window = hot_window
         self.config = config
         self.clock = clock or SystemClock()
@@ -105,7 +108,7 @@ class Hydrator:
         if not ok:
             return promoted, False, False
         while True:
-            page = await self.store.hydration_range(shard, position, horizon, self.config.batch_size)
+            page = await self.stores.jobs.hydration_range(shard, position, horizon, self.config.batch_size)
             last_page = len(page) < self.config.batch_size
             # The watermark moves only with the last page: a crash mid-way just redoes the range.
             new_watermark = to_ms(horizon) if last_page else None
@@ -123,7 +126,7 @@ class Hydrator:
         position = _FIRST_RETRY if watermark is None else RetryDue(uuid.UUID(int=0), from_ms(watermark))
         promoted = 0
         while True:
-            page = await self.store.retry_range(shard, position, horizon, self.config.batch_size)
+            page = await self.stores.dispatch.retry_range(shard, position, horizon, self.config.batch_size)
             if not page:
                 return promoted, True
             if not await self.hot_window.hydrate(shard, watermark, None, (), page):
@@ -136,10 +139,10 @@ class Hydrator:
 
     async def _recover_overdue(self, shard: int) -> int:
         before = self.clock.now() - timedelta(seconds=self.config.overdue_grace_sec)
-        overdue = await self.store.overdue_jobs(shard, before, self.config.batch_size)
+        overdue = await self.stores.jobs.overdue_jobs(shard, before, self.config.batch_size)
         # Manual triggers (POST /v1/jobs/{id}/trigger) whose member was lost; a paused job can hold one too.
-        overdue += await self.store.overdue_triggers(shard, before, self.config.batch_size)
+        overdue += await self.stores.jobs.overdue_triggers(shard, before, self.config.batch_size)
         await self.hot_window.add(shard, overdue)
-        retries = await self.store.overdue_retries(shard, before, self.config.batch_size)
+        retries = await self.stores.dispatch.overdue_retries(shard, before, self.config.batch_size)
         await self.hot_window.add_retries(shard, retries)
         return len(overdue) + len(retries)

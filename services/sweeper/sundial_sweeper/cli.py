@@ -15,7 +15,7 @@ from sundial_common.broker import KafkaPublisher
 from sundial_common.logs import setup_logging
 from sundial_common.service import every, run
 from sundial_common.singleton import run_singleton
-from sundial_common.store import Store
+from sundial_common.stores import Stores
 
 from sundial_sweeper.settings import SweeperSettings
 from sundial_sweeper.sweeper import Sweeper
@@ -40,12 +40,12 @@ def main(argv: list[str] | None = None) -> int:
     config = settings.sweeper_config(args.interval)
 
     async def serve(stop: asyncio.Event) -> None:
-        store = await Store.connect(settings.database_url, max_size=2)
+        stores = await Stores.connect(settings.database_url, max_size=2)
         publisher = KafkaPublisher(settings.kafka_bootstrap)
         # Liveness keys: a sick Redis must not stall the other scans for long.
         redis = Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=5)
         try:
-            sweeper = Sweeper(store, publisher, config, redis=redis)
+            sweeper = Sweeper(stores, publisher, config, redis=redis)
             log.info("sweeper started")
 
             async def sweep_while_leading(until: asyncio.Event) -> None:
@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             await publisher.close()
             await redis.aclose()
-            await store.close()
+            await stores.close()
             log.info("sweeper stopped")
 
     return run(serve)

@@ -44,7 +44,9 @@ from sundial_common.hotwindow import HotWindow
 from sundial_common.messages import DeadLetter, ExecutionMessage
 from sundial_common.retry_policy import RetryPolicy
 from sundial_common.signals import heartbeat_key
-from sundial_common.store import Finished, LostAttempt, Record, RetryDue, Store
+from sundial_common.stores import Stores
+from sundial_common.stores.executions import Finished, LostAttempt
+from sundial_common.stores.types import Record, RetryDue
 
 log = logging.getLogger(__name__)
 
@@ -148,18 +150,18 @@ def _dead_letter(row: Record) -> DeadLetter:
 
 
 class Sweeper:
-    """The sweeper's scans over one store, publisher and (for liveness) Redis; one ``run_once`` per pass."""
+    """The sweeper's scans over the stores, a publisher and (for liveness) Redis; one ``run_once`` per pass."""
 
     def __init__(
         self,
-        store: Store,
+        stores: Stores,
         publisher: Publisher,
         config: SweeperConfig,
         clock: Clock | None = None,
         *,
         redis: Redis | None = None,
     ) -> None:
-        self.store = store
+        self.stores = stores
         self.publisher = publisher
         self.config = config
         self.clock = clock or SystemClock()
@@ -174,7 +176,7 @@ class Sweeper:
         lost, timed_out, suspected = await self.sweep_running()
         republished, failed = await self.republish_stale()
         dead_lettered = await self.publish_dead_letters()
-        purged = await self.store.purge_idempotency_keys(self.config.batch_size)
+        purged = await self.stores.idempotency.purge_idempotency_keys(self.config.batch_size)
         return SweepResult(
             republished=republished,
             publish_failed=failed,
@@ -191,7 +193,7 @@ class Sweeper:
         """Returns (attempts declared lost, attempts timed out, keys newly suspected)."""
         found = await self._scan_running()
         lost, suspected = await self._lost(found.to_check)
-        ended = await self.store.fail_running(self.config.actor, found.timed_out + lost)
+        ended = await self.stores.executions.fail_running(self.config.actor, found.timed_out + lost)
         timed_out = sum(1 for f in ended if f.attempt_state == "TIMED_OUT")
         await self._schedule_retries(ended)
         if ended:
@@ -213,7 +215,7 @@ class Sweeper:
         ttl = timedelta(seconds=self.config.heartbeat_ttl_sec)
         grace = timedelta(seconds=self.config.timeout_grace_sec)
         for _ in range(_MAX_RUNNING_PAGES):
-            rows = await self.store.running_executions(after, self.config.batch_size)
+            rows = await self.stores.executions.running_executions(after, self.config.batch_size)
             for row in rows:
                 age = row["db_now"] - row["started_at"]
                 timeout = row["timeout_sec"]
@@ -306,7 +308,7 @@ class Sweeper:
     async def republish_stale(self) -> tuple[int, int]:
         """Returns (republished, publish failures)."""
         now = self.clock.now()
-        rows = await self.store.stale_pending(
+        rows = await self.stores.dispatch.stale_pending(
             now - timedelta(seconds=self.config.unpublished_after_sec),
             now - timedelta(seconds=self.config.unstarted_after_sec),
             self.config.batch_size,
@@ -316,7 +318,7 @@ class Sweeper:
         messages = [_message(row) for row in rows]
         errors = await self.publisher.publish(messages)
         sent = [row["id"] for row, error in zip(rows, errors, strict=True) if error is None]
-        await self.store.republished(sent)
+        await self.stores.dispatch.republished(sent)
         failed = len(rows) - len(sent)
         log.warning("republished %d stale PENDING executions (%d failed, retried next pass)", len(sent), failed)
         return len(sent), failed
@@ -324,12 +326,12 @@ class Sweeper:
     # --- (d): the outbox of sundial.dlq -----------------------------------------------------------------
 
     async def publish_dead_letters(self) -> int:
-        rows = await self.store.dead_letters(self.config.batch_size)
+        rows = await self.stores.executions.dead_letters(self.config.batch_size)
         if not rows:
             return 0
         errors = await self.publisher.publish([_dead_letter(row) for row in rows])
         sent = [row["id"] for row, error in zip(rows, errors, strict=True) if error is None]
-        await self.store.mark_dead_lettered(sent)
+        await self.stores.executions.mark_dead_lettered(sent)
         if len(sent) < len(rows):
             log.warning("%d dead letters not published (retried next pass)", len(rows) - len(sent))
         return len(sent)

@@ -6,13 +6,13 @@ tasks run beside the handlers, each a loop around a ``*_once()`` pass that tests
 
 ``poll``
     Takes at most as many messages as there are free handler slots, decodes them, and claims the
-    whole batch with ONE ``store.start_executions`` (compare-and-swap PENDING → RUNNING, DESIGN
+    whole batch with ONE ``stores.executions.start_executions`` (compare-and-swap PENDING → RUNNING, DESIGN
     invariant 3). A message that loses the CAS — a duplicate delivery, an attempt that is no longer
     current — is acknowledged without running (invariant 5). Each won execution's handler starts as
     its own task.
 ``flush``
-    Handlers hand their :class:`~sundial_common.store.Outcome` to a small buffer; the flusher writes
-    it with ONE ``store.finish_executions`` per flush (when ``flush_max_outcomes`` are waiting or
+    Handlers hand their :class:`~sundial_common.stores.executions.Outcome` to a small buffer; the flusher writes
+    it with ONE ``stores.executions.finish_attempts`` per flush (when ``flush_max_outcomes`` are waiting or
     ``flush_interval_sec`` after the first). Only then are the messages acknowledged to the consumer.
 ``commit``
     Every ``commit_interval_sec``, commits each partition's contiguous acknowledged prefix, so the
@@ -70,7 +70,9 @@ from sundial_common.messages import ExecutionMessage
 from sundial_common.retry_policy import RetryPolicy
 from sundial_common.settings import CommonSettings
 from sundial_common.signals import cancel_key, heartbeat_key
-from sundial_common.store import Finished, Outcome, Record, RetryDue, Store
+from sundial_common.stores import Stores
+from sundial_common.stores.executions import Finished, Outcome
+from sundial_common.stores.types import Record, RetryDue
 from sundial_common.telemetry import context_from, trace_id_hex, tracer
 
 from sundial_worker.consumer import Delivery, ExecutionConsumer, KafkaExecutionConsumer
@@ -266,7 +268,7 @@ class WorkerRuntime:
             settings.kafka_bootstrap, worker.pool, client_id=self.worker_id
         )
         self.stats = WorkerStats()
-        self._store: Store | None = None
+        self._stores: Stores | None = None
         self._redis: Redis | None = None
         self._renew_script: AsyncScript | None = None
         self._release_script: AsyncScript | None = None
@@ -299,10 +301,10 @@ class WorkerRuntime:
         return self.consumer.ready
 
     @property
-    def store(self) -> Store:
-        if self._store is None:
+    def stores(self) -> Stores:
+        if self._stores is None:
             raise RuntimeError("the worker runtime is not started")
-        return self._store
+        return self._stores
 
     @property
     def running(self) -> int:
@@ -331,7 +333,9 @@ class WorkerRuntime:
             self.config.concurrency,
         )
         try:
-            self._store = await Store.connect(self.settings.database_url, min_size=1, max_size=self.config.db_pool_size)
+            self._stores = await Stores.connect(
+                self.settings.database_url, min_size=1, max_size=self.config.db_pool_size
+            )
             self._redis = Redis.from_url(
                 self.settings.redis_url, socket_timeout=5, socket_connect_timeout=5, health_check_interval=30
             )
@@ -459,7 +463,7 @@ class WorkerRuntime:
             return PollResult(consumed=len(deliveries), duplicates=duplicates)
         rows = await self._with_db_retry(
             "start executions",
-            lambda store: store.start_executions(
+            lambda stores: stores.executions.start_executions(
                 self.worker_id, list(claims), [c.deliveries[0].published_at for c in claims.values()]
             ),
         )
@@ -733,7 +737,9 @@ class WorkerRuntime:
         if problem is not None:
             raise TypeError(problem.replace("handler result", "progress"))
         try:
-            accepted = await self.store.record_progress(ctx.execution_id, ctx.attempt, self.worker_id, encoded)
+            accepted = await self.stores.executions.record_progress(
+                ctx.execution_id, ctx.attempt, self.worker_id, encoded
+            )
         except _TRANSIENT_DB_ERRORS as exc:
             ctx.logger.warning("could not store progress: %s", exc)
             return
@@ -772,10 +778,10 @@ class WorkerRuntime:
     async def cancel_requests_from_postgres(self) -> int:
         """The fallback for a lost Redis flag (Redis flushed or restarted): ``executions.cancel_requested_at``."""
         ids = [r.execution_id for r in self._running.values() if not r.cancel.is_set()]
-        if not ids or self._store is None:
+        if not ids or self._stores is None:
             return 0
         try:
-            requested = await self.store.cancel_requested(ids)
+            requested = await self.stores.executions.cancel_requested(ids)
         except _TRANSIENT_DB_ERRORS as exc:
             log.warning("reading cancel requests from Postgres failed: %s", exc)
             return 0
@@ -851,7 +857,7 @@ class WorkerRuntime:
         if not self._finished:
             return FlushResult()
         batch = self._finished[: self.config.flush_max_outcomes]
-        written = await self.store.finish_attempts(self.worker_id, [f.outcome for f in batch])
+        written = await self.stores.executions.finish_attempts(self.worker_id, [f.outcome for f in batch])
         # Only now is the batch out of the buffer: a failed write above leaves it to be retried.
         del self._finished[: len(batch)]
         accepted = {f.execution_id: f for f in written}
@@ -1002,9 +1008,9 @@ class WorkerRuntime:
             self._renew_script = None
             self._release_script = None
             self._hot_window = None
-        if self._store is not None:
-            await self._store.close()
-            self._store = None
+        if self._stores is not None:
+            await self._stores.close()
+            self._stores = None
         if self._handler_threads is not None:
             # Don't wait: an abandoned sync handler may never return.
             self._handler_threads.shutdown(wait=False, cancel_futures=True)
@@ -1035,12 +1041,12 @@ class WorkerRuntime:
         self._crashed.set()
 
     async def _with_db_retry(
-        self, what: str, call: Callable[[Store], Coroutine[Any, Any, list[Record]]]
+        self, what: str, call: Callable[[Stores], Coroutine[Any, Any, list[Record]]]
     ) -> list[Record] | None:
         backoff = 0.05
         while True:
             try:
-                return await call(self.store)
+                return await call(self.stores)
             except _TRANSIENT_DB_ERRORS as exc:
                 if self._stopping:
                     log.error("%s failed while stopping; giving up: %s", what, exc)

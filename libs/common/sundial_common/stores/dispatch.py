@@ -119,7 +119,6 @@ class RetryDispatch:
     misplaced: list[RetryDue]
 
 
-
 #: Decides, for the locked due jobs, what to create: a plain list (one execution per job, each advancing its
 #: job to its ``next_fire_at``) or a full :class:`DispatchPlan`.
 Planner = Callable[[Sequence[Record]], list[PlannedExecution] | DispatchPlan]

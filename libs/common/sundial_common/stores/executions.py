@@ -75,9 +75,7 @@ class ExecutionStore(Protocol):
 
     async def latest_executions(self, job_id: UUID, limit: int) -> list[Record]: ...
 
-    async def page_executions(
-        self, job_id: UUID, after: tuple[datetime, UUID] | None, limit: int
-    ) -> list[Record]: ...
+    async def page_executions(self, job_id: UUID, after: tuple[datetime, UUID] | None, limit: int) -> list[Record]: ...
 
     async def list_executions_by_state(
         self, tenant_id: str, state: str, before: UUID | None, limit: int
@@ -129,9 +127,7 @@ class PostgresExecutionStore:
 
     async def page_executions(self, job_id: UUID, after: tuple[datetime, UUID] | None, limit: int) -> list[Record]:
         after_time, after_id = after if after else (None, None)
-        return cast(
-            list[Record], await self._db.pool.fetch(Q["page_executions"], job_id, after_time, after_id, limit)
-        )
+        return cast(list[Record], await self._db.pool.fetch(Q["page_executions"], job_id, after_time, after_id, limit))
 
     async def list_executions_by_state(
         self, tenant_id: str, state: str, before: UUID | None, limit: int
@@ -142,9 +138,7 @@ class PostgresExecutionStore:
 
     async def cancel_execution(self, tenant_id: str, execution_id: UUID, actor: str) -> Record | None:
         """PENDING (or waiting for a retry) → CANCELLED; RUNNING → cancel requested. None: nothing to cancel."""
-        return cast(
-            Record | None, await self._db.pool.fetchrow(Q["cancel_execution"], execution_id, tenant_id, actor)
-        )
+        return cast(Record | None, await self._db.pool.fetchrow(Q["cancel_execution"], execution_id, tenant_id, actor))
 
     async def retry_dead_execution(self, tenant_id: str, execution_id: UUID, actor: str) -> Record | None:
         """A DEAD execution gets one more attempt, due now. None: not DEAD, or its retry is already scheduled."""
