@@ -43,7 +43,7 @@ from sundial_common.queries import Q
 from sundial_common.schedules import Kind, ScheduleSpec, fire_at, next_fire
 from sundial_common.store import Store
 from sundial_hydrator.hydrator import Hydrator, HydratorConfig
-from sundial_infra.servers import TEST_PORTS, LocalStack, Ports
+from sundial_infra.stack import TEST_PORTS, LocalStack, Ports
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"

@@ -51,7 +51,7 @@ from sundial_common.ids import new_id, shard_for
 from sundial_common.messages import pool_topic
 from sundial_common.registry import ClusterKeys
 from sundial_common.store import Occurrence, Store
-from sundial_infra.servers import TEST_PORTS, LocalStack, Ports
+from sundial_infra.stack import TEST_PORTS, LocalStack, Ports
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"

@@ -44,7 +44,8 @@ from sundial_common.hotwindow import HotWindow
 from sundial_common.ids import new_id, shard_for
 from sundial_common.settings import CommonSettings
 from sundial_common.store import Occurrence
-from sundial_infra.servers import TEST_PORTS, LocalStack, Ports, wait_for
+from sundial_infra.process import wait_for
+from sundial_infra.stack import TEST_PORTS, LocalStack, Ports
 from sundial_infra.supervisor import ProcessSpec, Supervisor, sundial_argv
 
 sys.path.insert(0, str(Path(__file__).parent))

@@ -22,7 +22,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
 
-from sundial_infra.servers import DEV_PORTS, LocalStack, read_pid_file, terminate, write_pid_file
+from sundial_infra.process import read_pid_file, terminate, write_pid_file
+from sundial_infra.stack import DEV_PORTS, LocalStack
 from sundial_infra.supervisor import (
     DevLayout,
     DevRunner,
