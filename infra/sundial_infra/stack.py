@@ -32,8 +32,17 @@ class Ports:
     api: int
 
 
-DEV_PORTS = Ports(postgres=55432, redis=56379, etcd=52379, broker=59092, api=8080)
-TEST_PORTS = Ports(postgres=45432, redis=46379, etcd=42379, broker=49092, api=48080)
+# All three sets sit below Linux's ephemeral range (32768-60999): there any client socket of any process
+# may hold a port, and a CI run once failed on a broker port taken that way. Each service's number ends
+# like its well-known port (…432, …379, …092) without being it (nor 2380, 8080, 9090, Sentinel's 26379 or
+# the 29092 of Kafka's docker images). TEST and BENCH are moved by +100·k (k ≤ 15: SUNDIAL_TEST_PORT_OFFSET,
+# pytest-xdist workers, `bench --port-offset`) and the sets stay pairwise disjoint over every such offset,
+# etcd's peer port (+1) included; tests/unit/test_ports.py checks it.
+DEV_PORTS = Ports(postgres=15432, redis=16379, etcd=12379, broker=19092, api=8080)
+TEST_PORTS = Ports(postgres=25432, redis=24379, etcd=22379, broker=27092, api=28080)
+BENCH_PORTS = Ports(postgres=30432, redis=30379, etcd=20379, broker=31092, api=18080)
+#: The largest offset a TEST or BENCH set may be moved by and stay disjoint from the others.
+MAX_PORT_OFFSET = 1500
 
 
 class LocalStack:

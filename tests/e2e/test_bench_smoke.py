@@ -16,15 +16,13 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-# The harness's own ports (below the ephemeral range), moved like the test stack's.
-PORT_OFFSET = -20000
 
 pytestmark = pytest.mark.timeout(300)
 
 
 def test_the_bench_harness_runs_every_dispatch_workload_and_records_its_figures(tmp_path: Path) -> None:
-    # Beside this session's test stack (the harness starts its own servers on these ports).
-    offset = PORT_OFFSET + int(os.environ.get("SUNDIAL_TEST_PORT_OFFSET", "0") or "0")
+    # The harness starts its own servers on the bench ports, moved like this session's test ports.
+    offset = int(os.environ.get("SUNDIAL_TEST_PORT_OFFSET", "0") or "0")
     argv = [
         sys.executable,
         str(REPO / "bench" / "harness.py"),
