@@ -15,7 +15,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Literal
 
@@ -187,3 +187,24 @@ def tail(path: Path, lines: int = 30) -> str:
     except FileNotFoundError:
         return f"(no log at {path})"
     return "\n".join(text.splitlines()[-lines:])
+
+
+def marked_processes() -> Iterator[tuple[int, str]]:
+    """(pid, ``<name>:<data_dir>``) of every live server that carries the ``SUNDIAL_SERVER`` marker.
+
+    Servers get ``SUNDIAL_SERVER=<name>:<data_dir>`` in their environment, which identifies them with
+    certainty even when their pid file is gone; only session leaders count (Postgres backends inherit it).
+    """
+    prefix = f"{MARKER_VAR}=".encode()
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            values = [v for v in (proc / "environ").read_bytes().split(b"\0") if v.startswith(prefix)]
+            if not values:
+                # Redis rewrites its process title over its environment; the title carries the marker.
+                title = (proc / "cmdline").read_bytes().rstrip(b"\0 ")
+                if b" " + prefix in title:
+                    values = [title.rsplit(b" ", 1)[1]]
+        except OSError:  # exited meanwhile, or not ours to read
+            continue
+        if values and leads_group(pid := int(proc.name)) and pid_alive(pid):
+            yield pid, values[0][len(prefix) :].decode(errors="replace")

@@ -25,8 +25,7 @@ from sundial_infra.process import (
     ServerError,
     StopMode,
     describe_listener,
-    leads_group,
-    pid_alive,
+    marked_processes,
     port_in_use,
     read_pid_file,
     tail,
@@ -117,18 +116,10 @@ class Server(ABC):
         """A server started for this data dir whose pid file is gone (its directory was wiped, say).
 
         Each server carries ``SUNDIAL_SERVER=<name>:<data_dir>`` in its environment, which identifies it
-        with certainty; only the session leader counts (Postgres backends inherit the variable).
+        with certainty.
         """
-        marker = f"{MARKER_VAR}={self._marker_value}".encode()
-        for proc in Path("/proc").glob("[0-9]*"):
-            try:
-                found = marker in (proc / "environ").read_bytes().split(b"\0") or (
-                    # Redis rewrites its process title over its environment; the title carries the marker.
-                    (proc / "cmdline").read_bytes().rstrip(b"\0 ").endswith(b" " + marker)
-                )
-            except OSError:  # exited meanwhile, or not ours to read
-                continue
-            if found and leads_group(pid := int(proc.name)) and pid_alive(pid):
+        for pid, value in marked_processes():
+            if value == self._marker_value:
                 return pid
         return None
 

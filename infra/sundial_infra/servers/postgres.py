@@ -2,38 +2,142 @@
 
 from __future__ import annotations
 
-import grp
-import hashlib
+import contextlib
+import logging
 import os
 import pwd
 import shutil
 import signal
 import stat
+import struct
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
-from sundial_infra.process import ServerError, StopMode
+from sundial_infra.process import ServerError, StopMode, pid_alive
 from sundial_infra.servers.base import Server
 
+log = logging.getLogger("sundial.infra")
+# sun_path holds 108 bytes with its terminating NUL; Postgres refuses a longer socket path at start-up.
+_MAX_SOCKET_PATH = 108
 
-def _traversable(directory: Path, account: pwd.struct_passwd) -> bool:
-    """Whether ``account`` may traverse every directory from / down to ``directory``."""
-    groups = {account.pw_gid, *(g.gr_gid for g in grp.getgrall() if account.pw_name in g.gr_mem)}
-    for path in (directory, *directory.parents):
-        try:
-            st = path.stat()
-        except OSError:
-            return False
-        if st.st_uid == account.pw_uid:
-            allowed = st.st_mode & stat.S_IXUSR
-        elif st.st_gid in groups:
-            allowed = st.st_mode & stat.S_IXGRP
-        else:
-            allowed = st.st_mode & stat.S_IXOTH
-        if not allowed:
-            return False
-    return True
+
+# POSIX ACLs as the kernel stores them in the ``system.posix_acl_access`` attribute (linux/posix_acl_xattr.h):
+# a version word, then (tag, permissions, id) entries sorted by tag and id.
+_ACL_XATTR = "system.posix_acl_access"
+_ACL_VERSION = 2
+_ACL_HEADER = struct.Struct("<I")
+_ACL_ENTRY = struct.Struct("<HHI")
+_ACL_USER_OBJ, _ACL_USER, _ACL_GROUP_OBJ, _ACL_GROUP, _ACL_MASK, _ACL_OTHER = 0x01, 0x02, 0x04, 0x08, 0x10, 0x20
+_ACL_UNDEFINED_ID = 0xFFFFFFFF
+_ACL_EXECUTE = 0x1
+
+#: Where Sundial kept clusters (linked from ``<data_dir>/pgdata``) before they moved into the data dir itself.
+LEGACY_CLUSTERS_DIR_NAME = "sundial"
+
+
+def _reachable(directory: Path, account: pwd.struct_passwd) -> bool:
+    """Whether ``account`` can enter ``directory`` (asked of the kernel, so ACLs and groups count)."""
+    result = subprocess.run(
+        ["/bin/sh", "-c", 'cd -- "$1"', "sh", str(directory)],
+        capture_output=True,
+        check=False,
+        user=account.pw_uid,
+        group=account.pw_gid,
+        extra_groups=[],
+    )
+    return result.returncode == 0
+
+
+def _grant_search(path: Path, account: pwd.struct_passwd) -> None:
+    """Let ``account`` traverse ``path`` (search only: it still cannot list it) with an ACL entry.
+
+    ``chmod o+x`` would open the directory to every account; an ACL names the postgres account alone.
+    Filesystems without ACLs get the chmod, with a warning saying so.
+    """
+    st = path.stat()
+    entries: dict[tuple[int, int], int] = {}
+    try:
+        raw = os.getxattr(path, _ACL_XATTR)
+    except OSError:
+        raw = b""  # no ACL yet (ENODATA), or none supported (setxattr below says which)
+    if raw:
+        for offset in range(_ACL_HEADER.size, len(raw), _ACL_ENTRY.size):
+            tag, perm, uid = _ACL_ENTRY.unpack_from(raw, offset)
+            entries[(tag, uid)] = perm
+    else:  # the ACL equivalent of the mode bits
+        entries = {
+            (_ACL_USER_OBJ, _ACL_UNDEFINED_ID): (st.st_mode >> 6) & 7,
+            (_ACL_GROUP_OBJ, _ACL_UNDEFINED_ID): (st.st_mode >> 3) & 7,
+            (_ACL_OTHER, _ACL_UNDEFINED_ID): st.st_mode & 7,
+        }
+    entries[(_ACL_USER, account.pw_uid)] = entries.get((_ACL_USER, account.pw_uid), 0) | _ACL_EXECUTE
+    # The mask bounds every named entry and the owning group; as setfacl does, it is their union.
+    entries[(_ACL_MASK, _ACL_UNDEFINED_ID)] = 0
+    mask = 0
+    for (tag, _), perm in entries.items():
+        if tag in (_ACL_USER, _ACL_GROUP_OBJ, _ACL_GROUP):
+            mask |= perm
+    entries[(_ACL_MASK, _ACL_UNDEFINED_ID)] = mask
+    acl = _ACL_HEADER.pack(_ACL_VERSION) + b"".join(
+        _ACL_ENTRY.pack(tag, perm, uid) for (tag, uid), perm in sorted(entries.items())
+    )
+    try:
+        os.setxattr(path, _ACL_XATTR, acl)
+        log.info("granted the %s account search permission on %s (ACL u:%s:x)", account.pw_name, path, account.pw_name)
+    except OSError as exc:
+        path.chmod(stat.S_IMODE(st.st_mode) | stat.S_IXOTH)
+        log.warning("no ACL on %s (%s): made it searchable by every account (o+x) instead", path, exc)
+
+
+def grant_traversal(directory: Path, account: pwd.struct_passwd) -> None:
+    """Make ``directory`` reachable by ``account`` by granting search on each ancestor that blocks it.
+
+    Run as root from a checkout under ``/root`` (mode 0700), the ``postgres`` account cannot reach the
+    cluster in the checkout's ``.sundial/``; this grants it search on ``/root`` (and whatever else is in
+    the way) instead of keeping the cluster outside the checkout.
+    """
+    if _reachable(directory, account):
+        return
+    for path in (*reversed(directory.parents), directory):  # from / down: the first refusal is the culprit
+        if not _reachable(path, account):
+            _grant_search(path, account)
+    if not _reachable(directory, account):
+        raise ServerError(
+            f"the {account.pw_name} OS account cannot reach {directory} even after granting it search "
+            f"permission on the directories above it; move the checkout or give it access"
+        )
+
+
+def remove_legacy_clusters(home: Path, *, min_age_sec: float = 120.0) -> list[Path]:
+    """Delete the clusters older Sundial versions kept in ``<postgres home>/sundial/<key>``; return them.
+
+    A cluster whose postmaster still runs (another checkout on an older version) is kept, and so is one
+    touched in the last ``min_age_sec`` (an initdb under way has no postmaster yet).
+    """
+    root = home / LEGACY_CLUSTERS_DIR_NAME
+    removed: list[Path] = []
+    if not root.is_dir():
+        return removed
+    for cluster in root.iterdir():
+        pgdata = cluster / "pgdata"
+        newest = max((p.stat().st_mtime for p in (cluster, pgdata) if p.exists()), default=0.0)
+        if time.time() - newest < min_age_sec or _postmaster_alive(pgdata):
+            continue
+        shutil.rmtree(cluster, ignore_errors=True)
+        removed.append(cluster)
+    with contextlib.suppress(OSError):
+        root.rmdir()  # only if nothing is left in it
+    return removed
+
+
+def _postmaster_alive(pgdata: Path) -> bool:
+    try:
+        first = (pgdata / "postmaster.pid").read_text().split("\n", 1)[0].strip()
+    except OSError:
+        return False
+    return first.isdigit() and pid_alive(int(first))
 
 
 def _find_postgres_bindir() -> Path:
@@ -99,26 +203,17 @@ class PostgresServer(Server):
         return _find_postgres_bindir()
 
     @property
-    def cluster_home(self) -> Path:
-        """Where the cluster and its socket live: ``data_dir``, unless the postgres account cannot reach it.
-
-        A checkout under ``/root`` (mode 0700) is out of reach of the ``postgres`` OS user; the cluster
-        then lives under that user's home, in a directory keyed by ``data_dir`` and linked from
-        ``data_dir/pgdata``, so wiping ``data_dir`` still means a fresh cluster next time.
-        """
-        account = self._os_user()
-        if account is None or _traversable(self.data_dir.parent, account):
-            return self.data_dir
-        key = hashlib.sha256(str(self.data_dir).encode()).hexdigest()[:12]
-        return Path(account.pw_dir) / "sundial" / key
-
-    @property
     def pgdata(self) -> Path:
-        return self.cluster_home / "pgdata"
+        return self.data_dir / "pgdata"
 
     @property
-    def socket_dir(self) -> Path:
-        return self.cluster_home
+    def socket_dir(self) -> Path | None:
+        """The cluster's Unix socket directory, or None when its path would be too long for one.
+
+        Clients connect over TCP; the socket is only for tools run by hand (``psql -h <data_dir>``).
+        """
+        socket = self.data_dir / f".s.PGSQL.{self.port}"
+        return self.data_dir if len(str(socket)) < _MAX_SOCKET_PATH else None
 
     def _os_user(self) -> pwd.struct_passwd | None:
         """The OS account to run as, or None to run as ourselves (when not root)."""
@@ -128,9 +223,6 @@ class PostgresServer(Server):
             return pwd.getpwnam("postgres")
         except KeyError as e:
             raise ServerError("running as root but there is no `postgres` OS user; run `make deps`") from e
-
-    def _cwd(self) -> Path:
-        return self.cluster_home
 
     def _popen_kwargs(self) -> dict[str, Any]:
         account = self._os_user()
@@ -142,19 +234,10 @@ class PostgresServer(Server):
     def _prepare(self) -> None:
         super()._prepare()
         account = self._os_user()
-        home = self.cluster_home
-        if home != self.data_dir:
-            link = self.data_dir / "pgdata"
-            if not link.is_symlink() and home.exists():
-                shutil.rmtree(home)  # the cluster of a data dir that has since been wiped
-            home.mkdir(parents=True, exist_ok=True)
-            if not link.is_symlink():
-                link.symlink_to(self.pgdata)
+        self._adopt_legacy_cluster()
         if account is not None:
-            shared = {home.parent} if home != self.data_dir else set()  # .../postgresql/sundial
-            for path in {self.data_dir, home, *shared, *home.iterdir()}:
-                if not path.is_symlink():
-                    os.chown(path, account.pw_uid, account.pw_gid)
+            grant_traversal(self.data_dir, account)
+            os.chown(self.data_dir, account.pw_uid, account.pw_gid)
         if (self.pgdata / "PG_VERSION").exists():
             return
         if self.pgdata.exists():  # a previous initdb died half-way; its leftovers would make it refuse
@@ -172,7 +255,7 @@ class PostgresServer(Server):
             cmd.append("--no-sync")
         result = subprocess.run(
             cmd,
-            cwd=home,
+            cwd=self.data_dir,
             capture_output=True,
             text=True,
             check=False,
@@ -183,11 +266,26 @@ class PostgresServer(Server):
         if result.returncode != 0:
             raise ServerError(f"initdb failed ({result.returncode}):\n{result.stderr or result.stdout}")
 
+    def _adopt_legacy_cluster(self) -> None:
+        """Move a cluster an older Sundial kept outside the data dir (``pgdata`` was a link to it) back in."""
+        link = self.pgdata
+        if not link.is_symlink():
+            return
+        target = Path(os.readlink(link))
+        link.unlink()
+        if target.is_dir():
+            shutil.move(target, link)
+            log.info("moved the Postgres cluster from %s into %s", target, link)
+            if target.parent.parent.name == LEGACY_CLUSTERS_DIR_NAME:  # <postgres home>/sundial/<key>
+                shutil.rmtree(target.parent, ignore_errors=True)  # what is left: a stale socket lock
+                with contextlib.suppress(OSError):
+                    target.parent.parent.rmdir()  # once empty
+
     def _command(self) -> list[str]:
         settings = {
             "port": str(self.port),
             "listen_addresses": "127.0.0.1",
-            "unix_socket_directories": str(self.socket_dir),
+            "unix_socket_directories": str(self.socket_dir or ""),
             "max_connections": "200",
             # A dev/test server's log goes to stdout (our log file), not to a rotating collector.
             "logging_collector": "off",
@@ -253,7 +351,7 @@ class PostgresServer(Server):
         """
         return subprocess.run(
             [str(self.bindir / "pg_ctl"), "-D", str(self.pgdata), *args],
-            cwd=self.cluster_home,
+            cwd=self.data_dir,
             capture_output=True,
             text=True,
             check=False,
