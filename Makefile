@@ -58,9 +58,13 @@ lint: ## ruff lint and format check
 typecheck: ## mypy (strict) on libs, services and infra
 	uv run --frozen mypy libs/common/sundial_common services/*/sundial_* infra/sundial_infra
 
-clean: down ## Stop everything, including servers a crashed test run left, and delete .sundial/
-	@$(call kill_pid_files,.sundial/test/*/*.pid .sundial/test-*/*/*.pid)
-	rm -rf .sundial
+clean: ## Stop everything (dev stack, servers of killed test and bench runs) and delete .sundial/: all Sundial data
+	@if [ -x .venv/bin/sundial ]; then \
+		.venv/bin/sundial dev clean; \
+	else \
+		$(call kill_pid_files,$$(find .sundial -name '*.pid' ! -name postmaster.pid 2>/dev/null)); \
+		rm -rf .sundial; \
+	fi
 
 # SIGTERM (Postgres and Tansu: SIGINT, their quick clean stop) every pid in the given pid files, wait up
 # to 15 s, then SIGKILL their process groups.

@@ -3,7 +3,7 @@
     uv run python bench/at_rest.py                 # 1,000,000 jobs, 4 shards, its own servers
     uv run python bench/at_rest.py --jobs 100000   # smaller
 
-It starts its own Postgres and Redis (``LocalStack`` on the test ports + ``--port-offset``, under
+It starts its own Postgres and Redis (``LocalStack`` on the bench ports + ``--port-offset``, under
 ``.sundial/bench-at-rest/``, wiped first), migrates, and registers ``--jobs`` recurring jobs straight into
 Postgres with COPY (as a bulk registration would; the API path is measured elsewhere): a realistic mix of
 daily and hourly cron jobs in several time zones and intervals from 5 minutes to a day, each with its next
@@ -43,7 +43,7 @@ from sundial_common.schedules import Kind, ScheduleSpec, fire_at, next_fire
 from sundial_common.stores import Stores
 from sundial_common.stores.jobs import Q
 from sundial_hydrator.hydrator import Hydrator, HydratorConfig
-from sundial_infra.servers import TEST_PORTS, LocalStack, Ports
+from sundial_infra.stack import BENCH_PORTS, LocalStack, Ports
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
@@ -202,7 +202,7 @@ def machine() -> dict[str, Any]:
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
-    ports = Ports(**{f.name: getattr(TEST_PORTS, f.name) + args.port_offset for f in dataclasses.fields(Ports)})
+    ports = Ports(**{f.name: getattr(BENCH_PORTS, f.name) + args.port_offset for f in dataclasses.fields(Ports)})
     root = REPO / ".sundial" / "bench-at-rest"
     stack = LocalStack(root, ports, durable=False)
     stack.stop()
@@ -234,7 +234,7 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=1_000_000, help="Recurring jobs to register.")
     parser.add_argument("--shards", type=int, default=4, help="Dispatcher shards (hot-window ZSETs).")
     parser.add_argument("--steady-passes", type=int, default=30, help="Steady hydrator passes to time.")
-    parser.add_argument("--port-offset", type=int, default=2310, help="Added to the test ports.")
+    parser.add_argument("--port-offset", type=int, default=10, help="Added to the bench ports (BENCH_PORTS).")
     parser.add_argument("--keep", action="store_true", help="Leave the servers running afterwards.")
     result = asyncio.run(main_async(parser.parse_args()))
     text = json.dumps(result, default=str)

@@ -3,7 +3,7 @@
     uv run python bench/failover.py                     # 10 kill -9 trials + 10 SIGTERM trials, TTL 5 s
     uv run python bench/failover.py --trials 20 --ttl 2
 
-It starts its own stack (Postgres, Redis, etcd, broker on ``TEST_PORTS + 2200``, under
+It starts its own stack (Postgres, Redis, etcd, broker on ``BENCH_PORTS + 20``, under
 ``.sundial/bench-failover/``), a hydrator and ``--replicas`` dispatcher replicas sharing ``--shards``
 shards, with the production lease settings unless told otherwise. A feeder keeps one job due every
 ``--period`` seconds (100 ms) on shard 0. Each trial waits for a calm cluster, then kills shard 0's
@@ -52,7 +52,7 @@ from sundial_common.messages import pool_topic
 from sundial_common.registry import ClusterKeys
 from sundial_common.stores import Stores
 from sundial_common.stores.types import Occurrence
-from sundial_infra.servers import TEST_PORTS, LocalStack, Ports
+from sundial_infra.stack import BENCH_PORTS, LocalStack, Ports
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
@@ -85,7 +85,7 @@ class Trial:
 class FailoverBench:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
-        ports = Ports(**{f.name: getattr(TEST_PORTS, f.name) + args.port_offset for f in dataclasses.fields(Ports)})
+        ports = Ports(**{f.name: getattr(BENCH_PORTS, f.name) + args.port_offset for f in dataclasses.fields(Ports)})
         self.root = REPO / ".sundial" / "bench-failover"
         self.stack = LocalStack(self.root, ports, durable=False)
         self.logs = self.root / "logs"
@@ -312,7 +312,7 @@ def main() -> int:
     parser.add_argument("--ttl", type=float, default=5.0, help="lease TTL, seconds (default 5, as in production)")
     parser.add_argument("--margin", type=float, default=1.0, help="trust-window margin in seconds (default 1)")
     parser.add_argument("--period", type=float, default=0.1, help="seconds between jobs on shard 0 (default 0.1)")
-    parser.add_argument("--port-offset", type=int, default=2200, help="ports = test ports + this (default 2200)")
+    parser.add_argument("--port-offset", type=int, default=20, help="ports = BENCH_PORTS + this")
     args = parser.parse_args()
     if args.replicas < 2:
         parser.error("--replicas must be at least 2: someone has to take over")

@@ -44,7 +44,8 @@ from sundial_common.hotwindow import HotWindow
 from sundial_common.ids import new_id, shard_for
 from sundial_common.settings import CommonSettings
 from sundial_common.stores.types import Occurrence
-from sundial_infra.servers import TEST_PORTS, LocalStack, Ports, wait_for
+from sundial_infra.process import wait_for
+from sundial_infra.stack import BENCH_PORTS, LocalStack, Ports
 from sundial_infra.supervisor import ProcessSpec, Supervisor, sundial_argv
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -53,11 +54,8 @@ import ceilings
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
-#: Its own ports (Postgres 25432, Redis 26379, etcd 22379, broker 29092, API 28080), so a bench never touches
-#: `make up` or `make test`; below Linux's ephemeral range (32768-60999), where a client socket of another
-#: process can hold a listening port (a CI run failed once on the broker's port at test ports + 2000).
-PORT_OFFSET = -20000
-BENCH_PORTS = Ports(**{k: v + PORT_OFFSET for k, v in vars(TEST_PORTS).items()})
+#: W4 (at_rest.py) runs on the bench ports + the run's offset + this, so it never meets a stack the run left.
+AT_REST_PORT_OFFSET = 10
 POOL = "demo"
 #: A production Postgres is tuned; the defaults (128 MB buffers, 1 GB of WAL between checkpoints) are a
 #: laptop's. pg_stat_statements says which statements the database time goes to.
@@ -415,7 +413,7 @@ def _record(line: dict[str, Any], results: Path = RESULTS) -> None:
 
 async def main_async(args: argparse.Namespace) -> None:
     shape = Shape(args.shards, args.dispatchers, args.workers, args.concurrency, not args.no_durable)
-    ports = Ports(**{k: v + args.port_offset for k, v in vars(TEST_PORTS).items()})
+    ports = Ports(**{k: v + args.port_offset for k, v in vars(BENCH_PORTS).items()})
     bench = Bench(shape, args.root, ports, args.profile)
     record = functools.partial(_record, results=args.results)
     meta = {"machine": _machine(), "settings": vars(shape), "at": datetime.now(UTC).isoformat()}
@@ -437,7 +435,11 @@ async def main_async(args: argparse.Namespace) -> None:
     if "w4" in args.workloads:
         # At rest: N future recurring jobs, one hydrator rebuild and steady passes, table and index sizes.
         at_rest_args = argparse.Namespace(
-            jobs=int(args.at_rest * args.scale), shards=args.shards, steady_passes=30, port_offset=2310, keep=False
+            jobs=int(args.at_rest * args.scale),
+            shards=args.shards,
+            steady_passes=30,
+            port_offset=args.port_offset + AT_REST_PORT_OFFSET,
+            keep=False,
         )
         result = await at_rest.main_async(at_rest_args)
         record({**result, "workload": "w4", **meta})
@@ -505,7 +507,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results", type=Path, default=RESULTS, help="directory of the <date>.jsonl files")
     parser.add_argument("--root", type=Path, default=REPO / ".sundial" / "bench", help="the stack's data directory")
     parser.add_argument(
-        "--port-offset", type=int, default=PORT_OFFSET, help="ports = the test ports + this (keep runs ≥ 2 apart)"
+        "--port-offset",
+        type=int,
+        default=0,
+        help="ports = the bench ports (sundial_infra.stack.BENCH_PORTS) + this; a multiple of 100, at most 1500",
     )
     parser.add_argument("--profile", type=Path, help="py-spy a dispatcher and a worker into this directory")
     parser.add_argument("--no-durable", action="store_true", help="Postgres without fsync (as in tests)")

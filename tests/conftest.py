@@ -44,7 +44,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from redis.asyncio import Redis
 from sundial_common.broker import KafkaPublisher
 from sundial_common.stores import Stores
-from sundial_infra.servers import TEST_PORTS, LocalStack, Ports, Server
+from sundial_infra.servers.base import Server
+from sundial_infra.stack import TEST_PORTS, LocalStack, Ports
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TEMPLATE_DB = "sundial_template"

@@ -3,7 +3,8 @@
 This module owns the user-facing side of ``sundial_infra.supervisor``: ``up`` in the foreground (the
 supervisor runs in this process) or in the background (a detached supervisor, and ``up`` returns once
 the API answers ``/readyz``), ``down`` (stop the supervisor, then anything a crash left behind), and
-``status``. All three are idempotent and find the environment through the pid files under
+``status``, and ``clean`` (everything under the root stopped and deleted, with the Postgres clusters
+older versions kept outside it). All four are idempotent and find the environment through the pid files under
 ``<root>/run`` and the servers' data directories, so they work from any shell.
 """
 
@@ -14,6 +15,8 @@ import contextlib
 import fcntl
 import logging
 import os
+import pwd
+import shutil
 import signal
 import subprocess
 import threading
@@ -22,7 +25,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
 
-from sundial_infra.servers import DEV_PORTS, LocalStack, read_pid_file, terminate, write_pid_file
+from sundial_infra.process import marked_processes, read_pid_file, terminate, write_pid_file
+from sundial_infra.servers.postgres import remove_legacy_clusters
+from sundial_infra.stack import DEV_PORTS, LocalStack
 from sundial_infra.supervisor import (
     DevLayout,
     DevRunner,
@@ -67,7 +72,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Run Sundial locally: real Postgres, Redis, etcd and broker on loopback ports, "
         "plus api, hydrator, dispatcher, sweeper and a demo worker, all supervised.",
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{up,down,status}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{up,down,status,clean}")
     up = sub.add_parser("up", parents=[common], help="start everything (idempotent)")
     up.add_argument(
         "--foreground",
@@ -88,6 +93,11 @@ def _parser() -> argparse.ArgumentParser:
         help="seconds to let the supervisor shut down before killing it (default 60)",
     )
     sub.add_parser("status", parents=[common], help="show what runs")
+    sub.add_parser(
+        "clean",
+        parents=[common],
+        help="stop everything under the root (the dev stack, servers of killed test and bench runs) and delete it",
+    )
     return parser
 
 
@@ -100,6 +110,8 @@ def main(argv: list[str] | None = None) -> int:
         return up_foreground(layout) if args.foreground else up_background(layout, args.timeout)
     if args.command == "down":
         return down(layout, args.timeout)
+    if args.command == "clean":
+        return clean(layout)
     return status(layout)
 
 
@@ -214,6 +226,46 @@ def down(layout: DevLayout, timeout: float = 60.0, *, quiet: bool = False) -> in
     stopped += running_servers
     if not quiet:
         print("Sundial is down." if stopped else "Sundial was not running.")
+    return 0
+
+
+# Their quick clean stop (as in each server's ``stop_signal``); everything else gets SIGTERM.
+_STOP_SIGNALS = {"postgres": signal.SIGINT, "broker": signal.SIGINT}
+
+
+def clean(layout: DevLayout) -> int:
+    """Stop every process that runs from under ``layout.root`` and delete the root: all Sundial data.
+
+    Besides the dev stack, the root holds the test sessions' stacks (``test/``, ``test-N/``) and the
+    bench's (``bench*/``), which a killed run leaves running: they are found by their pid files and by the
+    ``SUNDIAL_SERVER`` marker of servers whose pid files were wiped. As root, the Postgres clusters that
+    older versions kept under the postgres account's home are deleted too.
+    """
+    root = layout.root
+    if root == Path(root.anchor) or root == Path.home() or (repo_root() / "uv.lock").is_relative_to(root):
+        print(f"Refusing to delete {root}: it is not a Sundial state directory.")
+        return 2
+    down(layout, quiet=True)
+    pids: dict[int, str] = {}
+    for pid_file in root.rglob("*.pid") if root.exists() else []:
+        if pid_file.name != "postmaster.pid" and (pid := read_pid_file(pid_file)) is not None:
+            pids[pid] = pid_file.stem
+    for pid, marker in marked_processes():
+        name, _, data_dir = marker.partition(":")
+        if Path(data_dir).is_relative_to(root):
+            pids[pid] = name
+    for pid, name in pids.items():
+        terminate(pid, sig=_STOP_SIGNALS.get(name, signal.SIGTERM), timeout=15.0)
+    shutil.rmtree(root, ignore_errors=True)
+    removed = [str(root)] if not root.exists() else []
+    if os.geteuid() == 0:
+        with contextlib.suppress(KeyError):
+            removed += [str(p) for p in remove_legacy_clusters(Path(pwd.getpwnam("postgres").pw_dir))]
+    if root.exists():
+        print(f"Could not delete all of {root}; see what is left there.")
+        return 1
+    stopped = f"stopped {len(pids)} leftover process(es); " if pids else ""
+    print(f"Sundial data removed ({stopped}deleted {', '.join(removed) or 'nothing'}).")
     return 0
 
 

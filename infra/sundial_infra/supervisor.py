@@ -31,16 +31,9 @@ import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from sundial_infra.servers import (
-    DEV_PORTS,
-    LocalStack,
-    Ports,
-    Server,
-    ServerError,
-    read_pid_file,
-    tail,
-    write_pid_file,
-)
+from sundial_infra.process import ServerError, read_pid_file, tail, write_pid_file
+from sundial_infra.servers.base import Server
+from sundial_infra.stack import DEV_PORTS, LocalStack, Ports
 
 log = logging.getLogger("sundial.infra.supervisor")
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -16,24 +17,25 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-# The harness's own ports (below the ephemeral range), moved like the test stack's.
-PORT_OFFSET = -20000
 
 pytestmark = pytest.mark.timeout(300)
 
 
 def test_the_bench_harness_runs_every_dispatch_workload_and_records_its_figures(tmp_path: Path) -> None:
-    # Beside this session's test stack (the harness starts its own servers on these ports).
-    offset = PORT_OFFSET + int(os.environ.get("SUNDIAL_TEST_PORT_OFFSET", "0") or "0")
+    # The harness starts its own servers on the bench ports, moved like this session's test ports.
+    offset = int(os.environ.get("SUNDIAL_TEST_PORT_OFFSET", "0") or "0")
+    # Under the checkout's .sundial/ (not pytest's temp dir): `make clean` must find it if this run is killed.
+    root = REPO / ".sundial" / ("bench-smoke" if offset == 0 else f"bench-smoke-{offset}")
     argv = [
         sys.executable,
         str(REPO / "bench" / "harness.py"),
         *("ceilings", "create", "w1", "w3"),  # W2 is W3's code with other numbers
         *("--scale", "0.01", "--burst", "2000", "--rates", "2000", "--duration", "2", "--lead", "2"),
         *("--shards", "2", "--dispatchers", "1", "--workers", "1", "--no-durable"),
-        *("--port-offset", str(offset), "--root", str(tmp_path / "stack"), "--results", str(tmp_path / "results")),
+        *("--port-offset", str(offset), "--root", str(root), "--results", str(tmp_path / "results")),
     ]
     run = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=280, check=False)
+    shutil.rmtree(root, ignore_errors=True)  # the harness stopped its stack; its ~75 MB are of no further use
     assert run.returncode == 0, run.stderr[-3000:]
 
     lines = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]

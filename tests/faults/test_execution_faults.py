@@ -22,7 +22,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from sundial_infra.servers import LocalStack
+from sundial_infra.stack import LocalStack
 
 from tests.faults.harness import FaultStack, budget, eventually, one_shots, scaled
 

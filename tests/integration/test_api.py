@@ -27,7 +27,7 @@ from sundial_api import ApiSettings, create_app
 from sundial_api.models import ExecutionDetail, ExecutionPage, JobDetail, Problem
 from sundial_common.auth import issue_token
 from sundial_common.hotwindow import member
-from sundial_infra.servers import LocalStack
+from sundial_infra.stack import LocalStack
 
 SECRET = "test-signing-key-for-the-api-suite"
 TENANT = "acme"

@@ -22,12 +22,12 @@ class CommonSettings(BaseSettings):
     model_config = _MODEL_CONFIG
 
     database_url: str = Field(
-        "postgresql://sundial@127.0.0.1:55432/sundial",
+        "postgresql://sundial@127.0.0.1:15432/sundial",
         description="Postgres DSN (asyncpg form). Postgres is the only source of truth.",
     )
-    redis_url: str = Field("redis://127.0.0.1:56379/0", description="Redis URL (hot window, heartbeats).")
-    etcd_endpoint: str = Field("127.0.0.1:52379", description="etcd host:port used for shard leases.")
-    kafka_bootstrap: str = Field("127.0.0.1:59092", description="Kafka bootstrap servers.")
+    redis_url: str = Field("redis://127.0.0.1:16379/0", description="Redis URL (hot window, heartbeats).")
+    etcd_endpoint: str = Field("127.0.0.1:12379", description="etcd host:port used for shard leases.")
+    kafka_bootstrap: str = Field("127.0.0.1:19092", description="Kafka bootstrap servers.")
     shards: int = Field(
         8,
         ge=1,
