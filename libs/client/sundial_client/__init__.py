@@ -1,8 +1,8 @@
 """Sundial's Python client: ``Client`` (blocking) and ``AsyncClient`` over the same typed models.
 
-    from sundial_client import Client
-    with Client("http://127.0.0.1:8080", token=token) as client:
-        job = client.schedule(handler="send_welcome", pool="email").after(seconds=30)
+from sundial_client import Client
+with Client("http://127.0.0.1:8080", token=token) as client:
+    job = client.schedule(handler="send_welcome", pool="email").after(seconds=30)
 """
 
 from sundial_client.client import AsyncClient, Client

@@ -169,15 +169,27 @@ class Client:
 
     @overload
     def schedule(
-        self, *, handler: str, pool: str, at: datetime, name: str | None = ..., payload: Mapping[str, Any] | None = ...,
+        self,
+        *,
+        handler: str,
+        pool: str,
+        at: datetime,
+        name: str | None = ...,
+        payload: Mapping[str, Any] | None = ...,
         **options: Any,
-    ) -> Job: ...  # fmt: skip
+    ) -> Job: ...
 
     @overload
     def schedule(
-        self, *, handler: str, pool: str, at: None = ..., name: str | None = ..., payload: Mapping[str, Any] | None = ...,
+        self,
+        *,
+        handler: str,
+        pool: str,
+        at: None = ...,
+        name: str | None = ...,
+        payload: Mapping[str, Any] | None = ...,
         **options: Any,
-    ) -> ScheduleBuilder: ...  # fmt: skip
+    ) -> ScheduleBuilder: ...
 
     def schedule(
         self,
@@ -234,7 +246,9 @@ class Jobs:
         """``POST /v1/jobs`` with an ``Idempotency-Key`` of its own: retried safely, created once."""
         return self._c.call(calls.create_job(job))
 
-    def create_many(self, jobs: Iterable[NewJob | Mapping[str, Any]], *, chunk_size: int = MAX_BATCH) -> list[BatchItem]:
+    def create_many(
+        self, jobs: Iterable[NewJob | Mapping[str, Any]], *, chunk_size: int = MAX_BATCH
+    ) -> list[BatchItem]:
         """``POST /v1/jobs:batch`` per ``chunk_size`` jobs (each chunk idempotent on retry); one result per job,
         ``index`` counting from the first job given. Invalid items come back with their ``problem``."""
         results: list[BatchItem] = []
@@ -419,15 +433,27 @@ class AsyncClient:
 
     @overload
     def schedule(
-        self, *, handler: str, pool: str, at: datetime, name: str | None = ..., payload: Mapping[str, Any] | None = ...,
+        self,
+        *,
+        handler: str,
+        pool: str,
+        at: datetime,
+        name: str | None = ...,
+        payload: Mapping[str, Any] | None = ...,
         **options: Any,
-    ) -> Awaitable[Job]: ...  # fmt: skip
+    ) -> Awaitable[Job]: ...
 
     @overload
     def schedule(
-        self, *, handler: str, pool: str, at: None = ..., name: str | None = ..., payload: Mapping[str, Any] | None = ...,
+        self,
+        *,
+        handler: str,
+        pool: str,
+        at: None = ...,
+        name: str | None = ...,
+        payload: Mapping[str, Any] | None = ...,
         **options: Any,
-    ) -> AsyncScheduleBuilder: ...  # fmt: skip
+    ) -> AsyncScheduleBuilder: ...
 
     def schedule(
         self,

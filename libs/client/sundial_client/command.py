@@ -6,7 +6,8 @@ that installs only ``sundial-client`` (httpx and pydantic, no server code) gets 
 same command with ``api``, ``worker``, ``migrate``… added. Two packages declaring the same console script
 would overwrite each other's file, so exactly one does.
 
-This module owns only the dispatch and needs nothing but the standard library. Each workspace member registers its subcommands as entry points in
+This module owns only the dispatch and needs nothing but the standard library. Each workspace member
+registers its subcommands as entry points in
 the group ``sundial.commands`` (``api = "sundial_api.cli:main"``); ``sundial <name> args...`` loads
 entry point ``<name>`` and calls it with the remaining arguments as ``main(argv) -> int``. Nothing here
 imports a service eagerly, so ``sundial worker`` does not pay for FastAPI and a broken member only breaks

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from email.utils import parsedate_to_datetime
 from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
 
 import httpx
 
