@@ -56,7 +56,7 @@ lint: ## ruff lint and format check
 	uv run --frozen ruff check . && uv run --frozen ruff format --check .
 
 typecheck: ## mypy (strict) on libs, services and infra
-	uv run --frozen mypy libs/common/sundial_common services/*/sundial_* infra/sundial_infra
+	uv run --frozen mypy libs/common/sundial_common libs/client/sundial_client services/*/sundial_* infra/sundial_infra
 
 clean: ## Stop everything (dev stack, servers of killed test and bench runs) and delete .sundial/: all Sundial data
 	@if [ -x .venv/bin/sundial ]; then \

@@ -43,7 +43,7 @@ def sundial_argv(*args: str) -> tuple[str, ...]:
     script = Path(sys.executable).with_name("sundial")
     if script.exists():
         return (str(script), *args)
-    return (sys.executable, "-m", "sundial_common.cli", *args)
+    return (sys.executable, "-m", "sundial_client.command", *args)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -24,7 +24,7 @@ from sundial_common.clock import Clock, SystemClock
 from sundial_common.hotwindow import HotWindow
 from sundial_common.stores import Stores
 
-from sundial_api import admin, batch, executions, health, jobs, problems
+from sundial_api import admin, batch, executions, health, job_list, jobs, problems
 from sundial_api.limits import BodyLimitMiddleware
 from sundial_api.responses import OrjsonResponse
 from sundial_api.settings import ApiSettings
@@ -119,6 +119,7 @@ def create_app(settings: ApiSettings | None = None, *, clock: Clock | None = Non
     app.add_middleware(TracingMiddleware)
     app.include_router(batch.router)  # before jobs: `/v1/jobs:batch` must not match `/v1/jobs/{id}`
     app.include_router(jobs.router)
+    app.include_router(job_list.router)
     app.include_router(jobs.schedules_router)
     app.include_router(executions.router)
     app.include_router(health.router)

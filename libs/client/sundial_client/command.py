@@ -1,6 +1,13 @@
-"""The ``sundial`` command: one front door for every Sundial process.
+"""The ``sundial`` command: one front door for every Sundial process and for the tenant's CLI.
 
-This module owns only the dispatch. Each workspace member registers its subcommands as entry points in
+It lives in the client package because that is the one package every installation has: a tenant service
+that installs only ``sundial-client`` (httpx and pydantic, no server code) gets ``sundial jobs …`` and
+``sundial executions …``, and a server installation (``sundial-common`` depends on the client) gets the
+same command with ``api``, ``worker``, ``migrate``… added. Two packages declaring the same console script
+would overwrite each other's file, so exactly one does.
+
+This module owns only the dispatch and needs nothing but the standard library. Each workspace member
+registers its subcommands as entry points in
 the group ``sundial.commands`` (``api = "sundial_api.cli:main"``); ``sundial <name> args...`` loads
 entry point ``<name>`` and calls it with the remaining arguments as ``main(argv) -> int``. Nothing here
 imports a service eagerly, so ``sundial worker`` does not pay for FastAPI and a broken member only breaks

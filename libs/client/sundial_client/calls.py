@@ -1,0 +1,184 @@
+"""Every API operation as a :class:`Call`: method, path, query, body and how to read the answer.
+
+The synchronous and the asynchronous client send the same calls (``client.py``), so an operation is
+described once here and the two clients differ only in how they wait. A create is marked
+``idempotent_create``: the client generates one ``Idempotency-Key`` per call and sends it with every retry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Generic, TypeVar
+from urllib.parse import quote
+
+import httpx
+from pydantic import BaseModel
+from pydantic.alias_generators import to_camel
+from pydantic_core import to_jsonable_python
+
+from sundial_client.models import (
+    BatchResult,
+    ClusterView,
+    Execution,
+    ExecutionDetail,
+    ExecutionPage,
+    ExecutionState,
+    Job,
+    JobDetail,
+    JobList,
+    JobState,
+    JobType,
+    NewJob,
+    Preview,
+    SchedulePreviewRequest,
+    Triggered,
+)
+
+T = TypeVar("T")
+M = TypeVar("M", bound=BaseModel)
+
+#: Largest page the listing endpoints serve.
+MAX_PAGE = 200
+#: Largest batch ``POST /v1/jobs:batch`` takes.
+MAX_BATCH = 1000
+
+
+@dataclass(frozen=True)
+class Call(Generic[T]):
+    method: str
+    path: str
+    read: Callable[[httpx.Response], T]
+    params: Mapping[str, Any] | None = None
+    body: Any = None
+    headers: Mapping[str, str] = field(default_factory=dict)
+    idempotent_create: bool = False
+
+
+def _model(model: type[M]) -> Callable[[httpx.Response], M]:
+    def read(response: httpx.Response) -> M:
+        return model.model_validate_json(response.content)
+
+    return read
+
+
+def _id(value: str) -> str:
+    # Ids are UUIDs; quoting keeps a mistyped one from escaping its path segment.
+    return quote(str(value), safe="")
+
+
+def wire(body: BaseModel | Mapping[str, Any]) -> Any:
+    """A request body as JSON-able data: a model through its aliases, a mapping as given."""
+    if isinstance(body, NewJob | SchedulePreviewRequest):
+        return body.to_wire()
+    return to_jsonable_python(body)
+
+
+def changes(fields: Mapping[str, Any]) -> dict[str, Any]:
+    """``update(...)`` keyword arguments as a PATCH body: camelCase names, JSON values (None clears)."""
+    out: dict[str, Any] = {}
+    for name, value in fields.items():
+        if isinstance(value, BaseModel):
+            value = value.model_dump(mode="json", by_alias=True, exclude_none=True)
+        out[to_camel(name)] = to_jsonable_python(value)
+    return out
+
+
+def _query(**params: Any) -> dict[str, Any]:
+    return {k: (v.value if hasattr(v, "value") else v) for k, v in params.items() if v is not None}
+
+
+# --- jobs -----------------------------------------------------------------------------------------
+
+
+def create_job(job: NewJob | Mapping[str, Any]) -> Call[Job]:
+    return Call("POST", "/v1/jobs", _model(Job), body=wire(job), idempotent_create=True)
+
+
+def create_jobs(jobs: list[Any]) -> Call[BatchResult]:
+    return Call("POST", "/v1/jobs:batch", _model(BatchResult), body={"jobs": jobs}, idempotent_create=True)
+
+
+def get_job(job_id: str) -> Call[JobDetail]:
+    return Call("GET", f"/v1/jobs/{_id(job_id)}", _model(JobDetail))
+
+
+def update_job(job_id: str, fields: Mapping[str, Any], if_match: int | None) -> Call[Job]:
+    headers = {"If-Match": f'"{if_match}"'} if if_match is not None else {}
+    return Call("PATCH", f"/v1/jobs/{_id(job_id)}", _model(Job), body=changes(fields), headers=headers)
+
+
+def delete_job(job_id: str) -> Call[Job]:
+    return Call("DELETE", f"/v1/jobs/{_id(job_id)}", _model(Job))
+
+
+def pause_job(job_id: str) -> Call[Job]:
+    return Call("POST", f"/v1/jobs/{_id(job_id)}/pause", _model(Job))
+
+
+def resume_job(job_id: str) -> Call[Job]:
+    return Call("POST", f"/v1/jobs/{_id(job_id)}/resume", _model(Job))
+
+
+def trigger_job(job_id: str) -> Call[Triggered]:
+    return Call("POST", f"/v1/jobs/{_id(job_id)}/trigger", _model(Triggered))
+
+
+def preview_job(job_id: str, count: int) -> Call[Preview]:
+    return Call("GET", f"/v1/jobs/{_id(job_id)}/preview", _model(Preview), params={"count": count})
+
+
+def list_jobs(
+    *,
+    state: JobState | str | None,
+    type: JobType | str | None,
+    pool: str | None,
+    handler: str | None,
+    name_prefix: str | None,
+    cursor: str | None,
+    limit: int,
+) -> Call[JobList]:
+    params = _query(state=state, type=type, pool=pool, handler=handler, namePrefix=name_prefix, cursor=cursor)
+    return Call("GET", "/v1/jobs", _model(JobList), params={**params, "limit": limit})
+
+
+def job_executions(job_id: str, *, cursor: str | None, limit: int) -> Call[ExecutionPage]:
+    params = {**_query(cursor=cursor), "limit": limit}
+    return Call("GET", f"/v1/jobs/{_id(job_id)}/executions", _model(ExecutionPage), params=params)
+
+
+def preview_schedule(request: SchedulePreviewRequest | Mapping[str, Any]) -> Call[Preview]:
+    return Call("POST", "/v1/schedules:preview", _model(Preview), body=wire(request))
+
+
+# --- executions -----------------------------------------------------------------------------------
+
+
+def get_execution(execution_id: str) -> Call[ExecutionDetail]:
+    return Call("GET", f"/v1/executions/{_id(execution_id)}", _model(ExecutionDetail))
+
+
+def list_executions(state: ExecutionState | str, *, cursor: str | None, limit: int) -> Call[ExecutionPage]:
+    params = {**_query(state=state, cursor=cursor), "limit": limit}
+    return Call("GET", "/v1/executions", _model(ExecutionPage), params=params)
+
+
+def cancel_execution(execution_id: str) -> Call[Execution]:
+    return Call("POST", f"/v1/executions/{_id(execution_id)}/cancel", _model(Execution))
+
+
+def retry_execution(execution_id: str) -> Call[Execution]:
+    return Call("POST", f"/v1/executions/{_id(execution_id)}/retry", _model(Execution))
+
+
+# --- admin ----------------------------------------------------------------------------------------
+
+
+def cluster() -> Call[ClusterView]:
+    return Call("GET", "/v1/admin/cluster", _model(ClusterView))
+
+
+def instant(value: datetime) -> str:
+    """An aware datetime as RFC 3339 (a naive one is sent as is: wall-clock time in the job's zone)."""
+    return value.isoformat()

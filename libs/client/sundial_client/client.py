@@ -1,0 +1,639 @@
+"""``Client`` and ``AsyncClient``: every Sundial API operation, typed, with safe retries.
+
+Both send the same :mod:`~sundial_client.calls` and read the same models; they differ only in how they
+wait (``time.sleep`` / ``asyncio.sleep``, ``httpx.Client`` / ``httpx.AsyncClient``). Listings are
+iterators that fetch the next page as they go; ``create_many`` sends ``POST /v1/jobs:batch`` in chunks.
+
+    with Client("http://127.0.0.1:8080", token=token) as client:
+        job = client.schedule(handler="echo", pool="demo").after(seconds=30)
+        for job in client.jobs.list(state="ACTIVE"):
+            ...
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Self, TypeVar, overload
+
+import httpx
+
+from sundial_client import calls
+from sundial_client.calls import MAX_BATCH, MAX_PAGE, Call
+from sundial_client.errors import ConnectionFailed, raise_for_problem
+from sundial_client.models import (
+    BatchItem,
+    ClusterView,
+    Execution,
+    ExecutionDetail,
+    ExecutionState,
+    Job,
+    JobDetail,
+    JobState,
+    JobType,
+    NewJob,
+    Preview,
+    SchedulePreviewRequest,
+    Target,
+    Triggered,
+)
+from sundial_client.retries import Retries
+
+T = TypeVar("T")
+DEFAULT_TIMEOUT_SEC = 10.0
+USER_AGENT = "sundial-client/0.1"
+
+
+def _headers(token: str | None) -> dict[str, str]:
+    headers = {"User-Agent": USER_AGENT, "Accept": "application/json"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    return headers
+
+
+def _request_headers(call: Call[Any]) -> dict[str, str]:
+    headers = dict(call.headers)
+    if call.idempotent_create:
+        # One key per call, the same on every retry of it: the server creates once and replays its answer.
+        headers.setdefault("Idempotency-Key", str(uuid.uuid4()))
+    return headers
+
+
+def _chunks(items: Iterable[NewJob | Mapping[str, Any]], size: int) -> Iterator[list[Any]]:
+    if not 1 <= size <= MAX_BATCH:
+        raise ValueError(f"chunk_size must be 1 to {MAX_BATCH}, not {size}")
+    chunk: list[Any] = []
+    for item in items:
+        chunk.append(calls.wire(item))
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def _check_page_size(page_size: int) -> int:
+    if not 1 <= page_size <= MAX_PAGE:
+        raise ValueError(f"page_size must be 1 to {MAX_PAGE}, not {page_size}")
+    return page_size
+
+
+@dataclass(frozen=True)
+class JobDraft:
+    """A job's where and what, waiting for its when (``client.schedule(...)`` then ``.at``/``.after``/…)."""
+
+    handler: str
+    pool: str
+    name: str | None = None
+    payload: Mapping[str, Any] | None = None
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+    def job(self, type: JobType, **when: Any) -> NewJob:
+        return NewJob.model_validate(
+            {
+                "name": self.name or self.handler,
+                "type": type,
+                "target": Target(pool=self.pool, handler=self.handler),
+                "payload": dict(self.payload) if self.payload is not None else None,
+                **self.options,
+                **when,
+            }
+        )
+
+    def at(self, when: datetime) -> NewJob:
+        return self.job(JobType.ONE_SHOT, run_at=when)
+
+    def after(self, seconds: float) -> NewJob:
+        return self.job(JobType.DELAYED, delay_seconds=math.ceil(seconds))
+
+    def cron(self, expression: str, tz: str = "UTC", **bounds: Any) -> NewJob:
+        return self.job(JobType.CRON, schedule=expression, timezone=tz, **bounds)
+
+    def every(self, seconds: int, **bounds: Any) -> NewJob:
+        return self.job(JobType.INTERVAL, interval_sec=seconds, **bounds)
+
+    def on(self, instants: Iterable[datetime], **bounds: Any) -> NewJob:
+        return self.job(JobType.RUN_LIST, run_list=list(instants), **bounds)
+
+
+# --- synchronous ----------------------------------------------------------------------------------
+
+
+class Client:
+    """The Sundial API over blocking HTTP. ``Client(url, token=...)``; close it, or use it in ``with``."""
+
+    def __init__(
+        self,
+        url: str,
+        token: str | None = None,
+        *,
+        timeout: float = DEFAULT_TIMEOUT_SEC,
+        retry: Retries | None = None,
+        transport: httpx.BaseTransport | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.retry = retry or Retries()
+        self._sleep = sleep
+        self._http = httpx.Client(base_url=url, headers=_headers(token), timeout=timeout, transport=transport)
+        self.jobs = Jobs(self)
+        self.executions = Executions(self)
+        self.schedules = Schedules(self)
+        self.admin = Admin(self)
+
+    def call(self, call: Call[T]) -> T:
+        """Send one operation, retrying what is safe to retry (see :mod:`sundial_client.retries`)."""
+        headers = _request_headers(call)
+        failures = 0
+        while True:
+            try:
+                response = self._http.request(
+                    call.method, call.path, params=call.params, json=call.body, headers=headers
+                )
+            except (httpx.TransportError, httpx.DecodingError) as exc:
+                failures += 1
+                if failures >= self.retry.attempts or isinstance(exc, httpx.UnsupportedProtocol):
+                    raise ConnectionFailed(f"{call.method} {call.path}: {type(exc).__name__}: {exc}") from exc
+                self._sleep(self.retry.delay(failures))
+                continue
+            if self.retry.retryable(response) and failures + 1 < self.retry.attempts:
+                failures += 1
+                self._sleep(self.retry.delay(failures, response))
+                continue
+            raise_for_problem(response)
+            return call.read(response)
+
+    @overload
+    def schedule(
+        self,
+        *,
+        handler: str,
+        pool: str,
+        at: datetime,
+        name: str | None = ...,
+        payload: Mapping[str, Any] | None = ...,
+        **options: Any,
+    ) -> Job: ...
+
+    @overload
+    def schedule(
+        self,
+        *,
+        handler: str,
+        pool: str,
+        at: None = ...,
+        name: str | None = ...,
+        payload: Mapping[str, Any] | None = ...,
+        **options: Any,
+    ) -> ScheduleBuilder: ...
+
+    def schedule(
+        self,
+        *,
+        handler: str,
+        pool: str,
+        at: datetime | None = None,
+        name: str | None = None,
+        payload: Mapping[str, Any] | None = None,
+        **options: Any,
+    ) -> Job | ScheduleBuilder:
+        """Register a job for ``handler`` in ``pool``: at once when ``at`` is given, else say when next
+        (``.after(seconds=30)``, ``.cron("0 3 * * *", tz=...)``, ``.every(60)``, ``.at(dt)``, ``.on([...])``).
+        ``options`` are any other job fields (``retry_policy=``, ``timeout_sec=``, ``jitter_sec=``, …)."""
+        builder = ScheduleBuilder(self.jobs, JobDraft(handler, pool, name, payload, options))
+        return builder.at(at) if at is not None else builder
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class ScheduleBuilder:
+    def __init__(self, jobs: Jobs, draft: JobDraft) -> None:
+        self._jobs = jobs
+        self.draft = draft
+
+    def at(self, when: datetime) -> Job:
+        return self._jobs.create(self.draft.at(when))
+
+    def after(self, seconds: float) -> Job:
+        return self._jobs.create(self.draft.after(seconds))
+
+    def cron(self, expression: str, tz: str = "UTC", **bounds: Any) -> Job:
+        return self._jobs.create(self.draft.cron(expression, tz, **bounds))
+
+    def every(self, seconds: int, **bounds: Any) -> Job:
+        return self._jobs.create(self.draft.every(seconds, **bounds))
+
+    def on(self, instants: Iterable[datetime], **bounds: Any) -> Job:
+        return self._jobs.create(self.draft.on(instants, **bounds))
+
+
+class Jobs:
+    def __init__(self, client: Client) -> None:
+        self._c = client
+
+    def create(self, job: NewJob | Mapping[str, Any]) -> Job:
+        """``POST /v1/jobs`` with an ``Idempotency-Key`` of its own: retried safely, created once."""
+        return self._c.call(calls.create_job(job))
+
+    def create_many(
+        self, jobs: Iterable[NewJob | Mapping[str, Any]], *, chunk_size: int = MAX_BATCH
+    ) -> list[BatchItem]:
+        """``POST /v1/jobs:batch`` per ``chunk_size`` jobs (each chunk idempotent on retry); one result per job,
+        ``index`` counting from the first job given. Invalid items come back with their ``problem``."""
+        results: list[BatchItem] = []
+        for chunk in _chunks(jobs, chunk_size):
+            offset = len(results)
+            answer = self._c.call(calls.create_jobs(chunk))
+            results += [item.model_copy(update={"index": offset + item.index}) for item in answer.results]
+        return results
+
+    def get(self, job_id: str) -> JobDetail:
+        return self._c.call(calls.get_job(job_id))
+
+    def update(self, job_id: str, *, if_match: int | None = None, **fields: Any) -> Job:
+        """``PATCH``: the fields given change (snake_case names; None clears one); ``if_match`` a version."""
+        return self._c.call(calls.update_job(job_id, fields, if_match))
+
+    def delete(self, job_id: str) -> Job:
+        return self._c.call(calls.delete_job(job_id))
+
+    def pause(self, job_id: str) -> Job:
+        return self._c.call(calls.pause_job(job_id))
+
+    def resume(self, job_id: str) -> Job:
+        return self._c.call(calls.resume_job(job_id))
+
+    def trigger(self, job_id: str) -> Triggered:
+        return self._c.call(calls.trigger_job(job_id))
+
+    def preview(self, job_id: str, count: int = 10) -> Preview:
+        return self._c.call(calls.preview_job(job_id, count))
+
+    def list(
+        self,
+        *,
+        state: JobState | str | None = None,
+        type: JobType | str | None = None,
+        pool: str | None = None,
+        handler: str | None = None,
+        name_prefix: str | None = None,
+        page_size: int = 50,
+    ) -> Iterator[Job]:
+        """The tenant's jobs, newest first, fetched a page at a time as the iterator advances."""
+        cursor: str | None = None
+        while True:
+            page = self._c.call(
+                calls.list_jobs(
+                    state=state,
+                    type=type,
+                    pool=pool,
+                    handler=handler,
+                    name_prefix=name_prefix,
+                    cursor=cursor,
+                    limit=_check_page_size(page_size),
+                )
+            )
+            yield from page.items
+            if page.next_cursor is None:
+                return
+            cursor = page.next_cursor
+
+    def executions(self, job_id: str, *, page_size: int = 50) -> Iterator[Execution]:
+        """A job's executions, newest occurrence first."""
+        cursor: str | None = None
+        while True:
+            page = self._c.call(calls.job_executions(job_id, cursor=cursor, limit=_check_page_size(page_size)))
+            yield from page.items
+            if page.next_cursor is None:
+                return
+            cursor = page.next_cursor
+
+
+class Executions:
+    def __init__(self, client: Client) -> None:
+        self._c = client
+
+    def get(self, execution_id: str) -> ExecutionDetail:
+        return self._c.call(calls.get_execution(execution_id))
+
+    def cancel(self, execution_id: str) -> Execution:
+        """CANCELLED at once if it had not started; a RUNNING one is asked to stop (``cancel_requested_at``)."""
+        return self._c.call(calls.cancel_execution(execution_id))
+
+    def retry(self, execution_id: str) -> Execution:
+        """One more attempt for a DEAD execution."""
+        return self._c.call(calls.retry_execution(execution_id))
+
+    def list(self, state: ExecutionState | str, *, page_size: int = 50) -> Iterator[Execution]:
+        """The tenant's executions in ``state`` (``DEAD``: the dead letters), newest first."""
+        cursor: str | None = None
+        while True:
+            page = self._c.call(calls.list_executions(state, cursor=cursor, limit=_check_page_size(page_size)))
+            yield from page.items
+            if page.next_cursor is None:
+                return
+            cursor = page.next_cursor
+
+    def watch(self, execution_id: str, *, poll_sec: float = 1.0) -> Iterator[ExecutionDetail]:
+        """The execution now, then each time it changes (state, attempt, worker), until it has ended."""
+        last: tuple[Any, ...] | None = None
+        while True:
+            current = self.get(execution_id)
+            seen = (current.state, current.attempt, current.worker_id, current.next_attempt_at, len(current.attempts))
+            if seen != last:
+                last = seen
+                yield current
+            if current.ended:
+                return
+            self._c._sleep(poll_sec)
+
+    def wait(self, execution_id: str, *, poll_sec: float = 1.0) -> ExecutionDetail:
+        """Block until the execution has ended; its final view."""
+        final: ExecutionDetail | None = None
+        for final in self.watch(execution_id, poll_sec=poll_sec):  # noqa: B007 - the last one is the answer
+            pass
+        assert final is not None
+        return final
+
+
+class Schedules:
+    def __init__(self, client: Client) -> None:
+        self._c = client
+
+    def preview(self, request: SchedulePreviewRequest | Mapping[str, Any]) -> Preview:
+        """The next fires of a schedule, without creating anything."""
+        return self._c.call(calls.preview_schedule(request))
+
+
+class Admin:
+    def __init__(self, client: Client) -> None:
+        self._c = client
+
+    def cluster(self) -> ClusterView:
+        """Replicas, shard leaders, fences, lease TTLs (an admin token)."""
+        return self._c.call(calls.cluster())
+
+
+# --- asynchronous ---------------------------------------------------------------------------------
+
+
+class AsyncClient:
+    """The Sundial API over asyncio. ``AsyncClient(url, token=...)``; ``await aclose()`` or ``async with``."""
+
+    def __init__(
+        self,
+        url: str,
+        token: str | None = None,
+        *,
+        timeout: float = DEFAULT_TIMEOUT_SEC,
+        retry: Retries | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        self.retry = retry or Retries()
+        self._sleep = sleep
+        self._http = httpx.AsyncClient(base_url=url, headers=_headers(token), timeout=timeout, transport=transport)
+        self.jobs = AsyncJobs(self)
+        self.executions = AsyncExecutions(self)
+        self.schedules = AsyncSchedules(self)
+        self.admin = AsyncAdmin(self)
+
+    async def call(self, call: Call[T]) -> T:
+        """Send one operation, retrying what is safe to retry (see :mod:`sundial_client.retries`)."""
+        headers = _request_headers(call)
+        failures = 0
+        while True:
+            try:
+                response = await self._http.request(
+                    call.method, call.path, params=call.params, json=call.body, headers=headers
+                )
+            except (httpx.TransportError, httpx.DecodingError) as exc:
+                failures += 1
+                if failures >= self.retry.attempts or isinstance(exc, httpx.UnsupportedProtocol):
+                    raise ConnectionFailed(f"{call.method} {call.path}: {type(exc).__name__}: {exc}") from exc
+                await self._sleep(self.retry.delay(failures))
+                continue
+            if self.retry.retryable(response) and failures + 1 < self.retry.attempts:
+                failures += 1
+                await self._sleep(self.retry.delay(failures, response))
+                continue
+            raise_for_problem(response)
+            return call.read(response)
+
+    @overload
+    def schedule(
+        self,
+        *,
+        handler: str,
+        pool: str,
+        at: datetime,
+        name: str | None = ...,
+        payload: Mapping[str, Any] | None = ...,
+        **options: Any,
+    ) -> Awaitable[Job]: ...
+
+    @overload
+    def schedule(
+        self,
+        *,
+        handler: str,
+        pool: str,
+        at: None = ...,
+        name: str | None = ...,
+        payload: Mapping[str, Any] | None = ...,
+        **options: Any,
+    ) -> AsyncScheduleBuilder: ...
+
+    def schedule(
+        self,
+        *,
+        handler: str,
+        pool: str,
+        at: datetime | None = None,
+        name: str | None = None,
+        payload: Mapping[str, Any] | None = None,
+        **options: Any,
+    ) -> Awaitable[Job] | AsyncScheduleBuilder:
+        """As :meth:`Client.schedule`; ``await`` the result (``await client.schedule(...).after(seconds=30)``)."""
+        builder = AsyncScheduleBuilder(self.jobs, JobDraft(handler, pool, name, payload, options))
+        return builder.at(at) if at is not None else builder
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+class AsyncScheduleBuilder:
+    def __init__(self, jobs: AsyncJobs, draft: JobDraft) -> None:
+        self._jobs = jobs
+        self.draft = draft
+
+    async def at(self, when: datetime) -> Job:
+        return await self._jobs.create(self.draft.at(when))
+
+    async def after(self, seconds: float) -> Job:
+        return await self._jobs.create(self.draft.after(seconds))
+
+    async def cron(self, expression: str, tz: str = "UTC", **bounds: Any) -> Job:
+        return await self._jobs.create(self.draft.cron(expression, tz, **bounds))
+
+    async def every(self, seconds: int, **bounds: Any) -> Job:
+        return await self._jobs.create(self.draft.every(seconds, **bounds))
+
+    async def on(self, instants: Iterable[datetime], **bounds: Any) -> Job:
+        return await self._jobs.create(self.draft.on(instants, **bounds))
+
+
+class AsyncJobs:
+    def __init__(self, client: AsyncClient) -> None:
+        self._c = client
+
+    async def create(self, job: NewJob | Mapping[str, Any]) -> Job:
+        """``POST /v1/jobs`` with an ``Idempotency-Key`` of its own: retried safely, created once."""
+        return await self._c.call(calls.create_job(job))
+
+    async def create_many(
+        self, jobs: Iterable[NewJob | Mapping[str, Any]], *, chunk_size: int = MAX_BATCH
+    ) -> list[BatchItem]:
+        """As :meth:`Jobs.create_many`."""
+        results: list[BatchItem] = []
+        for chunk in _chunks(jobs, chunk_size):
+            offset = len(results)
+            answer = await self._c.call(calls.create_jobs(chunk))
+            results += [item.model_copy(update={"index": offset + item.index}) for item in answer.results]
+        return results
+
+    async def get(self, job_id: str) -> JobDetail:
+        return await self._c.call(calls.get_job(job_id))
+
+    async def update(self, job_id: str, *, if_match: int | None = None, **fields: Any) -> Job:
+        return await self._c.call(calls.update_job(job_id, fields, if_match))
+
+    async def delete(self, job_id: str) -> Job:
+        return await self._c.call(calls.delete_job(job_id))
+
+    async def pause(self, job_id: str) -> Job:
+        return await self._c.call(calls.pause_job(job_id))
+
+    async def resume(self, job_id: str) -> Job:
+        return await self._c.call(calls.resume_job(job_id))
+
+    async def trigger(self, job_id: str) -> Triggered:
+        return await self._c.call(calls.trigger_job(job_id))
+
+    async def preview(self, job_id: str, count: int = 10) -> Preview:
+        return await self._c.call(calls.preview_job(job_id, count))
+
+    async def list(
+        self,
+        *,
+        state: JobState | str | None = None,
+        type: JobType | str | None = None,
+        pool: str | None = None,
+        handler: str | None = None,
+        name_prefix: str | None = None,
+        page_size: int = 50,
+    ) -> AsyncIterator[Job]:
+        cursor: str | None = None
+        while True:
+            page = await self._c.call(
+                calls.list_jobs(
+                    state=state,
+                    type=type,
+                    pool=pool,
+                    handler=handler,
+                    name_prefix=name_prefix,
+                    cursor=cursor,
+                    limit=_check_page_size(page_size),
+                )
+            )
+            for job in page.items:
+                yield job
+            if page.next_cursor is None:
+                return
+            cursor = page.next_cursor
+
+    async def executions(self, job_id: str, *, page_size: int = 50) -> AsyncIterator[Execution]:
+        cursor: str | None = None
+        while True:
+            page = await self._c.call(calls.job_executions(job_id, cursor=cursor, limit=_check_page_size(page_size)))
+            for execution in page.items:
+                yield execution
+            if page.next_cursor is None:
+                return
+            cursor = page.next_cursor
+
+
+class AsyncExecutions:
+    def __init__(self, client: AsyncClient) -> None:
+        self._c = client
+
+    async def get(self, execution_id: str) -> ExecutionDetail:
+        return await self._c.call(calls.get_execution(execution_id))
+
+    async def cancel(self, execution_id: str) -> Execution:
+        return await self._c.call(calls.cancel_execution(execution_id))
+
+    async def retry(self, execution_id: str) -> Execution:
+        return await self._c.call(calls.retry_execution(execution_id))
+
+    async def list(self, state: ExecutionState | str, *, page_size: int = 50) -> AsyncIterator[Execution]:
+        cursor: str | None = None
+        while True:
+            page = await self._c.call(calls.list_executions(state, cursor=cursor, limit=_check_page_size(page_size)))
+            for execution in page.items:
+                yield execution
+            if page.next_cursor is None:
+                return
+            cursor = page.next_cursor
+
+    async def watch(self, execution_id: str, *, poll_sec: float = 1.0) -> AsyncIterator[ExecutionDetail]:
+        last: tuple[Any, ...] | None = None
+        while True:
+            current = await self.get(execution_id)
+            seen = (current.state, current.attempt, current.worker_id, current.next_attempt_at, len(current.attempts))
+            if seen != last:
+                last = seen
+                yield current
+            if current.ended:
+                return
+            await self._c._sleep(poll_sec)
+
+    async def wait(self, execution_id: str, *, poll_sec: float = 1.0) -> ExecutionDetail:
+        final: ExecutionDetail | None = None
+        async for final in self.watch(execution_id, poll_sec=poll_sec):  # noqa: B007 - the last one is the answer
+            pass
+        assert final is not None
+        return final
+
+
+class AsyncSchedules:
+    def __init__(self, client: AsyncClient) -> None:
+        self._c = client
+
+    async def preview(self, request: SchedulePreviewRequest | Mapping[str, Any]) -> Preview:
+        return await self._c.call(calls.preview_schedule(request))
+
+
+class AsyncAdmin:
+    def __init__(self, client: AsyncClient) -> None:
+        self._c = client
+
+    async def cluster(self) -> ClusterView:
+        return await self._c.call(calls.cluster())

@@ -1,0 +1,90 @@
+"""``GET /v1/jobs``: page through the tenant's jobs, newest first, with optional filters.
+
+Filters: ``state``, ``type``, ``pool``, ``handler`` (exact) and ``namePrefix``. Pages are keyset pages on
+the job id (a UUIDv7, so newest first is creation order) in the API's usual shape, ``items`` and
+``nextCursor``: a page never repeats or skips a job however many are created while a client pages. The
+response models live here, beside the route (``models.py`` is being split per resource; this module only
+imports from it).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+from typing import Annotated
+from uuid import UUID
+
+from fastapi import APIRouter, Query
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+from starlette.responses import Response
+from sundial_common.job_listing import JobFilter, list_jobs
+
+from sundial_api.auth import Authenticated
+from sundial_api.models import Job, JobState, JobType, render_job
+from sundial_api.problems import invalid, responses
+from sundial_api.responses import OrjsonResponse
+from sundial_api.state import State
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+
+_CURSOR = re.compile(r"^j1:([0-9a-f]{32})$")
+
+
+class JobList(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True)
+
+    items: list[Job] = Field(description="Newest job first.")
+    next_cursor: str | None = Field(description="Pass as `cursor` for the next page; null on the last page.")
+
+
+def encode_cursor(job_id: UUID) -> str:
+    return base64.urlsafe_b64encode(f"j1:{job_id.hex}".encode()).rstrip(b"=").decode()
+
+
+def decode_cursor(cursor: str) -> UUID:
+    try:
+        plain = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode("ascii")
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        plain = ""
+    match = _CURSOR.match(plain)
+    if match is None:
+        raise invalid("cursor", "is not a cursor returned by this API")
+    return UUID(hex=match.group(1))
+
+
+@router.get(
+    "",
+    response_model=JobList,
+    responses=responses(401, 422, 503),
+    summary="List jobs, newest first",
+)
+async def list_jobs_route(
+    state: State,
+    principal: Authenticated,
+    job_state: Annotated[JobState | None, Query(alias="state", description="Only jobs in this state.")] = None,
+    job_type: Annotated[JobType | None, Query(alias="type", description="Only jobs of this type.")] = None,
+    pool: Annotated[str | None, Query(max_length=63, description="Only jobs delivered to this pool.")] = None,
+    handler: Annotated[str | None, Query(max_length=128, description="Only jobs run by this handler.")] = None,
+    name_prefix: Annotated[
+        str | None, Query(alias="namePrefix", max_length=200, description="Only jobs whose name starts so.")
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=200, description="Page size.")] = 50,
+    cursor: Annotated[
+        str | None, Query(description="`nextCursor` of the previous page; omit for the first page.")
+    ] = None,
+) -> Response:
+    before = decode_cursor(cursor) if cursor is not None else None
+    where = JobFilter(
+        state=job_state.value if job_state is not None else None,
+        type=job_type.value if job_type is not None else None,
+        pool=pool,
+        handler=handler,
+        name_prefix=name_prefix,
+    )
+    # One row more than the page tells whether another page exists without a count query.
+    rows = await list_jobs(state.store.pool, principal.tenant, where, before, limit + 1)
+    page = rows[:limit]
+    next_cursor = encode_cursor(page[-1]["id"]) if len(rows) > limit else None
+    return OrjsonResponse({"items": [render_job(row) for row in page], "nextCursor": next_cursor})

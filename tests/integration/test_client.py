@@ -1,0 +1,361 @@
+"""``sundial_client`` and the ``sundial jobs|executions`` CLI against the real API (uvicorn on a real port,
+real Postgres and Redis): what a tenant service and an operator see, and what was written.
+
+The API runs in a thread of this process on the test API port (``TEST_PORTS.api`` + the session's offset),
+so the blocking client, the async client and the CLI all go over real HTTP and real sockets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import asyncpg
+import httpx
+import pytest
+import uvicorn
+from sundial_api import ApiSettings, create_app
+from sundial_client import AsyncClient, Client, Conflict, NotFound, Retries, ValidationFailed
+from sundial_client.cli import _executions_parser, _jobs_parser, run
+from sundial_common.auth import issue_token
+
+from tests.conftest import _test_ports
+
+SECRET = "test-signing-key-for-the-client-suite"
+TENANT = "acme"
+
+
+@dataclass
+class Served:
+    url: str
+    token: str
+    database_url: str
+
+
+@pytest.fixture
+def served(database_url: str, redis_url: str) -> Iterator[Served]:
+    ports, _ = _test_ports()
+    settings = ApiSettings(database_url=database_url, redis_url=redis_url, jwt_secret=SECRET, shards=4)
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(settings), host="127.0.0.1", port=ports.api, lifespan="on", log_level="warning")
+    )
+    thread = threading.Thread(target=server.run, name="client-suite-api", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert thread.is_alive(), "the API did not start"
+        assert time.monotonic() < deadline, "the API did not start within 30 s"
+        time.sleep(0.05)
+    try:
+        yield Served(f"http://127.0.0.1:{ports.api}", issue_token(SECRET, TENANT), database_url)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+
+
+def quick() -> Retries:
+    return Retries(attempts=4, backoff_base_sec=0.01, backoff_cap_sec=0.05)
+
+
+@pytest.fixture
+def client(served: Served) -> Iterator[Client]:
+    with Client(served.url, token=served.token, retry=quick()) as c:
+        yield c
+
+
+@pytest.fixture
+async def aclient(served: Served) -> AsyncIterator[AsyncClient]:
+    async with AsyncClient(served.url, token=served.token, retry=quick()) as c:
+        yield c
+
+
+async def count_jobs(database_url: str, name: str) -> int:
+    db = await asyncpg.connect(database_url)
+    try:
+        return int(await db.fetchval("SELECT count(*) FROM jobs WHERE name = $1", name))
+    finally:
+        await db.close()
+
+
+# --- the client -----------------------------------------------------------------------------------
+
+
+def test_helpers_register_each_kind_of_job(client: Client) -> None:
+    at = datetime.now(UTC) + timedelta(hours=2)
+    one_shot = client.schedule(handler="echo", pool="demo", at=at, payload={"n": 1})
+    delayed = client.schedule(handler="echo", pool="demo", name="later").after(seconds=30)
+    nightly = client.schedule(handler="report", pool="demo").cron("0 3 * * *", tz="America/Los_Angeles")
+    assert (one_shot.type, one_shot.payload, one_shot.run_at) == (
+        "ONE_SHOT",
+        {"n": 1},
+        at.replace(microsecond=at.microsecond // 1000 * 1000),
+    )
+    assert (delayed.type, delayed.name, delayed.delay_seconds) == ("DELAYED", "later", 30)
+    assert (nightly.schedule, nightly.timezone, nightly.state) == ("0 3 * * *", "America/Los_Angeles", "ACTIVE")
+    fires = client.jobs.preview(nightly.job_id, count=2).fires
+    assert [f.local[11:19] for f in fires] == ["03:00:00", "03:00:00"]
+
+
+def test_list_pages_through_every_job_once_while_others_are_created(client: Client) -> None:
+    created = [client.schedule(handler="echo", pool="demo", name=f"page-{i}").after(seconds=600) for i in range(7)]
+    client.schedule(handler="other", pool="demo", name="x-other").after(seconds=600)
+    seen = []
+    for job in client.jobs.list(name_prefix="page-", page_size=3):
+        seen.append(job.job_id)
+        if len(seen) == 1:  # a job created mid-listing is newer than the cursor: never shifts a page
+            client.schedule(handler="echo", pool="demo", name="page-late").after(seconds=600)
+    assert seen == [j.job_id for j in reversed(created)]
+    assert [j.name for j in client.jobs.list(handler="other")] == ["x-other"]
+    assert [j.name for j in client.jobs.list(state="PAUSED")] == []
+
+
+def test_pause_resume_trigger_update_delete(client: Client) -> None:
+    job = client.schedule(handler="echo", pool="demo").every(60)
+    assert client.jobs.pause(job.job_id).state == "PAUSED"
+    assert client.jobs.pause(job.job_id).state == "PAUSED"  # idempotent, so safe to retry
+    assert client.jobs.resume(job.job_id).state == "ACTIVE"
+    changed = client.jobs.update(job.job_id, if_match=job.version + 2, name="renamed", payload={"k": "v"})
+    assert (changed.name, changed.payload) == ("renamed", {"k": "v"})
+    triggered = client.jobs.trigger(job.job_id)
+    assert triggered.job_id == job.job_id
+    assert client.jobs.delete(job.job_id).state == "CANCELLED"
+    with pytest.raises(Conflict):
+        client.jobs.pause(job.job_id)
+
+
+def test_a_stale_version_is_refused(client: Client) -> None:
+    job = client.schedule(handler="echo", pool="demo").every(60)
+    client.jobs.update(job.job_id, name="first")
+    with pytest.raises(Exception) as caught:
+        client.jobs.update(job.job_id, if_match=job.version, name="second")
+    assert getattr(caught.value, "status", None) == 412
+
+
+def test_validation_errors_carry_the_field_messages(client: Client) -> None:
+    with pytest.raises(ValidationFailed) as caught:
+        client.schedule(handler="echo", pool="Not A Pool").cron("61 * * * *")
+    fields = {e.field: e.message for e in caught.value.errors}
+    assert set(fields) == {"target.pool", "schedule"}
+    assert "is not a pool name" in fields["target.pool"]
+    with pytest.raises(NotFound):
+        client.jobs.get(str(uuid.uuid4()))
+
+
+async def test_cancel_and_retry_executions(aclient: AsyncClient, served: Served) -> None:
+    job = await aclient.schedule(handler="echo", pool="demo").after(seconds=600)
+    db = await asyncpg.connect(served.database_url)
+    try:
+        pending, dead = uuid.uuid4(), uuid.uuid4()
+        for ident, state, at in ((pending, "PENDING", 1), (dead, "DEAD", 2)):
+            await db.execute(
+                "INSERT INTO executions (id, tenant_id, job_id, scheduled_for, shard, fence_token, state, attempt,"
+                " max_attempts, pool, handler, timeout_sec)"
+                " SELECT $1, tenant_id, id, now() + make_interval(secs => $3), shard, 1, $2, 3, 3,"
+                " pool, handler, 600 FROM jobs WHERE id = $4",
+                ident,
+                state,
+                at,
+                uuid.UUID(job.job_id),
+            )
+    finally:
+        await db.close()
+    cancelled = await aclient.executions.cancel(str(pending))
+    assert cancelled.state == "CANCELLED" and cancelled.ended
+    with pytest.raises(Conflict) as caught:
+        await aclient.executions.cancel(str(pending))
+    assert "nothing to cancel" in caught.value.detail
+    assert [e.execution_id async for e in aclient.executions.list("DEAD")] == [str(dead)]
+    retried = await aclient.executions.retry(str(dead))
+    assert retried.next_attempt_at is not None and not retried.ended
+    assert [e.execution_id async for e in aclient.jobs.executions(job.job_id, page_size=1)] == [str(dead), str(pending)]
+
+
+class DropFirstResponse(httpx.HTTPTransport):
+    """The server processes the first request, then the connection drops before its answer arrives."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.requests: list[httpx.Request] = []
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        self.requests.append(request)
+        response = super().handle_request(request)
+        if len(self.requests) == 1:
+            response.read()
+            response.close()
+            raise httpx.RemoteProtocolError("connection dropped before the response", request=request)
+        return response
+
+
+async def test_a_create_retried_after_a_dropped_connection_registers_one_job(served: Served) -> None:
+    transport = DropFirstResponse()
+    with Client(served.url, token=served.token, retry=quick(), transport=transport) as client:
+        job = client.schedule(handler="echo", pool="demo", name="exactly-once").after(seconds=60)
+    keys = [r.headers["Idempotency-Key"] for r in transport.requests]
+    assert len(keys) == 2 and keys[0] == keys[1]
+    assert await count_jobs(served.database_url, "exactly-once") == 1
+    assert job.name == "exactly-once"
+
+
+class TooManyRequestsFirst(httpx.HTTPTransport):
+    def __init__(self, times: int) -> None:
+        super().__init__()
+        self.times = times
+        self.forwarded = 0
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        if self.times:
+            self.times -= 1
+            return httpx.Response(
+                429,
+                headers={"Retry-After": "2"},
+                json={"type": "about:blank", "title": "Too Many Requests", "status": 429, "detail": "slow down"},
+            )
+        self.forwarded += 1
+        return super().handle_request(request)
+
+
+def test_429_backs_off_for_retry_after_then_succeeds(served: Served) -> None:
+    waits: list[float] = []
+    transport = TooManyRequestsFirst(times=2)
+    with Client(served.url, token=served.token, retry=quick(), transport=transport, sleep=waits.append) as client:
+        job = client.schedule(handler="echo", pool="demo").after(seconds=60)
+    assert waits == [2.0, 2.0] and transport.forwarded == 1 and job.state == "ACTIVE"
+
+
+def test_create_many_sends_chunks_and_reports_each_item(client: Client) -> None:
+    draft = [
+        {"name": f"bulk-{i}", "type": "DELAYED", "delaySeconds": 60, "target": {"pool": "demo", "handler": "echo"}}
+        for i in range(5)
+    ]
+    draft[3]["delaySeconds"] = -1
+    results = client.jobs.create_many(draft, chunk_size=2)
+    assert [(r.index, r.status) for r in results] == [(0, 201), (1, 201), (2, 201), (3, 422), (4, 201)]
+    assert results[3].problem is not None and results[3].problem.errors[0].field == "delaySeconds"
+    assert len(list(client.jobs.list(name_prefix="bulk-"))) == 4
+
+
+# --- the CLI --------------------------------------------------------------------------------------
+
+
+def cli(parser: Any, argv: list[str], client: Client, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    code = run(parser, argv, client)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_cli_creates_lists_pauses_and_shows_jobs(client: Client, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = cli(
+        _jobs_parser(),
+        [
+            "create",
+            "--name",
+            "report",
+            "--pool",
+            "demo",
+            "--handler",
+            "echo",
+            "--delay",
+            "30",
+            "--payload",
+            '{"a": 1}',
+            "--json",
+        ],
+        client,
+        capsys,
+    )
+    assert code == 0
+    job = json.loads(out)
+    assert (job["type"], job["delaySeconds"], job["payload"]) == ("DELAYED", 30, {"a": 1})
+    code, out, _ = cli(
+        _jobs_parser(),
+        [
+            "create",
+            "--name",
+            "nightly",
+            "--pool",
+            "demo",
+            "--handler",
+            "echo",
+            "--cron",
+            "0 3 * * *",
+            "--tz",
+            "America/Los_Angeles",
+        ],
+        client,
+        capsys,
+    )
+    assert code == 0 and "cron 0 3 * * * America/Los_Angeles" in out
+    assert cli(_jobs_parser(), ["pause", job["jobId"]], client, capsys)[0] == 0
+    code, out, _ = cli(_jobs_parser(), ["list", "--state", "ACTIVE", "--json"], client, capsys)
+    assert [j["name"] for j in json.loads(out)] == ["nightly"]
+    code, out, _ = cli(_jobs_parser(), ["list"], client, capsys)
+    assert out.splitlines()[0].split()[:3] == ["JOB", "ID", "NAME"] and len(out.splitlines()) == 3
+    code, out, _ = cli(_jobs_parser(), ["get", job["jobId"]], client, capsys)
+    assert code == 0 and "PAUSED" in out
+
+
+def test_cli_errors_print_field_messages_with_documented_exit_codes(
+    client: Client, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = cli(
+        _jobs_parser(),
+        ["create", "--name", "bad", "--pool", "demo", "--handler", "echo", "--cron", "61 * * * *"],
+        client,
+        capsys,
+    )
+    assert code == 4 and "schedule:" in err
+    code, _, err = cli(_jobs_parser(), ["get", str(uuid.uuid4())], client, capsys)
+    assert code == 3 and "not found" in err
+    job = client.schedule(handler="echo", pool="demo").after(seconds=60)
+    client.jobs.delete(job.job_id)
+    assert cli(_jobs_parser(), ["resume", job.job_id], client, capsys)[0] == 5
+    code, _, err = cli(_jobs_parser(), ["create", "--name", "x", "--pool", "demo", "--handler", "echo"], client, capsys)
+    assert code == 2 and "exactly one of" in err
+    with pytest.raises(SystemExit) as exited:
+        run(_jobs_parser(), ["--help"], client)
+    assert exited.value.code == 0 and "exit codes" in capsys.readouterr().out
+
+
+def test_cli_unreachable_api_exits_7(capsys: pytest.CaptureFixture[str]) -> None:
+    with Client("http://127.0.0.1:9", retry=Retries(attempts=2, backoff_base_sec=0.0)) as nowhere:
+        code, _, err = cli(_executions_parser(), ["get", str(uuid.uuid4())], nowhere, capsys)
+    assert code == 7 and "cannot reach the API" in err
+
+
+def test_cli_watches_an_execution_until_it_ends(
+    client: Client, served: Served, capsys: pytest.CaptureFixture[str]
+) -> None:
+    job = client.schedule(handler="echo", pool="demo").after(seconds=600)
+    ident = uuid.uuid4()
+
+    async def insert() -> None:
+        db = await asyncpg.connect(served.database_url)
+        try:
+            await db.execute(
+                "INSERT INTO executions (id, tenant_id, job_id, scheduled_for, shard, fence_token, state, attempt,"
+                " max_attempts, pool, handler, timeout_sec)"
+                " SELECT $1, tenant_id, id, now(), shard, 1, 'PENDING', 1, 3, pool, handler,"
+                " 600 FROM jobs WHERE id = $2",
+                ident,
+                uuid.UUID(job.job_id),
+            )
+        finally:
+            await db.close()
+
+    asyncio.run(insert())  # a fresh loop: this test is synchronous
+    cancel = threading.Timer(0.5, lambda: client.executions.cancel(str(ident)))
+    cancel.start()
+    try:
+        code, out, _ = cli(_executions_parser(), ["watch", str(ident), "--interval", "0.1"], client, capsys)
+    finally:
+        cancel.join()
+    assert code == 1
+    assert [line.split()[1] for line in out.splitlines()] == ["PENDING", "CANCELLED"]

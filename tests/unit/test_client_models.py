@@ -1,0 +1,110 @@
+"""The client's models against the server's OpenAPI document: a field renamed, added, dropped, made
+required or an enum value changed on either side fails here, so ``sundial_client`` cannot drift silently.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+from sundial_api import ApiSettings, create_app
+from sundial_client import models
+
+# client model → the OpenAPI schema it mirrors
+PAIRS: dict[type[BaseModel], str] = {
+    models.Job: "Job",
+    models.JobDetail: "JobDetail",
+    models.Execution: "Execution",
+    models.ExecutionDetail: "ExecutionDetail",
+    models.Attempt: "Attempt",
+    models.ExecutionPage: "ExecutionPage",
+    models.JobList: "JobList",
+    models.Preview: "Preview",
+    models.Fire: "Fire",
+    models.Triggered: "Triggered",
+    models.Problem: "Problem",
+    models.FieldError: "FieldError",
+    models.TargetView: "TargetView",
+    models.NewJob: "JobCreate",
+    models.Target: "Target",
+    models.RetryPolicy: "RetryPolicy",
+    models.SchedulePreviewRequest: "SchedulePreviewRequest",
+    models.ClusterView: "ClusterView",
+    models.ReplicaView: "ReplicaView",
+    models.ShardView: "ShardView",
+    models.RoleView: "RoleView",
+}
+ENUMS: dict[type[enum.Enum], str] = {
+    models.JobType: "JobType",
+    models.JobState: "JobState",
+    models.ExecutionState: "ExecutionState",
+    models.OverlapPolicy: "OverlapPolicy",
+    models.CatchupPolicy: "CatchupPolicy",
+    models.Priority: "Priority",
+    models.Backoff: "Backoff",
+}
+REQUESTS = {models.NewJob, models.Target, models.RetryPolicy, models.SchedulePreviewRequest}
+
+
+@pytest.fixture(scope="module")
+def schemas() -> dict[str, Any]:
+    document = create_app(ApiSettings(jwt_secret="unused")).openapi()
+    found: dict[str, Any] = document["components"]["schemas"]
+    return found
+
+
+def _fields(model: type[BaseModel]) -> dict[str, bool]:
+    return {(info.alias or name): info.is_required() for name, info in model.model_fields.items()}
+
+
+@pytest.mark.parametrize("model", PAIRS, ids=lambda m: m.__name__)
+def test_client_model_has_the_servers_fields(model: type[BaseModel], schemas: dict[str, Any]) -> None:
+    schema = schemas[PAIRS[model]]
+    assert set(_fields(model)) == set(schema["properties"])
+
+
+@pytest.mark.parametrize("model", PAIRS, ids=lambda m: m.__name__)
+def test_client_model_requires_what_the_server_requires(model: type[BaseModel], schemas: dict[str, Any]) -> None:
+    required = set(schemas[PAIRS[model]].get("required", []))
+    mine = {name for name, needed in _fields(model).items() if needed}
+    if model in REQUESTS:
+        # A request may leave out what the server defaults, never what it requires.
+        assert mine == required
+    else:
+        # A response model may tolerate an absent field (older servers), never demand one the server may omit.
+        assert mine <= required
+
+
+@pytest.mark.parametrize("kind", ENUMS, ids=lambda e: e.__name__)
+def test_client_enums_have_the_servers_values(kind: type[enum.Enum], schemas: dict[str, Any]) -> None:
+    assert [member.value for member in kind] == schemas[ENUMS[kind]]["enum"]
+
+
+def test_every_operation_of_the_api_has_a_client_call(schemas: dict[str, Any]) -> None:
+    """A new endpoint without a client call fails here (health probes aside)."""
+    document = create_app(ApiSettings(jwt_secret="unused")).openapi()
+    operations = {
+        (method.upper(), path) for path, item in document["paths"].items() for method in item if path.startswith("/v1/")
+    }
+    covered = {
+        ("POST", "/v1/jobs"),
+        ("GET", "/v1/jobs"),
+        ("POST", "/v1/jobs:batch"),
+        ("GET", "/v1/jobs/{job_id}"),
+        ("PATCH", "/v1/jobs/{job_id}"),
+        ("DELETE", "/v1/jobs/{job_id}"),
+        ("POST", "/v1/jobs/{job_id}/pause"),
+        ("POST", "/v1/jobs/{job_id}/resume"),
+        ("POST", "/v1/jobs/{job_id}/trigger"),
+        ("GET", "/v1/jobs/{job_id}/preview"),
+        ("GET", "/v1/jobs/{job_id}/executions"),
+        ("POST", "/v1/schedules:preview"),
+        ("GET", "/v1/executions"),
+        ("GET", "/v1/executions/{execution_id}"),
+        ("POST", "/v1/executions/{execution_id}/cancel"),
+        ("POST", "/v1/executions/{execution_id}/retry"),
+        ("GET", "/v1/admin/cluster"),
+    }
+    assert operations == covered
