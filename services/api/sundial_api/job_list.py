@@ -19,7 +19,7 @@ from fastapi import APIRouter, Query
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 from starlette.responses import Response
-from sundial_common.job_listing import JobFilter, list_jobs
+from sundial_common.stores.jobs import JobFilter
 
 from sundial_api.auth import Authenticated
 from sundial_api.models import Job, JobState, JobType, render_job
@@ -84,7 +84,7 @@ async def list_jobs_route(
         name_prefix=name_prefix,
     )
     # One row more than the page tells whether another page exists without a count query.
-    rows = await list_jobs(state.store.pool, principal.tenant, where, before, limit + 1)
+    rows = await state.stores.jobs.list_jobs(principal.tenant, where, before, limit + 1)
     page = rows[:limit]
     next_cursor = encode_cursor(page[-1]["id"]) if len(rows) > limit else None
     return OrjsonResponse({"items": [render_job(row) for row in page], "nextCursor": next_cursor})

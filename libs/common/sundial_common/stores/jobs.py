@@ -1,5 +1,5 @@
-"""The job store: jobs' definitions and lifecycle (create, change, pause, resume, trigger, cancel, read), and
-the hydrator's scans of the jobs coming due.
+"""The job store: jobs' definitions and lifecycle (create, change, pause, resume, trigger, cancel, read,
+list), and the hydrator's scans of the jobs coming due.
 
 SQL: ``sql/jobs.sql``. Every write records its audit row in the same statement. The executions a job's
 occurrences become are the dispatch store's (:mod:`sundial_common.stores.dispatch`).
@@ -8,6 +8,7 @@ occurrences become are the dispatch store's (:mod:`sundial_common.stores.dispatc
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol, cast
 from uuid import UUID
@@ -19,6 +20,18 @@ from sundial_common.stores.database import Database
 from sundial_common.stores.types import Occurrence, Record
 
 Q = load_file("jobs.sql")
+
+
+@dataclass(frozen=True, slots=True)
+class JobFilter:
+    """Which of a tenant's jobs to list; None means "any". ``name_prefix`` matches the start of the name."""
+
+    state: str | None = None
+    type: str | None = None
+    pool: str | None = None
+    handler: str | None = None
+    name_prefix: str | None = None
+
 
 #: Column defaults of a new job when the caller leaves them out (see ``insert_job``).
 _JOB_DEFAULTS: dict[str, Any] = {
@@ -62,6 +75,8 @@ class JobStore(Protocol):
     async def overdue_jobs(self, shard: int, before: datetime, limit: int) -> list[Occurrence]: ...
 
     async def overdue_triggers(self, shard: int, before: datetime, limit: int) -> list[Occurrence]: ...
+
+    async def list_jobs(self, tenant_id: str, where: JobFilter, before: UUID | None, limit: int) -> list[Record]: ...
 
 
 class PostgresJobStore:
@@ -164,6 +179,21 @@ class PostgresJobStore:
         """Manual triggers of ``shard`` still pending since before ``before`` (their member was lost)."""
         rows = await self._db.pool.fetch(Q["overdue_triggers"], shard, before, limit)
         return [Occurrence(row["id"], row["trigger_at"]) for row in rows]
+
+    async def list_jobs(self, tenant_id: str, where: JobFilter, before: UUID | None, limit: int) -> list[Record]:
+        """Up to ``limit`` of the tenant's jobs matching ``where``, newest first, with ids below ``before``."""
+        rows = await self._db.pool.fetch(
+            Q["list_jobs"],
+            tenant_id,
+            where.state,
+            where.type,
+            where.pool,
+            where.handler,
+            where.name_prefix,
+            before,
+            limit,
+        )
+        return cast(list[Record], rows)
 
 
 # The inserts run on the pool or, for an Idempotency-Key (sundial_common.stores.idempotency), on the
