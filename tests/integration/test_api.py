@@ -24,7 +24,9 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from redis.asyncio import Redis
 from sundial_api import ApiSettings, create_app
-from sundial_api.models import ExecutionDetail, ExecutionPage, JobDetail, Problem
+from sundial_api.models.common import Problem
+from sundial_api.models.executions import ExecutionDetail, ExecutionPage
+from sundial_api.models.jobs import JobDetail
 from sundial_common.auth import issue_token
 from sundial_common.hotwindow import member
 from sundial_infra.servers import LocalStack

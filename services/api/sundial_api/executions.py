@@ -30,7 +30,7 @@ from sundial_common.signals import CANCEL_KEY_TTL_SEC, cancel_key
 from sundial_common.store import Record, RetryDue
 
 from sundial_api.auth import Authenticated
-from sundial_api.models import (
+from sundial_api.models.executions import (
     Execution,
     ExecutionDetail,
     ExecutionList,

@@ -11,7 +11,7 @@ from collections.abc import Awaitable
 from fastapi import APIRouter
 from starlette.responses import Response
 
-from sundial_api.models import Health, Readiness
+from sundial_api.models.common import Health, Readiness
 from sundial_api.problems import problem_body, responses
 from sundial_api.responses import OrjsonResponse, ProblemResponse
 from sundial_api.state import State

@@ -36,7 +36,7 @@ from starlette.responses import Response
 from sundial_common.auth import Principal
 from sundial_common.store import IdempotentResponse, Record
 
-from sundial_api.models import render_job
+from sundial_api.models.jobs import render_job
 from sundial_api.problems import ProblemError, field_error
 from sundial_api.responses import dumps
 from sundial_api.state import ApiState

@@ -33,22 +33,15 @@ from sundial_common.store import Occurrence, Record
 
 from sundial_api import idempotency
 from sundial_api.auth import Authenticated
-from sundial_api.models import (
+from sundial_api.models.executions import ExecutionPage, render_execution
+from sundial_api.models.jobs import Job, JobCreate, JobDetail, JobPatch, JobState, Triggered, render_job
+from sundial_api.models.schedules import (
     MAX_PREVIEW,
     SCHEDULE_FIELDS,
     TYPE_FIELDS,
-    ExecutionPage,
-    Job,
-    JobCreate,
-    JobDetail,
-    JobPatch,
-    JobState,
     JobType,
     Preview,
     SchedulePreviewRequest,
-    Triggered,
-    render_execution,
-    render_job,
 )
 from sundial_api.pagination import InvalidCursor, decode_cursor, encode_cursor
 from sundial_api.problems import (
