@@ -69,7 +69,7 @@ def _decode_cursor(cursor: str) -> UUID:
 
 
 def _view(state: ApiState, row: Record) -> dict[str, object]:
-    return render_execution(row, state.settings.trace_link_template)
+    return render_execution(row, state.settings.trace_link)
 
 
 @router.get(

@@ -243,7 +243,7 @@ async def get_job(job_id: JobId, state: State, principal: Authenticated) -> Resp
     )
     if job is None:
         raise not_found("job", job_id)
-    template = state.settings.trace_link_template
+    template = state.settings.trace_link
     view = render_job(job)
     view["latestExecutions"] = [render_execution(row, template) for row in executions]
     return OrjsonResponse(view, headers=_etag(job))
@@ -279,7 +279,7 @@ async def list_executions(
         raise not_found("job", job_id)
     page = rows[:limit]
     next_cursor = encode_cursor(page[-1]["scheduled_for"], page[-1]["id"]) if len(rows) > limit else None
-    template = state.settings.trace_link_template
+    template = state.settings.trace_link
     return OrjsonResponse({"items": [render_execution(row, template) for row in page], "nextCursor": next_cursor})
 
 

@@ -51,7 +51,12 @@ class Execution(ViewModel):
     result: Any = Field(description="What the handler returned (JSON), once SUCCEEDED.")
     error: str | None
     trace_id: str | None = Field(description="OpenTelemetry trace id: the request, dispatch and run are one trace.")
-    trace_link: str | None = Field(description="Where to look the trace up (Jaeger).")
+    trace_link: str | None = Field(
+        description="Where to look the trace up (Jaeger UI). Only when this server exports traces "
+        "(`SUNDIAL_OTLP_ENDPOINT` set) and has a link template (`SUNDIAL_TRACE_LINK_TEMPLATE`, Jaeger's "
+        "`/trace/{trace_id}` by default); null otherwise — the local stack (`make run`) starts no trace viewer. "
+        "`traceId` is there either way."
+    )
 
 
 class Attempt(ViewModel):
@@ -78,8 +83,8 @@ class ExecutionList(ViewModel):
     next_cursor: str | None = Field(description="Pass as `cursor` for the next page; null on the last page.")
 
 
-def render_execution(row: Mapping[str, Any], trace_link_template: str) -> dict[str, Any]:
-    """An ``executions`` row as the Execution view."""
+def render_execution(row: Mapping[str, Any], trace_link_template: str | None) -> dict[str, Any]:
+    """An ``executions`` row as the Execution view; ``trace_link_template`` None (no trace backend): no link."""
     trace_id = row["trace_id"]
     return {
         "executionId": str(row["id"]),
@@ -104,7 +109,7 @@ def render_execution(row: Mapping[str, Any], trace_link_template: str) -> dict[s
         "result": row["result"],
         "error": row["error"],
         "traceId": trace_id,
-        "traceLink": trace_link_template.format(trace_id=trace_id) if trace_id else None,
+        "traceLink": trace_link_template.format(trace_id=trace_id) if trace_id and trace_link_template else None,
     }
 
 
