@@ -24,7 +24,9 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from redis.asyncio import Redis
 from sundial_api import ApiSettings, create_app
-from sundial_api.models import ExecutionDetail, ExecutionPage, JobDetail, Problem
+from sundial_api.models.common import Problem
+from sundial_api.models.executions import ExecutionDetail, ExecutionPage
+from sundial_api.models.jobs import JobDetail
 from sundial_common.auth import issue_token
 from sundial_common.hotwindow import member
 from sundial_infra.stack import LocalStack
@@ -80,8 +82,9 @@ class Api:
 
 
 @pytest.fixture
-async def api(database_url: str, redis_url: str) -> AsyncIterator[Api]:
-    settings = ApiSettings(database_url=database_url, redis_url=redis_url, jwt_secret=SECRET, shards=4)
+async def api(request: pytest.FixtureRequest, database_url: str, redis_url: str) -> AsyncIterator[Api]:
+    overrides: dict[str, Any] = getattr(request, "param", {})  # settings of a test's own (indirect parametrize)
+    settings = ApiSettings(database_url=database_url, redis_url=redis_url, jwt_secret=SECRET, shards=4, **overrides)
     clock = FixedClock(NOW)
     app = create_app(settings, clock=clock)
     db = await asyncpg.connect(database_url)
@@ -547,11 +550,55 @@ async def test_get_execution_tells_its_whole_story(api: Api) -> None:
     assert (execution["workerId"], execution["error"], execution["fenceToken"]) == ("worker-b", "boom", 7)
     assert execution["scheduledFor"] == rfc3339(NOW)
     assert execution["traceId"] == trace_id
-    assert execution["traceLink"] == api.settings.trace_link_template.format(trace_id=trace_id)
+    # No trace backend configured (no OTLP endpoint): a link would lead to a Jaeger nobody started.
+    assert execution["traceLink"] is None
     assert [(a["attempt"], a["workerId"], a["progress"]) for a in execution["attempts"]] == [
         (1, "worker-a", {"done": 1}),
         (2, "worker-b", {"done": 2}),
     ]
+
+
+@pytest.mark.parametrize(
+    "api",
+    [{"otlp_endpoint": "http://collector:4318/v1/traces", "trace_link_template": "http://jaeger/t/{trace_id}"}],
+    indirect=True,
+)
+async def test_an_execution_links_its_trace_when_traces_are_exported(api: Api) -> None:
+    job = (await api.create(one_shot())).json()
+    trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
+    execution_id = await insert_execution(api, job["jobId"], NOW, trace_id=trace_id)
+
+    execution = (await api.client.get(f"/v1/executions/{execution_id}", headers=api.auth())).json()
+    listed = (await api.client.get(f"/v1/jobs/{job['jobId']}/executions", headers=api.auth())).json()["items"]
+    detail = (await api.client.get(f"/v1/jobs/{job['jobId']}", headers=api.auth())).json()["latestExecutions"]
+
+    link = f"http://jaeger/t/{trace_id}"
+    assert (execution["traceId"], execution["traceLink"]) == (trace_id, link)
+    assert [e["traceLink"] for e in listed] == [link] and [e["traceLink"] for e in detail] == [link]
+
+
+@pytest.mark.parametrize(
+    "api", [{"otlp_endpoint": "http://collector:4318/v1/traces", "trace_link_template": ""}], indirect=True
+)
+async def test_an_empty_link_template_means_no_trace_link(api: Api) -> None:
+    job = (await api.create(one_shot())).json()
+    execution_id = await insert_execution(api, job["jobId"], NOW, trace_id="ab" * 16)
+
+    execution = (await api.client.get(f"/v1/executions/{execution_id}", headers=api.auth())).json()
+
+    assert (execution["traceId"], execution["traceLink"]) == ("ab" * 16, None)
+
+
+async def test_the_api_serves_its_metrics(api: Api) -> None:
+    response = await api.client.get("/metrics")
+
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/plain")
+    # The process collector and Sundial's own loop metrics, from the one registry every process serves.
+    assert "process_cpu_seconds_total" in response.text
+    assert "# TYPE sundial_loop_passes_total counter" in response.text
+    # Prometheus' text format, not part of the JSON API.
+    assert "/metrics" not in (await api.client.get("/openapi.json")).json()["paths"]
 
 
 # --- cancelling -----------------------------------------------------------------------------------

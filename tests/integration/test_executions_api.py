@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 import pytest
-from sundial_api.models import Execution, ExecutionList
+from sundial_api.models.executions import Execution, ExecutionList
 from sundial_common.clock import to_ms
 from sundial_common.hotwindow import retry_member
 from sundial_common.signals import cancel_key
@@ -187,7 +187,7 @@ async def test_the_same_key_with_another_body_is_refused(api: Api) -> None:
 
 async def test_the_same_key_while_the_first_request_runs_is_a_409(api: Api) -> None:
     from sundial_api.idempotency import request_hash
-    from sundial_api.models import JobCreate
+    from sundial_api.models.jobs import JobCreate
 
     body = one_shot(name="slow")
     # The first request holds the key (claimed, not completed yet).

@@ -9,15 +9,8 @@ from typing import Any
 
 import pytest
 from pydantic import ValidationError
-from sundial_api.models import (
-    Attempt,
-    Execution,
-    Job,
-    JobCreate,
-    render_attempt,
-    render_execution,
-    render_job,
-)
+from sundial_api.models.executions import Attempt, Execution, render_attempt, render_execution
+from sundial_api.models.jobs import Job, JobCreate, render_job
 from sundial_api.pagination import InvalidCursor, decode_cursor, encode_cursor
 from sundial_api.problems import allowed_fields, describe, field_path, suggest_field
 from sundial_api.responses import dumps

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from sundial_api.admin import ClusterView
+from sundial_api.models.admin import ClusterView
 from sundial_common.cluster import ClusterState, ReplicaState, RoleState, ShardState
 from sundial_common.registry import ClusterKeys, ReplicaRecord
 from sundial_dispatcher.shards import CampaignConfig

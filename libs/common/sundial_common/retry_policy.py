@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 BACKOFFS = ("FIXED", "LINEAR", "EXPONENTIAL")
-#: The API's defaults (``RetryPolicy`` in ``sundial_api.models``), for a policy stored without a field.
+#: The API's defaults (``RetryPolicy`` in ``sundial_api.models.jobs``), for a policy stored without a field.
 DEFAULT_MAX_ATTEMPTS = 3
 DEFAULT_INITIAL_DELAY_MS = 30_000
 DEFAULT_MAX_DELAY_MS = 3_600_000

@@ -3,6 +3,10 @@
 Every background loop has the same anatomy (CONVENTIONS 3): a component with ``run_once()`` that
 does one pass and returns counts, driven by :func:`every` until the stop event is set. Side tasks
 are named and supervised (CONVENTIONS 8): if one dies, the process fails loudly instead of limping.
+
+:func:`every` is also where a loop reports its passes: each pass runs in a span named ``"<loop> pass"``
+(so whatever the pass traces is one tree) and is recorded in the process's metrics registry (passes,
+errors, duration, and the counts ``run_once()`` returned; see :mod:`sundial_common.metrics`).
 """
 
 from __future__ import annotations
@@ -10,10 +14,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 import uvloop
+
+from sundial_common.metrics import LoopMetrics, pass_counts
+from sundial_common.telemetry import tracer
 
 log = logging.getLogger(__name__)
 
@@ -57,18 +65,28 @@ async def every(
 ) -> None:
     """Call ``run_once`` every ``interval`` seconds until ``stop``; errors are logged and retried.
 
-    ``again_now(result)`` lets a pass that found a full batch go again without waiting.
+    ``again_now(result)`` lets a pass that found a full batch go again without waiting. ``name`` labels
+    the loop's pass metrics and spans, so it is fixed by the code (``hydrate``, ``sweep``, …).
     """
+    metrics = LoopMetrics(name)
+    span_name = f"{name} pass"
     while not stop.is_set():
+        started = time.perf_counter()
         try:
-            result = await run_once()
+            with tracer.start_as_current_span(span_name, attributes={"sundial.loop": name}) as span:
+                result = await run_once()
+                if span.is_recording():
+                    for item, count in pass_counts(result).items():
+                        span.set_attribute(f"sundial.loop.{item}", count)
         except asyncio.CancelledError:
             raise
         except Exception:
+            metrics.failed(time.perf_counter() - started)
             log.exception("%s pass failed; retrying in %.1fs", name, max(interval, 1.0))
             if await sleep_or_stop(stop, max(interval, 1.0)):
                 return
             continue
+        metrics.passed(time.perf_counter() - started, result)
         if not again_now(result) and await sleep_or_stop(stop, interval):
             return
 

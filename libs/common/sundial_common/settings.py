@@ -52,8 +52,17 @@ class CommonSettings(BaseSettings):
     )
     trace_link_template: str = Field(
         "http://127.0.0.1:16686/trace/{trace_id}",
-        description="Where a trace id can be looked up (Jaeger UI); returned beside every execution.",
+        description="Where a trace id can be looked up (Jaeger UI's /trace/{trace_id}). Executions show this "
+        "link (`traceLink`) only while traces are exported (SUNDIAL_OTLP_ENDPOINT set); empty = never.",
     )
+    metrics_port: int | None = Field(
+        None,
+        ge=0,
+        le=65535,
+        description="Serve Prometheus metrics at http://<metrics host>:<port>/metrics; unset = not served. "
+        "Dispatcher, hydrator, sweeper and worker; the API serves /metrics on its own port instead.",
+    )
+    metrics_host: str = Field("127.0.0.1", description="Interface the metrics port binds (0.0.0.0 in containers).")
     lease_ttl_sec: float = Field(
         5.0, ge=2.0, description="etcd lease TTL of a leadership (shard, hydrator, sweeper) and of a replica's entry."
     )
@@ -66,6 +75,15 @@ class CommonSettings(BaseSettings):
     )
     log_level: str = Field("INFO", description="Python logging level.")
     log_format: str = Field("text", description="`text` or `json` (one JSON object per line).")
+
+    @property
+    def trace_link(self) -> str | None:
+        """The trace link template to show, or None when no trace backend is configured.
+
+        A link is only useful where the trace was sent: without an OTLP exporter nothing is recorded and
+        the default Jaeger link would lead nowhere (``make run`` starts no Jaeger).
+        """
+        return self.trace_link_template if self.otlp_endpoint and self.trace_link_template else None
 
     @field_validator("log_format")
     @classmethod

@@ -17,13 +17,12 @@ from contextlib import asynccontextmanager
 
 import aetcd
 from fastapi import APIRouter, FastAPI, Request
-from pydantic import BaseModel, ConfigDict, Field
-from pydantic.alias_generators import to_camel
 from starlette.responses import Response
 from sundial_common.cluster import read_cluster
 from sundial_common.registry import LeftRegistry, ReplicaRecord, ReplicaRegistration, etcd_client
 
 from sundial_api.auth import Authenticated
+from sundial_api.models.admin import ClusterView
 from sundial_api.problems import ProblemError, responses
 from sundial_api.responses import OrjsonResponse
 from sundial_api.state import State
@@ -80,47 +79,6 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
 
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"], lifespan=_lifespan)
-
-
-class _View(BaseModel):
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True)
-
-
-class ReplicaView(_View):
-    id: str = Field(description="The replica's id (`SUNDIAL_INSTANCE_ID`, by default host-pid).")
-    kind: str = Field(description="`api`, `dispatcher`, `hydrator` or `sweeper`.")
-    host: str
-    pid: int
-    started_at: str
-    last_heartbeat_at: str = Field(description="When the replica last renewed its registry entry (every TTL/3).")
-    leads_shards: list[int] = Field(description="Shards this dispatcher replica leads now.")
-    roles: list[str] = Field(description="Singleton roles this replica is the active one for.")
-
-
-class ShardView(_View):
-    shard: int
-    leader: str | None = Field(description="The replica leading the shard; null between terms.")
-    fence_token: int | None = Field(description="The leader's fencing token (etcd revision of its leader key).")
-    recorded_fence: int | None = Field(description="The highest token that has written for the shard (Postgres).")
-    lease_ttl_sec: int | None = Field(description="Seconds left on the leader's lease (whole seconds).")
-    hot_window_size: int | None = Field(description="Occurrences in the shard's Redis hot window.")
-    handover_to: str | None = Field(description="The replica that asked the leader to hand the shard over, if any.")
-
-
-class RoleView(_View):
-    role: str
-    leader: str | None
-    fence_token: int | None
-    lease_ttl_sec: int | None
-
-
-class ClusterView(_View):
-    generated_at: str
-    shard_count: int
-    replicas: list[ReplicaView]
-    shards: list[ShardView]
-    roles: list[RoleView]
-    errors: dict[str, str] = Field(description="Sources that did not answer (`postgres`, `redis`) and why.")
 
 
 @router.get(

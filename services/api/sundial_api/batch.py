@@ -13,7 +13,7 @@ from datetime import timedelta
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 from redis.exceptions import RedisError
 from starlette.responses import Response
 from sundial_common import ids, telemetry
@@ -23,7 +23,8 @@ from sundial_common.stores.types import Occurrence, Record
 from sundial_api import idempotency
 from sundial_api.auth import Authenticated
 from sundial_api.jobs import _HOT_WINDOW_MARGIN, _check_payload, _definition, _resolve
-from sundial_api.models import JobCreate, JobState, render_job
+from sundial_api.models.batch import JobBatch
+from sundial_api.models.jobs import JobCreate, JobState, render_job
 from sundial_api.problems import ProblemError, describe, problem_body, responses
 from sundial_api.responses import OrjsonResponse
 from sundial_api.state import ApiState, State
@@ -31,16 +32,6 @@ from sundial_api.state import ApiState, State
 log = logging.getLogger("sundial.api")
 
 router = APIRouter(prefix="/v1", tags=["jobs"])
-
-MAX_BATCH = 1000
-
-
-class JobBatch(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    jobs: list[dict[str, Any]] = Field(
-        min_length=1, max_length=MAX_BATCH, description=f"1 to {MAX_BATCH} job bodies, as for `POST /v1/jobs`."
-    )
 
 
 @router.post(

@@ -10,11 +10,9 @@ from __future__ import annotations
 import argparse
 
 import uvicorn
-from opentelemetry import trace
-from opentelemetry.sdk.trace import TracerProvider
 from pydantic import ValidationError
 from sundial_common.logs import setup_logging
-from sundial_common.telemetry import setup_tracing
+from sundial_common.observability import observed
 
 from sundial_api.admin import register_replica
 from sundial_api.app import create_app
@@ -54,7 +52,6 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"invalid configuration:\n{exc}")
 
     setup_logging(settings.log_level, settings.log_format)
-    setup_tracing("sundial-api", settings.otlp_endpoint, settings.trace_sample_ratio)
     app = create_app(settings)
     register_replica(app)  # a served replica shows up in the cluster view (GET /v1/admin/cluster)
     config = uvicorn.Config(
@@ -71,12 +68,9 @@ def main(argv: list[str] | None = None) -> int:
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SEC,
     )
     server = uvicorn.Server(config)
-    try:
+    # The API serves /metrics on its own port (sundial_api.health), not on SUNDIAL_METRICS_PORT.
+    with observed("sundial-api", settings, metrics=False):
         server.run()
-    finally:
-        provider = trace.get_tracer_provider()
-        if isinstance(provider, TracerProvider):
-            provider.shutdown()  # flush spans still queued for export
     # uvicorn returns without starting when the lifespan failed (e.g. Postgres unreachable).
     return 0 if server.started else 3
 

@@ -30,7 +30,7 @@ from sundial_common.signals import CANCEL_KEY_TTL_SEC, cancel_key
 from sundial_common.stores.types import Record, RetryDue
 
 from sundial_api.auth import Authenticated
-from sundial_api.models import (
+from sundial_api.models.executions import (
     Execution,
     ExecutionDetail,
     ExecutionList,
@@ -69,7 +69,7 @@ def _decode_cursor(cursor: str) -> UUID:
 
 
 def _view(state: ApiState, row: Record) -> dict[str, object]:
-    return render_execution(row, state.settings.trace_link_template)
+    return render_execution(row, state.settings.trace_link)
 
 
 @router.get(

@@ -1,6 +1,8 @@
-"""Probes: ``/healthz`` (the process is up) and ``/readyz`` (it can serve: Postgres and Redis answer).
+"""Probes and scrapes: ``/healthz`` (the process is up), ``/readyz`` (it can serve: Postgres and Redis
+answer) and ``/metrics`` (the process's Prometheus metrics, :mod:`sundial_common.metrics`).
 
-Neither needs a token — orchestrators and load balancers call them — and neither is traced.
+None needs a token — orchestrators, load balancers and Prometheus call them — and none is traced.
+``/metrics`` is left out of the OpenAPI document: it is Prometheus' text format, not part of the JSON API.
 """
 
 from __future__ import annotations
@@ -10,8 +12,9 @@ from collections.abc import Awaitable
 
 from fastapi import APIRouter
 from starlette.responses import Response
+from sundial_common.metrics import exposition
 
-from sundial_api.models import Health, Readiness
+from sundial_api.models.common import Health, Readiness
 from sundial_api.problems import problem_body, responses
 from sundial_api.responses import OrjsonResponse, ProblemResponse
 from sundial_api.state import State
@@ -35,6 +38,12 @@ async def _check(probe: Awaitable[object]) -> str:
 @router.get("/healthz", response_model=Health, summary="Liveness: the process is up")
 async def healthz() -> Response:
     return OrjsonResponse({"status": "ok"})
+
+
+@router.get("/metrics", include_in_schema=False)
+async def metrics() -> Response:
+    body, content_type = exposition()
+    return Response(body, media_type=content_type)
 
 
 @router.get(

@@ -37,7 +37,7 @@ from sundial_common.auth import Principal
 from sundial_common.stores.idempotency import IdempotentResponse
 from sundial_common.stores.types import Record
 
-from sundial_api.models import render_job
+from sundial_api.models.jobs import render_job
 from sundial_api.problems import ProblemError, field_error
 from sundial_api.responses import dumps
 from sundial_api.state import ApiState

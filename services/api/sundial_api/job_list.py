@@ -16,13 +16,12 @@ from typing import Annotated
 from uuid import UUID
 
 from fastapi import APIRouter, Query
-from pydantic import BaseModel, ConfigDict, Field
-from pydantic.alias_generators import to_camel
 from starlette.responses import Response
 from sundial_common.stores.jobs import JobFilter
 
 from sundial_api.auth import Authenticated
-from sundial_api.models import Job, JobState, JobType, render_job
+from sundial_api.models.jobs import JobList, JobState, render_job
+from sundial_api.models.schedules import JobType
 from sundial_api.problems import invalid, responses
 from sundial_api.responses import OrjsonResponse
 from sundial_api.state import State
@@ -30,13 +29,6 @@ from sundial_api.state import State
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
 _CURSOR = re.compile(r"^j1:([0-9a-f]{32})$")
-
-
-class JobList(BaseModel):
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True)
-
-    items: list[Job] = Field(description="Newest job first.")
-    next_cursor: str | None = Field(description="Pass as `cursor` for the next page; null on the last page.")
 
 
 def encode_cursor(job_id: UUID) -> str:

@@ -33,22 +33,15 @@ from sundial_common.stores.types import Occurrence, Record
 
 from sundial_api import idempotency
 from sundial_api.auth import Authenticated
-from sundial_api.models import (
+from sundial_api.models.executions import ExecutionPage, render_execution
+from sundial_api.models.jobs import Job, JobCreate, JobDetail, JobPatch, JobState, Triggered, render_job
+from sundial_api.models.schedules import (
     MAX_PREVIEW,
     SCHEDULE_FIELDS,
     TYPE_FIELDS,
-    ExecutionPage,
-    Job,
-    JobCreate,
-    JobDetail,
-    JobPatch,
-    JobState,
     JobType,
     Preview,
     SchedulePreviewRequest,
-    Triggered,
-    render_execution,
-    render_job,
 )
 from sundial_api.pagination import InvalidCursor, decode_cursor, encode_cursor
 from sundial_api.problems import (
@@ -251,7 +244,7 @@ async def get_job(job_id: JobId, state: State, principal: Authenticated) -> Resp
     )
     if job is None:
         raise not_found("job", job_id)
-    template = state.settings.trace_link_template
+    template = state.settings.trace_link
     view = render_job(job)
     view["latestExecutions"] = [render_execution(row, template) for row in executions]
     return OrjsonResponse(view, headers=_etag(job))
@@ -288,7 +281,7 @@ async def list_executions(
         raise not_found("job", job_id)
     page = rows[:limit]
     next_cursor = encode_cursor(page[-1]["scheduled_for"], page[-1]["id"]) if len(rows) > limit else None
-    template = state.settings.trace_link_template
+    template = state.settings.trace_link
     return OrjsonResponse({"items": [render_execution(row, template) for row in page], "nextCursor": next_cursor})
 
 

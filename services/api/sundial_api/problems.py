@@ -28,7 +28,7 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
-from sundial_api.models import Problem
+from sundial_api.models.common import Problem
 from sundial_api.responses import ProblemResponse
 
 log = logging.getLogger("sundial.api")

@@ -14,8 +14,8 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from sundial_common.telemetry import context_from, tracer
 
-# Probes hit these every few seconds; a span each would bury the traces people look for.
-UNTRACED_PATHS = frozenset({"/healthz", "/readyz"})
+# Probes and scrapes hit these every few seconds; a span each would bury the traces people look for.
+UNTRACED_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 
 
 def _header(scope: Scope, name: bytes) -> str | None:

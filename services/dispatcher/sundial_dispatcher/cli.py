@@ -17,10 +17,10 @@ from sundial_common.broker import KafkaPublisher
 from sundial_common.hotwindow import HotWindow
 from sundial_common.leadership import LeadershipConfig, ShardLeadership
 from sundial_common.logs import setup_logging
+from sundial_common.observability import observed
 from sundial_common.registry import ClusterKeys, Membership, ReplicaRecord, ReplicaRegistration, etcd_client
 from sundial_common.service import run, supervise
 from sundial_common.stores import Stores
-from sundial_common.telemetry import setup_tracing
 
 from sundial_dispatcher.dispatcher import DispatcherConfig
 from sundial_dispatcher.settings import DispatcherSettings
@@ -44,7 +44,6 @@ def main(argv: list[str] | None = None) -> int:
     overrides = {"lease_ttl_sec": args.lease_ttl, "instance_id": args.instance_id}
     settings = DispatcherSettings(**{k: v for k, v in overrides.items() if v is not None})
     setup_logging(args.log_level or settings.log_level, settings.log_format)
-    setup_tracing("sundial-dispatcher", settings.otlp_endpoint, settings.trace_sample_ratio)
     config = DispatcherConfig(
         shards=settings.shards,
         batch_size=settings.dispatcher_batch_size,
@@ -120,4 +119,5 @@ def main(argv: list[str] | None = None) -> int:
             await stores.close()
             log.info("dispatcher stopped")
 
-    return run(serve)
+    with observed("sundial-dispatcher", settings):
+        return run(serve)

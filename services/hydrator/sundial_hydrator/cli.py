@@ -13,6 +13,7 @@ import logging
 from redis.asyncio import Redis
 from sundial_common.hotwindow import HotWindow
 from sundial_common.logs import setup_logging
+from sundial_common.observability import observed
 from sundial_common.service import every, run
 from sundial_common.singleton import run_singleton
 from sundial_common.stores import Stores
@@ -60,4 +61,5 @@ def main(argv: list[str] | None = None) -> int:
             await stores.close()
             log.info("hydrator stopped")
 
-    return run(serve)
+    with observed("sundial-hydrator", settings):
+        return run(serve)

@@ -13,6 +13,7 @@ import logging
 from redis.asyncio import Redis
 from sundial_common.broker import KafkaPublisher
 from sundial_common.logs import setup_logging
+from sundial_common.observability import observed
 from sundial_common.service import every, run
 from sundial_common.singleton import run_singleton
 from sundial_common.stores import Stores
@@ -61,4 +62,5 @@ def main(argv: list[str] | None = None) -> int:
             await stores.close()
             log.info("sweeper stopped")
 
-    return run(serve)
+    with observed("sundial-sweeper", settings):
+        return run(serve)

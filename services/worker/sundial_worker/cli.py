@@ -18,8 +18,8 @@ import sys
 
 from pydantic import ValidationError
 from sundial_common.logs import setup_logging
+from sundial_common.observability import observed
 from sundial_common.service import run
-from sundial_common.telemetry import setup_tracing
 
 from sundial_worker.runtime import WorkerRuntime
 from sundial_worker.sdk import Worker
@@ -105,7 +105,6 @@ def main(argv: list[str] | None = None) -> int:
     except (AppError, ValueError) as exc:
         print(f"sundial worker: {exc}", file=sys.stderr)
         return 2
-    setup_tracing("sundial-worker", settings.otlp_endpoint, settings.trace_sample_ratio)
     runtime = WorkerRuntime(worker, settings, config=config, worker_id=settings.identity())
 
     async def serve(stop: asyncio.Event) -> None:
@@ -121,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
             loop.add_signal_handler(sig, on_signal)
         await runtime.run_until(stop)
 
-    code = run(serve)
+    with observed("sundial-worker", settings):
+        code = run(serve)
     if runtime.stuck_sync_handlers:
         # A sync handler's thread cannot be interrupted, and the interpreter would wait for it at
         # exit; everything that matters is written and committed, so leave without it.

@@ -1,0 +1,333 @@
+"""Jobs: the job body (`POST /v1/jobs`), its patch, and the job views (`GET /v1/jobs/{id}`, trigger)."""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Annotated, Any
+
+from pydantic import ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationInfo, field_validator
+from sundial_common.messages import POOL_NAME
+
+from sundial_api.models.common import RequestModel, ViewModel
+from sundial_api.models.executions import Execution
+from sundial_api.models.schedules import JobType, ScheduleFields, recurring_only
+
+HANDLER_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:-]{0,127}$")
+MAX_TIMEOUT_SEC = 7 * 24 * 3600
+MAX_RETRY_DELAY_MS = 7 * 24 * 3600 * 1000
+MAX_JITTER_SEC = 24 * 3600
+MAX_CATCHUP_WINDOW_SEC = 366 * 24 * 3600
+
+
+class OverlapPolicy(enum.StrEnum):
+    ALLOW = "ALLOW"
+    SKIP = "SKIP"
+    BUFFER_ONE = "BUFFER_ONE"
+    CANCEL_RUNNING = "CANCEL_RUNNING"
+
+
+class CatchupPolicy(enum.StrEnum):
+    FIRE_ONCE = "FIRE_ONCE"
+    FIRE_ALL = "FIRE_ALL"
+    SKIP = "SKIP"
+
+
+class Priority(enum.StrEnum):
+    LOW = "LOW"
+    NORMAL = "NORMAL"
+    HIGH = "HIGH"
+
+
+class Backoff(enum.StrEnum):
+    FIXED = "FIXED"
+    LINEAR = "LINEAR"
+    EXPONENTIAL = "EXPONENTIAL"
+
+
+class JobState(enum.StrEnum):
+    ACTIVE = "ACTIVE"
+    PAUSED = "PAUSED"
+    COMPLETED = "COMPLETED"
+    CANCELLED = "CANCELLED"
+
+
+class Target(RequestModel):
+    """Where an occurrence is delivered: a worker pool and a handler registered in it."""
+
+    pool: StrictStr = Field(
+        description="Worker pool name: lowercase letters, digits, `.`, `_`, `-`; at most 63 characters.",
+        json_schema_extra={"pattern": POOL_NAME.pattern},
+        examples=["email-sender"],
+    )
+    handler: StrictStr = Field(
+        description="Handler name inside the pool: a letter or `_`, then letters, digits, `_ . : -`; "
+        "at most 128 characters.",
+        json_schema_extra={"pattern": HANDLER_NAME.pattern},
+        examples=["send_welcome"],
+    )
+
+    @field_validator("pool")
+    @classmethod
+    def _pool_name(cls, value: str) -> str:
+        if not POOL_NAME.match(value):
+            raise ValueError(
+                f"`{value}` is not a pool name: 1–63 characters of lowercase letters, digits, `.`, `_` or `-`, "
+                "starting with a letter or digit"
+            )
+        return value
+
+    @field_validator("handler")
+    @classmethod
+    def _handler_name(cls, value: str) -> str:
+        if not HANDLER_NAME.match(value):
+            raise ValueError(
+                f"`{value}` is not a handler name: 1–128 characters of letters, digits, `_`, `.`, `:` or `-`, "
+                "starting with a letter or `_`"
+            )
+        return value
+
+
+class RetryPolicy(RequestModel):
+    """How failed attempts are retried: after attempt n fails, the next starts `initialDelayMs` (FIXED),
+    `initialDelayMs × n` (LINEAR) or `initialDelayMs × 2^(n−1)` (EXPONENTIAL) later, at most `maxDelayMs`; with
+    `jitter`, a random delay between half that and all of it. After `maxAttempts` the execution is DEAD."""
+
+    max_attempts: StrictInt = Field(3, ge=1, le=100, description="Attempts in total, the first included.")
+    backoff: Backoff = Field(Backoff.EXPONENTIAL, description="How the delay grows between attempts.")
+    initial_delay_ms: StrictInt = Field(
+        30_000, ge=0, le=MAX_RETRY_DELAY_MS, description="Delay before the first retry, in milliseconds."
+    )
+    max_delay_ms: StrictInt = Field(
+        3_600_000,
+        ge=0,
+        le=MAX_RETRY_DELAY_MS,
+        validate_default=True,
+        description="Upper bound of any retry delay, in milliseconds; at least `initialDelayMs`.",
+    )
+    jitter: StrictBool = Field(True, description="Randomize each delay (avoids synchronized retries).")
+
+    @field_validator("max_delay_ms")
+    @classmethod
+    def _not_below_initial(cls, value: int, info: ValidationInfo) -> int:
+        initial = info.data.get("initial_delay_ms")
+        if initial is not None and value < initial:
+            raise ValueError(f"must be at least initialDelayMs ({initial})")
+        return value
+
+
+class JobCreate(ScheduleFields):
+    """A job to register: when it fires (`type` and its fields), where it runs (`target`), with what (`payload`)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "name": "welcome-email",
+                    "type": "ONE_SHOT",
+                    "runAt": "2026-05-05T10:00:00Z",
+                    "target": {"pool": "email-sender", "handler": "send_welcome"},
+                    "payload": {"userId": 42},
+                },
+                {
+                    "name": "nightly-report",
+                    "type": "CRON",
+                    "schedule": "30 2 * * *",
+                    "timezone": "America/New_York",
+                    "jitterSec": 60,
+                    "overlapPolicy": "SKIP",
+                    "target": {"pool": "reports", "handler": "nightly"},
+                },
+                {
+                    "name": "poll",
+                    "type": "INTERVAL",
+                    "intervalSec": 300,
+                    "startAt": "2026-05-05T10:00:00Z",
+                    "endAt": "2026-06-05T10:00:00Z",
+                    "target": {"pool": "demo", "handler": "echo"},
+                    "retryPolicy": {"maxAttempts": 5, "backoff": "EXPONENTIAL", "initialDelayMs": 1000},
+                },
+            ]
+        }
+    )
+
+    name: StrictStr = Field(min_length=1, max_length=200, description="A label for people; not unique.")
+    jitter_sec: Annotated[StrictInt, Field(ge=0, le=MAX_JITTER_SEC)] = Field(
+        0,
+        description="Delay each fire by up to this many seconds, to spread load. The delay is derived from the "
+        "job id and the occurrence, so it never changes for a given occurrence (restarts move nothing); the "
+        "execution keeps both `scheduledFor` (nominal) and `fireAt` (actual).",
+    )
+    overlap_policy: OverlapPolicy = Field(
+        OverlapPolicy.ALLOW,
+        description="Recurring jobs: what a fire does while the previous execution is still PENDING or RUNNING. "
+        "`ALLOW` runs anyway; `SKIP` records a SKIPPED execution; `BUFFER_ONE` runs it once the previous one "
+        "ends (fires meanwhile are SKIPPED); `CANCEL_RUNNING` cancels the previous one and runs.",
+    )
+    catchup_policy: CatchupPolicy = Field(
+        CatchupPolicy.FIRE_ONCE,
+        description="Recurring jobs: what happens to fires missed by more than `catchupWindowSec` (Sundial was "
+        "down, or the job was paused): `FIRE_ONCE` runs one for all of them, `FIRE_ALL` runs each (up to a "
+        "cap), `SKIP` runs none. Missed fires without a run of their own are counted in `missedFires`.",
+    )
+    catchup_window_sec: Annotated[StrictInt, Field(ge=1, le=MAX_CATCHUP_WINDOW_SEC)] = Field(
+        60, description="Recurring jobs: a fire at most this late still runs as usual; later, it was missed."
+    )
+    target: Target
+    payload: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Any JSON object, handed to the handler as is; at most 256 KiB as compact JSON (else 413).",
+    )
+    retry_policy: RetryPolicy = Field(default_factory=RetryPolicy)
+    timeout_sec: Annotated[StrictInt, Field(ge=1, le=MAX_TIMEOUT_SEC)] | None = Field(
+        None, description="Seconds one attempt may run (1 to 7 days). Default: the server's (600)."
+    )
+    priority: Priority = Field(Priority.NORMAL, description="Dispatch priority within the pool.")
+
+    @field_validator("name")
+    @classmethod
+    def _storable(cls, value: str) -> str:
+        if "\x00" in value:
+            raise ValueError("cannot contain the NUL character")
+        return value
+
+    @field_validator("overlap_policy", "catchup_policy", "catchup_window_sec")
+    @classmethod
+    def _policies_are_for_recurring_jobs(cls, value: Any, info: ValidationInfo) -> Any:
+        return recurring_only(value, info)
+
+
+def _patch_field(description: str) -> Any:
+    return Field(None, description=description, json_schema_extra={"nullable": True})
+
+
+class JobPatch(RequestModel):
+    """Changes to a job: any field of the job body; the fields left out keep their values, `null` clears one.
+
+    The job as changed is validated like a new one (422 naming the field; nothing written). A change to
+    when it fires (`type`, `schedule`, `timezone`, `runAt`, `delaySeconds`, `intervalSec`, `runList`,
+    `startAt`, `endAt`, `maxRuns`) applies from the next occurrence after now; executions already
+    dispatched continue. Changing `type` drops the old type's own field (`schedule`, `runAt`, …).
+    """
+
+    name: Any = _patch_field("As in the job body.")
+    type: Any = _patch_field("As in the job body.")
+    timezone: Any = _patch_field("As in the job body.")
+    run_at: Any = _patch_field("As in the job body.")
+    delay_seconds: Any = _patch_field("As in the job body (counted from now).")
+    schedule: Any = _patch_field("As in the job body.")
+    interval_sec: Any = _patch_field("As in the job body.")
+    run_list: Any = _patch_field("As in the job body.")
+    start_at: Any = _patch_field("As in the job body.")
+    end_at: Any = _patch_field("As in the job body.")
+    max_runs: Any = _patch_field("As in the job body; runs already started count.")
+    jitter_sec: Any = _patch_field("As in the job body; applies to the next occurrence too.")
+    overlap_policy: Any = _patch_field("As in the job body.")
+    catchup_policy: Any = _patch_field("As in the job body.")
+    catchup_window_sec: Any = _patch_field("As in the job body.")
+    target: Any = _patch_field("As in the job body (the whole object).")
+    payload: Any = _patch_field("As in the job body (the whole object).")
+    retry_policy: Any = _patch_field("As in the job body (the whole object).")
+    timeout_sec: Any = _patch_field("As in the job body.")
+    priority: Any = _patch_field("As in the job body.")
+
+
+class TargetView(ViewModel):
+    pool: str
+    handler: str
+
+
+class Job(ViewModel):
+    """A job as stored. Instants are RFC 3339 UTC (`Z`)."""
+
+    job_id: str = Field(description="UUIDv7.")
+    name: str
+    type: JobType
+    timezone: str
+    run_at: datetime | None = Field(description="ONE_SHOT: the requested instant (UTC, millisecond precision).")
+    delay_seconds: int | None = Field(description="DELAYED: the requested delay.")
+    schedule: str | None = Field(description="CRON: the expression, as given.")
+    interval_sec: int | None = Field(description="INTERVAL: seconds between fires.")
+    run_list: list[datetime] | None = Field(description="RUN_LIST: the instants, sorted, each once.")
+    start_at: datetime | None = Field(description="No fire before; for INTERVAL jobs, the anchor of the grid.")
+    end_at: datetime | None = Field(description="No fire after.")
+    max_runs: int | None = Field(description="The schedule starts at most this many runs.")
+    jitter_sec: int
+    overlap_policy: OverlapPolicy
+    catchup_policy: CatchupPolicy
+    catchup_window_sec: int
+    target: TargetView
+    payload: dict[str, Any]
+    retry_policy: dict[str, Any] = Field(description="The retry policy as accepted, defaults filled in.")
+    timeout_sec: int
+    priority: Priority
+    state: JobState = Field(
+        description="ACTIVE; PAUSED (no fires until resumed); COMPLETED once its schedule is over (past `endAt`, "
+        "`maxRuns` reached, last instant fired); CANCELLED."
+    )
+    next_fire_at: datetime | None = Field(
+        description="When the next occurrence fires (jitter included); null once it will never fire again. "
+        "In the past when the job is paused or its occurrence is being handled right now."
+    )
+    next_scheduled_for: datetime | None = Field(description="The next occurrence's nominal time (before jitter).")
+    fire_count: int = Field(description="Runs the schedule has started (manual triggers and SKIPPED excluded).")
+    missed_fires: int = Field(
+        description="Occurrences that passed beyond the catch-up window without a run of their own."
+    )
+    version: int = Field(description="Grows by one on every change to the job; send it back in `If-Match`.")
+    created_at: datetime
+    updated_at: datetime
+
+
+class Triggered(ViewModel):
+    """A manual run, accepted: the dispatcher creates the execution within moments."""
+
+    job_id: str
+    execution_id: str = Field(description="The execution the run will be (`GET /v1/executions/{id}`).")
+    scheduled_for: datetime
+
+
+class JobDetail(Job):
+    latest_executions: list[Execution] = Field(description="The 10 most recent occurrences, newest first.")
+
+
+class JobList(ViewModel):
+    items: list[Job] = Field(description="Newest job first.")
+    next_cursor: str | None = Field(description="Pass as `cursor` for the next page; null on the last page.")
+
+
+def render_job(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A ``jobs`` row as the Job view."""
+    return {
+        "jobId": str(row["id"]),
+        "name": row["name"],
+        "type": row["type"],
+        "timezone": row["timezone"],
+        "runAt": row["run_at"],
+        "delaySeconds": row["delay_seconds"],
+        "schedule": row["schedule"],
+        "intervalSec": row["interval_sec"],
+        "runList": row["run_list"],
+        "startAt": row["start_at"],
+        "endAt": row["end_at"],
+        "maxRuns": row["max_runs"],
+        "jitterSec": row["jitter_sec"],
+        "overlapPolicy": row["overlap_policy"],
+        "catchupPolicy": row["catchup_policy"],
+        "catchupWindowSec": row["catchup_window_sec"],
+        "target": {"pool": row["pool"], "handler": row["handler"]},
+        "payload": row["payload"],
+        "retryPolicy": row["retry_policy"],
+        "timeoutSec": row["timeout_sec"],
+        "priority": row["priority"],
+        "state": row["state"],
+        "nextFireAt": row["next_fire_at"],
+        "nextScheduledFor": row["next_nominal_at"] if row["next_fire_at"] is not None else None,
+        "fireCount": row["fire_count"],
+        "missedFires": row["missed_fires"],
+        "version": row["version"],
+        "createdAt": row["created_at"],
+        "updatedAt": row["updated_at"],
+    }
