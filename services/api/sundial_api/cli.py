@@ -2,18 +2,22 @@
 
 Options fall back to ``SUNDIAL_*`` environment variables, then to the defaults in
 :class:`~sundial_api.settings.ApiSettings`. SIGTERM and SIGINT stop it gracefully: uvicorn stops
-accepting, finishes in-flight requests, then the lifespan closes the database and Redis pools.
+accepting, finishes in-flight requests, then the lifespan closes the database and Redis pools. Signals are
+read as every Sundial process reads them (``sundial_common.stopsignals``): uvicorn alone would take the
+second copy of one Ctrl-C under `uv run` as "exit now".
 """
 
 from __future__ import annotations
 
 import argparse
+from types import FrameType
 
 import uvicorn
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from pydantic import ValidationError
 from sundial_common.logs import setup_logging
+from sundial_common.stopsignals import StopSignals
 from sundial_common.telemetry import setup_tracing
 
 from sundial_api.admin import register_replica
@@ -23,6 +27,25 @@ from sundial_api.settings import ApiSettings
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 # Requests still running this long after SIGTERM are abandoned, so a stuck client cannot block a deploy.
 GRACEFUL_SHUTDOWN_SEC = 30
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server with Sundial's reading of stop signals (duplicates ignored, a later one forces)."""
+
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self._signals = StopSignals(self._stop, self._force)
+
+    def _stop(self) -> None:
+        self.should_exit = True
+
+    def _force(self) -> None:
+        self.force_exit = True
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        # Not recorded in uvicorn's captured signals: uvicorn would re-raise them after the shutdown and
+        # turn a clean graceful stop into a KeyboardInterrupt traceback.
+        self._signals.handle(sig)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -70,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         server_header=False,
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SEC,
     )
-    server = uvicorn.Server(config)
+    server = _Server(config)
     try:
         server.run()
     finally:

@@ -3,17 +3,16 @@
 ``sundial worker --app mymodule:worker`` imports ``worker`` (a :class:`~sundial_worker.sdk.Worker`)
 from ``mymodule`` — the current directory is importable, as with uvicorn — and runs it with
 :class:`~sundial_worker.runtime.WorkerRuntime`. The first signal stops gracefully (running handlers
-get the shutdown grace); a second one cuts the grace short.
+get the shutdown grace); copies of it arriving within a second (one Ctrl-C under `uv run` arrives twice)
+change nothing, and only a deliberate later signal cuts the grace short (``sundial_common.stopsignals``).
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import importlib
 import logging
 import os
-import signal
 import sys
 
 from pydantic import ValidationError
@@ -61,7 +60,8 @@ def _parser() -> argparse.ArgumentParser:
         prog="sundial worker",
         description="Consume a pool's executions from Kafka and run their handlers: claim each one with a "
         "compare-and-swap in Postgres, record its outcome, commit the offset only after that write. "
-        "SIGTERM/SIGINT stop gracefully; a second signal abandons running handlers to the sweeper.",
+        "SIGTERM/SIGINT stop gracefully; a second signal more than a second later abandons running handlers to "
+        "the sweeper.",
     )
     parser.add_argument("--app", help="The Worker to serve, as module:attribute (env SUNDIAL_WORKER_APP).")
     parser.add_argument(
@@ -108,20 +108,11 @@ def main(argv: list[str] | None = None) -> int:
     setup_tracing("sundial-worker", settings.otlp_endpoint, settings.trace_sample_ratio)
     runtime = WorkerRuntime(worker, settings, config=config, worker_id=settings.identity())
 
-    async def serve(stop: asyncio.Event) -> None:
-        loop = asyncio.get_running_loop()
+    def abandon_running_handlers() -> None:
+        log.warning("second signal: abandoning running handlers now")
+        runtime.force_stop()
 
-        def on_signal() -> None:
-            if stop.is_set():
-                log.warning("second signal: abandoning running handlers now")
-                runtime.force_stop()
-            stop.set()
-
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, on_signal)
-        await runtime.run_until(stop)
-
-    code = run(serve)
+    code = run(runtime.run_until, on_force=abandon_running_handlers)
     if runtime.stuck_sync_handlers:
         # A sync handler's thread cannot be interrupted, and the interpreter would wait for it at
         # exit; everything that matters is written and committed, so leave without it.
