@@ -17,6 +17,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from pydantic import ValidationError
 from sundial_common.logs import setup_logging
+from sundial_common.settings import SettingsHelpParser
 from sundial_common.stopsignals import StopSignals
 from sundial_common.telemetry import setup_tracing
 
@@ -49,11 +50,10 @@ class _Server(uvicorn.Server):
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = SettingsHelpParser(
+        settings=ApiSettings,
         prog="sundial api",
-        description="Run the Sundial HTTP API (one stateless replica; run more for more throughput). "
-        "Connection settings come from SUNDIAL_DATABASE_URL, SUNDIAL_REDIS_URL, SUNDIAL_JWT_SECRET, "
-        "SUNDIAL_OTLP_ENDPOINT and the other SUNDIAL_* variables.",
+        description="Run the Sundial HTTP API (one stateless replica; run more for more throughput).",
     )
     parser.add_argument("--host", default=None, help="Interface to bind (env SUNDIAL_HOST; default 127.0.0.1).")
     parser.add_argument("--port", type=int, default=None, help="TCP port to bind (env SUNDIAL_PORT; default 8080).")

@@ -18,6 +18,7 @@ import sys
 from pydantic import ValidationError
 from sundial_common.logs import setup_logging
 from sundial_common.service import run
+from sundial_common.settings import SettingsHelpParser
 from sundial_common.telemetry import setup_tracing
 
 from sundial_worker.runtime import WorkerRuntime
@@ -56,7 +57,8 @@ def load_worker(spec: str) -> Worker:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = SettingsHelpParser(
+        settings=WorkerSettings,
         prog="sundial worker",
         description="Consume a pool's executions from Kafka and run their handlers: claim each one with a "
         "compare-and-swap in Postgres, record its outcome, commit the offset only after that write. "
