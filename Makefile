@@ -2,31 +2,40 @@
 
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
-# `pip install --user uv` (non-root) puts uv here.
-export PATH := $(HOME)/.local/bin:$(PATH)
+# uv: the one on PATH if there is one, else Sundial's private copy in .tools/uv (see `python-deps`).
+UV_HOME := $(CURDIR)/.tools/uv
+export PATH := $(PATH):$(UV_HOME)/bin
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+APT_INSTALL := DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends
 
-.PHONY: help deps run up down status test test-unit lint typecheck clean bench
+.PHONY: help deps python-deps run up down status test test-unit lint typecheck clean bench
 
 help: ## List the targets
-	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-11s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
-deps: ## Install what is missing (Debian packages, uv, Python dependencies); quiet and idempotent
+deps: python-deps ## Install what is missing (Debian packages of the servers, uv, Python dependencies); idempotent
 	@missing=""; \
 	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null || missing="$$missing postgresql"; \
 	command -v redis-server >/dev/null || missing="$$missing redis-server"; \
 	command -v etcd >/dev/null || missing="$$missing etcd-server"; \
 	if [ -n "$$missing" ]; then \
 		echo "installing Debian packages:$$missing"; \
-		$(SUDO) apt-get update -qq && \
-		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+		$(SUDO) apt-get update -qq && $(APT_INSTALL) $$missing >/dev/null; \
 	fi
+
+# uv goes into a virtualenv of its own under .tools/uv (pip from PyPI, nothing in the system Python);
+# Debian's python3 needs python3-venv for that: 6 small packages (~4 MiB), no compilers.
+python-deps: ## Install uv (if missing) and the Python dependencies into .venv; all that lint/typecheck/test-unit need
 	@if ! command -v uv >/dev/null; then \
-		echo "installing uv"; \
-		python3 -m pip install -q uv 2>/dev/null || python3 -m pip install -q --user uv 2>/dev/null || { \
-			DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq python3-pip >/dev/null && \
-			python3 -m pip install -q --break-system-packages uv; }; \
+		echo "installing uv into .tools/uv"; \
+		rm -rf "$(UV_HOME)"; \
+		python3 -m venv "$(UV_HOME)" >/dev/null 2>&1 || { \
+			rm -rf "$(UV_HOME)"; \
+			$(SUDO) apt-get update -qq && $(APT_INSTALL) python3-venv >/dev/null && \
+			python3 -m venv "$(UV_HOME)"; \
+		} && \
+		"$(UV_HOME)/bin/pip" install -q --disable-pip-version-check uv; \
 	fi
 	@uv sync --frozen --quiet
 
@@ -49,13 +58,13 @@ status: ## Show what runs, with pids, URLs and logs
 test: deps ## Run the whole test suite against real servers it starts on its own ports
 	uv run --frozen pytest
 
-test-unit: ## Run the unit tests only (no servers)
+test-unit: python-deps ## Run the unit tests only (no servers)
 	uv run --frozen pytest tests/unit
 
-lint: ## ruff lint and format check
+lint: python-deps ## ruff lint and format check
 	uv run --frozen ruff check . && uv run --frozen ruff format --check .
 
-typecheck: ## mypy (strict) on libs, services and infra
+typecheck: python-deps ## mypy (strict) on libs, services and infra
 	uv run --frozen mypy libs/common/sundial_common libs/client/sundial_client services/*/sundial_* infra/sundial_infra
 
 clean: ## Stop everything (dev stack, servers of killed test and bench runs) and delete .sundial/: all Sundial data

@@ -23,7 +23,8 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from types import FrameType
+
+from sundial_common.stopsignals import StopSignals
 
 from sundial_infra.process import marked_processes, read_pid_file, terminate, write_pid_file
 from sundial_infra.servers.postgres import remove_legacy_clusters
@@ -135,22 +136,10 @@ def up_foreground(layout: DevLayout) -> int:
             return 0
         write_pid_file(layout.supervisor_pid, os.getpid())
     stop, force = threading.Event(), threading.Event()
-    first_signal_at: list[float] = []
-
-    def on_signal(signum: int, _frame: FrameType | None) -> None:
-        if not stop.is_set():
-            log.info("%s received; shutting down (again to force)", signal.Signals(signum).name)
-            first_signal_at.append(time.monotonic())
-            stop.set()
-        # One Ctrl-C under `make run` arrives twice (the terminal signals the whole group and `uv run`
-        # forwards it too); only a second press a moment later means "do not wait".
-        elif time.monotonic() - first_signal_at[0] > 1.0:
-            log.info("%s received again; killing what is left", signal.Signals(signum).name)
-            force.set()
-
-    # SIGHUP too: closing the terminal of `make run` must not orphan the servers.
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, on_signal)
+    # SIGHUP too: closing the terminal of `make run` must not orphan the servers. One Ctrl-C under
+    # `make run` arrives twice (the terminal signals the whole group and `uv run` forwards it too);
+    # StopSignals takes only a second press a moment later as "kill what is left".
+    StopSignals(stop.set, force.set).install((signal.SIGINT, signal.SIGTERM, signal.SIGHUP))
     return DevRunner(layout, announce=lambda text: print(text, flush=True)).run(stop, force)
 
 

@@ -5,13 +5,12 @@
 
 from __future__ import annotations
 
-import argparse
 import time
 from dataclasses import dataclass
 
 import jwt
 
-from sundial_common.settings import CommonSettings
+from sundial_common.settings import CommonSettings, SettingsHelpParser
 
 ISSUER = "sundial"
 TENANT = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
@@ -63,7 +62,12 @@ def verify_token(secret: str, token: str) -> Principal:
 
 
 def token_main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="sundial token", description="Mint a bearer token for a tenant.")
+    parser = SettingsHelpParser(
+        prog="sundial token",
+        description="Mint a bearer token for a tenant.",
+        settings=CommonSettings,
+        fields=("jwt_secret",),
+    )
     parser.add_argument("--tenant", required=True, help="Tenant the token acts for.")
     parser.add_argument("--admin", action="store_true", help="Also grant the admin endpoints.")
     parser.add_argument("--ttl", type=int, default=30 * 24 * 3600, help="Lifetime in seconds (default 30 days).")

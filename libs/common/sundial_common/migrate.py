@@ -6,7 +6,6 @@ current database is a no-op, so every deploy can run it first.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 from pathlib import Path
 
@@ -14,7 +13,7 @@ from alembic import command, op
 from alembic.config import Config
 from sqlalchemy.util import await_only
 
-from sundial_common.settings import CommonSettings
+from sundial_common.settings import CommonSettings, SettingsHelpParser
 
 _HERE = Path(__file__).parent
 
@@ -34,8 +33,11 @@ async def upgrade(dsn: str, revision: str = "head") -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="sundial migrate", description="Apply database migrations (idempotent; safe on every deploy)."
+    parser = SettingsHelpParser(
+        settings=CommonSettings,
+        fields=("database_url",),
+        prog="sundial migrate",
+        description="Apply database migrations (idempotent; safe on every deploy).",
     )
     parser.add_argument("--database-url", default=None, help="Postgres DSN (env SUNDIAL_DATABASE_URL).")
     parser.add_argument("--revision", default="head", help="Target revision (default: head).")

@@ -8,7 +8,7 @@ The policy is stored with the job as the client wrote it (camelCase JSON, ``retr
 Jitter is *equal jitter*: half the base delay is kept and the other half drawn uniformly, so a retry never
 comes sooner than half its base delay (no tight loops) and a thousand executions that failed in the same
 instant — a downstream outage — come back spread over half the delay instead of as one wave (the retry
-storm of seed §7.5). The randomness is injected, so tests pin it.
+storm). The randomness is injected, so tests pin it.
 
 Whoever records a failure (the worker, the sweeper) computes the delay here and Postgres adds it to its own
 ``now()``: every machine agrees on when the retry is due, whatever its clock says.

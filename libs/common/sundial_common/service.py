@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
@@ -21,23 +20,43 @@ from typing import Any
 import uvloop
 
 from sundial_common.metrics import LoopMetrics, pass_counts
+from sundial_common.stopsignals import StopSignals
 from sundial_common.telemetry import tracer
 
 log = logging.getLogger(__name__)
 
 
-def run(main: Callable[[asyncio.Event], Coroutine[Any, Any, None]]) -> int:
-    """Run ``main(stop)`` on uvloop; SIGTERM/SIGINT set ``stop`` so ``main`` can shut down gracefully."""
+def run(
+    main: Callable[[asyncio.Event], Coroutine[Any, Any, None]],
+    *,
+    on_force: Callable[[], None] | None = None,
+) -> int:
+    """Run ``main(stop)`` on uvloop until it returns; SIGTERM/SIGINT set ``stop`` for a graceful shutdown.
+
+    Signals go through :class:`~sundial_common.stopsignals.StopSignals`: copies of the first signal (one
+    Ctrl-C under ``uv run`` arrives twice) change nothing; a deliberate later one forces — ``on_force`` if
+    given, else ``main`` is cancelled (its ``finally`` blocks still run) and the exit code is 1.
+    """
 
     async def wrapper() -> None:
         stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
+        task = asyncio.current_task()
+        assert task is not None
+
+        def force() -> None:
+            if on_force is not None:
+                on_force()
+            else:
+                task.cancel()
+
+        StopSignals(stop.set, force).install_on(asyncio.get_running_loop())
         await main(stop)
 
     try:
         uvloop.run(wrapper())
+    except asyncio.CancelledError:
+        log.warning("stopped by force before the graceful shutdown finished")
+        return 1
     except Exception:
         log.exception("process failed")
         return 1

@@ -2,13 +2,18 @@
 
 Each service composes its own settings class from these pieces; every field reads an environment
 variable with the ``SUNDIAL_`` prefix (``SUNDIAL_DATABASE_URL`` …) so a process is configured the same
-way on a laptop, in compose and in Kubernetes. CLI options fall back to these variables.
+way on a laptop, in compose and in Kubernetes. CLI options fall back to these variables, and every
+command's ``--help`` lists them, generated from its settings class (:class:`SettingsHelpParser`).
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import socket
+import textwrap
+from collections.abc import Iterable
+from typing import Any
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -71,7 +76,7 @@ class CommonSettings(BaseSettings):
     )
     instance_id: str = Field(
         default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}",
-        description="Identity of this process in leases, heartbeats and attempts.",
+        description="Identity of this process in leases, heartbeats and attempts (default: <hostname>-<pid>).",
     )
     log_level: str = Field("INFO", description="Python logging level.")
     log_format: str = Field("text", description="`text` or `json` (one JSON object per line).")
@@ -91,3 +96,47 @@ class CommonSettings(BaseSettings):
         if value not in ("text", "json"):
             raise ValueError("log_format must be `text` or `json`")
         return value
+
+
+def env_var(settings: type[BaseSettings], field: str) -> str:
+    """The environment variable that sets ``field`` of ``settings`` (``SUNDIAL_DATABASE_URL``)."""
+    return f"{settings.model_config.get('env_prefix', '')}{field}".upper()
+
+
+def _default_text(value: Any) -> str:
+    if value is None:
+        return "unset"
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value)
+
+
+def environment_help(settings: type[BaseSettings], fields: Iterable[str] | None = None) -> str:
+    """The variables ``settings`` reads (or only ``fields`` of them), with defaults and descriptions."""
+    chosen = set(fields) if fields is not None else None
+    lines = ["environment (command-line options override these):"]
+    for name, info in settings.model_fields.items():
+        if chosen is not None and name not in chosen:
+            continue
+        default = "" if info.default_factory is not None else f" (default: {_default_text(info.default)})"
+        lines.append(f"  {env_var(settings, name)}{default}")
+        if info.description:
+            lines += textwrap.wrap(info.description, width=100, initial_indent=" " * 6, subsequent_indent=" " * 6)
+    return "\n".join(lines)
+
+
+class SettingsHelpParser(argparse.ArgumentParser):
+    """An argument parser whose ``--help`` ends with the ``SUNDIAL_*`` variables the command reads.
+
+    The list is generated from the command's settings class, so a new setting appears in ``--help``
+    without anyone remembering to document it. ``fields`` narrows it for commands that read only a few.
+    """
+
+    def __init__(
+        self, *args: Any, settings: type[BaseSettings], fields: Iterable[str] | None = None, **kwargs: Any
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self._environment = environment_help(settings, fields)
+
+    def format_help(self) -> str:
+        return f"{super().format_help()}\n{self._environment}\n"

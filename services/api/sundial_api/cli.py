@@ -2,17 +2,22 @@
 
 Options fall back to ``SUNDIAL_*`` environment variables, then to the defaults in
 :class:`~sundial_api.settings.ApiSettings`. SIGTERM and SIGINT stop it gracefully: uvicorn stops
-accepting, finishes in-flight requests, then the lifespan closes the database and Redis pools.
+accepting, finishes in-flight requests, then the lifespan closes the database and Redis pools. Signals are
+read as every Sundial process reads them (``sundial_common.stopsignals``): uvicorn alone would take the
+second copy of one Ctrl-C under `uv run` as "exit now".
 """
 
 from __future__ import annotations
 
 import argparse
+from types import FrameType
 
 import uvicorn
 from pydantic import ValidationError
 from sundial_common.logs import setup_logging
 from sundial_common.observability import observed
+from sundial_common.settings import SettingsHelpParser
+from sundial_common.stopsignals import StopSignals
 
 from sundial_api.admin import register_replica
 from sundial_api.app import create_app
@@ -23,12 +28,30 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 GRACEFUL_SHUTDOWN_SEC = 30
 
 
+class _Server(uvicorn.Server):
+    """uvicorn's server with Sundial's reading of stop signals (duplicates ignored, a later one forces)."""
+
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self._signals = StopSignals(self._stop, self._force)
+
+    def _stop(self) -> None:
+        self.should_exit = True
+
+    def _force(self) -> None:
+        self.force_exit = True
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        # Not recorded in uvicorn's captured signals: uvicorn would re-raise them after the shutdown and
+        # turn a clean graceful stop into a KeyboardInterrupt traceback.
+        self._signals.handle(sig)
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = SettingsHelpParser(
+        settings=ApiSettings,
         prog="sundial api",
-        description="Run the Sundial HTTP API (one stateless replica; run more for more throughput). "
-        "Connection settings come from SUNDIAL_DATABASE_URL, SUNDIAL_REDIS_URL, SUNDIAL_JWT_SECRET, "
-        "SUNDIAL_OTLP_ENDPOINT and the other SUNDIAL_* variables.",
+        description="Run the Sundial HTTP API (one stateless replica; run more for more throughput).",
     )
     parser.add_argument("--host", default=None, help="Interface to bind (env SUNDIAL_HOST; default 127.0.0.1).")
     parser.add_argument("--port", type=int, default=None, help="TCP port to bind (env SUNDIAL_PORT; default 8080).")
@@ -67,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         server_header=False,
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SEC,
     )
-    server = uvicorn.Server(config)
+    server = _Server(config)
     # The API serves /metrics on its own port (sundial_api.health), not on SUNDIAL_METRICS_PORT.
     with observed("sundial-api", settings, metrics=False):
         server.run()

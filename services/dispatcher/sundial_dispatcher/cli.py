@@ -8,7 +8,6 @@ shard's pass in flight and revokes the leases; the new owners, already watching,
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 
@@ -20,6 +19,7 @@ from sundial_common.logs import setup_logging
 from sundial_common.observability import observed
 from sundial_common.registry import ClusterKeys, Membership, ReplicaRecord, ReplicaRegistration, etcd_client
 from sundial_common.service import run, supervise
+from sundial_common.settings import SettingsHelpParser
 from sundial_common.stores import Stores
 
 from sundial_dispatcher.dispatcher import DispatcherConfig
@@ -30,7 +30,8 @@ log = logging.getLogger("sundial.dispatcher")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = SettingsHelpParser(
+        settings=DispatcherSettings,
         prog="sundial dispatcher",
         description="Lead this replica's share of the shards (etcd leases, balanced over the live replicas), "
         "claim due occurrences from their hot windows, commit their executions in one fenced transaction and "

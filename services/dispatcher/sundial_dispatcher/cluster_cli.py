@@ -6,7 +6,6 @@ Postgres and Redis rather than through the API, so it still works when no API re
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import sys
 
@@ -16,17 +15,22 @@ from redis.asyncio import Redis
 from sundial_common.cluster import read_cluster
 from sundial_common.hotwindow import HotWindow
 from sundial_common.registry import etcd_client
-from sundial_common.settings import CommonSettings
+from sundial_common.settings import CommonSettings, SettingsHelpParser
 from sundial_common.stores import Stores
+
+# What the cluster view reads; its --help lists exactly these.
+CLUSTER_FIELDS = ("etcd_endpoint", "database_url", "redis_url", "shards")
 
 
 def main(argv: list[str] | None = None) -> int:
     """Show the cluster: replicas, who leads each shard and role, fence tokens, lease TTLs, hot-window sizes."""
-    parser = argparse.ArgumentParser(
+    parser = SettingsHelpParser(
+        settings=CommonSettings,
+        fields=CLUSTER_FIELDS,
         prog="sundial cluster",
         description="Show the live replicas (id, kind, host, pid, started, last heartbeat) and, per shard, the "
         "leader replica, its fence token, the fence recorded in Postgres, the lease TTL left and the hot-window "
-        "size. Reads SUNDIAL_ETCD_ENDPOINT, SUNDIAL_DATABASE_URL, SUNDIAL_REDIS_URL and SUNDIAL_SHARDS.",
+        "size.",
     )
     parser.add_argument("--json", action="store_true", help="Print the JSON body GET /v1/admin/cluster returns.")
     args = parser.parse_args(argv)

@@ -6,7 +6,6 @@ and take over within a lease TTL.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 
@@ -15,6 +14,7 @@ from sundial_common.hotwindow import HotWindow
 from sundial_common.logs import setup_logging
 from sundial_common.observability import observed
 from sundial_common.service import every, run
+from sundial_common.settings import SettingsHelpParser
 from sundial_common.singleton import run_singleton
 from sundial_common.stores import Stores
 
@@ -25,7 +25,8 @@ log = logging.getLogger("sundial.hydrator")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = SettingsHelpParser(
+        settings=HydratorSettings,
         prog="sundial hydrator",
         description="Promote occurrences due within the hot window from Postgres into Redis, and rebuild "
         "the window after Redis loses it. Run several replicas: one is active (elected through etcd), the "

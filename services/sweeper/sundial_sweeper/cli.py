@@ -6,7 +6,6 @@ and take over within a lease TTL.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 
@@ -15,6 +14,7 @@ from sundial_common.broker import KafkaPublisher
 from sundial_common.logs import setup_logging
 from sundial_common.observability import observed
 from sundial_common.service import every, run
+from sundial_common.settings import SettingsHelpParser
 from sundial_common.singleton import run_singleton
 from sundial_common.stores import Stores
 
@@ -25,7 +25,8 @@ log = logging.getLogger("sundial.sweeper")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = SettingsHelpParser(
+        settings=SweeperSettings,
         prog="sundial sweeper",
         description="Find executions that fell between the cracks: attempts whose worker stopped heartbeating or "
         "that ran past their timeout (ended and retried by the job's policy), executions never published or "

@@ -3,23 +3,23 @@
 ``sundial worker --app mymodule:worker`` imports ``worker`` (a :class:`~sundial_worker.sdk.Worker`)
 from ``mymodule`` — the current directory is importable, as with uvicorn — and runs it with
 :class:`~sundial_worker.runtime.WorkerRuntime`. The first signal stops gracefully (running handlers
-get the shutdown grace); a second one cuts the grace short.
+get the shutdown grace); copies of it arriving within a second (one Ctrl-C under `uv run` arrives twice)
+change nothing, and only a deliberate later signal cuts the grace short (``sundial_common.stopsignals``).
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import importlib
 import logging
 import os
-import signal
 import sys
 
 from pydantic import ValidationError
 from sundial_common.logs import setup_logging
 from sundial_common.observability import observed
 from sundial_common.service import run
+from sundial_common.settings import SettingsHelpParser
 
 from sundial_worker.runtime import WorkerRuntime
 from sundial_worker.sdk import Worker
@@ -57,11 +57,13 @@ def load_worker(spec: str) -> Worker:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = SettingsHelpParser(
+        settings=WorkerSettings,
         prog="sundial worker",
         description="Consume a pool's executions from Kafka and run their handlers: claim each one with a "
         "compare-and-swap in Postgres, record its outcome, commit the offset only after that write. "
-        "SIGTERM/SIGINT stop gracefully; a second signal abandons running handlers to the sweeper.",
+        "SIGTERM/SIGINT stop gracefully; a second signal more than a second later abandons running handlers to "
+        "the sweeper.",
     )
     parser.add_argument("--app", help="The Worker to serve, as module:attribute (env SUNDIAL_WORKER_APP).")
     parser.add_argument(
@@ -107,21 +109,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     runtime = WorkerRuntime(worker, settings, config=config, worker_id=settings.identity())
 
-    async def serve(stop: asyncio.Event) -> None:
-        loop = asyncio.get_running_loop()
-
-        def on_signal() -> None:
-            if stop.is_set():
-                log.warning("second signal: abandoning running handlers now")
-                runtime.force_stop()
-            stop.set()
-
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, on_signal)
-        await runtime.run_until(stop)
+    def abandon_running_handlers() -> None:
+        log.warning("second signal: abandoning running handlers now")
+        runtime.force_stop()
 
     with observed("sundial-worker", settings):
-        code = run(serve)
+        code = run(runtime.run_until, on_force=abandon_running_handlers)
     if runtime.stuck_sync_handlers:
         # A sync handler's thread cannot be interrupted, and the interpreter would wait for it at
         # exit; everything that matters is written and committed, so leave without it.

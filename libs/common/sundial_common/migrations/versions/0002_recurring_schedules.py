@@ -1,4 +1,4 @@
-"""recurring schedules: schema for issue 3.
+"""recurring schedules: schema for cron, interval and run-list jobs.
 
 Revision ID: 0002
 Revises: 0001

@@ -1,4 +1,4 @@
-"""reliable execution: schema for issue 4.
+"""reliable execution: schema for retries, timeouts, cancellation, dead letters and idempotent create.
 
 Revision ID: 0003
 Revises: 0002

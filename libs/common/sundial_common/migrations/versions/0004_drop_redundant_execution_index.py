@@ -9,7 +9,7 @@ first" (the API's latest executions and its keyset pages; the ``id`` tie-break o
 of single rows). ``executions_job_idx`` (job_id, scheduled_for DESC, id) held the same entries again, and
 every execution writes its index entries three times (dispatch, start and finish each change ``state``, which
 other indexes carry, so none of these updates is HOT): dropping it saves three random B-tree inserts per
-execution on the dispatch path (issue 6's profile).
+execution on the dispatch path (found by profiling the benchmark).
 """
 
 from sundial_common.migrate import run_sql_script

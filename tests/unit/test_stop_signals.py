@@ -1,0 +1,61 @@
+"""StopSignals: one Ctrl-C that arrives twice is one graceful stop; a deliberate later one forces."""
+
+from __future__ import annotations
+
+import signal
+
+from sundial_common.stopsignals import DUPLICATE_WINDOW_SEC, StopSignals
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make(with_force: bool = True) -> tuple[StopSignals, list[str], Clock]:
+    calls: list[str] = []
+    clock = Clock()
+    signals = StopSignals(
+        lambda: calls.append("stop"), (lambda: calls.append("force")) if with_force else None, clock=clock
+    )
+    return signals, calls, clock
+
+
+def test_the_first_signal_stops_gracefully() -> None:
+    signals, calls, _ = make()
+    signals.handle(signal.SIGTERM)
+    assert calls == ["stop"] and signals.stopping and not signals.forced
+
+
+def test_a_copy_within_the_window_is_the_same_request() -> None:
+    # The terminal's SIGINT and `uv run`'s forwarded copy, ~200 ms apart.
+    signals, calls, clock = make()
+    signals.handle(signal.SIGINT)
+    clock.now += 0.2
+    signals.handle(signal.SIGINT)
+    clock.now += DUPLICATE_WINDOW_SEC - 0.3
+    signals.handle(signal.SIGTERM)
+    assert calls == ["stop"] and not signals.forced
+
+
+def test_a_deliberate_later_signal_forces_once() -> None:
+    signals, calls, clock = make()
+    signals.handle(signal.SIGINT)
+    clock.now += 0.2
+    signals.handle(signal.SIGINT)
+    clock.now += DUPLICATE_WINDOW_SEC
+    signals.handle(signal.SIGINT)
+    clock.now += 5
+    signals.handle(signal.SIGINT)
+    assert calls == ["stop", "force"] and signals.forced
+
+
+def test_without_a_force_action_the_stop_stays_graceful() -> None:
+    signals, calls, clock = make(with_force=False)
+    signals.handle(signal.SIGINT)
+    clock.now += 10
+    signals.handle(signal.SIGINT)
+    assert calls == ["stop"] and not signals.forced
