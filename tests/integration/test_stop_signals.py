@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from sundial_common.broker import KafkaPublisher
-from sundial_common.store import Store
+from sundial_common.stores import Stores
 
 from tests.integration.test_worker import JOIN_SEC, dispatch, execution, publish, wait_state
 
@@ -28,7 +28,7 @@ def pool() -> str:
 
 
 async def test_sigint_twice_200ms_apart_lets_the_running_handler_finish(
-    store: Store, publisher: KafkaPublisher, settings_env: dict[str, str], pool: str, tmp_path: Path
+    stores: Stores, publisher: KafkaPublisher, settings_env: dict[str, str], pool: str, tmp_path: Path
 ) -> None:
     (tmp_path / "signal_app.py").write_text(
         textwrap.dedent(
@@ -70,9 +70,9 @@ async def test_sigint_twice_200ms_apart_lets_the_running_handler_finish(
     reader = asyncio.create_task(read_log())
     try:
         await asyncio.wait_for(assigned.wait(), JOIN_SEC)
-        [message] = await dispatch(store, pool, "sleep", [{"seconds": 2}])
+        [message] = await dispatch(stores, pool, "sleep", [{"seconds": 2}])
         await publish(publisher, [message])
-        await wait_state(store, message, "RUNNING")
+        await wait_state(stores, message, "RUNNING")
         process.send_signal(signal.SIGINT)  # the terminal's
         await asyncio.sleep(0.2)
         process.send_signal(signal.SIGINT)  # uv run's forwarded copy
@@ -84,6 +84,6 @@ async def test_sigint_twice_200ms_apart_lets_the_running_handler_finish(
         await asyncio.wait_for(reader, 10)
     log = "\n".join(lines)
     assert code == 0, log
-    row = await execution(store, message)
+    row = await execution(stores, message)
     assert (row["state"], row["result"]) == ("SUCCEEDED", {"slept": 2.0}), log
     assert "abandoning" not in log and "the same stop request" in log, log

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic_settings import BaseSettings
 from sundial_api.settings import ApiSettings
-from sundial_common.cli import main as sundial
+from sundial_client.command import main as sundial
 from sundial_common.settings import CommonSettings, env_var
 from sundial_dispatcher.cluster_cli import CLUSTER_FIELDS
 from sundial_dispatcher.settings import DispatcherSettings
