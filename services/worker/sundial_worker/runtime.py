@@ -159,8 +159,8 @@ class WorkerRuntime:
         self.stats = WorkerStats()
         self.inflight = InFlight()
         self.outcomes = OutcomeBuffer(self.config.flush_max_outcomes)
+        # Kept after stop: an abandoned sync handler's thread is still counted by stuck_sync_handlers.
         self._parts: WorkerParts | None = None
-        self._executor: HandlerExecutor | None = None  # outlives stop: stuck_sync_handlers is read after it
         self._side_tasks: dict[str, asyncio.Task[None]] = {}
         self._crashed = asyncio.Event()
         self._failure: BaseException | None = None
@@ -192,7 +192,7 @@ class WorkerRuntime:
     @property
     def stuck_sync_handlers(self) -> int:
         """Sync handler threads still running although nobody waits for them (timed out or abandoned)."""
-        return 0 if self._executor is None else self._executor.stuck_sync_handlers
+        return 0 if self._parts is None else self._parts.executor.stuck_sync_handlers
 
     # --- start/stop -----------------------------------------------------------------------------
 
@@ -241,7 +241,6 @@ class WorkerRuntime:
             stats=self.stats,
             on_failure=self._fail,
         )
-        self._executor = executor
         return WorkerParts(
             store=store,
             redis=redis,
@@ -371,12 +370,11 @@ class WorkerRuntime:
             log.exception("closing the Kafka consumer failed")
         if self._parts is not None:
             self._parts.heartbeats.close()
+            self._parts.executor.close()
         if redis is not None:
             await redis.aclose()
         if store is not None:
             await store.close()
-        if self._executor is not None:
-            self._executor.close()
 
     # --- supervision ------------------------------------------------------------------------
 
