@@ -32,6 +32,7 @@ from sundial_common.broker import KafkaPublisher
 from sundial_common.clock import from_ms, to_ms
 from sundial_common.ids import new_id
 from sundial_common.messages import ExecutionMessage, pool_topic
+from sundial_common.signals import heartbeat_key
 from sundial_common.stores import Stores
 from sundial_common.stores.dispatch import PlannedExecution
 from sundial_common.stores.types import Occurrence, Record
@@ -39,7 +40,6 @@ from sundial_common.telemetry import trace_id_hex, traceparent, tracer
 from sundial_worker import Context, Worker, WorkerConfig, WorkerRuntime
 from sundial_worker import demo as demo_app
 from sundial_worker.consumer import consumer_group
-from sundial_worker.runtime import heartbeat_key
 from sundial_worker.settings import WorkerSettings
 
 TENANT = "acme"

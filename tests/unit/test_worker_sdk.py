@@ -9,9 +9,10 @@ from typing import Any
 
 import orjson
 import pytest
+from sundial_common.signals import heartbeat_key
 from sundial_worker import Context, Worker, WorkerConfig
 from sundial_worker.cli import AppError, load_worker
-from sundial_worker.runtime import _encode_result, _error_text, heartbeat_key
+from sundial_worker.execution import encode_result, error_text
 from sundial_worker.sdk import HandlerRegistry
 
 
@@ -134,20 +135,20 @@ def test_worker_config_names_the_bad_field(kwargs: dict[str, Any], field: str) -
 
 
 def test_results_are_encoded_once_and_bad_ones_are_explained() -> None:
-    encoded, problem = _encode_result({"a": [1, 2]})
+    encoded, problem = encode_result({"a": [1, 2]})
     assert problem is None and orjson.dumps(encoded) == b'{"a":[1,2]}'
-    assert _encode_result(None) == (None, None)
-    _, problem = _encode_result({"when": object()})
+    assert encode_result(None) == (None, None)
+    _, problem = encode_result({"when": object()})
     assert problem is not None and problem.startswith("TypeError: handler result is not JSON-serializable")
-    _, problem = _encode_result({"s": "nul\x00byte"})
+    _, problem = encode_result({"s": "nul\x00byte"})
     assert problem is not None and "NUL" in problem
     # An escaped backslash followed by the text u0000 is not a NUL character.
-    assert _encode_result({"s": "\\u0000"})[1] is None
+    assert encode_result({"s": "\\u0000"})[1] is None
 
 
 def test_error_text_is_type_and_message_and_bounded() -> None:
-    assert _error_text(RuntimeError("demo failure")) == "RuntimeError: demo failure"
-    assert len(_error_text(ValueError("x" * 100_000))) == 8192
+    assert error_text(RuntimeError("demo failure")) == "RuntimeError: demo failure"
+    assert len(error_text(ValueError("x" * 100_000))) == 8192
 
 
 def test_heartbeat_key() -> None:

@@ -13,7 +13,9 @@ async def send_welcome(ctx, payload: dict) -> dict | None:
 Run it with ``sundial worker --app mymodule:worker``.
 """
 
-from sundial_worker.runtime import WorkerConfig, WorkerCrashed, WorkerRuntime, WorkerStats
+from sundial_worker.errors import WorkerCrashed
+from sundial_worker.inflight import WorkerStats
+from sundial_worker.runtime import WorkerConfig, WorkerRuntime
 from sundial_worker.sdk import Context, HandlerSpec, Worker
 
 __all__ = ["Context", "HandlerSpec", "Worker", "WorkerConfig", "WorkerCrashed", "WorkerRuntime", "WorkerStats"]

@@ -1,0 +1,217 @@
+"""Admission: taking messages from Kafka and claiming their executions with one start CAS per batch.
+
+The :class:`Admission` loop (``poll``) takes at most as many messages as there are free handler slots,
+decodes them, and claims the whole batch with ONE ``executions.start_executions`` (compare-and-swap PENDING →
+RUNNING, DESIGN invariant 3). A message that loses the CAS — a duplicate delivery, an attempt that is no
+longer current — is acknowledged without running (invariant 5); an undecodable one is skipped loudly and
+acknowledged. Each won execution's handler starts through the
+:class:`~sundial_worker.execution.HandlerExecutor`, and then the won executions' liveness keys are renewed
+(the Redis round trip overlaps the handlers' start).
+
+The loop is not on a timer: a pass waits for messages up to ``poll_timeout_sec`` (or, with no slot free,
+for a handler to end), so it runs back to back until the runtime's ``stopping`` event is set. It is never
+cancelled — cancelling it between the start CAS and launching the handlers would strand RUNNING rows —
+so it checks that event at least every poll timeout, and a claim pass that finds it set leaves its
+messages unacknowledged for the group's next member.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+from uuid import UUID
+
+import orjson
+from sundial_common.messages import ExecutionMessage
+from sundial_common.stores.executions import ExecutionStore
+from sundial_common.stores.types import Record
+
+from sundial_worker.consumer import Delivery, ExecutionConsumer
+from sundial_worker.errors import TRANSIENT_DB_ERRORS, check_positive_int, check_seconds
+from sundial_worker.execution import HandlerExecutor
+from sundial_worker.heartbeats import Heartbeats
+from sundial_worker.inflight import InFlight, WorkerStats
+
+log = logging.getLogger("sundial.worker")
+
+_BACKOFF_MAX_SEC = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionConfig:
+    """How messages are taken. Validated at construction."""
+
+    concurrency: int = 16
+    """Handlers running at once; also the most messages taken from Kafka that are not finished."""
+    poll_batch: int = 256
+    """Most messages taken per consume call (and so per start CAS round trip)."""
+    poll_timeout_sec: float = 0.25
+    """How long one consume call waits for a first message; bounds how fast the loop notices a stop."""
+
+    def __post_init__(self) -> None:
+        check_positive_int(self, "concurrency", "poll_batch")
+        check_seconds(self, "poll_timeout_sec")
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionResult:
+    consumed: int = 0
+    started: int = 0
+    duplicates: int = 0
+
+
+@dataclass(eq=False, slots=True)
+class _Claim:
+    message: ExecutionMessage
+    execution_id: UUID
+    deliveries: list[Delivery] = field(default_factory=list)
+
+
+class Admission:
+    """Consumes a pool's messages, wins their executions' start CAS, and launches their handlers."""
+
+    def __init__(
+        self,
+        consumer: ExecutionConsumer,
+        executions: ExecutionStore,
+        worker_id: str,
+        config: AdmissionConfig,
+        *,
+        inflight: InFlight,
+        executor: HandlerExecutor,
+        heartbeats: Heartbeats,
+        stats: WorkerStats,
+        stopping: asyncio.Event,
+    ) -> None:
+        self.config = config
+        self.worker_id = worker_id
+        self._consumer = consumer
+        self._executions = executions
+        self._inflight = inflight
+        self._executor = executor
+        self._heartbeats = heartbeats
+        self._stats = stats
+        self._stopping = stopping
+
+    async def run(self) -> None:
+        while not self._stopping.is_set():
+            await self.run_once()
+
+    def wake(self) -> None:
+        """Cut short a pass waiting for a free slot (so that it notices a stop at once)."""
+        self._inflight.slot_freed.set()
+
+    async def run_once(self) -> AdmissionResult:
+        """Take up to the free slots' worth of messages, claim them in one CAS, start their handlers."""
+        free = self.config.concurrency - len(self._inflight.running)
+        if free <= 0:
+            slot_freed = self._inflight.slot_freed
+            slot_freed.clear()
+            try:
+                await asyncio.wait_for(slot_freed.wait(), self.config.poll_timeout_sec)
+            except TimeoutError:
+                await self._consumer.keepalive(0)
+            return AdmissionResult()
+        # One pass at a time: a second pass in flight (to overlap the CAS with consuming) measured no
+        # faster, because consume calls share the consumer's one thread and an idle one blocks it.
+        deliveries = await self._consumer.poll(min(free, self.config.poll_batch), self.config.poll_timeout_sec)
+        if not deliveries:
+            return AdmissionResult()
+        self._stats.consumed += len(deliveries)
+        return await self._admit(deliveries)
+
+    async def _admit(self, deliveries: Sequence[Delivery]) -> AdmissionResult:
+        claims: dict[tuple[UUID, int], _Claim] = {}
+        duplicates = 0
+        for delivery in deliveries:
+            message = self._decode(delivery)
+            if message is None:
+                continue
+            execution_id = UUID(message.execution_id)
+            unsettled = self._inflight.unsettled.get(execution_id)
+            if unsettled is not None and unsettled.attempt == message.attempt:
+                # Redelivered before its outcome is written (a rebalance handed the partition back):
+                # the CAS would lose and acknowledge it at once, letting the commit pass a message
+                # whose write is not done. Its offset is acknowledged with the outcome instead.
+                unsettled.deliveries.append(delivery)
+                duplicates += 1
+                continue
+            claim = claims.get((execution_id, message.attempt))
+            if claim is None:
+                claims[(execution_id, message.attempt)] = _Claim(message, execution_id, [delivery])
+            else:
+                claim.deliveries.append(delivery)  # counted as a duplicate once the CAS has decided
+        if not claims or self._stopping.is_set():
+            # Stopping: leave these unacknowledged; their offsets stay uncommitted and another member
+            # (or this one, restarted) gets them again.
+            self._stats.duplicates += duplicates
+            return AdmissionResult(consumed=len(deliveries), duplicates=duplicates)
+        rows = await self._with_db_retry(
+            "start executions",
+            lambda executions: executions.start_executions(
+                self.worker_id, list(claims), [c.deliveries[0].published_at for c in claims.values()]
+            ),
+        )
+        if rows is None:  # stopping while the database was unreachable
+            return AdmissionResult(consumed=len(deliveries), duplicates=duplicates)
+        won: dict[UUID, Record] = {UUID(str(row["id"])): row for row in rows}
+        started: list[UUID] = []
+        for (execution_id, attempt), claim in claims.items():
+            row = won.get(execution_id)
+            if row is None or row["attempt"] != attempt:
+                duplicates += len(claim.deliveries)
+                log.debug(
+                    "not starting %s attempt %d: lost the start CAS (duplicate or stale delivery)",
+                    execution_id,
+                    attempt,
+                    extra={"execution_id": str(execution_id), "attempt": attempt},
+                )
+                self._ack(claim.deliveries)
+                continue
+            # Every delivery beyond the first of one execution is a duplicate that does not run.
+            duplicates += len(claim.deliveries) - 1
+            self._executor.launch(execution_id, claim.message, claim.deliveries, row)
+            started.append(execution_id)
+        self._stats.duplicates += duplicates
+        self._stats.started += len(started)
+        # Liveness keys go out after the handlers have started, so the Redis round trip overlaps them.
+        await self._heartbeats.renew(started)
+        return AdmissionResult(consumed=len(deliveries), started=len(started), duplicates=duplicates)
+
+    def _decode(self, delivery: Delivery) -> ExecutionMessage | None:
+        try:
+            if delivery.value is None:
+                raise ValueError("empty message")
+            message = ExecutionMessage.decode(delivery.value)
+            UUID(message.execution_id)
+            return message
+        except (ValueError, TypeError, orjson.JSONDecodeError) as exc:
+            # Nothing can ever run it, and it must not block the partition's commits: skip it loudly.
+            log.error(
+                "skipping undecodable message %s[%d]@%d: %s", delivery.topic, delivery.partition, delivery.offset, exc
+            )
+            self._stats.undecodable += 1
+            self._ack([delivery])
+            return None
+
+    def _ack(self, deliveries: Sequence[Delivery]) -> None:
+        for delivery in deliveries:
+            self._consumer.ack(delivery)
+
+    async def _with_db_retry(
+        self, what: str, call: Callable[[ExecutionStore], Coroutine[Any, Any, list[Record]]]
+    ) -> list[Record] | None:
+        backoff = 0.05
+        while True:
+            try:
+                return await call(self._executions)
+            except TRANSIENT_DB_ERRORS as exc:
+                if self._stopping.is_set():
+                    log.error("%s failed while stopping; giving up: %s", what, exc)
+                    return None
+                log.error("%s failed, retrying in %.2fs: %s", what, backoff, exc)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, _BACKOFF_MAX_SEC)

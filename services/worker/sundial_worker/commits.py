@@ -1,0 +1,55 @@
+"""Committing Kafka offsets: only past messages whose outcome is in Postgres.
+
+The :class:`OffsetCommitter` (loop ``commit``, every ``commit_interval_sec``) commits each partition's
+contiguous acknowledged prefix (see :mod:`sundial_worker.offsets`), so the offset never passes a message
+whose handler still runs or whose result is not written yet: after a crash everything from the first
+unfinished message on is delivered again, and the start compare-and-swap turns the redeliveries of
+finished executions into no-ops. Messages are acknowledged by admission (a lost start CAS, an
+undecodable message) and by the outcome flusher (after the write). The last commit is the consumer's,
+when the runtime closes it.
+
+The loop sleeps first, then commits; like the heartbeat loop it lets an unexpected error fail the runtime
+instead of :func:`sundial_common.service.every`'s log-and-retry (the consumer already logs and retries a
+failed commit itself).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from sundial_worker.consumer import ExecutionConsumer
+from sundial_worker.errors import check_seconds
+from sundial_worker.inflight import WorkerStats
+
+
+@dataclass(frozen=True, slots=True)
+class CommitConfig:
+    """How often offsets are committed. Validated at construction."""
+
+    commit_interval_sec: float = 0.5
+    """How often the acknowledged offset prefix is committed to Kafka."""
+
+    def __post_init__(self) -> None:
+        check_seconds(self, "commit_interval_sec")
+
+
+class OffsetCommitter:
+    """Commits the consumer's acknowledged offset prefix, partition by partition."""
+
+    def __init__(self, consumer: ExecutionConsumer, config: CommitConfig, *, stats: WorkerStats) -> None:
+        self.config = config
+        self._consumer = consumer
+        self._stats = stats
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.commit_interval_sec)
+            await self.run_once()
+
+    async def run_once(self) -> int:
+        """Commit each partition's acknowledged prefix; returns how many partitions moved."""
+        moved = await self._consumer.commit()
+        if moved:
+            self._stats.commits += 1
+        return moved

@@ -1,0 +1,214 @@
+"""Liveness of running executions, and noticing their cancel requests.
+
+:class:`Heartbeats` (loop ``heartbeat``, every ``heartbeat_interval_sec``) renews
+``sundial:hb:<execution id>`` — value: this worker's id, TTL ``heartbeat_ttl_sec`` — for every running
+execution in ONE Redis call; the sweeper treats a RUNNING execution without that key as lost. The same
+pass asks Postgres which running executions have a cancel requested (the fallback for a lost Redis flag).
+It also serves ``ctx.heartbeat(progress=…)`` (one key, and the progress stored on the attempt), renews the
+keys of executions admission just started, and drops the keys of executions that ended.
+
+:class:`CancelWatch` (loop ``cancel``, every ``cancel_poll_interval_sec``) reads the cancel flags
+(``sundial:cancel:<execution id>``) of every running execution in ONE Redis call and interrupts the
+handlers of those flagged.
+
+Redis trouble is never fatal here: Postgres holds the truth, and a missed renewal at worst lets the
+sweeper retry an execution. Each loop sleeps first, then runs a pass; a pass that raises anything else
+is a bug and fails the runtime (CONVENTIONS 8), which is why these loops are not
+:func:`sundial_common.service.every` (it logs and retries): a worker whose heartbeats silently stopped
+would have its executions taken over by the sweeper while their handlers still run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+from uuid import UUID
+
+from redis.asyncio import Redis
+from sundial_common.signals import cancel_key, heartbeat_key
+from sundial_common.stores.executions import ExecutionStore
+
+from sundial_worker.errors import REDIS_ERRORS, TRANSIENT_DB_ERRORS, check_seconds
+from sundial_worker.execution import encode_result
+from sundial_worker.inflight import InFlight
+from sundial_worker.sdk import Context
+
+log = logging.getLogger("sundial.worker")
+
+# Renew many liveness keys in ONE command: a pipeline of SETs costs redis-py a pack and a parse per
+# key, which at thousands of executions a second was most of the poll loop's CPU. The keys of one
+# call may live on different Redis Cluster slots; Sundial runs one Redis (or a proxy) for them.
+_RENEW = """
+for i = 1, #KEYS do redis.call('SET', KEYS[i], ARGV[1], 'PX', ARGV[2]) end
+return #KEYS
+"""
+# Drop liveness keys only where they are still ours: after a late (rejected) write, the sweeper may
+# have handed the execution to another worker, whose key has the same name.
+_RELEASE = """
+local n = 0
+for i = 1, #KEYS do
+  if redis.call('GET', KEYS[i]) == ARGV[1] then n = n + redis.call('DEL', KEYS[i]) end
+end
+return n
+"""
+_CHUNK = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class HeartbeatConfig:
+    """How liveness keys are kept. Validated at construction."""
+
+    heartbeat_interval_sec: float = 10.0
+    """How often liveness keys of running executions are renewed."""
+    heartbeat_ttl_sec: float = 30.0
+    """Lifetime of a liveness key; the sweeper considers an execution lost once it expires."""
+
+    def __post_init__(self) -> None:
+        check_seconds(self, "heartbeat_interval_sec", "heartbeat_ttl_sec")
+        if self.heartbeat_ttl_sec <= self.heartbeat_interval_sec:
+            raise ValueError(
+                f"HeartbeatConfig.heartbeat_ttl_sec ({self.heartbeat_ttl_sec}) must exceed heartbeat_interval_sec "
+                f"({self.heartbeat_interval_sec}), or liveness keys expire between renewals"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class HeartbeatResult:
+    renewed: int = 0
+    """Liveness keys renewed (0 if Redis failed)."""
+    cancels_requested: int = 0
+    """Running executions whose cancel Postgres had and that are now interrupted."""
+
+
+class Heartbeats:
+    """Liveness keys of this worker's running executions, and ``ctx.heartbeat``. Implements the SDK's HeartbeatSink."""
+
+    def __init__(
+        self, redis: Redis, executions: ExecutionStore, worker_id: str, config: HeartbeatConfig, *, inflight: InFlight
+    ) -> None:
+        self.config = config
+        self.worker_id = worker_id
+        self._redis = redis
+        self._executions = executions
+        self._inflight = inflight
+        self._renew = redis.register_script(_RENEW)
+        self._release = redis.register_script(_RELEASE)
+        self._closed = False
+
+    def close(self) -> None:
+        """Stop touching Redis and Postgres (they are closing): an abandoned handler's heartbeat goes nowhere."""
+        self._closed = True
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.heartbeat_interval_sec)
+            await self.run_once()
+
+    async def run_once(self) -> HeartbeatResult:
+        """Renew every running execution's liveness key; interrupt those whose cancel Postgres holds."""
+        renewed = await self.renew(list(self._inflight.running))
+        return HeartbeatResult(renewed, await self._cancel_requests_from_postgres())
+
+    async def renew(self, execution_ids: Sequence[UUID]) -> int:
+        """Renew these executions' liveness keys in one Redis call; returns how many."""
+        if not execution_ids or self._closed:
+            return 0
+        ttl_ms = int(self.config.heartbeat_ttl_sec * 1000)
+        keys = [heartbeat_key(e) for e in execution_ids]
+        try:
+            for i in range(0, len(keys), _CHUNK):
+                await self._renew(keys=keys[i : i + _CHUNK], args=[self.worker_id, ttl_ms])
+        except REDIS_ERRORS as exc:
+            # Not fatal: Postgres holds the truth; a missed renewal at worst lets the sweeper retry.
+            log.warning("heartbeat renewal of %d executions failed: %s", len(execution_ids), exc)
+            return 0
+        return len(execution_ids)
+
+    async def release(self, execution_ids: Sequence[UUID]) -> None:
+        """Drop these executions' liveness keys where they are still this worker's."""
+        if not execution_ids or self._closed:
+            return
+        keys = [heartbeat_key(e) for e in execution_ids]
+        try:
+            for i in range(0, len(keys), _CHUNK):
+                await self._release(keys=keys[i : i + _CHUNK], args=[self.worker_id])
+        except REDIS_ERRORS as exc:
+            log.warning("could not delete %d heartbeat keys (they expire anyway): %s", len(execution_ids), exc)
+
+    async def heartbeat(self, ctx: Context, progress: Any | None) -> None:
+        """``ctx.heartbeat``: renew this execution's liveness key; store progress on the attempt."""
+        if self._closed:
+            return
+        try:
+            await self._redis.set(
+                heartbeat_key(ctx.execution_id), self.worker_id, px=int(self.config.heartbeat_ttl_sec * 1000)
+            )
+        except REDIS_ERRORS as exc:
+            ctx.logger.warning("heartbeat to Redis failed: %s", exc)
+        if progress is None:
+            return
+        encoded, problem = encode_result(progress)
+        if problem is not None:
+            raise TypeError(problem.replace("handler result", "progress"))
+        try:
+            accepted = await self._executions.record_progress(ctx.execution_id, ctx.attempt, self.worker_id, encoded)
+        except TRANSIENT_DB_ERRORS as exc:
+            ctx.logger.warning("could not store progress: %s", exc)
+            return
+        if not accepted:
+            ctx.logger.warning("progress write rejected: this attempt is no longer RUNNING on this worker")
+
+    async def _cancel_requests_from_postgres(self) -> int:
+        """The fallback for a lost Redis flag (Redis flushed or restarted): ``executions.cancel_requested_at``."""
+        ids = self._inflight.not_cancelled()
+        if not ids or self._closed:
+            return 0
+        try:
+            requested = await self._executions.cancel_requested(ids)
+        except TRANSIENT_DB_ERRORS as exc:
+            log.warning("reading cancel requests from Postgres failed: %s", exc)
+            return 0
+        return self._inflight.request_cancel([e for e in ids if e in requested])
+
+
+@dataclass(frozen=True, slots=True)
+class CancelWatchConfig:
+    """How often cancel flags are read. Validated at construction."""
+
+    cancel_poll_interval_sec: float = 0.5
+    """How often the cancel flags of running executions are read (a handler sees a cancel within this)."""
+
+    def __post_init__(self) -> None:
+        check_seconds(self, "cancel_poll_interval_sec")
+
+
+class CancelWatch:
+    """Reads the Redis cancel flags of running executions and interrupts the flagged handlers."""
+
+    def __init__(self, redis: Redis, config: CancelWatchConfig, *, inflight: InFlight) -> None:
+        self.config = config
+        self._redis = redis
+        self._inflight = inflight
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.cancel_poll_interval_sec)
+            await self.run_once()
+
+    async def run_once(self) -> int:
+        """Read the cancel flags of every running execution in one call; interrupt those flagged. Returns how many."""
+        ids = self._inflight.not_cancelled()
+        if not ids:
+            return 0
+        try:
+            flags: list[Any] = []
+            for i in range(0, len(ids), _CHUNK):
+                flags += await self._redis.mget([cancel_key(e) for e in ids[i : i + _CHUNK]])
+        except REDIS_ERRORS as exc:
+            # Postgres keeps the request too; the heartbeat pass reads it from there.
+            log.warning("reading cancel flags failed: %s", exc)
+            return 0
+        return self._inflight.request_cancel([e for e, flag in zip(ids, flags, strict=True) if flag is not None])
