@@ -54,7 +54,10 @@ def main(argv: list[str] | None = None) -> int:
             log.info("hydrator started: %d shards, window %ds", config.shards, config.hot_window_sec)
 
             async def hydrate_while_leading(until: asyncio.Event) -> None:
-                await every(until, config.interval_sec, hydrator.run_once, name="hydrate")
+                try:
+                    await every(until, config.interval_sec, hydrator.run_once, name="hydrate")
+                finally:
+                    hydrator.forget_gauges()
 
             await run_singleton(stop, "hydrator", settings, hydrate_while_leading)
         finally:

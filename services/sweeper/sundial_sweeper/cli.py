@@ -54,7 +54,10 @@ def main(argv: list[str] | None = None) -> int:
                 # One batch per interval, never "again at once": in a backlog every waiting execution
                 # looks unstarted, and republishing them back to back doubled the broker's and the
                 # workers' load exactly when they were behind (bench W3 at 5,000/s).
-                await every(until, config.interval_sec, sweeper.run_once, name="sweep")
+                try:
+                    await every(until, config.interval_sec, sweeper.run_once, name="sweep")
+                finally:
+                    sweeper.forget_gauges()
 
             await run_singleton(stop, "sweeper", settings, sweep_while_leading)
         finally:
