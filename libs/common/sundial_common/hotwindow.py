@@ -168,3 +168,15 @@ class HotWindow:
 
     async def size(self, shard: int) -> int:
         return int(await self.redis.zcard(self.key(shard)))
+
+    async def census(self, shards: int) -> list[tuple[int, datetime | None]]:
+        """Per shard 0..``shards``-1: (members, due time of the earliest member or None), in one round trip."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for shard in range(shards):
+                pipe.zcard(self.key(shard))
+                pipe.zrange(self.key(shard), 0, 0, withscores=True)
+            replies = await pipe.execute()
+        census: list[tuple[int, datetime | None]] = []
+        for members, first in zip(replies[::2], replies[1::2], strict=True):
+            census.append((int(members), from_ms(first[0][1]) if first else None))
+        return census

@@ -26,6 +26,7 @@ from sundial_common.stores import Stores
 
 from sundial_api import admin, batch, executions, health, job_list, jobs, problems
 from sundial_api.limits import BodyLimitMiddleware
+from sundial_api.metrics import RequestMetricsMiddleware
 from sundial_api.responses import OrjsonResponse
 from sundial_api.settings import ApiSettings
 from sundial_api.state import ApiState
@@ -117,6 +118,8 @@ def create_app(settings: ApiSettings | None = None, *, clock: Clock | None = Non
     # after parsing, where the field can be named. Tracing goes outermost so that 413s are traced too.
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_bytes)
     app.add_middleware(TracingMiddleware)
+    # Outermost: the request counts and durations include every middleware's answer (a 413, a 500).
+    app.add_middleware(RequestMetricsMiddleware)
     app.include_router(batch.router)  # before jobs: `/v1/jobs:batch` must not match `/v1/jobs/{id}`
     app.include_router(jobs.router)
     app.include_router(job_list.router)

@@ -23,6 +23,7 @@ from sundial_common.stores.types import Occurrence, Record
 from sundial_api import idempotency
 from sundial_api.auth import Authenticated
 from sundial_api.jobs import _HOT_WINDOW_MARGIN, _check_payload, _definition, _resolve
+from sundial_api.metrics import count_created
 from sundial_api.models.batch import JobBatch
 from sundial_api.models.jobs import JobCreate, JobState, render_job
 from sundial_api.problems import ProblemError, describe, problem_body, responses
@@ -106,6 +107,7 @@ async def create_jobs(
         if isinstance(created, Response):
             return created  # the first request's answer, replayed
         rows = created
+    count_created((row["tenant_id"], row["type"]) for row in rows)
     await _add_to_hot_window(state, rows)
     return OrjsonResponse(answer(rows))
 

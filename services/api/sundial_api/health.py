@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from starlette.responses import Response
 from sundial_common.metrics import exposition
 
@@ -41,8 +41,9 @@ async def healthz() -> Response:
 
 
 @router.get("/metrics", include_in_schema=False)
-async def metrics() -> Response:
-    body, content_type = exposition()
+async def metrics(request: Request) -> Response:
+    # OpenMetrics when Prometheus asks for it: only that format carries the lateness exemplars (trace ids).
+    body, content_type = exposition(request.headers.get("accept"))
     return Response(body, media_type=content_type)
 
 

@@ -33,6 +33,7 @@ from sundial_common.stores.types import Occurrence, Record
 
 from sundial_api import idempotency
 from sundial_api.auth import Authenticated
+from sundial_api.metrics import count_created
 from sundial_api.models.executions import ExecutionPage, render_execution
 from sundial_api.models.jobs import Job, JobCreate, JobDetail, JobPatch, JobState, Triggered, render_job
 from sundial_api.models.schedules import (
@@ -129,6 +130,7 @@ async def create_job(
         if isinstance(created, Response):
             return created  # the first request's answer, replayed
         row = created
+    count_created(((row["tenant_id"], row["type"]),))
     await _sync_hot_window(state, row, principal.tenant, removing=False)
     log.debug("job created", extra={"tenant": principal.tenant, "job_id": job_id, "shard": shard})
     return OrjsonResponse(render_job(row), status_code=201, headers={"Location": f"/v1/jobs/{job_id}", **_etag(row)})

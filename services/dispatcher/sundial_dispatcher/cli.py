@@ -41,8 +41,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--log-level", help="Logging level (env SUNDIAL_LOG_LEVEL).")
     parser.add_argument("--lease-ttl", type=float, help="Lease TTL in seconds, at least 2 (env SUNDIAL_LEASE_TTL_SEC).")
     parser.add_argument("--instance-id", help="This replica's id in etcd (env SUNDIAL_INSTANCE_ID; default host-pid).")
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        help="Serve Prometheus metrics at /metrics on this port (env SUNDIAL_METRICS_PORT; default: not served).",
+    )
     args = parser.parse_args(argv)
-    overrides = {"lease_ttl_sec": args.lease_ttl, "instance_id": args.instance_id}
+    overrides = {"lease_ttl_sec": args.lease_ttl, "instance_id": args.instance_id, "metrics_port": args.metrics_port}
     settings = DispatcherSettings(**{k: v for k, v in overrides.items() if v is not None})
     setup_logging(args.log_level or settings.log_level, settings.log_format)
     config = DispatcherConfig(

@@ -38,6 +38,7 @@ from sundial_common.stores.dispatch import DispatchOutcome, DispatchPlan, Dispat
 from sundial_common.stores.types import Occurrence, Record
 from sundial_common.telemetry import context_from, trace_id_hex, traceparent, tracer
 
+from sundial_dispatcher.metrics import count_dispatched, count_missed
 from sundial_dispatcher.planning import Catchup, Overlap, Policies, decide
 from sundial_dispatcher.retries import RetryDispatcher
 
@@ -114,6 +115,8 @@ class _Planner:
     holds: list[Occurrence] = field(default_factory=list)
     #: Where each locked job's hot-window member belongs after this transaction (None: nowhere).
     members: dict[UUID, datetime | None] = field(default_factory=dict)
+    #: Occurrences missed beyond their catch-up window, per tenant (sundial_missed_fires_total).
+    missed: dict[str, int] = field(default_factory=dict)
 
     def __call__(self, jobs: Sequence[Record]) -> DispatchPlan:
         executions: list[PlannedExecution] = []
@@ -172,6 +175,8 @@ class _Planner:
             ),
             open_executions=job["open_execution_ids"] or (),
         )
+        if decision.missed:
+            self.missed[job["tenant_id"]] = self.missed.get(job["tenant_id"], 0) + decision.missed
         if decision.hold:
             retry_at = self.now + timedelta(seconds=self.config.buffer_poll_sec)
             self.holds.append(Occurrence(job["id"], retry_at))
@@ -295,6 +300,8 @@ class ShardDispatcher:
             held=len(planner.holds),
             missed=sum(a.missed for a in outcome.plan.advances),
         )
+        count_dispatched((p.job["tenant_id"], p.job["pool"]) for p in planned)
+        count_missed(planner.missed)
         created = {str(p.execution_id) for p in planned}
         for execution_id, span in planner.spans.items():
             if execution_id not in created:  # the occurrence already had its execution

@@ -35,6 +35,8 @@ from sundial_common.stores.dispatch import DispatchStore
 from sundial_common.stores.types import Record, RetryDue
 from sundial_common.telemetry import context_from, traceparent, tracer
 
+from sundial_dispatcher.metrics import count_dispatched
+
 log = logging.getLogger(__name__)
 
 
@@ -82,6 +84,7 @@ class RetryDispatcher:
             )
         if not outcome.dispatched:
             return RetryResult()
+        count_dispatched((row["tenant_id"], row["pool"]) for row in outcome.dispatched)
         messages: list[ExecutionMessage] = []
         spans: list[Span] = []
         for row in outcome.dispatched:

@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -45,6 +46,7 @@ from sundial_common.stores.dispatch import FencedOut
 
 from sundial_dispatcher.balance import placement
 from sundial_dispatcher.dispatcher import DispatcherConfig, ShardDispatcher
+from sundial_dispatcher.metrics import Leadership, ShardPassMetrics
 
 __all__ = [
     "CampaignConfig",
@@ -138,9 +140,12 @@ def dispatch_work(deps: Dependencies, config: DispatcherConfig, holder: str) -> 
             shard, tenure.term.token, holder, deps.stores.dispatch, deps.hot_window, deps.publisher, config
         )
         failures = 0
+        metrics = ShardPassMetrics(shard)
         while tenure.active():
             try:
+                started = time.perf_counter()
                 result = await dispatcher.run_once()
+                metrics.passed(time.perf_counter() - started, result.claimed)
                 failures = 0
             except FencedOut:
                 raise
@@ -198,6 +203,7 @@ class ShardCampaign:
         self._config = config
         self._successor_key = (keys or ClusterKeys()).successor(shard)
         self._extra = {"shard": shard}
+        self._leader_gauges = Leadership(shard, me)
 
     def owns(self) -> bool:
         return self._placement.owner(self.shard) == self.me
@@ -313,6 +319,7 @@ class ShardCampaign:
             self._await_handover_request(term, handover), name=f"sundial-shard-{self.shard}-handover-watch"
         )
         relay = asyncio.create_task(self._relay(step_down, stop, handover), name=f"sundial-shard-{self.shard}-relay")
+        self._leader_gauges.leading(term.token)
         try:
             await self._work(Tenure(term, self.leadership, step_down))
         except FencedOut as exc:
@@ -323,6 +330,7 @@ class ShardCampaign:
                 extra={**self._extra, "fence_token": term.token},
             )
         finally:
+            self._leader_gauges.stepped_down()
             for task in (watcher, relay):
                 task.cancel()
             await asyncio.wait({watcher, relay})

@@ -34,8 +34,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--interval", type=float, help="Seconds between passes (env SUNDIAL_HYDRATOR_INTERVAL_SEC).")
     parser.add_argument("--log-level", help="Logging level (env SUNDIAL_LOG_LEVEL).")
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        help="Serve Prometheus metrics at /metrics on this port (env SUNDIAL_METRICS_PORT; default: not served).",
+    )
     args = parser.parse_args(argv)
-    settings = HydratorSettings()
+    settings = HydratorSettings(**({} if args.metrics_port is None else {"metrics_port": args.metrics_port}))
     setup_logging(args.log_level or settings.log_level, settings.log_format)
     config = HydratorConfig(
         shards=settings.shards,
@@ -54,7 +59,10 @@ def main(argv: list[str] | None = None) -> int:
             log.info("hydrator started: %d shards, window %ds", config.shards, config.hot_window_sec)
 
             async def hydrate_while_leading(until: asyncio.Event) -> None:
-                await every(until, config.interval_sec, hydrator.run_once, name="hydrate")
+                try:
+                    await every(until, config.interval_sec, hydrator.run_once, name="hydrate")
+                finally:
+                    hydrator.forget_gauges()
 
             await run_singleton(stop, "hydrator", settings, hydrate_while_leading)
         finally:

@@ -19,6 +19,11 @@ comes back, rather than in the sweeper: the hydrator is the one process that wri
 soon" into Redis, and the watermark that makes a flush harmless covers retries only if they go through it.
 
 Several hydrators may run at once: every write is idempotent or compare-and-set.
+
+After each pass the hydrator reports each shard's window in ``sundial_hot_window_members{shard}`` and
+``sundial_hot_window_oldest_due_age_seconds{shard}`` (how long its earliest member has been due; 0 when
+nothing is overdue — a growing age means no dispatcher is claiming that shard). Only the active hydrator
+does, and one that stops leading removes its series (:meth:`Hydrator.forget_gauges`).
 """
 
 from __future__ import annotations
@@ -28,8 +33,10 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from prometheus_client import Gauge
 from sundial_common.clock import Clock, SystemClock, from_ms, to_ms
 from sundial_common.hotwindow import HotWindow
+from sundial_common.metrics import HOT_WINDOW_MEMBERS, HOT_WINDOW_OLDEST_DUE_AGE
 from sundial_common.stores import Stores
 from sundial_common.stores.types import Occurrence, RetryDue
 
@@ -82,6 +89,9 @@ class Hydrator:
         self.config = config
         self.clock = clock or SystemClock()
         self._last_overdue_scan = float("-inf")
+        # The per-shard gauge children, bound at the first report (and again after forget_gauges).
+        self._members: list[Gauge] = []
+        self._oldest_due_age: list[Gauge] = []
 
     async def run_once(self) -> HydrationResult:
         promoted = recovered = rebuilt = conflicts = 0
@@ -97,7 +107,32 @@ class Hydrator:
             self._last_overdue_scan = self.clock.monotonic()
         if rebuilt or recovered:
             log.info("hydrated: %d promoted, %d overdue re-added, %d shards rebuilt", promoted, recovered, rebuilt)
+        await self._report_windows()
         return HydrationResult(promoted, recovered, rebuilt, conflicts)
+
+    async def _report_windows(self) -> None:
+        now = self.clock.now()
+        census = await self.hot_window.census(self.config.shards)
+        if not self._members:
+            shards = [str(shard) for shard in range(self.config.shards)]
+            self._members = [HOT_WINDOW_MEMBERS.labels(shard) for shard in shards]
+            self._oldest_due_age = [HOT_WINDOW_OLDEST_DUE_AGE.labels(shard) for shard in shards]
+        for (members, earliest), members_gauge, age_gauge in zip(
+            census, self._members, self._oldest_due_age, strict=True
+        ):
+            members_gauge.set(members)
+            age_gauge.set(max(0.0, (now - earliest).total_seconds()) if earliest is not None else 0.0)
+
+    def forget_gauges(self) -> None:
+        """Remove this hydrator's window series (it stopped leading: the new leader reports them)."""
+        for shard in range(self.config.shards):
+            for gauge in (HOT_WINDOW_MEMBERS, HOT_WINDOW_OLDEST_DUE_AGE):
+                try:
+                    gauge.remove(str(shard))
+                except KeyError:
+                    pass
+        self._members = []
+        self._oldest_due_age = []
 
     async def _promote(self, shard: int) -> tuple[int, bool, bool]:
         """Promote one shard's [watermark, horizon). Returns (members added, rebuilt from empty, ok)."""

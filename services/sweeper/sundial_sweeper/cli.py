@@ -36,8 +36,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--interval", type=float, help="Seconds between passes (env SUNDIAL_SWEEPER_INTERVAL_SEC).")
     parser.add_argument("--log-level", help="Logging level (env SUNDIAL_LOG_LEVEL).")
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        help="Serve Prometheus metrics at /metrics on this port (env SUNDIAL_METRICS_PORT; default: not served).",
+    )
     args = parser.parse_args(argv)
-    settings = SweeperSettings()
+    settings = SweeperSettings(**({} if args.metrics_port is None else {"metrics_port": args.metrics_port}))
     setup_logging(args.log_level or settings.log_level, settings.log_format)
     config = settings.sweeper_config(args.interval)
 
@@ -54,7 +59,10 @@ def main(argv: list[str] | None = None) -> int:
                 # One batch per interval, never "again at once": in a backlog every waiting execution
                 # looks unstarted, and republishing them back to back doubled the broker's and the
                 # workers' load exactly when they were behind (bench W3 at 5,000/s).
-                await every(until, config.interval_sec, sweeper.run_once, name="sweep")
+                try:
+                    await every(until, config.interval_sec, sweeper.run_once, name="sweep")
+                finally:
+                    sweeper.forget_gauges()
 
             await run_singleton(stop, "sweeper", settings, sweep_while_leading)
         finally:

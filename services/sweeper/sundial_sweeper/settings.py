@@ -27,6 +27,10 @@ class SweeperSettings(CommonSettings):
         15.0, ge=0, description="A RUNNING attempt this long past its timeoutSec is TIMED_OUT by the sweeper."
     )
 
+    sweeper_gauges_interval_sec: float = Field(
+        15.0, gt=0, description="Seconds between samples of sundial_jobs and sundial_dead_letter_queue_size."
+    )
+
     def sweeper_config(self, interval_sec: float | None = None) -> SweeperConfig:
         return SweeperConfig(
             unpublished_after_sec=self.sweeper_unpublished_after_sec,
@@ -37,4 +41,5 @@ class SweeperSettings(CommonSettings):
             timeout_grace_sec=self.sweeper_timeout_grace_sec,
             actor=f"sweeper:{self.instance_id}",
             hot_window_sec=self.hot_window_sec,
+            gauges_interval_sec=self.sweeper_gauges_interval_sec,
         )

@@ -17,6 +17,13 @@ Each pass (``run_once``) runs these scans, each bounded by ``batch_size`` rows:
 (d) **Dead letters** — a DEAD execution whose message has not reached ``sundial.dlq`` is published there
     (the execution row is that topic's outbox too), then marked.
 (e) **Idempotency keys** past their 24 hours are purged.
+(g) **Sampled gauges** — every ``gauges_interval_sec`` the active sweeper counts jobs per tenant and state
+    (``sundial_jobs``) and DEAD executions per tenant (``sundial_dead_letter_queue_size``) in Postgres. One
+    singleton samples them, so a sum over replicas is not a multiple of the truth; a sweeper that stops
+    leading removes its series (:meth:`Sweeper.forget_gauges`).
+
+Every pass also counts what it recovered (``sundial_sweeper_recoveries_total{reason}``) and, as the worker
+does, the attempts it ended (finished by state, retries, dead letters; see :mod:`sundial_common.metrics`).
 
 Scan (c) of the issue — a scheduled retry whose hot-window member was lost — is the hydrator's: it owns
 Postgres' view of "due soon" in Redis, and its watermark and overdue scan cover retries as they cover jobs.
@@ -36,12 +43,14 @@ from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
+from prometheus_client import Gauge
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 from sundial_common.broker import Publisher
 from sundial_common.clock import Clock, SystemClock
 from sundial_common.hotwindow import HotWindow
 from sundial_common.messages import DeadLetter, ExecutionMessage
+from sundial_common.metrics import DEAD_LETTER_QUEUE_SIZE, JOBS, SWEEPER_RECOVERIES, AttemptsEnded, Children
 from sundial_common.retry_policy import RetryPolicy
 from sundial_common.signals import heartbeat_key
 from sundial_common.stores import Stores
@@ -51,6 +60,8 @@ from sundial_common.stores.types import Record, RetryDue
 log = logging.getLogger(__name__)
 
 _REDIS_ERRORS: tuple[type[BaseException], ...] = (RedisError, OSError, TimeoutError)
+#: The reasons of sundial_sweeper_recoveries_total.
+_RECOVERY_REASONS = ("worker_lost", "timed_out", "republished")
 # RUNNING rows looked at per pass, at most: pages of batch_size.
 _MAX_RUNNING_PAGES = 20
 
@@ -77,9 +88,17 @@ class SweeperConfig:
     actor: str = "sweeper"
     #: Retries due within this horizon go straight into the hot window (the hydrator promotes later ones).
     hot_window_sec: int = 3600
+    #: Seconds between samples of the job and dead-letter gauges (a scan of jobs each: not every pass).
+    gauges_interval_sec: float = 15.0
 
     def __post_init__(self) -> None:
-        positive = ("unpublished_after_sec", "unstarted_after_sec", "interval_sec", "heartbeat_ttl_sec")
+        positive = (
+            "unpublished_after_sec",
+            "unstarted_after_sec",
+            "interval_sec",
+            "heartbeat_ttl_sec",
+            "gauges_interval_sec",
+        )
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ValueError(f"SweeperConfig.{name} must be > 0")
@@ -169,6 +188,11 @@ class Sweeper:
         self.hot_window = HotWindow(redis) if redis is not None else None
         # (execution, attempt) → monotonic time its liveness key was first seen missing.
         self._missing_since: dict[tuple[UUID, int], float] = {}
+        self._attempts_ended = AttemptsEnded()
+        self._recovered = {reason: SWEEPER_RECOVERIES.labels(reason) for reason in _RECOVERY_REASONS}
+        self._jobs: Children[Gauge] = Children(JOBS)
+        self._dead: Children[Gauge] = Children(DEAD_LETTER_QUEUE_SIZE)
+        self._gauges_sampled_at = float("-inf")
         if redis is None:
             log.warning("sweeper without Redis: lost workers are not detected (timeouts still are)")
 
@@ -177,6 +201,11 @@ class Sweeper:
         republished, failed = await self.republish_stale()
         dead_lettered = await self.publish_dead_letters()
         purged = await self.stores.idempotency.purge_idempotency_keys(self.config.batch_size)
+        for reason, count in (("worker_lost", lost), ("timed_out", timed_out), ("republished", republished)):
+            if count:
+                self._recovered[reason].inc(count)
+        if self.clock.monotonic() - self._gauges_sampled_at >= self.config.gauges_interval_sec:
+            await self.sample_gauges()
         return SweepResult(
             republished=republished,
             publish_failed=failed,
@@ -195,6 +224,7 @@ class Sweeper:
         lost, suspected = await self._lost(found.to_check)
         ended = await self.stores.executions.fail_running(self.config.actor, found.timed_out + lost)
         timed_out = sum(1 for f in ended if f.attempt_state == "TIMED_OUT")
+        self._attempts_ended.record((f.tenant_id, f.pool, f.state, f.next_attempt_at is not None) for f in ended)
         await self._schedule_retries(ended)
         if ended:
             log.warning(
@@ -302,6 +332,27 @@ class Sweeper:
             error=error,
             retry_delay_ms=policy.delay_ms(row["attempt"]),
         )
+
+    # --- (g): gauges sampled from Postgres -----------------------------------------------------------
+
+    async def sample_gauges(self) -> None:
+        """Set ``sundial_jobs`` and ``sundial_dead_letter_queue_size`` from Postgres; series gone from it go."""
+        jobs = await self.stores.jobs.count_jobs()
+        dead = await self.stores.executions.count_dead()
+        self._gauges_sampled_at = self.clock.monotonic()
+        self._jobs.forget(jobs)
+        for key, count in jobs.items():
+            self._jobs(*key).set(count)
+        self._dead.forget((tenant,) for tenant in dead)
+        for tenant, count in dead.items():
+            self._dead(tenant).set(count)
+
+    def forget_gauges(self) -> None:
+        """Remove the sampled series: a sweeper that stopped leading must not report stale counts beside the
+        new leader's."""
+        self._jobs.forget()
+        self._dead.forget()
+        self._gauges_sampled_at = float("-inf")
 
     # --- (b): the outbox of the pools' topics ----------------------------------------------------------
 

@@ -80,6 +80,11 @@ def _parser() -> argparse.ArgumentParser:
         help="Seconds a stop waits for running handlers (env SUNDIAL_WORKER_SHUTDOWN_GRACE_SEC; default 30).",
     )
     parser.add_argument("--log-level", help="Logging level (env SUNDIAL_LOG_LEVEL; default INFO).")
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        help="Serve Prometheus metrics at /metrics on this port (env SUNDIAL_METRICS_PORT; default: not served).",
+    )
     return parser
 
 
@@ -93,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         "worker_id": args.worker_id,
         "worker_shutdown_grace_sec": args.shutdown_grace,
         "log_level": args.log_level,
+        "metrics_port": args.metrics_port,
     }
     try:
         settings = WorkerSettings(**{k: v for k, v in overrides.items() if v is not None})

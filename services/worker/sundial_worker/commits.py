@@ -8,6 +8,9 @@ finished executions into no-ops. Messages are acknowledged by admission (a lost 
 undecodable message) and by the outcome flusher (after the write). The last commit is the consumer's,
 when the runtime closes it.
 
+Every ``lag_interval_sec`` the pass also samples the consumer lag of each assigned partition into
+``sundial_consumer_lag_messages{pool,partition}`` (one offsets request per partition, so not every commit).
+
 The loop sleeps first, then commits; like the heartbeat loop it lets an unexpected error fail the runtime
 instead of :func:`sundial_common.service.every`'s log-and-retry (the consumer already logs and retries a
 failed commit itself).
@@ -16,11 +19,18 @@ failed commit itself).
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 from dataclasses import dataclass
+
+from confluent_kafka import KafkaException
 
 from sundial_worker.consumer import ExecutionConsumer
 from sundial_worker.errors import check_seconds
 from sundial_worker.inflight import WorkerStats
+from sundial_worker.metrics import LagGauge
+
+log = logging.getLogger("sundial.worker")
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,18 +39,22 @@ class CommitConfig:
 
     commit_interval_sec: float = 0.5
     """How often the acknowledged offset prefix is committed to Kafka."""
+    lag_interval_sec: float = 5.0
+    """How often the consumer lag per partition is sampled (sundial_consumer_lag_messages)."""
 
     def __post_init__(self) -> None:
-        check_seconds(self, "commit_interval_sec")
+        check_seconds(self, "commit_interval_sec", "lag_interval_sec")
 
 
 class OffsetCommitter:
     """Commits the consumer's acknowledged offset prefix, partition by partition."""
 
-    def __init__(self, consumer: ExecutionConsumer, config: CommitConfig, *, stats: WorkerStats) -> None:
+    def __init__(self, consumer: ExecutionConsumer, config: CommitConfig, *, stats: WorkerStats, pool: str) -> None:
         self.config = config
         self._consumer = consumer
         self._stats = stats
+        self._lag = LagGauge(pool)
+        self._lag_sampled_at = float("-inf")
 
     async def run(self) -> None:
         while True:
@@ -52,4 +66,10 @@ class OffsetCommitter:
         moved = await self._consumer.commit()
         if moved:
             self._stats.commits += 1
+        if time.monotonic() - self._lag_sampled_at >= self.config.lag_interval_sec:
+            self._lag_sampled_at = time.monotonic()
+            try:
+                self._lag.update(await self._consumer.lag())
+            except KafkaException as exc:  # a broker that does not answer now is asked again next time
+                log.warning("could not sample the consumer lag: %s", exc)
         return moved

@@ -91,6 +91,10 @@ class ExecutionConsumer(Protocol):
         """Commit what :meth:`ack` allows (asynchronously); returns how many partitions moved."""
         ...
 
+    async def lag(self) -> dict[int, int]:
+        """Per assigned partition: messages not yet taken by this consumer (high watermark minus position)."""
+        ...
+
     async def close(self) -> None:
         """Final synchronous commit, then leave the group. Idempotent."""
         ...
@@ -292,6 +296,24 @@ class KafkaExecutionConsumer:
                 self._tracker.mark_uncommitted(positions)
             return 0
         return len(offsets)
+
+    async def lag(self) -> dict[int, int]:
+        if self._closed or self._consumer is None:
+            return {}
+        return await self._call(self._lag_sync)
+
+    def _lag_sync(self) -> dict[int, int]:
+        consumer = self._live_consumer()
+        with self._lock:
+            assigned = [TopicPartition(topic, partition) for topic, partition in self._assigned]
+        lag: dict[int, int] = {}
+        for tp in consumer.position(assigned) if assigned else []:
+            # One ListOffsets round trip per partition, every few seconds (CommitConfig.lag_interval_sec).
+            _low, high = consumer.get_watermark_offsets(tp, timeout=1.0, cached=False)
+            # A partition this consumer has not read from yet has no position: all of it is lag.
+            position = tp.offset if tp.offset >= 0 else _low
+            lag[tp.partition] = max(0, high - position)
+        return lag
 
     def pending(self) -> int:
         """Messages handed out and not yet acknowledged, over all assigned partitions (for tests)."""

@@ -45,6 +45,7 @@ from sundial_common.telemetry import context_from, trace_id_hex, tracer
 from sundial_worker.consumer import Delivery
 from sundial_worker.errors import check_positive_int, check_seconds
 from sundial_worker.inflight import FinishedAttempt, InFlight, OutcomeBuffer, Running, WorkerStats
+from sundial_worker.metrics import ExecutionMetrics
 from sundial_worker.sdk import Context, HandlerSpec, HeartbeatSink, Worker, context_logger
 
 log = logging.getLogger("sundial.worker")
@@ -95,6 +96,7 @@ class HandlerExecutor:
         self._on_failure = on_failure
         self._threads: ThreadPoolExecutor | None = None
         self._sync_calls: set[Future[Any]] = set()
+        self._metrics = ExecutionMetrics(worker.pool, frozenset(worker.registry.names()))
 
     def open(self) -> None:
         if self._threads is None:
@@ -120,7 +122,8 @@ class HandlerExecutor:
 
     def launch(self, execution_id: UUID, message: ExecutionMessage, deliveries: list[Delivery], row: Record) -> None:
         """Start the handler of an execution whose start CAS this worker won (``row`` is what the CAS returned)."""
-        running = Running(execution_id, message.attempt, message, deliveries)
+        due = row.get("fire_at") or row["scheduled_for"]
+        running = Running(execution_id, message.attempt, message, deliveries, due=due)
         self._inflight.add(running)
         task = asyncio.create_task(self._execute(running, row), name=f"handler {message.handler} {execution_id}")
         running.task = task
@@ -242,6 +245,7 @@ class HandlerExecutor:
             return Outcome(ctx.execution_id, ctx.attempt, state, result, error)
 
         if spec is None:
+            self._metrics.handler_started(ctx, running.due, None)  # lateness still counts; handler "other"
             error = self.worker.registry.unknown_handler_error(message.handler)
             ctx.logger.error("%s", error)
             span.set_status(Status(StatusCode.ERROR, error))
@@ -252,6 +256,7 @@ class HandlerExecutor:
         # The handler runs as a task of its own, so that a timeout or a cancel can interrupt it and still
         # give it the cancel grace to clean up, while this task decides the outcome.
         work = self._start_handler(spec, ctx, message.payload)
+        self._metrics.handler_started(ctx, running.due, work)
         try:
             interrupted = await self._wait_handler(work, running.cancel, timeout)
         except asyncio.CancelledError:  # the shutdown grace ran out: the handler is abandoned with us

@@ -16,6 +16,7 @@ import asyncio
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from uuid import UUID
 
 from sundial_common.messages import ExecutionMessage
@@ -60,6 +61,8 @@ class Running:
     ctx: Context | None = None
     #: Set when the execution's cancel is requested: the handler is interrupted.
     cancel: asyncio.Event = field(default_factory=asyncio.Event)
+    #: When the occurrence was due (its fire time): the start of its dispatch lateness.
+    due: datetime | None = None
 
 
 class InFlight:

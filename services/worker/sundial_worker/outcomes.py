@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from sundial_common.hotwindow import HotWindow
+from sundial_common.metrics import AttemptsEnded
 from sundial_common.stores.executions import ExecutionStore, Finished
 from sundial_common.stores.types import RetryDue
 
@@ -91,6 +92,7 @@ class OutcomeFlusher:
         self._hot_window = hot_window
         self._stats = stats
         self._draining = False
+        self._ended = AttemptsEnded()
 
     def drain(self) -> None:
         """Write what is left without waiting for company, then let :meth:`run` return."""
@@ -160,6 +162,7 @@ class OutcomeFlusher:
                 self._consumer.ack(delivery)
         self._stats.flushes += 1
         self._stats.rejected += rejected
+        self._ended.record((f.tenant_id, f.pool, f.state, f.next_attempt_at is not None) for f in written)
         await self._heartbeats.release([f.outcome.execution_id for f in batch])
         await self._schedule_retries(written)
         return FlushResult(written=len(batch) - rejected, rejected=rejected)

@@ -269,7 +269,7 @@ class WorkerRuntime:
                 hot_window=HotWindow(redis),
                 stats=self.stats,
             ),
-            committer=OffsetCommitter(self.consumer, config.commits(), stats=self.stats),
+            committer=OffsetCommitter(self.consumer, config.commits(), stats=self.stats, pool=self.worker.pool),
         )
 
     async def stop(self) -> None:

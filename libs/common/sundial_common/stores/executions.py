@@ -40,6 +40,8 @@ class Finished:
 
     execution_id: UUID
     attempt: int
+    tenant_id: str
+    pool: str
     #: The execution's state now: the attempt's, or DEAD (no attempts left), or CANCELLED (cancel requested).
     state: str
     attempt_state: str
@@ -106,6 +108,8 @@ class ExecutionStore(Protocol):
     async def dead_letters(self, limit: int) -> list[Record]: ...
 
     async def mark_dead_lettered(self, execution_ids: Sequence[UUID]) -> None: ...
+
+    async def count_dead(self) -> dict[str, int]: ...
 
 
 class PostgresExecutionStore:
@@ -230,11 +234,18 @@ class PostgresExecutionStore:
         if execution_ids:
             await self._db.pool.execute(Q["mark_dead_lettered"], list(execution_ids))
 
+    async def count_dead(self) -> dict[str, int]:
+        """How many DEAD executions each tenant with jobs has (the sweeper's sampled gauge)."""
+        rows = await self._db.pool.fetch(Q["count_dead"])
+        return {row["tenant_id"]: row["dead"] for row in rows}
+
 
 def _finished(row: Record) -> Finished:
     return Finished(
         execution_id=row["id"],
         attempt=row["attempt"],
+        tenant_id=row["tenant_id"],
+        pool=row["pool"],
         state=row["state"],
         attempt_state=row["attempt_state"],
         shard=row["shard"],

@@ -78,6 +78,8 @@ class JobStore(Protocol):
 
     async def list_jobs(self, tenant_id: str, where: JobFilter, before: UUID | None, limit: int) -> list[Record]: ...
 
+    async def count_jobs(self) -> dict[tuple[str, str], int]: ...
+
 
 class PostgresJobStore:
     """:class:`JobStore` over the shared pool."""
@@ -179,6 +181,11 @@ class PostgresJobStore:
         """Manual triggers of ``shard`` still pending since before ``before`` (their member was lost)."""
         rows = await self._db.pool.fetch(Q["overdue_triggers"], shard, before, limit)
         return [Occurrence(row["id"], row["trigger_at"]) for row in rows]
+
+    async def count_jobs(self) -> dict[tuple[str, str], int]:
+        """How many jobs each (tenant, state) has (the sweeper's sampled gauge)."""
+        rows = await self._db.pool.fetch(Q["count_jobs"])
+        return {(row["tenant_id"], row["state"]): row["jobs"] for row in rows}
 
     async def list_jobs(self, tenant_id: str, where: JobFilter, before: UUID | None, limit: int) -> list[Record]:
         """Up to ``limit`` of the tenant's jobs matching ``where``, newest first, with ids below ``before``."""

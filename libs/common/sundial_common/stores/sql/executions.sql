@@ -44,7 +44,7 @@ WITH started AS (
         published_at = coalesce(e.published_at, m.published_at, now())
     FROM unnest($1::uuid[], $2::int[], $4::timestamptz[]) AS m (id, attempt, published_at)
     WHERE e.id = m.id AND e.attempt = m.attempt AND e.state || '' = 'PENDING'
-    RETURNING e.id, e.attempt, e.tenant_id, e.job_id, e.scheduled_for, e.started_at, e.trace_id
+    RETURNING e.id, e.attempt, e.tenant_id, e.job_id, e.scheduled_for, e.fire_at, e.started_at, e.trace_id
 ), attempts AS (
     INSERT INTO execution_attempts (execution_id, attempt, tenant_id, worker_id, state, started_at)
     SELECT id, attempt, tenant_id, $3, 'RUNNING', started_at FROM started
@@ -82,7 +82,7 @@ WITH finished AS (
     FROM unnest($1::uuid[], $2::int[], $3::text[], $4::jsonb[], $5::text[], $7::bigint[])
          AS f (id, attempt, state, result, error, delay_ms)
     WHERE e.id = f.id AND e.attempt = f.attempt AND e.state || '' = 'RUNNING' AND e.worker_id = $6
-    RETURNING e.id, e.attempt, e.tenant_id, e.state, e.error, e.finished_at, e.shard, e.next_attempt_at,
+    RETURNING e.id, e.attempt, e.tenant_id, e.pool, e.state, e.error, e.finished_at, e.shard, e.next_attempt_at,
               f.state AS attempt_state
 ), attempts AS (
     UPDATE execution_attempts a
@@ -99,7 +99,7 @@ WITH finished AS (
            $6, jsonb_build_object('attempt', attempt)
     FROM finished WHERE state <> attempt_state
 )
-SELECT id, attempt, state, attempt_state, shard, next_attempt_at FROM finished;
+SELECT id, attempt, tenant_id, pool, state, attempt_state, shard, next_attempt_at FROM finished;
 
 -- name: record_progress
 UPDATE execution_attempts a SET progress = $4
@@ -181,7 +181,7 @@ WITH failed AS (
     FROM unnest($1::uuid[], $2::int[], $3::text[], $4::text[], $5::text[], $6::bigint[])
          AS f (id, attempt, worker_id, state, error, delay_ms)
     WHERE e.id = f.id AND e.attempt = f.attempt AND e.state || '' = 'RUNNING' AND e.worker_id = f.worker_id
-    RETURNING e.id, e.attempt, e.tenant_id, e.state, e.error, e.finished_at, e.shard, e.next_attempt_at,
+    RETURNING e.id, e.attempt, e.tenant_id, e.pool, e.state, e.error, e.finished_at, e.shard, e.next_attempt_at,
               f.state AS attempt_state, f.worker_id AS lost_worker
 ), attempts AS (
     UPDATE execution_attempts a
@@ -198,7 +198,7 @@ WITH failed AS (
            $7, jsonb_build_object('attempt', attempt)
     FROM failed WHERE state <> attempt_state
 )
-SELECT id, attempt, state, attempt_state, shard, next_attempt_at FROM failed;
+SELECT id, attempt, tenant_id, pool, state, attempt_state, shard, next_attempt_at FROM failed;
 
 -- name: dead_letters
 -- The sundial.dlq outbox: DEAD executions whose dead letter is not published yet, oldest first.
@@ -211,3 +211,10 @@ LIMIT $1;
 
 -- name: mark_dead_lettered
 UPDATE executions SET dlq_published_at = now() WHERE id = ANY($1::uuid[]) AND state = 'DEAD';
+
+-- name: count_dead
+-- The sweeper's sample of sundial_dead_letter_queue_size{tenant}: DEAD executions per tenant, one range of
+-- executions_tenant_state_idx per tenant that has jobs (not a scan of every execution).
+SELECT t.tenant_id,
+       (SELECT count(*) FROM executions e WHERE e.tenant_id = t.tenant_id AND e.state = 'DEAD') AS dead
+FROM (SELECT DISTINCT tenant_id FROM jobs) t;

@@ -150,6 +150,10 @@ WHERE shard = $1 AND trigger_at IS NOT NULL AND trigger_at < $2 AND state <> 'CA
 ORDER BY trigger_at
 LIMIT $3;
 
+-- name: count_jobs
+-- The sweeper's sample of sundial_jobs{tenant,state}: one scan of jobs every SUNDIAL_SWEEPER_GAUGES_INTERVAL_SEC.
+SELECT tenant_id, state, count(*) AS jobs FROM jobs GROUP BY tenant_id, state;
+
 -- name: list_jobs
 -- GET /v1/jobs: one tenant's jobs, newest first, keyset on the id (UUIDv7, so newest first is creation
 -- order and a job created while a client pages lands before its cursor, never shifting a later page).
