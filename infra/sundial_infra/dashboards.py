@@ -203,21 +203,17 @@ WORKERS = (
         unit="s",
     ),
     _p("P95 dispatch lateness by pool", (_lateness(0.95, "pool"), "{{pool}}"), unit="s"),
+    # The worker's loops (admission, execution, heartbeats, outcomes, commits) are not driven by every(), so
+    # they have no sundial_loop_* series; what a worker does shows in the execution metrics above.
     _p(
-        "Worker loop passes per second",
-        (
-            f'sum by (instance, loop) (rate(sundial_loop_passes_total{{service="worker"}}[{RI}]))',
-            "{{instance}} {{loop}}",
-        ),
+        "Dispatched per second by pool",
+        (f"sum by (pool) (rate(sundial_executions_dispatched_total[{RI}]))", "{{pool}}"),
         unit="ops",
     ),
     _p(
-        "Worker loop pass errors per second",
-        (
-            f'sum by (instance, loop) (rate(sundial_loop_pass_errors_total{{service="worker"}}[{RI}]))',
-            "{{instance}} {{loop}}",
-        ),
-        unit="ops",
+        "Worker CPU",
+        (f'rate(process_cpu_seconds_total{{service="worker"}}[{RI}])', "{{instance}}"),
+        unit="percentunit",
     ),
     _p("Workers up", ('up{service="worker"}', "{{instance}}"), kind="stat"),
     _p("Worker resident memory", ('process_resident_memory_bytes{service="worker"}', "{{instance}}"), unit="bytes"),
