@@ -460,7 +460,7 @@ def render(out: Path, tenant: str | None = None) -> list[Path]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`sundial dashboards render [--tenant ID] [--out DIR]`."""
+    """Grafana dashboards as code: `sundial dashboards render [--tenant ID] [--out DIR]`."""
     parser = argparse.ArgumentParser(prog="sundial dashboards", description="Sundial's Grafana dashboards as code.")
     sub = parser.add_subparsers(dest="command", required=True)
     render_cmd = sub.add_parser(
