@@ -49,6 +49,11 @@ def query(prometheus: PrometheusServer, expr: str) -> list[dict[str, Any]]:
     return result
 
 
+def loaded_rules(prometheus: PrometheusServer) -> dict[str, dict[str, Any]]:
+    groups = httpx.get(f"{prometheus.url}/api/v1/rules", timeout=10).json()["data"]["groups"]
+    return {rule["name"]: rule for group in groups for rule in group["rules"]}
+
+
 def every_panel_query(tenant: str) -> list[tuple[str, str]]:
     """(dashboard / panel, PromQL) of every target of the four dashboards and of the tenant's fixed copy."""
     out = []
@@ -80,6 +85,7 @@ async def test_every_panel_of_every_dashboard_has_data_and_a_tenant_sees_only_it
     processes.wait_for_log("dispatcher", "leading with fence token")
     processes.wait_for_log("worker", "partitions assigned")
 
+    started = time.monotonic()
     run = uuid.uuid4().hex[:6]
     tenant_a, tenant_b = f"proof-a-{run}", f"proof-b-{run}"
     secret = CommonSettings().jwt_secret
@@ -143,6 +149,7 @@ async def test_every_panel_of_every_dashboard_has_data_and_a_tenant_sees_only_it
     ):
         await asyncio.gather(load(a), load(b))
 
+    loaded = time.monotonic()
     # Scrapes every second; the sweeper samples its gauges every second: wait until every panel has data.
     panels = every_panel_query(tenant_a)
     deadline = time.monotonic() + 30
@@ -152,7 +159,10 @@ async def test_every_panel_of_every_dashboard_has_data_and_a_tenant_sees_only_it
             break
         await asyncio.sleep(1)
     with_data = len(panels) - len(empty)
-    print(f"\n{with_data}/{len(panels)} panel queries returned series")
+    print(
+        f"\n{with_data}/{len(panels)} panel queries returned series "
+        f"(load {loaded - started:.1f}s, then data in {time.monotonic() - loaded:.1f}s)"
+    )
     for where, expr in empty:
         print(f"  no data: {where}: {expr}")
     assert not empty, f"{len(empty)} of {len(panels)} panel queries returned no series: " + "; ".join(
@@ -172,3 +182,10 @@ async def test_every_panel_of_every_dashboard_has_data_and_a_tenant_sees_only_it
             assert other, f"{metric}: tenant B has no series, so the filter proves nothing"
         for series in query(prometheus, substitute(expr, tenant_a)):
             assert series["metric"].get("tenant") in (None, tenant_a), (title, series)
+
+    # The alerts read the real series: on this healthy stack every shard has a leader, every process reports.
+    rules = loaded_rules(prometheus)
+    assert {"SundialShardWithoutLeader", "SundialProcessDown", "SundialDispatchLatenessSLO"} <= rules.keys()
+    for healthy in ("SundialShardWithoutLeader", "SundialProcessDown"):
+        assert rules[healthy]["health"] == "ok" and query(prometheus, rules[healthy]["query"]) == [], healthy
+    assert query(prometheus, "shard:sundial_shard_leader:max == 1"), "the recording rule sees the leaders"
