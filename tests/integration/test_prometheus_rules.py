@@ -7,6 +7,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from sundial_infra.servers.prometheus import PrometheusServer
+
 PROMETHEUS = Path(__file__).resolve().parents[2] / "infra" / "prometheus"
 
 
@@ -30,3 +32,12 @@ def test_every_alert_has_a_promtool_unit_test_and_they_pass() -> None:
     tested = {m for p in tests for m in re.findall(r"alertname: (\w+)", p.read_text())}
     assert alerts, "no alerts found"
     assert alerts <= tested, f"alerts without a promtool test: {sorted(alerts - tested)}"
+
+
+def test_the_local_and_the_compose_prometheus_configs_are_valid(tmp_path: Path) -> None:
+    local = PrometheusServer(tmp_path / "prometheus", 29090)
+    local.data_dir.mkdir()
+    local.config_file.write_text(local.config())
+    out = _promtool("check", "config", str(local.config_file))
+    assert "SUCCESS" in out and "rules found" in out  # the rules of infra/prometheus/rules are loaded
+    _promtool("check", "config", str(PROMETHEUS.parent / "compose" / "prometheus.yml"))
