@@ -19,6 +19,7 @@ deps: python-deps ## Install what is missing (Debian packages of the servers, uv
 	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null || missing="$$missing postgresql"; \
 	command -v redis-server >/dev/null || missing="$$missing redis-server"; \
 	command -v etcd >/dev/null || missing="$$missing etcd-server"; \
+	command -v prometheus >/dev/null && command -v promtool >/dev/null || missing="$$missing prometheus"; \
 	if [ -n "$$missing" ]; then \
 		echo "installing Debian packages:$$missing"; \
 		$(SUDO) apt-get update -qq && $(APT_INSTALL) $$missing >/dev/null; \

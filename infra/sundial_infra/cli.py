@@ -144,7 +144,7 @@ def up_foreground(layout: DevLayout) -> int:
 
 
 def up_background(layout: DevLayout, timeout: float) -> int:
-    stack = LocalStack(layout.root, DEV_PORTS)
+    stack = LocalStack(layout.root, DEV_PORTS, prometheus=True)
     ready_url = f"http://127.0.0.1:{DEV_PORTS.api}/readyz"
     with _up_lock(layout):
         pid = supervisor_running(layout)
@@ -209,7 +209,7 @@ def down(layout: DevLayout, timeout: float = 60.0, *, quiet: bool = False) -> in
             terminate(child, timeout=15.0)
             stopped.append(pid_file.stem)
         pid_file.unlink(missing_ok=True)
-    stack = LocalStack(layout.root, DEV_PORTS)
+    stack = LocalStack(layout.root, DEV_PORTS, prometheus=True)
     running_servers = [server.name for server, server_pid in stack.status() if server_pid is not None]
     stack.stop()
     stopped += running_servers
@@ -259,7 +259,7 @@ def clean(layout: DevLayout) -> int:
 
 
 def status(layout: DevLayout) -> int:
-    stack = LocalStack(layout.root, DEV_PORTS)
+    stack = LocalStack(layout.root, DEV_PORTS, prometheus=True)
     rows: list[tuple[str, str, str]] = []
     supervisor = supervisor_running(layout)
     rows.append(("supervisor", _state(supervisor), str(layout.supervisor_log)))
@@ -277,6 +277,9 @@ def status(layout: DevLayout) -> int:
         print(f"{name.ljust(name_width)}  {state.ljust(state_width)}  {where}")
     ready_url = f"http://127.0.0.1:{DEV_PORTS.api}/readyz"
     print(f"\nAPI {ready_url}: {'ready' if readyz_ok(ready_url) else 'not ready'}")
+    if stack.prometheus is not None:
+        ready = "ready" if stack.prometheus.is_ready() else "not ready"
+        print(f"Prometheus {stack.prometheus.url}: {ready} (targets: {stack.prometheus.url}/targets)")
     return 0
 
 

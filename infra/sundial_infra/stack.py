@@ -1,8 +1,9 @@
-"""The local stack: Postgres, Redis, etcd and the broker composed on one port set under one root.
+"""The local stack: Postgres, Redis, etcd and the broker (and Prometheus) composed on one port set under one root.
 
 This module owns the port sets — ``DEV_PORTS`` for ``make up``/``make run`` (state under ``.sundial/``),
 ``TEST_PORTS`` for the test suite (``.sundial/test/``) and ``BENCH_PORTS`` for the bench — and
-``LocalStack``, which starts and stops the four servers together.
+``LocalStack``, which starts and stops the four servers together, plus Prometheus when asked (``make up``
+does; the test suite starts it only for the tests that need it, through a fixture of their own).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from sundial_infra.servers.base import Server
 from sundial_infra.servers.broker import BrokerServer
 from sundial_infra.servers.etcd import EtcdServer
 from sundial_infra.servers.postgres import PostgresServer
+from sundial_infra.servers.prometheus import PrometheusServer
 from sundial_infra.servers.redis import RedisServer
 
 
@@ -30,23 +32,27 @@ class Ports:
     etcd: int
     broker: int
     api: int
+    prometheus: int
 
 
 # All three sets sit below Linux's ephemeral range (32768-60999): there any client socket of any process
 # may hold a port, and a CI run once failed on a broker port taken that way. Each service's number ends
-# like its well-known port (…432, …379, …092) without being it (nor 2380, 8080, 9090, Sentinel's 26379 or
+# like its well-known port (…432, …379, …092, …090) without being it (nor 2380, 8080, 9090, Sentinel's 26379 or
 # the 29092 of Kafka's docker images). TEST and BENCH are moved by +100·k (k ≤ 15: SUNDIAL_TEST_PORT_OFFSET,
 # pytest-xdist workers, `bench --port-offset`) and the sets stay pairwise disjoint over every such offset,
 # etcd's peer port (+1) included; tests/unit/test_ports.py checks it.
-DEV_PORTS = Ports(postgres=15432, redis=16379, etcd=12379, broker=19092, api=8080)
-TEST_PORTS = Ports(postgres=25432, redis=24379, etcd=22379, broker=27092, api=28080)
-BENCH_PORTS = Ports(postgres=30432, redis=30379, etcd=20379, broker=31092, api=18080)
+DEV_PORTS = Ports(postgres=15432, redis=16379, etcd=12379, broker=19092, api=8080, prometheus=19090)
+TEST_PORTS = Ports(postgres=25432, redis=24379, etcd=22379, broker=27092, api=28080, prometheus=29090)
+BENCH_PORTS = Ports(postgres=30432, redis=30379, etcd=20379, broker=31092, api=18080, prometheus=21090)
+#: ``/metrics`` ports of the dev stack's replicas (dispatcher-1 … worker), one each, given by the supervisor;
+#: the API serves its metrics on its own port. They end in 00-15, which no port of any set above ends in.
+DEV_METRICS_PORTS = range(19100, 19116)
 #: The largest offset a TEST or BENCH set may be moved by and stay disjoint from the others.
 MAX_PORT_OFFSET = 1500
 
 
 class LocalStack:
-    """Postgres, Redis, etcd and the broker under ``root/<server>/`` on one port set."""
+    """Postgres, Redis, etcd and the broker (and Prometheus if ``prometheus``) under ``root/<server>/``."""
 
     def __init__(
         self,
@@ -54,6 +60,8 @@ class LocalStack:
         ports: Ports = DEV_PORTS,
         durable: bool = True,
         postgres_settings: dict[str, str] | None = None,
+        *,
+        prometheus: bool = False,
     ) -> None:
         self.root = Path(root).resolve()
         self.ports = ports
@@ -64,10 +72,12 @@ class LocalStack:
         self.redis = RedisServer(self.root / "redis", ports.redis)
         self.etcd = EtcdServer(self.root / "etcd", ports.etcd)
         self.broker = BrokerServer(self.root / "broker", ports.broker)
+        self.prometheus = PrometheusServer(self.root / "prometheus", ports.prometheus) if prometheus else None
 
     @property
     def servers(self) -> tuple[Server, ...]:
-        return (self.postgres, self.redis, self.etcd, self.broker)
+        core: tuple[Server, ...] = (self.postgres, self.redis, self.etcd, self.broker)
+        return core if self.prometheus is None else (*core, self.prometheus)
 
     @property
     def postgres_dsn(self) -> str:
@@ -95,7 +105,7 @@ class LocalStack:
         }
 
     def start(self) -> None:
-        """Start the four servers concurrently; if one fails, stop the others and raise."""
+        """Start the servers concurrently; if one fails, stop the others and raise."""
         errors = _each(self.servers, lambda s: s.start())
         if errors:
             with contextlib.suppress(ServerError):  # the start-up failure is the one worth reporting

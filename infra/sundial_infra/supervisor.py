@@ -33,7 +33,8 @@ from pathlib import Path
 
 from sundial_infra.process import ServerError, read_pid_file, tail, write_pid_file
 from sundial_infra.servers.base import Server
-from sundial_infra.stack import DEV_PORTS, LocalStack, Ports
+from sundial_infra.servers.prometheus import ScrapeTarget, write_targets
+from sundial_infra.stack import DEV_METRICS_PORTS, DEV_PORTS, LocalStack, Ports
 
 log = logging.getLogger("sundial.infra.supervisor")
 
@@ -48,11 +49,15 @@ def sundial_argv(*args: str) -> tuple[str, ...]:
 
 @dataclasses.dataclass(frozen=True)
 class ProcessSpec:
-    """One supervised process: a name (its log and pid file), its argv and environment variables of its own."""
+    """One supervised process: a name (its log and pid file), its argv and environment variables of its own.
+
+    ``scrape`` is where Prometheus finds its ``/metrics`` (None: not scraped).
+    """
 
     name: str
     argv: tuple[str, ...]
     env: tuple[tuple[str, str], ...] = ()
+    scrape: ScrapeTarget | None = None
 
     def __post_init__(self) -> None:
         if not self.name or "/" in self.name or self.name.startswith("."):
@@ -61,26 +66,46 @@ class ProcessSpec:
             raise ValueError(f"process {self.name!r} has an empty argv")
 
 
-def _replica(name: str, *command: str) -> ProcessSpec:
-    # The process name doubles as the replica id in etcd, so `sundial cluster` names what `make status` shows.
-    return ProcessSpec(name, sundial_argv(*command), env=(("SUNDIAL_INSTANCE_ID", name),))
+def _replica(name: str, metrics_port: int, *command: str) -> ProcessSpec:
+    # The process name doubles as the replica id in etcd, so `sundial cluster` names what `make status` shows,
+    # and as the `instance` label of its series.
+    env = (("SUNDIAL_INSTANCE_ID", name), ("SUNDIAL_METRICS_PORT", str(metrics_port)))
+    scrape = ScrapeTarget(service=command[0], instance=name, address=f"127.0.0.1:{metrics_port}")
+    return ProcessSpec(name, sundial_argv(*command), env=env, scrape=scrape)
 
 
-def default_processes(api_port: int = DEV_PORTS.api) -> tuple[ProcessSpec, ...]:
+def default_processes(
+    api_port: int = DEV_PORTS.api, metrics_ports: Sequence[int] = DEV_METRICS_PORTS
+) -> tuple[ProcessSpec, ...]:
     """The Sundial processes of one development environment: HA out of the box.
 
     8 shards (the default ``SUNDIAL_SHARDS``) over two dispatcher replicas, and a standby for the hydrator
-    and the sweeper; kill any one of them and the other takes over (see the README's HA section).
+    and the sweeper; kill any one of them and the other takes over (see the README's HA section). Each
+    replica serves ``/metrics`` on a port of ``metrics_ports`` of its own; the API on its HTTP port.
     """
+    replicas = [
+        ("hydrator-1", "hydrator"),
+        ("hydrator-2", "hydrator"),
+        ("dispatcher-1", "dispatcher"),
+        ("dispatcher-2", "dispatcher"),
+        ("sweeper-1", "sweeper"),
+        ("sweeper-2", "sweeper"),
+        ("worker", "worker", "--app", "sundial_worker.demo:worker"),
+    ]
+    if len(replicas) > len(metrics_ports):
+        raise ValueError(f"{len(replicas)} replicas need as many metrics ports, got {len(metrics_ports)}")
+    api = ProcessSpec(
+        "api",
+        sundial_argv("api", "--host", "127.0.0.1", "--port", str(api_port)),
+        env=(("SUNDIAL_INSTANCE_ID", "api"),),
+        scrape=ScrapeTarget(service="api", instance="api", address=f"127.0.0.1:{api_port}"),
+    )
     return (
-        _replica("api", "api", "--host", "127.0.0.1", "--port", str(api_port)),
-        _replica("hydrator-1", "hydrator"),
-        _replica("hydrator-2", "hydrator"),
-        _replica("dispatcher-1", "dispatcher"),
-        _replica("dispatcher-2", "dispatcher"),
-        _replica("sweeper-1", "sweeper"),
-        _replica("sweeper-2", "sweeper"),
-        ProcessSpec("worker", sundial_argv("worker", "--app", "sundial_worker.demo:worker")),
+        api,
+        *(
+            _replica(name, port, *command)
+            for (name, *command), port in zip(replicas, metrics_ports[: len(replicas)], strict=True)
+        ),
     )
 
 
@@ -139,6 +164,7 @@ class Supervisor:
         backoff: Backoff = Backoff(),
         stop_timeout: float = 15.0,
         clock: Callable[[], float] = time.monotonic,
+        targets_file: Path | None = None,
     ) -> None:
         names = [p.name for p in processes]
         if len(set(names)) != len(names):
@@ -151,6 +177,10 @@ class Supervisor:
         self._clock = clock
         self._children = [_Child(spec) for spec in processes]
         self._stopping = False
+        self.targets_file = targets_file
+
+    def scrape_targets(self) -> list[ScrapeTarget]:
+        return [c.spec.scrape for c in self._children if c.spec.scrape is not None]
 
     def pid_file(self, name: str) -> Path:
         return self.run_dir / f"{name}.pid"
@@ -162,6 +192,9 @@ class Supervisor:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._stopping = False
+        if self.targets_file is not None:
+            # From the process table, so a replica added there is scraped without a Prometheus config edit.
+            write_targets(self.targets_file, self.scrape_targets())
         for child in self._children:
             if child.proc is None:
                 self._spawn(child)
@@ -368,6 +401,11 @@ def _display(path: Path) -> str:
 
 def banner(layout: DevLayout, stack: LocalStack) -> str:
     api = f"http://127.0.0.1:{stack.ports.api}"
+    prometheus = (
+        ""
+        if stack.prometheus is None
+        else f"\n  Prometheus {stack.prometheus.url}   (alerts: {stack.prometheus.url}/alerts)"
+    )
     auth = f'-H "Authorization: Bearer $(cat {_display(layout.dev_token)})"'
     admin = f'-H "Authorization: Bearer $(cat {_display(layout.admin_token)})"'
     body = (
@@ -380,7 +418,7 @@ Sundial is up.
   Postgres   {stack.postgres_dsn}
   Redis      {stack.redis_url}
   etcd       {stack.etcd_endpoint}
-  Kafka      {stack.kafka_bootstrap}
+  Kafka      {stack.kafka_bootstrap}{prometheus}
   logs       {_display(layout.logs)}/    pids {_display(layout.run)}/
 
 Create a job that runs in 2 seconds on the demo worker:
@@ -411,7 +449,8 @@ class DevRunner:
         announce: Callable[[str], None] = print,
     ) -> None:
         self.layout = layout
-        self.stack = LocalStack(layout.root, ports, durable=durable)
+        self.stack = LocalStack(layout.root, ports, durable=durable, prometheus=True)
+        assert self.stack.prometheus is not None
         self.setup = tuple(default_setup(layout) if setup is None else setup)
         self.supervisor = Supervisor(
             default_processes(ports.api) if processes is None else processes,
@@ -420,6 +459,7 @@ class DevRunner:
             run_dir=layout.run,
             backoff=backoff,
             stop_timeout=stop_timeout,
+            targets_file=self.stack.prometheus.targets_dir / "sundial.json",
         )
         self.backoff = backoff
         self.announce = announce
@@ -459,7 +499,9 @@ class DevRunner:
         write_pid_file(self.layout.supervisor_pid, os.getpid())
         code = 0
         try:
-            log.info("%s; starting Postgres, Redis, etcd and the broker under %s", RUN_MARKER, self.layout.root)
+            log.info(
+                "%s; starting Postgres, Redis, etcd, the broker and Prometheus under %s", RUN_MARKER, self.layout.root
+            )
             self.stack.start()
             if not stop.is_set():
                 self._run_setup()

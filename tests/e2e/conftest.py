@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -13,6 +14,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+from sundial_infra.servers.prometheus import PrometheusServer
+from sundial_infra.stack import LocalStack
 
 SUNDIAL = str(Path(sys.executable).with_name("sundial"))
 
@@ -93,3 +96,19 @@ def processes(settings_env: dict[str, str], tmp_path: Path) -> Iterator[Processe
         yield procs
     finally:
         procs.stop_all()
+
+
+@pytest.fixture
+def prometheus(stack: LocalStack) -> Iterator[PrometheusServer]:
+    """The real Prometheus on the test stack's port, scraping every second, from an empty TSDB.
+
+    Only the tests that ask for it start it: it is not part of every session's stack.
+    """
+    server = PrometheusServer(stack.root / "prometheus", stack.ports.prometheus, scrape_interval="1s")
+    server.stop()
+    shutil.rmtree(server.data_dir, ignore_errors=True)  # no series of an earlier session
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()

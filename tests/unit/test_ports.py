@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from sundial_infra.stack import BENCH_PORTS, DEV_PORTS, MAX_PORT_OFFSET, TEST_PORTS, Ports
+from sundial_infra.stack import BENCH_PORTS, DEV_METRICS_PORTS, DEV_PORTS, MAX_PORT_OFFSET, TEST_PORTS, Ports
 
 # Linux's default net.ipv4.ip_local_port_range: a client socket of any process may hold one of these.
 EPHEMERAL = range(32768, 61000)
@@ -42,3 +42,13 @@ def test_dev_test_and_bench_ports_never_meet_under_any_offset() -> None:
             for port in _listening(_moved(ports, offset)):
                 assert port not in owner, f"{name}+{offset} port {port} is also {owner[port]}'s"
                 owner[port] = f"{name}+{offset}"
+
+
+def test_the_dev_replicas_metrics_ports_are_apart_from_every_set() -> None:
+    used = _listening(DEV_PORTS) + [
+        p for o in OFFSETS for s in (TEST_PORTS, BENCH_PORTS) for p in _listening(_moved(s, o))
+    ]
+    metrics = set(DEV_METRICS_PORTS)
+    assert all(1024 < port < EPHEMERAL.start for port in metrics)
+    assert not metrics & set(used), sorted(metrics & set(used))
+    assert not metrics & WELL_KNOWN
