@@ -2,14 +2,14 @@
 
 Its pool comes from ``SUNDIAL_FAULT_POOL`` (each scenario has a topic of its own in the session's broker).
 ``work`` takes ``payload["ms"]`` milliseconds (a handler a fault can land in the middle of); ``storm`` fails
-until the epoch second ``payload["failUntil"]`` — a downstream outage — then succeeds.
+while the file ``payload["downWhile"]`` exists — a downstream outage the test starts and ends itself, so the
+outage is measured from the failures it causes rather than predicted before slow set-up — then succeeds.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-import time
 from typing import Any
 
 from sundial_worker import Context, Worker
@@ -25,6 +25,6 @@ async def work(ctx: Context, payload: Any) -> dict[str, int]:
 
 @worker.handler("storm")
 async def storm(ctx: Context, payload: Any) -> dict[str, int]:
-    if time.time() < float(payload["failUntil"]):
+    if os.path.exists(payload["downWhile"]):
         raise ConnectionError("downstream unavailable")
     return {"attempt": ctx.attempt}

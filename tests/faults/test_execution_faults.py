@@ -175,33 +175,61 @@ async def test_a_worker_paused_past_its_heartbeat_ttl_cannot_overwrite_the_retry
     report("SIGSTOP worker", f"{result.line()}; {rejected} late writes rejected")
 
 
-async def test_a_retry_storm_is_spread_and_capped_by_jittered_backoff(faults: FaultStack) -> None:
+def most_attempts(outage: float) -> int:
+    """Attempts an execution can make in an outage of ``outage`` seconds from its first failure: those whose
+    shortest (half) backoffs fit in it (plus 1 s for dispatch and polling), then the one that succeeds."""
+    floor, elapsed, failing = 0.25, 0.0, 1
+    while elapsed + floor <= outage + 1.0:
+        elapsed, failing, floor = elapsed + floor, failing + 1, min(floor * 2, 1.0)
+    return failing + 1
+
+
+async def test_a_retry_storm_is_spread_and_capped_by_jittered_backoff(faults: FaultStack, tmp_path: Path) -> None:
     outage_sec = 8.0
     policy = {"maxAttempts": 12, "backoff": "EXPONENTIAL", "initialDelayMs": 500, "maxDelayMs": 2000, "jitter": True}
-    start_in = 4 + JOBS / 400  # the creates (~500/s) are done before the first one fails
-    fail_until = time.time() + start_in + outage_sec
+    # The downstream is down from before the first fire until the test ends the outage: outage_sec after the
+    # creates are acknowledged and the first attempt has failed, however slow the creates were.
+    down = tmp_path / "downstream-down"
+    down.touch()
     bodies = one_shots(
         faults.pool,
         JOBS,
-        start_in=start_in,
+        start_in=4 + JOBS / 400,  # the creates (~500/s) are usually done before the first one fails
         spread=0.5,
         handler="storm",
-        payload={"failUntil": fail_until},
+        payload={"downWhile": str(down)},
         retry_policy=policy,
     )
+    began = time.monotonic()
     job_ids = await faults.create_jobs(bodies)
+    created_in = time.monotonic() - began
+
+    async def first_failure() -> bool:
+        rows = await faults.fetch("SELECT count(*) AS n FROM execution_attempts WHERE state = 'FAILED'")
+        return int(rows[0]["n"]) > 0
+
+    await eventually(first_failure, budget(60), f"a first failed attempt (the creates took {created_in:.1f}s)")
     probe_latency: list[float] = []
+    outage_over = asyncio.Event()
 
     async def probe() -> None:
+        """The API's latency during the storm, until 2 s after the outage ended."""
         async with faults.client() as client:
-            while time.time() < fail_until + 2:
+            while True:
                 began = time.monotonic()
                 response = await client.get(f"/v1/jobs/{job_ids[0]}")
                 assert response.status_code == 200
                 probe_latency.append(time.monotonic() - began)
+                if outage_over.is_set() and time.monotonic() > ended + 2:
+                    return
                 await asyncio.sleep(0.2)
 
-    await probe()
+    probing = asyncio.create_task(probe())
+    await asyncio.sleep(outage_sec)  # the outage itself: its length is what the test controls
+    down.unlink()
+    ended, ended_at = time.monotonic(), time.time()
+    outage_over.set()
+    await probing
     await faults.wait_terminal(len(job_ids), within=120)
     result = await faults.check(job_ids, retried_handler=True)
     starts = await faults.fetch(
@@ -223,21 +251,26 @@ async def test_a_retry_storm_is_spread_and_capped_by_jittered_backoff(faults: Fa
     assert not tight, f"retries sooner than half their backoff: {tight[:5]}"
     # The first retries of a thousand executions that failed together come back spread, not as one wave.
     second = sorted(t[1] for t in by_execution.values() if len(t) > 1)
+    assert len(second) >= len(job_ids) // 2, (
+        f"only {len(second)} of {len(job_ids)} executions were retried: most first attempts came after the"
+        f" outage (creates took {created_in:.1f}s)"
+    )
     spread = second[int(0.9 * len(second))] - second[int(0.1 * len(second))]
     assert spread >= 0.15, f"first retries bunched within {spread:.3f}s"
-    # Capped: at most the attempts whose shortest (half) backoffs fit in the outage, then the one that
-    # succeeds — a dozen, not a retry per poll.
-    floor, elapsed, bound = 0.25, 0.0, 1
-    while elapsed + floor <= outage_sec + 1.0:
-        elapsed, bound, floor = elapsed + floor, bound + 1, min(floor * 2, 1.0)
+    # Capped: each execution makes at most the attempts whose shortest backoffs fit in the outage it saw
+    # (from its own first attempt to the outage's end) — a dozen, not a retry per poll.
+    over = [
+        (len(t), round(ended_at - t[0], 1)) for t in by_execution.values() if len(t) > most_attempts(ended_at - t[0])
+    ]
     most = max(len(t) for t in by_execution.values())
-    assert most <= bound + 1, f"an execution was attempted {most} times in an {outage_sec:.0f}s outage"
+    assert not over, f"executions attempted more often than their backoff allows (attempts, outage s): {over[:5]}"
+    assert probe_latency, "the probe never ran"
     assert max(probe_latency) < 2.0, f"the API slowed to {max(probe_latency):.2f}s during the storm"
     assert not any(faults.restarts().values()), faults.restarts()
     mean_attempts = statistics.mean(len(t) for t in by_execution.values())
     report(
         "retry storm",
-        f"{result.line()}; attempts per execution max {most}, mean {mean_attempts:.1f};"
+        f"{result.line()}; creates {created_in:.1f}s; attempts per execution max {most}, mean {mean_attempts:.1f};"
         f" first-retry spread p10-p90 {spread:.2f}s; mean gap {statistics.mean(gaps):.2f}s;"
         f" API p50 {statistics.median(probe_latency) * 1000:.0f}ms max {max(probe_latency) * 1000:.0f}ms",
     )
