@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -18,6 +17,8 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+
+from tests.conftest import port_offset
 
 REPO = Path(__file__).resolve().parents[2]
 # The harness's own ports (below the ephemeral range), moved like the test stack's.
@@ -55,7 +56,7 @@ def test_the_bench_records_the_commit_only_when_git_and_a_checkout_are_there(
 
 def test_the_bench_harness_runs_every_dispatch_workload_and_records_its_figures(tmp_path: Path) -> None:
     # Beside this session's test stack (the harness starts its own servers on these ports).
-    offset = PORT_OFFSET + int(os.environ.get("SUNDIAL_TEST_PORT_OFFSET", "0") or "0")
+    offset = PORT_OFFSET + port_offset()
     argv = [
         sys.executable,
         str(REPO / "bench" / "harness.py"),
