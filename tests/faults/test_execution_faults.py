@@ -53,7 +53,7 @@ async def test_a_worker_killed_mid_handler_loses_nothing(faults: FaultStack) -> 
         rows = await faults.fetch("SELECT count(*) AS n FROM executions WHERE state = 'RUNNING'")
         return int(rows[0]["n"]) >= 20
 
-    await eventually(running_on_worker_1, 60, "handlers running")
+    await eventually(running_on_worker_1, budget(180), "handlers running")
     faults.signal("worker-1", signal.SIGKILL)
     job_ids = await creating
     await faults.wait_terminal(len(job_ids), within=120)
@@ -88,7 +88,7 @@ async def test_the_broker_restarting_empty_loses_nothing(faults: FaultStack, sta
     async def some_done() -> bool:
         return await faults.terminal() >= JOBS // 5
 
-    await eventually(some_done, 60, "a fifth of the jobs done")
+    await eventually(some_done, budget(180), "a fifth of the jobs done")
     began = time.monotonic()
     await asyncio.to_thread(stack.broker.restart)  # memory storage: every topic, message and offset gone
     restarted_in = time.monotonic() - began
@@ -108,7 +108,7 @@ async def test_redis_flushed_then_restarted_empty_loses_nothing(faults: FaultSta
     async def some_done() -> bool:
         return await faults.terminal() >= JOBS // 5
 
-    await eventually(some_done, 60, "a fifth of the jobs done")
+    await eventually(some_done, budget(180), "a fifth of the jobs done")
     redis = Redis.from_url(stack.redis_url)
     try:
         await redis.flushall()  # hot windows, watermarks, heartbeats, cancel flags: all gone
@@ -118,7 +118,7 @@ async def test_redis_flushed_then_restarted_empty_loses_nothing(faults: FaultSta
     async def half_done() -> bool:
         return await faults.terminal() >= JOBS // 2
 
-    await eventually(half_done, 60, "half of the jobs done")
+    await eventually(half_done, budget(180), "half of the jobs done")
     await asyncio.to_thread(stack.redis.restart)  # not durable: it comes back empty
     job_ids = await creating
     await faults.wait_terminal(len(job_ids), within=120)
@@ -138,7 +138,7 @@ async def test_postgres_restarted_during_create_load_makes_one_job_per_key(
     async def creates_under_way() -> bool:
         return sum(faults.create_attempts.values()) >= JOBS // 3 if hasattr(faults, "create_attempts") else False
 
-    await eventually(creates_under_way, 60, "a third of the creates sent")
+    await eventually(creates_under_way, budget(180), "a third of the creates sent")
     await asyncio.to_thread(stack.postgres.stop, "immediate")  # pg_ctl stop -m immediate: a crash
     await asyncio.sleep(1.0)  # the outage itself: creates meanwhile get 503 and are retried with their key
     await asyncio.to_thread(stack.postgres.start)
@@ -160,7 +160,7 @@ async def test_a_worker_paused_past_its_heartbeat_ttl_cannot_overwrite_the_retry
         rows = await faults.fetch("SELECT count(*) AS n FROM executions WHERE state = 'RUNNING'")
         return int(rows[0]["n"]) >= 20
 
-    await eventually(running, 60, "handlers running")
+    await eventually(running, budget(180), "handlers running")
     faults.signal("worker-1", signal.SIGSTOP)
     # Past its TTL (3 s) and the sweeper's confirmation (1.5 s): its attempts are declared lost and retried.
     await faults.wait_for_log("sweeper", "lost their worker", within=30)
