@@ -24,10 +24,8 @@ import argparse
 import asyncio
 import dataclasses
 import json
-import os
 import random
 import shutil
-import subprocess
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -35,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+import machine  # bench/ is on sys.path: run as a script, or imported by harness.py
 from redis.asyncio import Redis
 from sundial_common.hotwindow import HotWindow
 from sundial_common.ids import new_id, shard_for
@@ -193,14 +192,6 @@ async def hydrate(dsn: str, redis_url: str, shards: int, now: datetime, steady_p
     }
 
 
-def machine() -> dict[str, Any]:
-    mem_kb = next(
-        int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines() if line.startswith("MemTotal")
-    )
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
-    return {"cores": os.cpu_count(), "memory_gib": round(mem_kb / 2**20, 1), "commit": commit.stdout.strip() or None}
-
-
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     ports = Ports(**{f.name: getattr(BENCH_PORTS, f.name) + args.port_offset for f in dataclasses.fields(Ports)})
     root = REPO / ".sundial" / "bench-at-rest"
@@ -220,7 +211,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             "register_rows_per_s": round(rate),
             "postgres": await sizes(dsn),
             "hydrator": await hydrate(dsn, stack.redis_url, args.shards, now, args.steady_passes),
-            "machine": machine(),
+            "machine": machine.describe(REPO, cpu_probe=False),
             "at": datetime.now(UTC).isoformat(),
         }
     finally:

@@ -23,7 +23,6 @@ import asyncio
 import functools
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -51,6 +50,7 @@ from sundial_infra.supervisor import ProcessSpec, Supervisor, sundial_argv
 sys.path.insert(0, str(Path(__file__).parent))
 import at_rest
 import ceilings
+import machine
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
@@ -74,28 +74,6 @@ class Shape:
     workers: int
     concurrency: int
     durable: bool
-
-
-def _machine() -> dict[str, Any]:
-    mem_kb = next(
-        int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines() if line.startswith("MemTotal")
-    )
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
-    # Uncommitted changes to the code make the commit a lie; results files are the only expected change.
-    status = subprocess.run(
-        ["git", "status", "--porcelain", "--", ".", ":!bench/results"], cwd=REPO, capture_output=True, text=True
-    )
-    # A fixed piece of pure Python work: this VM's speed drifts (ceilings measured 25-40% apart within an
-    # hour on an idle machine), so a figure reads against the speed of the machine when it was taken.
-    started = time.perf_counter()
-    sum(range(30_000_000))
-    return {
-        "cpu_probe_s": round(time.perf_counter() - started, 3),
-        "cores": os.cpu_count(),
-        "memory_gib": round(mem_kb / 2**20, 1),
-        "python": platform.python_version(),
-        "commit": (commit.stdout.strip() + ("-dirty" if status.stdout.strip() else "")) or None,
-    }
 
 
 def _cpu_seconds_of_tree(root_pid: int) -> float:
@@ -416,7 +394,7 @@ async def main_async(args: argparse.Namespace) -> None:
     ports = Ports(**{k: v + args.port_offset for k, v in vars(BENCH_PORTS).items()})
     bench = Bench(shape, args.root, ports, args.profile)
     record = functools.partial(_record, results=args.results)
-    meta = {"machine": _machine(), "settings": vars(shape), "at": datetime.now(UTC).isoformat()}
+    meta = {"machine": machine.describe(REPO), "settings": vars(shape), "at": datetime.now(UTC).isoformat()}
     if "ceilings" in args.workloads:
         # The parts alone, before Sundial's processes compete for the cores.
         bench.stack.start()

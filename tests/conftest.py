@@ -10,6 +10,13 @@ The test ports are a machine-wide resource: a session holds an exclusive lock on
 life, so a second concurrent session (another worktree, another engineer) waits instead of wiping the
 first one's servers. ``SUNDIAL_TEST_PORT_OFFSET=N`` moves a session to ports ``TEST_PORTS + N`` (and
 ``.sundial/test-N/``) to run alongside.
+
+Under pytest-xdist (``make test`` runs ``-n 2``) each worker is a session with a stack of its own, at
+``N + 100 × worker index`` (gw0 at N, gw1 at N + 100, …): give parallel sessions bases at least
+100 × workers apart. The tests that run Sundial's processes (``tests/e2e``, ``tests/faults``) share one
+xdist group, so ``--dist loadgroup`` runs them one after another on one worker while the other workers
+take the integration and unit tests: two process stacks never compete for this machine's two cores,
+which is what their latency and heartbeat windows assume.
 """
 
 from __future__ import annotations
@@ -54,8 +61,28 @@ ETCD_PREFIX = b"/sundial/"
 PORT_LOCK_WAIT_SEC = 240.0
 
 
+#: Port distance between the stacks of two xdist workers of one session.
+XDIST_WORKER_PORT_STRIDE = 100
+#: Test directories whose tests start Sundial's processes: one xdist group, run serially (see above).
+PROCESS_LAYERS = ("e2e", "faults")
+
+
+def port_offset() -> int:
+    """This session's (this xdist worker's) offset from ``TEST_PORTS``."""
+    base = int(os.environ.get("SUNDIAL_TEST_PORT_OFFSET", "0") or "0")
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")  # "gw0", "gw1", … under xdist; unset otherwise
+    index = int(worker[2:]) if worker.startswith("gw") else 0
+    return base + XDIST_WORKER_PORT_STRIDE * index
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.parent.name in PROCESS_LAYERS and item.path.parent.parent == Path(__file__).parent:
+            item.add_marker(pytest.mark.xdist_group("processes"))
+
+
 def _test_ports() -> tuple[Ports, Path]:
-    offset = int(os.environ.get("SUNDIAL_TEST_PORT_OFFSET", "0") or "0")
+    offset = port_offset()
     ports = Ports(**{f.name: getattr(TEST_PORTS, f.name) + offset for f in dataclasses.fields(Ports)})
     root = REPO_ROOT / ".sundial" / ("test" if offset == 0 else f"test-{offset}")
     return ports, root
@@ -77,7 +104,7 @@ def _exclusive(ports: Ports) -> Iterator[None]:
                     pytest.fail(
                         f"another test session ({lock.read().strip() or 'unknown'}) holds the test ports "
                         f"(lock {path}) for more than {PORT_LOCK_WAIT_SEC:.0f}s; wait for it, or run this "
-                        "one beside it with SUNDIAL_TEST_PORT_OFFSET=100"
+                        f"one beside it with SUNDIAL_TEST_PORT_OFFSET={port_offset() + 1000}"
                     )
                 time.sleep(0.5)  # polling another session's lock; there is no event to wait on
         lock.seek(0)

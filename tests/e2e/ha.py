@@ -18,7 +18,7 @@ import uuid
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -210,6 +210,20 @@ class HaCluster:
             await redis.aclose()
             await stores.close()
         return ids
+
+    async def add_timeline(
+        self, period: float, count: int, *, shard: int | None = None, inserts_per_sec: float = 250.0
+    ) -> tuple[datetime, list[uuid.UUID]]:
+        """``count`` jobs due ``period`` s apart from a start far enough ahead to insert them all first (at
+        ``inserts_per_sec``, slow for this machine); the start and the ids. A timeline that began while its jobs
+        were still being inserted would measure the insert, not the dispatchers: that fails, naming the insert."""
+        lead = 1.0 + count / inserts_per_sec
+        start = datetime.now(UTC) + timedelta(seconds=lead)
+        began = time.monotonic()
+        jobs = await self.add_jobs(every(start, period, count), shard=shard)
+        took = time.monotonic() - began
+        assert datetime.now(UTC) < start, f"inserting {count} jobs took {took:.1f}s, past their {lead:.1f}s lead"
+        return start, jobs
 
     async def fetch(self, sql: str, *args: Any) -> list[asyncpg.Record]:
         conn = await asyncpg.connect(self.database_url)

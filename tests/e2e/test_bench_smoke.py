@@ -2,28 +2,59 @@
 
 A benchmark is not a test: nothing here looks at a timing. It checks that every workload of a tiny run
 prints its JSON line with the figures the issue asks for, and that no job of the dispatch workloads was
-lost or started twice (that is correctness, whatever the speed).
+lost or started twice (that is correctness, whatever the speed). It runs without git, or from a tree
+that is not a checkout: the commit is recorded only when known.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
-import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
+
+from tests.conftest import port_offset
 
 REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.timeout(300)
 
 
+def bench_machine() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("bench_machine", REPO / "bench" / "machine.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_bench_records_the_commit_only_when_git_and_a_checkout_are_there(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    machine = bench_machine()
+    if shutil.which("git") and (REPO / ".git").exists():
+        assert machine.git_commit(REPO)  # a short hash, "-dirty" with uncommitted code
+    # A tree that is not a checkout (an archive): no commit, no error.
+    archive = tmp_path / "archive"
+    (archive / "bench").mkdir(parents=True)
+    shutil.copy(REPO / "bench" / "machine.py", archive / "bench")
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path))  # git must not find a repository above it
+    assert machine.git_commit(archive) is None
+    # No git on PATH at all (a fresh machine): no commit, and the rest of the description still there.
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert machine.git_commit(REPO) is None
+    described = machine.describe(REPO, cpu_probe=False)
+    assert described["commit"] is None and described["cores"] >= 1
+
+
 def test_the_bench_harness_runs_every_dispatch_workload_and_records_its_figures(tmp_path: Path) -> None:
     # The harness starts its own servers on the bench ports, moved like this session's test ports.
-    offset = int(os.environ.get("SUNDIAL_TEST_PORT_OFFSET", "0") or "0")
+    offset = port_offset()
     # Under the checkout's .sundial/ (not pytest's temp dir): `make clean` must find it if this run is killed.
     root = REPO / ".sundial" / ("bench-smoke" if offset == 0 else f"bench-smoke-{offset}")
     argv = [

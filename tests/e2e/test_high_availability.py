@@ -69,8 +69,7 @@ async def test_sigterm_hands_every_shard_over_within_half_a_second(cluster: HaCl
     expected = placement(8, ["alpha", "beta"])
     await cluster.wait_for_leaders(lambda ls: {s: h for s, (h, _) in ls.items()} == expected, 15)
 
-    start = datetime.now(UTC) + timedelta(seconds=1)
-    jobs = await cluster.add_jobs(every(start, 0.005, 1200))  # every shard: one job due every ~40 ms, for 6 s
+    start, jobs = await cluster.add_timeline(0.005, 1200)  # every shard: one job due every ~40 ms, for 6 s
     await asyncio.sleep(max(0.0, (start - datetime.now(UTC)).total_seconds()) + 2)  # into the stream of jobs
     assert cluster.terminate("alpha") == 0
     await cluster.wait_for_leaders(lambda ls: len(ls) == 8 and {h for h, _ in ls.values()} == {"beta"}, 5)
@@ -93,8 +92,7 @@ async def test_a_killed_replica_is_replaced_within_a_lease_and_gets_its_shards_b
     expected = placement(8, ["alpha", "beta"])
     await cluster.wait_for_leaders(lambda ls: {s: h for s, (h, _) in ls.items()} == expected, 15)
 
-    start = datetime.now(UTC) + timedelta(seconds=1)
-    jobs = await cluster.add_jobs(every(start, 0.01, 800))  # each shard: a job every ~80 ms, for 8 s
+    start, jobs = await cluster.add_timeline(0.01, 800)  # each shard: a job every ~80 ms, for 8 s
     await asyncio.sleep(max(0.0, (start - datetime.now(UTC)).total_seconds()) + 1.5)
     cluster.kill("alpha")
     await cluster.wait_for_leaders(lambda ls: len(ls) == 8 and {h for h, _ in ls.values()} == {"beta"}, LEASE_TTL + 5)

@@ -2,7 +2,8 @@
 
 Its pool comes from ``SUNDIAL_FAULT_POOL`` (each scenario has a topic of its own in the session's broker).
 ``work`` takes ``payload["ms"]`` milliseconds (a handler a fault can land in the middle of); ``storm`` fails
-until the epoch second ``payload["failUntil"]`` — a downstream outage — then succeeds.
+for ``payload["outageSec"]`` seconds from its execution's scheduled time — a downstream outage that starts when
+the jobs fire, however slow creating them was — then succeeds.
 """
 
 from __future__ import annotations
@@ -25,6 +26,6 @@ async def work(ctx: Context, payload: Any) -> dict[str, int]:
 
 @worker.handler("storm")
 async def storm(ctx: Context, payload: Any) -> dict[str, int]:
-    if time.time() < float(payload["failUntil"]):
+    if time.time() < ctx.scheduled_for.timestamp() + float(payload["outageSec"]):
         raise ConnectionError("downstream unavailable")
     return {"attempt": ctx.attempt}

@@ -31,7 +31,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.ha import LEASE_TTL, HaCluster, cluster_fixture, eventually, every, process_state
+from tests.e2e.ha import LEASE_TTL, HaCluster, cluster_fixture, eventually, process_state
 
 __all__ = ["cluster_fixture"]  # the `cluster` fixture
 
@@ -127,8 +127,7 @@ async def test_killing_pausing_and_restarting_dispatchers_loses_doubles_and_miso
         chaos.start(slot)
     await cluster.wait_for_leaders(lambda leaders: len(leaders) == cluster.shards, 20)
 
-    start = datetime.now(UTC) + timedelta(seconds=2)
-    jobs = await cluster.add_jobs(every(start, SECONDS / JOBS, JOBS))
+    start, jobs = await cluster.add_timeline(SECONDS / JOBS, JOBS)
     end = start + timedelta(seconds=SECONDS)
     await asyncio.sleep(max(0.0, (start - datetime.now(UTC)).total_seconds()) + 0.5)
     await chaos.strike("freeze")

@@ -21,8 +21,11 @@ from sundial_common.schedules import jitter
 
 from tests.integration.test_api import SECRET, Api, FixedClock, error_fields, ms, rfc3339
 
-# A fixed, millisecond-aligned "now" near the real time (the member scores must look sane to Redis readers).
-NOW = datetime.now(UTC).replace(second=0, microsecond=0) + timedelta(days=1, seconds=7.25)
+# A fixed, millisecond-aligned "now": a fixed date, so no expectation depends on where the wall clock stands —
+# 20 minutes into the hour (an hourly fire plus 10 min of jitter stays inside the 60-min hot window), mid-January
+# (no DST change near it, and "0 0 1 1 *" is months away), before the fixed DST dates the previews below
+# ask about (a start in the past is clamped to now).
+NOW = datetime(2030, 1, 15, 10, 20, 7, 250000, tzinfo=UTC)
 MIN_INTERVAL_SEC = 10
 
 
