@@ -7,7 +7,8 @@ one-shot jobs (default 2,000) fall due one every few milliseconds over ``SUNDIAL
 fence), or stopped with SIGTERM and restarted. The first strike always *freezes a replica mid-pass*: it
 is restarted with a pause point so that it SIGSTOPs itself between a claim and its commit, and resumed
 once a successor has surely written — a random SIGSTOP rarely lands inside a pass of a few milliseconds,
-this one always does, so the fence is exercised in every run. At most two replicas are disturbed at once.
+this one always does, and it is resumed only once successors have written on every shard it led, so the
+fence is exercised in every run. At most two replicas are disturbed at once.
 Afterwards:
 
 * nothing is lost — every job has an execution (what a killed or fenced leader had claimed comes back
@@ -23,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import re
 import time
 from collections import Counter
 from collections.abc import Coroutine
@@ -79,10 +81,28 @@ class Chaos:
         task.add_done_callback(self.pending.discard)
 
     async def unfreeze(self, slot: str) -> None:
-        """Wait for the frozen replica to stop itself mid-pass, give a successor time to write, resume it."""
+        """Wait for the frozen replica to stop itself mid-pass and for successors to write on every shard it
+        led (the fence then holds a newer token), and resume it: its pending write must be rejected.
+
+        Waiting for the successors' writes, not for a fixed time: on a loaded machine a takeover can take
+        longer than any sleep sized from the lease."""
         name = self.name(slot)
         await eventually(lambda: process_state(self.cluster.pid(name)) == "T", 15, f"{name} stops mid-pass")
-        await asyncio.sleep(self.rng.uniform(LEASE_TTL + 1.0, 2 * LEASE_TTL + 1.0))
+        led = {
+            int(shard): int(token)
+            for shard, token in re.findall(
+                r"shard (\d+): leading with fence token (\d+)", self.cluster.processes.log(name)
+            )
+        }
+
+        async def successors_wrote() -> bool:
+            fence = {
+                row["shard"]: row["token"] for row in await self.cluster.fetch("SELECT shard, token FROM shard_fence")
+            }
+            return bool(led) and all(fence.get(shard, 0) > token for shard, token in led.items())
+
+        await eventually(successors_wrote, 60, f"successors writing on every shard {name} led ({led})")
+        await asyncio.sleep(self.rng.uniform(0.0, LEASE_TTL))
         self.cluster.resume(name)
         self.disturbed.discard(slot)
 
