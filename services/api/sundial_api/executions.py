@@ -24,10 +24,12 @@ from typing import Annotated
 from uuid import UUID
 
 from fastapi import APIRouter, Path, Query
+from opentelemetry.trace import Link, get_current_span
 from redis.exceptions import RedisError
 from starlette.responses import Response
 from sundial_common.signals import CANCEL_KEY_TTL_SEC, cancel_key
 from sundial_common.stores.types import Record, RetryDue
+from sundial_common.telemetry import execution_attributes, execution_context, tracer
 
 from sundial_api.auth import Authenticated
 from sundial_api.models.executions import (
@@ -120,6 +122,24 @@ async def get_execution(execution_id: ExecutionId, state: State, principal: Auth
     return OrjsonResponse(view)
 
 
+def _trace_cancel(row: Record) -> None:
+    """The cancel request as a span in the execution's own trace, linked to this HTTP request's span."""
+    request = get_current_span().get_span_context()
+    with tracer.start_as_current_span(
+        "cancel",
+        context=execution_context(row["traceparent"]),
+        links=[Link(request)] if request.is_valid else [],
+        attributes={
+            **execution_attributes(
+                tenant=row["tenant_id"], job_id=row["job_id"], execution_id=row["id"], attempt=row["attempt"]
+            ),
+            "sundial.from_state": row["from_state"],
+            "sundial.state": row["state"],
+        },
+    ):
+        pass
+
+
 @router.post(
     "/{execution_id}/cancel",
     response_model=Execution,
@@ -143,6 +163,7 @@ async def cancel_execution(execution_id: ExecutionId, state: State, principal: A
         if current is None:
             raise not_found("execution", execution_id)
         raise ProblemError(409, f"execution {execution_id} is {current['state']}: it has finished, nothing to cancel")
+    _trace_cancel(row)
     if row["state"] != "RUNNING":
         return OrjsonResponse(_view(state, row))
     try:

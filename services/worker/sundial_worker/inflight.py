@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from uuid import UUID
 
+from opentelemetry.trace import SpanContext
 from sundial_common.messages import ExecutionMessage
 from sundial_common.stores.executions import Outcome
 
@@ -60,6 +61,8 @@ class Running:
     ctx: Context | None = None
     #: Set when the execution's cancel is requested: the handler is interrupted.
     cancel: asyncio.Event = field(default_factory=asyncio.Event)
+    #: The attempt's process span, parent of the outcome write's span.
+    span_context: SpanContext | None = None
 
 
 class InFlight:
@@ -110,6 +113,8 @@ class FinishedAttempt:
     outcome: Outcome
     deliveries: list[Delivery]
     logger: logging.LoggerAdapter[logging.Logger]
+    #: The attempt's process span: the outcome write is its child, in the execution's trace.
+    span_context: SpanContext | None = None
 
 
 class OutcomeBuffer:

@@ -157,7 +157,7 @@ SELECT * FROM changed;
 -- The sweeper's view of RUNNING executions, oldest first, keyset-paged on executions_open_idx: who runs each
 -- attempt, since when, its timeout, and the job's retry policy (for the backoff of a lost attempt).
 SELECT e.id, e.tenant_id, e.job_id, e.shard, e.worker_id, e.attempt, e.max_attempts, e.created_at, e.started_at,
-       e.timeout_sec, e.cancel_requested_at, j.retry_policy, now() AS db_now
+       e.timeout_sec, e.cancel_requested_at, e.traceparent, j.retry_policy, now() AS db_now
 FROM executions e JOIN jobs j ON j.id = e.job_id
 WHERE e.state = 'RUNNING' AND (e.created_at, e.id) > ($1, $2::uuid)
 ORDER BY e.created_at, e.id
@@ -203,7 +203,7 @@ SELECT id, attempt, state, attempt_state, shard, next_attempt_at FROM failed;
 -- name: dead_letters
 -- The sundial.dlq outbox: DEAD executions whose dead letter is not published yet, oldest first.
 SELECT e.id, e.tenant_id, e.job_id, e.scheduled_for, e.pool, e.handler, e.attempt, e.max_attempts, e.error,
-       e.finished_at, e.trace_id, j.name AS job_name, j.payload
+       e.finished_at, e.trace_id, e.traceparent, j.name AS job_name, j.payload
 FROM executions e JOIN jobs j ON j.id = e.job_id
 WHERE e.state = 'DEAD' AND e.dlq_published_at IS NULL
 ORDER BY e.finished_at
