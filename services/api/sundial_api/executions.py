@@ -78,25 +78,42 @@ def _view(state: ApiState, row: Record) -> dict[str, object]:
     "",
     response_model=ExecutionList,
     responses=responses(401, 422, 503),
-    summary="List executions in one state (e.g. the dead letters), newest first",
+    summary="List executions in one state (e.g. the dead letters), or find the execution of a trace",
 )
 async def list_executions(
     state: State,
     principal: Authenticated,
     execution_state: Annotated[
-        ExecutionState,
+        ExecutionState | None,
         Query(alias="state", description="Only executions in this state; `DEAD` lists the dead letters."),
-    ],
+    ] = None,
+    trace_id: Annotated[
+        str | None,
+        Query(
+            alias="traceId",
+            pattern="^[0-9a-f]{32}$",
+            description="The executions of this trace (32 lowercase hex digits, as Jaeger shows it); "
+            "with `state`, only those in that state.",
+        ),
+    ] = None,
     limit: Annotated[int, Query(ge=1, le=200, description="Page size.")] = 50,
     cursor: Annotated[
         str | None, Query(description="`nextCursor` of the previous page; omit for the first page.")
     ] = None,
 ) -> Response:
+    """Either `state` or `traceId` is required: a listing of every execution of a tenant is not offered."""
     before = _decode_cursor(cursor) if cursor is not None else None
     # One row more than the page tells whether another page exists without a count query.
-    rows = await state.stores.executions.list_executions_by_state(
-        principal.tenant, execution_state.value, before, limit + 1
-    )
+    if trace_id is not None:
+        rows = await state.stores.executions.executions_of_trace(
+            principal.tenant, trace_id, execution_state.value if execution_state else None, before, limit + 1
+        )
+    elif execution_state is not None:
+        rows = await state.stores.executions.list_executions_by_state(
+            principal.tenant, execution_state.value, before, limit + 1
+        )
+    else:
+        raise invalid("state", "is required unless traceId is given")
     page = rows[:limit]
     next_cursor = _encode_cursor(page[-1]["id"]) if len(rows) > limit else None
     return OrjsonResponse({"items": [_view(state, row) for row in page], "nextCursor": next_cursor})

@@ -27,6 +27,14 @@ SELECT * FROM executions WHERE id = $1 AND tenant_id = $2;
 -- name: execution_attempts
 SELECT * FROM execution_attempts WHERE execution_id = $1 ORDER BY attempt;
 
+-- name: executions_of_trace
+-- GET /v1/executions?traceId=…[&state=…]: one tenant's executions of one trace (executions_trace_idx),
+-- newest first.
+SELECT * FROM executions
+WHERE trace_id = $2 AND tenant_id = $1 AND ($5::text IS NULL OR state = $5) AND ($3::uuid IS NULL OR id < $3)
+ORDER BY id DESC
+LIMIT $4;
+
 -- name: list_executions_by_state
 -- GET /v1/executions?state=…: one tenant's executions in one state, newest first, keyset on the id (UUIDv7).
 SELECT * FROM executions

@@ -1,0 +1,25 @@
+"""executions_trace_idx: find the execution of a trace (``GET /v1/executions?traceId=…``).
+
+Revision ID: 0005
+Revises: 0004
+Create Date: 2026-11-23
+
+A support person holding a trace from Jaeger asks Sundial which execution it was. Trace ids are random,
+so only an index finds one without scanning every execution of the tenant. It costs one B-tree entry per
+execution write that is not HOT (dispatch, start, finish); the tenant is checked on the one row found.
+"""
+
+from sundial_common.migrate import run_sql_script
+
+revision = "0005"
+down_revision = "0004"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    run_sql_script("CREATE INDEX executions_trace_idx ON executions (trace_id);")
+
+
+def downgrade() -> None:
+    run_sql_script("DROP INDEX executions_trace_idx;")
