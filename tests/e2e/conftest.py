@@ -14,6 +14,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.otlp import OtlpReceiver
+
 SUNDIAL = str(Path(sys.executable).with_name("sundial"))
 
 
@@ -93,3 +95,18 @@ def processes(settings_env: dict[str, str], tmp_path: Path) -> Iterator[Processe
         yield procs
     finally:
         procs.stop_all()
+
+
+@pytest.fixture
+def otlp() -> Iterator[OtlpReceiver]:
+    """A real OTLP/HTTP receiver (:mod:`tests.otlp`); pass ``otlp_env(otlp)`` to the processes that export."""
+    receiver = OtlpReceiver()
+    try:
+        yield receiver
+    finally:
+        receiver.close()
+
+
+def otlp_env(receiver: OtlpReceiver) -> dict[str, str]:
+    # OTEL_BSP_SCHEDULE_DELAY: export within moments, not the SDK's 5 s.
+    return {"SUNDIAL_OTLP_ENDPOINT": receiver.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "200"}

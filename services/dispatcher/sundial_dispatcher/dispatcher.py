@@ -214,7 +214,7 @@ class _Planner:
     ) -> PlannedExecution:
         trace_id = parent = None
         if state == "PENDING":  # a SKIPPED occurrence is never published: no dispatch span
-            span = self._span(job, str(execution_id), nominal)
+            span = self._span(job, str(execution_id), nominal, triggered)
             self.spans[str(execution_id)] = span
             trace_id, parent = trace_id_hex(span), traceparent(span)
         policy = job["retry_policy"] or {}
@@ -233,7 +233,7 @@ class _Planner:
         )
 
     @staticmethod
-    def _span(job: Record, execution_id: str, nominal: datetime) -> Span:
+    def _span(job: Record, execution_id: str, nominal: datetime, triggered: bool) -> Span:
         """The execution's first span, the anchor of its trace (its traceparent is stored on the row)."""
         attributes = {
             **execution_attributes(
@@ -247,8 +247,13 @@ class _Planner:
             **kafka_publish_attributes(pool_topic(job["pool"]), execution_id),
             "sundial.scheduled_for": nominal.isoformat(),
         }
-        origin = context_from(job["traceparent"])
         name = f"send {pool_topic(job['pool'])}"
+        if triggered:
+            # A trigger's execution continues the trace of the request that asked for it.
+            attributes["sundial.triggered"] = True
+            parent = execution_context(job["trigger_traceparent"])
+            return tracer.start_span(name, context=parent, kind=SpanKind.PRODUCER, attributes=attributes)
+        origin = context_from(job["traceparent"])
         if job["type"] in _ONE_OFF:
             # A one-off job has one execution: it continues the trace of the request that created the job.
             return tracer.start_span(

@@ -248,7 +248,7 @@ class HandlerExecutor:
                 except asyncio.CancelledError:
                     span.set_attribute("sundial.outcome", "ABANDONED")
                     raise
-                if outcome.state != "SUCCEEDED":
+                if outcome.state in ("FAILED", "TIMED_OUT"):
                     span.set_status(Status(StatusCode.ERROR, outcome.error or outcome.state))
                 if outcome.state in ("FAILED", "TIMED_OUT"):
                     # The backoff is the worker's to compute (the policy's jitter); Postgres decides whether
