@@ -17,20 +17,68 @@ has none.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
-from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased, TraceIdRatioBased
-from opentelemetry.trace import Span
+from opentelemetry.sdk.trace.sampling import (
+    ALWAYS_OFF,
+    Decision,
+    ParentBased,
+    Sampler,
+    SamplingResult,
+    TraceIdRatioBased,
+)
+from opentelemetry.trace import Link, Span, SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from opentelemetry.trace.span import TraceState
+from opentelemetry.util.types import Attributes
 
 log = logging.getLogger(__name__)
 _propagator = TraceContextTextMapPropagator()
 
 tracer = trace.get_tracer("sundial")
+
+
+#: On a span about a failed, timed-out, worker-lost or dead attempt (or its dead letter): exported whatever
+#: the sample ratio, so a failure is never sampled away (see :class:`KeepFailures`).
+FAILURE = "sundial.failure"
+
+
+class KeepFailures(Sampler):
+    """Parent-based ratio sampling, except that a span marked :data:`FAILURE` at its start is always kept.
+
+    Head sampling decides when a trace starts, long before anyone knows whether its execution will fail.
+    Spans that report a failure (the outcome write of a FAILED or TIMED_OUT attempt, the sweeper's
+    worker-lost or timeout verdict, the dead-letter publish) carry ``sundial.failure`` from their start and
+    are sampled even inside an unsampled trace: Jaeger then shows the failure, its error and the
+    execution's ``sundial.*`` tags under the execution's trace id (the unsampled ancestors are missing).
+    A tail-sampling collector (docker-compose.yml) keeps the whole trace of a failure instead.
+    """
+
+    def __init__(self, ratio: float) -> None:
+        self._ratio = ratio
+        self._delegate = ParentBased(TraceIdRatioBased(ratio))
+
+    def should_sample(
+        self,
+        parent_context: Context | None,
+        trace_id: int,
+        name: str,
+        kind: SpanKind | None = None,
+        attributes: Attributes = None,
+        links: Sequence[Link] | None = None,
+        trace_state: TraceState | None = None,
+    ) -> SamplingResult:
+        if attributes and attributes.get(FAILURE):
+            return SamplingResult(Decision.RECORD_AND_SAMPLE, attributes, trace_state)
+        return self._delegate.should_sample(parent_context, trace_id, name, kind, attributes, links, trace_state)
+
+    def get_description(self) -> str:
+        return f"KeepFailures(ParentBased(TraceIdRatioBased({self._ratio})))"
 
 
 def setup_tracing(
@@ -39,7 +87,7 @@ def setup_tracing(
     """Install the process-wide tracer provider (once; later calls keep the first provider)."""
     if isinstance(trace.get_tracer_provider(), TracerProvider):
         return
-    sampler = ParentBased(TraceIdRatioBased(sample_ratio)) if otlp_endpoint else ALWAYS_OFF
+    sampler = KeepFailures(sample_ratio) if otlp_endpoint else ALWAYS_OFF
     attributes = {"service.name": service}
     if instance_id:
         attributes["service.instance.id"] = instance_id

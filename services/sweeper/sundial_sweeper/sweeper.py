@@ -50,6 +50,7 @@ from sundial_common.stores import Stores
 from sundial_common.stores.executions import Finished, LostAttempt
 from sundial_common.stores.types import Record, RetryDue
 from sundial_common.telemetry import (
+    FAILURE,
     execution_attributes,
     execution_context,
     kafka_publish_attributes,
@@ -141,6 +142,8 @@ def _send_span(row: Record, action: str, topic: str | None = None) -> Span:
             ),
             **kafka_publish_attributes(topic, str(row["id"])),
             "sundial.sweeper.action": action,
+            # A dead letter reports a failure: exported whatever the sample ratio.
+            **({FAILURE: True} if topic == DLQ_TOPIC else {}),
         },
     )
 
@@ -164,6 +167,7 @@ def _trace_recovery(row: Record, ended: Finished, started_ns: int) -> None:
                 tenant=row["tenant_id"], job_id=row["job_id"], execution_id=row["id"], attempt=ended.attempt
             ),
             "sundial.worker_id": row["worker_id"],
+            FAILURE: True,
             "sundial.attempt_state": ended.attempt_state,
             "sundial.state": ended.state,
         },

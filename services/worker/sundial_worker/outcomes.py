@@ -32,7 +32,7 @@ from opentelemetry.trace import NonRecordingSpan, Status, StatusCode
 from sundial_common.hotwindow import HotWindow
 from sundial_common.stores.executions import ExecutionStore, Finished
 from sundial_common.stores.types import RetryDue
-from sundial_common.telemetry import tracer
+from sundial_common.telemetry import FAILURE, tracer
 
 from sundial_worker.consumer import ExecutionConsumer
 from sundial_worker.errors import REDIS_ERRORS, TRANSIENT_DB_ERRORS, check_positive_int, check_seconds
@@ -192,20 +192,29 @@ class OutcomeFlusher:
 def _trace_write(finished: FinishedAttempt, record: Finished | None, started_ns: int, ended_ns: int) -> None:
     """The outcome write as a child of the attempt's process span (the batch's one statement, timed once)."""
     parent = finished.span_context
-    if parent is None or not parent.trace_flags.sampled:
+    outcome = finished.outcome
+    failed = outcome.state in ("FAILED", "TIMED_OUT")
+    # An unsampled trace still gets this span when the attempt failed (telemetry.KeepFailures).
+    if parent is None or not (parent.trace_flags.sampled or failed):
         return
+    attributes: dict[str, str | int | bool] = {
+        "db.system.name": "postgresql",
+        "db.operation.name": "finish_attempts",
+        "sundial.execution_id": str(outcome.execution_id),
+        "sundial.attempt": outcome.attempt,
+        "sundial.outcome": outcome.state,
+    }
+    if failed:
+        attributes[FAILURE] = True
+        attributes["sundial.error"] = outcome.error or outcome.state
     span = tracer.start_span(
         "record outcome",
         context=trace.set_span_in_context(NonRecordingSpan(parent)),
         start_time=started_ns,
-        attributes={
-            "db.system.name": "postgresql",
-            "db.operation.name": "finish_attempts",
-            "sundial.execution_id": str(finished.outcome.execution_id),
-            "sundial.attempt": finished.outcome.attempt,
-            "sundial.outcome": finished.outcome.state,
-        },
+        attributes=attributes,
     )
+    if failed:
+        span.set_status(Status(StatusCode.ERROR, outcome.error or outcome.state))
     if record is None:
         span.set_attribute("sundial.rejected", True)  # another actor (sweeper, cancel) changed it first
     else:
