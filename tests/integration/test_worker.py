@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 from confluent_kafka import OFFSET_INVALID, Consumer, Producer, TopicPartition
+from opentelemetry import propagate
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 from redis.asyncio import Redis
@@ -563,8 +564,13 @@ async def test_handler_span_continues_the_dispatch_trace(
     assert carrier is not None
     worker = Worker(pool=pool)
 
+    outgoing: dict[str, str] = {}
+
     @worker.handler("traced")
     async def traced(ctx: Context, payload: Any) -> str | None:
+        # The handler's own work, as README's "Tracing" shows it: a span of its own and an outgoing call.
+        with tracer.start_as_current_span("charge card"):
+            propagate.inject(outgoing)
         return ctx.trace_id
 
     async with serving(worker, settings):
@@ -593,6 +599,9 @@ async def test_handler_span_continues_the_dispatch_trace(
     assert handler.parent is not None and handler.parent.span_id == process.context.span_id
     assert handler.attributes is not None and handler.attributes["sundial.handler"] == "traced"
     assert write.parent is not None and write.parent.span_id == process.context.span_id
+    [own] = [s for s in spans.get_finished_spans() if s.name == "charge card"]
+    assert own.parent is not None and own.parent.span_id == handler.context.span_id
+    assert outgoing["traceparent"].split("-")[1:3] == [row["trace_id"], format(own.context.span_id, "016x")]
     assert row["result"] == trace_id_hex(dispatch_span) == row["trace_id"]
 
 
