@@ -6,7 +6,8 @@ success; failure, retry, success; dead after its last attempt (and its dead lett
 execution; a worker killed mid-handler and recovered by the sweeper; a recurring job's fire; a trigger —
 the spans tagged with the execution are one trace whose id is the execution's ``traceId``, with one root,
 no orphan and no trace id 0, and the parents are the ones the README describes. The reverse lookup
-``GET /v1/executions?traceId=…`` finds the execution of each trace.
+``GET /v1/executions?traceId=…`` finds the execution of each trace. With the sample ratio at 0, a failed
+execution's failure spans still reach the receiver under its trace id, and a successful one sends nothing.
 """
 
 from __future__ import annotations
@@ -281,3 +282,57 @@ async def test_every_story_of_an_execution_is_one_trace_in_jaeger(
         assert process.instance == "worker-2"
         story.check_attempt(process, 2, "sleep")
         await lookup(story)
+
+
+@pytest.mark.e2e
+async def test_a_failure_is_exported_even_when_the_ratio_samples_its_trace_away(
+    processes: Processes, otlp: OtlpReceiver, kafka_bootstrap: str
+) -> None:
+    ensure_topics(kafka_bootstrap, [DLQ_TOPIC])
+    port = free_port()
+    exporting = {**FAST, **otlp_env(otlp), "SUNDIAL_TRACE_SAMPLE_RATIO": "0"}
+    processes.start("api", "api", "--host", "127.0.0.1", "--port", str(port), env=exporting)
+    for name in ("hydrator", "dispatcher", "sweeper"):
+        processes.start(name, name, env=exporting)
+    processes.start("worker", "worker", "--app", "sundial_worker.demo:worker", env=exporting)
+    processes.wait_http_ok("api", f"http://127.0.0.1:{port}/readyz")
+    processes.wait_for_log("worker", "partitions assigned")
+    token = issue_token(CommonSettings().jwt_secret, "e2e-traces")
+
+    async with httpx.AsyncClient(
+        base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {token}"}, timeout=10
+    ) as client:
+
+        async def run(handler: str, state: str) -> dict[str, Any]:
+            body = {
+                "name": handler,
+                "type": "DELAYED",
+                "delaySeconds": 0,
+                "target": {"pool": "demo", "handler": handler},
+                "retryPolicy": {"maxAttempts": 1},
+            }
+            job_id = (await client.post("/v1/jobs", json=body)).json()["jobId"]
+
+            async def ended() -> dict[str, Any] | None:
+                latest = (await client.get(f"/v1/jobs/{job_id}")).json()["latestExecutions"]
+                view: dict[str, Any] | None = latest[0] if latest and latest[0]["state"] == state else None
+                return view
+
+            return await until(ended, 30, f"{handler} to be {state}")
+
+        dead = await run("fail", "DEAD")
+        succeeded = await run("echo", "SUCCEEDED")
+
+        async def failure_spans() -> list[ReceivedSpan] | None:
+            spans = otlp.about(dead["executionId"])
+            names = {s.name for s in spans}
+            return spans if {"record outcome", f"send {DLQ_TOPIC}"} <= names else None
+
+        spans = await until(failure_spans, 20, "the failure's spans")
+        assert {s.trace_id for s in spans} == {dead["traceId"]}  # under the execution's trace id in Jaeger
+        [write] = named(spans, "record outcome")
+        assert write.error and write.attributes["sundial.failure"] is True
+        assert write.attributes["sundial.error"].startswith("RuntimeError: demo failure")
+        # The ordinary spans of both traces, and the successful execution, were sampled away.
+        assert not [s for s in spans if s.name not in ("record outcome", f"send {DLQ_TOPIC}")]
+        assert otlp.about(succeeded["executionId"]) == []
