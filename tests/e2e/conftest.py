@@ -17,6 +17,8 @@ import pytest
 from sundial_infra.servers.prometheus import PrometheusServer
 from sundial_infra.stack import LocalStack
 
+from tests.otlp import OtlpReceiver
+
 SUNDIAL = str(Path(sys.executable).with_name("sundial"))
 
 
@@ -112,3 +114,18 @@ def prometheus(stack: LocalStack) -> Iterator[PrometheusServer]:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture
+def otlp() -> Iterator[OtlpReceiver]:
+    """A real OTLP/HTTP receiver (:mod:`tests.otlp`); pass ``otlp_env(otlp)`` to the processes that export."""
+    receiver = OtlpReceiver()
+    try:
+        yield receiver
+    finally:
+        receiver.close()
+
+
+def otlp_env(receiver: OtlpReceiver) -> dict[str, str]:
+    # OTEL_BSP_SCHEDULE_DELAY: export within moments, not the SDK's 5 s.
+    return {"SUNDIAL_OTLP_ENDPOINT": receiver.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "200"}

@@ -216,7 +216,7 @@ async def test_dispatch_continues_the_creating_requests_trace(
     request_trace = format(request_span.get_span_context().trace_id, "032x")
     assert row["trace_id"] == request_trace
     assert row["traceparent"].split("-")[1] == request_trace
-    dispatch = [s for s in spans.get_finished_spans() if s.name == "dispatch"]  # type: ignore[attr-defined]
+    dispatch = [s for s in spans.get_finished_spans() if s.name == f"send {pool_topic(pool)}"]  # type: ignore[attr-defined]
     assert any(s.parent is not None and s.parent.span_id == request_span.get_span_context().span_id for s in dispatch)
     assert trace.get_tracer_provider() is not None
 

@@ -117,9 +117,31 @@ async def test_dead_executions_are_listed_newest_first_page_by_page(api: Api) ->
     assert other.json()["items"] == []
 
 
+async def test_the_execution_of_a_trace_is_found_by_its_trace_id_for_its_tenant_only(api: Api) -> None:
+    job_id = await a_job(api)
+    trace_id = uuid.uuid4().hex
+    mine = await insert_execution(api, job_id, NOW, state="FAILED", trace_id=trace_id)
+    await insert_execution(api, job_id, NOW + timedelta(seconds=1), state="FAILED", trace_id=uuid.uuid4().hex)
+
+    response = await api.client.get("/v1/executions", params={"traceId": trace_id}, headers=api.auth())
+    assert response.status_code == 200, response.text
+    page = ExecutionList.model_validate(response.json())
+    assert [(item.execution_id, item.trace_id) for item in page.items] == [(str(mine), trace_id)]
+    both = {"traceId": trace_id, "state": "SUCCEEDED"}
+    assert (await api.client.get("/v1/executions", params=both, headers=api.auth())).json()["items"] == []
+    other = await api.client.get("/v1/executions", params={"traceId": trace_id}, headers=api.auth("other"))
+    assert other.json()["items"] == []
+
+
 @pytest.mark.parametrize(
     ("params", "field"),
-    [({}, "state"), ({"state": "ZOMBIE"}, "state"), ({"state": "DEAD", "cursor": "nope"}, "cursor")],
+    [
+        ({}, "state"),
+        ({"state": "ZOMBIE"}, "state"),
+        ({"state": "DEAD", "cursor": "nope"}, "cursor"),
+        ({"traceId": "not-a-trace"}, "traceId"),
+        ({"traceId": "0" * 31}, "traceId"),
+    ],
 )
 async def test_bad_list_parameters_are_named(api: Api, params: dict[str, str], field: str) -> None:
     response = await api.client.get("/v1/executions", params=params, headers=api.auth())

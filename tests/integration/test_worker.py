@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 from confluent_kafka import OFFSET_INVALID, Consumer, Producer, TopicPartition
+from opentelemetry import propagate
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 from redis.asyncio import Redis
@@ -345,7 +346,7 @@ async def test_sync_handler_runs_in_the_thread_pool(
         row = await wait_state(stores, message, "SUCCEEDED")
     assert row["result"]["doubled"] == 42
     assert row["result"]["thread"].startswith("sundial-handler")
-    [span] = [s for s in spans.get_finished_spans() if s.name == "handler blocking"]
+    [span] = [s for s in spans.get_finished_spans() if s.name == "blocking"]  # the handler span, current in its thread
     assert row["result"]["trace_id"] == format(span.context.trace_id, "032x")
 
 
@@ -566,26 +567,44 @@ async def test_handler_span_continues_the_dispatch_trace(
     assert carrier is not None
     worker = Worker(pool=pool)
 
+    outgoing: dict[str, str] = {}
+
     @worker.handler("traced")
     async def traced(ctx: Context, payload: Any) -> str | None:
+        # The handler's own work, as README's "Tracing" shows it: a span of its own and an outgoing call.
+        with tracer.start_as_current_span("charge card"):
+            propagate.inject(outgoing)
         return ctx.trace_id
 
     async with serving(worker, settings):
         [message] = await dispatch(stores, pool, "traced", [{}], traceparent_value=carrier)
         await publish(publisher, [message])
         row = await wait_state(stores, message, "SUCCEEDED")
-    [span] = [
+    mine = [
         s
         for s in spans.get_finished_spans()
-        if s.name == "handler traced" and s.attributes and s.attributes["sundial.execution_id"] == message.execution_id
+        if s.attributes and s.attributes.get("sundial.execution_id") == message.execution_id
     ]
-    assert span.kind == SpanKind.CONSUMER
-    assert span.parent is not None
-    assert span.parent.span_id == dispatch_span.get_span_context().span_id
-    assert span.context.trace_id == dispatch_span.get_span_context().trace_id
-    assert span.attributes is not None
-    assert span.attributes["sundial.attempt"] == 1 and span.attributes["sundial.tenant"] == TENANT
-    assert span.attributes["sundial.outcome"] == "SUCCEEDED"
+    [process] = [s for s in mine if s.name == f"process {message.topic}"]
+    [handler] = [s for s in mine if s.name == "traced"]
+    [write] = [s for s in mine if s.name == "record outcome"]
+    assert process.kind == SpanKind.CONSUMER
+    assert process.parent is not None
+    assert process.parent.span_id == dispatch_span.get_span_context().span_id
+    assert {s.context.trace_id for s in mine} == {dispatch_span.get_span_context().trace_id}
+    assert process.attributes is not None
+    assert process.attributes["messaging.system"] == "kafka"
+    assert process.attributes["messaging.destination.name"] == message.topic
+    assert process.attributes["messaging.kafka.message.key"] == message.execution_id
+    assert process.attributes["sundial.attempt"] == 1 and process.attributes["sundial.tenant"] == TENANT
+    assert process.attributes["sundial.outcome"] == "SUCCEEDED"
+    # The handler span is the process span's child, and the outcome write hangs under the process span too.
+    assert handler.parent is not None and handler.parent.span_id == process.context.span_id
+    assert handler.attributes is not None and handler.attributes["sundial.handler"] == "traced"
+    assert write.parent is not None and write.parent.span_id == process.context.span_id
+    [own] = [s for s in spans.get_finished_spans() if s.name == "charge card"]
+    assert own.parent is not None and own.parent.span_id == handler.context.span_id
+    assert outgoing["traceparent"].split("-")[1:3] == [row["trace_id"], format(own.context.span_id, "016x")]
     assert row["result"] == trace_id_hex(dispatch_span) == row["trace_id"]
 
 

@@ -32,7 +32,7 @@ from sundial_common.telemetry import setup_tracing
 @contextlib.contextmanager
 def observed(service: str, settings: CommonSettings, *, metrics: bool = True) -> Iterator[None]:
     """Tracing and metrics for the process ``service`` (``sundial-<command>``) while the block runs."""
-    setup_tracing(service, settings.otlp_endpoint, settings.trace_sample_ratio)
+    setup_tracing(service, settings.otlp_endpoint, settings.trace_sample_ratio, settings.instance_id)
     describe_process(service, settings.instance_id)
     with contextlib.ExitStack() as stack:
         if metrics and settings.metrics_port is not None:

@@ -5,20 +5,37 @@ execution by the dispatcher, and carried as a Kafka header to the worker. Export
 ``SUNDIAL_OTLP_ENDPOINT`` is set (Jaeger speaks OTLP), for ``SUNDIAL_TRACE_SAMPLE_RATIO`` of the traces.
 Without an endpoint nothing is recorded: spans still carry trace ids and the traceparent still travels,
 so every execution has its trace id, but a recorded span nobody exports was a fifth of a worker's CPU.
+
+The execution row's ``traceparent`` (its first dispatch span) is the anchor of the execution's trace:
+every later actor — a retry's dispatch, the worker's process span, the sweeper's recovery, the API's
+cancel, the dead-letter publish — starts its span with :func:`execution_context` of that value, so Jaeger
+shows one tree per execution. Loop passes (``service.every``) are traces of their own and never parents of
+these spans: an execution span always gets an explicit parent context, and a root context when the row
+has none.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
-from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased, TraceIdRatioBased
-from opentelemetry.trace import Span
+from opentelemetry.sdk.trace.sampling import (
+    ALWAYS_OFF,
+    Decision,
+    ParentBased,
+    Sampler,
+    SamplingResult,
+    TraceIdRatioBased,
+)
+from opentelemetry.trace import Link, Span, SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from opentelemetry.trace.span import TraceState
+from opentelemetry.util.types import Attributes
 
 log = logging.getLogger(__name__)
 _propagator = TraceContextTextMapPropagator()
@@ -26,12 +43,55 @@ _propagator = TraceContextTextMapPropagator()
 tracer = trace.get_tracer("sundial")
 
 
-def setup_tracing(service: str, otlp_endpoint: str | None, sample_ratio: float = 1.0) -> None:
+#: On a span about a failed, timed-out, worker-lost or dead attempt (or its dead letter): exported whatever
+#: the sample ratio, so a failure is never sampled away (see :class:`KeepFailures`).
+FAILURE = "sundial.failure"
+
+
+class KeepFailures(Sampler):
+    """Parent-based ratio sampling, except that a span marked :data:`FAILURE` at its start is always kept.
+
+    Head sampling decides when a trace starts, long before anyone knows whether its execution will fail.
+    Spans that report a failure (the outcome write of a FAILED or TIMED_OUT attempt, the sweeper's
+    worker-lost or timeout verdict, the dead-letter publish) carry ``sundial.failure`` from their start and
+    are sampled even inside an unsampled trace: Jaeger then shows the failure, its error and the
+    execution's ``sundial.*`` tags under the execution's trace id (the unsampled ancestors are missing).
+    A tail-sampling collector (docker-compose.yml) keeps the whole trace of a failure instead.
+    """
+
+    def __init__(self, ratio: float) -> None:
+        self._ratio = ratio
+        self._delegate = ParentBased(TraceIdRatioBased(ratio))
+
+    def should_sample(
+        self,
+        parent_context: Context | None,
+        trace_id: int,
+        name: str,
+        kind: SpanKind | None = None,
+        attributes: Attributes = None,
+        links: Sequence[Link] | None = None,
+        trace_state: TraceState | None = None,
+    ) -> SamplingResult:
+        if attributes and attributes.get(FAILURE):
+            return SamplingResult(Decision.RECORD_AND_SAMPLE, attributes, trace_state)
+        return self._delegate.should_sample(parent_context, trace_id, name, kind, attributes, links, trace_state)
+
+    def get_description(self) -> str:
+        return f"KeepFailures(ParentBased(TraceIdRatioBased({self._ratio})))"
+
+
+def setup_tracing(
+    service: str, otlp_endpoint: str | None, sample_ratio: float = 1.0, instance_id: str | None = None
+) -> None:
     """Install the process-wide tracer provider (once; later calls keep the first provider)."""
     if isinstance(trace.get_tracer_provider(), TracerProvider):
         return
-    sampler = ParentBased(TraceIdRatioBased(sample_ratio)) if otlp_endpoint else ALWAYS_OFF
-    provider = TracerProvider(resource=Resource.create({"service.name": service}), sampler=sampler)
+    sampler = KeepFailures(sample_ratio) if otlp_endpoint else ALWAYS_OFF
+    attributes = {"service.name": service}
+    if instance_id:
+        attributes["service.instance.id"] = instance_id
+    provider = TracerProvider(resource=Resource.create(attributes), sampler=sampler)
     if otlp_endpoint:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
@@ -54,6 +114,49 @@ def context_from(traceparent_value: str | None) -> Context | None:
     if not traceparent_value:
         return None
     return _propagator.extract({"traceparent": traceparent_value})
+
+
+def execution_context(traceparent_value: str | None) -> Context:
+    """The parent context for a span about an execution: its stored traceparent, else a new root.
+
+    Never the current context: inside a loop pass that would hang the span under the pass's own trace.
+    """
+    return context_from(traceparent_value) or Context()
+
+
+def execution_attributes(
+    *,
+    tenant: str,
+    job_id: object,
+    execution_id: object,
+    attempt: int | None = None,
+    pool: str | None = None,
+    handler: str | None = None,
+) -> dict[str, str | int]:
+    """The ``sundial.*`` attributes every span about an execution carries (Jaeger's tag search finds them)."""
+    attributes: dict[str, str | int] = {
+        "sundial.tenant": tenant,
+        "sundial.job_id": str(job_id),
+        "sundial.execution_id": str(execution_id),
+    }
+    if attempt is not None:
+        attributes["sundial.attempt"] = attempt
+    if pool is not None:
+        attributes["sundial.pool"] = pool
+    if handler is not None:
+        attributes["sundial.handler"] = handler
+    return attributes
+
+
+def kafka_publish_attributes(topic: str, key: str) -> dict[str, str | int]:
+    """OpenTelemetry messaging semantic conventions of a Kafka PRODUCER span."""
+    return {
+        "messaging.system": "kafka",
+        "messaging.operation.type": "send",
+        "messaging.operation.name": "send",
+        "messaging.destination.name": topic,
+        "messaging.kafka.message.key": key,
+    }
 
 
 def trace_id_hex(span: Span) -> str:

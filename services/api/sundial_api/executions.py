@@ -24,10 +24,12 @@ from typing import Annotated
 from uuid import UUID
 
 from fastapi import APIRouter, Path, Query
+from opentelemetry.trace import Link, get_current_span
 from redis.exceptions import RedisError
 from starlette.responses import Response
 from sundial_common.signals import CANCEL_KEY_TTL_SEC, cancel_key
 from sundial_common.stores.types import Record, RetryDue
+from sundial_common.telemetry import execution_attributes, execution_context, tracer
 
 from sundial_api.auth import Authenticated
 from sundial_api.models.executions import (
@@ -76,25 +78,42 @@ def _view(state: ApiState, row: Record) -> dict[str, object]:
     "",
     response_model=ExecutionList,
     responses=responses(401, 422, 503),
-    summary="List executions in one state (e.g. the dead letters), newest first",
+    summary="List executions in one state (e.g. the dead letters), or find the execution of a trace",
 )
 async def list_executions(
     state: State,
     principal: Authenticated,
     execution_state: Annotated[
-        ExecutionState,
+        ExecutionState | None,
         Query(alias="state", description="Only executions in this state; `DEAD` lists the dead letters."),
-    ],
+    ] = None,
+    trace_id: Annotated[
+        str | None,
+        Query(
+            alias="traceId",
+            pattern="^[0-9a-f]{32}$",
+            description="The executions of this trace (32 lowercase hex digits, as Jaeger shows it); "
+            "with `state`, only those in that state.",
+        ),
+    ] = None,
     limit: Annotated[int, Query(ge=1, le=200, description="Page size.")] = 50,
     cursor: Annotated[
         str | None, Query(description="`nextCursor` of the previous page; omit for the first page.")
     ] = None,
 ) -> Response:
+    """Either `state` or `traceId` is required: a listing of every execution of a tenant is not offered."""
     before = _decode_cursor(cursor) if cursor is not None else None
     # One row more than the page tells whether another page exists without a count query.
-    rows = await state.stores.executions.list_executions_by_state(
-        principal.tenant, execution_state.value, before, limit + 1
-    )
+    if trace_id is not None:
+        rows = await state.stores.executions.executions_of_trace(
+            principal.tenant, trace_id, execution_state.value if execution_state else None, before, limit + 1
+        )
+    elif execution_state is not None:
+        rows = await state.stores.executions.list_executions_by_state(
+            principal.tenant, execution_state.value, before, limit + 1
+        )
+    else:
+        raise invalid("state", "is required unless traceId is given")
     page = rows[:limit]
     next_cursor = _encode_cursor(page[-1]["id"]) if len(rows) > limit else None
     return OrjsonResponse({"items": [_view(state, row) for row in page], "nextCursor": next_cursor})
@@ -120,6 +139,24 @@ async def get_execution(execution_id: ExecutionId, state: State, principal: Auth
     return OrjsonResponse(view)
 
 
+def _trace_cancel(row: Record) -> None:
+    """The cancel request as a span in the execution's own trace, linked to this HTTP request's span."""
+    request = get_current_span().get_span_context()
+    with tracer.start_as_current_span(
+        "cancel",
+        context=execution_context(row["traceparent"]),
+        links=[Link(request)] if request.is_valid else [],
+        attributes={
+            **execution_attributes(
+                tenant=row["tenant_id"], job_id=row["job_id"], execution_id=row["id"], attempt=row["attempt"]
+            ),
+            "sundial.from_state": row["from_state"],
+            "sundial.state": row["state"],
+        },
+    ):
+        pass
+
+
 @router.post(
     "/{execution_id}/cancel",
     response_model=Execution,
@@ -143,6 +180,7 @@ async def cancel_execution(execution_id: ExecutionId, state: State, principal: A
         if current is None:
             raise not_found("execution", execution_id)
         raise ProblemError(409, f"execution {execution_id} is {current['state']}: it has finished, nothing to cancel")
+    _trace_cancel(row)
     if row["state"] != "RUNNING":
         return OrjsonResponse(_view(state, row))
     try:

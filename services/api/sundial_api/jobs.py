@@ -405,7 +405,9 @@ async def trigger_job(job_id: JobId, state: State, principal: Authenticated) -> 
     if at.microsecond == 0:
         # Cron occurrences fall on whole seconds, and (job, scheduledFor) is unique: keep clear of them.
         at += timedelta(milliseconds=1)
-    row = await state.stores.jobs.trigger_job(principal.tenant, ident, at, execution_id, actor=principal.subject)
+    row = await state.stores.jobs.trigger_job(
+        principal.tenant, ident, at, execution_id, actor=principal.subject, traceparent=telemetry.traceparent()
+    )
     if row is None:
         row = await _existing(state, principal.tenant, ident, job_id)
         if row["trigger_execution_id"] is None:

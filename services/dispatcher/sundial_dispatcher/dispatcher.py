@@ -26,17 +26,26 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from uuid import UUID
 
+from opentelemetry.context import Context
 from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode, get_current_span
 from sundial_common.broker import Publisher
 from sundial_common.clock import Clock, SystemClock
 from sundial_common.crashpoints import crash_point
 from sundial_common.hotwindow import HotWindow
 from sundial_common.ids import new_id
-from sundial_common.messages import ExecutionMessage
+from sundial_common.messages import ExecutionMessage, pool_topic
 from sundial_common.schedules import fire_at, spec_from_row
 from sundial_common.stores.dispatch import DispatchOutcome, DispatchPlan, DispatchStore, JobAdvance, PlannedExecution
 from sundial_common.stores.types import Occurrence, Record
-from sundial_common.telemetry import context_from, trace_id_hex, traceparent, tracer
+from sundial_common.telemetry import (
+    context_from,
+    execution_attributes,
+    execution_context,
+    kafka_publish_attributes,
+    trace_id_hex,
+    traceparent,
+    tracer,
+)
 
 from sundial_dispatcher.metrics import count_dispatched, count_missed
 from sundial_dispatcher.planning import Catchup, Overlap, Policies, decide
@@ -210,7 +219,7 @@ class _Planner:
     ) -> PlannedExecution:
         trace_id = parent = None
         if state == "PENDING":  # a SKIPPED occurrence is never published: no dispatch span
-            span = self._span(job, str(execution_id), nominal)
+            span = self._span(job, str(execution_id), nominal, triggered)
             self.spans[str(execution_id)] = span
             trace_id, parent = trace_id_hex(span), traceparent(span)
         policy = job["retry_policy"] or {}
@@ -229,20 +238,35 @@ class _Planner:
         )
 
     @staticmethod
-    def _span(job: Record, execution_id: str, nominal: datetime) -> Span:
+    def _span(job: Record, execution_id: str, nominal: datetime, triggered: bool) -> Span:
+        """The execution's first span, the anchor of its trace (its traceparent is stored on the row)."""
         attributes = {
-            "sundial.job_id": str(job["id"]),
-            "sundial.execution_id": execution_id,
-            "sundial.tenant": job["tenant_id"],
-            "sundial.pool": job["pool"],
-            "sundial.handler": job["handler"],
+            **execution_attributes(
+                tenant=job["tenant_id"],
+                job_id=job["id"],
+                execution_id=execution_id,
+                attempt=1,
+                pool=job["pool"],
+                handler=job["handler"],
+            ),
+            **kafka_publish_attributes(pool_topic(job["pool"]), execution_id),
             "sundial.scheduled_for": nominal.isoformat(),
         }
+        name = f"send {pool_topic(job['pool'])}"
+        if triggered:
+            # A trigger's execution continues the trace of the request that asked for it.
+            attributes["sundial.triggered"] = True
+            parent = execution_context(job["trigger_traceparent"])
+            return tracer.start_span(name, context=parent, kind=SpanKind.PRODUCER, attributes=attributes)
         origin = context_from(job["traceparent"])
         if job["type"] in _ONE_OFF:
-            return tracer.start_span("dispatch", context=origin, kind=SpanKind.PRODUCER, attributes=attributes)
+            # A one-off job has one execution: it continues the trace of the request that created the job.
+            return tracer.start_span(
+                name, context=execution_context(job["traceparent"]), kind=SpanKind.PRODUCER, attributes=attributes
+            )
+        # Each fire of a recurring job is a trace of its own, linked to the request that created the job.
         links = [Link(get_current_span(origin).get_span_context())] if origin else []
-        return tracer.start_span("dispatch", context=None, kind=SpanKind.PRODUCER, attributes=attributes, links=links)
+        return tracer.start_span(name, context=Context(), kind=SpanKind.PRODUCER, attributes=attributes, links=links)
 
 
 class ShardDispatcher:

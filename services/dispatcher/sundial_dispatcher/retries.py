@@ -30,10 +30,16 @@ from sundial_common.broker import Publisher
 from sundial_common.clock import Clock
 from sundial_common.crashpoints import crash_point
 from sundial_common.hotwindow import HotWindow
-from sundial_common.messages import ExecutionMessage
+from sundial_common.messages import ExecutionMessage, pool_topic
 from sundial_common.stores.dispatch import DispatchStore
 from sundial_common.stores.types import Record, RetryDue
-from sundial_common.telemetry import context_from, traceparent, tracer
+from sundial_common.telemetry import (
+    execution_attributes,
+    execution_context,
+    kafka_publish_attributes,
+    traceparent,
+    tracer,
+)
 
 from sundial_dispatcher.metrics import count_dispatched
 
@@ -91,15 +97,20 @@ class RetryDispatcher:
             # Each attempt gets a dispatch span in the execution's own trace, as the first one did, and the
             # handler's span continues it: every attempt of one occurrence is one story.
             span = tracer.start_span(
-                "dispatch retry",
-                context=context_from(row["traceparent"]),
+                f"send {pool_topic(row['pool'])}",
+                context=execution_context(row["traceparent"]),
                 kind=SpanKind.PRODUCER,
                 attributes={
-                    "sundial.execution_id": str(row["id"]),
-                    "sundial.job_id": str(row["job_id"]),
-                    "sundial.tenant": row["tenant_id"],
-                    "sundial.pool": row["pool"],
-                    "sundial.attempt": row["attempt"],
+                    **execution_attributes(
+                        tenant=row["tenant_id"],
+                        job_id=row["job_id"],
+                        execution_id=row["id"],
+                        attempt=row["attempt"],
+                        pool=row["pool"],
+                        handler=row["handler"],
+                    ),
+                    **kafka_publish_attributes(pool_topic(row["pool"]), str(row["id"])),
+                    "sundial.retry": True,
                     "sundial.fence_token": self.token,
                 },
             )

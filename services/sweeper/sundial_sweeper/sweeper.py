@@ -36,6 +36,7 @@ only so that N replicas do not scan N times.
 from __future__ import annotations
 
 import logging
+import time
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -43,19 +44,28 @@ from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from prometheus_client import Gauge
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 from sundial_common.broker import Publisher
 from sundial_common.clock import Clock, SystemClock
 from sundial_common.hotwindow import HotWindow
-from sundial_common.messages import DeadLetter, ExecutionMessage
+from sundial_common.messages import DLQ_TOPIC, DeadLetter, ExecutionMessage, pool_topic
 from sundial_common.metrics import DEAD_LETTER_QUEUE_SIZE, JOBS, SWEEPER_RECOVERIES, AttemptsEnded, Children
 from sundial_common.retry_policy import RetryPolicy
 from sundial_common.signals import heartbeat_key
 from sundial_common.stores import Stores
 from sundial_common.stores.executions import Finished, LostAttempt
 from sundial_common.stores.types import Record, RetryDue
+from sundial_common.telemetry import (
+    FAILURE,
+    execution_attributes,
+    execution_context,
+    kafka_publish_attributes,
+    traceparent,
+    tracer,
+)
 
 log = logging.getLogger(__name__)
 
@@ -129,9 +139,64 @@ class _Running:
     timed_out: list[LostAttempt] = field(default_factory=list)
     #: Attempts old enough to have a liveness key, to check in Redis.
     to_check: list[Record] = field(default_factory=list)
+    #: Every scanned row by execution id: the parent of the span of whatever the sweeper does to it.
+    rows: dict[UUID, Record] = field(default_factory=dict)
 
 
-def _message(row: Record) -> ExecutionMessage:
+def _send_span(row: Record, action: str, topic: str | None = None) -> Span:
+    """A PRODUCER span in the execution's own trace for a message the sweeper sends about it."""
+    topic = topic or pool_topic(row["pool"])
+    return tracer.start_span(
+        f"send {topic}",
+        context=execution_context(row["traceparent"]),
+        kind=SpanKind.PRODUCER,
+        attributes={
+            **execution_attributes(
+                tenant=row["tenant_id"],
+                job_id=row["job_id"],
+                execution_id=row["id"],
+                attempt=row["attempt"],
+                pool=row["pool"],
+                handler=row["handler"],
+            ),
+            **kafka_publish_attributes(topic, str(row["id"])),
+            "sundial.sweeper.action": action,
+            # A dead letter reports a failure: exported whatever the sample ratio.
+            **({FAILURE: True} if topic == DLQ_TOPIC else {}),
+        },
+    )
+
+
+def _end_sends(spans: Sequence[Span], errors: Sequence[Exception | None]) -> None:
+    for span, error in zip(spans, errors, strict=True):
+        if error is not None:
+            span.set_status(Status(StatusCode.ERROR, f"publish failed: {error}"))
+        span.end()
+
+
+def _trace_recovery(row: Record, ended: Finished, started_ns: int) -> None:
+    """The sweeper's end of a lost or timed-out attempt, in the execution's trace: always an error span."""
+    reason = "worker lost" if ended.attempt_state == "FAILED_WORKER_LOST" else "timed out"
+    with tracer.start_as_current_span(
+        f"sweep {reason}",
+        context=execution_context(row["traceparent"]),
+        start_time=started_ns,
+        attributes={
+            **execution_attributes(
+                tenant=row["tenant_id"], job_id=row["job_id"], execution_id=row["id"], attempt=ended.attempt
+            ),
+            "sundial.worker_id": row["worker_id"],
+            FAILURE: True,
+            "sundial.attempt_state": ended.attempt_state,
+            "sundial.state": ended.state,
+        },
+    ) as span:
+        span.set_status(Status(StatusCode.ERROR, f"attempt {ended.attempt} {ended.attempt_state}; now {ended.state}"))
+        if ended.next_attempt_at is not None:
+            span.set_attribute("sundial.next_attempt_at", ended.next_attempt_at.isoformat())
+
+
+def _message(row: Record, parent: str | None) -> ExecutionMessage:
     return ExecutionMessage(
         execution_id=str(row["id"]),
         job_id=str(row["job_id"]),
@@ -143,11 +208,11 @@ def _message(row: Record) -> ExecutionMessage:
         scheduled_for=row["scheduled_for"].isoformat(),
         timeout_sec=row["timeout_sec"],
         payload=row["payload"],
-        traceparent=row["traceparent"],
+        traceparent=parent,
     )
 
 
-def _dead_letter(row: Record) -> DeadLetter:
+def _dead_letter(row: Record, parent: str | None) -> DeadLetter:
     finished: datetime | None = row["finished_at"]
     return DeadLetter(
         execution_id=str(row["id"]),
@@ -165,6 +230,7 @@ def _dead_letter(row: Record) -> DeadLetter:
         job_name=row["job_name"],
         finished_at=finished.isoformat() if finished else None,
         trace_id=row["trace_id"],
+        traceparent=parent,
     )
 
 
@@ -222,7 +288,10 @@ class Sweeper:
         """Returns (attempts declared lost, attempts timed out, keys newly suspected)."""
         found = await self._scan_running()
         lost, suspected = await self._lost(found.to_check)
+        started_ns = time.time_ns()
         ended = await self.stores.executions.fail_running(self.config.actor, found.timed_out + lost)
+        for f in ended:
+            _trace_recovery(found.rows[f.execution_id], f, started_ns)
         timed_out = sum(1 for f in ended if f.attempt_state == "TIMED_OUT")
         self._attempts_ended.record((f.tenant_id, f.pool, f.state, f.next_attempt_at is not None) for f in ended)
         await self._schedule_retries(ended)
@@ -247,6 +316,7 @@ class Sweeper:
         for _ in range(_MAX_RUNNING_PAGES):
             rows = await self.stores.executions.running_executions(after, self.config.batch_size)
             for row in rows:
+                found.rows[row["id"]] = row
                 age = row["db_now"] - row["started_at"]
                 timeout = row["timeout_sec"]
                 if timeout and age > timedelta(seconds=timeout) + grace:
@@ -366,8 +436,12 @@ class Sweeper:
         )
         if not rows:
             return 0, 0
-        messages = [_message(row) for row in rows]
+        spans = [_send_span(row, "republish") for row in rows]
+        messages = [
+            _message(row, traceparent(span) or row["traceparent"]) for row, span in zip(rows, spans, strict=True)
+        ]
         errors = await self.publisher.publish(messages)
+        _end_sends(spans, errors)
         sent = [row["id"] for row, error in zip(rows, errors, strict=True) if error is None]
         await self.stores.dispatch.republished(sent)
         failed = len(rows) - len(sent)
@@ -380,7 +454,11 @@ class Sweeper:
         rows = await self.stores.executions.dead_letters(self.config.batch_size)
         if not rows:
             return 0
-        errors = await self.publisher.publish([_dead_letter(row) for row in rows])
+        spans = [_send_span(row, "dead letter", DLQ_TOPIC) for row in rows]
+        errors = await self.publisher.publish(
+            [_dead_letter(row, traceparent(span)) for row, span in zip(rows, spans, strict=True)]
+        )
+        _end_sends(spans, errors)
         sent = [row["id"] for row, error in zip(rows, errors, strict=True) if error is None]
         await self.stores.executions.mark_dead_lettered(sent)
         if len(sent) < len(rows):

@@ -40,9 +40,9 @@ from sundial_common.messages import ExecutionMessage
 from sundial_common.retry_policy import RetryPolicy
 from sundial_common.stores.executions import Outcome
 from sundial_common.stores.types import Record
-from sundial_common.telemetry import context_from, trace_id_hex, tracer
+from sundial_common.telemetry import execution_attributes, execution_context, trace_id_hex, tracer
 
-from sundial_worker.consumer import Delivery
+from sundial_worker.consumer import Delivery, consumer_group
 from sundial_worker.errors import check_positive_int, check_seconds
 from sundial_worker.inflight import FinishedAttempt, InFlight, OutcomeBuffer, Running, WorkerStats
 from sundial_worker.metrics import ExecutionMetrics
@@ -176,26 +176,34 @@ class HandlerExecutor:
         spec = self.worker.registry.get(message.handler)
         try:
             with tracer.start_as_current_span(
-                f"handler {message.handler}",
-                context=context_from(delivery.traceparent or message.traceparent),
+                f"process {delivery.topic}",
+                # The Kafka header is this attempt's send span; a republished message carries the row's.
+                context=execution_context(delivery.traceparent or message.traceparent),
                 kind=SpanKind.CONSUMER,
                 attributes={
                     "messaging.system": "kafka",
+                    "messaging.operation.type": "process",
+                    "messaging.operation.name": "process",
                     "messaging.destination.name": delivery.topic,
-                    "messaging.kafka.destination.partition": delivery.partition,
-                    "messaging.kafka.message.offset": delivery.offset,
-                    "sundial.execution_id": message.execution_id,
-                    "sundial.job_id": message.job_id,
-                    "sundial.tenant": message.tenant_id,
-                    "sundial.attempt": message.attempt,
+                    "messaging.consumer.group.name": consumer_group(self.worker.pool),
+                    "messaging.destination.partition.id": str(delivery.partition),
+                    "messaging.kafka.offset": delivery.offset,
+                    "messaging.kafka.message.key": message.execution_id,
+                    **execution_attributes(
+                        tenant=message.tenant_id,
+                        job_id=message.job_id,
+                        execution_id=message.execution_id,
+                        attempt=message.attempt,
+                        pool=self.worker.pool,
+                        handler=message.handler,
+                    ),
                     "sundial.fence_token": message.fence_token,
-                    "sundial.pool": self.worker.pool,
-                    "sundial.handler": message.handler,
                     "sundial.worker_id": self.worker_id,
                 },
                 record_exception=False,
                 set_status_on_exception=False,
             ) as span:
+                running.span_context = span.get_span_context()
                 context = span.get_span_context()
                 trace_id = trace_id_hex(span) if context.is_valid else row["trace_id"]
                 logger = context_logger(
@@ -224,10 +232,27 @@ class HandlerExecutor:
                 if running.cancel.is_set():  # asked to stop before it even started
                     ctx.request_cancel()
                 try:
-                    outcome = await self._invoke(spec, ctx, message, span, running)
+                    # The handler's span is current while it runs (its task copies this context), so the
+                    # handler's own instrumented calls (httpx, asyncpg, …) continue the execution's trace.
+                    with tracer.start_as_current_span(
+                        message.handler,
+                        attributes=execution_attributes(
+                            tenant=message.tenant_id,
+                            job_id=message.job_id,
+                            execution_id=message.execution_id,
+                            attempt=message.attempt,
+                            pool=self.worker.pool,
+                            handler=message.handler,
+                        ),
+                        record_exception=False,
+                        set_status_on_exception=False,
+                    ) as handler_span:
+                        outcome = await self._invoke(spec, ctx, message, handler_span, running)
                 except asyncio.CancelledError:
                     span.set_attribute("sundial.outcome", "ABANDONED")
                     raise
+                if outcome.state in ("FAILED", "TIMED_OUT"):
+                    span.set_status(Status(StatusCode.ERROR, outcome.error or outcome.state))
                 if outcome.state in ("FAILED", "TIMED_OUT"):
                     # The backoff is the worker's to compute (the policy's jitter); Postgres decides whether
                     # attempts are left and adds it to its own clock.
@@ -236,7 +261,7 @@ class HandlerExecutor:
                 span.set_attribute("sundial.outcome", outcome.state)
         finally:
             self._inflight.end(running.execution_id)
-        self._outcomes.put(FinishedAttempt(outcome, running.deliveries, logger))
+        self._outcomes.put(FinishedAttempt(outcome, running.deliveries, logger, running.span_context))
 
     async def _invoke(
         self, spec: HandlerSpec | None, ctx: Context, message: ExecutionMessage, span: Span, running: Running

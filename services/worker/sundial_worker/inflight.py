@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from uuid import UUID
 
+from opentelemetry.trace import SpanContext
 from sundial_common.messages import ExecutionMessage
 from sundial_common.stores.executions import Outcome
 
@@ -63,6 +64,8 @@ class Running:
     cancel: asyncio.Event = field(default_factory=asyncio.Event)
     #: When the occurrence was due (its fire time): the start of its dispatch lateness.
     due: datetime | None = None
+    #: The attempt's process span, parent of the outcome write's span.
+    span_context: SpanContext | None = None
 
 
 class InFlight:
@@ -113,6 +116,8 @@ class FinishedAttempt:
     outcome: Outcome
     deliveries: list[Delivery]
     logger: logging.LoggerAdapter[logging.Logger]
+    #: The attempt's process span: the outcome write is its child, in the execution's trace.
+    span_context: SpanContext | None = None
 
 
 class OutcomeBuffer:

@@ -22,19 +22,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
+from opentelemetry import trace
+from opentelemetry.trace import NonRecordingSpan, Status, StatusCode
 from sundial_common.hotwindow import HotWindow
 from sundial_common.metrics import AttemptsEnded
 from sundial_common.stores.executions import ExecutionStore, Finished
 from sundial_common.stores.types import RetryDue
+from sundial_common.telemetry import FAILURE, tracer
 
 from sundial_worker.consumer import ExecutionConsumer
 from sundial_worker.errors import REDIS_ERRORS, TRANSIENT_DB_ERRORS, check_positive_int, check_seconds
 from sundial_worker.heartbeats import Heartbeats
-from sundial_worker.inflight import InFlight, OutcomeBuffer, WorkerStats
+from sundial_worker.inflight import FinishedAttempt, InFlight, OutcomeBuffer, WorkerStats
 
 log = logging.getLogger("sundial.worker")
 
@@ -129,7 +133,9 @@ class OutcomeFlusher:
         if not buffer:
             return FlushResult()
         batch = buffer[: self.config.flush_max_outcomes]
+        started_ns = time.time_ns()
         written = await self._executions.finish_attempts(self.worker_id, [f.outcome for f in batch])
+        ended_ns = time.time_ns()
         # Only now is the batch out of the buffer: a failed write above leaves it to be retried.
         del buffer[: len(batch)]
         accepted = {f.execution_id: f for f in written}
@@ -157,6 +163,7 @@ class OutcomeFlusher:
                 )
             else:
                 finished.logger.debug("execution finished: %s", finished.outcome.state)
+            _trace_write(finished, accepted.get(finished.outcome.execution_id), started_ns, ended_ns)
             self._inflight.settle(finished.outcome.execution_id)
             for delivery in finished.deliveries:
                 self._consumer.ack(delivery)
@@ -183,3 +190,40 @@ class OutcomeFlusher:
                 await self._hot_window.add_retries(shard, retries)
         except REDIS_ERRORS as exc:
             log.warning("could not add %d retries to the hot window (the hydrator will): %s", len(written), exc)
+
+
+def _trace_write(finished: FinishedAttempt, record: Finished | None, started_ns: int, ended_ns: int) -> None:
+    """The outcome write as a child of the attempt's process span (the batch's one statement, timed once)."""
+    parent = finished.span_context
+    outcome = finished.outcome
+    failed = outcome.state in ("FAILED", "TIMED_OUT")
+    # An unsampled trace still gets this span when the attempt failed (telemetry.KeepFailures).
+    if parent is None or not (parent.trace_flags.sampled or failed):
+        return
+    attributes: dict[str, str | int | bool] = {
+        "db.system.name": "postgresql",
+        "db.operation.name": "finish_attempts",
+        "sundial.execution_id": str(outcome.execution_id),
+        "sundial.attempt": outcome.attempt,
+        "sundial.outcome": outcome.state,
+    }
+    if failed:
+        attributes[FAILURE] = True
+        attributes["sundial.error"] = outcome.error or outcome.state
+    span = tracer.start_span(
+        "record outcome",
+        context=trace.set_span_in_context(NonRecordingSpan(parent)),
+        start_time=started_ns,
+        attributes=attributes,
+    )
+    if failed:
+        span.set_status(Status(StatusCode.ERROR, outcome.error or outcome.state))
+    if record is None:
+        span.set_attribute("sundial.rejected", True)  # another actor (sweeper, cancel) changed it first
+    else:
+        span.set_attribute("sundial.state", record.state)
+        if record.next_attempt_at is not None:
+            span.set_attribute("sundial.next_attempt_at", record.next_attempt_at.isoformat())
+        if record.state == "DEAD":
+            span.set_status(Status(StatusCode.ERROR, "DEAD: no attempts left"))
+    span.end(end_time=ended_ns)

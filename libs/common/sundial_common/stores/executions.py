@@ -83,6 +83,10 @@ class ExecutionStore(Protocol):
         self, tenant_id: str, state: str, before: UUID | None, limit: int
     ) -> list[Record]: ...
 
+    async def executions_of_trace(
+        self, tenant_id: str, trace_id: str, state: str | None, before: UUID | None, limit: int
+    ) -> list[Record]: ...
+
     async def cancel_execution(self, tenant_id: str, execution_id: UUID, actor: str) -> Record | None: ...
 
     async def retry_dead_execution(self, tenant_id: str, execution_id: UUID, actor: str) -> Record | None: ...
@@ -138,6 +142,14 @@ class PostgresExecutionStore:
     ) -> list[Record]:
         return cast(
             list[Record], await self._db.pool.fetch(Q["list_executions_by_state"], tenant_id, state, before, limit)
+        )
+
+    async def executions_of_trace(
+        self, tenant_id: str, trace_id: str, state: str | None, before: UUID | None, limit: int
+    ) -> list[Record]:
+        return cast(
+            list[Record],
+            await self._db.pool.fetch(Q["executions_of_trace"], tenant_id, trace_id, before, limit, state),
         )
 
     async def cancel_execution(self, tenant_id: str, execution_id: UUID, actor: str) -> Record | None:

@@ -65,7 +65,13 @@ class JobStore(Protocol):
     async def resume_job(self, tenant_id: str, job_id: UUID, actor: str) -> Record | None: ...
 
     async def trigger_job(
-        self, tenant_id: str, job_id: UUID, at: datetime, execution_id: UUID, actor: str
+        self,
+        tenant_id: str,
+        job_id: UUID,
+        at: datetime,
+        execution_id: UUID,
+        actor: str,
+        traceparent: str | None = None,
     ) -> Record | None: ...
 
     async def cancel_job(self, tenant_id: str, job_id: UUID, actor: str) -> Record | None: ...
@@ -154,12 +160,18 @@ class PostgresJobStore:
         return cast(Record | None, await self._db.pool.fetchrow(Q["resume_job"], job_id, tenant_id, actor))
 
     async def trigger_job(
-        self, tenant_id: str, job_id: UUID, at: datetime, execution_id: UUID, actor: str
+        self,
+        tenant_id: str,
+        job_id: UUID,
+        at: datetime,
+        execution_id: UUID,
+        actor: str,
+        traceparent: str | None = None,
     ) -> Record | None:
         """Record a manual run request; None when the job is cancelled, unknown, or already has one pending."""
         return cast(
             Record | None,
-            await self._db.pool.fetchrow(Q["trigger_job"], job_id, tenant_id, at, execution_id, actor),
+            await self._db.pool.fetchrow(Q["trigger_job"], job_id, tenant_id, at, execution_id, actor, traceparent),
         )
 
     async def cancel_job(self, tenant_id: str, job_id: UUID, actor: str) -> Record | None:

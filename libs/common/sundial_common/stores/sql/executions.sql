@@ -27,6 +27,14 @@ SELECT * FROM executions WHERE id = $1 AND tenant_id = $2;
 -- name: execution_attempts
 SELECT * FROM execution_attempts WHERE execution_id = $1 ORDER BY attempt;
 
+-- name: executions_of_trace
+-- GET /v1/executions?traceId=…[&state=…]: one tenant's executions of one trace (executions_trace_idx),
+-- newest first.
+SELECT * FROM executions
+WHERE trace_id = $2 AND tenant_id = $1 AND ($5::text IS NULL OR state = $5) AND ($3::uuid IS NULL OR id < $3)
+ORDER BY id DESC
+LIMIT $4;
+
 -- name: list_executions_by_state
 -- GET /v1/executions?state=…: one tenant's executions in one state, newest first, keyset on the id (UUIDv7).
 SELECT * FROM executions
@@ -157,7 +165,7 @@ SELECT * FROM changed;
 -- The sweeper's view of RUNNING executions, oldest first, keyset-paged on executions_open_idx: who runs each
 -- attempt, since when, its timeout, and the job's retry policy (for the backoff of a lost attempt).
 SELECT e.id, e.tenant_id, e.job_id, e.shard, e.worker_id, e.attempt, e.max_attempts, e.created_at, e.started_at,
-       e.timeout_sec, e.cancel_requested_at, j.retry_policy, now() AS db_now
+       e.timeout_sec, e.cancel_requested_at, e.traceparent, j.retry_policy, now() AS db_now
 FROM executions e JOIN jobs j ON j.id = e.job_id
 WHERE e.state = 'RUNNING' AND (e.created_at, e.id) > ($1, $2::uuid)
 ORDER BY e.created_at, e.id
@@ -203,7 +211,7 @@ SELECT id, attempt, tenant_id, pool, state, attempt_state, shard, next_attempt_a
 -- name: dead_letters
 -- The sundial.dlq outbox: DEAD executions whose dead letter is not published yet, oldest first.
 SELECT e.id, e.tenant_id, e.job_id, e.scheduled_for, e.pool, e.handler, e.attempt, e.max_attempts, e.error,
-       e.finished_at, e.trace_id, j.name AS job_name, j.payload
+       e.finished_at, e.trace_id, e.traceparent, j.name AS job_name, j.payload
 FROM executions e JOIN jobs j ON j.id = e.job_id
 WHERE e.state = 'DEAD' AND e.dlq_published_at IS NULL
 ORDER BY e.finished_at

@@ -96,9 +96,10 @@ SELECT * FROM job;
 
 -- name: trigger_job
 -- Asks for one run now, outside the schedule; the dispatcher creates it (execution id $4) and clears this.
--- A trigger already pending is kept: a double click runs once.
+-- A trigger already pending is kept: a double click runs once. $6: the request's traceparent, which the
+-- triggered execution's trace continues.
 WITH job AS (
-    UPDATE jobs SET trigger_at = $3, trigger_execution_id = $4, updated_at = now()
+    UPDATE jobs SET trigger_at = $3, trigger_execution_id = $4, trigger_traceparent = $6, updated_at = now()
     WHERE id = $1 AND tenant_id = $2 AND state <> 'CANCELLED' AND trigger_at IS NULL
     RETURNING *
 ), audit AS (
