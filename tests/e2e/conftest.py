@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import signal
@@ -15,17 +16,35 @@ from pathlib import Path
 import httpx
 import pytest
 from sundial_infra.servers.prometheus import PrometheusServer
-from sundial_infra.stack import LocalStack
+from sundial_infra.stack import TEST_PORTS, LocalStack
 
+from tests.conftest import port_offset
 from tests.otlp import OtlpReceiver
 
 SUNDIAL = str(Path(sys.executable).with_name("sundial"))
 
 
+#: Ports a test may give the processes it starts: this session's block just above its API port
+#: (``TEST_PORTS.api + offset + 1 …``), which no port set uses. Never ``bind(0)``: the kernel picks those from
+#: the ephemeral range, where any client socket of another process can take the port before ours listens.
+FREE_PORTS = 19
+_handed_out = itertools.count()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A loopback port nothing listens on, from this session's block (handed out in turn, so a process
+    that is still stopping does not get its port reused at once)."""
+    base = TEST_PORTS.api + port_offset() + 1
+    for _ in range(FREE_PORTS):
+        port = base + next(_handed_out) % FREE_PORTS
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"every port of {base}–{base + FREE_PORTS - 1} is in use")
 
 
 class Processes:
