@@ -56,14 +56,8 @@ down: ## Stop everything `make up`/`make run` started (works even before `make d
 status: ## Show what runs, with pids, URLs and logs
 	@if [ -x .venv/bin/sundial ]; then .venv/bin/sundial dev status; else echo "not installed yet: run make deps"; fi
 
-# Two xdist workers, one per core, each with a stack of its own (ports SUNDIAL_TEST_PORT_OFFSET + 100 × worker):
-# `loadgroup` runs the tests that start Sundial's processes (e2e, faults) one after another on one worker while
-# the other takes integration and unit tests (tests/conftest.py). --durations shows growth in every CI log.
-TEST_WORKERS ?= 2
-PYTEST_ARGS ?=
-
-test: deps ## Run the whole test suite against real servers it starts on its own ports (2 workers; slowest 15 listed)
-	uv run --frozen pytest -n $(TEST_WORKERS) --dist loadgroup --durations=15 $(PYTEST_ARGS)
+test: deps ## Run the whole test suite against real servers it starts on its own ports (two lanes at once; slowest 15 of each)
+	@bash tests/lanes.sh $(PYTEST_ARGS)
 
 test-unit: python-deps ## Run the unit tests only (no servers)
 	uv run --frozen pytest tests/unit

@@ -11,12 +11,11 @@ life, so a second concurrent session (another worktree, another engineer) waits 
 first one's servers. ``SUNDIAL_TEST_PORT_OFFSET=N`` moves a session to ports ``TEST_PORTS + N`` (and
 ``.sundial/test-N/``) to run alongside.
 
-Under pytest-xdist (``make test`` runs ``-n 2``) each worker is a session with a stack of its own, at
-``N + 100 × worker index`` (gw0 at N, gw1 at N + 100, …): give parallel sessions bases at least
-100 × workers apart. The tests that run Sundial's processes (``tests/e2e``, ``tests/faults``) share one
-xdist group, so ``--dist loadgroup`` runs them one after another on one worker while the other workers
-take the integration and unit tests: two process stacks never compete for this machine's two cores,
-which is what their latency and heartbeat windows assume.
+``make test`` (``tests/lanes.sh``) runs two sessions at once, one per core, each with its stack: the
+in-process layers (unit, integration) at N and the layers that run Sundial's processes (e2e, faults, one
+test at a time) at N + 100, so two process stacks never compete for this machine's two cores, which is what
+their latency and heartbeat windows assume. Under pytest-xdist (``pytest -n K``) each worker is a session at
+``N + 100 × worker index``: give parallel sessions bases far enough apart.
 """
 
 from __future__ import annotations
@@ -63,8 +62,6 @@ PORT_LOCK_WAIT_SEC = 240.0
 
 #: Port distance between the stacks of two xdist workers of one session.
 XDIST_WORKER_PORT_STRIDE = 100
-#: Test directories whose tests start Sundial's processes: one xdist group, run serially (see above).
-PROCESS_LAYERS = ("e2e", "faults")
 
 
 def port_offset() -> int:
@@ -73,12 +70,6 @@ def port_offset() -> int:
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")  # "gw0", "gw1", … under xdist; unset otherwise
     index = int(worker[2:]) if worker.startswith("gw") else 0
     return base + XDIST_WORKER_PORT_STRIDE * index
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        if item.path.parent.name in PROCESS_LAYERS and item.path.parent.parent == Path(__file__).parent:
-            item.add_marker(pytest.mark.xdist_group("processes"))
 
 
 def _test_ports() -> tuple[Ports, Path]:
