@@ -11,7 +11,7 @@ import pytest
 from pydantic import ValidationError
 from sundial_api.models.executions import Attempt, Execution, render_attempt, render_execution
 from sundial_api.models.jobs import Job, JobCreate, render_job
-from sundial_api.pagination import InvalidCursor, decode_cursor, encode_cursor
+from sundial_api.pagination import InvalidCursor, decode_cursor, decode_id_cursor, encode_cursor, encode_id_cursor
 from sundial_api.problems import allowed_fields, describe, field_path, suggest_field
 from sundial_api.responses import dumps
 from sundial_api.schedule import (
@@ -473,3 +473,12 @@ def test_a_run_list_is_sorted_deduplicated_and_refuses_instants_long_past() -> N
 
 def test_max_runs_already_used_leaves_no_occurrence() -> None:
     assert resolve("CRON", cron="@hourly", max_runs=3, runs=3).next_nominal is None
+
+
+def test_an_id_cursor_round_trips_and_belongs_to_its_own_list() -> None:
+    ident = uuid.uuid4()
+    jobs_cursor = encode_id_cursor("j1", ident)
+    assert decode_id_cursor("j1", jobs_cursor) == ident
+    for foreign in (jobs_cursor, "", "!!!!", "x" * 500, encode_cursor(NOW, ident)):
+        with pytest.raises(InvalidCursor):
+            decode_id_cursor("x1", foreign)  # the executions list refuses a jobs cursor and anything else

@@ -16,10 +16,7 @@ effort (the worker also reads cancel requests from Postgres, the hydrator re-add
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import logging
-import re
 from typing import Annotated
 from uuid import UUID
 
@@ -40,6 +37,7 @@ from sundial_api.models.executions import (
     render_attempt,
     render_execution,
 )
+from sundial_api.pagination import InvalidCursor, decode_id_cursor, encode_id_cursor
 from sundial_api.problems import ProblemError, invalid, not_found, parse_resource_id, responses
 from sundial_api.responses import OrjsonResponse
 from sundial_api.state import ApiState, State
@@ -52,22 +50,14 @@ ExecutionId = Annotated[
     str, Path(description="The execution's id (a UUID). Unknown, malformed or another tenant's: 404.")
 ]
 
-_CURSOR = re.compile(r"^x1:([0-9a-f]{32})$")
-
-
-def _encode_cursor(execution_id: UUID) -> str:
-    return base64.urlsafe_b64encode(f"x1:{execution_id.hex}".encode()).rstrip(b"=").decode()
+_CURSOR_PREFIX = "x1"
 
 
 def _decode_cursor(cursor: str) -> UUID:
     try:
-        plain = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode("ascii")
-    except (binascii.Error, UnicodeDecodeError, ValueError):
-        plain = ""
-    match = _CURSOR.match(plain)
-    if match is None:
-        raise invalid("cursor", "is not a cursor returned by this API")
-    return UUID(hex=match.group(1))
+        return decode_id_cursor(_CURSOR_PREFIX, cursor)
+    except InvalidCursor as exc:
+        raise invalid("cursor", str(exc)) from None
 
 
 def _view(state: ApiState, row: Record) -> dict[str, object]:
@@ -115,7 +105,7 @@ async def list_executions(
     else:
         raise invalid("state", "is required unless traceId is given")
     page = rows[:limit]
-    next_cursor = _encode_cursor(page[-1]["id"]) if len(rows) > limit else None
+    next_cursor = encode_id_cursor(_CURSOR_PREFIX, page[-1]["id"]) if len(rows) > limit else None
     return OrjsonResponse({"items": [_view(state, row) for row in page], "nextCursor": next_cursor})
 
 

@@ -9,9 +9,6 @@ imports from it).
 
 from __future__ import annotations
 
-import base64
-import binascii
-import re
 from typing import Annotated
 from uuid import UUID
 
@@ -22,28 +19,21 @@ from sundial_common.stores.jobs import JobFilter
 from sundial_api.auth import Authenticated
 from sundial_api.models.jobs import JobList, JobState, render_job
 from sundial_api.models.schedules import JobType
+from sundial_api.pagination import InvalidCursor, decode_id_cursor, encode_id_cursor
 from sundial_api.problems import invalid, responses
 from sundial_api.responses import OrjsonResponse
 from sundial_api.state import State
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
-_CURSOR = re.compile(r"^j1:([0-9a-f]{32})$")
-
-
-def encode_cursor(job_id: UUID) -> str:
-    return base64.urlsafe_b64encode(f"j1:{job_id.hex}".encode()).rstrip(b"=").decode()
+_CURSOR_PREFIX = "j1"
 
 
 def decode_cursor(cursor: str) -> UUID:
     try:
-        plain = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode("ascii")
-    except (binascii.Error, UnicodeDecodeError, ValueError):
-        plain = ""
-    match = _CURSOR.match(plain)
-    if match is None:
-        raise invalid("cursor", "is not a cursor returned by this API")
-    return UUID(hex=match.group(1))
+        return decode_id_cursor(_CURSOR_PREFIX, cursor)
+    except InvalidCursor as exc:
+        raise invalid("cursor", str(exc)) from None
 
 
 @router.get(
@@ -78,5 +68,5 @@ async def list_jobs_route(
     # One row more than the page tells whether another page exists without a count query.
     rows = await state.stores.jobs.list_jobs(principal.tenant, where, before, limit + 1)
     page = rows[:limit]
-    next_cursor = encode_cursor(page[-1]["id"]) if len(rows) > limit else None
+    next_cursor = encode_id_cursor(_CURSOR_PREFIX, page[-1]["id"]) if len(rows) > limit else None
     return OrjsonResponse({"items": [render_job(row) for row in page], "nextCursor": next_cursor})

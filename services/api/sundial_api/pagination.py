@@ -4,6 +4,9 @@ A cursor is base64url (no padding) of ``v1:<scheduled_for as epoch µs>:<executi
 key of the last row returned. Keyset pages stay correct and cheap however deep the client goes (no
 OFFSET scan) and while new executions arrive. The version prefix lets the encoding change later
 without misreading old cursors.
+
+Lists ordered by a time-ordered id alone (jobs ``j1``, executions by state or trace ``x1``) use
+:func:`encode_id_cursor`: base64url of ``<prefix>:<id hex>``; the prefix keeps one list's cursor out of another.
 """
 
 from __future__ import annotations
@@ -46,3 +49,23 @@ def decode_cursor(cursor: str) -> tuple[datetime, UUID]:
     except OverflowError:
         raise InvalidCursor("is not a cursor returned by this API") from None
     return scheduled_for, UUID(hex=match.group(2))
+
+
+_ID = re.compile(r"^[0-9a-f]{32}$")
+
+
+def encode_id_cursor(prefix: str, row_id: UUID) -> str:
+    """A cursor for "after the row ``row_id``" in a list ordered by its time-ordered id."""
+    return base64.urlsafe_b64encode(f"{prefix}:{row_id.hex}".encode()).rstrip(b"=").decode()
+
+
+def decode_id_cursor(prefix: str, cursor: str) -> UUID:
+    """The id an :func:`encode_id_cursor` cursor of the list ``prefix`` stands for; :class:`InvalidCursor` else."""
+    try:
+        plain = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode("ascii")
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        raise InvalidCursor("is not a cursor returned by this API") from None
+    head, _, row_id = plain.partition(":")
+    if head != prefix or not _ID.match(row_id):
+        raise InvalidCursor("is not a cursor returned by this API")
+    return UUID(hex=row_id)
