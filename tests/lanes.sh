@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # `make test`: the suite in two lanes at once, one per core, each a pytest session with a server stack of its own:
-#   in-process — tests/unit and tests/integration, at ports TEST_PORTS + SUNDIAL_TEST_PORT_OFFSET;
+#   in-process — tests/unit and tests/integration (and the bench smoke, which runs a stack of its own and asserts
+#                no timing), at ports TEST_PORTS + SUNDIAL_TEST_PORT_OFFSET;
 #   processes  — tests/e2e and tests/faults (real Sundial processes, one test at a time), at that offset + 100.
 # Each lane writes .sundial/test-logs/<lane>.log; a lane's whole log is printed when it ends (the slowest 15 tests
 # of each lane at its end). Exits non-zero if either lane failed. Extra arguments go to both pytest sessions.
@@ -13,10 +14,10 @@ logs=.sundial/test-logs
 mkdir -p "$logs"
 
 started=$(date +%s)
-SUNDIAL_TEST_PORT_OFFSET=$base setsid uv run --frozen pytest --durations=15 tests/unit tests/integration "$@" \
+SUNDIAL_TEST_PORT_OFFSET=$base setsid uv run --frozen pytest --durations=15 tests/unit tests/integration tests/e2e/test_bench_smoke.py "$@" \
     >"$logs/in-process.log" 2>&1 &
 in_process=$!
-SUNDIAL_TEST_PORT_OFFSET=$((base + 100)) setsid uv run --frozen pytest --durations=15 tests/e2e tests/faults "$@" \
+SUNDIAL_TEST_PORT_OFFSET=$((base + 100)) setsid uv run --frozen pytest --durations=15 tests/e2e tests/faults --ignore=tests/e2e/test_bench_smoke.py "$@" \
     >"$logs/processes.log" 2>&1 &
 processes=$!
 
