@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import time
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from collections.abc import Callable
+from typing import Any
 
 import httpx
 import pytest
@@ -26,28 +25,16 @@ from sundial_common.messages import DLQ_TOPIC
 from sundial_common.settings import CommonSettings
 
 from tests.e2e.conftest import Processes, free_port, otlp_env
+from tests.e2e.test_reliable_execution import QUICK, until
 from tests.otlp import OtlpReceiver, ReceivedSpan, tree_problems
 
-T = TypeVar("T")
 FAST = {
     "SUNDIAL_SWEEPER_INTERVAL_SEC": "0.5",
     "SUNDIAL_SWEEPER_LOST_CONFIRM_SEC": "1",
     "SUNDIAL_WORKER_HEARTBEAT_INTERVAL_SEC": "0.5",
     "SUNDIAL_WORKER_HEARTBEAT_TTL_SEC": "2",
 }
-QUICK = {"backoff": "FIXED", "initialDelayMs": 300, "maxDelayMs": 300, "jitter": False}
 TOPIC = "sundial.pool.demo"
-
-
-async def until(check: Callable[[], Awaitable[T | None]], within: float, what: str) -> T:
-    deadline = time.monotonic() + within
-    while True:
-        value = await check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {within}s")
-        await asyncio.sleep(0.2)
 
 
 def named(spans: list[ReceivedSpan], name: str, service: str | None = None) -> list[ReceivedSpan]:

@@ -608,10 +608,25 @@ async def test_handler_span_continues_the_dispatch_trace(
     assert row["result"] == trace_id_hex(dispatch_span) == row["trace_id"]
 
 
-async def test_cli_runs_an_app_and_finishes_the_running_handler_on_sigterm(
-    stores: Stores, publisher: KafkaPublisher, settings_env: dict[str, str], pool: str, tmp_path: Path
-) -> None:
-    # An app module in the working directory, as a tenant would have it.
+@dataclasses.dataclass
+class WorkerProcess:
+    """A real `python -m sundial_worker` process and the lines of its log so far."""
+
+    process: asyncio.subprocess.Process
+    lines: list[str]
+
+    @property
+    def log(self) -> str:
+        return "\n".join(self.lines)
+
+
+@asynccontextmanager
+async def worker_process(
+    tmp_path: Path, pool: str, settings_env: dict[str, str], worker_id: str
+) -> AsyncIterator[WorkerProcess]:
+    """`python -m sundial_worker --app tenant_app:worker` — an app module in the working directory, as a tenant
+    would have it, with the demo `sleep` handler in ``pool`` — once it has joined its group; killed at exit if
+    the test left it running, and its log read to the end."""
     (tmp_path / "tenant_app.py").write_text(
         textwrap.dedent(
             f"""
@@ -623,7 +638,7 @@ async def test_cli_runs_an_app_and_finishes_the_running_handler_on_sigterm(
             """
         )
     )
-    env = {**os.environ, **settings_env, "SUNDIAL_WORKER_ID": "cli-worker", "SUNDIAL_WORKER_SHUTDOWN_GRACE_SEC": "20"}
+    env = {**os.environ, **settings_env, "SUNDIAL_WORKER_ID": worker_id, "SUNDIAL_WORKER_SHUTDOWN_GRACE_SEC": "20"}
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -634,31 +649,37 @@ async def test_cli_runs_an_app_and_finishes_the_running_handler_on_sigterm(
         env=env,
         stderr=asyncio.subprocess.PIPE,
     )
-    assert process.stderr is not None
-    lines: list[str] = []
+    worker = WorkerProcess(process, [])
     assigned = asyncio.Event()
 
     async def read_log() -> None:
         assert process.stderr is not None
         async for raw in process.stderr:
-            lines.append(raw.decode(errors="replace").rstrip())
-            if "partitions assigned" in lines[-1]:
+            worker.lines.append(raw.decode(errors="replace").rstrip())
+            if "partitions assigned" in worker.lines[-1]:
                 assigned.set()
 
     reader = asyncio.create_task(read_log())
     try:
         await asyncio.wait_for(assigned.wait(), JOIN_SEC)
-        [message] = await dispatch(stores, pool, "sleep", [{"seconds": 1.5}])
-        await publish(publisher, [message])
-        await wait_state(stores, message, "RUNNING")
-        process.send_signal(signal.SIGTERM)
-        code = await asyncio.wait_for(process.wait(), 30)
+        yield worker
     finally:
         if process.returncode is None:
             process.kill()
             await process.wait()
         await asyncio.wait_for(reader, 10)
-    log = "\n".join(lines)
+
+
+async def test_cli_runs_an_app_and_finishes_the_running_handler_on_sigterm(
+    stores: Stores, publisher: KafkaPublisher, settings_env: dict[str, str], pool: str, tmp_path: Path
+) -> None:
+    async with worker_process(tmp_path, pool, settings_env, "cli-worker") as worker:
+        [message] = await dispatch(stores, pool, "sleep", [{"seconds": 1.5}])
+        await publish(publisher, [message])
+        await wait_state(stores, message, "RUNNING")
+        worker.process.send_signal(signal.SIGTERM)
+        code = await asyncio.wait_for(worker.process.wait(), 30)
+    log = worker.log
     assert code == 0, log
     row = await execution(stores, message)
     assert (row["state"], row["result"], row["worker_id"]) == ("SUCCEEDED", {"slept": 1.5}, "cli-worker"), log
