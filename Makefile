@@ -9,7 +9,7 @@ export PATH := $(PATH):$(UV_HOME)/bin
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 APT_INSTALL := DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends
 
-.PHONY: help deps python-deps run up down status test test-unit lint typecheck clean bench
+.PHONY: help deps python-deps run up down status test test-unit lint typecheck clean bench chaos
 
 help: ## List the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-11s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -56,7 +56,7 @@ down: ## Stop everything `make up`/`make run` started (works even before `make d
 status: ## Show what runs, with pids, URLs and logs
 	@if [ -x .venv/bin/sundial ]; then .venv/bin/sundial dev status; else echo "not installed yet: run make deps"; fi
 
-test: deps ## Run the whole test suite against real servers it starts on its own ports (two lanes at once; slowest 15 of each)
+test: deps ## Run the whole test suite against real servers it starts on its own ports (three lanes at once; slowest 15 of each)
 	@bash tests/lanes.sh $(PYTEST_ARGS)
 
 test-unit: python-deps ## Run the unit tests only (no servers)
@@ -92,6 +92,9 @@ define kill_pid_files
 	done; \
 	for p in $$alive; do kill -KILL -- "-$$p" 2>/dev/null || kill -KILL "$$p" 2>/dev/null; done; true
 endef
+
+chaos: deps ## Run the fault tests (real processes, one fault at a time) and print what each fault cost
+	@uv run --frozen pytest tests/faults -q $(PYTEST_ARGS); status=$$?; uv run --frozen python -m tests.faults.recovery; exit $$status
 
 bench: deps ## Benchmark: stack on its own ports, workloads W1-W4 + raw ceilings; appends to bench/results/<date>.jsonl
 	uv run --frozen python bench/harness.py $(BENCH_ARGS)
