@@ -18,6 +18,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from sundial_common.messages import ExecutionMessage
+from sundial_common.settings import CommonSettings
 
 log = logging.getLogger(__name__)
 
@@ -110,11 +111,30 @@ def _settle(future: asyncio.Future[None], err: KafkaError | None) -> None:
         future.set_exception(KafkaException(err))
 
 
-def ensure_topics(bootstrap: str, topics: Sequence[str], partitions: int = 4, timeout: float = 10.0) -> None:
-    """Create topics that do not exist yet (blocking; call from a thread in async code)."""
+def ensure_topics(
+    bootstrap: str,
+    topics: Sequence[str],
+    partitions: int = 4,
+    timeout: float = 10.0,
+    *,
+    retention_ms: int | None = None,
+) -> None:
+    """Create topics that do not exist yet (blocking; call from a thread in async code).
+
+    They keep messages ``retention_ms`` (default: ``SUNDIAL_TOPIC_RETENTION_MS``, 7 days), which is how far
+    back a replay can reach; an existing topic keeps its own setting.
+    """
     admin = AdminClient({"bootstrap.servers": bootstrap})
     existing = set(admin.list_topics(timeout=timeout).topics)
-    missing = [NewTopic(t, num_partitions=partitions, replication_factor=1) for t in topics if t not in existing]
+    if all(t in existing for t in topics):
+        return
+    # Read here rather than threaded through every caller: a topic is created once per pool, and the
+    # worker's consumer that usually creates it knows nothing else of the settings.
+    retention = CommonSettings().topic_retention_ms if retention_ms is None else retention_ms
+    config = {"retention.ms": str(retention)}
+    missing = [
+        NewTopic(t, num_partitions=partitions, replication_factor=1, config=config) for t in topics if t not in existing
+    ]
     if not missing:
         return
     for topic, future in admin.create_topics(missing, operation_timeout=timeout).items():

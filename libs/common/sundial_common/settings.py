@@ -78,6 +78,20 @@ class CommonSettings(BaseSettings):
         default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}",
         description="Identity of this process in leases, heartbeats and attempts (default: <hostname>-<pid>).",
     )
+    # --- replay (issue 13) ---
+    topic_retention_ms: int = Field(
+        7 * 24 * 3600 * 1000,
+        ge=60_000,
+        description="`retention.ms` of the pool topics Sundial creates (default 7 days): how far back a replay can "
+        "reach on a real Kafka. Tansu keeps messages while it runs, whatever this says.",
+    )
+    staging_pool_prefix: str = Field(
+        "staging-",
+        min_length=1,
+        description="A pool whose name starts with this is a staging pool: the only kind a replay may target, and "
+        "its workers record replayed runs in replay_runs instead of executions.",
+    )
+
     log_level: str = Field("INFO", description="Python logging level.")
     log_format: str = Field("text", description="`text` or `json` (one JSON object per line).")
 

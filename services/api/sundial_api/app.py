@@ -24,7 +24,7 @@ from sundial_common.clock import Clock, SystemClock
 from sundial_common.hotwindow import HotWindow
 from sundial_common.stores import Stores
 
-from sundial_api import admin, batch, executions, health, job_list, jobs, problems
+from sundial_api import admin, batch, executions, health, job_list, jobs, problems, replays
 from sundial_api.limits import BodyLimitMiddleware
 from sundial_api.metrics import RequestMetricsMiddleware
 from sundial_api.responses import OrjsonResponse
@@ -58,6 +58,10 @@ TAGS = [
         "page through executions.",
     },
     {"name": "executions", "description": "One occurrence of a job: state, attempts, worker, trace."},
+    {
+        "name": "replays",
+        "description": "Replay a window of a pool's Kafka messages into a staging pool; follow and cancel it.",
+    },
     {"name": "health", "description": "Liveness and readiness probes (no token needed)."},
 ]
 
@@ -127,6 +131,7 @@ def create_app(settings: ApiSettings | None = None, *, clock: Clock | None = Non
     app.include_router(executions.router)
     app.include_router(health.router)
     app.include_router(admin.router)
+    app.include_router(replays.router)
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:

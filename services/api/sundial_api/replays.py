@@ -1,0 +1,236 @@
+"""``/v1/replays``: replay a window of a pool's Kafka messages into a staging pool, and follow it.
+
+* ``POST /v1/replays`` — validate and record the request (202, PENDING); the replayer
+  (``sundial replayer``) resolves the window to offsets, re-publishes and counts. Bad requests create
+  nothing: ``from >= to`` or a window in the future (422), a target that is the source or not a staging pool
+  (422), an unknown pool (404, its topic does not exist), a window older than the topic keeps (409, naming
+  the earliest instant still available). A tenant's token replays only that tenant's messages (the filter's
+  ``tenantId`` is forced to it; naming another is 403); an admin token may replay a whole pool.
+* ``GET /v1/replays/{id}``, ``GET /v1/replays`` (newest first, cursor pages) — state, per-partition offsets
+  and progress, counts. A tenant sees its own replays; an admin sees every replay.
+* ``POST /v1/replays/{id}/cancel`` — a PENDING replay is CANCELLED at once; a RUNNING one stops at its next
+  batch (202). A finished one: 409.
+* ``GET /v1/replays/{id}/runs`` — what the staging workers did with each replayed message.
+
+The router brings its own lifespan (merged into the app's): the Kafka topic inspector the validation reads.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Annotated
+from uuid import UUID
+
+from confluent_kafka import KafkaException
+from fastapi import APIRouter, FastAPI, Path, Query, Request
+from starlette.responses import Response
+from sundial_common.auth import Principal
+from sundial_common.messages import POOL_NAME, pool_topic
+from sundial_common.stores import replays as replay_store
+from sundial_common.stores.types import Record
+from sundial_common.topics import KafkaTopicInspector, TopicInspector
+
+from sundial_api.auth import Authenticated
+from sundial_api.models.replays import NewReplay, Replay, ReplayList, ReplayRunList, render_replay, render_run
+from sundial_api.pagination import InvalidCursor, decode_id_cursor, encode_id_cursor
+from sundial_api.problems import ProblemError, field_error, invalid, not_found, parse_resource_id, responses
+from sundial_api.responses import OrjsonResponse
+from sundial_api.state import ApiState, State
+
+_CURSOR_PREFIX = "r1"
+_RUNS_CURSOR = re.compile(r"^rr1:(\d{1,10}):(\d{1,19})$")
+
+
+@asynccontextmanager
+async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
+    inspector = KafkaTopicInspector(app.state.api.settings.kafka_bootstrap)
+    app.state.replay_topics = inspector
+    try:
+        yield
+    finally:
+        await inspector.close()
+
+
+router = APIRouter(prefix="/v1/replays", tags=["replays"], lifespan=_lifespan)
+
+ReplayId = Annotated[str, Path(description="The replay's id (a UUID). Unknown, malformed or another tenant's: 404.")]
+
+
+def _scope(principal: Principal) -> str | None:
+    """Whose replays the caller sees: its tenant's, or (an admin) everyone's."""
+    return None if principal.admin else principal.tenant
+
+
+async def _view(state: ApiState, rows: Sequence[Record]) -> list[dict[str, object]]:
+    partitions = await state.stores.replays.replay_partitions([r["id"] for r in rows]) if rows else []
+    by_replay: dict[UUID, list[Record]] = {}
+    for part in partitions:
+        by_replay.setdefault(part["replay_id"], []).append(part)
+    return [render_replay(r, by_replay.get(r["id"], [])) for r in rows]
+
+
+async def _validated(state: ApiState, body: NewReplay, principal: Principal, topics: TopicInspector) -> Record:
+    now = state.clock.now()
+    if body.window_from >= body.window_to:
+        raise invalid("to", "must be after `from`")
+    if body.window_to > now:
+        raise invalid("to", f"is in the future (now is {now.isoformat()}): only published messages can be replayed")
+    for field, pool in (("sourcePool", body.source_pool), ("targetPool", body.target_pool)):
+        if not POOL_NAME.fullmatch(pool):
+            raise invalid(field, "is not a pool name (1-63 of a-z, 0-9, '.', '_', '-')")
+    if body.target_pool == body.source_pool:
+        raise invalid("targetPool", "must differ from `sourcePool`: a replay never writes to the pool it reads")
+    prefix = state.settings.staging_pool_prefix
+    if not body.target_pool.startswith(prefix):
+        raise invalid("targetPool", f"must be a staging pool (its name starting with `{prefix}`)")
+    tenant = body.filter.tenant_id
+    if not principal.admin:
+        if tenant is not None and tenant != principal.tenant:
+            raise ProblemError(
+                403,
+                "a tenant's token replays only its own messages: `filter.tenantId` must be omitted or your tenant",
+                errors=[field_error("filter.tenantId", f"must be {principal.tenant} (or omitted)")],
+            )
+        tenant = principal.tenant
+    try:
+        info = await topics.describe(pool_topic(body.source_pool), now)
+    except KafkaException as exc:
+        raise ProblemError(503, f"the broker did not answer: {exc}", headers={"Retry-After": "1"}) from None
+    if info is None:
+        raise not_found("pool", f"{body.source_pool} (no topic {pool_topic(body.source_pool)})")
+    if info.earliest_available is not None and body.window_from < info.earliest_available:
+        earliest = info.earliest_available.isoformat().replace("+00:00", "Z")
+        raise ProblemError(
+            409,
+            f"the window starts before the oldest messages {pool_topic(body.source_pool)} still keeps; the earliest "
+            f"`from` available is {earliest}",
+            errors=[field_error("from", f"must be at or after {earliest}")],
+        )
+    return await state.stores.replays.insert_replay(
+        replay_store.NewReplay(
+            tenant_id=principal.tenant,
+            created_by=principal.subject,
+            source_pool=body.source_pool,
+            target_pool=body.target_pool,
+            window_from=body.window_from,
+            window_to=body.window_to,
+            filter_handler=body.filter.handler,
+            filter_job_id=body.filter.job_id,
+            filter_tenant_id=tenant,
+            rate_per_sec=body.rate_per_sec,
+            dry_run=body.dry_run,
+        )
+    )
+
+
+@router.post(
+    "",
+    status_code=202,
+    response_model=Replay,
+    responses=responses(401, 403, 404, 409, 422, 503),
+    summary="Replay a window of a pool's messages into a staging pool",
+    response_description="Accepted (PENDING); `Location` points at the replay.",
+)
+async def create_replay(body: NewReplay, request: Request, state: State, principal: Authenticated) -> Response:
+    """Every message of `sourcePool`'s topic whose broker timestamp lies in `[from, to)` and that the filter
+    selects is re-published into `targetPool`'s topic, with headers naming the replay and the original
+    execution, topic, partition and offset. Production state is never touched."""
+    row = await _validated(state, body, principal, request.app.state.replay_topics)
+    (view,) = await _view(state, [row])
+    return OrjsonResponse(view, status_code=202, headers={"Location": f"/v1/replays/{row['id']}"})
+
+
+@router.get("", response_model=ReplayList, responses=responses(401, 422, 503), summary="List replays, newest first")
+async def list_replays(
+    state: State,
+    principal: Authenticated,
+    limit: Annotated[int, Query(ge=1, le=200, description="Page size.")] = 50,
+    cursor: Annotated[
+        str | None, Query(description="`nextCursor` of the previous page; omit for the first page.")
+    ] = None,
+) -> Response:
+    before = None
+    if cursor is not None:
+        try:
+            before = decode_id_cursor(_CURSOR_PREFIX, cursor)
+        except InvalidCursor as exc:
+            raise invalid("cursor", str(exc)) from None
+    rows = await state.stores.replays.list_replays(_scope(principal), before, limit + 1)
+    page = rows[:limit]
+    next_cursor = encode_id_cursor(_CURSOR_PREFIX, page[-1]["id"]) if len(rows) > limit else None
+    return OrjsonResponse({"items": await _view(state, page), "nextCursor": next_cursor})
+
+
+@router.get("/{replay_id}", response_model=Replay, responses=responses(401, 404, 503), summary="Read a replay")
+async def get_replay(replay_id: ReplayId, state: State, principal: Authenticated) -> Response:
+    row = await state.stores.replays.get_replay(parse_resource_id("replay", replay_id), _scope(principal))
+    if row is None:
+        raise not_found("replay", replay_id)
+    (view,) = await _view(state, [row])
+    return OrjsonResponse(view)
+
+
+@router.post(
+    "/{replay_id}/cancel",
+    response_model=Replay,
+    responses={
+        202: {"model": Replay, "description": "RUNNING: the replayer stops at its next batch."},
+        **responses(401, 404, 409, 503),
+    },
+    summary="Cancel a replay",
+    response_description="PENDING: now CANCELLED.",
+)
+async def cancel_replay(replay_id: ReplayId, state: State, principal: Authenticated) -> Response:
+    ident = parse_resource_id("replay", replay_id)
+    row = await state.stores.replays.cancel_replay(ident, _scope(principal))
+    if row is None:
+        current = await state.stores.replays.get_replay(ident, _scope(principal))
+        if current is None:
+            raise not_found("replay", replay_id)
+        raise ProblemError(409, f"replay {replay_id} is {current['state']}: it has finished, nothing to cancel")
+    (view,) = await _view(state, [row])
+    return OrjsonResponse(view, status_code=202 if row["state"] == "RUNNING" else 200)
+
+
+@router.get(
+    "/{replay_id}/runs",
+    response_model=ReplayRunList,
+    responses=responses(401, 404, 422, 503),
+    summary="What the staging workers did with the replayed messages",
+)
+async def replay_runs(
+    replay_id: ReplayId,
+    state: State,
+    principal: Authenticated,
+    limit: Annotated[int, Query(ge=1, le=1000, description="Page size.")] = 100,
+    cursor: Annotated[
+        str | None, Query(description="`nextCursor` of the previous page; omit for the first page.")
+    ] = None,
+) -> Response:
+    ident = parse_resource_id("replay", replay_id)
+    after = _decode_runs_cursor(cursor) if cursor is not None else None
+    if await state.stores.replays.get_replay(ident, _scope(principal)) is None:
+        raise not_found("replay", replay_id)
+    rows = await state.stores.replays.list_runs(ident, after, limit + 1)
+    page = rows[:limit]
+    next_cursor = None
+    if len(rows) > limit:
+        last = page[-1]
+        plain = f"rr1:{last['source_partition']}:{last['source_offset']}".encode()
+        next_cursor = base64.urlsafe_b64encode(plain).rstrip(b"=").decode()
+    return OrjsonResponse({"items": [render_run(r) for r in page], "nextCursor": next_cursor})
+
+
+def _decode_runs_cursor(cursor: str) -> tuple[int, int]:
+    try:
+        plain = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode("ascii")
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        raise invalid("cursor", "is not a cursor returned by this API") from None
+    match = _RUNS_CURSOR.match(plain)
+    if match is None:
+        raise invalid("cursor", "is not a cursor returned by this API")
+    return int(match.group(1)), int(match.group(2))
