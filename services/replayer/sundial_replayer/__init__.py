@@ -1,0 +1,1 @@
+"""sundial_replayer: replays of a pool's Kafka messages into a staging pool."""

@@ -1,0 +1,74 @@
+"""`sundial replayer`: run the replays asked for with `POST /v1/replays` (`sundial replay`).
+
+Run several replicas: one is active (elected in etcd, see ``sundial_common.singleton``), the others stand by
+and take over within a lease TTL, resuming each RUNNING replay where its committed progress stands.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from sundial_common.logs import setup_logging
+from sundial_common.observability import observed
+from sundial_common.service import every, run
+from sundial_common.settings import SettingsHelpParser
+from sundial_common.singleton import run_singleton
+from sundial_common.stores import Stores
+from sundial_common.topics import KafkaTopicInspector
+
+from sundial_replayer.kafka import KafkaReplayKafka
+from sundial_replayer.replayer import Replayer, ReplayPassResult
+from sundial_replayer.settings import ReplayerSettings
+
+log = logging.getLogger("sundial.replayer")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Replay windows of pools' Kafka messages into staging pools (the replays of `POST /v1/replays`)"""
+    parser = SettingsHelpParser(
+        settings=ReplayerSettings,
+        prog="sundial replayer",
+        description="Run replays: re-publish the messages of a pool's topic whose timestamps lie in a window into a "
+        "staging pool's topic, committing progress to Postgres after every batch so a restarted replayer resumes "
+        "where it stopped. Production state (executions, the pools' consumer groups) is never touched. Run several "
+        "replicas: one is active (elected through etcd), the others stand by (env SUNDIAL_LEASE_TTL_SEC).",
+    )
+    parser.add_argument(
+        "--interval", type=float, help="Seconds between idle passes (env SUNDIAL_REPLAYER_INTERVAL_SEC)."
+    )
+    parser.add_argument("--log-level", help="Logging level (env SUNDIAL_LOG_LEVEL).")
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        help="Serve Prometheus metrics at /metrics on this port (env SUNDIAL_METRICS_PORT; default: not served).",
+    )
+    args = parser.parse_args(argv)
+    settings = ReplayerSettings(**({} if args.metrics_port is None else {"metrics_port": args.metrics_port}))
+    setup_logging(args.log_level or settings.log_level, settings.log_format)
+    config = settings.replayer_config(args.interval)
+
+    async def serve(stop: asyncio.Event) -> None:
+        stores = await Stores.connect(settings.database_url, max_size=2)
+        kafka = KafkaReplayKafka(settings.kafka_bootstrap, client_id=f"sundial-replayer-{settings.instance_id}")
+        topics = KafkaTopicInspector(settings.kafka_bootstrap)
+        try:
+            log.info("replayer started")
+
+            async def replay_while_leading(until: asyncio.Event) -> None:
+                replayer = Replayer(stores, kafka, topics, config)  # a new term holds nothing yet: resumes count
+
+                def busy(result: ReplayPassResult) -> bool:
+                    return result.active > 0
+
+                await every(until, config.interval_sec, replayer.run_once, name="replay", again_now=busy)
+
+            await run_singleton(stop, "replayer", settings, replay_while_leading)
+        finally:
+            await topics.close()
+            await kafka.close()
+            await stores.close()
+            log.info("replayer stopped")
+
+    with observed("sundial-replayer", settings):
+        return run(serve)
