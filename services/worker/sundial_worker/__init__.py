@@ -16,6 +16,15 @@ Run it with ``sundial worker --app mymodule:worker``.
 from sundial_worker.errors import WorkerCrashed
 from sundial_worker.inflight import WorkerStats
 from sundial_worker.runtime import WorkerConfig, WorkerRuntime
-from sundial_worker.sdk import Context, HandlerSpec, Worker
+from sundial_worker.sdk import Context, HandlerSpec, ReplayInfo, Worker
 
-__all__ = ["Context", "HandlerSpec", "Worker", "WorkerConfig", "WorkerCrashed", "WorkerRuntime", "WorkerStats"]
+__all__ = [
+    "Context",
+    "HandlerSpec",
+    "ReplayInfo",
+    "Worker",
+    "WorkerConfig",
+    "WorkerCrashed",
+    "WorkerRuntime",
+    "WorkerStats",
+]

@@ -21,9 +21,9 @@ from sundial_common.observability import observed
 from sundial_common.service import run
 from sundial_common.settings import SettingsHelpParser
 
-from sundial_worker.runtime import WorkerRuntime
 from sundial_worker.sdk import Worker
 from sundial_worker.settings import WorkerSettings
+from sundial_worker.staging import serving_runtime
 
 log = logging.getLogger("sundial.worker")
 
@@ -113,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     except (AppError, ValueError) as exc:
         print(f"sundial worker: {exc}", file=sys.stderr)
         return 2
-    runtime = WorkerRuntime(worker, settings, config=config, worker_id=settings.identity())
+    # A staging pool is fed only by replays: its runtime records replay_runs, never executions (staging.py).
+    runtime = serving_runtime(worker, settings, config=config, worker_id=settings.identity())
 
     def abandon_running_handlers() -> None:
         log.warning("second signal: abandoning running handlers now")

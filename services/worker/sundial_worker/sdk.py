@@ -155,6 +155,24 @@ class Worker:
         return f"Worker(pool={self.pool!r}, concurrency={self.concurrency}, handlers={self.registry.names()})"
 
 
+@dataclass(frozen=True, slots=True)
+class ReplayInfo:
+    """What ``ctx.replay`` says in a staging pool: this run replays a production message, not a new execution.
+
+    Its outcome is recorded per replay (``GET /v1/replays/{id}/runs``), never as an execution; a handler with
+    side effects outside staging should check ``ctx.replay`` and keep them there.
+    """
+
+    replay_id: UUID
+    #: The production execution whose message this is (also ``ctx.execution_id``).
+    original_execution_id: UUID
+    source_topic: str
+    source_partition: int
+    source_offset: int
+    #: When the original message reached the broker.
+    published_at: datetime
+
+
 @dataclass(eq=False)
 class Context:
     """What a handler knows about the execution it runs, and how it talks back to Sundial.
@@ -179,6 +197,8 @@ class Context:
     previous_progress: Any | None = None
     # The last progress this attempt reported through heartbeat().
     progress: Any | None = None
+    # Set in a staging pool: the replay and original message this run replays (see ReplayInfo); None otherwise.
+    replay: ReplayInfo | None = None
     _sink: HeartbeatSink | None = field(default=None, repr=False)
     _cancel_requested: bool = field(default=False, repr=False)
 
