@@ -166,8 +166,10 @@ class StagingRuntime:
                 if not polled:
                     continue
                 replayed = [r for r in map(self._decode, polled) if r is not None]
-                batch = asyncio.ensure_future(asyncio.gather(*(self._run(r, slots) for r in replayed)))
-                forced = asyncio.ensure_future(self._force.wait())
+                batch: asyncio.Future[list[ReplayRun]] = asyncio.ensure_future(
+                    asyncio.gather(*(self._run(r, slots) for r in replayed))
+                )
+                forced: asyncio.Future[Any] = asyncio.ensure_future(self._force.wait())
                 await asyncio.wait([batch, forced], return_when=asyncio.FIRST_COMPLETED)
                 forced.cancel()
                 if not batch.done():  # a second signal: abandon the batch unrecorded; Kafka delivers it again
