@@ -99,11 +99,12 @@ class Pacer:
         return max(1, self.rate // 10)
 
     async def wait(self, count: int) -> None:
+        """Wait until ``count`` more messages fit: the running total may reach ``rate × elapsed`` only."""
         now = time.monotonic()
-        due = self._origin + self._sent / self.rate
-        if now - due > 1.0:  # idle (another replay's turn, a restart): do not burst to catch up
-            self._origin = now - self._sent / self.rate
-            due = now
+        if now - (self._origin + self._sent / self.rate) > 1.0:
+            # Idle (another replay's turn, a restart): start over rather than burst to catch up.
+            self._origin, self._sent = now, 0
+        due = self._origin + (self._sent + count) / self.rate
         if due > now:
             await asyncio.sleep(due - now)
         self._sent += count
