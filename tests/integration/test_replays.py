@@ -120,14 +120,14 @@ class Env:
         assert response.status_code == 200, response.text
         return dict(response.json())
 
-    async def run_to_end(self, replay_id: str, timeout: float = 60.0) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
+    async def run_to_end(self, replay_id: str, within: float = 60.0) -> dict[str, Any]:
+        deadline = time.monotonic() + within
         while time.monotonic() < deadline:
             await self.replayer.run_once()
             view = await self.get(replay_id)
             if view["state"] in ("SUCCEEDED", "FAILED", "CANCELLED"):
                 return view
-        raise AssertionError(f"replay {replay_id} did not finish within {timeout}s: {await self.get(replay_id)}")
+        raise AssertionError(f"replay {replay_id} did not finish within {within}s: {await self.get(replay_id)}")
 
     async def runs(self, replay_id: str) -> list[dict[str, Any]]:
         items: list[dict[str, Any]] = []
@@ -198,8 +198,8 @@ class Staging:
         await asyncio.wait_for(self.task, 30)
 
 
-async def until(condition: Any, timeout: float = 30.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
+async def until(condition: Any, within: float = 30.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + within
     while not await condition():
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
