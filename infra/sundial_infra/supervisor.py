@@ -91,6 +91,8 @@ def default_processes(
         ("sweeper-1", "sweeper"),
         ("sweeper-2", "sweeper"),
         ("worker", "worker", "--app", "sundial_worker.demo:worker"),
+        ("replayer", "replayer"),
+        ("worker-staging", "worker", "--app", "sundial_worker.demo:staging_worker"),
     ]
     if len(replicas) > len(metrics_ports):
         raise ValueError(f"{len(replicas)} replicas need as many metrics ports, got {len(metrics_ports)}")

@@ -10,6 +10,7 @@ from sundial_common.settings import CommonSettings, env_var
 from sundial_dispatcher.cluster_cli import CLUSTER_FIELDS
 from sundial_dispatcher.settings import DispatcherSettings
 from sundial_hydrator.settings import HydratorSettings
+from sundial_replayer.settings import ReplayerSettings
 from sundial_sweeper.settings import SweeperSettings
 from sundial_worker.settings import WorkerSettings
 
@@ -18,6 +19,7 @@ COMMANDS: list[tuple[str, type[BaseSettings], tuple[str, ...] | None]] = [
     ("dispatcher", DispatcherSettings, None),
     ("hydrator", HydratorSettings, None),
     ("sweeper", SweeperSettings, None),
+    ("replayer", ReplayerSettings, None),
     ("worker", WorkerSettings, None),
     ("migrate", CommonSettings, ("database_url",)),
     ("token", CommonSettings, ("jwt_secret",)),
@@ -45,7 +47,7 @@ def test_help_names_every_setting_the_command_reads(
 CONNECTION = ("SUNDIAL_DATABASE_URL", "SUNDIAL_REDIS_URL", "SUNDIAL_ETCD_ENDPOINT", "SUNDIAL_KAFKA_BOOTSTRAP")
 
 
-@pytest.mark.parametrize("command", ["api", "dispatcher", "hydrator", "sweeper", "worker"])
+@pytest.mark.parametrize("command", ["api", "dispatcher", "hydrator", "sweeper", "replayer", "worker"])
 def test_every_service_lists_the_connection_settings(command: str, capsys: pytest.CaptureFixture[str]) -> None:
     # Spelled out, so a renamed prefix or a settings class that stops composing CommonSettings is caught.
     text = help_text(command, capsys)

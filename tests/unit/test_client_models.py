@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 from sundial_api import ApiSettings, create_app
-from sundial_client import models
+from sundial_client import models, replays
 
 # client model → the OpenAPI schema it mirrors
 PAIRS: dict[type[BaseModel], str] = {
@@ -35,6 +35,12 @@ PAIRS: dict[type[BaseModel], str] = {
     models.ReplicaView: "ReplicaView",
     models.ShardView: "ShardView",
     models.RoleView: "RoleView",
+    replays.Replay: "Replay",
+    replays.ReplayPage: "ReplayList",
+    replays.ReplayPartition: "ReplayPartition",
+    replays.ReplayFilter: "ReplayFilterView",
+    replays.ReplayRun: "ReplayRun",
+    replays.ReplayRunPage: "ReplayRunList",
 }
 ENUMS: dict[type[enum.Enum], str] = {
     models.JobType: "JobType",
@@ -44,6 +50,7 @@ ENUMS: dict[type[enum.Enum], str] = {
     models.CatchupPolicy: "CatchupPolicy",
     models.Priority: "Priority",
     models.Backoff: "Backoff",
+    replays.ReplayState: "ReplayState",
 }
 REQUESTS = {models.NewJob, models.Target, models.RetryPolicy, models.SchedulePreviewRequest}
 
@@ -106,5 +113,10 @@ def test_every_operation_of_the_api_has_a_client_call(schemas: dict[str, Any]) -
         ("POST", "/v1/executions/{execution_id}/cancel"),
         ("POST", "/v1/executions/{execution_id}/retry"),
         ("GET", "/v1/admin/cluster"),
+        ("POST", "/v1/replays"),
+        ("GET", "/v1/replays"),
+        ("GET", "/v1/replays/{replay_id}"),
+        ("POST", "/v1/replays/{replay_id}/cancel"),
+        ("GET", "/v1/replays/{replay_id}/runs"),
     }
     assert operations == covered

@@ -42,6 +42,7 @@ from sundial_client.models import (
     Target,
     Triggered,
 )
+from sundial_client.replays import Replays
 from sundial_client.retries import Retries
 
 T = TypeVar("T")
@@ -144,6 +145,7 @@ class Client:
         self.executions = Executions(self)
         self.schedules = Schedules(self)
         self.admin = Admin(self)
+        self.replays = Replays(self)
 
     def call(self, call: Call[T]) -> T:
         """Send one operation, retrying what is safe to retry (see :mod:`sundial_client.retries`)."""

@@ -44,3 +44,8 @@ async def sleep(ctx: Context, payload: Any) -> dict[str, float]:
         slept += step
         await ctx.heartbeat(progress={"slept": slept})
     return {"slept": slept}
+
+
+#: The same handlers in the staging pool ``staging-demo``, where ``sundial replay --pool demo --into
+#: staging-demo`` sends replays: ``sundial worker --app sundial_worker.demo:staging_worker``.
+staging_worker = worker.for_pool("staging-demo")

@@ -147,6 +147,14 @@ class Worker:
 
         return register
 
+    def for_pool(self, pool: str) -> Worker:
+        """The same handlers serving ``pool`` — e.g. ``worker.for_pool("staging-email")`` runs replays of
+        ``email`` in its staging pool (``ctx.replay`` tells a handler so)."""
+        copy = Worker(pool, concurrency=self.concurrency)
+        for name, spec in self.registry.specs().items():
+            copy.registry.register(name, spec.func)
+        return copy
+
     @property
     def handlers(self) -> Mapping[str, HandlerSpec]:
         return self.registry.specs()

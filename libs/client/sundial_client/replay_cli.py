@@ -1,0 +1,201 @@
+"""``sundial replay``: replay a window of a pool's Kafka messages into a staging pool, and follow replays.
+
+``sundial replay --pool P --from T1 --to T2 --into staging-P [--handler H] [--job J] [--tenant T] [--rate N]
+[--dry-run] [--wait]`` asks for one (``--wait`` shows its progress — scanned / published, rate, ETA — and a
+summary, and exits 0 only if it SUCCEEDED); ``sundial replay list``, ``show ID``, ``cancel ID`` and ``runs ID``
+read and stop them. Connection, ``--json`` and exit codes as ``sundial jobs`` (:mod:`sundial_client.cli`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from itertools import islice
+from typing import Any
+
+from sundial_client.cli import EXIT_CODES, FAILED, OK, _cell, _common, _dump, _instant, _positive, run, table
+from sundial_client.client import Client
+from sundial_client.replays import Replay, ReplayState
+
+SUBCOMMANDS = ("list", "show", "cancel", "runs")
+REPLAY_COLUMNS = ("REPLAY ID", "STATE", "SOURCE", "TARGET", "FROM", "TO", "SCANNED", "MATCHED", "PUBLISHED")
+
+
+def _row(r: Replay) -> list[Any]:
+    return [
+        r.replay_id,
+        r.state,
+        r.source_pool,
+        r.target_pool,
+        r.window_from,
+        r.window_to,
+        r.scanned,
+        r.matched,
+        r.published,
+    ]
+
+
+def _text(r: Replay) -> str:
+    wanted = ", ".join(f"{k}={v}" for k, v in r.filter.model_dump(by_alias=True).items() if v) or "everything"
+    lines = [
+        f"replay {r.replay_id}  {r.state}{'  (dry run)' if r.dry_run else ''}",
+        f"  {r.source_pool} [{_cell(r.window_from)}, {_cell(r.window_to)}) -> {r.target_pool}  filter: {wanted}"
+        + (f"  rate: {r.rate_per_sec}/s" if r.rate_per_sec else ""),
+        f"  scanned {r.scanned}  matched {r.matched}  published {r.published}"
+        + (f"  duplicates {r.duplicates}" if r.duplicates else "")
+        + (f"  resumed {r.resumes}x" if r.resumes else ""),
+        f"  started {_cell(r.started_at)}  finished {_cell(r.finished_at)}",
+    ]
+    if r.error:
+        lines.append(f"  error: {r.error}")
+    if r.partitions:
+        lines.append(
+            table(
+                ("  PARTITION", "START", "END", "NEXT", "SCANNED", "PUBLISHED"),
+                [
+                    (f"  {p.partition}", p.start_offset, p.end_offset, p.next_offset, p.scanned, p.published)
+                    for p in r.partitions
+                ],
+            )
+        )
+    return "\n".join(lines)
+
+
+def _remaining(r: Replay) -> int | None:
+    """Messages left to scan, if every partition's end is known."""
+    if any(p.end_offset is None for p in r.partitions) or not r.partitions:
+        return None
+    return sum(max(0, (p.end_offset or 0) - p.next_offset) for p in r.partitions)
+
+
+def _progress(r: Replay, rate: float, scan_rate: float) -> str:
+    left = _remaining(r)
+    eta = "?" if left is None or scan_rate <= 0 else f"{left / scan_rate:.0f}s"
+    return f"{r.state}  scanned {r.scanned}  published {r.published}  {rate:,.0f} msg/s  ETA {eta}"
+
+
+def follow(client: Client, replay: Replay, args: argparse.Namespace) -> int:
+    """Show progress until the replay ends; then the summary. Exit 0 only if it SUCCEEDED."""
+    tty = sys.stdout.isatty() and not args.json
+    last, last_at = replay, time.monotonic()
+    for current in client.replays.watch(replay.replay_id, poll_sec=args.interval):
+        now = time.monotonic()
+        dt = max(now - last_at, 1e-6)
+        rate = (current.published - last.published) / dt
+        scan_rate = (current.scanned - last.scanned) / dt
+        last, last_at = current, now
+        if args.json:
+            print(json.dumps(current.model_dump(mode="json", by_alias=True)), flush=True)
+        elif not current.ended:
+            print(("\r" if tty else "") + _progress(current, rate, scan_rate), end="" if tty else "\n", flush=True)
+    if tty:
+        print()
+    if not args.json:
+        elapsed = (last.finished_at - last.started_at).total_seconds() if last.finished_at and last.started_at else None
+        speed = f" in {elapsed:.1f}s ({last.scanned / elapsed:,.0f} scanned/s)" if elapsed else ""
+        print(f"{_text(last)}\nsummary: {last.state}: {last.matched} matched, {last.published} published{speed}")
+    return OK if last.state is ReplayState.SUCCEEDED else FAILED
+
+
+def replay_create(client: Client, args: argparse.Namespace) -> int:
+    replay = client.replays.create(
+        source_pool=args.pool,
+        window_from=_instant(args.window_from, "--from"),
+        window_to=_instant(args.window_to, "--to"),
+        target_pool=args.into,
+        handler=args.handler,
+        job_id=args.job,
+        tenant_id=args.tenant,
+        rate_per_sec=args.rate,
+        dry_run=args.dry_run,
+    )
+    if args.wait:
+        return follow(client, replay, args)
+    print(_dump(replay) if args.json else f"{replay.replay_id}  {replay.state}")
+    return OK
+
+
+def replay_list(client: Client, args: argparse.Namespace) -> int:
+    replays = list(islice(client.replays.list(page_size=min(args.limit, 200)), args.limit))
+    print(_dump(list(replays)) if args.json else table(REPLAY_COLUMNS, [_row(r) for r in replays]))
+    return OK
+
+
+def replay_show(client: Client, args: argparse.Namespace) -> int:
+    replay = client.replays.get(args.id)
+    if args.wait:
+        return follow(client, replay, args)
+    print(_dump(replay) if args.json else _text(replay))
+    return OK
+
+
+def replay_cancel(client: Client, args: argparse.Namespace) -> int:
+    replay = client.replays.cancel(args.id)
+    print(_dump(replay) if args.json else f"{replay.replay_id}  {replay.state}  (cancel requested)")
+    return OK
+
+
+def replay_runs(client: Client, args: argparse.Namespace) -> int:
+    runs = list(islice(client.replays.runs(args.id), args.limit))
+    if args.json:
+        print(json.dumps([r.model_dump(mode="json", by_alias=True) for r in runs], indent=2))
+        return OK
+    rows = [
+        (r.original_execution_id, r.handler, r.outcome, f"{r.duration_ms:.1f}", r.deliveries, (r.error or "")[:60])
+        for r in runs
+    ]
+    print(table(("ORIGINAL EXECUTION", "HANDLER", "OUTCOME", "MS", "DELIVERIES", "ERROR"), rows))
+    return OK
+
+
+def _parser(argv: list[str]) -> argparse.ArgumentParser:
+    common: dict[str, Any] = {"epilog": EXIT_CODES, "formatter_class": argparse.RawDescriptionHelpFormatter}
+    if argv and argv[0] in SUBCOMMANDS:
+        parser = argparse.ArgumentParser(prog="sundial replay", description="Read and stop replays.", **common)
+        sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+        def add(name: str, help: str, func: Any) -> argparse.ArgumentParser:
+            p: argparse.ArgumentParser = sub.add_parser(name, help=help, description=help, **common)
+            _common(p)
+            p.set_defaults(run=func)
+            return p
+
+        add("list", "Replays, newest first.", replay_list).add_argument("--limit", type=_positive, default=50)
+        show = add("show", "A replay: state, counts, per-partition offsets.", replay_show)
+        show.add_argument("id")
+        show.add_argument("--wait", action="store_true", help="Follow it until it ends (exit 0 if it SUCCEEDED).")
+        show.add_argument("--interval", type=float, default=1.0, metavar="SECONDS")
+        add("cancel", "Cancel a replay (a running one stops at its next batch).", replay_cancel).add_argument("id")
+        runs = add("runs", "What the staging workers did with each replayed message.", replay_runs)
+        runs.add_argument("id")
+        runs.add_argument("--limit", type=_positive, default=100)
+        return parser
+    parser = argparse.ArgumentParser(
+        prog="sundial replay",
+        description="Replay the messages of a pool's Kafka topic whose broker timestamps lie in [--from, --to) into a "
+        "staging pool, where staging workers run them (ctx.replay) without touching production. Also: "
+        "`sundial replay list`, `show ID [--wait]`, `cancel ID`, `runs ID`.",
+        **common,
+    )
+    _common(parser)
+    parser.set_defaults(run=replay_create)
+    parser.add_argument("--pool", required=True, help="The source pool.")
+    parser.add_argument("--from", dest="window_from", required=True, metavar="INSTANT", help="RFC 3339, inclusive.")
+    parser.add_argument("--to", dest="window_to", required=True, metavar="INSTANT", help="RFC 3339, exclusive.")
+    parser.add_argument("--into", required=True, metavar="POOL", help="The staging pool (staging-…).")
+    parser.add_argument("--handler", help="Only this handler's messages.")
+    parser.add_argument("--job", metavar="JOB_ID", help="Only this job's messages.")
+    parser.add_argument("--tenant", help="Only this tenant's (a tenant token: always its own).")
+    parser.add_argument("--rate", type=_positive, metavar="N", help="At most N messages re-published a second.")
+    parser.add_argument("--dry-run", action="store_true", help="Count what would be replayed; publish nothing.")
+    parser.add_argument("--wait", action="store_true", help="Show progress until it ends, then a summary.")
+    parser.add_argument("--interval", type=float, default=1.0, metavar="SECONDS", help="Progress poll interval.")
+    return parser
+
+
+def replay_main(argv: list[str] | None = None) -> int:
+    """Replay a window of a pool's Kafka messages into a staging pool; list, show, cancel replays"""
+    args = list(sys.argv[1:] if argv is None else argv)
+    return run(_parser(args), args)
