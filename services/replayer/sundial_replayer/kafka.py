@@ -113,7 +113,12 @@ class KafkaReplayKafka:
             self._consumer.assign([TopicPartition(topic, p, offset) for p, offset in positions.items()])
             self._topic, self._expected = topic, dict(positions)
         batch = ReadBatch()
-        for message in self._consumer.consume(max_messages, wait_sec):
+        # consume(n, t) waits until n messages are there or t passed: wait for one message only, then take
+        # whatever else is already fetched (waiting for a full batch cost a whole timeout per batch).
+        messages = self._consumer.consume(1, wait_sec)
+        if messages and max_messages > 1:
+            messages.extend(self._consumer.consume(max_messages - 1, 0))
+        for message in messages:
             partition, offset = message.partition(), message.offset()
             assert partition is not None and offset is not None
             err = message.error()
