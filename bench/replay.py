@@ -13,6 +13,8 @@ RUNNING to SUCCEEDED by the replay's own ``startedAt``/``finishedAt``:
 * **filtered** — one handler of two (half re-published);
 * **dry run** — scanned and counted only.
 
+Beside them, ``raw_read_per_sec``: a bare consumer reading the same topic (the broker's part of the scan).
+
 Results are printed and appended as one JSON line to ``bench/results/<date>.jsonl`` with the machine. The
 target (≥ 20,000 messages/s) is for the reader: a benchmark never passes or fails on timing.
 """
@@ -31,7 +33,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Producer
+from confluent_kafka import Consumer, Producer, TopicPartition
 from sundial_common.broker import ensure_topics
 from sundial_common.clock import to_ms
 from sundial_common.messages import ExecutionMessage, pool_topic
@@ -91,6 +93,20 @@ def produce(bootstrap: str, count: int, now: datetime) -> float:
     return time.perf_counter() - started
 
 
+def raw_read(bootstrap: str, count: int, partitions: int) -> float:
+    """Messages/s a bare consumer reads the same topic at (the broker's side of the replayer's scan)."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4().hex}"})
+    consumer.assign([TopicPartition(pool_topic(POOL), p, 0) for p in range(partitions)])
+    read = 0
+    started = time.perf_counter()
+    while read < count and time.perf_counter() - started < 300:
+        first = consumer.consume(1, 1.0)
+        read += sum(1 for m in first + consumer.consume(9999, 0) if m.error() is None)
+    elapsed = time.perf_counter() - started
+    consumer.close()
+    return read / elapsed
+
+
 async def replay(stores: Stores, replayer: Replayer, now: datetime, **filters: Any) -> dict[str, Any]:
     row = await stores.replays.insert_replay(
         NewReplay(
@@ -127,6 +143,8 @@ async def run(args: argparse.Namespace, stack: LocalStack) -> dict[str, Any]:
     ensure_topics(stack.kafka_bootstrap, [pool_topic(POOL)], partitions=args.partitions)
     produce_sec = produce(stack.kafka_bootstrap, args.messages, now)
     print(f"produced {args.messages} messages in {produce_sec:.1f}s", flush=True)
+    raw = raw_read(stack.kafka_bootstrap, args.messages, args.partitions)
+    print(f"a bare consumer reads them at {raw:,.0f} messages/s", flush=True)
     stores = await Stores.connect(dsn)
     kafka = KafkaReplayKafka(stack.kafka_bootstrap, client_id="bench-replayer")
     topics = KafkaTopicInspector(stack.kafka_bootstrap)
@@ -147,6 +165,7 @@ async def run(args: argparse.Namespace, stack: LocalStack) -> dict[str, Any]:
         "partitions": args.partitions,
         "batch_size": ReplayerConfig().batch_size,
         "produce_sec": round(produce_sec, 2),
+        "raw_read_per_sec": round(raw),
         **results,
         "machine": describe(REPO),
     }

@@ -87,24 +87,28 @@ class ReplayPassResult:
 
 
 class Pacer:
-    """Holds publishing to ``rate`` messages a second: each batch waits until the running total allows it."""
+    """Holds publishing to ``rate`` messages a second: each batch goes when the running total allows it."""
+
+    #: Batches are a tenth of a second's worth, so no burst is longer than that.
+    interval_sec = 0.1
 
     def __init__(self, rate: int) -> None:
         self.rate = rate
-        self._origin = time.monotonic()
+        self._origin: float | None = None
         self._sent = 0
 
     def chunk(self) -> int:
-        """Messages per batch: a tenth of a second's worth (so no burst is longer than that)."""
-        return max(1, self.rate // 10)
+        """Messages per batch."""
+        return max(1, int(self.rate * self.interval_sec))
 
     async def wait(self, count: int) -> None:
-        """Wait until ``count`` more messages fit: the running total may reach ``rate × elapsed`` only."""
+        """Wait until ``count`` more messages may go: the first batch at once, then ``rate`` a second."""
         now = time.monotonic()
-        if now - (self._origin + self._sent / self.rate) > 1.0:
-            # Idle (another replay's turn, a restart): start over rather than burst to catch up.
-            self._origin, self._sent = now, 0
-        due = self._origin + (self._sent + count) / self.rate
+        due = now if self._origin is None else self._origin + self._sent / self.rate
+        if self._origin is None or now - due > self.interval_sec:
+            # The first batch, or late by more than a batch (another replay's turn, a slow broker, a restart):
+            # pace from now rather than burst to catch up.
+            self._origin, self._sent, due = now, 0, now
         if due > now:
             await asyncio.sleep(due - now)
         self._sent += count
@@ -302,14 +306,24 @@ def _body(message: SourceMessage) -> dict[str, Any] | None:
 
 def _replayed(message: SourceMessage, body: Mapping[str, Any], replay: bytes, topic: bytes) -> OutRecord:
     prefix = REPLAY_HEADER_PREFIX
-    # A replay of a replay names the latest one only.
-    headers = [h for h in message.headers if not h[0].startswith(prefix)]
-    headers += [
-        (prefix + "id", replay),
-        (prefix + "execution-id", str(body.get("execution_id", "")).encode()),
-        (prefix + "topic", topic),
-        (prefix + "partition", str(message.partition).encode()),
-        (prefix + "offset", str(message.offset).encode()),
-        (prefix + "timestamp", str(message.timestamp_ms).encode()),
-    ]
-    return OutRecord(message.key, message.value, headers)
+    headers = message.headers
+    if any(name.startswith(prefix) for name, _ in headers):
+        headers = [h for h in headers if not h[0].startswith(prefix)]  # a replay of a replay names the latest only
+    return OutRecord(
+        message.key,
+        message.value,
+        [
+            *headers,
+            (_ID, replay),
+            (_EXECUTION_ID, str(body.get("execution_id", "")).encode()),
+            (_TOPIC, topic),
+            (_PARTITION, b"%d" % message.partition),
+            (_OFFSET, b"%d" % message.offset),
+            (_TIMESTAMP, b"%d" % message.timestamp_ms),
+        ],
+    )
+
+
+_ID, _EXECUTION_ID, _TOPIC, _PARTITION, _OFFSET, _TIMESTAMP = (
+    REPLAY_HEADER_PREFIX + name for name in ("id", "execution-id", "topic", "partition", "offset", "timestamp")
+)
