@@ -288,6 +288,28 @@ async def test_bad_requests_name_the_field_and_create_nothing(env: Env) -> None:
     assert [r["replayId"] for r in listed.json()["items"]] == [mine["replayId"]]
     other = await env.client.get(f"/v1/replays/{whole['replayId']}", headers=token("acme"))
     assert other.status_code == 404
+    # An admin sees every replay, newest first, a page at a time.
+    third = await env.replay(good)
+    first_page = (await env.client.get("/v1/replays?limit=2", headers=token(admin=True))).json()
+    assert [r["replayId"] for r in first_page["items"]] == [third["replayId"], whole["replayId"]]
+    params = {"limit": 2, "cursor": first_page["nextCursor"]}
+    second_page = (await env.client.get("/v1/replays", params=params, headers=token(admin=True))).json()
+    assert [r["replayId"] for r in second_page["items"]] == [mine["replayId"]] and second_page["nextCursor"] is None
+    bad_cursor = await env.client.get("/v1/replays?cursor=nope", headers=token(admin=True))
+    assert bad_cursor.status_code == 422 and bad_cursor.json()["errors"][0]["field"] == "cursor"
+
+
+async def test_pool_topics_keep_messages_for_the_retention_setting(env: Env) -> None:
+    topics = KafkaTopicInspector(env.bootstrap)
+    try:
+        ensure_topics(env.bootstrap, [pool_topic(env.pool)])  # as a worker creates its pool's topic
+        info = await topics.describe(pool_topic(env.pool), datetime.now(UTC))
+        assert info is not None and info.retention_ms == 7 * 24 * 3600 * 1000  # SUNDIAL_TOPIC_RETENTION_MS
+        # Tansu deletes nothing, so the reach is the retention: a window of the last 7 days is replayable.
+        assert info.earliest_available is not None
+        assert abs((datetime.now(UTC) - timedelta(days=7) - info.earliest_available).total_seconds()) < 60
+    finally:
+        await topics.close()
 
 
 # --- the replay ----------------------------------------------------------------------------------
