@@ -78,6 +78,12 @@ class CommonSettings(BaseSettings):
         default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}",
         description="Identity of this process in leases, heartbeats and attempts (default: <hostname>-<pid>).",
     )
+    execution_retention_days: float = Field(
+        30.0,
+        ge=0,
+        description="Finished executions older than this are deleted from Postgres by the analytics service; "
+        "their history stays in ClickHouse (GET /v1/executions/{id} then answers 410). 0 = kept forever.",
+    )
     log_level: str = Field("INFO", description="Python logging level.")
     log_format: str = Field("text", description="`text` or `json` (one JSON object per line).")
 

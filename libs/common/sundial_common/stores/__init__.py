@@ -8,7 +8,9 @@ one Postgres implementation and its own file of named queries under ``sql/``:
   and finish, the sweeper's lost attempts and dead letters;
 - :mod:`~sundial_common.stores.dispatch` — the leader's fenced dispatch of occurrences and retries, the
   retries coming due, and the execution outbox;
-- :mod:`~sundial_common.stores.idempotency` — Idempotency-Key claims and responses.
+- :mod:`~sundial_common.stores.idempotency` — Idempotency-Key claims and responses;
+- :mod:`~sundial_common.stores.analytics` — the execution-events outbox drained into ClickHouse, and the
+  retention of finished executions.
 
 They share one :class:`~sundial_common.stores.database.Database` (the asyncpg pool and its connection
 setup); :class:`Stores` holds them together for a process. The values they trade in that are not one
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sundial_common.stores.analytics import AnalyticsStore, PostgresAnalyticsStore
 from sundial_common.stores.database import Database
 from sundial_common.stores.dispatch import DispatchStore, PostgresDispatchStore
 from sundial_common.stores.executions import ExecutionStore, PostgresExecutionStore
@@ -36,6 +39,7 @@ class Stores:
     executions: ExecutionStore
     dispatch: DispatchStore
     idempotency: IdempotencyStore
+    analytics: AnalyticsStore
 
     @classmethod
     def over(cls, database: Database) -> Stores:
@@ -46,6 +50,7 @@ class Stores:
             executions=PostgresExecutionStore(database),
             dispatch=PostgresDispatchStore(database),
             idempotency=PostgresIdempotencyStore(database),
+            analytics=PostgresAnalyticsStore(database),
         )
 
     @classmethod
