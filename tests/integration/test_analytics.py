@@ -7,6 +7,7 @@ ClickHouse database of its own.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
@@ -16,14 +17,22 @@ from typing import Any
 
 import httpx
 import pytest
+from sundial_analytics.cli import serve_stats
 from sundial_analytics.http import create_app
 from sundial_analytics.ingest import IngestConfig, Ingester, Retention, RetentionConfig, error_class, replica_row
 from sundial_analytics.replica import ClickHouseReplica, ReplicaConfig
+from sundial_analytics.settings import AnalyticsSettings
 from sundial_common.clock import SystemClock
 from sundial_common.stores import Stores
 from sundial_common.stores.executions import Outcome
+from sundial_infra.stack import TEST_PORTS
 
+from tests.conftest import port_offset
+from tests.integration.test_api import Api, api
 from tests.integration.test_reliability import TENANT, make_executions
+from tests.integration.test_worker import wait_until
+
+__all__ = ["api"]  # the fixture
 
 
 @pytest.fixture(scope="session")
@@ -181,3 +190,77 @@ def test_error_class_is_the_exception_name_or_a_generic_one() -> None:
     assert error_class("cancelled: a newer occurrence started") == "cancelled"
     assert error_class("the handler vanished") == "Error"
     assert error_class(None) == ""
+
+
+# --- the API's /v1/stats and the 410 of an execution gone from Postgres ------------------------------
+
+STATS_PORT = TEST_PORTS.api + 44 + port_offset()
+STATS_URL = f"http://127.0.0.1:{STATS_PORT}"
+
+
+@pytest.fixture
+async def stats_endpoint(replica: ClickHouseReplica) -> AsyncIterator[ClickHouseReplica]:
+    """The analytics service's loopback endpoint over this test's replica, as the API reaches it."""
+    until = asyncio.Event()
+    settings = AnalyticsSettings(analytics_port=STATS_PORT)
+    server = asyncio.create_task(serve_stats(until, replica, settings))
+
+    async def up() -> bool:
+        try:
+            async with httpx.AsyncClient() as http:
+                return (await http.get(f"{STATS_URL}/healthz")).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    await wait_until(up, "the stats endpoint to listen", 10)
+    yield replica
+    until.set()
+    await server
+
+
+@pytest.mark.parametrize(
+    ("query", "fields"),
+    [
+        ({"interval": "week"}, ["interval"]),
+        ({"groupBy": "colour", "from": "yesterday"}, ["groupBy", "from"]),
+        ({"from": "2026-01-02T00:00:00Z", "to": "2026-01-01T00:00:00Z"}, ["to"]),
+        ({"from": "2020-01-01T00:00:00Z", "to": "2026-01-01T00:00:00Z", "interval": "hour"}, ["from"]),
+    ],
+)
+async def test_bad_stats_parameters_are_a_422_naming_each(api: Api, query: dict[str, str], fields: list[str]) -> None:
+    answer = await api.client.get("/v1/stats/executions", params=query, headers=api.auth())
+    assert answer.status_code == 422, answer.text
+    assert [error["field"] for error in answer.json()["errors"]] == fields, answer.text
+
+
+@pytest.mark.parametrize("api", [{"analytics_url": STATS_URL, "execution_retention_days": 0.5}], indirect=True)
+async def test_the_api_answers_the_tenants_stats_from_the_replica_and_410_for_an_expired_execution(
+    api: Api, stats_endpoint: ClickHouseReplica, stores: Stores
+) -> None:
+    lifecycle = await run_lifecycle(stores)
+    await Ingester(stores.analytics, stats_endpoint, IngestConfig()).run_once()
+    now = datetime.now(UTC)
+    window = {"from": (now - timedelta(hours=2)).isoformat(), "to": (now + timedelta(hours=1)).isoformat()}
+    answer = await api.client.get("/v1/stats/executions", params={**window, "groupBy": "state"}, headers=api.auth())
+    assert answer.status_code == 200, answer.text
+    assert {item["group"]: item["executions"] for item in answer.json()["items"]} == {
+        "SUCCEEDED": 1,
+        "DEAD": 1,
+        "CANCELLED": 1,
+        "PENDING": 2,
+    }
+    handlers = await api.client.get("/v1/stats/handlers", params=window, headers=api.auth())
+    assert handlers.json()["mostFailing"][0]["failureRate"] == 0.5
+    elsewhere = await api.client.get("/v1/stats/executions", params=window, headers=api.auth("globex"))
+    assert elsewhere.json()["items"] == []
+
+    # The API's clock is a day ahead: with 12 h of retention these executions are past it. One deleted
+    # from Postgres is a 410 saying where it went; another tenant asking gets the plain 404.
+    dead = lifecycle["ids"][1]
+    await stores.database.pool.execute("DELETE FROM execution_attempts WHERE execution_id = $1", dead)
+    await stores.database.pool.execute("DELETE FROM executions WHERE id = $1", dead)
+    gone = await api.client.get(f"/v1/executions/{dead}", headers=api.auth())
+    assert gone.status_code == 410, gone.text
+    assert "ended DEAD after 2 attempt(s)" in gone.json()["detail"]
+    assert "/v1/stats/executions?" in gone.headers["Link"]
+    assert (await api.client.get(f"/v1/executions/{dead}", headers=api.auth("globex"))).status_code == 404

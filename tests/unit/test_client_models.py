@@ -35,6 +35,11 @@ PAIRS: dict[type[BaseModel], str] = {
     models.ReplicaView: "ReplicaView",
     models.ShardView: "ShardView",
     models.RoleView: "RoleView",
+    models.ExecutionStats: "ExecutionStats",
+    models.ExecutionStatsItem: "ExecutionStatsItem",
+    models.Percentiles: "Percentiles",
+    models.HandlerRanking: "HandlerRanking",
+    models.HandlerStats: "HandlerStats",
 }
 ENUMS: dict[type[enum.Enum], str] = {
     models.JobType: "JobType",
@@ -106,5 +111,7 @@ def test_every_operation_of_the_api_has_a_client_call(schemas: dict[str, Any]) -
         ("POST", "/v1/executions/{execution_id}/cancel"),
         ("POST", "/v1/executions/{execution_id}/retry"),
         ("GET", "/v1/admin/cluster"),
+        ("GET", "/v1/stats/executions"),
+        ("GET", "/v1/stats/handlers"),
     }
     assert operations == covered

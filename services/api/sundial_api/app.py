@@ -24,7 +24,7 @@ from sundial_common.clock import Clock, SystemClock
 from sundial_common.hotwindow import HotWindow
 from sundial_common.stores import Stores
 
-from sundial_api import admin, batch, executions, health, job_list, jobs, problems
+from sundial_api import admin, batch, executions, health, job_list, jobs, problems, stats
 from sundial_api.limits import BodyLimitMiddleware
 from sundial_api.metrics import RequestMetricsMiddleware
 from sundial_api.responses import OrjsonResponse
@@ -58,6 +58,7 @@ TAGS = [
         "page through executions.",
     },
     {"name": "executions", "description": "One occurrence of a job: state, attempts, worker, trace."},
+    {"name": "stats", "description": "The tenant's execution history from the ClickHouse replica."},
     {"name": "health", "description": "Liveness and readiness probes (no token needed)."},
 ]
 
@@ -127,6 +128,7 @@ def create_app(settings: ApiSettings | None = None, *, clock: Clock | None = Non
     app.include_router(executions.router)
     app.include_router(health.router)
     app.include_router(admin.router)
+    app.include_router(stats.router)
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
