@@ -91,6 +91,8 @@ def default_processes(
         ("sweeper-1", "sweeper"),
         ("sweeper-2", "sweeper"),
         ("worker", "worker", "--app", "sundial_worker.demo:worker"),
+        # One replica: the embedded chDB engine's data (.sundial/analytics/chdb) belongs to one process.
+        ("analytics", "analytics"),
     ]
     if len(replicas) > len(metrics_ports):
         raise ValueError(f"{len(replicas)} replicas need as many metrics ports, got {len(metrics_ports)}")

@@ -22,6 +22,7 @@ from datetime import datetime
 from importlib.resources import files
 from pathlib import Path
 from typing import Any, Protocol
+from urllib.parse import urlparse
 from uuid import UUID
 
 import clickhouse_connect
@@ -120,7 +121,10 @@ class ClickHouseReplica:
     def _connect(self) -> Client:
         if self._client is None:
             if self.config.url:
-                self._client = clickhouse_connect.get_client(dsn=self.config.url)
+                # clickhouse-connect reads host, port, user and database from the DSN but not the scheme.
+                scheme = urlparse(self.config.url).scheme
+                interface = scheme if scheme in ("http", "https") else None
+                self._client = clickhouse_connect.get_client(dsn=self.config.url, interface=interface)
             else:
                 self.config.chdb_path.mkdir(parents=True, exist_ok=True)
                 self._client = clickhouse_connect.get_client(interface="chdb", path=str(self.config.chdb_path))
