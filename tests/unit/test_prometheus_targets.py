@@ -16,7 +16,14 @@ def test_every_dev_process_is_scraped_on_a_port_of_its_own_named_by_service_and_
     assert all(t is not None for t in targets)
     addresses = [t.address for t in targets if t is not None]
     assert len(set(addresses)) == len(addresses)
-    assert {t.service for t in targets if t is not None} == {"api", "hydrator", "dispatcher", "sweeper", "worker"}
+    assert {t.service for t in targets if t is not None} == {
+        "api",
+        "hydrator",
+        "dispatcher",
+        "sweeper",
+        "worker",
+        "analytics",
+    }
     assert f"127.0.0.1:{DEV_PORTS.api}" in addresses
     for spec in processes:
         env = dict(spec.env)
