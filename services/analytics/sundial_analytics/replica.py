@@ -34,8 +34,8 @@ Q = load(files("sundial_analytics").joinpath("sql", "clickhouse.sql").read_text(
 _NAMES = re.compile(r"\{(\w+)\}")
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 
-#: The columns of both tables as the ingester fills them (``executions`` takes ``event_id`` as ``version``
-#: and ``at`` as ``updated_at``).
+#: The columns of ``execution_events`` as the ingester fills them (``executions`` is filled from them by a
+#: materialized view: ``event_id`` as ``version``, ``at`` as ``updated_at``, ``kind`` as its latest event's).
 EVENT_COLUMNS = (
     "event_id",
     "at",
@@ -57,10 +57,6 @@ EVENT_COLUMNS = (
     "worker_id",
     "error_class",
 )
-EXECUTION_COLUMNS = tuple(
-    {"event_id": "version", "at": "updated_at"}.get(column, column) for column in EVENT_COLUMNS if column != "kind"
-)
-_KIND = EVENT_COLUMNS.index("kind")
 
 #: ``interval`` → the bucketing function; ``groupBy`` → the column (None: one group).
 BUCKETS: Mapping[str, str] = {"hour": "toStartOfHour", "day": "toStartOfDay"}
@@ -93,7 +89,7 @@ class Replica(Protocol):
     async def ensure_schema(self) -> None: ...
 
     async def insert(self, events: Sequence[Sequence[Any]]) -> None:
-        """Insert rows in :data:`EVENT_COLUMNS` order into both tables (idempotent: re-sent rows collapse)."""
+        """Insert event rows in :data:`EVENT_COLUMNS` order (idempotent: re-sent rows collapse)."""
         ...
 
     async def execution_stats(
@@ -147,6 +143,7 @@ class ClickHouseReplica:
             client.command(self._sql("create_database"))
             client.command(self._sql("create_events"))
             client.command(self._sql("create_executions"))
+            client.command(self._sql("create_executions_view"))
             # A changed retention applies to the tables that exist (only when it changed: MODIFY TTL
             # re-evaluates every part).
             wanted = f"INTERVAL {self.config.ttl_days} DAY"
@@ -160,11 +157,13 @@ class ClickHouseReplica:
     async def insert(self, events: Sequence[Sequence[Any]]) -> None:
         if not events:
             return
-        executions = [tuple(row[:_KIND]) + tuple(row[_KIND + 1 :]) for row in events]
+        # Column-oriented: clickhouse-connect serializes a column at a time without transposing rows itself.
+        columns = list(zip(*events, strict=True))
 
         def insert(client: Client) -> None:
-            client.insert(f"{self._db}.execution_events", list(events), column_names=list(EVENT_COLUMNS))
-            client.insert(f"{self._db}.executions", executions, column_names=list(EXECUTION_COLUMNS))
+            client.insert(
+                f"{self._db}.execution_events", columns, column_names=list(EVENT_COLUMNS), column_oriented=True
+            )
 
         await self._call(insert)
 

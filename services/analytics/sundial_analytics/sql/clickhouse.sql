@@ -46,6 +46,8 @@ CREATE TABLE IF NOT EXISTS {db}.executions (
     execution_id    UUID,
     version         UInt64,
     updated_at      DateTime64(3, 'UTC'),
+    -- The latest event's kind: `retried` marks a failed attempt whose next one is scheduled (still open).
+    kind            LowCardinality(String),
     job_id          UUID,
     attempt         UInt16,
     state           LowCardinality(String),
@@ -66,6 +68,14 @@ PARTITION BY toYYYYMM(scheduled_for)
 ORDER BY (tenant_id, scheduled_for, execution_id)
 TTL toDateTime(scheduled_for) + INTERVAL {ttl_days} DAY
 
+-- name: create_executions_view
+-- Every inserted event also lands in `executions` (ClickHouse does it per inserted block): the ingester
+-- serializes each batch once.
+CREATE MATERIALIZED VIEW IF NOT EXISTS {db}.executions_from_events TO {db}.executions AS
+SELECT tenant_id, scheduled_for, execution_id, event_id AS version, at AS updated_at, kind, job_id, attempt, state,
+       pool, handler, fire_at, created_at, started_at, finished_at, lateness_ms, duration_ms, worker_id, error_class
+FROM {db}.execution_events
+
 -- name: table_ttl
 SELECT name, create_table_query FROM system.tables WHERE database = {db_name:String}
 
@@ -75,14 +85,14 @@ ALTER TABLE {db}.{table} MODIFY TTL toDateTime({column}) + INTERVAL {ttl_days} D
 -- name: execution_stats
 -- Counts, failure rate and percentiles per time bucket (and group), for one tenant's executions whose
 -- nominal time is in [from, to). Failed = ended in a failure state (DEAD included); a retried execution
--- counts once, in its latest state.
+-- counts once, in its latest state, and is open while its next attempt is scheduled.
 SELECT
     {bucket}(scheduled_for) AS bucket,
     {group} AS grp,
     count() AS executions,
     countIf(state = 'SUCCEEDED') AS succeeded,
-    countIf(state IN ('FAILED', 'TIMED_OUT', 'FAILED_WORKER_LOST', 'DEAD')) AS failed,
-    countIf(state IN ('PENDING', 'RUNNING')) AS open,
+    countIf(state IN ('FAILED', 'TIMED_OUT', 'FAILED_WORKER_LOST', 'DEAD') AND kind != 'retried') AS failed,
+    countIf(state IN ('PENDING', 'RUNNING') OR kind = 'retried') AS open,
     quantiles(0.5, 0.95, 0.99)(lateness_ms) AS lateness,
     quantiles(0.5, 0.95, 0.99)(duration_ms) AS duration
 FROM {db}.executions FINAL
@@ -97,7 +107,7 @@ SELECT
     handler,
     count() AS executions,
     countIf(state = 'SUCCEEDED') AS succeeded,
-    countIf(state IN ('FAILED', 'TIMED_OUT', 'FAILED_WORKER_LOST', 'DEAD')) AS failed,
+    countIf(state IN ('FAILED', 'TIMED_OUT', 'FAILED_WORKER_LOST', 'DEAD') AND kind != 'retried') AS failed,
     quantiles(0.5, 0.95, 0.99)(duration_ms) AS duration,
     topKIf(1)(error_class, error_class != '') AS top_error
 FROM {db}.executions FINAL
