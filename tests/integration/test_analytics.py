@@ -264,3 +264,18 @@ async def test_the_api_answers_the_tenants_stats_from_the_replica_and_410_for_an
     assert "ended DEAD after 2 attempt(s)" in gone.json()["detail"]
     assert "/v1/stats/executions?" in gone.headers["Link"]
     assert (await api.client.get(f"/v1/executions/{dead}", headers=api.auth("globex"))).status_code == 404
+
+
+async def test_an_execution_waiting_for_its_retry_is_open_not_failed(
+    stores: Stores, replica: ClickHouseReplica
+) -> None:
+    [message] = await make_executions(
+        stores, f"a-{uuid.uuid4().hex[:8]}", "work", retry_policy={"maxAttempts": 3, "backoff": "FIXED"}
+    )
+    ident = uuid.UUID(message.execution_id)
+    await stores.executions.start_executions("w1", [(ident, 1)])
+    await stores.executions.finish_attempts("w1", [Outcome(ident, 1, "FAILED", error="E: x", retry_delay_ms=60_000)])
+    await Ingester(stores.analytics, replica, IngestConfig()).run_once()
+    now = datetime.now(UTC)
+    [item] = await replica.execution_stats(TENANT, now - timedelta(hours=1), now + timedelta(hours=1), "day", None)
+    assert (item["executions"], item["failed"], item["open"]) == (1, 0, 1)
