@@ -74,6 +74,8 @@ class Shape:
     workers: int
     concurrency: int
     durable: bool
+    #: The ClickHouse replica's outbox triggers and the analytics service (off: its cost is measured by difference).
+    analytics: bool = True
 
 
 def _cpu_seconds_of_tree(root_pid: int) -> float:
@@ -134,6 +136,13 @@ class Bench:
                 for i in range(shape.workers)
             ),
         ]
+        if shape.analytics:
+            # The ClickHouse replica is fed under every workload: its outbox triggers and drain are part of the cost.
+            analytics_env = (
+                ("SUNDIAL_ANALYTICS_CHDB_PATH", str(root / "analytics" / "chdb")),
+                ("SUNDIAL_ANALYTICS_PORT", str(ports.api + 44)),
+            )
+            processes.append(ProcessSpec("analytics", sundial_argv("analytics"), env=analytics_env))
         self.supervisor = Supervisor(processes, env={**os.environ, **env}, log_dir=root / "logs", run_dir=root / "run")
         self.token = issue_token(CommonSettings().jwt_secret, "bench-api")
 
@@ -146,6 +155,12 @@ class Bench:
         self.stack.postgres.psql(
             "CREATE EXTENSION IF NOT EXISTS pg_stat_statements", database=self.stack.postgres.database
         )
+        if not self.shape.analytics:
+            self.stack.postgres.psql(
+                "ALTER TABLE executions DISABLE TRIGGER executions_events_created,"
+                " DISABLE TRIGGER executions_events_changed",
+                database=self.stack.postgres.database,
+            )
         self.supervisor.start()
         api = f"http://127.0.0.1:{self.ports.api}/readyz"
         if not wait_for(lambda: _ok(api), timeout=60):
@@ -390,7 +405,9 @@ def _record(line: dict[str, Any], results: Path = RESULTS) -> None:
 
 
 async def main_async(args: argparse.Namespace) -> None:
-    shape = Shape(args.shards, args.dispatchers, args.workers, args.concurrency, not args.no_durable)
+    shape = Shape(
+        args.shards, args.dispatchers, args.workers, args.concurrency, not args.no_durable, not args.no_analytics
+    )
     ports = Ports(**{k: v + args.port_offset for k, v in vars(BENCH_PORTS).items()})
     bench = Bench(shape, args.root, ports, args.profile)
     record = functools.partial(_record, results=args.results)
@@ -492,6 +509,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--profile", type=Path, help="py-spy a dispatcher and a worker into this directory")
     parser.add_argument("--no-durable", action="store_true", help="Postgres without fsync (as in tests)")
+    parser.add_argument(
+        "--no-analytics",
+        action="store_true",
+        help="without the ClickHouse replica: outbox triggers disabled, no analytics service (its cost by difference)",
+    )
     args = parser.parse_args(argv)
     asyncio.run(main_async(args))
     return 0

@@ -93,6 +93,8 @@ def default_processes(
         ("worker", "worker", "--app", "sundial_worker.demo:worker"),
         ("replayer", "replayer"),
         ("worker-staging", "worker", "--app", "sundial_worker.demo:staging_worker"),
+        # One replica: the embedded chDB engine's data (.sundial/analytics/chdb) belongs to one process.
+        ("analytics", "analytics"),
     ]
     if len(replicas) > len(metrics_ports):
         raise ValueError(f"{len(replicas)} replicas need as many metrics ports, got {len(metrics_ports)}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from pydantic_settings import BaseSettings
+from sundial_analytics.settings import AnalyticsSettings
 from sundial_api.settings import ApiSettings
 from sundial_client.command import main as sundial
 from sundial_common.settings import CommonSettings, env_var
@@ -21,6 +22,7 @@ COMMANDS: list[tuple[str, type[BaseSettings], tuple[str, ...] | None]] = [
     ("sweeper", SweeperSettings, None),
     ("replayer", ReplayerSettings, None),
     ("worker", WorkerSettings, None),
+    ("analytics", AnalyticsSettings, None),
     ("migrate", CommonSettings, ("database_url",)),
     ("token", CommonSettings, ("jwt_secret",)),
     ("cluster", CommonSettings, CLUSTER_FIELDS),
@@ -47,7 +49,7 @@ def test_help_names_every_setting_the_command_reads(
 CONNECTION = ("SUNDIAL_DATABASE_URL", "SUNDIAL_REDIS_URL", "SUNDIAL_ETCD_ENDPOINT", "SUNDIAL_KAFKA_BOOTSTRAP")
 
 
-@pytest.mark.parametrize("command", ["api", "dispatcher", "hydrator", "sweeper", "replayer", "worker"])
+@pytest.mark.parametrize("command", ["api", "dispatcher", "hydrator", "sweeper", "replayer", "worker", "analytics"])
 def test_every_service_lists_the_connection_settings(command: str, capsys: pytest.CaptureFixture[str]) -> None:
     # Spelled out, so a renamed prefix or a settings class that stops composing CommonSettings is caught.
     text = help_text(command, capsys)

@@ -41,6 +41,11 @@ PAIRS: dict[type[BaseModel], str] = {
     replays.ReplayFilter: "ReplayFilterView",
     replays.ReplayRun: "ReplayRun",
     replays.ReplayRunPage: "ReplayRunList",
+    models.ExecutionStats: "ExecutionStats",
+    models.ExecutionStatsItem: "ExecutionStatsItem",
+    models.Percentiles: "Percentiles",
+    models.HandlerRanking: "HandlerRanking",
+    models.HandlerStats: "HandlerStats",
 }
 ENUMS: dict[type[enum.Enum], str] = {
     models.JobType: "JobType",
@@ -118,5 +123,7 @@ def test_every_operation_of_the_api_has_a_client_call(schemas: dict[str, Any]) -
         ("GET", "/v1/replays/{replay_id}"),
         ("POST", "/v1/replays/{replay_id}/cancel"),
         ("GET", "/v1/replays/{replay_id}/runs"),
+        ("GET", "/v1/stats/executions"),
+        ("GET", "/v1/stats/handlers"),
     }
     assert operations == covered

@@ -25,6 +25,8 @@ from sundial_client.models import (
     ExecutionDetail,
     ExecutionPage,
     ExecutionState,
+    ExecutionStats,
+    HandlerRanking,
     Job,
     JobDetail,
     JobList,
@@ -177,6 +179,21 @@ def retry_execution(execution_id: str) -> Call[Execution]:
 
 def cluster() -> Call[ClusterView]:
     return Call("GET", "/v1/admin/cluster", _model(ClusterView))
+
+
+# --- stats ----------------------------------------------------------------------------------------
+
+
+def execution_stats(
+    start: datetime | None, end: datetime | None, interval: str, group_by: str | None
+) -> Call[ExecutionStats]:
+    params = _query(**{"from": start and instant(start), "to": end and instant(end), "groupBy": group_by})
+    return Call("GET", "/v1/stats/executions", _model(ExecutionStats), params={**params, "interval": interval})
+
+
+def handler_stats(start: datetime | None, end: datetime | None, limit: int) -> Call[HandlerRanking]:
+    params = _query(**{"from": start and instant(start), "to": end and instant(end)})
+    return Call("GET", "/v1/stats/handlers", _model(HandlerRanking), params={**params, "limit": limit})
 
 
 def instant(value: datetime) -> str:

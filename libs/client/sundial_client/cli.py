@@ -558,6 +558,89 @@ def _executions_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _stats_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="sundial stats",
+        description="The tenant's execution history, from the ClickHouse replica (seconds behind Postgres).",
+        epilog=EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    executions = _sub(
+        sub, "executions", "Counts, failure rate, lateness and duration percentiles per hour or day.", stats_executions
+    )
+    handlers = _sub(sub, "handlers", "The slowest and the most failing handlers.", stats_handlers)
+    for command in (executions, handlers):
+        command.add_argument("--from", dest="start", metavar="INSTANT", help="RFC 3339 (default: 24 h / 30 d ago).")
+        command.add_argument("--to", dest="end", metavar="INSTANT", help="RFC 3339, exclusive (default: now).")
+    executions.add_argument("--interval", default="hour", help="`hour` (default) or `day`.")
+    executions.add_argument("--group-by", help="`state`, `pool` or `handler`.")
+    handlers.add_argument("--limit", type=_positive, default=10, help="Handlers per list (default 10).")
+    return parser
+
+
+def _instant_arg(text: str | None) -> datetime | None:
+    if text is None:
+        return None
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise UsageError(f"`{text}` is not an RFC 3339 instant") from None
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:g}"
+
+
+def stats_executions(client: Client, args: argparse.Namespace) -> int:
+    stats = client.stats.executions(
+        _instant_arg(args.start), _instant_arg(args.end), interval=args.interval, group_by=args.group_by
+    )
+    if args.json:
+        print(_dump(stats))
+        return OK
+    rows = [
+        (
+            item.start,
+            item.group or "",
+            item.executions,
+            item.failed,
+            "-" if item.failure_rate is None else f"{item.failure_rate:.1%}",
+            _ms(item.lateness_ms.p95),
+            _ms(item.duration_ms.p50),
+            _ms(item.duration_ms.p95),
+        )
+        for item in stats.items
+    ]
+    headers = ("START", (args.group_by or "").upper(), "EXECUTIONS", "FAILED", "FAILURE", "LATE P95 MS", "DUR P50 MS")
+    print(table((*headers, "DUR P95 MS"), rows))
+    return OK
+
+
+def stats_handlers(client: Client, args: argparse.Namespace) -> int:
+    ranking = client.stats.handlers(_instant_arg(args.start), _instant_arg(args.end), limit=args.limit)
+    if args.json:
+        print(_dump(ranking))
+        return OK
+    headers = ("POOL", "HANDLER", "EXECUTIONS", "FAILED", "FAILURE", "DUR P95 MS", "TOP ERROR")
+    for title, handlers in (("slowest", ranking.slowest), ("most failing", ranking.most_failing)):
+        print(f"{title}:")
+        rows = [
+            (
+                h.pool,
+                h.handler,
+                h.executions,
+                h.failed,
+                "-" if h.failure_rate is None else f"{h.failure_rate:.1%}",
+                _ms(h.duration_ms.p95),
+                h.top_error_class or "",
+            )
+            for h in handlers
+        ]
+        print(table(headers, rows))
+    return OK
+
+
 def _positive(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -615,3 +698,8 @@ def jobs_main(argv: list[str] | None = None) -> int:
 def executions_main(argv: list[str] | None = None) -> int:
     """List, read, cancel, retry and follow executions over the API"""
     return run(_executions_parser(), list(sys.argv[1:] if argv is None else argv))
+
+
+def stats_main(argv: list[str] | None = None) -> int:
+    """The tenant's execution history (counts, failure rates, percentiles, handlers) over the API"""
+    return run(_stats_parser(), list(sys.argv[1:] if argv is None else argv))

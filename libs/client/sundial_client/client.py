@@ -32,6 +32,8 @@ from sundial_client.models import (
     Execution,
     ExecutionDetail,
     ExecutionState,
+    ExecutionStats,
+    HandlerRanking,
     Job,
     JobDetail,
     JobState,
@@ -146,6 +148,7 @@ class Client:
         self.schedules = Schedules(self)
         self.admin = Admin(self)
         self.replays = Replays(self)
+        self.stats = Stats(self)
 
     def call(self, call: Call[T]) -> T:
         """Send one operation, retrying what is safe to retry (see :mod:`sundial_client.retries`)."""
@@ -387,6 +390,30 @@ class Admin:
         return self._c.call(calls.cluster())
 
 
+class Stats:
+    """The tenant's history from the ClickHouse replica (seconds behind Postgres; kept past its retention)."""
+
+    def __init__(self, client: Client) -> None:
+        self._c = client
+
+    def executions(
+        self,
+        start: datetime | None = None,
+        end: datetime | None = None,
+        *,
+        interval: str = "hour",
+        group_by: str | None = None,
+    ) -> ExecutionStats:
+        """Counts, failure rate, lateness and duration percentiles per hour or day (and state, pool or handler)."""
+        return self._c.call(calls.execution_stats(start, end, interval, group_by))
+
+    def handlers(
+        self, start: datetime | None = None, end: datetime | None = None, *, limit: int = 10
+    ) -> HandlerRanking:
+        """The slowest and the most failing handlers."""
+        return self._c.call(calls.handler_stats(start, end, limit))
+
+
 # --- asynchronous ---------------------------------------------------------------------------------
 
 
@@ -410,6 +437,7 @@ class AsyncClient:
         self.executions = AsyncExecutions(self)
         self.schedules = AsyncSchedules(self)
         self.admin = AsyncAdmin(self)
+        self.stats = AsyncStats(self)
 
     async def call(self, call: Call[T]) -> T:
         """Send one operation, retrying what is safe to retry (see :mod:`sundial_client.retries`)."""
@@ -639,3 +667,23 @@ class AsyncAdmin:
 
     async def cluster(self) -> ClusterView:
         return await self._c.call(calls.cluster())
+
+
+class AsyncStats:
+    def __init__(self, client: AsyncClient) -> None:
+        self._c = client
+
+    async def executions(
+        self,
+        start: datetime | None = None,
+        end: datetime | None = None,
+        *,
+        interval: str = "hour",
+        group_by: str | None = None,
+    ) -> ExecutionStats:
+        return await self._c.call(calls.execution_stats(start, end, interval, group_by))
+
+    async def handlers(
+        self, start: datetime | None = None, end: datetime | None = None, *, limit: int = 10
+    ) -> HandlerRanking:
+        return await self._c.call(calls.handler_stats(start, end, limit))

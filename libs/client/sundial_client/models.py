@@ -315,3 +315,50 @@ class ClusterView(_Wire):
     shards: list[ShardView]
     roles: list[RoleView]
     errors: dict[str, str]
+
+
+# --- stats (GET /v1/stats/…, from the ClickHouse replica) -------------------------------------------
+
+
+class Percentiles(_Wire):
+    p50: float | None = None
+    p95: float | None = None
+    p99: float | None = None
+
+
+class ExecutionStatsItem(_Wire):
+    start: datetime
+    group: str | None
+    executions: int
+    succeeded: int
+    failed: int
+    open: int
+    failure_rate: float | None
+    lateness_ms: Percentiles
+    duration_ms: Percentiles
+
+
+class ExecutionStats(_Wire):
+    from_: datetime = Field(alias="from")
+    to: datetime
+    interval: str
+    group_by: str | None
+    items: list[ExecutionStatsItem]
+
+
+class HandlerStats(_Wire):
+    pool: str
+    handler: str
+    executions: int
+    succeeded: int
+    failed: int
+    failure_rate: float | None
+    duration_ms: Percentiles
+    top_error_class: str | None
+
+
+class HandlerRanking(_Wire):
+    from_: datetime = Field(alias="from")
+    to: datetime
+    slowest: list[HandlerStats]
+    most_failing: list[HandlerStats]

@@ -26,7 +26,7 @@ from sundial_common.stores.dispatch import DispatchStore
 
 __all__ = ["ROLES", "ClusterState", "ReplicaState", "RoleState", "ShardState", "read_cluster"]
 
-ROLES = ("hydrator", "sweeper", "replayer")
+ROLES = ("hydrator", "sweeper", "replayer", "analytics")
 """Singleton roles elected in etcd (one active replica each)."""
 
 # Redis and Postgres are asked with a deadline: a snapshot of a sick cluster must still come back.

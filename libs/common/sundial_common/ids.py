@@ -6,6 +6,7 @@ import hashlib
 import os
 import time
 import uuid
+from datetime import UTC, datetime
 
 
 def new_id() -> uuid.UUID:
@@ -15,6 +16,19 @@ def new_id() -> uuid.UUID:
     value = (ms & 0xFFFF_FFFF_FFFF) << 80 | 0x7 << 76 | (rand >> 64 & 0x0FFF) << 64 | 0b10 << 62
     value |= rand & 0x3FFF_FFFF_FFFF_FFFF
     return uuid.UUID(int=value)
+
+
+def id_floor(instant: datetime) -> uuid.UUID:
+    """The smallest UUIDv7 of ``instant``'s millisecond: every id minted before it sorts below."""
+    ms = int(instant.timestamp() * 1000)
+    return uuid.UUID(int=(ms & 0xFFFF_FFFF_FFFF) << 80 | 0x7 << 76 | 0b10 << 62)
+
+
+def id_time(ident: uuid.UUID) -> datetime | None:
+    """When a UUIDv7 was minted (millisecond precision); None for ids of other versions."""
+    if ident.version != 7:
+        return None
+    return datetime.fromtimestamp((ident.int >> 80) / 1000, UTC)
 
 
 def shard_for(job_id: uuid.UUID, shards: int) -> int:

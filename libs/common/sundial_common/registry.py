@@ -44,7 +44,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-KINDS = ("api", "dispatcher", "hydrator", "sweeper", "replayer", "worker")
+KINDS = ("api", "dispatcher", "hydrator", "sweeper", "replayer", "worker", "analytics")
 """Process kinds a record may name (``worker`` is reserved: workers do not register yet)."""
 
 # How often a view re-reads etcd even without a watch event: a watch stream can die silently (a network

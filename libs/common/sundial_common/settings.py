@@ -91,7 +91,13 @@ class CommonSettings(BaseSettings):
         description="A pool whose name starts with this is a staging pool: the only kind a replay may target, and "
         "its workers record replayed runs in replay_runs instead of executions.",
     )
-
+    # --- analytics (issue 16) ---
+    execution_retention_days: float = Field(
+        30.0,
+        ge=0,
+        description="Finished executions older than this are deleted from Postgres by the analytics service; "
+        "their history stays in ClickHouse (GET /v1/executions/{id} then answers 410). 0 = kept forever.",
+    )
     log_level: str = Field("INFO", description="Python logging level.")
     log_format: str = Field("text", description="`text` or `json` (one JSON object per line).")
 

@@ -24,7 +24,7 @@ from sundial_common.clock import Clock, SystemClock
 from sundial_common.hotwindow import HotWindow
 from sundial_common.stores import Stores
 
-from sundial_api import admin, batch, executions, health, job_list, jobs, problems, replays
+from sundial_api import admin, batch, executions, health, job_list, jobs, problems, replays, stats
 from sundial_api.limits import BodyLimitMiddleware
 from sundial_api.metrics import RequestMetricsMiddleware
 from sundial_api.responses import OrjsonResponse
@@ -62,6 +62,7 @@ TAGS = [
         "name": "replays",
         "description": "Replay a window of a pool's Kafka messages into a staging pool; follow and cancel it.",
     },
+    {"name": "stats", "description": "The tenant's execution history from the ClickHouse replica."},
     {"name": "health", "description": "Liveness and readiness probes (no token needed)."},
 ]
 
@@ -132,6 +133,7 @@ def create_app(settings: ApiSettings | None = None, *, clock: Clock | None = Non
     app.include_router(health.router)
     app.include_router(admin.router)
     app.include_router(replays.router)
+    app.include_router(stats.router)
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:

@@ -28,6 +28,7 @@ from sundial_common.signals import CANCEL_KEY_TTL_SEC, cancel_key
 from sundial_common.stores.types import Record, RetryDue
 from sundial_common.telemetry import execution_attributes, execution_context, tracer
 
+from sundial_api import stats
 from sundial_api.auth import Authenticated
 from sundial_api.models.executions import (
     Execution,
@@ -112,7 +113,7 @@ async def list_executions(
 @router.get(
     "/{execution_id}",
     response_model=ExecutionDetail,
-    responses=responses(401, 404, 503),
+    responses=responses(401, 404, 410, 503),
     summary="Read an execution with its attempts and trace",
 )
 async def get_execution(execution_id: ExecutionId, state: State, principal: Authenticated) -> Response:
@@ -123,7 +124,7 @@ async def get_execution(execution_id: ExecutionId, state: State, principal: Auth
         state.stores.executions.execution_attempts(ident),
     )
     if execution is None:
-        raise not_found("execution", execution_id)
+        raise await stats.expired_execution(state, principal.tenant, ident) or not_found("execution", execution_id)
     view = _view(state, execution)
     view["attempts"] = [render_attempt(row) for row in attempts]
     return OrjsonResponse(view)

@@ -297,6 +297,7 @@ def responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
         401: "Missing or invalid bearer token.",
         404: "No such resource for this tenant.",
         409: "The resource's state does not allow this.",
+        410: "Finished and removed from Postgres by retention; `detail` and `Link` point at its history.",
         413: "Request body or `payload` too large.",
         422: "Invalid input; `errors` names each field at fault.",
         503: "A dependency is unavailable; retry.",

@@ -48,6 +48,12 @@ class ApiSettings(CommonSettings):
         "(the API or Postgres went away): a retry with the same key and body takes over (its job, if the first "
         "request ever commits one, is rolled back). Until then a retry gets 409.",
     )
+    analytics_url: str = Field(
+        "http://127.0.0.1:8124",
+        description="The analytics service's stats endpoint (SUNDIAL_ANALYTICS_PORT), which answers /v1/stats "
+        "from ClickHouse.",
+    )
+    analytics_timeout_sec: float = Field(10.0, gt=0, description="How long a /v1/stats query may take.")
 
     @model_validator(mode="after")
     def _payload_fits_in_request(self) -> ApiSettings:

@@ -11,6 +11,8 @@ one Postgres implementation and its own file of named queries under ``sql/``:
 - :mod:`~sundial_common.stores.idempotency` — Idempotency-Key claims and responses;
 - :mod:`~sundial_common.stores.replays` — replays of a pool's messages into a staging pool, their progress and
   what the staging workers ran.
+- :mod:`~sundial_common.stores.analytics` — the execution-events outbox drained into ClickHouse, and the
+  retention of finished executions.
 
 They share one :class:`~sundial_common.stores.database.Database` (the asyncpg pool and its connection
 setup); :class:`Stores` holds them together for a process. The values they trade in that are not one
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sundial_common.stores.analytics import AnalyticsStore, PostgresAnalyticsStore
 from sundial_common.stores.database import Database
 from sundial_common.stores.dispatch import DispatchStore, PostgresDispatchStore
 from sundial_common.stores.executions import ExecutionStore, PostgresExecutionStore
@@ -40,6 +43,7 @@ class Stores:
     dispatch: DispatchStore
     idempotency: IdempotencyStore
     replays: ReplayStore
+    analytics: AnalyticsStore
 
     @classmethod
     def over(cls, database: Database) -> Stores:
@@ -51,6 +55,7 @@ class Stores:
             dispatch=PostgresDispatchStore(database),
             idempotency=PostgresIdempotencyStore(database),
             replays=PostgresReplayStore(database),
+            analytics=PostgresAnalyticsStore(database),
         )
 
     @classmethod

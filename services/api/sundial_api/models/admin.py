@@ -9,7 +9,7 @@ from sundial_api.models.common import ViewModel
 
 class ReplicaView(ViewModel):
     id: str = Field(description="The replica's id (`SUNDIAL_INSTANCE_ID`, by default host-pid).")
-    kind: str = Field(description="`api`, `dispatcher`, `hydrator` or `sweeper`.")
+    kind: str = Field(description="`api`, `dispatcher`, `hydrator`, `sweeper` or `analytics`.")
     host: str
     pid: int
     started_at: str

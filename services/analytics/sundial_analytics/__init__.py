@@ -1,0 +1,1 @@
+"""Sundial analytics: the ClickHouse replica of executions and the history queries answered from it."""
