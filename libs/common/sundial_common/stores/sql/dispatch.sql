@@ -5,8 +5,18 @@
 -- Batches travel as parallel arrays through unnest(), so a batch is one round trip.
 -- A batch of executions is found by primary key (see the note opening executions.sql).
 
+-- name: take_shard
+-- A new term begins: Postgres issues its fencing token, one more than the shard's recorded fence, so tokens
+-- only grow whatever etcd remembers (a rebuilt or restored etcd restarts its revisions). Taking the row lock
+-- waits for a dispatch transaction of the previous term in flight; once this commits, every later write of
+-- that term finds a larger token recorded (raise_fence below) and is rejected. A shard never led before
+-- starts at 1. (Fences recorded before tokens came from here hold etcd revisions: they continue from those.)
+INSERT INTO shard_fence AS f (shard, token, holder) VALUES ($1, 1, $2)
+ON CONFLICT (shard) DO UPDATE SET token = f.token + 1, holder = excluded.holder, updated_at = now()
+RETURNING token;
+
 -- name: raise_fence
--- DESIGN invariant 4: the shard's token only grows. No row back = a newer leader has written.
+-- DESIGN invariant 4: the shard's token only grows. No row back = a newer term has begun (take_shard).
 INSERT INTO shard_fence AS f (shard, token, holder) VALUES ($1, $2, $3)
 ON CONFLICT (shard) DO UPDATE SET token = excluded.token, holder = excluded.holder, updated_at = now()
 WHERE f.token <= excluded.token
