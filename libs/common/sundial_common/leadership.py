@@ -76,6 +76,7 @@ __all__ = [
     "MonotonicClock",
     "ShardLeadership",
     "Term",
+    "cancel_watch",
     "first_of",
     "run_as_leader",
 ]
@@ -90,6 +91,9 @@ MIN_TTL_SEC = 2.0
 # A standby re-reads the key this often even without a watch event: a watch stream can die silently
 # (a network partition without a reset), and a standby must not wait forever on it.
 _STANDBY_RECHECK_SEC = 10.0
+
+# Longest wait for etcd to take a watch's cancel request (see cancel_watch).
+_CANCEL_WATCH_SEC = 1.0
 
 # Errors that are the caller's configuration, not etcd's weather: retrying them would loop forever.
 _PERMANENT_ERRORS: tuple[type[BaseException], ...] = (
@@ -405,10 +409,7 @@ class ShardLeadership:
 
     @staticmethod
     async def _cancel_watch(watch: Any) -> None:
-        # aetcd's Watch.cancel() raises AttributeError once its client is closed (the watcher is gone);
-        # the watch is dead either way.
-        with contextlib.suppress(AttributeError, aetcd.ClientError):
-            await watch.cancel()
+        await cancel_watch(watch)
 
     # -- keeping the term ----------------------------------------------------------------------------
 
@@ -531,6 +532,20 @@ class ShardLeadership:
         if not work_task.done():
             raise TimeoutError
         return work_task.result()
+
+
+async def cancel_watch(watch: Any) -> None:
+    """Cancel an aetcd watch, within a deadline.
+
+    aetcd's ``Watch.cancel()`` raises AttributeError once its client is closed (the watcher is gone): the
+    watch is dead either way. And it queues the cancel request on a bounded queue *while holding the
+    watcher's lock*: when the stream is down (etcd restarting) nothing drains that queue, the put blocks, and
+    every task that needs the lock — a new watch, even a cancelled one re-acquiring it — blocks with it. Seen
+    after an etcd restart: a shard campaign stuck for good and a dispatcher that could not stop. The
+    deadline cancels the put, which releases the lock.
+    """
+    with contextlib.suppress(AttributeError, aetcd.ClientError, TimeoutError):
+        await asyncio.wait_for(watch.cancel(), _CANCEL_WATCH_SEC)
 
 
 # -- running leader-only work ------------------------------------------------------------------------

@@ -32,6 +32,8 @@ from typing import Any
 import aetcd
 import orjson
 
+from sundial_common.leadership import cancel_watch
+
 __all__ = [
     "KINDS",
     "ClusterKeys",
@@ -325,8 +327,7 @@ class Membership:
             stopping.cancel()
             if next_event is not None and not next_event.done():
                 next_event.cancel()
-            with contextlib.suppress(AttributeError, aetcd.ClientError):
-                await watch.cancel()
+            await cancel_watch(watch)
 
     def _apply(self, event: Any) -> None:
         revision = int(event.kv.mod_revision)

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import aetcd
 from sundial_common.broker import Publisher
 from sundial_common.hotwindow import HotWindow
-from sundial_common.leadership import LeadershipStopped, ShardLeadership, Term, first_of
+from sundial_common.leadership import LeadershipStopped, ShardLeadership, Term, cancel_watch, first_of
 from sundial_common.registry import ClusterKeys, Membership, ReplicaRegistration
 from sundial_common.stores import Stores
 from sundial_common.stores.dispatch import FencedOut
@@ -400,8 +400,7 @@ class ShardCampaign:
                     with contextlib.suppress(TimeoutError, StopAsyncIteration):
                         await asyncio.wait_for(first_of(anext(aiter(watch)), changed), _RECHECK_SEC)
                 finally:
-                    with contextlib.suppress(AttributeError, aetcd.ClientError):
-                        await watch.cancel()
+                    await cancel_watch(watch)
             except aetcd.ClientError as exc:
                 log.warning("shard %d: cannot watch for handover requests: %r", self.shard, exc, extra=self._extra)
                 await asyncio.sleep(_RETRY_SEC)
