@@ -154,6 +154,8 @@ class DispatchStore(Protocol):
         self, unpublished_before: datetime, published_before: datetime, limit: int
     ) -> list[Record]: ...
 
+    async def pending_after(self, after: UUID, limit: int) -> list[Record]: ...
+
     async def republished(self, execution_ids: Sequence[UUID]) -> None: ...
 
 
@@ -336,6 +338,11 @@ class PostgresDispatchStore:
             list[Record],
             await self._db.pool.fetch(Q["stale_pending"], unpublished_before, published_before, limit),
         )
+
+    async def pending_after(self, after: UUID, limit: int) -> list[Record]:
+        """Up to ``limit`` PENDING executions with ids after ``after`` (id order), with their payloads: what
+        the sweeper sends again when the broker restarted empty."""
+        return cast(list[Record], await self._db.pool.fetch(Q["pending_after"], after, limit))
 
     async def republished(self, execution_ids: Sequence[UUID]) -> None:
         if execution_ids:

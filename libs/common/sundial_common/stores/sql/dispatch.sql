@@ -151,6 +151,16 @@ WHERE e.state = 'PENDING'
 ORDER BY e.created_at
 LIMIT $3;
 
+-- name: pending_after
+-- Every PENDING execution, a page at a time in id order after $1: the broker restarted empty and lost every
+-- message it held, so each PENDING execution's message may be gone (the sweeper sends them all again).
+SELECT e.id, e.tenant_id, e.job_id, e.scheduled_for, e.shard, e.fence_token, e.pool, e.handler,
+       e.attempt, e.timeout_sec, e.traceparent, j.payload
+FROM executions e JOIN jobs j ON j.id = e.job_id
+WHERE e.state = 'PENDING' AND e.id > $1
+ORDER BY e.id
+LIMIT $2;
+
 -- name: republished
 UPDATE executions SET published_at = now() WHERE id = ANY($1::uuid[]) AND state || '' = 'PENDING';
 
