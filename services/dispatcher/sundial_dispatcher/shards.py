@@ -363,9 +363,12 @@ class ShardCampaign:
             self._leader_gauges.stepped_down()
             for task in (watcher, relay):
                 task.cancel()
-            await asyncio.wait({watcher, relay})
+            # Bounded: stepping down (and handing over) must not wait on an etcd watch that will not end.
+            _, stuck = await asyncio.wait({watcher, relay}, timeout=_RETRY_SEC * 4)
+            if stuck:
+                log.warning("shard %d: %d side tasks did not end; stepping down anyway", self.shard, len(stuck))
             await self.leadership.resign()
-        if not watcher.cancelled() and (died := watcher.exception()) is not None:
+        if watcher.done() and not watcher.cancelled() and (died := watcher.exception()) is not None:
             # A leader that can no longer hear handover requests would keep its shards forever: fail loudly.
             raise RuntimeError(f"shard {self.shard}: the handover watch died") from died
         if handover.is_set() and not stop.is_set():
@@ -396,10 +399,15 @@ class ShardCampaign:
                 watch = await self._etcd.watch(
                     key, start_revision=int(found.header.revision) + 1, kind=aetcd.EventKind.PUT
                 )
+                # A timer event rather than wait_for() around first_of(): a handover watch cancelled while
+                # in wait_for() was seen stuck "cancelling" for good, and the replica could not step down.
+                recheck = asyncio.Event()
+                timer = asyncio.get_running_loop().call_later(_RECHECK_SEC, recheck.set)
                 try:
-                    with contextlib.suppress(TimeoutError, StopAsyncIteration):
-                        await asyncio.wait_for(first_of(anext(aiter(watch)), changed), _RECHECK_SEC)
+                    with contextlib.suppress(StopAsyncIteration):
+                        await first_of(anext(aiter(watch)), changed, recheck)
                 finally:
+                    timer.cancel()
                     await cancel_watch(watch)
             except aetcd.ClientError as exc:
                 log.warning("shard %d: cannot watch for handover requests: %r", self.shard, exc, extra=self._extra)
