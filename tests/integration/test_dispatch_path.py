@@ -276,6 +276,11 @@ async def test_a_pass_whose_transaction_fails_puts_its_claim_back(
     await hot_window.add(0, [Occurrence(j, _ms(due)) for j in jobs])
 
     class Unreachable:
+        """The dispatch store, except that the dispatch transaction cannot reach Postgres."""
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(stores.dispatch, name)
+
         async def dispatch_occurrences(self, *args: object) -> None:
             raise ConnectionRefusedError("Postgres is restarting")
 

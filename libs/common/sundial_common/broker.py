@@ -163,14 +163,17 @@ class KafkaIncarnation:
 
     def lost_its_data(self) -> bool | None:
         try:
-            _low, high = self._consumer.get_watermark_offsets(
-                TopicPartition(self.topic, 0), timeout=self._timeout, cached=False
-            )
-        except KafkaException as exc:
-            if exc.args[0].code() not in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION):
-                log.debug("broker incarnation: watermarks of %s unreadable: %r", self.topic, exc)
-                return None
+            # Fresh metadata first: the client's cached view of a topic it saw created a moment ago (or of one
+            # the broker lost) is no answer; the broker's is. A consumer does not auto-create topics.
+            topic = self._consumer.list_topics(self.topic, timeout=self._timeout).topics.get(self.topic)
             high = 0
+            if topic is not None and topic.error is None and 0 in topic.partitions:
+                _low, high = self._consumer.get_watermark_offsets(
+                    TopicPartition(self.topic, 0), timeout=self._timeout, cached=False
+                )
+        except KafkaException as exc:
+            log.debug("broker incarnation: %s unreadable: %r", self.topic, exc)
+            return None
         if high > 0:
             return False
         try:
