@@ -133,9 +133,15 @@ class FailoverBench:
 
     # -- etcd and Postgres -------------------------------------------------------------------------
 
-    async def leader(self, etcd: aetcd.Client) -> tuple[str, int] | None:
+    async def leader(self, etcd: aetcd.Client, db: asyncpg.Connection) -> tuple[str, int] | None:
+        """Shard 0's leader and its fencing token (issued by Postgres when its term took the shard), or None
+        while it has no leader or its leader has not taken it yet."""
         found = await etcd.get(f"{self.keys.shard_prefix}{SHARD}/leader".encode())
-        return None if found is None else (found.value.decode(), int(found.create_revision))
+        if found is None:
+            return None
+        holder = found.value.decode()
+        token = await db.fetchval("SELECT token FROM shard_fence WHERE shard = $1 AND holder = $2", SHARD, holder)
+        return None if token is None else (holder, int(token))
 
     async def calm(self, etcd: aetcd.Client, db: asyncpg.Connection, quiet_sec: float) -> tuple[str, int]:
         """Wait until every replica is registered (a restarted one has finished starting), every shard has a
@@ -149,7 +155,7 @@ class FailoverBench:
             prefix = self.keys.replicas("dispatcher")
             registered = {kv.key[len(prefix) :].decode() for kv in await etcd.get_prefix(prefix)}
             alive = {n for n, proc in self.procs.items() if n.startswith("dispatcher-") and proc.poll() is None}
-            current = await self.leader(etcd)
+            current = await self.leader(etcd, db)
             if current != seen or leaders < self.args.shards or pending or not alive <= registered:
                 seen, stable_since = current, time.monotonic()
             elif current is not None and time.monotonic() - stable_since >= quiet_sec:

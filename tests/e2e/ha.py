@@ -149,7 +149,8 @@ class HaCluster:
         return aetcd.Client(host=host, port=int(port))
 
     async def leaders(self) -> dict[int, tuple[str, int]]:
-        """shard -> (holder, token) for every shard that has a leader now."""
+        """shard -> (holder, revision of its leader key) for every shard that has a leader now (the fencing
+        token is in Postgres: ``shard_fence``)."""
         async with self.etcd() as etcd:
             found = await etcd.get_prefix(self.keys.shard_prefix.encode())
         leaders = {}

@@ -35,15 +35,16 @@ async def test_a_leader_paused_past_its_lease_is_fenced_out_when_it_resumes(clus
     cluster.env["SUNDIAL_SHARDS"] = "1"
     cluster.shards = 1
     cluster.processes.wait_for_log("doomed", "leading with fence token")
-    doomed_token = (await cluster.leaders())[0][1]
+    doomed_token = await taken_by(cluster, "doomed")
+    assert doomed_token is not None, "a term takes its shard in Postgres before it says it leads"
 
     jobs = await cluster.add_jobs(every(datetime.now(UTC) + timedelta(seconds=0.5), 0.1, 40), shard=0)
     cluster.processes.wait_for_log("doomed", "pause point dispatcher.after_claim reached", timeout=15)
     await eventually(lambda: process_state(cluster.pid("doomed")) == "T", 5, "doomed is stopped")
 
     cluster.start_dispatcher("successor")
-    leaders = await cluster.wait_for_leaders(lambda ls: ls.get(0, ("", 0))[0] == "successor", LEASE_TTL + 5)
-    successor_token = leaders[0][1]
+    await cluster.wait_for_leaders(lambda ls: ls.get(0, ("", 0))[0] == "successor", LEASE_TTL + 5)
+    successor_token = await eventually(lambda: taken_by(cluster, "successor"), 10, "the successor takes shard 0")
     assert successor_token > doomed_token
 
     async def successor_dispatched() -> bool:
@@ -54,12 +55,18 @@ async def test_a_leader_paused_past_its_lease_is_fenced_out_when_it_resumes(clus
 
     cluster.resume("doomed")
     cluster.processes.wait_for_log("doomed", "write rejected by the fence", timeout=10)
-    await cluster.wait_all_dispatched(len(jobs), within=30)  # what doomed had claimed comes back via the hydrator
+    await cluster.wait_all_dispatched(len(jobs), within=30)  # doomed puts back what it had claimed
     counts = await cluster.check_invariants(jobs)
     stale = await cluster.fetch("SELECT count(*) AS n FROM executions WHERE fence_token = $1", doomed_token)
     assert stale[0]["n"] == 0, "the paused leader's write must not land"
     assert counts["executions"] == len(jobs)
     assert process_state(cluster.pid("doomed")) != "?", "a fenced-out leader steps down; it does not crash"
+
+
+async def taken_by(cluster: HaCluster, holder: str) -> int | None:
+    """The fencing token ``holder``'s term took shard 0 with in Postgres, or None if it has not taken it."""
+    rows = await cluster.fetch("SELECT token FROM shard_fence WHERE shard = 0 AND holder = $1", holder)
+    return int(rows[0]["token"]) if rows else None
 
 
 async def test_sigterm_hands_every_shard_over_within_half_a_second(cluster: HaCluster) -> None:

@@ -98,7 +98,13 @@ class Report:
 
 class FaultStack:
     def __init__(
-        self, env: dict[str, str], tmp_path: Path, *, workers: int = 2, extra_env: dict[str, str] | None = None
+        self,
+        env: dict[str, str],
+        tmp_path: Path,
+        *,
+        workers: int = 2,
+        dispatchers: int = 1,
+        extra_env: dict[str, str] | None = None,
     ):
         self.pool = f"faults-{uuid.uuid4().hex[:8]}"
         self.port = free_port()
@@ -112,10 +118,14 @@ class FaultStack:
         }
         self.logs = tmp_path / "logs"
         self.workers = [f"worker-{i}" for i in range(1, workers + 1)]
+        self.dispatchers = ["dispatcher", *(f"dispatcher-{i}" for i in range(2, dispatchers + 1))]
         specs = [
             ProcessSpec("api", sundial_argv("api", "--host", "127.0.0.1", "--port", str(self.port))),
             ProcessSpec("hydrator", sundial_argv("hydrator")),
-            ProcessSpec("dispatcher", sundial_argv("dispatcher"), env=(("SUNDIAL_INSTANCE_ID", "dispatcher"),)),
+            *(
+                ProcessSpec(name, sundial_argv("dispatcher"), env=(("SUNDIAL_INSTANCE_ID", name),))
+                for name in self.dispatchers
+            ),
             ProcessSpec("sweeper", sundial_argv("sweeper")),
             *(ProcessSpec(name, sundial_argv("worker", "--app", "tests.faults.app:worker")) for name in self.workers),
         ]
@@ -179,7 +189,12 @@ class FaultStack:
                 return False
 
         await eventually(api_ready, 60, "the API to be ready")
-        await self.wait_for_log("dispatcher", "leading with fence token", count=int(FAST["SUNDIAL_SHARDS"]))
+        shards = int(self.env["SUNDIAL_SHARDS"])
+        await eventually(
+            lambda: sum(self.log(name).count("leading with fence token") for name in self.dispatchers) >= shards,
+            30,
+            f"every one of the {shards} shards led",
+        )
         for name in self.workers:
             await self.wait_for_log(name, "partitions assigned", within=60)
 

@@ -1,4 +1,4 @@
-"""Reliable execution under fire: seven faults injected into a running stack, each with the same promises.
+"""Reliable execution under fire: six faults injected into a running stack, each with the same promises.
 
 Each scenario starts every Sundial process (supervised: a killed one comes back, as under ``make up``),
 creates ``1,000 × SUNDIAL_FAULT_SCALE`` jobs through HTTP, injects its fault while they run, lets the
@@ -6,10 +6,11 @@ system heal, and checks Postgres (``FaultStack.check``): no acknowledged create 
 terminal state; at most one accepted completion per (job, occurrence); no write committed with a stale
 fencing token. Duplicate handler starts are allowed (at-least-once) and reported.
 
-1. ``kill -9`` a worker mid-handler            5. Postgres stopped (immediate) during create load
-2. the dispatcher killed at each crash point   6. a worker SIGSTOPped past its heartbeat TTL, then resumed
-3. the Kafka broker restarted (empty)          7. a retry storm: every handler fails for a while
-4. Redis FLUSHALL, then Redis restarted empty
+1. ``kill -9`` a worker mid-handler            4. Postgres stopped (immediate) during create load
+2. the dispatcher killed at each crash point   5. a worker SIGSTOPped past its heartbeat TTL, then resumed
+3. Redis FLUSHALL, then Redis restarted empty  6. a retry storm: every handler fails for a while
+
+The broker restarting empty is in ``test_dispatch_recovery.py`` (noticed and republished at once).
 """
 
 from __future__ import annotations
@@ -78,25 +79,6 @@ async def test_the_dispatcher_killed_at_each_crash_point_loses_and_doubles_nothi
     result = await faults.check(job_ids)
     republished = faults.log("sweeper").count("republished")
     report("dispatcher crash points", f"{result.line()}; {republished} sweeper passes republished the outbox")
-
-
-async def test_the_broker_restarting_empty_loses_nothing(faults: FaultStack, stack: LocalStack) -> None:
-    # Due faster than the workers run them, so a backlog sits in the topic when the broker loses it.
-    bodies = one_shots(faults.pool, JOBS, start_in=4, spread=2, payload={"ms": 300})
-    creating = asyncio.create_task(faults.create_jobs(bodies))
-
-    async def some_done() -> bool:
-        return await faults.terminal() >= JOBS // 5
-
-    await eventually(some_done, budget(180), "a fifth of the jobs done")
-    began = time.monotonic()
-    await asyncio.to_thread(stack.broker.restart)  # memory storage: every topic, message and offset gone
-    restarted_in = time.monotonic() - began
-    job_ids = await creating
-    await faults.wait_terminal(len(job_ids), within=150)
-    result = await faults.check(job_ids)
-    assert "republished" in faults.log("sweeper"), "messages the broker lost were sent again from the outbox"
-    report("broker restart", f"{result.line()}; broker down {restarted_in:.1f}s")
 
 
 async def test_redis_flushed_then_restarted_empty_loses_nothing(faults: FaultStack, stack: LocalStack) -> None:

@@ -83,12 +83,12 @@ class Replica:
         if shard in ledger.ended:
             ledger.gaps.append(now - ledger.ended.pop(shard))
         ledger.leading[shard] = self.name
-        ledger.terms.append((shard, self.name, tenure.term.token, now))
+        ledger.terms.append((shard, self.name, tenure.term.revision, now))
         try:
             while tenure.active():
                 if (self.name, shard) in ledger.fence_out:
                     ledger.fence_out.discard((self.name, shard))
-                    raise FencedOut(shard, tenure.term.token)
+                    raise FencedOut(shard, tenure.term.revision)
                 await tenure.pause(0.01)
         finally:
             if ledger.leading.get(shard) == self.name:

@@ -242,3 +242,53 @@ async def test_sweeper_republishes_executions_whose_message_was_never_sent(
     assert (await sweeper.run_once()).republished == 0  # published now; not sent again right away
     messages = consume(kafka_bootstrap, pool_topic(pool), 1)
     assert [m.execution_id for m in messages] == [str(execution_id)]
+
+
+async def test_each_term_takes_a_larger_token_from_postgres_and_fences_out_the_one_before(
+    stores: Stores, hot_window: HotWindow, publisher: KafkaPublisher, pool: str
+) -> None:
+    # A fence recorded from an etcd revision (before tokens came from Postgres), or from an etcd since rebuilt:
+    # a new term's token continues above it, whatever etcd's revisions are now.
+    await stores.database.pool.execute("INSERT INTO shard_fence (shard, token, holder) VALUES (0, 5828, 'old')")
+    first = await stores.dispatch.take_shard(0, "replica-a")
+    second = await stores.dispatch.take_shard(0, "replica-b")
+    assert (first, second) == (5829, 5830)
+    assert await stores.dispatch.take_shard(1, "replica-a") == 1, "a shard never led starts at 1"
+
+    due = datetime.now(UTC) - timedelta(milliseconds=10)
+    job = await make_job(stores, due, pool)
+    await hot_window.add(0, [Occurrence(job, _ms(due))])
+    stale = ShardDispatcher(0, first, "replica-a", stores.dispatch, hot_window, publisher, DispatcherConfig())
+    with pytest.raises(FencedOut):
+        await stale.run_once()
+    # The fenced-out pass gave its claim back: the current term dispatches it at once.
+    assert await hot_window.size(0) == 1
+    current = ShardDispatcher(0, second, "replica-b", stores.dispatch, hot_window, publisher, DispatcherConfig())
+    assert (await current.run_once()).dispatched == 1
+    assert await stores.database.pool.fetchval("SELECT fence_token FROM executions WHERE job_id = $1", job) == second
+
+
+async def test_a_pass_whose_transaction_fails_puts_its_claim_back(
+    stores: Stores, hot_window: HotWindow, publisher: KafkaPublisher, pool: str
+) -> None:
+    due = datetime.now(UTC) - timedelta(milliseconds=10)
+    jobs = [await make_job(stores, due, pool) for _ in range(3)]
+    await hot_window.add(0, [Occurrence(j, _ms(due)) for j in jobs])
+
+    class Unreachable:
+        """The dispatch store, except that the dispatch transaction cannot reach Postgres."""
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(stores.dispatch, name)
+
+        async def dispatch_occurrences(self, *args: object) -> None:
+            raise ConnectionRefusedError("Postgres is restarting")
+
+    broken = ShardDispatcher(0, 1, "replica-a", stores.dispatch, hot_window, publisher, DispatcherConfig())
+    broken.store = Unreachable()  # type: ignore[assignment]
+    with pytest.raises(ConnectionRefusedError):
+        await broken.run_once()
+
+    assert await hot_window.size(0) == 3, "the claimed members are back in the hot window at once"
+    healed = ShardDispatcher(0, 1, "replica-a", stores.dispatch, hot_window, publisher, DispatcherConfig())
+    assert (await healed.run_once()).dispatched == 3

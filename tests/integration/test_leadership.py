@@ -117,9 +117,9 @@ async def test_one_holder_leads_and_a_second_blocks_until_it_resigns(
     alpha, beta = make_leadership("alpha"), make_leadership("beta")
 
     term = await within(5, alpha.acquire())
-    assert term == Term(shard=SHARD, holder="alpha", token=term.token, lease_id=term.lease_id)
+    assert term == Term(shard=SHARD, holder="alpha", revision=term.revision, lease_id=term.lease_id)
     assert alpha.trusted() and alpha.term == term and not alpha.lost.is_set()
-    assert await leader_of(observer, config) == ("alpha", term.token)
+    assert await leader_of(observer, config) == ("alpha", term.revision)
     assert await alpha.acquire() == term, "acquire() while leading returns the current term"
 
     beta_acquire = asyncio.create_task(beta.acquire())
@@ -130,10 +130,10 @@ async def test_one_holder_leads_and_a_second_blocks_until_it_resigns(
     await alpha.resign()
     beta_term = await within(5, beta_acquire)
     assert time.monotonic() - resigned_at < 0.5, "the standby takes over as soon as the key is deleted"
-    assert beta_term.token > term.token, "fencing tokens only grow"
+    assert beta_term.revision > term.revision, "fencing tokens only grow"
     assert alpha.lost.is_set() and alpha.lost_reason == "resigned"
     assert not alpha.trusted() and alpha.term is None
-    assert await leader_of(observer, config) == ("beta", beta_term.token)
+    assert await leader_of(observer, config) == ("beta", beta_term.revision)
 
 
 async def test_standby_takes_over_after_the_leader_process_is_killed(
@@ -159,7 +159,7 @@ async def test_standby_takes_over_after_the_leader_process_is_killed(
         os.kill(doomed.pid, signal.SIGKILL)  # no resign, no revoke: etcd must expire the lease
         term = await within(TTL + 1, survivor_acquire)
         assert time.monotonic() - killed_at < TTL + 1
-        assert term.token > dead_token
+        assert term.revision > dead_token
     finally:
         if doomed.returncode is None:
             doomed.kill()
@@ -177,7 +177,7 @@ async def main() -> None:
     config = LeadershipConfig(ttl_sec=2.0, margin_sec=0.5, key_prefix=prefix)
     leadership = ShardLeadership(aetcd.Client(host=host, port=int(port)), shard, "doomed", config)
     term = await leadership.acquire()
-    print(term.token, flush=True)
+    print(term.revision, flush=True)
     await asyncio.Event().wait()
 
 asyncio.run(main())
@@ -204,14 +204,14 @@ async def test_trust_ends_a_margin_before_the_lease_could_expire(
     assert paused.lost_reason is not None and "trust window" in paused.lost_reason
     # The stale leader frees the key itself, so the standby need not wait for the lease to expire.
     standby_term = await within(1, standby_acquire)
-    assert standby_term.token > term.token
+    assert standby_term.revision > term.revision
 
     # A lost holder can contend again; it gets a fresh, larger token and a cleared `lost`.
     await standby.resign()
     again = await within(5, paused.acquire())
-    assert again.token > standby_term.token
+    assert again.revision > standby_term.revision
     assert paused.trusted() and not paused.lost.is_set() and paused.lost_reason is None
-    assert await leader_of(observer, config) == ("paused", again.token)
+    assert await leader_of(observer, config) == ("paused", again.revision)
 
 
 async def test_leader_whose_renewals_hang_steps_down_before_its_ttl(
@@ -248,10 +248,10 @@ async def test_leader_notices_when_its_key_changes_hands(
     challenger_term = await within(1, challenger_acquire)
     await within(config.renew_interval_sec + 1, incumbent.lost.wait())
     assert incumbent.lost_reason == "lease expired or the leader key changed hands"
-    assert challenger_term.token > term.token
+    assert challenger_term.revision > term.revision
     # The incumbent renews only its own lease: the challenger keeps the shard.
     assert challenger.trusted()
-    assert await leader_of(observer, config) == ("challenger", challenger_term.token)
+    assert await leader_of(observer, config) == ("challenger", challenger_term.revision)
 
 
 async def test_standby_whose_watch_history_was_compacted_re_reads_and_still_takes_over(
@@ -281,7 +281,7 @@ async def test_standby_whose_watch_history_was_compacted_re_reads_and_still_take
 
     await leader.resign()
     standby_term = await within(1, standby_acquire)
-    assert standby_term.token > term.token
+    assert standby_term.revision > term.revision
 
 
 async def test_stop_wakes_a_blocked_standby_and_leaves_the_leader_alone(
@@ -298,7 +298,7 @@ async def test_stop_wakes_a_blocked_standby_and_leaves_the_leader_alone(
     with pytest.raises(LeadershipStopped):
         await standby.acquire()
     assert leader.trusted()
-    assert await leader_of(observer, config) == ("leader", term.token)
+    assert await leader_of(observer, config) == ("leader", term.revision)
 
 
 async def test_cancelling_a_blocked_acquire_leaves_the_holder_able_to_contend_again(
@@ -316,7 +316,7 @@ async def test_cancelling_a_blocked_acquire_leaves_the_holder_able_to_contend_ag
 
     await leader.resign()
     term = await within(5, standby.acquire())
-    assert await leader_of(observer, config) == ("standby", term.token)
+    assert await leader_of(observer, config) == ("standby", term.revision)
 
 
 async def test_stop_and_resign_are_idempotent_and_safe_before_start(
@@ -347,17 +347,17 @@ async def test_try_acquire_and_wait_for_vacancy_let_a_standby_watch_without_cont
     assert await watcher.wait_for_vacancy() > 0, "a vacant shard is reported at once"
     term = await within(5, leader.acquire())
     assert await watcher.try_acquire() is None, "try_acquire never waits and never steals"
-    assert await watcher.current_leader() == ("leader", term.token)
+    assert await watcher.current_leader() == ("leader", term.revision)
 
     vacancy = asyncio.create_task(watcher.wait_for_vacancy())
     assert await still_pending(vacancy)
     await leader.resign()
     deleted_at = await within(1, vacancy)
-    assert deleted_at > term.token
+    assert deleted_at > term.revision
     assert await watcher.current_leader() is None, "waiting for a vacancy does not take the shard"
     taken = await watcher.try_acquire()
-    assert taken is not None and taken.token > deleted_at
-    assert await leader_of(observer, config) == ("watcher", taken.token)
+    assert taken is not None and taken.revision > deleted_at
+    assert await leader_of(observer, config) == ("watcher", taken.revision)
 
 
 async def test_run_as_leader_runs_the_work_only_during_a_term_and_campaigns_again_after_it_ends(

@@ -1,4 +1,5 @@
-"""The Kafka side: an asyncio publisher over confluent-kafka, and topic creation.
+"""The Kafka side: an asyncio publisher over confluent-kafka, topic creation, and telling a broker that
+restarted empty from the one we knew (:class:`KafkaIncarnation`).
 
 confluent-kafka is callback-driven and not asyncio-aware: a daemon thread serves ``poll()`` and
 delivery callbacks resolve asyncio futures through ``call_soon_threadsafe``. A batch is produced in
@@ -14,7 +15,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from confluent_kafka import KafkaError, KafkaException, Message, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from sundial_common.messages import ExecutionMessage
@@ -144,3 +145,67 @@ def ensure_topics(
             if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
                 raise
             log.debug("topic %s already exists", topic)
+
+
+#: The marker topic of :class:`KafkaIncarnation`: one partition that always holds at least one message.
+INCARNATION_TOPIC = "sundial.broker-incarnation"
+
+
+class BrokerIncarnation(Protocol):
+    def lost_its_data(self) -> bool | None:
+        """Blocking. True if the broker no longer holds what it held at the last call (it restarted empty, or
+        this is the first call and there is no sign of an earlier incarnation); False if it does; None if the
+        broker did not answer."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class KafkaIncarnation:
+    """Notices a broker that came back without its data (memory storage restarted, a new cluster, wiped disks).
+
+    A marker topic is kept non-empty: when its high watermark reads 0 (or the topic is gone), every topic
+    and offset went with it — every message published before is lost. That is the signal, rather than the
+    cluster id (a broker can keep its configured id and lose its data) or the pools' own watermarks (a
+    busy pool's recreated topic can pass its old offsets within seconds). A marker is then written again,
+    so the next restart is noticed too. One watermark read per call.
+    """
+
+    def __init__(self, bootstrap: str, topic: str = INCARNATION_TOPIC, timeout_sec: float = 2.0) -> None:
+        self.topic = topic
+        self._bootstrap = bootstrap
+        self._timeout = timeout_sec
+        # Never subscribes nor commits: it only reads watermarks, so it joins no group.
+        self._consumer = Consumer(
+            {"bootstrap.servers": bootstrap, "group.id": "sundial-incarnation", "enable.auto.commit": False}
+        )
+        self._producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "message.timeout.ms": 5000})
+
+    def lost_its_data(self) -> bool | None:
+        try:
+            # Fresh metadata first: the client's cached view of a topic it saw created a moment ago (or of one
+            # the broker lost) is no answer; the broker's is. A consumer does not auto-create topics.
+            topic = self._consumer.list_topics(self.topic, timeout=self._timeout).topics.get(self.topic)
+            high = 0
+            if topic is not None and topic.error is None and 0 in topic.partitions:
+                _low, high = self._consumer.get_watermark_offsets(
+                    TopicPartition(self.topic, 0), timeout=self._timeout, cached=False
+                )
+        except KafkaException as exc:
+            log.debug("broker incarnation: %s unreadable: %r", self.topic, exc)
+            return None
+        if high > 0:
+            return False
+        try:
+            ensure_topics(self._bootstrap, [self.topic], partitions=1, timeout=self._timeout)
+        except KafkaException as exc:
+            log.debug("broker incarnation: cannot create %s: %r", self.topic, exc)
+            return None
+        self._producer.produce(self.topic, b"marker")
+        if self._producer.flush(self._timeout) > 0:
+            log.warning("broker incarnation: the marker was not acknowledged; looking again next time")
+        return True
+
+    def close(self) -> None:
+        self._producer.flush(self._timeout)
+        self._consumer.close()

@@ -38,9 +38,9 @@ class ShardState:
     shard: int
     leader: str | None
     fence_token: int | None
-    """The current leader's token: its leader key's create revision."""
+    """The current leader's fencing token: the one its term took in Postgres (None until it has)."""
     recorded_fence: int | None
-    """The highest token that has written for the shard (``shard_fence``)."""
+    """The highest token issued for the shard (``shard_fence``)."""
     lease_ttl_sec: int | None
     """Seconds left on the leader's lease as etcd counts them (whole seconds)."""
     hot_window_size: int | None
@@ -243,12 +243,14 @@ async def read_cluster(
         _bounded("postgres", dispatch.shard_fences(), errors) if dispatch is not None else _none(),
     )
     recorded = {int(row["shard"]): int(row["token"]) for row in fences or ()}
+    # A term's token is issued by Postgres when it takes the shard: the recorded fence, if the leader took it.
+    taken_by = {int(row["shard"]): row["holder"] for row in fences or ()}
 
     shard_states = tuple(
         ShardState(
             shard=s,
             leader=leaders[s].holder if s in leaders else None,
-            fence_token=leaders[s].token if s in leaders else None,
+            fence_token=recorded.get(s) if s in leaders and taken_by.get(s) == leaders[s].holder else None,
             recorded_fence=recorded.get(s),
             lease_ttl_sec=shard_ttls[s],
             hot_window_size=sizes[s] if sizes is not None else None,

@@ -6,22 +6,42 @@ because all three, and the admin view that reads the leader keys, depend on it.
 
 **A term.** Leading a shard means holding the key ``{key_prefix}{shard}/leader`` in etcd, written with
 a transaction that succeeds only if the key does not exist (``create_revision == 0``) and attached to a
-lease this replica was granted. A term is ``(holder id, token)``: the token is the key's
-``create_revision``, the etcd revision at which this holder created it. etcd revisions only grow, and
-the key must be deleted before anyone can create it again, so every later term of the shard has a
-strictly larger token. The token is the fencing token of DESIGN.md invariant 4.
+lease this replica was granted. A term is ``(holder id, revision)``: the revision is the key's
+``create_revision``, which tells this holder's key from any later one. It is *not* the fencing token.
+
+**etcd elects, Postgres fences.** The fencing token of DESIGN.md invariant 4 must never go backwards, and
+etcd's revisions can: an etcd rebuilt empty (a wiped data directory beside a kept database, a new cluster)
+or restored from an old snapshot starts counting again, below the tokens Postgres has recorded, and a
+token taken from it would be fenced out for as long as it takes the revisions to catch up. So a leader that
+wins the key then *takes the shard* in Postgres (``DispatchStore.take_shard``): one statement raises the
+shard's recorded fence by one and returns it as the term's token. Every write of the term raises the fence
+to that token and is rejected once a larger one is recorded. A new term can only begin through etcd (the
+key must be free: our lease expired or was revoked), and it takes the shard before its first write; from
+that moment the old term's writes fail. Postgres serializes the two (the take waits for a write in flight
+on the fence row), so per shard the writes are ordered by token, whatever either leader believes.
 
 **Renew only our own term.** The keepalive task refreshes the lease this holder was granted and checks
 that the key still carries this term's create revision. It never touches anybody else's lease or key:
 if the key changed hands, our term is over, whatever our lease says.
 
-**The trust window.** etcd deletes the key when the lease has gone ``ttl`` seconds without a renewal,
-counted from when etcd *received* the renewal. We only know when we *sent* it, which was earlier, so
-``last successful renewal start + ttl`` is a lower bound on the expiry. We stop acting a margin before
-that bound: a leader is trusted only while ``now < renewal_start + ttl - margin`` on a monotonic clock
-(injected, see ``Clock``). The margin absorbs clock-rate drift between machines and the time between
-checking ``trusted()`` and the write it guards. When the window ends without a renewal, ``lost`` is set
-by the keepalive task, which wakes at the window's end rather than at its next renewal tick.
+**The trust window** (unfenced holders: the hydrator's and the sweeper's terms). etcd deletes the key when
+the lease has gone ``ttl`` seconds without a renewal, counted from when etcd *received* the renewal. We only
+know when we *sent* it, which was earlier, so ``last successful renewal start + ttl`` is a lower bound on the
+expiry. We stop acting a margin before that bound: a leader is trusted only while
+``now < renewal_start + ttl - margin`` on a monotonic clock (injected, see ``Clock``). The margin absorbs
+clock-rate drift between machines and the time between checking ``trusted()`` and the write it guards. When
+the window ends without a renewal, ``lost`` is set by the keepalive task, which wakes at the window's end
+rather than at its next renewal tick.
+
+**A fenced term outlives an unreachable etcd** (``LeadershipConfig.fenced``: the dispatcher's shards). When
+renewals fail because etcd does not answer (down, restarting, partitioned from us), a fenced leader keeps
+its term and keeps acting, because acting is safe as long as Postgres accepts its fence (see above): if
+etcd is down for everyone, nobody else can be elected, and the shards go on being dispatched instead of
+stopping until etcd returns; if only we are cut off, etcd expires our lease, another replica is elected and
+takes the shard in Postgres, and our next write is fenced out, which ends our term. A fenced term ends when
+etcd *answers* that it is over (the lease is gone, the key changed hands), when a write is fenced out, or
+on resignation. The trust window would only stop us earlier, at the cost of a dispatch gap for every etcd
+hiccup, so it does not apply to fenced terms.
 
 **Standbys watch, they do not poll.** A replica that finds the key taken watches it from the revision
 it read, and contends the moment a DELETE arrives (resignation revokes the lease, which deletes the key;
@@ -30,8 +50,8 @@ the read and the watch; a compacted or broken watch just sends the standby back 
 
 **The database has the last word.** A leader can be paused (GC, SIGSTOP, a slow disk) after checking
 ``trusted()`` and wake up past its lease, with a successor already dispatching. No client-side check
-can close that gap, so each dispatch transaction raises ``shard_fence(shard).token`` to its own token
-and fails if a larger one is recorded: once the successor has written, the old leader cannot.
+can close that gap; the fence does: the successor took the shard before writing, so the paused leader's
+next write finds a larger token recorded and fails.
 """
 
 from __future__ import annotations
@@ -56,6 +76,7 @@ __all__ = [
     "MonotonicClock",
     "ShardLeadership",
     "Term",
+    "cancel_watch",
     "first_of",
     "run_as_leader",
 ]
@@ -70,6 +91,9 @@ MIN_TTL_SEC = 2.0
 # A standby re-reads the key this often even without a watch event: a watch stream can die silently
 # (a network partition without a reset), and a standby must not wait forever on it.
 _STANDBY_RECHECK_SEC = 10.0
+
+# Longest wait for etcd to take a watch's cancel request (see cancel_watch).
+_CANCEL_WATCH_SEC = 1.0
 
 # Errors that are the caller's configuration, not etcd's weather: retrying them would loop forever.
 _PERMANENT_ERRORS: tuple[type[BaseException], ...] = (
@@ -102,11 +126,12 @@ class LeadershipStopped(Exception):
 
 @dataclass(frozen=True)
 class Term:
-    """One holder's leadership of one shard. ``token`` is the fencing token (the key's create revision)."""
+    """One holder's leadership of one shard. ``revision`` is the leader key's create revision (not a fencing
+    token: see the module docstring)."""
 
     shard: int
     holder: str
-    token: int
+    revision: int
     lease_id: int
 
 
@@ -119,11 +144,14 @@ class LeadershipConfig:
     margin_sec: how long before the earliest possible lease expiry a leader stops trusting itself.
         Must leave a trust window (``ttl_sec - margin_sec``) longer than the renewal interval.
     key_prefix: etcd prefix of the leader keys; the key of shard N is ``f"{key_prefix}{N}/leader"``.
+    fenced: the holder's writes are fenced in Postgres (a term's token from ``take_shard``): its term then
+        outlives an unreachable etcd and ends only when etcd answers that it is over (module docstring).
     """
 
     ttl_sec: float = 5.0
     margin_sec: float = 1.0
     key_prefix: str = "/sundial/shards/"
+    fenced: bool = False
 
     def __post_init__(self) -> None:
         for name in ("ttl_sec", "margin_sec"):
@@ -200,6 +228,7 @@ class ShardLeadership:
         self._term: Term | None = None
         self._ttl = self._config.ttl_sec  # the granted TTL, if etcd ever grants less than we asked
         self._renewed_at = 0.0  # clock time at which the last successful renewal (or the grant) started
+        self._unreachable_since: float | None = None  # fenced terms: when renewals began failing to reach etcd
         self._keepalive: asyncio.Task[None] | None = None
         self._watch: Any = None  # the standby's open aetcd watch, so stop() can end it
         self._started = False
@@ -238,7 +267,9 @@ class ShardLeadership:
         return None if self.lost.is_set() else self._term
 
     def trusted(self) -> bool:
-        """True while this holder leads and is inside its trust window: safe to start leader work."""
+        """True while this holder leads and is inside its trust window (a fenced term: until it is lost)."""
+        if self._config.fenced:
+            return self.term is not None
         return self.term is not None and self._clock.monotonic() < self._trust_deadline()
 
     def _trust_deadline(self) -> float:
@@ -264,7 +295,7 @@ class ShardLeadership:
                         return term
                     continue  # someone else won the race: read again and stand by behind them
                 log.debug(
-                    "shard %d: led by %r (token %d); standing by",
+                    "shard %d: led by %r (revision %d); standing by",
                     self._shard,
                     current.value.decode(errors="replace"),
                     current.create_revision,
@@ -289,7 +320,7 @@ class ShardLeadership:
         return await self._try_create()
 
     async def current_leader(self) -> tuple[str, int] | None:
-        """Who leads the shard now, as (holder, token); None if nobody does."""
+        """Who leads the shard now, as (holder, revision of its key); None if nobody does."""
         current = await self._client.get(self._key)
         if current is None:
             return None
@@ -340,19 +371,20 @@ class ShardLeadership:
             await self._revoke_quietly(lease.id)
             return None
         kv = responses[1][0][1]  # the get after the put: (value, Get) pairs
-        term = Term(shard=self._shard, holder=self._holder, token=int(kv.create_revision), lease_id=lease.id)
+        term = Term(shard=self._shard, holder=self._holder, revision=int(kv.create_revision), lease_id=lease.id)
         if self._stopped:
             await self._revoke_quietly(lease.id)
             raise LeadershipStopped(f"shard {self._shard}: stopped while acquiring")
         self._term = term
         self._ttl = min(self._config.ttl_sec, float(lease.ttl))
         self._renewed_at = started
+        self._unreachable_since = None
         self.lost_reason = None
         self.lost.clear()
         self._keepalive = asyncio.create_task(
             self._keep_alive(term), name=f"sundial-leadership-keepalive-shard-{self._shard}-{self._holder}"
         )
-        log.info("shard %d: %r now leads with token %d", self._shard, self._holder, term.token)
+        log.info("shard %d: %r now leads (term revision %d)", self._shard, self._holder, term.revision)
         return term
 
     async def _await_vacancy(self, seen_revision: int) -> int | None:
@@ -377,39 +409,55 @@ class ShardLeadership:
 
     @staticmethod
     async def _cancel_watch(watch: Any) -> None:
-        # aetcd's Watch.cancel() raises AttributeError once its client is closed (the watcher is gone);
-        # the watch is dead either way.
-        with contextlib.suppress(AttributeError, aetcd.ClientError):
-            await watch.cancel()
+        await cancel_watch(watch)
 
     # -- keeping the term ----------------------------------------------------------------------------
 
     async def _keep_alive(self, term: Term) -> None:
         interval = self._config.renew_interval_sec
+        fenced = self._config.fenced
         next_renewal = self._renewed_at + interval
         try:
             while True:
-                await self._clock.sleep(min(next_renewal, self._trust_deadline()) - self._clock.monotonic())
+                wake = next_renewal if fenced else min(next_renewal, self._trust_deadline())
+                await self._clock.sleep(wake - self._clock.monotonic())
                 if not self.trusted():
                     self._mark_lost(term, "trust window ended before a renewal succeeded")
                     break
                 started = self._clock.monotonic()
+                # A fenced term waits on etcd as long as one call may take; an unfenced one only while trusted.
+                budget = self._config.ttl_sec if fenced else self._trust_deadline() - started
                 try:
-                    still_ours = await self._within(self._renew(term), self._trust_deadline() - started)
+                    still_ours = await self._within(self._renew(term), budget)
                 except TimeoutError:
-                    self._mark_lost(term, "renewal did not complete within the trust window")
-                    break
+                    if not fenced:
+                        self._mark_lost(term, "renewal did not complete within the trust window")
+                        break
+                    self._unreachable(term, started, "renewal timed out")
+                    next_renewal = started + interval / 3
+                    continue
                 except _PERMANENT_ERRORS:
                     raise
                 except aetcd.ClientError as exc:
-                    # Transient (etcd restarting, leader election): try again soon; the trust window
-                    # still bounds how long we act without a renewal.
-                    log.warning("shard %d: lease renewal failed, retrying: %r", self._shard, exc)
+                    # Transient (etcd restarting, leader election): try again soon. An unfenced term's trust
+                    # window bounds how long we act without a renewal; a fenced one's fence does.
+                    if fenced:
+                        self._unreachable(term, started, repr(exc))
+                    else:
+                        log.warning("shard %d: lease renewal failed, retrying: %r", self._shard, exc)
                     next_renewal = started + interval / 3
                     continue
                 if not still_ours:
                     self._mark_lost(term, "lease expired or the leader key changed hands")
                     break
+                if self._unreachable_since is not None:
+                    log.warning(
+                        "shard %d: etcd answers again after %.1fs; term with revision %d kept",
+                        self._shard,
+                        started - self._unreachable_since,
+                        term.revision,
+                    )
+                    self._unreachable_since = None
                 self._renewed_at = started
                 next_renewal = started + interval
         except asyncio.CancelledError:
@@ -420,19 +468,30 @@ class ShardLeadership:
         # Free the key now rather than after the TTL, so a standby (or we) can take over at once.
         await self._revoke_quietly(term.lease_id)
 
+    def _unreachable(self, term: Term, since: float, why: str) -> None:
+        """A fenced term's renewal could not reach etcd: keep the term (its fence guards its writes)."""
+        if self._unreachable_since is None:
+            self._unreachable_since = since
+            log.warning(
+                "shard %d: etcd unreachable (%s); keeping the term with revision %d while Postgres accepts its fence",
+                self._shard,
+                why,
+                term.revision,
+            )
+
     async def _renew(self, term: Term) -> bool:
         """Refresh our lease; True if it is alive and the key is still the one this term created."""
         reply = await self._client.refresh_lease(term.lease_id)
         if reply is None or reply.TTL <= 0:  # aetcd reports an expired/unknown lease as TTL 0, not an error
             return False
         current = await self._client.get(self._key)
-        return current is not None and current.create_revision == term.token and current.lease == term.lease_id
+        return current is not None and current.create_revision == term.revision and current.lease == term.lease_id
 
     def _mark_lost(self, term: Term, reason: str) -> None:
         if self._term is term and not self.lost.is_set():
             self.lost_reason = reason
             self.lost.set()
-            log.warning("shard %d: term with token %d lost: %s", self._shard, term.token, reason)
+            log.warning("shard %d: term with revision %d lost: %s", self._shard, term.revision, reason)
 
     # -- giving up -----------------------------------------------------------------------------------
 
@@ -451,7 +510,7 @@ class ShardLeadership:
             self.lost_reason = "stopped" if self._stopped else "resigned"
             self.lost.set()
         await self._revoke_quietly(term.lease_id)
-        log.info("shard %d: %r resigned term with token %d", self._shard, self._holder, term.token)
+        log.info("shard %d: %r resigned term with revision %d", self._shard, self._holder, term.revision)
 
     async def _revoke_quietly(self, lease_id: int) -> None:
         # Best effort: a lease that already expired is fine, and one we cannot reach expires by itself.
@@ -473,6 +532,20 @@ class ShardLeadership:
         if not work_task.done():
             raise TimeoutError
         return work_task.result()
+
+
+async def cancel_watch(watch: Any) -> None:
+    """Cancel an aetcd watch, within a deadline.
+
+    aetcd's ``Watch.cancel()`` raises AttributeError once its client is closed (the watcher is gone): the
+    watch is dead either way. And it queues the cancel request on a bounded queue *while holding the
+    watcher's lock*: when the stream is down (etcd restarting) nothing drains that queue, the put blocks, and
+    every task that needs the lock — a new watch, even a cancelled one re-acquiring it — blocks with it. Seen
+    after an etcd restart: a shard campaign stuck for good and a dispatcher that could not stop. The
+    deadline cancels the put, which releases the lock.
+    """
+    with contextlib.suppress(AttributeError, aetcd.ClientError, TimeoutError):
+        await asyncio.wait_for(watch.cancel(), _CANCEL_WATCH_SEC)
 
 
 # -- running leader-only work ------------------------------------------------------------------------
@@ -523,7 +596,7 @@ async def run_as_leader(
                 return
             if term is None:
                 return
-            log.info("%s: this replica is now the active one (fence token %d)", role, term.token)
+            log.info("%s: this replica is now the active one (term revision %d)", role, term.revision)
             until = asyncio.Event()
             relay = asyncio.create_task(_set_when_any(until, stop, leadership.lost), name=f"sundial-{role}-term")
             try:

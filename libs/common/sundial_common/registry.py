@@ -32,6 +32,8 @@ from typing import Any
 import aetcd
 import orjson
 
+from sundial_common.leadership import cancel_watch
+
 __all__ = [
     "KINDS",
     "ClusterKeys",
@@ -254,6 +256,9 @@ class Membership:
         self.revision = 0
         self._changed = asyncio.Event()
         self._refresh_lock = asyncio.Lock()
+        # Set when etcd could not be reached: the etcd that answers next may be a rebuilt or restored one,
+        # whose revisions start below ours, so the next read is taken whatever its revision.
+        self._history_may_restart = False
 
     def changed(self) -> asyncio.Event:
         return self._changed
@@ -263,8 +268,9 @@ class Membership:
         async with self._refresh_lock:
             found = await self._client.get_prefix(self._prefix)
             revision = int(found.header.revision)
-            if revision < self.revision:
+            if revision < self.revision and not self._history_may_restart:
                 return  # a watch event already brought us further
+            self._history_may_restart = False
             records: dict[str, ReplicaRecord] = {}
             for kv in found:
                 record = self._decode(kv.key, kv.value)
@@ -289,6 +295,7 @@ class Membership:
                 log.info("membership watch history compacted; re-reading")
             except aetcd.ClientError as exc:
                 log.warning("membership of %s replicas: etcd error, retrying: %r", self.kind, exc)
+                self._history_may_restart = True
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), 1.0)
 
@@ -320,8 +327,7 @@ class Membership:
             stopping.cancel()
             if next_event is not None and not next_event.done():
                 next_event.cancel()
-            with contextlib.suppress(AttributeError, aetcd.ClientError):
-                await watch.cancel()
+            await cancel_watch(watch)
 
     def _apply(self, event: Any) -> None:
         revision = int(event.kv.mod_revision)

@@ -57,8 +57,10 @@ def main(argv: list[str] | None = None) -> int:
         hot_window_sec=settings.hot_window_sec,
     )
     keys = ClusterKeys()
+    # Fenced: every write of a term goes through the shard's fence in Postgres, so a leader keeps its shards
+    # through an etcd outage (sundial_common.leadership explains why that is safe).
     leadership_config = LeadershipConfig(
-        ttl_sec=settings.lease_ttl_sec, margin_sec=settings.lease_margin_sec, key_prefix=keys.shard_prefix
+        ttl_sec=settings.lease_ttl_sec, margin_sec=settings.lease_margin_sec, key_prefix=keys.shard_prefix, fenced=True
     )
     campaign_config = CampaignConfig(shards=settings.shards, orphan_grace_sec=settings.dispatcher_orphan_grace_sec)
     me = settings.instance_id

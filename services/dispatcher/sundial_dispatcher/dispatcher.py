@@ -2,9 +2,10 @@
 
 The order is what makes dispatch safe (DESIGN invariants 1, 2 and 4):
 
-1. **Claim** due members from the shard's hot window with one atomic Lua call. If the process dies
-   after this, the members are gone from Redis but the jobs are untouched in Postgres; the
-   hydrator's overdue scan puts them back.
+1. **Claim** due members from the shard's hot window with one atomic Lua call. If the pass fails
+   after this (Postgres down, fenced out), it puts them back at once; if the process dies, the members
+   are gone from Redis but the jobs are untouched in Postgres, and the hydrator's overdue scan puts them
+   back.
 2. **Commit** one Postgres transaction: raise the shard fence to our token (or learn we are fenced
    out and stop), lock the jobs that still match, insert one execution per occurrence (unique, so a
    repeated claim creates nothing), advance each job's next fire with compare-and-set.
@@ -17,6 +18,7 @@ Leader-only: a :class:`ShardDispatcher` exists only while its process holds the 
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import time
@@ -31,7 +33,7 @@ from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode, get_cu
 from sundial_common.broker import Publisher
 from sundial_common.clock import Clock, SystemClock
 from sundial_common.crashpoints import crash_point
-from sundial_common.hotwindow import HotWindow
+from sundial_common.hotwindow import Claimed, HotWindow
 from sundial_common.ids import new_id
 from sundial_common.messages import ExecutionMessage, pool_topic
 from sundial_common.schedules import fire_at, spec_from_row
@@ -300,6 +302,32 @@ class ShardDispatcher:
         claimed = await self.hot_window.claim_due(self.shard, self.clock.now(), self.config.batch_size)
         if not claimed:
             return DispatchResult()
+        try:
+            return await self._dispatch_claimed(claimed)
+        except BaseException:
+            await self._put_back(claimed)
+            raise
+
+    async def _put_back(self, claimed: Claimed) -> None:
+        """A pass that failed after its claim (Postgres down, fenced out, cancelled) returns what it claimed.
+
+        Its members go back at the scores they were claimed at, so the next pass of this leader or of the
+        next one claims them again at once, instead of waiting for the hydrator's overdue scan. ``NX``: a
+        member written since the claim (the API, a requeue after a commit) is newer. Putting back a member
+        whose occurrence did commit (the failure came after it) costs one claim that matches nothing.
+        Best effort: when Redis itself is down, the overdue scan still recovers them.
+        """
+        try:
+            await asyncio.shield(self._add_back(claimed))
+        except Exception as exc:
+            log.warning("shard %d: could not put back %d claimed members: %r", self.shard, len(claimed), exc)
+
+    async def _add_back(self, claimed: Claimed) -> None:
+        await self.hot_window.add(self.shard, claimed.jobs, only_new=True)
+        await self.hot_window.add_retries(self.shard, claimed.retries, only_new=True)
+        log.info("shard %d: failed pass put back %d claimed members", self.shard, len(claimed))
+
+    async def _dispatch_claimed(self, claimed: Claimed) -> DispatchResult:
         crash_point("dispatcher.after_claim")
         # Scheduled retries claimed with the jobs (see sundial_dispatcher.retries).
         retried = (await self._retries().dispatch(claimed.retries)).retried if claimed.retries else 0

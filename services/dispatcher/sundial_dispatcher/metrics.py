@@ -65,9 +65,11 @@ class Leadership:
         self._leader = SHARD_LEADER.labels(self.shard, replica)
         self._leader.set(0)
 
-    def leading(self, token: int) -> None:
+    def leading(self, token: int | None = None) -> None:
+        """This replica leads the shard; ``token``: the fencing token its term took in Postgres, once known."""
         self._leader.set(1)
-        SHARD_FENCE_TOKEN.labels(self.shard).set(token)
+        if token is not None:
+            SHARD_FENCE_TOKEN.labels(self.shard).set(token)
 
     def stepped_down(self) -> None:
         self._leader.set(0)

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import aetcd
 from sundial_common.broker import Publisher
 from sundial_common.hotwindow import HotWindow
-from sundial_common.leadership import LeadershipStopped, ShardLeadership, Term, first_of
+from sundial_common.leadership import LeadershipStopped, ShardLeadership, Term, cancel_watch, first_of
 from sundial_common.registry import ClusterKeys, Membership, ReplicaRegistration
 from sundial_common.stores import Stores
 from sundial_common.stores.dispatch import FencedOut
@@ -64,6 +64,8 @@ log = logging.getLogger(__name__)
 _RECHECK_SEC = 10.0
 # After an etcd error, wait this long before trying again.
 _RETRY_SEC = 0.5
+# Longest wait between failed dispatch passes (Postgres, Redis or the broker down).
+_MAX_PASS_BACKOFF_SEC = 0.5
 
 
 @dataclass(frozen=True)
@@ -118,6 +120,14 @@ class Tenure:
     leadership: ShardLeadership
     #: Set when the process stops or the shard is being handed over: finish the pass in flight and return.
     step_down: asyncio.Event
+    gauges: Leadership | None = None
+
+    def took(self, token: int) -> None:
+        """The term has taken its shard in Postgres with fencing token ``token``: say so (log, gauge)."""
+        shard = self.term.shard
+        log.info("shard %d: leading with fence token %d", shard, token, extra={"shard": shard, "fence_token": token})
+        if self.gauges is not None:
+            self.gauges.leading(token)
 
     def active(self) -> bool:
         return not self.step_down.is_set() and self.leadership.trusted()
@@ -136,9 +146,12 @@ def dispatch_work(deps: Dependencies, config: DispatcherConfig, holder: str) -> 
 
     async def work(tenure: Tenure) -> None:
         shard = tenure.term.shard
-        dispatcher = ShardDispatcher(
-            shard, tenure.term.token, holder, deps.stores.dispatch, deps.hot_window, deps.publisher, config
-        )
+        token = await _take_shard(deps, tenure, holder)
+        if token is None:
+            return
+        tenure.took(token)
+        stores = deps.stores
+        dispatcher = ShardDispatcher(shard, token, holder, stores.dispatch, deps.hot_window, deps.publisher, config)
         failures = 0
         metrics = ShardPassMetrics(shard)
         while tenure.active():
@@ -151,9 +164,10 @@ def dispatch_work(deps: Dependencies, config: DispatcherConfig, holder: str) -> 
                 raise
             except Exception:
                 # Postgres, Redis or the broker is unreachable: keep the term (nobody else could do
-                # better) and retry with backoff. Claimed members are recovered by the hydrator.
+                # better) and retry soon; the pass has put back what it claimed. The backoff is capped
+                # low so that dispatch resumes within half a second of the outage's end.
                 failures += 1
-                delay = min(0.1 * 2**failures, 5.0)
+                delay = min(0.1 * 2**failures, _MAX_PASS_BACKOFF_SEC)
                 log.exception("shard %d: dispatch pass failed; retrying in %.1fs", shard, delay, extra={"shard": shard})
                 await tenure.pause(delay)
                 continue
@@ -168,6 +182,22 @@ def dispatch_work(deps: Dependencies, config: DispatcherConfig, holder: str) -> 
             )
 
     return work
+
+
+async def _take_shard(deps: Dependencies, tenure: Tenure, holder: str) -> int | None:
+    """Begin the term in Postgres: its fencing token (see :mod:`sundial_common.leadership`), or None if the
+    term ended before Postgres could be reached."""
+    shard = tenure.term.shard
+    failures = 0
+    while tenure.active():
+        try:
+            return await deps.stores.dispatch.take_shard(shard, holder)
+        except Exception as exc:
+            failures += 1
+            delay = min(0.1 * 2**failures, _MAX_PASS_BACKOFF_SEC)
+            log.warning("shard %d: cannot take the shard in Postgres (%r); retrying in %.1fs", shard, exc, delay)
+            await tenure.pause(delay)
+    return None
 
 
 async def _slept(seconds: float) -> bool:
@@ -312,30 +342,33 @@ class ShardCampaign:
     # -- leading -------------------------------------------------------------------------------------
 
     async def _lead(self, stop: asyncio.Event, term: Term) -> None:
-        log.info("shard %d: leading with fence token %d", self.shard, term.token, extra=self._extra)
+        log.info("shard %d: elected (term revision %d)", self.shard, term.revision, extra=self._extra)
         handover = asyncio.Event()
         step_down = asyncio.Event()
         watcher = asyncio.create_task(
             self._await_handover_request(term, handover), name=f"sundial-shard-{self.shard}-handover-watch"
         )
         relay = asyncio.create_task(self._relay(step_down, stop, handover), name=f"sundial-shard-{self.shard}-relay")
-        self._leader_gauges.leading(term.token)
+        self._leader_gauges.leading()
         try:
-            await self._work(Tenure(term, self.leadership, step_down))
+            await self._work(Tenure(term, self.leadership, step_down, self._leader_gauges))
         except FencedOut as exc:
             log.error(
                 "shard %d: write rejected by the fence (%s): a newer leader has written; stepping down",
                 self.shard,
                 exc,
-                extra={**self._extra, "fence_token": term.token},
+                extra={**self._extra, "fence_token": exc.token},
             )
         finally:
             self._leader_gauges.stepped_down()
             for task in (watcher, relay):
                 task.cancel()
-            await asyncio.wait({watcher, relay})
+            # Bounded: stepping down (and handing over) must not wait on an etcd watch that will not end.
+            _, stuck = await asyncio.wait({watcher, relay}, timeout=_RETRY_SEC * 4)
+            if stuck:
+                log.warning("shard %d: %d side tasks did not end; stepping down anyway", self.shard, len(stuck))
             await self.leadership.resign()
-        if not watcher.cancelled() and (died := watcher.exception()) is not None:
+        if watcher.done() and not watcher.cancelled() and (died := watcher.exception()) is not None:
             # A leader that can no longer hear handover requests would keep its shards forever: fail loudly.
             raise RuntimeError(f"shard {self.shard}: the handover watch died") from died
         if handover.is_set() and not stop.is_set():
@@ -358,7 +391,7 @@ class ShardCampaign:
                     successor = request.value.decode(errors="replace")
                     if (
                         successor != self.me
-                        and request.mod_revision > term.token
+                        and request.mod_revision > term.revision
                         and self._placement.owner(self.shard) == successor
                     ):
                         handover.set()
@@ -366,12 +399,16 @@ class ShardCampaign:
                 watch = await self._etcd.watch(
                     key, start_revision=int(found.header.revision) + 1, kind=aetcd.EventKind.PUT
                 )
+                # A timer event rather than wait_for() around first_of(): a handover watch cancelled while
+                # in wait_for() was seen stuck "cancelling" for good, and the replica could not step down.
+                recheck = asyncio.Event()
+                timer = asyncio.get_running_loop().call_later(_RECHECK_SEC, recheck.set)
                 try:
-                    with contextlib.suppress(TimeoutError, StopAsyncIteration):
-                        await asyncio.wait_for(first_of(anext(aiter(watch)), changed), _RECHECK_SEC)
+                    with contextlib.suppress(StopAsyncIteration):
+                        await first_of(anext(aiter(watch)), changed, recheck)
                 finally:
-                    with contextlib.suppress(AttributeError, aetcd.ClientError):
-                        await watch.cancel()
+                    timer.cancel()
+                    await cancel_watch(watch)
             except aetcd.ClientError as exc:
                 log.warning("shard %d: cannot watch for handover requests: %r", self.shard, exc, extra=self._extra)
                 await asyncio.sleep(_RETRY_SEC)

@@ -10,7 +10,7 @@ import asyncio
 import logging
 
 from redis.asyncio import Redis
-from sundial_common.broker import KafkaPublisher
+from sundial_common.broker import KafkaIncarnation, KafkaPublisher
 from sundial_common.logs import setup_logging
 from sundial_common.observability import observed
 from sundial_common.service import every, run
@@ -18,6 +18,7 @@ from sundial_common.settings import SettingsHelpParser
 from sundial_common.singleton import run_singleton
 from sundial_common.stores import Stores
 
+from sundial_sweeper.broker_restart import BrokerRestartRepublisher
 from sundial_sweeper.settings import SweeperSettings
 from sundial_sweeper.sweeper import Sweeper
 
@@ -49,10 +50,12 @@ def main(argv: list[str] | None = None) -> int:
     async def serve(stop: asyncio.Event) -> None:
         stores = await Stores.connect(settings.database_url, max_size=2)
         publisher = KafkaPublisher(settings.kafka_bootstrap)
+        incarnation = KafkaIncarnation(settings.kafka_bootstrap)
         # Liveness keys: a sick Redis must not stall the other scans for long.
         redis = Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=5)
         try:
-            sweeper = Sweeper(stores, publisher, config, redis=redis)
+            restart = BrokerRestartRepublisher(stores.dispatch, publisher, incarnation, config.batch_size)
+            sweeper = Sweeper(stores, publisher, config, redis=redis, broker_restart=restart)
             log.info("sweeper started")
 
             async def sweep_while_leading(until: asyncio.Event) -> None:
@@ -67,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
             await run_singleton(stop, "sweeper", settings, sweep_while_leading)
         finally:
             await publisher.close()
+            await asyncio.to_thread(incarnation.close)
             await redis.aclose()
             await stores.close()
             log.info("sweeper stopped")

@@ -14,6 +14,8 @@ Each pass (``run_once``) runs these scans, each bounded by ``batch_size`` rows:
     commit and publish, or the publish failed), or was published but not started within
     ``unstarted_after_sec`` (the broker restarted empty and lost it), is published again. Republishing is
     safe: the worker's PENDING→RUNNING compare-and-swap lets one delivery run.
+(r) **Broker restarted empty** — every PENDING execution is published again as soon as the broker is seen to
+    have lost its data (:mod:`sundial_sweeper.broker_restart`), without waiting for ``unstarted_after_sec``.
 (d) **Dead letters** — a DEAD execution whose message has not reached ``sundial.dlq`` is published there
     (the execution row is that topic's outbox too), then marked.
 (e) **Idempotency keys** past their 24 hours are purged.
@@ -41,7 +43,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
@@ -66,6 +68,9 @@ from sundial_common.telemetry import (
     traceparent,
     tracer,
 )
+
+if TYPE_CHECKING:
+    from sundial_sweeper.broker_restart import BrokerRestartRepublisher
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +135,8 @@ class SweepResult:
     suspected: int = 0
     dead_lettered: int = 0
     keys_purged: int = 0
+    #: PENDING executions sent again because the broker restarted empty (scan r).
+    republished_after_broker_restart: int = 0
 
 
 @dataclass
@@ -245,7 +252,9 @@ class Sweeper:
         clock: Clock | None = None,
         *,
         redis: Redis | None = None,
+        broker_restart: BrokerRestartRepublisher | None = None,
     ) -> None:
+        self.broker_restart = broker_restart
         self.stores = stores
         self.publisher = publisher
         self.config = config
@@ -263,8 +272,11 @@ class Sweeper:
             log.warning("sweeper without Redis: lost workers are not detected (timeouts still are)")
 
     async def run_once(self) -> SweepResult:
+        restart = await self.broker_restart.run_once() if self.broker_restart is not None else None
+        after_restart = restart.republished if restart is not None else 0
         lost, timed_out, suspected = await self.sweep_running()
         republished, failed = await self.republish_stale()
+        republished += after_restart
         dead_lettered = await self.publish_dead_letters()
         purged = await self.stores.idempotency.purge_idempotency_keys(self.config.batch_size)
         for reason, count in (("worker_lost", lost), ("timed_out", timed_out), ("republished", republished)):
@@ -280,6 +292,7 @@ class Sweeper:
             suspected=suspected,
             dead_lettered=dead_lettered,
             keys_purged=purged,
+            republished_after_broker_restart=after_restart,
         )
 
     # --- (a) and (t): RUNNING attempts whose worker is gone or that ran past their timeout -----------

@@ -37,7 +37,9 @@ from sundial_worker.inflight import InFlight, WorkerStats
 
 log = logging.getLogger("sundial.worker")
 
-_BACKOFF_MAX_SEC = 5.0
+# Capped low: messages wait on this retry while Postgres restarts, and every second of it is a second of
+# lateness once Postgres is back (issue 24: max lateness <= the outage + 1 s). A retry is one connect attempt.
+_BACKOFF_MAX_SEC = 0.5
 
 
 @dataclass(frozen=True, slots=True)

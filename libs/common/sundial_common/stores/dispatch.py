@@ -1,11 +1,12 @@
 """The dispatch store: what a shard's leader writes under its fence, and the outbox it publishes from.
 
-A dispatch transaction first raises the shard's fence to the leader's token (DESIGN invariant 4; a newer
-leader's write makes it raise :class:`FencedOut`), then creates the executions of the claimed due
-occurrences (:meth:`PostgresDispatchStore.dispatch_occurrences`) or moves claimed retries back to PENDING
-(:meth:`PostgresDispatchStore.dispatch_retries`). The execution row is the outbox: the dispatcher marks what
-it published, the sweeper republishes what stayed PENDING. The hydrator reads the retries coming due here
-too, beside the jobs (:mod:`sundial_common.stores.jobs`).
+A leader begins its term by taking the shard (:meth:`PostgresDispatchStore.take_shard`: Postgres issues the
+term's fencing token, one more than the last). Each dispatch transaction first raises the shard's fence to
+that token (DESIGN invariant 4; once a newer term has taken the shard it raises :class:`FencedOut`), then
+creates the executions of the claimed due occurrences (:meth:`PostgresDispatchStore.dispatch_occurrences`)
+or moves claimed retries back to PENDING (:meth:`PostgresDispatchStore.dispatch_retries`). The execution
+row is the outbox: the dispatcher marks what it published, the sweeper republishes what stayed PENDING. The
+hydrator reads the retries coming due here too, beside the jobs (:mod:`sundial_common.stores.jobs`).
 
 SQL: ``sql/dispatch.sql``.
 """
@@ -127,6 +128,8 @@ Planner = Callable[[Sequence[Record]], list[PlannedExecution] | DispatchPlan]
 class DispatchStore(Protocol):
     """Fenced writes of a shard's leader, the retries coming due, and the execution outbox."""
 
+    async def take_shard(self, shard: int, holder: str) -> int: ...
+
     async def dispatch_occurrences(
         self, shard: int, token: int, holder: str, claims: Sequence[Occurrence], plan: Planner
     ) -> DispatchOutcome: ...
@@ -151,6 +154,8 @@ class DispatchStore(Protocol):
         self, unpublished_before: datetime, published_before: datetime, limit: int
     ) -> list[Record]: ...
 
+    async def pending_after(self, after: UUID, limit: int) -> list[Record]: ...
+
     async def republished(self, execution_ids: Sequence[UUID]) -> None: ...
 
 
@@ -159,6 +164,17 @@ class PostgresDispatchStore:
 
     def __init__(self, db: Database) -> None:
         self._db = db
+
+    # --- terms --------------------------------------------------------------------------------
+
+    async def take_shard(self, shard: int, holder: str) -> int:
+        """Begin a term on ``shard`` for ``holder``: the new fencing token, larger than any issued before.
+
+        etcd only elects; the token comes from here so that it never goes backwards, even when etcd is
+        rebuilt empty or restored from an old snapshot (its revisions start again). Every write of the term
+        then raises the fence to this token (:meth:`dispatch_occurrences`), and the next take fences it out.
+        """
+        return int(await self._db.pool.fetchval(Q["take_shard"], shard, holder))
 
     # --- first attempts of due occurrences ---------------------------------------------------
 
@@ -322,6 +338,11 @@ class PostgresDispatchStore:
             list[Record],
             await self._db.pool.fetch(Q["stale_pending"], unpublished_before, published_before, limit),
         )
+
+    async def pending_after(self, after: UUID, limit: int) -> list[Record]:
+        """Up to ``limit`` PENDING executions with ids after ``after`` (id order), with their payloads: what
+        the sweeper sends again when the broker restarted empty."""
+        return cast(list[Record], await self._db.pool.fetch(Q["pending_after"], after, limit))
 
     async def republished(self, execution_ids: Sequence[UUID]) -> None:
         if execution_ids:

@@ -21,8 +21,10 @@ class ReplicaView(ViewModel):
 class ShardView(ViewModel):
     shard: int
     leader: str | None = Field(description="The replica leading the shard; null between terms.")
-    fence_token: int | None = Field(description="The leader's fencing token (etcd revision of its leader key).")
-    recorded_fence: int | None = Field(description="The highest token that has written for the shard (Postgres).")
+    fence_token: int | None = Field(
+        description="The leader's fencing token, issued by Postgres when its term took the shard (null until then)."
+    )
+    recorded_fence: int | None = Field(description="The highest fencing token issued for the shard (Postgres).")
     lease_ttl_sec: int | None = Field(description="Seconds left on the leader's lease (whole seconds).")
     hot_window_size: int | None = Field(description="Occurrences in the shard's Redis hot window.")
     handover_to: str | None = Field(description="The replica that asked the leader to hand the shard over, if any.")

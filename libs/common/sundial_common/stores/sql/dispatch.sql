@@ -5,8 +5,18 @@
 -- Batches travel as parallel arrays through unnest(), so a batch is one round trip.
 -- A batch of executions is found by primary key (see the note opening executions.sql).
 
+-- name: take_shard
+-- A new term begins: Postgres issues its fencing token, one more than the shard's recorded fence, so tokens
+-- only grow whatever etcd remembers (a rebuilt or restored etcd restarts its revisions). Taking the row lock
+-- waits for a dispatch transaction of the previous term in flight; once this commits, every later write of
+-- that term finds a larger token recorded (raise_fence below) and is rejected. A shard never led before
+-- starts at 1. (Fences recorded before tokens came from here hold etcd revisions: they continue from those.)
+INSERT INTO shard_fence AS f (shard, token, holder) VALUES ($1, 1, $2)
+ON CONFLICT (shard) DO UPDATE SET token = f.token + 1, holder = excluded.holder, updated_at = now()
+RETURNING token;
+
 -- name: raise_fence
--- DESIGN invariant 4: the shard's token only grows. No row back = a newer leader has written.
+-- DESIGN invariant 4: the shard's token only grows. No row back = a newer term has begun (take_shard).
 INSERT INTO shard_fence AS f (shard, token, holder) VALUES ($1, $2, $3)
 ON CONFLICT (shard) DO UPDATE SET token = excluded.token, holder = excluded.holder, updated_at = now()
 WHERE f.token <= excluded.token
@@ -140,6 +150,16 @@ WHERE e.state = 'PENDING'
   AND ((e.published_at IS NULL AND coalesce(e.pending_since, e.created_at) < $1) OR e.published_at < $2)
 ORDER BY e.created_at
 LIMIT $3;
+
+-- name: pending_after
+-- Every PENDING execution, a page at a time in id order after $1: the broker restarted empty and lost every
+-- message it held, so each PENDING execution's message may be gone (the sweeper sends them all again).
+SELECT e.id, e.tenant_id, e.job_id, e.scheduled_for, e.shard, e.fence_token, e.pool, e.handler,
+       e.attempt, e.timeout_sec, e.traceparent, j.payload
+FROM executions e JOIN jobs j ON j.id = e.job_id
+WHERE e.state = 'PENDING' AND e.id > $1
+ORDER BY e.id
+LIMIT $2;
 
 -- name: republished
 UPDATE executions SET published_at = now() WHERE id = ANY($1::uuid[]) AND state || '' = 'PENDING';

@@ -1,0 +1,81 @@
+"""Scan (r) of the sweeper: the broker restarted empty — send every PENDING execution's message again, at once.
+
+A broker that comes back without its data (memory storage, a new cluster, wiped disks) has lost every message
+it had acknowledged and no worker had started yet. The outbox scan (b) would find them only once they have
+waited ``unstarted_after_sec`` (60 s), a window that cannot be shortened without re-sending every message
+legitimately waiting in a backlog. So the restart itself is the trigger: each pass asks the broker whether it
+is still the incarnation we knew (:class:`~sundial_common.broker.BrokerIncarnation`, one watermark read), and
+when it is not, every PENDING execution is published again, in pages of ``batch_size``, right away.
+
+Republishing everything PENDING also re-sends the few messages the new broker did receive between its start
+and this pass: harmless, the worker's PENDING→RUNNING compare-and-swap lets one delivery run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from uuid import UUID
+
+from sundial_common.broker import BrokerIncarnation, Publisher
+from sundial_common.stores.dispatch import DispatchStore
+from sundial_common.telemetry import traceparent
+
+# The outbox scan's own message and span builders: a republish after a restart is the same send.
+from sundial_sweeper.sweeper import _end_sends, _message, _send_span
+
+log = logging.getLogger(__name__)
+
+#: Pages looked at per restart, at most (the rest waits for the outbox scan).
+_MAX_PAGES = 100
+
+
+@dataclass(frozen=True)
+class BrokerRestartResult:
+    #: Whether this pass found a broker that lost its data.
+    restarted: bool = False
+    republished: int = 0
+    publish_failed: int = 0
+
+
+class BrokerRestartRepublisher:
+    """``run_once()``: notice a broker restarted empty and republish every PENDING execution."""
+
+    def __init__(
+        self, store: DispatchStore, publisher: Publisher, incarnation: BrokerIncarnation, batch_size: int = 1000
+    ) -> None:
+        self.store = store
+        self.publisher = publisher
+        self.incarnation = incarnation
+        self.batch_size = batch_size
+
+    async def run_once(self) -> BrokerRestartResult:
+        lost = await asyncio.to_thread(self.incarnation.lost_its_data)
+        if not lost:
+            return BrokerRestartResult()
+        sent = failed = 0
+        after = UUID(int=0)
+        for _ in range(_MAX_PAGES):
+            rows = await self.store.pending_after(after, self.batch_size)
+            if not rows:
+                break
+            spans = [_send_span(row, "republish after broker restart") for row in rows]
+            messages = [
+                _message(row, traceparent(span) or row["traceparent"]) for row, span in zip(rows, spans, strict=True)
+            ]
+            errors = await self.publisher.publish(messages)
+            _end_sends(spans, errors)
+            ok = [row["id"] for row, error in zip(rows, errors, strict=True) if error is None]
+            await self.store.republished(ok)
+            sent += len(ok)
+            failed += len(rows) - len(ok)
+            after = rows[-1]["id"]
+            if len(rows) < self.batch_size:
+                break
+        log.warning(
+            "the broker restarted empty: republished %d PENDING executions (%d failed; the outbox scan retries them)",
+            sent,
+            failed,
+        )
+        return BrokerRestartResult(restarted=True, republished=sent, publish_failed=failed)
