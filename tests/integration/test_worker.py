@@ -192,7 +192,9 @@ def read_as_group(
             "group.id": consumer_group(pool),
             "enable.auto.commit": False,
             "auto.offset.reset": "earliest",
-            "session.timeout.ms": 6000,
+            # The workers' protocol: a group's members must share one (cooperative and eager do not mix).
+            "partition.assignment.strategy": "cooperative-sticky",
+            "session.timeout.ms": 3000,
             "heartbeat.interval.ms": 1000,
         }
     )

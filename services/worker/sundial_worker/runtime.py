@@ -85,10 +85,13 @@ class WorkerConfig:
     """How often the cancel flags of running executions are read (a handler sees a cancel within this)."""
     cancel_grace_sec: float = 5.0
     """How long an interrupted handler (timeout or cancel) may take to end before it is abandoned."""
+    session_timeout_sec: float = 3.0
+    """How long the consumer group waits for a silent member before moving its partitions to the others."""
 
     def __post_init__(self) -> None:
         check_positive_int(self, "db_pool_size")
         check_seconds(self, "shutdown_grace_sec", zero_ok=True)
+        check_seconds(self, "session_timeout_sec")
         self.admission()
         self.execution()
         self.heartbeats()
@@ -154,7 +157,10 @@ class WorkerRuntime:
         self.config = config or WorkerConfig(concurrency=worker.concurrency)
         self.worker_id = worker_id or settings.instance_id
         self.consumer: ExecutionConsumer = consumer or KafkaExecutionConsumer(
-            settings.kafka_bootstrap, worker.pool, client_id=self.worker_id
+            settings.kafka_bootstrap,
+            worker.pool,
+            client_id=self.worker_id,
+            session_timeout_sec=self.config.session_timeout_sec,
         )
         self.stats = WorkerStats()
         self.inflight = InFlight()
