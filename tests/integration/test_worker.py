@@ -388,6 +388,52 @@ async def test_heartbeat_renews_liveness_and_records_progress(
         await wait_until(key_gone, "the liveness key to be dropped once the outcome is written")
 
 
+async def test_a_handler_holding_the_event_loop_does_not_make_its_worker_look_lost(
+    stores: Stores, publisher: KafkaPublisher, settings: WorkerSettings, redis_url: str, pool: str
+) -> None:
+    from redis import Redis as SyncRedis
+
+    worker = Worker(pool=pool)
+    blocked = threading.Event()
+
+    @worker.handler("hog")
+    async def hog(ctx: Context, payload: Any) -> None:
+        blocked.set()
+        time.sleep(payload["sec"])  # a badly written handler: blocks the event loop, never awaits
+
+    ttl = 1.5
+    async with serving(worker, settings, heartbeat_interval_sec=0.3, heartbeat_ttl_sec=ttl) as runtime:
+        [message] = await dispatch(stores, pool, "hog", [{"sec": 3 * ttl}])
+        key = heartbeat_key(message.execution_id)
+        missing: list[float] = []
+        sampled = 0
+        watcher_redis = SyncRedis.from_url(redis_url)
+
+        def watch() -> None:
+            # The test's own event loop is the one the handler holds: sample from a thread.
+            nonlocal sampled
+            assert blocked.wait(30), "the handler never started"
+            # Its first key may come from the thread's next pass (admission's own write waits for the loop).
+            time.sleep(0.3 + 0.2)
+            deadline = time.monotonic() + 3 * ttl - 1.0
+            while time.monotonic() < deadline:
+                if watcher_redis.get(key) != runtime.worker_id.encode():
+                    missing.append(time.monotonic())
+                sampled += 1
+                time.sleep(0.05)
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        try:
+            await publish(publisher, [message])
+            await asyncio.to_thread(watcher.join, 60)
+        finally:
+            watcher_redis.close()
+        await wait_state(stores, message, "SUCCEEDED")
+    # The key lived on through three TTLs of a frozen event loop: renewed by the liveness thread.
+    assert sampled > 10 and not missing, f"liveness key missing in {len(missing)} of {sampled} samples"
+
+
 async def test_a_late_outcome_is_rejected_and_leaves_the_new_owners_liveness_alone(
     stores: Stores,
     redis: Redis,
