@@ -434,6 +434,41 @@ async def test_a_handler_holding_the_event_loop_does_not_make_its_worker_look_lo
     assert sampled > 10 and not missing, f"liveness key missing in {len(missing)} of {sampled} samples"
 
 
+async def test_a_restarted_worker_declares_its_previous_incarnations_attempts_lost(
+    stores: Stores, redis: Redis, settings: WorkerSettings, pool: str
+) -> None:
+    worker_id = f"restarted-{uuid.uuid4().hex[:6]}"
+    first = await stores.workers.begin_incarnation(worker_id, pool, "host", 1)
+    # The first incarnation won two executions and died running them; another worker runs a third.
+    orphaned = await dispatch(stores, pool, "echo", [{}, {}])
+    elsewhere = await dispatch(stores, pool, "echo", [{}])
+    ids = [uuid.UUID(m.execution_id) for m in orphaned]
+    await stores.database.pool.execute("UPDATE executions SET max_attempts = 3 WHERE id = ANY($1::uuid[])", ids)
+    await stores.executions.start_executions(worker_id, [(uuid.UUID(m.execution_id), 1) for m in orphaned])
+    await stores.executions.start_executions("other-worker", [(uuid.UUID(elsewhere[0].execution_id), 1)])
+
+    runtime = WorkerRuntime(demo_worker(pool), settings, config=FAST, worker_id=worker_id)
+    began = time.monotonic()
+    await runtime.start()
+    try:
+        started_in = time.monotonic() - began
+        for message in orphaned:
+            row = await execution(stores, message)
+            # Ended before the new incarnation took any message: lost, and its retry already scheduled.
+            assert row["state"] == "FAILED_WORKER_LOST" and row["next_attempt_at"] is not None, dict(row)
+            assert f"restarted (incarnation {first.number + 1})" in row["error"]
+        assert (await execution(stores, elsewhere[0]))["state"] == "RUNNING"  # not this worker's
+        hot = set(await redis.zrange("sundial:{0}:hot", 0, -1))
+        assert {f"r:{m.execution_id}" for m in orphaned} <= hot, hot
+        [row] = await stores.database.pool.fetch(
+            "SELECT incarnation FROM worker_incarnations WHERE worker_id = $1", worker_id
+        )
+        assert row["incarnation"] == first.number + 1
+    finally:
+        await runtime.stop()
+    assert started_in < 10
+
+
 async def test_a_late_outcome_is_rejected_and_leaves_the_new_owners_liveness_alone(
     stores: Stores,
     redis: Redis,

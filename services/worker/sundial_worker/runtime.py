@@ -18,6 +18,9 @@ batches. Each side task is named ``sundial-worker-<loop>``; one that dies (or re
 before a stop) fails the whole runtime loudly — :meth:`WorkerRuntime.run_until` raises
 :class:`~sundial_worker.errors.WorkerCrashed` (CONVENTIONS 8).
 
+Start: take this worker's next incarnation and declare what an earlier one left RUNNING lost
+(:mod:`~sundial_worker.incarnations`), then join the pool's consumer group.
+
 Shutdown (SIGTERM/SIGINT in the CLI): stop taking messages, let running handlers finish for up to
 ``shutdown_grace_sec``, then cancel the rest — they stay RUNNING in Postgres and their offsets stay
 uncommitted, so the sweeper (or the next member of the group) takes them over — then flush the
@@ -46,6 +49,7 @@ from sundial_worker.consumer import ExecutionConsumer, KafkaExecutionConsumer
 from sundial_worker.errors import WorkerCrashed, check_positive_int, check_seconds
 from sundial_worker.execution import ExecutionConfig, HandlerExecutor
 from sundial_worker.heartbeats import CancelWatch, CancelWatchConfig, HeartbeatConfig, Heartbeats, LivenessThread
+from sundial_worker.incarnations import Incarnations
 from sundial_worker.inflight import InFlight, OutcomeBuffer, WorkerStats
 from sundial_worker.outcomes import FlushConfig, OutcomeFlusher
 from sundial_worker.sdk import Worker
@@ -225,6 +229,10 @@ class WorkerRuntime:
             )
             self._parts = self._build(stores, redis)
             self.parts.executor.open()
+            # Before joining the group: what an earlier incarnation of this worker left RUNNING is lost.
+            await Incarnations(
+                stores, HotWindow(redis), self.worker_id, self.worker.pool, hot_window_sec=self.settings.hot_window_sec
+            ).begin()
             await self.consumer.open()
         except BaseException:
             await self._close_resources(stores, redis)
