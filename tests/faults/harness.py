@@ -117,7 +117,13 @@ class FaultStack:
             ProcessSpec("hydrator", sundial_argv("hydrator")),
             ProcessSpec("dispatcher", sundial_argv("dispatcher"), env=(("SUNDIAL_INSTANCE_ID", "dispatcher"),)),
             ProcessSpec("sweeper", sundial_argv("sweeper")),
-            *(ProcessSpec(name, sundial_argv("worker", "--app", "tests.faults.app:worker")) for name in self.workers),
+            # A stable identity per worker, as `make up` gives (its process name): a restarted one knows it restarted.
+            *(
+                ProcessSpec(
+                    name, sundial_argv("worker", "--app", "tests.faults.app:worker"), env=(("SUNDIAL_WORKER_ID", name),)
+                )
+                for name in self.workers
+            ),
         ]
         self.supervisor = Supervisor(
             specs,
