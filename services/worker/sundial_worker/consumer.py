@@ -339,13 +339,11 @@ class KafkaExecutionConsumer:
                 consumer.incremental_assign(partitions)
                 # librdkafka keeps a partition's pause flag across a rebalance: one paused when it was taken
                 # away (this worker was saturated, then stopped past its session timeout) would come back
-                # paused and never be read again. So set the flag here to what this member wants now: paused
-                # while every handler slot is busy — so that nothing is fetched that cannot start (the
-                # keepalive would have to hand it back with a seek) — and resumed otherwise.
-                if self._paused:
-                    consumer.pause(partitions)
-                else:
-                    consumer.resume(partitions)
+                # paused and never be read again, so resume what was assigned. Not paused here even when every
+                # slot is busy: a partition paused before its first fetch was seen never to fetch again after
+                # its resume (librdkafka 2.16; a stress of members joining and leaving beside a saturated one
+                # left whole partitions unread) — the keepalive hands back what it takes instead.
+                consumer.resume(partitions)
             except KafkaException as exc:
                 log.warning("could not set up newly assigned partitions: %s", exc)
         with self._lock:
