@@ -127,7 +127,13 @@ class FaultStack:
                 for name in self.dispatchers
             ),
             ProcessSpec("sweeper", sundial_argv("sweeper")),
-            *(ProcessSpec(name, sundial_argv("worker", "--app", "tests.faults.app:worker")) for name in self.workers),
+            # A stable identity per worker, as `make up` gives (its process name): a restarted one knows it restarted.
+            *(
+                ProcessSpec(
+                    name, sundial_argv("worker", "--app", "tests.faults.app:worker"), env=(("SUNDIAL_WORKER_ID", name),)
+                )
+                for name in self.workers
+            ),
         ]
         self.supervisor = Supervisor(
             specs,

@@ -1,4 +1,4 @@
-"""Reliable execution under fire: six faults injected into a running stack, each with the same promises.
+"""Reliable execution under fire: faults injected into a running stack, each with the same promises.
 
 Each scenario starts every Sundial process (supervised: a killed one comes back, as under ``make up``),
 creates ``1,000 × SUNDIAL_FAULT_SCALE`` jobs through HTTP, injects its fault while they run, lets the
@@ -6,17 +6,16 @@ system heal, and checks Postgres (``FaultStack.check``): no acknowledged create 
 terminal state; at most one accepted completion per (job, occurrence); no write committed with a stale
 fencing token. Duplicate handler starts are allowed (at-least-once) and reported.
 
-1. ``kill -9`` a worker mid-handler            4. Postgres stopped (immediate) during create load
-2. the dispatcher killed at each crash point   5. a worker SIGSTOPped past its heartbeat TTL, then resumed
-3. Redis FLUSHALL, then Redis restarted empty  6. a retry storm: every handler fails for a while
+1. the dispatcher killed at each crash point   3. Postgres stopped (immediate) during create load
+2. Redis FLUSHALL, then Redis restarted empty  4. a retry storm: every handler fails for a while
 
-The broker restarting empty is in ``test_dispatch_recovery.py`` (noticed and republished at once).
+The broker restarting empty is in ``test_dispatch_recovery.py`` (noticed and republished at once); a worker's
+faults (killed and restarted, killed for good, SIGSTOPped) are in ``test_worker_faults.py``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import signal
 import statistics
 import time
 from collections.abc import AsyncIterator
@@ -44,24 +43,6 @@ async def faults(settings_env: dict[str, str], tmp_path: Path) -> AsyncIterator[
 
 def report(name: str, line: str) -> None:
     print(f"\nfault {name}: {line}")
-
-
-async def test_a_worker_killed_mid_handler_loses_nothing(faults: FaultStack) -> None:
-    bodies = one_shots(faults.pool, JOBS, start_in=4, spread=6, payload={"ms": 400})
-    creating = asyncio.create_task(faults.create_jobs(bodies))
-
-    async def running_on_worker_1() -> bool:
-        rows = await faults.fetch("SELECT count(*) AS n FROM executions WHERE state = 'RUNNING'")
-        return int(rows[0]["n"]) >= 20
-
-    await eventually(running_on_worker_1, budget(180), "handlers running")
-    faults.signal("worker-1", signal.SIGKILL)
-    job_ids = await creating
-    await faults.wait_terminal(len(job_ids), within=120)
-    result = await faults.check(job_ids)
-    assert result.attempt_states["FAILED_WORKER_LOST"] >= 1, "the kill landed mid-handler: those attempts were lost"
-    assert faults.restarts()["worker-1"] >= 1, "the supervisor restarted the killed worker"
-    report("kill -9 worker", result.line())
 
 
 async def test_the_dispatcher_killed_at_each_crash_point_loses_and_doubles_nothing(faults: FaultStack) -> None:
@@ -132,29 +113,6 @@ async def test_postgres_restarted_during_create_load_makes_one_job_per_key(
     keys = await faults.fetch("SELECT count(*) AS n FROM idempotency_keys WHERE state = 'DONE'")
     assert int(keys[0]["n"]) == len(job_ids)
     report("postgres restart", f"{result.line()}; create answers {dict(faults.create_attempts)}")
-
-
-async def test_a_worker_paused_past_its_heartbeat_ttl_cannot_overwrite_the_retry(faults: FaultStack) -> None:
-    bodies = one_shots(faults.pool, JOBS, start_in=4, spread=6, payload={"ms": 1500})
-    creating = asyncio.create_task(faults.create_jobs(bodies))
-
-    async def running() -> bool:
-        rows = await faults.fetch("SELECT count(*) AS n FROM executions WHERE state = 'RUNNING'")
-        return int(rows[0]["n"]) >= 20
-
-    await eventually(running, budget(180), "handlers running")
-    faults.signal("worker-1", signal.SIGSTOP)
-    # Past its TTL (3 s) and the sweeper's confirmation (1.5 s): its attempts are declared lost and retried.
-    await faults.wait_for_log("sweeper", "lost their worker", within=30)
-    await asyncio.sleep(2.0)  # the paused worker's handlers are due to finish meanwhile
-    faults.signal("worker-1", signal.SIGCONT)
-    await faults.wait_for_log("worker-1", "late write rejected", within=30)
-    job_ids = await creating
-    await faults.wait_terminal(len(job_ids), within=120)
-    result = await faults.check(job_ids)
-    rejected = faults.log("worker-1").count("late write rejected")
-    assert result.attempt_states["FAILED_WORKER_LOST"] >= rejected >= 1
-    report("SIGSTOP worker", f"{result.line()}; {rejected} late writes rejected")
 
 
 def most_attempts(outage: float) -> int:

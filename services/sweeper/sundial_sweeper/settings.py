@@ -13,12 +13,12 @@ class SweeperSettings(CommonSettings):
     sweeper_unpublished_after_sec: float = Field(5.0, gt=0, description="Republish PENDING never published.")
     sweeper_unstarted_after_sec: float = Field(60.0, gt=0, description="Republish PENDING published, not started.")
     sweeper_heartbeat_ttl_sec: float = Field(
-        30.0,
+        6.0,
         gt=0,
         description="The workers' liveness TTL (SUNDIAL_WORKER_HEARTBEAT_TTL_SEC): younger attempts are not judged.",
     )
     sweeper_lost_confirm_sec: float = Field(
-        15.0,
+        4.0,
         ge=0,
         description="How long a liveness key must stay missing before its attempt is FAILED_WORKER_LOST; must exceed "
         "the workers' renewal interval (SUNDIAL_WORKER_HEARTBEAT_INTERVAL_SEC), so a flushed Redis loses no attempt.",

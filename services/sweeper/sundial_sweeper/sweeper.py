@@ -92,10 +92,13 @@ class SweeperConfig:
     #: Seconds between passes.
     interval_sec: float = 2.0
     #: The workers' liveness TTL: an attempt younger than this may not have its first key yet.
-    heartbeat_ttl_sec: float = 30.0
+    heartbeat_ttl_sec: float = 6.0
     #: How long a liveness key must stay missing before its attempt is lost; must exceed the workers'
-    #: renewal interval (10 s), so that a flushed Redis does not turn every running execution into a retry.
-    lost_confirm_sec: float = 15.0
+    #: renewal interval (2 s), so that a flushed Redis does not turn every running execution into a retry:
+    #: the workers renew from a thread a handler cannot block, so a live worker's next renewal is never
+    #: later than that interval (plus a Redis round trip). A worker that died is noticed TTL + this after
+    #: its last renewal (~10 s), or at once when it comes back (it declares its previous incarnation lost).
+    lost_confirm_sec: float = 4.0
     #: A RUNNING attempt this long past its timeoutSec is TIMED_OUT by the sweeper (its worker would have
     #: recorded it by then: it interrupts the handler at the deadline and waits its cancel grace, 5 s).
     timeout_grace_sec: float = 15.0

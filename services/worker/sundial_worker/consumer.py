@@ -110,6 +110,7 @@ class KafkaExecutionConsumer:
         *,
         client_id: str,
         topic_partitions: int = 4,
+        session_timeout_sec: float = 3.0,
         overrides: dict[str, Any] | None = None,
     ) -> None:
         self.bootstrap = bootstrap
@@ -125,10 +126,17 @@ class KafkaExecutionConsumer:
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,
             "auto.offset.reset": "earliest",
-            # tansu holds a first group join for about half the session timeout; librdkafka's 45 s
-            # default would leave a fresh worker without partitions for ~23 s.
-            "session.timeout.ms": 6000,
-            "heartbeat.interval.ms": 1000,
+            # Cooperative (incremental) rebalancing: a member joining or leaving moves only the partitions
+            # that change owner, and every other member keeps consuming throughout. The eager default revokes
+            # every partition of every member first: measured here, a worker killed in a pool of two stopped the
+            # survivor too, ~5 s; with this, the longest pause of the survivor was 0.25 s.
+            "partition.assignment.strategy": "cooperative-sticky",
+            # How long a silent member (killed, SIGSTOPped) keeps its partitions. tansu also holds a first
+            # group join for about half of it (librdkafka's 45 s default left a fresh worker without
+            # partitions for ~23 s). 3 s: a restarted worker receives ~2 s after it starts, a dead one's
+            # partitions move after ~5 s (session timeout + the rebalance).
+            "session.timeout.ms": int(session_timeout_sec * 1000),
+            "heartbeat.interval.ms": max(100, int(session_timeout_sec * 1000) // 3),
             # How long the broker may hold a fetch that has no data yet. librdkafka's 500 ms default is the
             # floor of an idle worker's latency: a message produced just after a fetch was parked waited
             # for it. 10 ms costs an idle consumer a few cheap requests a second per broker.
@@ -323,20 +331,25 @@ class KafkaExecutionConsumer:
     # --- callbacks (on the consumer thread, from inside consume()) ------------------------
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        # Cooperative protocol: ``partitions`` are only the ones added to this member's assignment, and they
+        # are added with incremental_assign (assign() would replace the whole assignment, and fails here).
         keys = {(p.topic, p.partition) for p in partitions}
-        # librdkafka keeps a partition's pause flag across a rebalance. A partition paused when it was taken
-        # away (this worker was saturated, then stopped past its session timeout: SIGSTOP, a long GC) would
-        # come back paused and never be read again, its messages left to the sweeper forever. So assign
-        # here (the eager protocol lets the callback do it) and resume what was assigned; if every slot is
-        # busy, the next keepalive pauses them again.
-        try:
-            consumer.assign(partitions)
-            consumer.resume(partitions)
-        except KafkaException as exc:
-            log.warning("could not resume newly assigned partitions: %s", exc)
+        if partitions:
+            try:
+                consumer.incremental_assign(partitions)
+                # librdkafka keeps a partition's pause flag across a rebalance: one paused when it was taken
+                # away (this worker was saturated, then stopped past its session timeout) would come back
+                # paused and never be read again, so resume what was assigned. Not paused here even when every
+                # slot is busy: a partition paused before its first fetch was seen never to fetch again after
+                # its resume (librdkafka 2.16; a stress of members joining and leaving beside a saturated one
+                # left whole partitions unread) — the keepalive hands back what it takes instead.
+                consumer.resume(partitions)
+            except KafkaException as exc:
+                log.warning("could not set up newly assigned partitions: %s", exc)
         with self._lock:
             self._assigned |= keys
-        log.info("partitions assigned: %s", _describe(partitions) or "none (more members than partitions)")
+        if partitions or not self._ready.is_set():
+            log.info("partitions assigned: %s", _describe(partitions) or "none (more members than partitions)")
         if self._loop is not None and not self._ready.is_set():
             self._loop.call_soon_threadsafe(self._ready.set)
 
@@ -352,7 +365,8 @@ class KafkaExecutionConsumer:
                 consumer.commit(offsets=offsets, asynchronous=False)
             except KafkaException as exc:
                 log.warning("commit on revoke failed: %s", exc)
-        log.info("partitions revoked: %s", _describe(partitions))
+        if partitions:
+            log.info("partitions revoked: %s", _describe(partitions))
 
     def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         # Lost (session expired): the partitions may already be someone else's; committing could

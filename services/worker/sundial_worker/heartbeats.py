@@ -1,11 +1,18 @@
 """Liveness of running executions, and noticing their cancel requests.
 
-:class:`Heartbeats` (loop ``heartbeat``, every ``heartbeat_interval_sec``) renews
+:class:`LivenessThread` (thread ``sundial-liveness``, every ``heartbeat_interval_sec``) renews
 ``sundial:hb:<execution id>`` — value: this worker's id, TTL ``heartbeat_ttl_sec`` — for every running
-execution in ONE Redis call; the sweeper treats a RUNNING execution without that key as lost. The same
-pass asks Postgres which running executions have a cancel requested (the fallback for a lost Redis flag).
-It also serves ``ctx.heartbeat(progress=…)`` (one key, and the progress stored on the attempt), renews the
-keys of executions admission just started, and drops the keys of executions that ended.
+execution in ONE Redis call; the sweeper treats a RUNNING execution without that key as lost. It is a thread
+with a Redis client of its own, not an asyncio task, so that a handler holding the event loop (a busy loop, a
+blocking call in an ``async def``) cannot make its worker look lost: only a stalled process (SIGSTOP, a frozen
+VM) stops it. That is what lets the TTL be short (6 s by default), and the sweeper notice a dead worker in
+seconds. It renews a key only where it is missing or still this worker's: a worker that was stalled past its
+TTL and wakes up must not take back the key of an execution the sweeper has since given to another worker.
+
+:class:`Heartbeats` (loop ``heartbeat``, same interval) asks Postgres which running executions have a cancel
+requested (the fallback for a lost Redis flag). It also serves ``ctx.heartbeat(progress=…)`` (one key, and the
+progress stored on the attempt), sets the keys of executions admission just won, and drops the keys of
+executions that ended.
 
 :class:`CancelWatch` (loop ``cancel``, every ``cancel_poll_interval_sec``) reads the cancel flags
 (``sundial:cancel:<execution id>``) of every running execution in ONE Redis call and interrupts the
@@ -22,11 +29,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
+from redis import Redis as SyncRedis
 from redis.asyncio import Redis
 from sundial_common.signals import cancel_key, heartbeat_key
 from sundial_common.stores.executions import ExecutionStore
@@ -45,6 +54,19 @@ _RENEW = """
 for i = 1, #KEYS do redis.call('SET', KEYS[i], ARGV[1], 'PX', ARGV[2]) end
 return #KEYS
 """
+# Keep liveness keys that are missing (Redis flushed or restarted: the sweeper waits for this renewal) or
+# still ours, never one another worker holds now (a retry of an attempt the sweeper took from us).
+_KEEP = """
+local n = 0
+for i = 1, #KEYS do
+  local holder = redis.call('GET', KEYS[i])
+  if holder == false or holder == ARGV[1] then
+    redis.call('SET', KEYS[i], ARGV[1], 'PX', ARGV[2])
+    n = n + 1
+  end
+end
+return n
+"""
 # Drop liveness keys only where they are still ours: after a late (rejected) write, the sweeper may
 # have handed the execution to another worker, whose key has the same name.
 _RELEASE = """
@@ -61,9 +83,9 @@ _CHUNK = 1000
 class HeartbeatConfig:
     """How liveness keys are kept. Validated at construction."""
 
-    heartbeat_interval_sec: float = 10.0
-    """How often liveness keys of running executions are renewed."""
-    heartbeat_ttl_sec: float = 30.0
+    heartbeat_interval_sec: float = 2.0
+    """How often liveness keys of running executions are renewed (and cancel requests read from Postgres)."""
+    heartbeat_ttl_sec: float = 6.0
     """Lifetime of a liveness key; the sweeper considers an execution lost once it expires."""
 
     def __post_init__(self) -> None:
@@ -75,12 +97,64 @@ class HeartbeatConfig:
             )
 
 
-@dataclass(frozen=True, slots=True)
-class HeartbeatResult:
-    renewed: int = 0
-    """Liveness keys renewed (0 if Redis failed)."""
-    cancels_requested: int = 0
-    """Running executions whose cancel Postgres had and that are now interrupted."""
+class LivenessThread:
+    """Renews the running executions' liveness keys from a thread of its own, whatever the event loop does."""
+
+    def __init__(
+        self,
+        redis: SyncRedis,
+        worker_id: str,
+        config: HeartbeatConfig,
+        *,
+        inflight: InFlight,
+        on_failure: Callable[[str, BaseException], None],
+    ) -> None:
+        self.config = config
+        self.worker_id = worker_id
+        self._redis = redis
+        self._keep = redis.register_script(_KEEP)
+        self._inflight = inflight
+        self._on_failure = on_failure
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="sundial-liveness", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        """Stop renewing (idempotent); the keys expire on their own unless released."""
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(self.config.heartbeat_interval_sec + 5)
+            self._thread = None
+        self._redis.close()
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.wait(self.config.heartbeat_interval_sec):
+                self.run_once()
+        except BaseException as exc:  # a bug: the runtime must not live on without heartbeats
+            self._on_failure("liveness thread", exc)
+
+    def run_once(self) -> int:
+        """Renew every running execution's liveness key (unless another worker holds it); returns how many."""
+        ids = self._inflight.running_ids()
+        if not ids:
+            return 0
+        keys = [heartbeat_key(e) for e in ids]
+        ttl_ms = int(self.config.heartbeat_ttl_sec * 1000)
+        renewed = 0
+        try:
+            for i in range(0, len(keys), _CHUNK):
+                renewed += int(self._keep(keys=keys[i : i + _CHUNK], args=[self.worker_id, ttl_ms]))
+        except REDIS_ERRORS as exc:
+            # Not fatal: Postgres holds the truth; a missed renewal at worst lets the sweeper retry.
+            log.warning("heartbeat renewal of %d executions failed: %s", len(ids), exc)
+        return renewed
 
 
 class Heartbeats:
@@ -95,6 +169,7 @@ class Heartbeats:
         self._executions = executions
         self._inflight = inflight
         self._renew = redis.register_script(_RENEW)
+        self._keep = redis.register_script(_KEEP)
         self._release = redis.register_script(_RELEASE)
         self._closed = False
 
@@ -107,25 +182,28 @@ class Heartbeats:
             await asyncio.sleep(self.config.heartbeat_interval_sec)
             await self.run_once()
 
-    async def run_once(self) -> HeartbeatResult:
-        """Renew every running execution's liveness key; interrupt those whose cancel Postgres holds."""
-        renewed = await self.renew(list(self._inflight.running))
-        return HeartbeatResult(renewed, await self._cancel_requests_from_postgres())
+    async def run_once(self) -> int:
+        """Interrupt the running executions whose cancel Postgres holds; returns how many (liveness is the
+        :class:`LivenessThread`'s)."""
+        return await self._cancel_requests_from_postgres()
 
     async def renew(self, execution_ids: Sequence[UUID]) -> int:
-        """Renew these executions' liveness keys in one Redis call; returns how many."""
+        """Set these executions' liveness keys (this worker just won them) in one Redis call; returns how many."""
         if not execution_ids or self._closed:
             return 0
-        ttl_ms = int(self.config.heartbeat_ttl_sec * 1000)
         keys = [heartbeat_key(e) for e in execution_ids]
         try:
             for i in range(0, len(keys), _CHUNK):
-                await self._renew(keys=keys[i : i + _CHUNK], args=[self.worker_id, ttl_ms])
+                await self._renew(keys=keys[i : i + _CHUNK], args=[self.worker_id, self._ttl_ms])
         except REDIS_ERRORS as exc:
             # Not fatal: Postgres holds the truth; a missed renewal at worst lets the sweeper retry.
             log.warning("heartbeat renewal of %d executions failed: %s", len(execution_ids), exc)
             return 0
         return len(execution_ids)
+
+    @property
+    def _ttl_ms(self) -> int:
+        return int(self.config.heartbeat_ttl_sec * 1000)
 
     async def release(self, execution_ids: Sequence[UUID]) -> None:
         """Drop these executions' liveness keys where they are still this worker's."""
@@ -143,9 +221,7 @@ class Heartbeats:
         if self._closed:
             return
         try:
-            await self._redis.set(
-                heartbeat_key(ctx.execution_id), self.worker_id, px=int(self.config.heartbeat_ttl_sec * 1000)
-            )
+            await self._keep(keys=[heartbeat_key(ctx.execution_id)], args=[self.worker_id, self._ttl_ms])
         except REDIS_ERRORS as exc:
             ctx.logger.warning("heartbeat to Redis failed: %s", exc)
         if progress is None:

@@ -7,13 +7,15 @@ ends (it holds one of the ``concurrency`` handler slots), and *unsettled* until 
 unsettled execution must wait for that write before its offset may commit), the executor adds executions
 and ends them, handing each outcome to the :class:`OutcomeBuffer`; the flusher writes the buffer and settles
 them, and the heartbeat and cancel loops read the running ones.
-Everything here is touched from the event loop's thread only, so nothing is locked.
+Everything here is touched from the event loop's thread only, except :meth:`InFlight.running_ids`: the
+liveness thread (:mod:`sundial_worker.heartbeats`) reads it, so that set alone is kept behind a lock.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -77,16 +79,29 @@ class InFlight:
         # the flusher): a redelivery of one must wait for that write before its offset may commit.
         self.unsettled: dict[UUID, Running] = {}
         self.slot_freed = asyncio.Event()
+        # The running executions' ids again, for the liveness thread: it must not iterate ``running`` while the
+        # event loop changes it.
+        self._ids: set[UUID] = set()
+        self._ids_lock = threading.Lock()
 
     def add(self, running: Running) -> None:
         """The start CAS was won: the execution holds a slot until its handler ends."""
         self.running[running.execution_id] = running
         self.unsettled[running.execution_id] = running
+        with self._ids_lock:
+            self._ids.add(running.execution_id)
 
     def end(self, execution_id: UUID) -> None:
         """The handler ended: its slot frees now; the outcome's write and commit follow in batches."""
         self.running.pop(execution_id, None)
+        with self._ids_lock:
+            self._ids.discard(execution_id)
         self.slot_freed.set()
+
+    def running_ids(self) -> list[UUID]:
+        """The running executions' ids; safe to call from any thread."""
+        with self._ids_lock:
+            return list(self._ids)
 
     def settle(self, execution_id: UUID) -> None:
         """The outcome is written (or rejected): a redelivery no longer waits for it."""

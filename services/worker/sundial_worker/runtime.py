@@ -6,8 +6,9 @@ consumer) and the start/stop contract, and builds its parts from one :class:`Wor
 
 - :mod:`~sundial_worker.admission` (task ``poll``): consume, claim a batch with one start CAS, launch;
 - :mod:`~sundial_worker.execution`: a task per handler, its timeout and cancel, its outcome;
-- :mod:`~sundial_worker.heartbeats` (tasks ``heartbeat`` and ``cancel``): liveness keys, ``ctx.heartbeat``,
-  cancel requests from Redis and, as the fallback, Postgres;
+- :mod:`~sundial_worker.heartbeats` (thread ``sundial-liveness``, tasks ``heartbeat`` and ``cancel``): liveness
+  keys, renewed from a thread a handler cannot block, ``ctx.heartbeat``, cancel requests from Redis and, as the
+  fallback, Postgres;
 - :mod:`~sundial_worker.outcomes` (task ``flush``): batched outcome writes, retries into the hot window;
 - :mod:`~sundial_worker.commits` (task ``commit``): the acknowledged offset prefix to Kafka;
 - :mod:`~sundial_worker.inflight`: what they share (executions in flight, the outcome buffer, the counters).
@@ -16,6 +17,9 @@ So the only per-message round trip is the handler itself: starts, finishes and h
 batches. Each side task is named ``sundial-worker-<loop>``; one that dies (or returns, or is cancelled
 before a stop) fails the whole runtime loudly — :meth:`WorkerRuntime.run_until` raises
 :class:`~sundial_worker.errors.WorkerCrashed` (CONVENTIONS 8).
+
+Start: take this worker's next incarnation and declare what an earlier one left RUNNING lost
+(:mod:`~sundial_worker.incarnations`), then join the pool's consumer group.
 
 Shutdown (SIGTERM/SIGINT in the CLI): stop taking messages, let running handlers finish for up to
 ``shutdown_grace_sec``, then cancel the rest — they stay RUNNING in Postgres and their offsets stay
@@ -33,6 +37,7 @@ from dataclasses import dataclass, fields
 from types import TracebackType
 from typing import Any
 
+from redis import Redis as SyncRedis
 from redis.asyncio import Redis
 from sundial_common.hotwindow import HotWindow
 from sundial_common.settings import CommonSettings
@@ -43,7 +48,8 @@ from sundial_worker.commits import CommitConfig, OffsetCommitter
 from sundial_worker.consumer import ExecutionConsumer, KafkaExecutionConsumer
 from sundial_worker.errors import WorkerCrashed, check_positive_int, check_seconds
 from sundial_worker.execution import ExecutionConfig, HandlerExecutor
-from sundial_worker.heartbeats import CancelWatch, CancelWatchConfig, HeartbeatConfig, Heartbeats
+from sundial_worker.heartbeats import CancelWatch, CancelWatchConfig, HeartbeatConfig, Heartbeats, LivenessThread
+from sundial_worker.incarnations import Incarnations
 from sundial_worker.inflight import InFlight, OutcomeBuffer, WorkerStats
 from sundial_worker.outcomes import FlushConfig, OutcomeFlusher
 from sundial_worker.sdk import Worker
@@ -67,9 +73,9 @@ class WorkerConfig:
     """Most messages taken per consume call (and so per start CAS round trip)."""
     poll_timeout_sec: float = 0.25
     """How long one consume call waits for a first message; bounds how fast the loop notices a stop."""
-    heartbeat_interval_sec: float = 10.0
+    heartbeat_interval_sec: float = 2.0
     """How often liveness keys of running executions are renewed."""
-    heartbeat_ttl_sec: float = 30.0
+    heartbeat_ttl_sec: float = 6.0
     """Lifetime of a liveness key; the sweeper considers an execution lost once it expires."""
     commit_interval_sec: float = 0.5
     """How often the acknowledged offset prefix is committed to Kafka."""
@@ -85,10 +91,13 @@ class WorkerConfig:
     """How often the cancel flags of running executions are read (a handler sees a cancel within this)."""
     cancel_grace_sec: float = 5.0
     """How long an interrupted handler (timeout or cancel) may take to end before it is abandoned."""
+    session_timeout_sec: float = 3.0
+    """How long the consumer group waits for a silent member before moving its partitions to the others."""
 
     def __post_init__(self) -> None:
         check_positive_int(self, "db_pool_size")
         check_seconds(self, "shutdown_grace_sec", zero_ok=True)
+        check_seconds(self, "session_timeout_sec")
         self.admission()
         self.execution()
         self.heartbeats()
@@ -130,6 +139,7 @@ class WorkerParts:
     stores: Stores
     redis: Redis
     heartbeats: Heartbeats
+    liveness: LivenessThread
     cancel_watch: CancelWatch
     executor: HandlerExecutor
     admission: Admission
@@ -154,7 +164,10 @@ class WorkerRuntime:
         self.config = config or WorkerConfig(concurrency=worker.concurrency)
         self.worker_id = worker_id or settings.instance_id
         self.consumer: ExecutionConsumer = consumer or KafkaExecutionConsumer(
-            settings.kafka_bootstrap, worker.pool, client_id=self.worker_id
+            settings.kafka_bootstrap,
+            worker.pool,
+            client_id=self.worker_id,
+            session_timeout_sec=self.config.session_timeout_sec,
         )
         self.stats = WorkerStats()
         self.inflight = InFlight()
@@ -216,6 +229,10 @@ class WorkerRuntime:
             )
             self._parts = self._build(stores, redis)
             self.parts.executor.open()
+            # Before joining the group: what an earlier incarnation of this worker left RUNNING is lost.
+            await Incarnations(
+                stores, HotWindow(redis), self.worker_id, self.worker.pool, hot_window_sec=self.settings.hot_window_sec
+            ).begin()
             await self.consumer.open()
         except BaseException:
             await self._close_resources(stores, redis)
@@ -225,12 +242,26 @@ class WorkerRuntime:
         self._spawn("poll", parts.admission.run)
         self._spawn("flush", parts.flusher.run)
         self._spawn("commit", parts.committer.run)
+        parts.liveness.start()
         self._spawn("heartbeat", parts.heartbeats.run)
         self._spawn("cancel", parts.cancel_watch.run)
 
     def _build(self, stores: Stores, redis: Redis) -> WorkerParts:
         config = self.config
         heartbeats = Heartbeats(redis, stores.executions, self.worker_id, config.heartbeats(), inflight=self.inflight)
+        loop = asyncio.get_running_loop()
+
+        def fail_from_thread(what: str, exc: BaseException) -> None:
+            loop.call_soon_threadsafe(self._fail, what, exc)
+
+        liveness = LivenessThread(
+            # A client of its own: the asyncio one belongs to the event loop, which is what it must not depend on.
+            SyncRedis.from_url(self.settings.redis_url, socket_timeout=2, socket_connect_timeout=2),
+            self.worker_id,
+            config.heartbeats(),
+            inflight=self.inflight,
+            on_failure=fail_from_thread,
+        )
         executor = HandlerExecutor(
             self.worker,
             self.worker_id,
@@ -245,6 +276,7 @@ class WorkerRuntime:
             stores=stores,
             redis=redis,
             heartbeats=heartbeats,
+            liveness=liveness,
             cancel_watch=CancelWatch(redis, config.cancel_watch(), inflight=self.inflight),
             executor=executor,
             admission=Admission(
@@ -286,6 +318,9 @@ class WorkerRuntime:
         try:
             await self._stop_polling(parts.admission)
             abandoned = await parts.executor.finish(self.config.shutdown_grace_sec, self._force)
+            # No renewal may race the release below (the thread took its list of running executions before
+            # these were abandoned).
+            await asyncio.to_thread(parts.liveness.stop)
             # Their liveness keys go now, so the sweeper can take these executions over without waiting
             # out the TTL; their offsets were never acknowledged, so Kafka redelivers them too.
             await parts.heartbeats.release(abandoned)
@@ -369,6 +404,7 @@ class WorkerRuntime:
         except Exception:
             log.exception("closing the Kafka consumer failed")
         if self._parts is not None:
+            self._parts.liveness.stop()
             self._parts.heartbeats.close()
             self._parts.executor.close()
         if redis is not None:

@@ -49,6 +49,12 @@ class WorkerSettings(CommonSettings):
         description="How long a handler interrupted by its timeout or a cancel may take to end before it is "
         "abandoned (its attempt is TIMED_OUT or CANCELLED either way).",
     )
+    worker_session_timeout_sec: float = Field(
+        _DEFAULTS.session_timeout_sec,
+        ge=1,
+        description="How long the pool's consumer group waits for a silent worker (killed, stopped) before "
+        "moving its partitions to the others.",
+    )
 
     def runtime_config(self, worker: Worker) -> WorkerConfig:
         return WorkerConfig(
@@ -61,6 +67,7 @@ class WorkerSettings(CommonSettings):
             db_pool_size=self.worker_db_pool_size,
             cancel_poll_interval_sec=self.worker_cancel_poll_interval_sec,
             cancel_grace_sec=self.worker_cancel_grace_sec,
+            session_timeout_sec=self.worker_session_timeout_sec,
         )
 
     def identity(self) -> str:

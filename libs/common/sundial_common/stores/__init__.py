@@ -13,6 +13,7 @@ one Postgres implementation and its own file of named queries under ``sql/``:
   what the staging workers ran.
 - :mod:`~sundial_common.stores.analytics` — the execution-events outbox drained into ClickHouse, and the
   retention of finished executions.
+- :mod:`~sundial_common.stores.workers` — worker incarnations and the attempts an earlier one left running.
 
 They share one :class:`~sundial_common.stores.database.Database` (the asyncpg pool and its connection
 setup); :class:`Stores` holds them together for a process. The values they trade in that are not one
@@ -31,6 +32,7 @@ from sundial_common.stores.executions import ExecutionStore, PostgresExecutionSt
 from sundial_common.stores.idempotency import IdempotencyStore, PostgresIdempotencyStore
 from sundial_common.stores.jobs import JobStore, PostgresJobStore
 from sundial_common.stores.replays import PostgresReplayStore, ReplayStore
+from sundial_common.stores.workers import PostgresWorkerStore, WorkerStore
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +46,7 @@ class Stores:
     idempotency: IdempotencyStore
     replays: ReplayStore
     analytics: AnalyticsStore
+    workers: WorkerStore
 
     @classmethod
     def over(cls, database: Database) -> Stores:
@@ -56,6 +59,7 @@ class Stores:
             idempotency=PostgresIdempotencyStore(database),
             replays=PostgresReplayStore(database),
             analytics=PostgresAnalyticsStore(database),
+            workers=PostgresWorkerStore(database),
         )
 
     @classmethod

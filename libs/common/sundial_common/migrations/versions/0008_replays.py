@@ -18,7 +18,7 @@ resume), outcome, error and duration. Staging runs never touch ``executions``.
 from sundial_common.migrate import run_sql_script
 
 revision = "0008"
-down_revision = "0005"
+down_revision = "0007"
 branch_labels = None
 depends_on = None
 
