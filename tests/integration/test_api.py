@@ -27,9 +27,10 @@ from sundial_api import ApiSettings, create_app
 from sundial_api.models.common import Problem
 from sundial_api.models.executions import ExecutionDetail, ExecutionPage
 from sundial_api.models.jobs import JobDetail
-from sundial_common.auth import issue_token
 from sundial_common.hotwindow import member
 from sundial_infra.stack import LocalStack
+
+from tests.tenants import tenant_token
 
 SECRET = "test-signing-key-for-the-api-suite"
 TENANT = "acme"
@@ -66,7 +67,7 @@ class Api:
     clock: FixedClock
 
     def auth(self, tenant: str = TENANT) -> dict[str, str]:
-        return {"Authorization": f"Bearer {issue_token(SECRET, tenant)}"}
+        return {"Authorization": f"Bearer {tenant_token(self.settings.database_url, tenant, secret=SECRET)}"}
 
     async def create(self, body: dict[str, Any], tenant: str = TENANT, **kwargs: Any) -> httpx.Response:
         return await self.client.post("/v1/jobs", json=body, headers=self.auth(tenant), **kwargs)
@@ -233,7 +234,7 @@ async def test_a_job_is_accepted_when_redis_is_down(database_url: str) -> None:
         app.router.lifespan_context(app),
         httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://api.test") as client,
     ):
-        headers = {"Authorization": f"Bearer {issue_token(SECRET, TENANT)}"}
+        headers = {"Authorization": f"Bearer {tenant_token(database_url, TENANT, secret=SECRET)}"}
         body = one_shot(runAt=rfc3339(datetime.now(UTC) + timedelta(minutes=1)))
         created = await client.post("/v1/jobs", json=body, headers=headers)
         cancelled = await client.delete(f"/v1/jobs/{created.json()['jobId']}", headers=headers)

@@ -24,9 +24,9 @@ import uvicorn
 from sundial_api import ApiSettings, create_app
 from sundial_client import AsyncClient, Client, Conflict, NotFound, Retries, ValidationFailed
 from sundial_client.cli import _executions_parser, _jobs_parser, run
-from sundial_common.auth import issue_token
 
 from tests.conftest import _test_ports
+from tests.tenants import tenant_token
 
 SECRET = "test-signing-key-for-the-client-suite"
 TENANT = "acme"
@@ -54,7 +54,7 @@ def served(database_url: str, redis_url: str) -> Iterator[Served]:
         assert time.monotonic() < deadline, "the API did not start within 30 s"
         time.sleep(0.05)
     try:
-        yield Served(f"http://127.0.0.1:{ports.api}", issue_token(SECRET, TENANT), database_url)
+        yield Served(f"http://127.0.0.1:{ports.api}", tenant_token(database_url, TENANT, secret=SECRET), database_url)
     finally:
         server.should_exit = True
         thread.join(timeout=30)

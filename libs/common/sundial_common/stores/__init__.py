@@ -8,7 +8,8 @@ one Postgres implementation and its own file of named queries under ``sql/``:
   and finish, the sweeper's lost attempts and dead letters;
 - :mod:`~sundial_common.stores.dispatch` — the leader's fenced dispatch of occurrences and retries, the
   retries coming due, and the execution outbox;
-- :mod:`~sundial_common.stores.idempotency` — Idempotency-Key claims and responses.
+- :mod:`~sundial_common.stores.idempotency` — Idempotency-Key claims and responses;
+- :mod:`~sundial_common.stores.tenants` — the tenant registry: weight, quotas, state.
 
 They share one :class:`~sundial_common.stores.database.Database` (the asyncpg pool and its connection
 setup); :class:`Stores` holds them together for a process. The values they trade in that are not one
@@ -25,6 +26,7 @@ from sundial_common.stores.dispatch import DispatchStore, PostgresDispatchStore
 from sundial_common.stores.executions import ExecutionStore, PostgresExecutionStore
 from sundial_common.stores.idempotency import IdempotencyStore, PostgresIdempotencyStore
 from sundial_common.stores.jobs import JobStore, PostgresJobStore
+from sundial_common.stores.tenants import PostgresTenantStore, TenantStore
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +38,7 @@ class Stores:
     executions: ExecutionStore
     dispatch: DispatchStore
     idempotency: IdempotencyStore
+    tenants: TenantStore
 
     @classmethod
     def over(cls, database: Database) -> Stores:
@@ -46,6 +49,7 @@ class Stores:
             executions=PostgresExecutionStore(database),
             dispatch=PostgresDispatchStore(database),
             idempotency=PostgresIdempotencyStore(database),
+            tenants=PostgresTenantStore(database),
         )
 
     @classmethod
