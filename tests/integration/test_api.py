@@ -75,7 +75,7 @@ class Api:
     async def counts(self) -> dict[str, int]:
         return {
             table: await self.db.fetchval(f"SELECT count(*) FROM {table}")
-            for table in ("tenants", "jobs", "audit_log", "executions")
+            for table in ("jobs", "audit_log", "executions")
         }
 
     async def score(self, shard: int, job_id: str) -> float | None:
@@ -88,6 +88,7 @@ async def api(request: pytest.FixtureRequest, database_url: str, redis_url: str)
     settings = ApiSettings(database_url=database_url, redis_url=redis_url, jwt_secret=SECRET, shards=4, **overrides)
     clock = FixedClock(NOW)
     app = create_app(settings, clock=clock)
+    tenant_token(database_url, TENANT, secret=SECRET)  # registered before any test can stop Postgres
     db = await asyncpg.connect(database_url)
     redis = Redis.from_url(redis_url)
     try:
@@ -330,7 +331,7 @@ async def test_bad_input_names_the_field_and_writes_nothing(
 
     assert response.status_code == status, response.text
     assert field in error_fields(response), response.text
-    assert await api.counts() == before == {"tenants": 0, "jobs": 0, "audit_log": 0, "executions": 0}
+    assert await api.counts() == before == {"jobs": 0, "audit_log": 0, "executions": 0}
     assert await api.redis.dbsize() == 0
 
 
@@ -691,6 +692,7 @@ async def test_openapi_documents_the_api(api: Api) -> None:
         "overlapPolicy",
         "catchupPolicy",
         "catchupWindowSec",
+        "labels",
     } == set(job_create["properties"])
     assert job_create["additionalProperties"] is False
     assert spec["components"]["securitySchemes"]["bearerAuth"]["scheme"] == "bearer"
