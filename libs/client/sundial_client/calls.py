@@ -33,6 +33,8 @@ from sundial_client.models import (
     NewJob,
     Preview,
     SchedulePreviewRequest,
+    Tenant,
+    TenantList,
     Triggered,
 )
 
@@ -177,6 +179,30 @@ def retry_execution(execution_id: str) -> Call[Execution]:
 
 def cluster() -> Call[ClusterView]:
     return Call("GET", "/v1/admin/cluster", _model(ClusterView))
+
+
+def create_tenant(body: Mapping[str, Any]) -> Call[Tenant]:
+    return Call("POST", "/v1/admin/tenants", _model(Tenant), body=changes(body))
+
+
+def list_tenants(*, cursor: str | None, limit: int) -> Call[TenantList]:
+    return Call("GET", "/v1/admin/tenants", _model(TenantList), params={**_query(cursor=cursor), "limit": limit})
+
+
+def get_tenant(tenant_id: str) -> Call[Tenant]:
+    return Call("GET", f"/v1/admin/tenants/{_id(tenant_id)}", _model(Tenant))
+
+
+def update_tenant(tenant_id: str, fields: Mapping[str, Any]) -> Call[Tenant]:
+    return Call("PATCH", f"/v1/admin/tenants/{_id(tenant_id)}", _model(Tenant), body=changes(fields))
+
+
+def suspend_tenant(tenant_id: str) -> Call[Tenant]:
+    return Call("POST", f"/v1/admin/tenants/{_id(tenant_id)}/suspend", _model(Tenant))
+
+
+def resume_tenant(tenant_id: str) -> Call[Tenant]:
+    return Call("POST", f"/v1/admin/tenants/{_id(tenant_id)}/resume", _model(Tenant))
 
 
 def instant(value: datetime) -> str:

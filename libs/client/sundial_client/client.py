@@ -40,6 +40,7 @@ from sundial_client.models import (
     Preview,
     SchedulePreviewRequest,
     Target,
+    Tenant,
     Triggered,
 )
 from sundial_client.retries import Retries
@@ -384,6 +385,35 @@ class Admin:
         """Replicas, shard leaders, fences, lease TTLs (an admin token)."""
         return self._c.call(calls.cluster())
 
+    def create_tenant(self, tenant_id: str, **fields: Any) -> Tenant:
+        """Register a tenant: ``display_name``, ``weight``, ``quotas`` (a mapping or :class:`Quotas`),
+        ``default_jitter_sec``."""
+        return self._c.call(calls.create_tenant({"id": tenant_id, **fields}))
+
+    def tenants(self, *, page_size: int = 100) -> Iterator[Tenant]:
+        """Every registered tenant, in id order (pages fetched as needed)."""
+        cursor: str | None = None
+        while True:
+            page = self._c.call(calls.list_tenants(cursor=cursor, limit=page_size))
+            yield from page.items
+            if page.next_cursor is None:
+                return
+            cursor = page.next_cursor
+
+    def tenant(self, tenant_id: str) -> Tenant:
+        return self._c.call(calls.get_tenant(tenant_id))
+
+    def update_tenant(self, tenant_id: str, **fields: Any) -> Tenant:
+        """Change fields of a tenant; ``quotas`` changes the quotas it names (None: unlimited)."""
+        return self._c.call(calls.update_tenant(tenant_id, fields))
+
+    def suspend_tenant(self, tenant_id: str) -> Tenant:
+        """Its writes are refused (403) and its jobs stop dispatching until resumed."""
+        return self._c.call(calls.suspend_tenant(tenant_id))
+
+    def resume_tenant(self, tenant_id: str) -> Tenant:
+        return self._c.call(calls.resume_tenant(tenant_id))
+
 
 # --- asynchronous ---------------------------------------------------------------------------------
 
@@ -637,3 +667,18 @@ class AsyncAdmin:
 
     async def cluster(self) -> ClusterView:
         return await self._c.call(calls.cluster())
+
+    async def create_tenant(self, tenant_id: str, **fields: Any) -> Tenant:
+        return await self._c.call(calls.create_tenant({"id": tenant_id, **fields}))
+
+    async def tenant(self, tenant_id: str) -> Tenant:
+        return await self._c.call(calls.get_tenant(tenant_id))
+
+    async def update_tenant(self, tenant_id: str, **fields: Any) -> Tenant:
+        return await self._c.call(calls.update_tenant(tenant_id, fields))
+
+    async def suspend_tenant(self, tenant_id: str) -> Tenant:
+        return await self._c.call(calls.suspend_tenant(tenant_id))
+
+    async def resume_tenant(self, tenant_id: str) -> Tenant:
+        return await self._c.call(calls.resume_tenant(tenant_id))

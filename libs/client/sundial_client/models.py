@@ -315,3 +315,31 @@ class ClusterView(_Wire):
     shards: list[ShardView]
     roles: list[RoleView]
     errors: dict[str, str]
+
+
+class Quotas(_Wire):
+    """A tenant's limits; None is unlimited."""
+
+    max_active_jobs: int | None = None
+    max_creates_per_sec: float | None = None
+    max_concurrent_executions: int | None = None
+    max_dispatch_per_sec: float | None = None
+
+
+class Tenant(_Wire):
+    """A registered tenant (`/v1/admin/tenants`)."""
+
+    id: str
+    display_name: str | None
+    weight: int
+    quotas: Quotas
+    default_jitter_sec: int
+    state: str
+    version: int
+    created_at: datetime | None
+    updated_at: datetime | None
+
+
+class TenantList(_Wire):
+    items: list[Tenant]
+    next_cursor: str | None

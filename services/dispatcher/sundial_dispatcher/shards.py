@@ -47,6 +47,7 @@ from sundial_common.stores.dispatch import FencedOut
 from sundial_dispatcher.balance import placement
 from sundial_dispatcher.dispatcher import DispatcherConfig, ShardDispatcher
 from sundial_dispatcher.metrics import Leadership, ShardPassMetrics
+from sundial_dispatcher.tenancy import TenantPolicy
 
 __all__ = [
     "CampaignConfig",
@@ -134,10 +135,19 @@ LeaderWork = Callable[[Tenure], Awaitable[None]]
 def dispatch_work(deps: Dependencies, config: DispatcherConfig, holder: str) -> LeaderWork:
     """The dispatcher's leader work: run dispatch passes on the shard for as long as the term allows."""
 
+    tenants = TenantPolicy(deps.stores.tenants)  # one registry view for every shard this replica leads
+
     async def work(tenure: Tenure) -> None:
         shard = tenure.term.shard
         dispatcher = ShardDispatcher(
-            shard, tenure.term.token, holder, deps.stores.dispatch, deps.hot_window, deps.publisher, config
+            shard,
+            tenure.term.token,
+            holder,
+            deps.stores.dispatch,
+            deps.hot_window,
+            deps.publisher,
+            config,
+            tenants=tenants,
         )
         failures = 0
         metrics = ShardPassMetrics(shard)

@@ -253,7 +253,8 @@ async def insert_job_on(
     *,
     max_active_jobs: int | None = None,
 ) -> Record:
-    """``insert_job`` on ``conn``: the job and its audit row (its tenant must be registered).
+    """``insert_job`` on ``conn``: the job and its audit row (an unknown tenant is registered with the defaults:
+    the API only gets here for registered tenants).
 
     ``max_active_jobs`` needs ``conn`` to be a connection inside a transaction (the quota's lock lasts to its end).
     """

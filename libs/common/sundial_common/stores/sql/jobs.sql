@@ -5,8 +5,12 @@
 -- Batches travel as parallel arrays through unnest(), so a batch is one round trip.
 
 -- name: insert_job
--- The job and its audit row in one statement (the tenant is registered: tenants' foreign key).
-WITH job AS (
+-- The job and its audit row in one statement. The API creates jobs only for registered tenants (its
+-- authentication checks the registry); a direct caller of the store (tests, the bench's loaders) gets its
+-- tenant registered with the registry's defaults, as the foreign key needs.
+WITH tenant AS (
+    INSERT INTO tenants (id) VALUES ($2) ON CONFLICT (id) DO NOTHING
+), job AS (
     INSERT INTO jobs (id, tenant_id, name, type, schedule, timezone, run_at, delay_seconds, pool, handler,
                       payload, retry_policy, timeout_sec, priority, state, shard, next_fire_at, traceparent,
                       interval_sec, run_list, start_at, end_at, max_runs, jitter_sec, overlap_policy,
@@ -22,9 +26,11 @@ SELECT * FROM job;
 
 -- name: insert_jobs
 -- A batch of jobs as one JSON array of column values (POST /v1/jobs:batch): the jobs and their audit
--- rows in one statement. Columns not named here take their defaults.
+-- rows in one statement (tenants as for insert_job). Columns not named here take their defaults.
 WITH input AS (
     SELECT * FROM jsonb_populate_recordset(NULL::jobs, $1::jsonb)
+), tenant AS (
+    INSERT INTO tenants (id) SELECT DISTINCT tenant_id FROM input ON CONFLICT (id) DO NOTHING
 ), job AS (
     INSERT INTO jobs (id, tenant_id, name, type, schedule, timezone, run_at, delay_seconds, pool, handler,
                       payload, retry_policy, timeout_sec, priority, state, shard, next_fire_at, traceparent,
