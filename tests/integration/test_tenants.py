@@ -3,6 +3,7 @@ expect (nothing written), the default cron jitter, and jobs found by their label
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -12,6 +13,7 @@ import pytest
 from sundial_api.app import create_app
 from sundial_api.settings import ApiSettings
 from sundial_common.auth import issue_token
+from sundial_common.migrate import main as migrate_main
 
 from tests.tenants import tenant_token
 
@@ -157,3 +159,16 @@ async def test_jobs_are_found_by_labels_name_and_ranges(client: httpx.AsyncClien
     patched = await client.patch(f"/v1/jobs/{growth.json()['jobId']}", json={"labels": {"team": "core"}}, headers=auth)
     assert patched.status_code == 200, patched.text
     assert await names(label="team:core") == ["mail-a", "mail-b"]
+
+
+async def test_migrate_registers_the_dev_tenant_once(database_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    # `make up` and docker compose run `sundial migrate --tenant demo` before the API starts.
+    for _ in range(2):
+        assert await asyncio.to_thread(migrate_main, ["--database-url", database_url, "--tenant", "demo"]) == 0
+    out = capsys.readouterr().out
+    assert "tenants registered: demo" in out and "tenants registered: none new" in out
+    conn = await asyncpg.connect(database_url)
+    try:
+        assert await conn.fetchval("SELECT state FROM tenants WHERE id = 'demo'") == "ACTIVE"
+    finally:
+        await conn.close()
