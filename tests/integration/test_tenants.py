@@ -4,7 +4,9 @@ expect (nothing written), the default cron jitter, and jobs found by their label
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from typing import Any
 
 import asyncpg
@@ -13,6 +15,7 @@ import pytest
 from sundial_api.app import create_app
 from sundial_api.settings import ApiSettings
 from sundial_common.auth import issue_token
+from sundial_common.ids import new_id
 from sundial_common.migrate import main as migrate_main
 
 from tests.tenants import tenant_token
@@ -172,3 +175,48 @@ async def test_migrate_registers_the_dev_tenant_once(database_url: str, capsys: 
         assert await conn.fetchval("SELECT state FROM tenants WHERE id = 'demo'") == "ACTIVE"
     finally:
         await conn.close()
+
+
+async def test_executions_are_listed_without_a_state_and_filtered_by_job_pool_handler_and_time(
+    client: httpx.AsyncClient, database_url: str
+) -> None:
+    auth = {"Authorization": f"Bearer {tenant_token(database_url, 'lister', secret=SECRET)}"}
+    a = (await client.post("/v1/jobs", json=job("a"), headers=auth)).json()["jobId"]
+    b = (await client.post("/v1/jobs", json=job("b", target={"pool": "q", "handler": "other"}), headers=auth)).json()[
+        "jobId"
+    ]
+    conn = await asyncpg.connect(database_url)
+    try:  # executions as the dispatcher writes them: a's in two states, b's one
+        for job_id, pool, handler, state, minute in (
+            (a, "p", "h", "SUCCEEDED", 1),
+            (a, "p", "h", "DEAD", 2),
+            (b, "q", "other", "PENDING", 3),
+        ):
+            await conn.execute(
+                "INSERT INTO executions (id, tenant_id, job_id, scheduled_for, shard, fence_token, pool, handler,"
+                " state, timeout_sec) VALUES ($1, 'lister', $2, $3, 0, 1, $4, $5, $6, 30)",
+                new_id(),
+                uuid.UUID(job_id),
+                datetime(2026, 1, 1, 0, minute, tzinfo=UTC),
+                pool,
+                handler,
+                state,
+            )
+    finally:
+        await conn.close()
+
+    async def listed(**params: Any) -> list[tuple[str, str]]:
+        page = await client.get("/v1/executions", params=params, headers=auth)
+        assert page.status_code == 200, page.text
+        return [(e["jobId"], e["state"]) for e in page.json()["items"]]
+
+    assert await listed() == [(b, "PENDING"), (a, "DEAD"), (a, "SUCCEEDED")]  # newest first, every state
+    assert await listed(jobId=a) == [(a, "DEAD"), (a, "SUCCEEDED")]
+    assert await listed(pool="q") == [(b, "PENDING")]
+    assert await listed(handler="h", state=["DEAD", "PENDING"]) == [(a, "DEAD")]
+    assert await listed(scheduledFrom="2026-01-01T00:02:00Z", scheduledTo="2026-01-01T00:03:00Z") == [(a, "DEAD")]
+    first = await client.get("/v1/executions", params={"limit": 2}, headers=auth)
+    rest = await client.get("/v1/executions", params={"cursor": first.json()["nextCursor"]}, headers=auth)
+    assert len(first.json()["items"]) == 2 and [e["state"] for e in rest.json()["items"]] == ["SUCCEEDED"]
+    bad = await client.get("/v1/executions", params={"jobId": "nope"}, headers=auth)
+    assert bad.status_code == 422 and bad.json()["errors"][0]["field"] == "jobId"

@@ -161,8 +161,16 @@ def get_execution(execution_id: str) -> Call[ExecutionDetail]:
     return Call("GET", f"/v1/executions/{_id(execution_id)}", _model(ExecutionDetail))
 
 
-def list_executions(state: ExecutionState | str, *, cursor: str | None, limit: int) -> Call[ExecutionPage]:
-    params = {**_query(state=state, cursor=cursor), "limit": limit}
+def list_executions(
+    state: ExecutionState | str | None,
+    *,
+    cursor: str | None,
+    limit: int,
+    job_id: str | None = None,
+    pool: str | None = None,
+    handler: str | None = None,
+) -> Call[ExecutionPage]:
+    params = {**_query(state=state, jobId=job_id, pool=pool, handler=handler, cursor=cursor), "limit": limit}
     return Call("GET", "/v1/executions", _model(ExecutionPage), params=params)
 
 

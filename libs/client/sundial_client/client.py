@@ -336,11 +336,22 @@ class Executions:
         """One more attempt for a DEAD execution."""
         return self._c.call(calls.retry_execution(execution_id))
 
-    def list(self, state: ExecutionState | str, *, page_size: int = 50) -> Iterator[Execution]:
-        """The tenant's executions in ``state`` (``DEAD``: the dead letters), newest first."""
+    def list(
+        self,
+        state: ExecutionState | str | None = None,
+        *,
+        pool: str | None = None,
+        handler: str | None = None,
+        page_size: int = 50,
+    ) -> Iterator[Execution]:
+        """The tenant's executions, newest first; only those in ``state`` (``DEAD``: the dead letters), ``pool``,
+        ``handler`` if given."""
         cursor: str | None = None
         while True:
-            page = self._c.call(calls.list_executions(state, cursor=cursor, limit=_check_page_size(page_size)))
+            call = calls.list_executions(
+                state, cursor=cursor, limit=_check_page_size(page_size), pool=pool, handler=handler
+            )
+            page = self._c.call(call)
             yield from page.items
             if page.next_cursor is None:
                 return
@@ -623,10 +634,20 @@ class AsyncExecutions:
     async def retry(self, execution_id: str) -> Execution:
         return await self._c.call(calls.retry_execution(execution_id))
 
-    async def list(self, state: ExecutionState | str, *, page_size: int = 50) -> AsyncIterator[Execution]:
+    async def list(
+        self,
+        state: ExecutionState | str | None = None,
+        *,
+        pool: str | None = None,
+        handler: str | None = None,
+        page_size: int = 50,
+    ) -> AsyncIterator[Execution]:
         cursor: str | None = None
         while True:
-            page = await self._c.call(calls.list_executions(state, cursor=cursor, limit=_check_page_size(page_size)))
+            call = calls.list_executions(
+                state, cursor=cursor, limit=_check_page_size(page_size), pool=pool, handler=handler
+            )
+            page = await self._c.call(call)
             for execution in page.items:
                 yield execution
             if page.next_cursor is None:
