@@ -47,6 +47,7 @@ from sundial_common.telemetry import (
     tracer,
 )
 
+from sundial_dispatcher.fairness import FairDispatch, FairnessConfig
 from sundial_dispatcher.metrics import count_dispatched, count_missed
 from sundial_dispatcher.planning import Catchup, Overlap, Policies, decide
 from sundial_dispatcher.retries import RetryDispatcher
@@ -83,6 +84,8 @@ class DispatcherConfig:
     mark_published_after_sec: float = 1.0
     #: How often a due job of a suspended tenant is looked at again.
     suspended_poll_sec: float = 5.0
+    #: Weighted fair dispatch across tenants and short pool queues (sundial_dispatcher.fairness).
+    fairness: FairnessConfig = field(default_factory=FairnessConfig)
 
     def __post_init__(self) -> None:
         if self.shards < 1:
@@ -293,6 +296,7 @@ class ShardDispatcher:
         config: DispatcherConfig,
         clock: Clock | None = None,
         tenants: TenantPolicy | None = None,
+        fair: FairDispatch | None = None,
     ) -> None:
         self.shard = shard
         self.token = token
@@ -303,13 +307,18 @@ class ShardDispatcher:
         self.config = config
         self.clock = clock or SystemClock()
         self.tenants = tenants
+        #: None: a pass takes the earliest due members, whoever they belong to.
+        self.fair = fair
         #: Published executions not yet marked in Postgres: (monotonic time of the publish, ids).
         self._unmarked: deque[tuple[float, list[UUID]]] = deque()
 
     async def run_once(self) -> DispatchResult:
         """One pass. Raises ``FencedOut`` if a newer leader has written for this shard."""
         await self._mark_published()
-        claimed = await self.hot_window.claim_due(self.shard, self.clock.now(), self.config.batch_size)
+        if self.fair is not None:
+            claimed = await self.fair.claim(self.clock.now())
+        else:
+            claimed = await self.hot_window.claim_due(self.shard, self.clock.now(), self.config.batch_size)
         if not claimed:
             return DispatchResult()
         crash_point("dispatcher.after_claim")

@@ -40,12 +40,14 @@ import aetcd
 from sundial_common.broker import Publisher
 from sundial_common.hotwindow import HotWindow
 from sundial_common.leadership import LeadershipStopped, ShardLeadership, Term, first_of
+from sundial_common.ratelimit import TokenBuckets
 from sundial_common.registry import ClusterKeys, Membership, ReplicaRegistration
 from sundial_common.stores import Stores
 from sundial_common.stores.dispatch import FencedOut
 
 from sundial_dispatcher.balance import placement
 from sundial_dispatcher.dispatcher import DispatcherConfig, ShardDispatcher
+from sundial_dispatcher.fairness import FairDispatch
 from sundial_dispatcher.metrics import Leadership, ShardPassMetrics
 from sundial_dispatcher.tenancy import TenantPolicy
 
@@ -148,6 +150,17 @@ def dispatch_work(deps: Dependencies, config: DispatcherConfig, holder: str) -> 
             deps.publisher,
             config,
             tenants=tenants,
+            fair=FairDispatch(
+                shard,
+                deps.hot_window,
+                deps.stores.tenants,
+                tenants,
+                TokenBuckets(deps.hot_window.redis),
+                config.fairness,
+                config.batch_size,
+            )
+            if config.fairness.enabled
+            else None,
         )
         failures = 0
         metrics = ShardPassMetrics(shard)

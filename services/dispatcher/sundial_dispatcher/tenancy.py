@@ -15,7 +15,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from sundial_common.stores.tenants import TenantStore
+from sundial_common.stores.tenants import Tenant, TenantStore
 
 log = logging.getLogger(__name__)
 
@@ -27,14 +27,23 @@ class TenantPolicy:
         self.store = store
         self.refresh_sec = refresh_sec
         self.clock = clock
+        self._tenants: dict[str, Tenant] = {}
         self._suspended: frozenset[str] = frozenset()
         self._read_at: float | None = None
 
-    async def suspended(self) -> frozenset[str]:
-        """Tenants whose work must not be dispatched now (read again when older than ``refresh_sec``)."""
+    async def _refresh(self) -> None:
         now = self.clock()
         if self._read_at is None or now - self._read_at >= self.refresh_sec:
-            tenants = await self.store.all_tenants()
-            self._suspended = frozenset(t.id for t in tenants if not t.active)
+            self._tenants = {t.id: t for t in await self.store.all_tenants()}
+            self._suspended = frozenset(t.id for t in self._tenants.values() if not t.active)
             self._read_at = now
+
+    async def suspended(self) -> frozenset[str]:
+        """Tenants whose work must not be dispatched now (read again when older than ``refresh_sec``)."""
+        await self._refresh()
         return self._suspended
+
+    async def tenants(self) -> dict[str, Tenant]:
+        """Every registered tenant by id (weights and quotas), as last read."""
+        await self._refresh()
+        return self._tenants

@@ -7,9 +7,11 @@ state for its fair pass. A quota that is None is unlimited. SQL: ``sql/tenants.s
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from datetime import datetime
 from typing import Any, Protocol
+from uuid import UUID
 
 import asyncpg
 
@@ -113,6 +115,22 @@ class TenantStore(Protocol):
 
     async def count_open_jobs(self, tenant_id: str) -> int: ...
 
+    async def job_owners(self, job_ids: Sequence[UUID]) -> dict[UUID, tuple[str, str]]: ...
+
+    async def open_executions(self) -> list[OpenExecutions]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class OpenExecutions:
+    """One tenant's executions in one pool that have not ended."""
+
+    tenant_id: str
+    pool: str
+    #: Published (or about to be) and not started: waiting in the pool's topic.
+    pending: int
+    #: PENDING or RUNNING.
+    open: int
+
 
 class PostgresTenantStore:
     """:class:`TenantStore` over the shared pool."""
@@ -143,6 +161,15 @@ class PostgresTenantStore:
 
     async def count_open_jobs(self, tenant_id: str) -> int:
         return int(await self._db.pool.fetchval(Q["count_open_jobs"], tenant_id))
+
+    async def job_owners(self, job_ids: Sequence[UUID]) -> dict[UUID, tuple[str, str]]:
+        """(tenant, pool) of each job that exists."""
+        rows = await self._db.pool.fetch(Q["job_owners"], list(job_ids))
+        return {row["id"]: (row["tenant_id"], row["pool"]) for row in rows}
+
+    async def open_executions(self) -> list[OpenExecutions]:
+        rows = await self._db.pool.fetch(Q["open_executions"])
+        return [OpenExecutions(r["tenant_id"], r["pool"], r["pending"], r["open"]) for r in rows]
 
 
 async def room_for_jobs_on(conn: asyncpg.Connection, tenant_id: str, max_active_jobs: int) -> tuple[int, int]:

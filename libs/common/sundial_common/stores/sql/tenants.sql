@@ -36,3 +36,14 @@ SELECT count(*) FROM jobs WHERE tenant_id = $1 AND state IN ('ACTIVE', 'PAUSED')
 -- Serialises the creates of one tenant that has a maxActiveJobs quota, so two creates cannot both take
 -- the last slot (held to the end of the create's transaction).
 SELECT pg_advisory_xact_lock(hashtextextended('sundial.tenant:' || $1, 0));
+
+-- name: job_owners
+-- The dispatcher's fair pass: whose each claimed job is, and which pool it runs in (primary-key lookups).
+SELECT id, tenant_id, pool FROM jobs WHERE id = ANY($1::uuid[]);
+
+-- name: open_executions
+-- The dispatcher's fair pass: per tenant and pool, executions waiting in Kafka (PENDING) and open (PENDING or
+-- RUNNING). A partial-index scan (executions_open_idx) over the open rows only, which the pass keeps few.
+SELECT tenant_id, pool, count(*) FILTER (WHERE state = 'PENDING') AS pending, count(*) AS open
+FROM executions WHERE state IN ('PENDING', 'RUNNING')
+GROUP BY tenant_id, pool;
