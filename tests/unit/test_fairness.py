@@ -56,3 +56,14 @@ def test_put_back_returns_items_to_the_front_in_order() -> None:
     taken = queue.take(3, {}, {}, {}, default_pool_room=10)
     queue.put_back(taken[1:])
     assert queue.take(3, {}, {}, {}, default_pool_room=10) == a[1:]
+
+
+def test_a_job_claimed_again_while_it_waits_is_queued_once() -> None:
+    queue = FairQueue()
+    a = items("a", 2)
+    queue.add(a)
+    queue.add(a[:1])  # the hydrator's overdue scan re-added it, and it was claimed again
+    assert len(queue) == 2
+    assert queue.take(10, {}, {}, {}, default_pool_room=10) == a
+    queue.add(a[:1])  # taken (dispatched): a later fire of the same job queues again
+    assert len(queue) == 1

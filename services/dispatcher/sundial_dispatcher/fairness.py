@@ -30,6 +30,7 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from uuid import UUID
 
 from redis.exceptions import RedisError
 from sundial_common.hotwindow import Claimed, HotWindow
@@ -76,6 +77,9 @@ class FairQueue:
 
     queues: dict[str, deque[Waiting]] = field(default_factory=dict)
     deficits: dict[str, float] = field(default_factory=dict)
+    #: Jobs held here. The hydrator's overdue scan re-adds a job that waits here past its grace to the hot
+    #: window (it cannot tell held from lost); claimed again, it must not queue twice.
+    held: set[UUID] = field(default_factory=set)
     #: Where the next round starts, so no tenant is always first.
     _turn: int = 0
 
@@ -84,11 +88,14 @@ class FairQueue:
 
     def add(self, items: Iterable[Waiting]) -> None:
         for item in items:
-            self.queues.setdefault(item.tenant, deque()).append(item)
+            if item.occurrence.job_id not in self.held:
+                self.held.add(item.occurrence.job_id)
+                self.queues.setdefault(item.tenant, deque()).append(item)
 
     def put_back(self, items: Sequence[Waiting]) -> None:
         """Return taken items to the front of their queues, in their order."""
         for item in reversed(items):
+            self.held.add(item.occurrence.job_id)
             self.queues.setdefault(item.tenant, deque()).appendleft(item)
 
     def take(
@@ -123,6 +130,7 @@ class FairQueue:
                     if tenant_room.get(tenant, budget) <= 0 or pool_room.get(head.pool, default_pool_room) <= 0:
                         break
                     queue.popleft()
+                    self.held.discard(head.occurrence.job_id)
                     taken.append(head)
                     self.deficits[tenant] -= 1
                     pool_room[head.pool] = pool_room.get(head.pool, default_pool_room) - 1
