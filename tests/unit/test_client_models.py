@@ -106,5 +106,11 @@ def test_every_operation_of_the_api_has_a_client_call(schemas: dict[str, Any]) -
         ("POST", "/v1/executions/{execution_id}/cancel"),
         ("POST", "/v1/executions/{execution_id}/retry"),
         ("GET", "/v1/admin/cluster"),
+        ("POST", "/v1/admin/tenants"),
+        ("GET", "/v1/admin/tenants"),
+        ("GET", "/v1/admin/tenants/{tenant_id}"),
+        ("PATCH", "/v1/admin/tenants/{tenant_id}"),
+        ("POST", "/v1/admin/tenants/{tenant_id}/suspend"),
+        ("POST", "/v1/admin/tenants/{tenant_id}/resume"),
     }
     assert operations == covered

@@ -126,6 +126,7 @@ class NewJob(_ScheduleFields):
     retry_policy: RetryPolicy | None = None
     timeout_sec: int | None = None
     priority: Priority | None = None
+    labels: dict[str, str] | None = None
 
 
 class SchedulePreviewRequest(_ScheduleFields):
@@ -170,6 +171,7 @@ class Job(_Wire):
     fire_count: int
     missed_fires: int
     version: int
+    labels: dict[str, str] = Field(default_factory=dict)
     created_at: datetime
     updated_at: datetime
 
