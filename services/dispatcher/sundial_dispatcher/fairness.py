@@ -50,8 +50,9 @@ _NOBODY = ""
 class FairnessConfig:
     #: Off: a pass takes the earliest due members, whoever they belong to (the behaviour before tenants).
     enabled: bool = True
-    #: Most executions of one pool waiting in its topic (PENDING) before the pass stops publishing to it.
-    pool_queue_cap: int = 2000
+    #: Most executions of one pool waiting in its topic (PENDING) before the passes stop publishing to it;
+    #: each shard's pass may fill its share (1/shards) of the room left, so concurrent passes stay under it.
+    pool_queue_cap: int = 1000
     #: Most claimed occurrences one shard leader holds waiting for their turn.
     buffer_cap: int = 200_000
     #: Members claimed from the hot window into the buffer per pass.
@@ -161,6 +162,7 @@ class FairDispatch:
         buckets: TokenBuckets,
         config: FairnessConfig,
         batch_size: int,
+        shards: int = 1,
     ) -> None:
         self.shard = shard
         self.hot_window = hot_window
@@ -169,6 +171,7 @@ class FairDispatch:
         self.buckets = buckets
         self.config = config
         self.batch_size = batch_size
+        self.shards = shards
         self.queue = FairQueue()
 
     async def claim(self, now: datetime) -> Claimed:
@@ -190,16 +193,20 @@ class FairDispatch:
             weights={t.id: t.weight for t in tenants.values()},
             pool_room=self._pool_room(open_executions),
             tenant_room=self._tenant_room(tenants, open_executions),
-            default_pool_room=self.config.pool_queue_cap,
+            default_pool_room=self._share(self.config.pool_queue_cap),
         )
         taken = await self._rate_limited(taken, tenants)
         return Claimed(jobs=[w.occurrence for w in taken], retries=retries)
+
+    def _share(self, room: int) -> int:
+        """This shard's share of a pool's room: the shards' passes run at once and read the same count."""
+        return -(-room // self.shards)
 
     def _pool_room(self, open_executions: Sequence[OpenExecutions]) -> dict[str, int]:
         pending: dict[str, int] = {}
         for row in open_executions:
             pending[row.pool] = pending.get(row.pool, 0) + row.pending
-        room = {pool: max(0, self.config.pool_queue_cap - n) for pool, n in pending.items()}
+        room = {pool: self._share(max(0, self.config.pool_queue_cap - n)) for pool, n in pending.items()}
         room[_NOBODY] = self.batch_size  # jobs gone meanwhile: nothing will be published for them
         return room
 

@@ -15,7 +15,7 @@ class DispatcherSettings(CommonSettings):
         "whoever it belongs to).",
     )
     dispatcher_pool_queue_cap: int = Field(
-        2000,
+        1000,
         ge=1,
         description="Most executions of one pool waiting in its Kafka topic (published, not started) before the "
         "dispatcher holds the rest back, where fairness can still order them.",

@@ -158,6 +158,7 @@ def dispatch_work(deps: Dependencies, config: DispatcherConfig, holder: str) -> 
                 TokenBuckets(deps.hot_window.redis),
                 config.fairness,
                 config.batch_size,
+                config.shards,
             )
             if config.fairness.enabled
             else None,
