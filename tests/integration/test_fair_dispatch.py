@@ -110,3 +110,15 @@ async def test_a_pool_queue_stays_short_and_a_concurrency_quota_holds_work_back(
     for _ in range(3):
         await shard.run_once()
     assert await dispatched(stores) == {"a": 300, "capped": 60}
+
+
+async def test_what_a_term_claimed_and_did_not_dispatch_goes_back_to_the_hot_window(
+    stores: Stores, hot_window: HotWindow, publisher: KafkaPublisher, database_url: str
+) -> None:
+    await register_tenant(database_url, "a")
+    await due_jobs(stores, hot_window, "a", 300, f"fair-{uuid.uuid4().hex[:8]}")
+    shard = dispatcher(stores, hot_window, publisher, batch=100, pool_queue_cap=100_000)
+    await shard.run_once()
+    assert await hot_window.size(0) == 0 and shard.fair is not None and len(shard.fair.queue) == 200
+    assert await shard.fair.release() == 200
+    assert await hot_window.size(0) == 200 and len(shard.fair.queue) == 0

@@ -18,8 +18,9 @@ the round robin can still put B's work first, rather than in the topic. The same
 ``maxConcurrentExecutions`` (beyond it the tenant's work waits, late but never lost), and a Redis token
 bucket per tenant (shared by every shard leader) ``maxDispatchPerSec``.
 
-Members in the buffer are out of Redis but not dispatched: if the leader dies, the jobs are still due in
-Postgres and the hydrator's overdue scan puts them back (DESIGN invariant 1), as for any claimed member.
+Members in the buffer are out of Redis but not dispatched: a term that ends puts them back
+(:meth:`FairDispatch.release`); if the leader dies instead, the jobs are still due in Postgres and the
+hydrator's overdue scan puts them back (DESIGN invariant 1), as for any claimed member.
 Scheduled retries pass straight through: they are executions already, their order is the hot window's.
 """
 
@@ -197,6 +198,18 @@ class FairDispatch:
         )
         taken = await self._rate_limited(taken, tenants)
         return Claimed(jobs=[w.occurrence for w in taken], retries=retries)
+
+    async def release(self) -> int:
+        """Put every held occurrence back into the hot window (ZADD NX), at its due time; how many.
+
+        Called when the term ends, so the next leader finds them at once instead of after the hydrator's
+        overdue scan. Best effort: if Redis is away the overdue scan still recovers them.
+        """
+        held = [w.occurrence for queue in self.queue.queues.values() for w in queue]
+        self.queue = FairQueue()
+        for start in range(0, len(held), 5000):
+            await self.hot_window.add(self.shard, held[start : start + 5000], only_new=True)
+        return len(held)
 
     def _share(self, room: int) -> int:
         """This shard's share of a pool's room: the shards' passes run at once and read the same count."""

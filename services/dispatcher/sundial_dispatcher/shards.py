@@ -141,16 +141,8 @@ def dispatch_work(deps: Dependencies, config: DispatcherConfig, holder: str) -> 
 
     async def work(tenure: Tenure) -> None:
         shard = tenure.term.shard
-        dispatcher = ShardDispatcher(
-            shard,
-            tenure.term.token,
-            holder,
-            deps.stores.dispatch,
-            deps.hot_window,
-            deps.publisher,
-            config,
-            tenants=tenants,
-            fair=FairDispatch(
+        fair = (
+            FairDispatch(
                 shard,
                 deps.hot_window,
                 deps.stores.tenants,
@@ -161,7 +153,18 @@ def dispatch_work(deps: Dependencies, config: DispatcherConfig, holder: str) -> 
                 config.shards,
             )
             if config.fairness.enabled
-            else None,
+            else None
+        )
+        dispatcher = ShardDispatcher(
+            shard,
+            tenure.term.token,
+            holder,
+            deps.stores.dispatch,
+            deps.hot_window,
+            deps.publisher,
+            config,
+            tenants=tenants,
+            fair=fair,
         )
         failures = 0
         metrics = ShardPassMetrics(shard)
@@ -183,6 +186,9 @@ def dispatch_work(deps: Dependencies, config: DispatcherConfig, holder: str) -> 
                 continue
             if result.claimed < config.batch_size:
                 await tenure.pause(config.poll_interval_sec)
+        if fair is not None:  # the term ended: what it claimed and did not dispatch goes back for the next leader
+            with contextlib.suppress(Exception):  # best effort: the hydrator's overdue scan recovers them anyway
+                await fair.release()
         if not tenure.step_down.is_set() and not tenure.leadership.trusted():
             log.warning(
                 "shard %d: term no longer trusted (%s); stopped dispatching",
