@@ -58,6 +58,10 @@ class FairnessConfig:
     buffer_cap: int = 200_000
     #: Members claimed from the hot window into the buffer per pass.
     claim_size: int = 10_000
+    #: A PENDING execution dispatched longer ago than this no longer counts against its pool's queue: its
+    #: message was lost (the broker restarted, a publish failed) and the sweeper sends it again; counted,
+    #: such executions would stop the pool's dispatch until then.
+    stale_queue_sec: float = 30.0
 
     def __post_init__(self) -> None:
         if self.pool_queue_cap < 1:
@@ -188,7 +192,7 @@ class FairDispatch:
         if not len(self.queue):
             return Claimed(retries=retries)
         tenants = await self.policy.tenants()
-        open_executions = await self.store.open_executions()
+        open_executions = await self.store.open_executions(self.config.stale_queue_sec)
         taken = self.queue.take(
             self.batch_size,
             weights={t.id: t.weight for t in tenants.values()},

@@ -117,7 +117,7 @@ class TenantStore(Protocol):
 
     async def job_owners(self, job_ids: Sequence[UUID]) -> dict[UUID, tuple[str, str]]: ...
 
-    async def open_executions(self) -> list[OpenExecutions]: ...
+    async def open_executions(self, queued_within_sec: float) -> list[OpenExecutions]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,7 +126,7 @@ class OpenExecutions:
 
     tenant_id: str
     pool: str
-    #: Published (or about to be) and not started: waiting in the pool's topic.
+    #: Published (or about to be) recently and not started: waiting in the pool's topic.
     pending: int
     #: PENDING or RUNNING.
     open: int
@@ -167,8 +167,9 @@ class PostgresTenantStore:
         rows = await self._db.pool.fetch(Q["job_owners"], list(job_ids))
         return {row["id"]: (row["tenant_id"], row["pool"]) for row in rows}
 
-    async def open_executions(self) -> list[OpenExecutions]:
-        rows = await self._db.pool.fetch(Q["open_executions"])
+    async def open_executions(self, queued_within_sec: float) -> list[OpenExecutions]:
+        """Open executions per (tenant, pool); ``pending`` counts those dispatched within ``queued_within_sec``."""
+        rows = await self._db.pool.fetch(Q["open_executions"], queued_within_sec)
         return [OpenExecutions(r["tenant_id"], r["pool"], r["pending"], r["open"]) for r in rows]
 
 

@@ -42,8 +42,11 @@ SELECT pg_advisory_xact_lock(hashtextextended('sundial.tenant:' || $1, 0));
 SELECT id, tenant_id, pool FROM jobs WHERE id = ANY($1::uuid[]);
 
 -- name: open_executions
--- The dispatcher's fair pass: per tenant and pool, executions waiting in Kafka (PENDING) and open (PENDING or
--- RUNNING). A partial-index scan (executions_open_idx) over the open rows only, which the pass keeps few.
-SELECT tenant_id, pool, count(*) FILTER (WHERE state = 'PENDING') AS pending, count(*) AS open
+-- The dispatcher's fair pass: per tenant and pool, executions waiting in Kafka (PENDING, dispatched within the
+-- last $1 seconds: an older one's message is presumed lost, and the sweeper's to send again) and open
+-- (PENDING or RUNNING). A partial-index scan (executions_open_idx) over the open rows only.
+SELECT tenant_id, pool,
+       count(*) FILTER (WHERE state = 'PENDING' AND created_at > now() - make_interval(secs => $1)) AS pending,
+       count(*) AS open
 FROM executions WHERE state IN ('PENDING', 'RUNNING')
 GROUP BY tenant_id, pool;
