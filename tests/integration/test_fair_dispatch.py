@@ -77,7 +77,8 @@ async def test_a_small_tenant_is_served_in_the_first_pass_and_saturated_ones_sha
     await due_jobs(stores, hot_window, "big", 2000, pool)  # created first: earliest in the hot window
     await due_jobs(stores, hot_window, "small", 20, pool)
     await due_jobs(stores, hot_window, "heavy", 2000, pool)
-    shard = dispatcher(stores, hot_window, publisher, batch=100, pool_queue_cap=100_000)
+    # One claim takes the whole window into the leader's buffer (a pass claims up to claim_size).
+    shard = dispatcher(stores, hot_window, publisher, batch=100, pool_queue_cap=100_000, claim_size=10_000)
 
     first = await shard.run_once()
     assert first.dispatched == 100
