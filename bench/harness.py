@@ -151,7 +151,12 @@ class Bench:
         self.stack.stop()
         shutil.rmtree(self.root, ignore_errors=True)
         self.stack.start()
-        subprocess.run([*sundial_argv("migrate")], env={**os.environ, **self.env}, check=True, capture_output=True)
+        subprocess.run(
+            [*sundial_argv("migrate", "--tenant", "bench-api")],
+            env={**os.environ, **self.env},
+            check=True,
+            capture_output=True,
+        )
         self.stack.postgres.psql(
             "CREATE EXTENSION IF NOT EXISTS pg_stat_statements", database=self.stack.postgres.database
         )

@@ -363,7 +363,7 @@ class SetupStep:
 
 def default_setup(layout: DevLayout) -> tuple[SetupStep, ...]:
     return (
-        SetupStep("migrate", sundial_argv("migrate")),
+        SetupStep("migrate", sundial_argv("migrate", "--tenant", "demo")),  # the API serves registered tenants
         SetupStep("dev token", sundial_argv("token", "--tenant", "demo"), layout.dev_token),
         SetupStep("admin token", sundial_argv("token", "--tenant", "demo", "--admin"), layout.admin_token),
     )

@@ -18,12 +18,11 @@ from typing import Any
 
 import httpx
 import pytest
-from sundial_common.auth import issue_token
-from sundial_common.settings import CommonSettings
 from sundial_infra.dashboards import DASHBOARDS, TENANT_DASHBOARD, build, targets
 from sundial_infra.servers.prometheus import PrometheusServer, ScrapeTarget, write_targets
 
 from tests.e2e.conftest import Processes, free_port
+from tests.tenants import tenant_token
 
 FAST = {
     "SUNDIAL_SWEEPER_INTERVAL_SEC": "0.5",
@@ -88,7 +87,6 @@ async def test_every_panel_of_every_dashboard_has_data_and_a_tenant_sees_only_it
     started = time.monotonic()
     run = uuid.uuid4().hex[:6]
     tenant_a, tenant_b = f"proof-a-{run}", f"proof-b-{run}"
-    secret = CommonSettings().jwt_secret
 
     async def load(client: httpx.AsyncClient) -> None:
         async def create(handler: str, payload: dict[str, Any], attempts: int, **extra: Any) -> str:
@@ -144,8 +142,14 @@ async def test_every_panel_of_every_dashboard_has_data_and_a_tenant_sees_only_it
 
     base = f"http://127.0.0.1:{api_port}"
     async with (
-        httpx.AsyncClient(base_url=base, headers={"Authorization": f"Bearer {issue_token(secret, tenant_a)}"}) as a,
-        httpx.AsyncClient(base_url=base, headers={"Authorization": f"Bearer {issue_token(secret, tenant_b)}"}) as b,
+        httpx.AsyncClient(
+            base_url=base,
+            headers={"Authorization": f"Bearer {tenant_token(processes.env['SUNDIAL_DATABASE_URL'], tenant_a)}"},
+        ) as a,
+        httpx.AsyncClient(
+            base_url=base,
+            headers={"Authorization": f"Bearer {tenant_token(processes.env['SUNDIAL_DATABASE_URL'], tenant_b)}"},
+        ) as b,
     ):
         await asyncio.gather(load(a), load(b))
 

@@ -21,6 +21,7 @@ from sundial_dispatcher.balance import placement
 
 from tests.e2e.conftest import SUNDIAL, free_port
 from tests.e2e.ha import LEASE_TTL, HaCluster, cluster_fixture, eventually, every, process_state
+from tests.tenants import tenant_token
 
 pytestmark = pytest.mark.e2e
 __all__ = ["cluster_fixture"]  # the `cluster` fixture
@@ -161,7 +162,7 @@ async def test_several_api_replicas_serve_at_once_and_the_cluster_view_shows_eve
     cluster.processes.wait_for_log("worker", "partitions assigned", timeout=60)
 
     secret = CommonSettings().jwt_secret
-    tenant = {"Authorization": f"Bearer {issue_token(secret, 'ha')}"}
+    tenant = {"Authorization": f"Bearer {tenant_token(cluster.processes.env['SUNDIAL_DATABASE_URL'], 'ha')}"}
     admin = {"Authorization": f"Bearer {issue_token(secret, 'ops', admin=True)}"}
     clients = [httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) for port in ports]
     try:

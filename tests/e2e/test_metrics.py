@@ -12,10 +12,9 @@ import httpx
 import pytest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
-from sundial_common.auth import issue_token
-from sundial_common.settings import CommonSettings
 
 from tests.e2e.conftest import Processes, free_port
+from tests.tenants import tenant_token
 
 OPENMETRICS = {"Accept": "application/openmetrics-text; version=1.0.0,text/plain;version=0.0.4;q=0.5"}
 
@@ -63,12 +62,11 @@ async def test_each_process_serves_its_catalogue_series_per_tenant(processes: Pr
 
     tag = uuid.uuid4().hex[:6]
     a, b = f"tenant-a-{tag}", f"tenant-b-{tag}"
-    secret = CommonSettings().jwt_secret
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{ports['api']}", timeout=30) as client:
         for tenant, handler in ((a, "echo"), (a, "echo"), (a, "fail"), (b, "echo")):
             created = await client.post(
                 "/v1/jobs",
-                headers={"Authorization": f"Bearer {issue_token(secret, tenant)}"},
+                headers={"Authorization": f"Bearer {tenant_token(database_url, tenant)}"},
                 json={
                     "name": handler,
                     "type": "DELAYED",

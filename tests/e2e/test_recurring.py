@@ -22,10 +22,9 @@ from typing import Any, TypeVar
 import asyncpg
 import httpx
 import pytest
-from sundial_common.auth import issue_token
-from sundial_common.settings import CommonSettings
 
 from tests.e2e.conftest import Processes, free_port
+from tests.tenants import tenant_token
 
 T = TypeVar("T")
 TWO_SECONDS = timedelta(seconds=2)
@@ -65,7 +64,7 @@ async def stack(processes: Processes, database_url: str) -> AsyncIterator[Stack]
     port = free_port()
     processes.start("api", "api", "--host", "127.0.0.1", "--port", str(port))
     processes.wait_http_ok("api", f"http://127.0.0.1:{port}/readyz")
-    token = issue_token(CommonSettings().jwt_secret, "e2e-recurring")
+    token = tenant_token(database_url, "e2e-recurring")
     db = await asyncpg.connect(database_url)
     try:
         async with httpx.AsyncClient(

@@ -16,12 +16,11 @@ from typing import Any, TypeVar
 import httpx
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
-from sundial_common.auth import issue_token
 from sundial_common.broker import ensure_topics
 from sundial_common.messages import DLQ_TOPIC
-from sundial_common.settings import CommonSettings
 
 from tests.e2e.conftest import Processes, free_port
+from tests.tenants import tenant_token
 
 T = TypeVar("T")
 FAST = {
@@ -76,7 +75,7 @@ async def test_retries_dead_letters_manual_retry_cancellation_and_idempotent_cre
     processes.wait_http_ok("api", f"http://127.0.0.1:{port}/readyz")
     processes.wait_for_log("dispatcher", "leading with fence token")
     processes.wait_for_log("worker", "partitions assigned")
-    token = issue_token(CommonSettings().jwt_secret, "e2e-reliable")
+    token = tenant_token(processes.env["SUNDIAL_DATABASE_URL"], "e2e-reliable")
 
     async with httpx.AsyncClient(
         base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {token}"}, timeout=10

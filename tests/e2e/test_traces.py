@@ -19,14 +19,13 @@ from typing import Any
 
 import httpx
 import pytest
-from sundial_common.auth import issue_token
 from sundial_common.broker import ensure_topics
 from sundial_common.messages import DLQ_TOPIC
-from sundial_common.settings import CommonSettings
 
 from tests.e2e.conftest import Processes, free_port, otlp_env
 from tests.e2e.test_reliable_execution import QUICK, until
 from tests.otlp import OtlpReceiver, ReceivedSpan, tree_problems
+from tests.tenants import tenant_token
 
 FAST = {
     "SUNDIAL_SWEEPER_INTERVAL_SEC": "0.5",
@@ -124,7 +123,7 @@ async def test_every_story_of_an_execution_is_one_trace_in_jaeger(
     processes.wait_http_ok("api", f"http://127.0.0.1:{port}/readyz")
     processes.wait_for_log("dispatcher", "leading with fence token")
     processes.wait_for_log("worker-1", "partitions assigned")
-    token = issue_token(CommonSettings().jwt_secret, "e2e-traces")
+    token = tenant_token(processes.env["SUNDIAL_DATABASE_URL"], "e2e-traces")
 
     async with httpx.AsyncClient(
         base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {token}"}, timeout=10
@@ -284,7 +283,7 @@ async def test_a_failure_is_exported_even_when_the_ratio_samples_its_trace_away(
     processes.start("worker", "worker", "--app", "sundial_worker.demo:worker", env=exporting)
     processes.wait_http_ok("api", f"http://127.0.0.1:{port}/readyz")
     processes.wait_for_log("worker", "partitions assigned")
-    token = issue_token(CommonSettings().jwt_secret, "e2e-traces")
+    token = tenant_token(processes.env["SUNDIAL_DATABASE_URL"], "e2e-traces")
 
     async with httpx.AsyncClient(
         base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {token}"}, timeout=10

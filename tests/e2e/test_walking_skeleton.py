@@ -16,10 +16,9 @@ from pathlib import Path
 import asyncpg
 import httpx
 import pytest
-from sundial_common.auth import issue_token
-from sundial_common.settings import CommonSettings
 
 from tests.e2e.conftest import Processes, free_port
+from tests.tenants import tenant_token
 
 JOBS = 500
 
@@ -40,7 +39,7 @@ async def test_500_one_shot_jobs_each_succeed_exactly_once(processes: Processes,
     processes.wait_for_log("dispatcher", "leading with fence token")
     processes.wait_for_log("worker", "partitions assigned")
 
-    token = issue_token(CommonSettings().jwt_secret, "e2e")
+    token = tenant_token(database_url, "e2e")
     due = datetime.now(UTC) + timedelta(seconds=3)
     run_at = due.isoformat(timespec="milliseconds").replace("+00:00", "Z")
     limit = asyncio.Semaphore(32)

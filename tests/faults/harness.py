@@ -32,12 +32,11 @@ from typing import Any
 
 import asyncpg
 import httpx
-from sundial_common.auth import issue_token
-from sundial_common.settings import CommonSettings
 from sundial_infra.supervisor import Backoff, ProcessSpec, Supervisor, sundial_argv
 
 from tests.e2e.conftest import Processes, free_port
 from tests.e2e.ha import eventually
+from tests.tenants import tenant_token
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCALE = float(os.environ.get("SUNDIAL_FAULT_SCALE", "1") or "1")
@@ -146,7 +145,7 @@ class FaultStack:
         self.extra = Processes(self.env, self.logs)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.token = issue_token(CommonSettings().jwt_secret, "faults")
+        self.token = tenant_token(self.database_url, "faults")
         self.base_url = f"http://127.0.0.1:{self.port}"
 
     # --- processes --------------------------------------------------------------------------------

@@ -21,6 +21,8 @@ from sundial_common.leadership import LeadershipConfig, ShardLeadership
 from sundial_common.registry import ClusterKeys, ReplicaRecord, ReplicaRegistration
 from sundial_common.stores.types import Occurrence
 
+from tests.tenants import tenant_token
+
 SECRET = "admin-test-signing-key-of-32-bytes-at-least"
 SHARDS = 4
 
@@ -163,7 +165,7 @@ async def test_without_etcd_the_cluster_view_is_a_503_and_jobs_are_still_served(
         assert "etcd" in view.json()["detail"]
         job = await client.post(
             "/v1/jobs",
-            headers=bearer(admin=False),
+            headers={"Authorization": f"Bearer {tenant_token(database_url, 'ops', secret=SECRET)}"},
             json={"name": "x", "type": "DELAYED", "delaySeconds": 60, "target": {"pool": "p", "handler": "h"}},
         )
         assert job.status_code == 201, job.text

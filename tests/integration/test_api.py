@@ -27,9 +27,10 @@ from sundial_api import ApiSettings, create_app
 from sundial_api.models.common import Problem
 from sundial_api.models.executions import ExecutionDetail, ExecutionPage
 from sundial_api.models.jobs import JobDetail
-from sundial_common.auth import issue_token
 from sundial_common.hotwindow import member
 from sundial_infra.stack import LocalStack
+
+from tests.tenants import tenant_token
 
 SECRET = "test-signing-key-for-the-api-suite"
 TENANT = "acme"
@@ -66,7 +67,7 @@ class Api:
     clock: FixedClock
 
     def auth(self, tenant: str = TENANT) -> dict[str, str]:
-        return {"Authorization": f"Bearer {issue_token(SECRET, tenant)}"}
+        return {"Authorization": f"Bearer {tenant_token(self.settings.database_url, tenant, secret=SECRET)}"}
 
     async def create(self, body: dict[str, Any], tenant: str = TENANT, **kwargs: Any) -> httpx.Response:
         return await self.client.post("/v1/jobs", json=body, headers=self.auth(tenant), **kwargs)
@@ -74,7 +75,7 @@ class Api:
     async def counts(self) -> dict[str, int]:
         return {
             table: await self.db.fetchval(f"SELECT count(*) FROM {table}")
-            for table in ("tenants", "jobs", "audit_log", "executions")
+            for table in ("jobs", "audit_log", "executions")
         }
 
     async def score(self, shard: int, job_id: str) -> float | None:
@@ -87,6 +88,7 @@ async def api(request: pytest.FixtureRequest, database_url: str, redis_url: str)
     settings = ApiSettings(database_url=database_url, redis_url=redis_url, jwt_secret=SECRET, shards=4, **overrides)
     clock = FixedClock(NOW)
     app = create_app(settings, clock=clock)
+    tenant_token(database_url, TENANT, secret=SECRET)  # registered before any test can stop Postgres
     db = await asyncpg.connect(database_url)
     redis = Redis.from_url(redis_url)
     try:
@@ -233,7 +235,7 @@ async def test_a_job_is_accepted_when_redis_is_down(database_url: str) -> None:
         app.router.lifespan_context(app),
         httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://api.test") as client,
     ):
-        headers = {"Authorization": f"Bearer {issue_token(SECRET, TENANT)}"}
+        headers = {"Authorization": f"Bearer {tenant_token(database_url, TENANT, secret=SECRET)}"}
         body = one_shot(runAt=rfc3339(datetime.now(UTC) + timedelta(minutes=1)))
         created = await client.post("/v1/jobs", json=body, headers=headers)
         cancelled = await client.delete(f"/v1/jobs/{created.json()['jobId']}", headers=headers)
@@ -329,7 +331,7 @@ async def test_bad_input_names_the_field_and_writes_nothing(
 
     assert response.status_code == status, response.text
     assert field in error_fields(response), response.text
-    assert await api.counts() == before == {"tenants": 0, "jobs": 0, "audit_log": 0, "executions": 0}
+    assert await api.counts() == before == {"jobs": 0, "audit_log": 0, "executions": 0}
     assert await api.redis.dbsize() == 0
 
 
@@ -690,6 +692,7 @@ async def test_openapi_documents_the_api(api: Api) -> None:
         "overlapPolicy",
         "catchupPolicy",
         "catchupWindowSec",
+        "labels",
     } == set(job_create["properties"])
     assert job_create["additionalProperties"] is False
     assert spec["components"]["securitySchemes"]["bearerAuth"]["scheme"] == "bearer"

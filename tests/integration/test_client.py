@@ -24,9 +24,11 @@ import uvicorn
 from sundial_api import ApiSettings, create_app
 from sundial_client import AsyncClient, Client, Conflict, NotFound, Retries, ValidationFailed
 from sundial_client.cli import _executions_parser, _jobs_parser, run
+from sundial_client.tenants_cli import parser as tenants_parser
 from sundial_common.auth import issue_token
 
 from tests.conftest import _test_ports
+from tests.tenants import tenant_token
 
 SECRET = "test-signing-key-for-the-client-suite"
 TENANT = "acme"
@@ -54,7 +56,7 @@ def served(database_url: str, redis_url: str) -> Iterator[Served]:
         assert time.monotonic() < deadline, "the API did not start within 30 s"
         time.sleep(0.05)
     try:
-        yield Served(f"http://127.0.0.1:{ports.api}", issue_token(SECRET, TENANT), database_url)
+        yield Served(f"http://127.0.0.1:{ports.api}", tenant_token(database_url, TENANT, secret=SECRET), database_url)
     finally:
         server.should_exit = True
         thread.join(timeout=30)
@@ -359,3 +361,31 @@ def test_cli_watches_an_execution_until_it_ends(
         cancel.join()
     assert code == 1
     assert [line.split()[1] for line in out.splitlines()] == ["PENDING", "CANCELLED"]
+
+
+def test_sundial_tenants_registers_changes_suspends_and_resumes(
+    served: Served, capsys: pytest.CaptureFixture[str]
+) -> None:
+    admin = Client(served.url, token=issue_token(SECRET, "ops", admin=True))
+    tenant = Client(served.url, token=issue_token(SECRET, "newco"), retry=Retries(attempts=1))
+
+    def tenants(*argv: str, client: Client = admin) -> tuple[int, str]:
+        code = run(tenants_parser(), list(argv), client=client)
+        return code, capsys.readouterr().out
+
+    assert tenants("create", "newco", "--weight", "2", "--max-active-jobs", "10", "--json")[0] == 0
+    assert tenants("create", "newco")[0] == 5  # already registered: a conflict
+    assert tenant.schedule(handler="echo", pool="demo", name="n").after(seconds=60).name == "n"
+    code, out = tenants("update", "newco", "--max-active-jobs", "unlimited", "--max-dispatch-per-sec", "50", "--json")
+    assert code == 0 and json.loads(out)["quotas"] == {
+        "maxActiveJobs": None,
+        "maxCreatesPerSec": None,
+        "maxConcurrentExecutions": None,
+        "maxDispatchPerSec": 50.0,
+    }
+    assert json.loads(out)["weight"] == 2
+    assert tenants("suspend", "newco")[0] == 0
+    assert tenants("show", "newco")[1].splitlines()[1].split()[1] == "SUSPENDED"
+    assert tenants("list", client=tenant)[0] == 6  # not an admin token
+    assert tenants("resume", "newco")[0] == 0
+    assert "newco" in tenants("list")[1]

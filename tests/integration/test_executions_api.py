@@ -136,8 +136,7 @@ async def test_the_execution_of_a_trace_is_found_by_its_trace_id_for_its_tenant_
 @pytest.mark.parametrize(
     ("params", "field"),
     [
-        ({}, "state"),
-        ({"state": "ZOMBIE"}, "state"),
+        ({"state": "ZOMBIE"}, "state[0]"),  # `state` repeats: the first one is at fault
         ({"state": "DEAD", "cursor": "nope"}, "cursor"),
         ({"traceId": "not-a-trace"}, "traceId"),
         ({"traceId": "0" * 31}, "traceId"),

@@ -20,7 +20,6 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families
 from redis.asyncio import Redis
 from sundial_api.app import create_app
 from sundial_api.settings import ApiSettings
-from sundial_common.auth import issue_token
 from sundial_common.broker import KafkaPublisher
 from sundial_common.clock import from_ms, to_ms
 from sundial_common.hotwindow import HotWindow
@@ -37,6 +36,7 @@ from sundial_worker import Context, Worker, WorkerConfig, WorkerRuntime
 from sundial_worker.settings import WorkerSettings
 
 from tests.integration.test_worker import JOIN_SEC, wait_until
+from tests.tenants import tenant_token
 
 FAST = WorkerConfig(concurrency=8, heartbeat_interval_sec=0.3, heartbeat_ttl_sec=5.0, commit_interval_sec=0.1)
 SECRET = "test-signing-key-for-the-metrics-suite"
@@ -296,7 +296,7 @@ async def test_the_api_serves_request_and_job_creation_metrics_in_openmetrics(
         httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://api.test") as client,
     ):
         for tenant in (a, a, b):
-            headers = {"Authorization": f"Bearer {issue_token(SECRET, tenant)}"}
+            headers = {"Authorization": f"Bearer {tenant_token(database_url, tenant, secret=SECRET)}"}
             created = await client.post("/v1/jobs", json=job, headers=headers)
             assert created.status_code == 201, created.text
         got = await client.get(f"/v1/jobs/{created.json()['jobId']}", headers=headers)

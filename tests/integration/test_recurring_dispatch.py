@@ -7,6 +7,7 @@ milliseconds and nothing sleeps.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 import uuid
@@ -26,6 +27,7 @@ from sundial_common.schedules import Kind, ScheduleSpec, fire_at, next_fire
 from sundial_common.stores import Stores
 from sundial_common.stores.types import Occurrence
 from sundial_dispatcher.dispatcher import CANCEL_KEY, DispatcherConfig, DispatchResult, ShardDispatcher
+from sundial_dispatcher.tenancy import TenantPolicy
 from sundial_hydrator.hydrator import Hydrator, HydratorConfig
 
 from tests.integration.test_dispatch_path import consume
@@ -427,3 +429,33 @@ async def test_the_hydrator_recovers_a_trigger_whose_member_was_lost(
     )
     await Hydrator(stores, hot_window, HydratorConfig(overdue_grace_sec=15)).run_once()
     assert await score(hot_window, job_id) == to_ms(lost_at)
+
+
+# --- tenants ---------------------------------------------------------------------------------------------
+
+
+async def test_a_suspended_tenants_jobs_wait_and_resume_with_the_catch_up_policy(
+    stores: Stores, hot_window: HotWindow, publisher: KafkaPublisher, clock: MovableClock, pool: str
+) -> None:
+    tenants = TenantPolicy(stores.tenants, refresh_sec=0)
+    dispatcher = ShardDispatcher(
+        0, 1, "replica-a", stores.dispatch, hot_window, publisher, DispatcherConfig(), clock=clock, tenants=tenants
+    )
+    job_id = await make_job(stores, hot_window, pool, catchup_window_sec=60)
+    acme = await stores.tenants.get_tenant("acme")
+    assert acme is not None
+    await stores.tenants.update_tenant(dataclasses.replace(acme, state="SUSPENDED"))
+
+    held = await at(clock, dispatcher, T0)
+    assert held.dispatched == 0 and held.held == 1
+    assert await executions(stores, job_id) == []
+    assert (await job(stores, job_id))["next_fire_at"] == T0  # the schedule did not move
+
+    # Resumed ten minutes later, the fires that came due meet the catch-up policy (FIRE_ONCE, 60 s window):
+    # the last two are within the window and run, the nine before them are missed.
+    suspended = await stores.tenants.get_tenant("acme")
+    assert suspended is not None
+    await stores.tenants.update_tenant(dataclasses.replace(suspended, state="ACTIVE"))
+    resumed = await at(clock, dispatcher, T0 + 10 * MINUTE)
+    assert resumed.dispatched == 2
+    assert (await job(stores, job_id))["missed_fires"] == 9

@@ -194,7 +194,7 @@ async def test_bad_schedules_name_the_field_and_write_nothing(
     response = await api.create(body)
     assert response.status_code == 422, response.text
     assert field in error_fields(response), response.text
-    assert await api.counts() == {"tenants": 0, "jobs": 0, "audit_log": 0, "executions": 0}
+    assert await api.counts() == {"jobs": 0, "audit_log": 0, "executions": 0}
     assert await api.redis.dbsize() == 0
 
 

@@ -324,6 +324,7 @@ def test_rendered_rows_match_the_documented_views() -> None:
         "catchup_window_sec": 60,
         "next_nominal_at": NOW,
         "missed_fires": 0,
+        "labels": {"team": "growth"},
         "pool": "demo",
         "handler": "echo",
         "payload": {"a": 1},

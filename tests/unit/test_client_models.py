@@ -125,5 +125,11 @@ def test_every_operation_of_the_api_has_a_client_call(schemas: dict[str, Any]) -
         ("GET", "/v1/replays/{replay_id}/runs"),
         ("GET", "/v1/stats/executions"),
         ("GET", "/v1/stats/handlers"),
+        ("POST", "/v1/admin/tenants"),
+        ("GET", "/v1/admin/tenants"),
+        ("GET", "/v1/admin/tenants/{tenant_id}"),
+        ("PATCH", "/v1/admin/tenants/{tenant_id}"),
+        ("POST", "/v1/admin/tenants/{tenant_id}/suspend"),
+        ("POST", "/v1/admin/tenants/{tenant_id}/resume"),
     }
     assert operations == covered

@@ -35,6 +35,8 @@ from sundial_client.models import (
     NewJob,
     Preview,
     SchedulePreviewRequest,
+    Tenant,
+    TenantList,
     Triggered,
 )
 
@@ -161,8 +163,16 @@ def get_execution(execution_id: str) -> Call[ExecutionDetail]:
     return Call("GET", f"/v1/executions/{_id(execution_id)}", _model(ExecutionDetail))
 
 
-def list_executions(state: ExecutionState | str, *, cursor: str | None, limit: int) -> Call[ExecutionPage]:
-    params = {**_query(state=state, cursor=cursor), "limit": limit}
+def list_executions(
+    state: ExecutionState | str | None,
+    *,
+    cursor: str | None,
+    limit: int,
+    job_id: str | None = None,
+    pool: str | None = None,
+    handler: str | None = None,
+) -> Call[ExecutionPage]:
+    params = {**_query(state=state, jobId=job_id, pool=pool, handler=handler, cursor=cursor), "limit": limit}
     return Call("GET", "/v1/executions", _model(ExecutionPage), params=params)
 
 
@@ -194,6 +204,30 @@ def execution_stats(
 def handler_stats(start: datetime | None, end: datetime | None, limit: int) -> Call[HandlerRanking]:
     params = _query(**{"from": start and instant(start), "to": end and instant(end)})
     return Call("GET", "/v1/stats/handlers", _model(HandlerRanking), params={**params, "limit": limit})
+
+
+def create_tenant(body: Mapping[str, Any]) -> Call[Tenant]:
+    return Call("POST", "/v1/admin/tenants", _model(Tenant), body=changes(body))
+
+
+def list_tenants(*, cursor: str | None, limit: int) -> Call[TenantList]:
+    return Call("GET", "/v1/admin/tenants", _model(TenantList), params={**_query(cursor=cursor), "limit": limit})
+
+
+def get_tenant(tenant_id: str) -> Call[Tenant]:
+    return Call("GET", f"/v1/admin/tenants/{_id(tenant_id)}", _model(Tenant))
+
+
+def update_tenant(tenant_id: str, fields: Mapping[str, Any]) -> Call[Tenant]:
+    return Call("PATCH", f"/v1/admin/tenants/{_id(tenant_id)}", _model(Tenant), body=changes(fields))
+
+
+def suspend_tenant(tenant_id: str) -> Call[Tenant]:
+    return Call("POST", f"/v1/admin/tenants/{_id(tenant_id)}/suspend", _model(Tenant))
+
+
+def resume_tenant(tenant_id: str) -> Call[Tenant]:
+    return Call("POST", f"/v1/admin/tenants/{_id(tenant_id)}/resume", _model(Tenant))
 
 
 def instant(value: datetime) -> str:

@@ -379,8 +379,8 @@ def jobs_preview(client: Client, args: argparse.Namespace) -> int:
 
 
 def executions_list(client: Client, args: argparse.Namespace) -> int:
-    if (args.job is None) == (args.state is None):
-        raise UsageError("give --state STATE (the tenant's executions in that state) or --job JOB_ID")
+    if args.job is not None and args.state is not None:
+        raise UsageError("give --state STATE (the tenant's executions in that state) or --job JOB_ID, not both")
     page_size = min(args.limit, 200)
     found = (
         client.jobs.executions(args.job, page_size=page_size)
@@ -534,7 +534,10 @@ def _executions_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     listing = _sub(
-        sub, "list", "Executions in one state (--state DEAD: the dead letters) or of one job.", executions_list
+        sub,
+        "list",
+        "Executions, newest first: all, in one state (--state DEAD: the dead letters), or of one job.",
+        executions_list,
     )
     listing.add_argument("--state", type=str.upper, choices=[s.value for s in ExecutionState])
     listing.add_argument("--job", metavar="JOB_ID", help="Executions of this job, newest first.")

@@ -42,6 +42,7 @@ from sundial_client.models import (
     Preview,
     SchedulePreviewRequest,
     Target,
+    Tenant,
     Triggered,
 )
 from sundial_client.replays import Replays
@@ -340,11 +341,22 @@ class Executions:
         """One more attempt for a DEAD execution."""
         return self._c.call(calls.retry_execution(execution_id))
 
-    def list(self, state: ExecutionState | str, *, page_size: int = 50) -> Iterator[Execution]:
-        """The tenant's executions in ``state`` (``DEAD``: the dead letters), newest first."""
+    def list(
+        self,
+        state: ExecutionState | str | None = None,
+        *,
+        pool: str | None = None,
+        handler: str | None = None,
+        page_size: int = 50,
+    ) -> Iterator[Execution]:
+        """The tenant's executions, newest first; only those in ``state`` (``DEAD``: the dead letters), ``pool``,
+        ``handler`` if given."""
         cursor: str | None = None
         while True:
-            page = self._c.call(calls.list_executions(state, cursor=cursor, limit=_check_page_size(page_size)))
+            call = calls.list_executions(
+                state, cursor=cursor, limit=_check_page_size(page_size), pool=pool, handler=handler
+            )
+            page = self._c.call(call)
             yield from page.items
             if page.next_cursor is None:
                 return
@@ -388,6 +400,35 @@ class Admin:
     def cluster(self) -> ClusterView:
         """Replicas, shard leaders, fences, lease TTLs (an admin token)."""
         return self._c.call(calls.cluster())
+
+    def create_tenant(self, tenant_id: str, **fields: Any) -> Tenant:
+        """Register a tenant: ``display_name``, ``weight``, ``quotas`` (a mapping or :class:`Quotas`),
+        ``default_jitter_sec``."""
+        return self._c.call(calls.create_tenant({"id": tenant_id, **fields}))
+
+    def tenants(self, *, page_size: int = 100) -> Iterator[Tenant]:
+        """Every registered tenant, in id order (pages fetched as needed)."""
+        cursor: str | None = None
+        while True:
+            page = self._c.call(calls.list_tenants(cursor=cursor, limit=page_size))
+            yield from page.items
+            if page.next_cursor is None:
+                return
+            cursor = page.next_cursor
+
+    def tenant(self, tenant_id: str) -> Tenant:
+        return self._c.call(calls.get_tenant(tenant_id))
+
+    def update_tenant(self, tenant_id: str, **fields: Any) -> Tenant:
+        """Change fields of a tenant; ``quotas`` changes the quotas it names (None: unlimited)."""
+        return self._c.call(calls.update_tenant(tenant_id, fields))
+
+    def suspend_tenant(self, tenant_id: str) -> Tenant:
+        """Its writes are refused (403) and its jobs stop dispatching until resumed."""
+        return self._c.call(calls.suspend_tenant(tenant_id))
+
+    def resume_tenant(self, tenant_id: str) -> Tenant:
+        return self._c.call(calls.resume_tenant(tenant_id))
 
 
 class Stats:
@@ -623,10 +664,20 @@ class AsyncExecutions:
     async def retry(self, execution_id: str) -> Execution:
         return await self._c.call(calls.retry_execution(execution_id))
 
-    async def list(self, state: ExecutionState | str, *, page_size: int = 50) -> AsyncIterator[Execution]:
+    async def list(
+        self,
+        state: ExecutionState | str | None = None,
+        *,
+        pool: str | None = None,
+        handler: str | None = None,
+        page_size: int = 50,
+    ) -> AsyncIterator[Execution]:
         cursor: str | None = None
         while True:
-            page = await self._c.call(calls.list_executions(state, cursor=cursor, limit=_check_page_size(page_size)))
+            call = calls.list_executions(
+                state, cursor=cursor, limit=_check_page_size(page_size), pool=pool, handler=handler
+            )
+            page = await self._c.call(call)
             for execution in page.items:
                 yield execution
             if page.next_cursor is None:
@@ -667,6 +718,21 @@ class AsyncAdmin:
 
     async def cluster(self) -> ClusterView:
         return await self._c.call(calls.cluster())
+
+    async def create_tenant(self, tenant_id: str, **fields: Any) -> Tenant:
+        return await self._c.call(calls.create_tenant({"id": tenant_id, **fields}))
+
+    async def tenant(self, tenant_id: str) -> Tenant:
+        return await self._c.call(calls.get_tenant(tenant_id))
+
+    async def update_tenant(self, tenant_id: str, **fields: Any) -> Tenant:
+        return await self._c.call(calls.update_tenant(tenant_id, fields))
+
+    async def suspend_tenant(self, tenant_id: str) -> Tenant:
+        return await self._c.call(calls.suspend_tenant(tenant_id))
+
+    async def resume_tenant(self, tenant_id: str) -> Tenant:
+        return await self._c.call(calls.resume_tenant(tenant_id))
 
 
 class AsyncStats:

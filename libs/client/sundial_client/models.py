@@ -126,6 +126,7 @@ class NewJob(_ScheduleFields):
     retry_policy: RetryPolicy | None = None
     timeout_sec: int | None = None
     priority: Priority | None = None
+    labels: dict[str, str] | None = None
 
 
 class SchedulePreviewRequest(_ScheduleFields):
@@ -170,6 +171,7 @@ class Job(_Wire):
     fire_count: int
     missed_fires: int
     version: int
+    labels: dict[str, str] = Field(default_factory=dict)
     created_at: datetime
     updated_at: datetime
 
@@ -362,3 +364,31 @@ class HandlerRanking(_Wire):
     to: datetime
     slowest: list[HandlerStats]
     most_failing: list[HandlerStats]
+
+
+class Quotas(_Wire):
+    """A tenant's limits; None is unlimited."""
+
+    max_active_jobs: int | None = None
+    max_creates_per_sec: float | None = None
+    max_concurrent_executions: int | None = None
+    max_dispatch_per_sec: float | None = None
+
+
+class Tenant(_Wire):
+    """A registered tenant (`/v1/admin/tenants`)."""
+
+    id: str
+    display_name: str | None
+    weight: int
+    quotas: Quotas
+    default_jitter_sec: int
+    state: str
+    version: int
+    created_at: datetime | None
+    updated_at: datetime | None
+
+
+class TenantList(_Wire):
+    items: list[Tenant]
+    next_cursor: str | None

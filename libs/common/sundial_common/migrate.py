@@ -1,7 +1,8 @@
 """Schema migrations, run by Alembic over plain-SQL revisions in ``migrations/versions``.
 
 ``sundial migrate`` (and :func:`upgrade`) bring a database to the newest revision; running it on a
-current database is a no-op, so every deploy can run it first.
+current database is a no-op, so every deploy can run it first. ``--tenant NAME`` also registers tenants
+that are not registered yet (``make up`` registers ``demo`` so; afterwards ``sundial tenants`` manages them).
 """
 
 from __future__ import annotations
@@ -41,11 +42,32 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--database-url", default=None, help="Postgres DSN (env SUNDIAL_DATABASE_URL).")
     parser.add_argument("--revision", default="head", help="Target revision (default: head).")
+    parser.add_argument(
+        "--tenant",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="Register this tenant with the registry's defaults if it is not registered (repeatable).",
+    )
     args = parser.parse_args(argv)
     dsn = args.database_url or CommonSettings().database_url
     command.upgrade(_config(dsn), args.revision)
     print(f"schema at {args.revision}")
+    if args.tenant:
+        registered = asyncio.run(_register(dsn, args.tenant))
+        print(f"tenants registered: {', '.join(registered) or 'none new'}")
     return 0
+
+
+async def _register(dsn: str, names: list[str]) -> list[str]:
+    from sundial_common.stores import Stores  # imported late: plain migrations do not need the stores
+    from sundial_common.stores.tenants import Tenant
+
+    stores = await Stores.connect(dsn, min_size=1, max_size=1)
+    try:
+        return [name for name in names if await stores.tenants.create_tenant(Tenant(id=name)) is not None]
+    finally:
+        await stores.close()
 
 
 def run_sql_script(sql: str) -> None:

@@ -22,14 +22,16 @@ from opentelemetry.sdk.trace import TracerProvider
 from redis.asyncio import Redis
 from sundial_common.clock import Clock, SystemClock
 from sundial_common.hotwindow import HotWindow
+from sundial_common.ratelimit import TokenBuckets
 from sundial_common.stores import Stores
 
-from sundial_api import admin, batch, executions, health, job_list, jobs, problems, replays, stats
+from sundial_api import admin, batch, executions, health, job_list, jobs, problems, replays, stats, tenants
 from sundial_api.limits import BodyLimitMiddleware
 from sundial_api.metrics import RequestMetricsMiddleware
 from sundial_api.responses import OrjsonResponse
 from sundial_api.settings import ApiSettings
 from sundial_api.state import ApiState
+from sundial_api.tenant_cache import TenantCache
 from sundial_api.tracing import TracingMiddleware
 
 log = logging.getLogger("sundial.api")
@@ -64,6 +66,7 @@ TAGS = [
     },
     {"name": "stats", "description": "The tenant's execution history from the ClickHouse replica."},
     {"name": "health", "description": "Liveness and readiness probes (no token needed)."},
+    {"name": "tenants", "description": "The tenant registry: weight, quotas, suspension (admin token)."},
 ]
 
 
@@ -90,7 +93,12 @@ def create_app(settings: ApiSettings | None = None, *, clock: Clock | None = Non
             socket_connect_timeout=settings.redis_timeout_sec,
         )
         app.state.api = ApiState(
-            settings=settings, stores=stores, hot_window=HotWindow(redis), clock=clock or SystemClock()
+            settings=settings,
+            stores=stores,
+            hot_window=HotWindow(redis),
+            clock=clock or SystemClock(),
+            tenant_cache=TenantCache(stores.tenants, settings.tenant_cache_sec),
+            buckets=TokenBuckets(redis),
         )
         log.info("api ready (shards=%d, hot window=%ds)", settings.shards, settings.hot_window_sec)
         try:
@@ -134,6 +142,7 @@ def create_app(settings: ApiSettings | None = None, *, clock: Clock | None = Non
     app.include_router(admin.router)
     app.include_router(replays.router)
     app.include_router(stats.router)
+    app.include_router(tenants.router)
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:

@@ -3,6 +3,10 @@
 Tokens are HS256 JWTs minted by ``sundial token`` (``sundial_common.auth``). Anything wrong with the
 token — missing, another scheme, bad signature, expired, no tenant — is the same 401, with
 ``WWW-Authenticate: Bearer`` as RFC 6750 asks, and says what was wrong without echoing the token.
+
+A valid token is accepted only for a tenant in the registry (:mod:`sundial_api.tenant_cache`): an
+unregistered one is 401, a SUSPENDED one may read but any write is 403 ``tenant-suspended``. The
+``/v1/admin`` routes need an admin token and no registered tenant: that is how the first tenant gets registered.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ import re
 import time
 from typing import Annotated
 
-from fastapi import Depends
+from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sundial_common.auth import TENANT, InvalidToken, Principal, verify_token
 
@@ -33,8 +37,11 @@ def _unauthorized(detail: str, error: str) -> ProblemError:
     return ProblemError(401, detail, headers={"WWW-Authenticate": f'Bearer realm="sundial", error="{error}"'})
 
 
+_READS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
 async def authenticate(
-    state: State, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+    request: Request, state: State, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 ) -> Principal:
     if credentials is None:
         raise ProblemError(
@@ -44,15 +51,27 @@ async def authenticate(
         )
     token = credentials.credentials
     principal = state.verified_tokens.get(token, time.time())
-    if principal is not None:
+    if principal is None:
+        try:
+            principal = verify_token(state.settings.jwt_secret, token)
+        except InvalidToken as exc:
+            raise _unauthorized(f"invalid bearer token: {exc}", "invalid_token") from None
+        if not _TENANT.match(principal.tenant):
+            raise _unauthorized("invalid bearer token: malformed tenant name", "invalid_token")
+        state.verified_tokens.put(token, principal)
+    if request.url.path.startswith("/v1/admin"):  # operators' routes: they check the admin claim themselves
         return principal
-    try:
-        principal = verify_token(state.settings.jwt_secret, token)
-    except InvalidToken as exc:
-        raise _unauthorized(f"invalid bearer token: {exc}", "invalid_token") from None
-    if not _TENANT.match(principal.tenant):
-        raise _unauthorized("invalid bearer token: malformed tenant name", "invalid_token")
-    state.verified_tokens.put(token, principal)
+    tenant = await state.tenant_cache.get(principal.tenant)
+    if tenant is None:
+        raise _unauthorized(
+            f"tenant {principal.tenant} is not registered (an operator registers it: "
+            f"`sundial tenants create {principal.tenant}`)",
+            "invalid_token",
+        )
+    if not tenant.active and request.method not in _READS:
+        raise ProblemError(
+            403, f"tenant {principal.tenant} is suspended: it can read but not change anything", slug="tenant-suspended"
+        )
     return principal
 
 

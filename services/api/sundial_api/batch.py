@@ -22,13 +22,14 @@ from sundial_common.stores.types import Occurrence, Record
 
 from sundial_api import idempotency
 from sundial_api.auth import Authenticated
-from sundial_api.jobs import _HOT_WINDOW_MARGIN, _check_payload, _definition, _resolve
+from sundial_api.jobs import _HOT_WINDOW_MARGIN, _check_payload, _definition, _resolve, with_tenant_defaults
 from sundial_api.metrics import count_created
 from sundial_api.models.batch import JobBatch
 from sundial_api.models.jobs import JobCreate, JobState, render_job
 from sundial_api.problems import ProblemError, describe, problem_body, responses
 from sundial_api.responses import OrjsonResponse
 from sundial_api.state import ApiState, State
+from sundial_api.tenants import QuotaExceededError, rate_limited, take_creates
 
 log = logging.getLogger("sundial.api")
 
@@ -58,12 +59,13 @@ async def create_jobs(
     """Validate every item as a single create would; store the valid ones together."""
     settings = state.settings
     now = state.clock.now()
+    tenant = await state.tenant_cache.get(principal.tenant)
     results: list[dict[str, Any]] = [{} for _ in body.jobs]
     accepted: list[tuple[int, dict[str, Any]]] = []
     traceparent = telemetry.traceparent()
     for index, raw in enumerate(body.jobs):
         try:
-            job = JobCreate.model_validate(raw)
+            job = with_tenant_defaults(JobCreate.model_validate(raw), tenant)
             _check_payload(job.payload, settings.max_payload_bytes)
             resolved = _resolve(job, state, now)
         except ValidationError as exc:
@@ -94,16 +96,35 @@ async def create_jobs(
         )
         accepted.append((index, values))
 
+    # Quotas, per item in order: the items past the create rate get 429, those past maxActiveJobs 403.
+    granted, retry_after_ms = await take_creates(state, tenant, len(accepted)) if accepted else (0, 0)
+    for index, _ in accepted[granted:]:
+        assert tenant is not None and tenant.quotas.max_creates_per_sec is not None
+        limited = rate_limited(tenant.quotas.max_creates_per_sec, retry_after_ms)
+        results[index] = {"index": index, "status": 429, "problem": problem_body(429, limited.detail, limited.errors)}
+    accepted = accepted[:granted]
+    max_active_jobs = tenant.quotas.max_active_jobs if tenant is not None else None
+
     def answer(rows: list[Record]) -> dict[str, Any]:
-        for (index, _), row in zip(accepted, rows, strict=True):
+        for (index, _), row in zip(accepted, rows, strict=False):
             results[index] = {"index": index, "status": 201, "job": render_job(row)}
+        for index, _ in accepted[len(rows) :]:  # past maxActiveJobs: nothing written for these
+            assert max_active_jobs is not None
+            over = QuotaExceededError("maxActiveJobs", max_active_jobs, max_active_jobs)
+            results[index] = {
+                "index": index,
+                "status": 403,
+                "problem": problem_body(403, over.detail, over.errors, over.slug),
+            }
         return {"created": len(rows), "failed": len(body.jobs) - len(rows), "results": results}
 
     jobs = [values for _, values in accepted]
     if idempotency_key is None:
-        rows = await state.stores.jobs.insert_jobs(jobs, actor=principal.subject)
+        rows = await state.stores.jobs.insert_jobs(jobs, actor=principal.subject, max_active_jobs=max_active_jobs)
     else:
-        created = await idempotency.create_jobs_once(state, principal, idempotency_key, body, jobs, answer)
+        created = await idempotency.create_jobs_once(
+            state, principal, idempotency_key, body, jobs, answer, max_active_jobs=max_active_jobs
+        )
         if isinstance(created, Response):
             return created  # the first request's answer, replayed
         rows = created

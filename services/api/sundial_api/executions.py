@@ -1,8 +1,9 @@
 """``/v1/executions``: one occurrence's whole story, the dead-letter view, cancelling and re-running one.
 
 * ``GET /v1/executions/{id}`` — state, every attempt (worker, times, error, progress), trace.
-* ``GET /v1/executions?state=DEAD`` — the tenant's executions in one state, newest first: the dead-letter
-  queue as ops see it (the same executions are published to the ``sundial.dlq`` topic).
+* ``GET /v1/executions`` — the tenant's executions, newest first, optionally by state, job, pool, handler,
+  scheduled time or trace; ``?state=DEAD`` is the dead-letter queue as ops see it (the same executions are
+  published to the ``sundial.dlq`` topic).
 * ``POST /v1/executions/{id}/cancel`` — a PENDING execution (or one waiting for a retry) is CANCELLED at
   once and never starts; a RUNNING one is asked to stop — ``cancelRequestedAt`` in Postgres and the Redis
   flag ``sundial:cancel:<id>`` its worker polls — and its worker records CANCELLED (202). A finished one: 409.
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from datetime import datetime
 from typing import Annotated
 from uuid import UUID
 
@@ -25,6 +27,7 @@ from opentelemetry.trace import Link, get_current_span
 from redis.exceptions import RedisError
 from starlette.responses import Response
 from sundial_common.signals import CANCEL_KEY_TTL_SEC, cancel_key
+from sundial_common.stores.executions import ExecutionFilter
 from sundial_common.stores.types import Record, RetryDue
 from sundial_common.telemetry import execution_attributes, execution_context, tracer
 
@@ -69,14 +72,26 @@ def _view(state: ApiState, row: Record) -> dict[str, object]:
     "",
     response_model=ExecutionList,
     responses=responses(401, 422, 503),
-    summary="List executions in one state (e.g. the dead letters), or find the execution of a trace",
+    summary="List executions, newest first: by state (e.g. the dead letters), job, pool, handler, time, or trace",
 )
 async def list_executions(
     state: State,
     principal: Authenticated,
     execution_state: Annotated[
-        ExecutionState | None,
-        Query(alias="state", description="Only executions in this state; `DEAD` lists the dead letters."),
+        list[ExecutionState] | None,
+        Query(
+            alias="state",
+            description="Only executions in this state (repeat for several); `DEAD` lists the dead letters.",
+        ),
+    ] = None,
+    job_id: Annotated[str | None, Query(alias="jobId", description="Only this job's executions.")] = None,
+    pool: Annotated[str | None, Query(max_length=63, description="Only executions delivered to this pool.")] = None,
+    handler: Annotated[str | None, Query(max_length=128, description="Only executions of this handler.")] = None,
+    scheduled_from: Annotated[
+        datetime | None, Query(alias="scheduledFrom", description="Occurrences scheduled at or after.")
+    ] = None,
+    scheduled_to: Annotated[
+        datetime | None, Query(alias="scheduledTo", description="Occurrences scheduled before.")
     ] = None,
     trace_id: Annotated[
         str | None,
@@ -92,22 +107,44 @@ async def list_executions(
         str | None, Query(description="`nextCursor` of the previous page; omit for the first page.")
     ] = None,
 ) -> Response:
-    """Either `state` or `traceId` is required: a listing of every execution of a tenant is not offered."""
+    """Every filter is optional; pages never repeat or skip an execution however many are created meanwhile."""
     before = _decode_cursor(cursor) if cursor is not None else None
+    states = tuple(dict.fromkeys(s.value for s in execution_state)) if execution_state else None
     # One row more than the page tells whether another page exists without a count query.
     if trace_id is not None:
+        if states is not None and len(states) > 1:
+            raise invalid("state", "takes one state together with traceId")
         rows = await state.stores.executions.executions_of_trace(
-            principal.tenant, trace_id, execution_state.value if execution_state else None, before, limit + 1
-        )
-    elif execution_state is not None:
-        rows = await state.stores.executions.list_executions_by_state(
-            principal.tenant, execution_state.value, before, limit + 1
+            principal.tenant, trace_id, states[0] if states else None, before, limit + 1
         )
     else:
-        raise invalid("state", "is required unless traceId is given")
+        where = ExecutionFilter(
+            states=states,
+            job_id=_job_filter(job_id),
+            pool=pool,
+            handler=handler,
+            scheduled_from=_aware("scheduledFrom", scheduled_from),
+            scheduled_to=_aware("scheduledTo", scheduled_to),
+        )
+        rows = await state.stores.executions.list_executions(principal.tenant, where, before, limit + 1)
     page = rows[:limit]
     next_cursor = encode_id_cursor(_CURSOR_PREFIX, page[-1]["id"]) if len(rows) > limit else None
     return OrjsonResponse({"items": [_view(state, row) for row in page], "nextCursor": next_cursor})
+
+
+def _job_filter(raw: str | None) -> UUID | None:
+    if raw is None:
+        return None
+    try:
+        return UUID(raw)
+    except ValueError:
+        raise invalid("jobId", "is not a job id (a UUID)") from None
+
+
+def _aware(name: str, value: datetime | None) -> datetime | None:
+    if value is not None and value.tzinfo is None:
+        raise invalid(name, "needs an offset (RFC 3339, e.g. 2026-05-05T10:00:00Z)")
+    return value
 
 
 @router.get(

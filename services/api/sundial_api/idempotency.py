@@ -104,13 +104,18 @@ async def _claim(state: ApiState, tenant: str, key: str, digest: bytes) -> uuid.
 
 
 async def create_job_once(
-    state: ApiState, principal: Principal, key: str, body: BaseModel, values: dict[str, Any]
+    state: ApiState,
+    principal: Principal,
+    key: str,
+    body: BaseModel,
+    values: dict[str, Any],
+    max_active_jobs: int | None = None,
 ) -> Record | Response:
     """Insert the job described by ``values`` unless ``key`` already did: the new row, or the answer to replay."""
 
     async def insert(token: uuid.UUID) -> Record | None:
         done = await state.stores.idempotency.insert_job_idempotent(
-            values, principal.subject, key=key, token=token, respond=_created
+            values, principal.subject, key=key, token=token, respond=_created, max_active_jobs=max_active_jobs
         )
         return None if done is None else done[0]
 
@@ -124,6 +129,7 @@ async def create_jobs_once(
     body: BaseModel,
     jobs: Sequence[dict[str, Any]],
     answer: Callable[[list[Record]], dict[str, Any]],
+    max_active_jobs: int | None = None,
 ) -> list[Record] | Response:
     """``POST /v1/jobs:batch`` with a key: insert ``jobs`` unless ``key`` already did; ``answer(rows)`` is the
     200 body that will be replayed. The new rows, or the answer to replay."""
@@ -133,7 +139,13 @@ async def create_jobs_once(
 
     async def insert(token: uuid.UUID) -> list[Record] | None:
         done = await state.stores.idempotency.insert_jobs_idempotent(
-            jobs, principal.subject, tenant_id=principal.tenant, key=key, token=token, respond=respond
+            jobs,
+            principal.subject,
+            tenant_id=principal.tenant,
+            key=key,
+            token=token,
+            respond=respond,
+            max_active_jobs=max_active_jobs,
         )
         return None if done is None else done[0]
 

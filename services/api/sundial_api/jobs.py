@@ -29,6 +29,7 @@ from starlette.responses import Response
 from sundial_common import ids, telemetry
 from sundial_common.auth import Principal
 from sundial_common.schedules import ScheduleSpec, fire_at, local_time, preview, spec_from_row
+from sundial_common.stores.tenants import ActiveJobsQuotaExceeded, Tenant
 from sundial_common.stores.types import Occurrence, Record
 
 from sundial_api import idempotency
@@ -56,6 +57,7 @@ from sundial_api.problems import (
 from sundial_api.responses import OrjsonResponse
 from sundial_api.schedule import Resolved, ScheduleError, resolve_schedule
 from sundial_api.state import ApiState, State
+from sundial_api.tenants import QuotaExceededError, check_create_rate
 
 log = logging.getLogger("sundial.api")
 
@@ -79,7 +81,7 @@ JobId = Annotated[str, Path(description="The job's id (a UUID). Unknown, malform
     "",
     status_code=201,
     response_model=Job,
-    responses=responses(401, 413, 422, 503),
+    responses=responses(401, 403, 413, 422, 429, 503),
     summary="Register a job",
     response_description="The job as stored; `Location` points at it.",
 )
@@ -104,9 +106,14 @@ async def create_job(
     """
     settings = state.settings
     _check_payload(body.payload, settings.max_payload_bytes)
+    tenant = await state.tenant_cache.get(principal.tenant)
+    asked = body
+    body = with_tenant_defaults(body, tenant)
     now = state.clock.now()
     resolved = _resolve(body, state, now)
     assert resolved.next_nominal is not None  # a new job always has an occurrence (else 422 above)
+    await check_create_rate(state, tenant)
+    max_active_jobs = tenant.quotas.max_active_jobs if tenant is not None else None
 
     job_id = ids.new_id()
     shard = ids.shard_for(job_id, settings.shards)
@@ -123,17 +130,31 @@ async def create_job(
             "traceparent": telemetry.traceparent(),
         }
     )
-    if idempotency_key is None:
-        row = await state.stores.jobs.insert_job(values, actor=principal.subject)
-    else:
-        created = await idempotency.create_job_once(state, principal, idempotency_key, body, values)
-        if isinstance(created, Response):
-            return created  # the first request's answer, replayed
-        row = created
+    try:
+        if idempotency_key is None:
+            row = await state.stores.jobs.insert_job(values, actor=principal.subject, max_active_jobs=max_active_jobs)
+        else:
+            created = await idempotency.create_job_once(
+                state, principal, idempotency_key, asked, values, max_active_jobs=max_active_jobs
+            )
+            if isinstance(created, Response):
+                return created  # the first request's answer, replayed
+            row = created
+    except ActiveJobsQuotaExceeded as exc:
+        raise QuotaExceededError("maxActiveJobs", exc.limit, exc.current) from None
     count_created(((row["tenant_id"], row["type"]),))
     await _sync_hot_window(state, row, principal.tenant, removing=False)
     log.debug("job created", extra={"tenant": principal.tenant, "job_id": job_id, "shard": shard})
     return OrjsonResponse(render_job(row), status_code=201, headers={"Location": f"/v1/jobs/{job_id}", **_etag(row)})
+
+
+def with_tenant_defaults(body: JobCreate, tenant: Tenant | None) -> JobCreate:
+    """``body`` with the tenant's defaults filled in: its default jitter for a CRON job that sets none."""
+    if tenant is None or not tenant.default_jitter_sec or body.type is not JobType.CRON:
+        return body
+    if "jitter_sec" in body.model_fields_set:  # `jitterSec: 0` opts out
+        return body
+    return body.model_copy(update={"jitter_sec": tenant.default_jitter_sec})
 
 
 def _check_payload(payload: Any, max_bytes: int) -> None:
@@ -201,6 +222,7 @@ def _definition(body: JobCreate, resolved: Resolved, default_timeout_sec: int) -
         "retry_policy": body.retry_policy.model_dump(mode="json", by_alias=True),
         "timeout_sec": body.timeout_sec if body.timeout_sec is not None else default_timeout_sec,
         "priority": body.priority.value,
+        "labels": body.labels,
     }
 
 
@@ -459,6 +481,7 @@ def _as_body(row: Record) -> dict[str, Any]:
         "retryPolicy": row["retry_policy"],
         "timeoutSec": row["timeout_sec"],
         "priority": row["priority"],
+        "labels": row["labels"],
     }
     if row["type"] not in (JobType.CRON, JobType.INTERVAL, JobType.RUN_LIST):
         for name in ("overlapPolicy", "catchupPolicy", "catchupWindowSec"):

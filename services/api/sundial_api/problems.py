@@ -55,6 +55,8 @@ DATABASE_UNAVAILABLE: tuple[type[Exception], ...] = (
     asyncpg.PostgresConnectionError,
     asyncpg.exceptions.OperatorInterventionError,
     asyncpg.TooManyConnectionsError,
+    # A pooled connection Postgres terminated can fail its next use with this client-side state error.
+    asyncpg.InternalClientError,
     OSError,
 )
 

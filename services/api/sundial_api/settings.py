@@ -37,6 +37,12 @@ class ApiSettings(CommonSettings):
         description="Connect/command timeout for Redis. Redis is only a cache on the request path, so a slow "
         "Redis must not stall requests: past this the API answers from Postgres and logs a warning.",
     )
+    tenant_cache_sec: float = Field(
+        2.0,
+        ge=0,
+        description="How long a replica trusts what it read of a tenant's registry entry (registered, suspended, "
+        "quotas): a change made through another replica applies here within this time.",
+    )
     access_log: bool = Field(False, description="Log one line per request (uvicorn's access log).")
     idempotency_ttl_sec: int = Field(
         86400, ge=60, description="How long an `Idempotency-Key` of `POST /v1/jobs` is remembered (per tenant)."

@@ -1,4 +1,5 @@
-"""What one API process holds for its whole life: settings, the Postgres stores, the Redis hot window, the clock.
+"""What one API process holds for its whole life: settings, the Postgres stores, the Redis hot window, the clock,
+the tenant registry cache.
 
 Built once by the app's lifespan and reached by handlers through :func:`get_state`, so no request opens a
 connection pool of its own.
@@ -12,9 +13,11 @@ from typing import Annotated
 from fastapi import Depends, Request
 from sundial_common.clock import Clock
 from sundial_common.hotwindow import HotWindow
+from sundial_common.ratelimit import TokenBuckets
 from sundial_common.stores import Stores
 
 from sundial_api.settings import ApiSettings
+from sundial_api.tenant_cache import TenantCache
 from sundial_api.tokens import VerifiedTokens
 
 
@@ -24,6 +27,9 @@ class ApiState:
     stores: Stores
     hot_window: HotWindow
     clock: Clock
+    tenant_cache: TenantCache
+    #: Per-tenant rate quotas (maxCreatesPerSec), over the hot window's Redis.
+    buckets: TokenBuckets
     verified_tokens: VerifiedTokens = field(default_factory=VerifiedTokens)
 
 

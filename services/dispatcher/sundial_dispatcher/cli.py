@@ -23,6 +23,7 @@ from sundial_common.settings import SettingsHelpParser
 from sundial_common.stores import Stores
 
 from sundial_dispatcher.dispatcher import DispatcherConfig
+from sundial_dispatcher.fairness import FairnessConfig
 from sundial_dispatcher.settings import DispatcherSettings
 from sundial_dispatcher.shards import CampaignConfig, Dependencies, Placement, ShardCampaign, dispatch_work
 
@@ -55,6 +56,9 @@ def main(argv: list[str] | None = None) -> int:
         batch_size=settings.dispatcher_batch_size,
         poll_interval_sec=settings.dispatcher_poll_interval_sec,
         hot_window_sec=settings.hot_window_sec,
+        fairness=FairnessConfig(
+            enabled=settings.dispatcher_fairness, pool_queue_cap=settings.dispatcher_pool_queue_cap
+        ),
     )
     keys = ClusterKeys()
     # Fenced: every write of a term goes through the shard's fence in Postgres, so a leader keeps its shards

@@ -49,9 +49,11 @@ from sundial_common.telemetry import (
     tracer,
 )
 
+from sundial_dispatcher.fairness import FairDispatch, FairnessConfig
 from sundial_dispatcher.metrics import count_dispatched, count_missed
 from sundial_dispatcher.planning import Catchup, Overlap, Policies, decide
 from sundial_dispatcher.retries import RetryDispatcher
+from sundial_dispatcher.tenancy import TenantPolicy
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +84,10 @@ class DispatcherConfig:
     fire_all_cap: int = 100
     #: Seconds after a publish that its executions still PENDING are marked published (0: at once).
     mark_published_after_sec: float = 1.0
+    #: How often a due job of a suspended tenant is looked at again.
+    suspended_poll_sec: float = 5.0
+    #: Weighted fair dispatch across tenants and short pool queues (sundial_dispatcher.fairness).
+    fairness: FairnessConfig = field(default_factory=FairnessConfig)
 
     def __post_init__(self) -> None:
         if self.shards < 1:
@@ -128,12 +134,19 @@ class _Planner:
     members: dict[UUID, datetime | None] = field(default_factory=dict)
     #: Occurrences missed beyond their catch-up window, per tenant (sundial_missed_fires_total).
     missed: dict[str, int] = field(default_factory=dict)
+    #: Tenants whose jobs wait (sundial_dispatcher.tenancy).
+    suspended: frozenset[str] = frozenset()
 
     def __call__(self, jobs: Sequence[Record]) -> DispatchPlan:
         executions: list[PlannedExecution] = []
         advances: list[JobAdvance] = []
         cancel: list[UUID] = []
         for job in jobs:
+            if job["tenant_id"] in self.suspended:
+                # Left as it is: once the tenant is resumed, what came due meets the catch-up policy.
+                self.holds.append(Occurrence(job["id"], self.now + timedelta(seconds=self.config.suspended_poll_sec)))
+                self.members[job["id"]] = None
+                continue
             claimed = job["claimed_due"]
             schedule_due = (
                 job["state"] == "ACTIVE" and job["next_fire_at"] is not None and job["next_fire_at"] <= claimed
@@ -284,6 +297,8 @@ class ShardDispatcher:
         publisher: Publisher,
         config: DispatcherConfig,
         clock: Clock | None = None,
+        tenants: TenantPolicy | None = None,
+        fair: FairDispatch | None = None,
     ) -> None:
         self.shard = shard
         self.token = token
@@ -293,13 +308,19 @@ class ShardDispatcher:
         self.publisher = publisher
         self.config = config
         self.clock = clock or SystemClock()
+        self.tenants = tenants
+        #: None: a pass takes the earliest due members, whoever they belong to.
+        self.fair = fair
         #: Published executions not yet marked in Postgres: (monotonic time of the publish, ids).
         self._unmarked: deque[tuple[float, list[UUID]]] = deque()
 
     async def run_once(self) -> DispatchResult:
         """One pass. Raises ``FencedOut`` if a newer leader has written for this shard."""
         await self._mark_published()
-        claimed = await self.hot_window.claim_due(self.shard, self.clock.now(), self.config.batch_size)
+        if self.fair is not None:
+            claimed = await self.fair.claim(self.clock.now())
+        else:
+            claimed = await self.hot_window.claim_due(self.shard, self.clock.now(), self.config.batch_size)
         if not claimed:
             return DispatchResult()
         try:
@@ -334,7 +355,8 @@ class ShardDispatcher:
         claims = claimed.jobs
         if not claims:
             return DispatchResult(claimed=len(claimed), retried=retried)
-        planner = _Planner(now=self.clock.now(), config=self.config)
+        suspended = await self.tenants.suspended() if self.tenants is not None else frozenset[str]()
+        planner = _Planner(now=self.clock.now(), config=self.config, suspended=suspended)
         try:
             outcome = await self.store.dispatch_occurrences(self.shard, self.token, self.holder, claims, planner)
         except BaseException:

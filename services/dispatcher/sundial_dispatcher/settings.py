@@ -9,6 +9,17 @@ from sundial_common.settings import CommonSettings
 class DispatcherSettings(CommonSettings):
     dispatcher_batch_size: int = Field(1000, ge=1, le=10000, description="Members claimed per pass.")
     dispatcher_poll_interval_sec: float = Field(0.05, gt=0, description="Seconds between passes when idle.")
+    dispatcher_fairness: bool = Field(
+        True,
+        description="Weighted fair dispatch across tenants, with short pool queues (off: earliest due first, "
+        "whoever it belongs to).",
+    )
+    dispatcher_pool_queue_cap: int = Field(
+        1000,
+        ge=1,
+        description="Most executions of one pool waiting in its Kafka topic (published, not started) before the "
+        "dispatcher holds the rest back, where fairness can still order them.",
+    )
     dispatcher_orphan_grace_sec: float = Field(
         1.0,
         gt=0,

@@ -40,13 +40,16 @@ import aetcd
 from sundial_common.broker import Publisher
 from sundial_common.hotwindow import HotWindow
 from sundial_common.leadership import LeadershipStopped, ShardLeadership, Term, cancel_watch, first_of
+from sundial_common.ratelimit import TokenBuckets
 from sundial_common.registry import ClusterKeys, Membership, ReplicaRegistration
 from sundial_common.stores import Stores
 from sundial_common.stores.dispatch import FencedOut
 
 from sundial_dispatcher.balance import placement
 from sundial_dispatcher.dispatcher import DispatcherConfig, ShardDispatcher
+from sundial_dispatcher.fairness import FairDispatch
 from sundial_dispatcher.metrics import Leadership, ShardPassMetrics
+from sundial_dispatcher.tenancy import TenantPolicy
 
 __all__ = [
     "CampaignConfig",
@@ -144,14 +147,39 @@ LeaderWork = Callable[[Tenure], Awaitable[None]]
 def dispatch_work(deps: Dependencies, config: DispatcherConfig, holder: str) -> LeaderWork:
     """The dispatcher's leader work: run dispatch passes on the shard for as long as the term allows."""
 
+    tenants = TenantPolicy(deps.stores.tenants)  # one registry view for every shard this replica leads
+
     async def work(tenure: Tenure) -> None:
         shard = tenure.term.shard
         token = await _take_shard(deps, tenure, holder)
         if token is None:
             return
         tenure.took(token)
-        stores = deps.stores
-        dispatcher = ShardDispatcher(shard, token, holder, stores.dispatch, deps.hot_window, deps.publisher, config)
+        fair = (
+            FairDispatch(
+                shard,
+                deps.hot_window,
+                deps.stores.tenants,
+                tenants,
+                TokenBuckets(deps.hot_window.redis),
+                config.fairness,
+                config.batch_size,
+                config.shards,
+            )
+            if config.fairness.enabled
+            else None
+        )
+        dispatcher = ShardDispatcher(
+            shard,
+            token,
+            holder,
+            deps.stores.dispatch,
+            deps.hot_window,
+            deps.publisher,
+            config,
+            tenants=tenants,
+            fair=fair,
+        )
         failures = 0
         metrics = ShardPassMetrics(shard)
         while tenure.active():
@@ -173,6 +201,9 @@ def dispatch_work(deps: Dependencies, config: DispatcherConfig, holder: str) -> 
                 continue
             if result.claimed < config.batch_size:
                 await tenure.pause(config.poll_interval_sec)
+        if fair is not None:  # the term ended: what it claimed and did not dispatch goes back for the next leader
+            with contextlib.suppress(Exception):  # best effort: the hydrator's overdue scan recovers them anyway
+                await fair.release()
         if not tenure.step_down.is_set() and not tenure.leadership.trusted():
             log.warning(
                 "shard %d: term no longer trusted (%s); stopped dispatching",

@@ -14,6 +14,7 @@ one Postgres implementation and its own file of named queries under ``sql/``:
 - :mod:`~sundial_common.stores.analytics` — the execution-events outbox drained into ClickHouse, and the
   retention of finished executions.
 - :mod:`~sundial_common.stores.workers` — worker incarnations and the attempts an earlier one left running.
+- :mod:`~sundial_common.stores.tenants` — the tenant registry: weight, quotas, state.
 
 They share one :class:`~sundial_common.stores.database.Database` (the asyncpg pool and its connection
 setup); :class:`Stores` holds them together for a process. The values they trade in that are not one
@@ -32,6 +33,7 @@ from sundial_common.stores.executions import ExecutionStore, PostgresExecutionSt
 from sundial_common.stores.idempotency import IdempotencyStore, PostgresIdempotencyStore
 from sundial_common.stores.jobs import JobStore, PostgresJobStore
 from sundial_common.stores.replays import PostgresReplayStore, ReplayStore
+from sundial_common.stores.tenants import PostgresTenantStore, TenantStore
 from sundial_common.stores.workers import PostgresWorkerStore, WorkerStore
 
 
@@ -47,6 +49,7 @@ class Stores:
     replays: ReplayStore
     analytics: AnalyticsStore
     workers: WorkerStore
+    tenants: TenantStore
 
     @classmethod
     def over(cls, database: Database) -> Stores:
@@ -60,6 +63,7 @@ class Stores:
             replays=PostgresReplayStore(database),
             analytics=PostgresAnalyticsStore(database),
             workers=PostgresWorkerStore(database),
+            tenants=PostgresTenantStore(database),
         )
 
     @classmethod

@@ -67,6 +67,32 @@ class LostAttempt:
     retry_delay_ms: int
 
 
+#: Every state an execution can be in (the executions table's CHECK constraint).
+EXECUTION_STATES = (
+    "PENDING",
+    "RUNNING",
+    "SUCCEEDED",
+    "FAILED",
+    "TIMED_OUT",
+    "CANCELLED",
+    "FAILED_WORKER_LOST",
+    "DEAD",
+    "SKIPPED",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutionFilter:
+    """Which of a tenant's executions to list; None means "any". The time range is on ``scheduled_for``."""
+
+    states: tuple[str, ...] | None = None
+    job_id: UUID | None = None
+    pool: str | None = None
+    handler: str | None = None
+    scheduled_from: datetime | None = None
+    scheduled_to: datetime | None = None
+
+
 class ExecutionStore(Protocol):
     """Executions and attempts, read and moved along by the API, the workers and the sweeper."""
 
@@ -79,8 +105,8 @@ class ExecutionStore(Protocol):
 
     async def page_executions(self, job_id: UUID, after: tuple[datetime, UUID] | None, limit: int) -> list[Record]: ...
 
-    async def list_executions_by_state(
-        self, tenant_id: str, state: str, before: UUID | None, limit: int
+    async def list_executions(
+        self, tenant_id: str, where: ExecutionFilter, before: UUID | None, limit: int
     ) -> list[Record]: ...
 
     async def executions_of_trace(
@@ -137,12 +163,23 @@ class PostgresExecutionStore:
         after_time, after_id = after if after else (None, None)
         return cast(list[Record], await self._db.pool.fetch(Q["page_executions"], job_id, after_time, after_id, limit))
 
-    async def list_executions_by_state(
-        self, tenant_id: str, state: str, before: UUID | None, limit: int
+    async def list_executions(
+        self, tenant_id: str, where: ExecutionFilter, before: UUID | None, limit: int
     ) -> list[Record]:
-        return cast(
-            list[Record], await self._db.pool.fetch(Q["list_executions_by_state"], tenant_id, state, before, limit)
+        """Up to ``limit`` of the tenant's executions matching ``where``, newest first, with ids below ``before``."""
+        rows = await self._db.pool.fetch(
+            Q["list_executions"],
+            tenant_id,
+            list(where.states or EXECUTION_STATES),
+            before,
+            limit,
+            where.job_id,
+            where.pool,
+            where.handler,
+            where.scheduled_from,
+            where.scheduled_to,
         )
+        return cast(list[Record], rows)
 
     async def executions_of_trace(
         self, tenant_id: str, trace_id: str, state: str | None, before: UUID | None, limit: int

@@ -53,6 +53,7 @@ class IdempotencyStore(Protocol):
         key: str,
         token: UUID,
         respond: Callable[[Record], IdempotentResponse],
+        max_active_jobs: int | None = None,
     ) -> tuple[Record, IdempotentResponse] | None: ...
 
     async def insert_jobs_idempotent(
@@ -64,6 +65,7 @@ class IdempotencyStore(Protocol):
         key: str,
         token: UUID,
         respond: Callable[[list[Record]], IdempotentResponse],
+        max_active_jobs: int | None = None,
     ) -> tuple[list[Record], IdempotentResponse] | None: ...
 
     async def purge_idempotency_keys(self, limit: int) -> int: ...
@@ -98,6 +100,7 @@ class PostgresIdempotencyStore:
         key: str,
         token: UUID,
         respond: Callable[[Record], IdempotentResponse],
+        max_active_jobs: int | None = None,
     ) -> tuple[Record, IdempotentResponse] | None:
         """``insert_job`` and the key's completion in one transaction: the job exists iff the key answers
         with it, so a retry can never create a second one. None (and nothing written) if the claim was taken
@@ -105,7 +108,7 @@ class PostgresIdempotencyStore:
         """
 
         async def insert(conn: asyncpg.Connection) -> Record:
-            return await insert_job_on(conn, values, actor)
+            return await insert_job_on(conn, values, actor, max_active_jobs=max_active_jobs)
 
         return await self._insert_once(values["tenant_id"], key, token, insert, respond)
 
@@ -118,11 +121,12 @@ class PostgresIdempotencyStore:
         key: str,
         token: UUID,
         respond: Callable[[list[Record]], IdempotentResponse],
+        max_active_jobs: int | None = None,
     ) -> tuple[list[Record], IdempotentResponse] | None:
         """``insert_jobs`` and the key's completion in one transaction (see :meth:`insert_job_idempotent`)."""
 
         async def insert(conn: asyncpg.Connection) -> list[Record]:
-            return await insert_jobs_on(conn, jobs, actor)
+            return await insert_jobs_on(conn, jobs, actor, max_active_jobs=max_active_jobs)
 
         return await self._insert_once(tenant_id, key, token, insert, respond)
 

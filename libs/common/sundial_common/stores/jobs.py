@@ -17,6 +17,7 @@ import asyncpg
 
 from sundial_common.queries import load_file
 from sundial_common.stores.database import Database
+from sundial_common.stores.tenants import ActiveJobsQuotaExceeded, room_for_jobs_on
 from sundial_common.stores.types import Occurrence, Record
 
 Q = load_file("jobs.sql")
@@ -31,6 +32,12 @@ class JobFilter:
     pool: str | None = None
     handler: str | None = None
     name_prefix: str | None = None
+    #: Every label here must be on the job with the same value.
+    labels: Mapping[str, str] | None = None
+    created_from: datetime | None = None
+    created_to: datetime | None = None
+    next_fire_from: datetime | None = None
+    next_fire_to: datetime | None = None
 
 
 #: Column defaults of a new job when the caller leaves them out (see ``insert_job``).
@@ -44,15 +51,18 @@ _JOB_DEFAULTS: dict[str, Any] = {
     "overlap_policy": "ALLOW",
     "catchup_policy": "FIRE_ONCE",
     "catchup_window_sec": 60,
+    "labels": {},
 }
 
 
 class JobStore(Protocol):
     """Jobs as the API changes them and the hydrator finds them due."""
 
-    async def insert_job(self, values: dict[str, Any], actor: str) -> Record: ...
+    async def insert_job(self, values: dict[str, Any], actor: str, *, max_active_jobs: int | None = None) -> Record: ...
 
-    async def insert_jobs(self, jobs: Sequence[Mapping[str, Any]], actor: str) -> list[Record]: ...
+    async def insert_jobs(
+        self, jobs: Sequence[Mapping[str, Any]], actor: str, *, max_active_jobs: int | None = None
+    ) -> list[Record]: ...
 
     async def get_job(self, tenant_id: str, job_id: UUID) -> Record | None: ...
 
@@ -93,16 +103,27 @@ class PostgresJobStore:
     def __init__(self, db: Database) -> None:
         self._db = db
 
-    async def insert_job(self, values: dict[str, Any], actor: str) -> Record:
-        return await insert_job_on(self._db.pool, values, actor)
+    async def insert_job(self, values: dict[str, Any], actor: str, *, max_active_jobs: int | None = None) -> Record:
+        """Register one job; with ``max_active_jobs``, raise ``ActiveJobsQuotaExceeded`` (nothing written) if the
+        tenant has that many jobs that can still fire."""
+        if max_active_jobs is None:
+            return await insert_job_on(self._db.pool, values, actor)
+        async with self._db.pool.acquire() as conn, conn.transaction():
+            return await insert_job_on(conn, values, actor, max_active_jobs=max_active_jobs)
 
-    async def insert_jobs(self, jobs: Sequence[Mapping[str, Any]], actor: str) -> list[Record]:
+    async def insert_jobs(
+        self, jobs: Sequence[Mapping[str, Any]], actor: str, *, max_active_jobs: int | None = None
+    ) -> list[Record]:
         """Register many jobs in one round trip; rows come back in the order of ``jobs``.
 
         Each mapping holds ``jobs`` column values; absent optional columns take the same defaults as
-        :meth:`insert_job`.
+        :meth:`insert_job`. With ``max_active_jobs`` only the first jobs that fit are written (the caller
+        answers the others with the quota).
         """
-        return await insert_jobs_on(self._db.pool, jobs, actor)
+        if max_active_jobs is None:
+            return await insert_jobs_on(self._db.pool, jobs, actor)
+        async with self._db.pool.acquire() as conn, conn.transaction():
+            return await insert_jobs_on(conn, jobs, actor, max_active_jobs=max_active_jobs)
 
     async def get_job(self, tenant_id: str, job_id: UUID) -> Record | None:
         return cast(Record | None, await self._db.pool.fetchrow(Q["get_job"], job_id, tenant_id))
@@ -148,6 +169,7 @@ class PostgresJobStore:
             values["state"],
             actor,
             {"changed": list(changed)},
+            values.get("labels", current["labels"]),
         )
         return cast(Record | None, row)
 
@@ -211,6 +233,11 @@ class PostgresJobStore:
             where.name_prefix,
             before,
             limit,
+            dict(where.labels) if where.labels else None,
+            where.created_from,
+            where.created_to,
+            where.next_fire_from,
+            where.next_fire_to,
         )
         return cast(list[Record], rows)
 
@@ -219,17 +246,41 @@ class PostgresJobStore:
 # connection of the transaction that completes the key.
 
 
-async def insert_job_on(conn: asyncpg.Pool | asyncpg.Connection, values: Mapping[str, Any], actor: str) -> Record:
-    """``insert_job`` on ``conn``: the tenant on first use, the job and its audit row."""
+async def insert_job_on(
+    conn: asyncpg.Pool | asyncpg.Connection,
+    values: Mapping[str, Any],
+    actor: str,
+    *,
+    max_active_jobs: int | None = None,
+) -> Record:
+    """``insert_job`` on ``conn``: the job and its audit row (an unknown tenant is registered with the defaults:
+    the API only gets here for registered tenants).
+
+    ``max_active_jobs`` needs ``conn`` to be a connection inside a transaction (the quota's lock lasts to its end).
+    """
+    if max_active_jobs is not None:
+        assert isinstance(conn, asyncpg.Connection)
+        room, current = await room_for_jobs_on(conn, values["tenant_id"], max_active_jobs)
+        if room < 1:
+            raise ActiveJobsQuotaExceeded(values["tenant_id"], max_active_jobs, current)
     row = await conn.fetchrow(Q["insert_job"], *_job_args(values, actor))
     assert row is not None
     return cast(Record, row)
 
 
 async def insert_jobs_on(
-    conn: asyncpg.Pool | asyncpg.Connection, jobs: Sequence[Mapping[str, Any]], actor: str
+    conn: asyncpg.Pool | asyncpg.Connection,
+    jobs: Sequence[Mapping[str, Any]],
+    actor: str,
+    *,
+    max_active_jobs: int | None = None,
 ) -> list[Record]:
-    """``insert_jobs`` on ``conn``; rows come back in the order of ``jobs``."""
+    """``insert_jobs`` on ``conn``; rows come back in the order of ``jobs`` (with ``max_active_jobs``, only the
+    first that fit: see :func:`insert_job_on`)."""
+    if jobs and max_active_jobs is not None:
+        assert isinstance(conn, asyncpg.Connection)
+        room, _ = await room_for_jobs_on(conn, jobs[0]["tenant_id"], max_active_jobs)
+        jobs = jobs[:room]
     if not jobs:
         return []
     rows = [{**_JOB_DEFAULTS, "next_nominal_at": job.get("next_fire_at"), **job} for job in jobs]
@@ -269,4 +320,5 @@ def _job_args(values: Mapping[str, Any], actor: str) -> tuple[Any, ...]:
         values.get("catchup_policy", "FIRE_ONCE"),
         values.get("catchup_window_sec", 60),
         values.get("next_nominal_at", values.get("next_fire_at")),
+        values.get("labels", {}),
     )

@@ -20,6 +20,24 @@ MAX_TIMEOUT_SEC = 7 * 24 * 3600
 MAX_RETRY_DELAY_MS = 7 * 24 * 3600 * 1000
 MAX_JITTER_SEC = 24 * 3600
 MAX_CATCHUP_WINDOW_SEC = 366 * 24 * 3600
+MAX_LABELS = 32
+LABEL_KEY = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._/-]{0,62})$")
+MAX_LABEL_VALUE = 255
+
+
+def check_labels(value: Mapping[str, Any]) -> dict[str, str]:
+    """A job's labels: at most 32, keys like `team` or `app.kubernetes.io/name`, string values up to 255."""
+    if len(value) > MAX_LABELS:
+        raise ValueError(f"has {len(value)} labels; at most {MAX_LABELS} are accepted")
+    for key, item in value.items():
+        if not isinstance(key, str) or not LABEL_KEY.match(key):
+            raise ValueError(
+                f"key `{key}` is not a label key: 1–63 letters, digits, `.`, `_`, `/` or `-`, starting with a "
+                "letter or digit"
+            )
+        if not isinstance(item, str) or len(item) > MAX_LABEL_VALUE or "\x00" in item:
+            raise ValueError(f"value of `{key}` must be a string of at most {MAX_LABEL_VALUE} characters")
+    return dict(value)
 
 
 class OverlapPolicy(enum.StrEnum):
@@ -185,6 +203,17 @@ class JobCreate(ScheduleFields):
         None, description="Seconds one attempt may run (1 to 7 days). Default: the server's (600)."
     )
     priority: Priority = Field(Priority.NORMAL, description="Dispatch priority within the pool.")
+    labels: dict[str, Any] = Field(
+        default_factory=dict,
+        description="String labels to find the job by (`GET /v1/jobs?label=team:growth`): at most 32, keys of "
+        "1–63 letters, digits, `.`, `_`, `/`, `-`; values strings of at most 255 characters.",
+        examples=[{"team": "growth", "campaign": "spring"}],
+    )
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, value: dict[str, Any]) -> dict[str, str]:
+        return check_labels(value)
 
     @field_validator("name")
     @classmethod
@@ -232,6 +261,7 @@ class JobPatch(RequestModel):
     retry_policy: Any = _patch_field("As in the job body (the whole object).")
     timeout_sec: Any = _patch_field("As in the job body.")
     priority: Any = _patch_field("As in the job body.")
+    labels: Any = _patch_field("As in the job body (the whole map; null clears every label).")
 
 
 class TargetView(ViewModel):
@@ -277,6 +307,7 @@ class Job(ViewModel):
         description="Occurrences that passed beyond the catch-up window without a run of their own."
     )
     version: int = Field(description="Grows by one on every change to the job; send it back in `If-Match`.")
+    labels: dict[str, str] = Field(default_factory=dict)
     created_at: datetime
     updated_at: datetime
 
@@ -328,6 +359,7 @@ def render_job(row: Mapping[str, Any]) -> dict[str, Any]:
         "fireCount": row["fire_count"],
         "missedFires": row["missed_fires"],
         "version": row["version"],
+        "labels": row["labels"],
         "createdAt": row["created_at"],
         "updatedAt": row["updated_at"],
     }

@@ -23,7 +23,7 @@ have left this table). Executions that exist at upgrade are queued once as ``bac
 from sundial_common.migrate import run_sql_script
 
 revision = "0010"
-down_revision = "0008"
+down_revision = "0009"
 branch_labels = None
 depends_on = None
 

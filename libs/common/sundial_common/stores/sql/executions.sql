@@ -35,11 +35,24 @@ WHERE trace_id = $2 AND tenant_id = $1 AND ($5::text IS NULL OR state = $5) AND 
 ORDER BY id DESC
 LIMIT $4;
 
--- name: list_executions_by_state
--- GET /v1/executions?state=…: one tenant's executions in one state, newest first, keyset on the id (UUIDv7).
-SELECT * FROM executions
-WHERE tenant_id = $1 AND state = $2 AND ($3::uuid IS NULL OR id < $3)
-ORDER BY id DESC
+-- name: list_executions
+-- GET /v1/executions: one tenant's executions, newest first, keyset on the id (UUIDv7). One index range per
+-- state asked for ($2, every state when no filter) on executions_tenant_state_idx, merged: a listing of all of
+-- a tenant's executions needs no index of its own (which every execution write would pay for). Optional
+-- filters: job ($5), pool ($6), handler ($7), scheduled_for in [$8, $9).
+SELECT e.* FROM unnest($2::text[]) AS s (state)
+CROSS JOIN LATERAL (
+    SELECT * FROM executions x
+    WHERE x.tenant_id = $1 AND x.state = s.state AND ($3::uuid IS NULL OR x.id < $3)
+      AND ($5::uuid IS NULL OR x.job_id = $5)
+      AND ($6::text IS NULL OR x.pool = $6)
+      AND ($7::text IS NULL OR x.handler = $7)
+      AND ($8::timestamptz IS NULL OR x.scheduled_for >= $8)
+      AND ($9::timestamptz IS NULL OR x.scheduled_for < $9)
+    ORDER BY x.id DESC
+    LIMIT $4
+) e
+ORDER BY e.id DESC
 LIMIT $4;
 
 -- name: start_executions

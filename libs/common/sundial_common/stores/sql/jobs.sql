@@ -5,16 +5,18 @@
 -- Batches travel as parallel arrays through unnest(), so a batch is one round trip.
 
 -- name: insert_job
--- Creates the tenant on first use, the job, and its audit row in one statement.
+-- The job and its audit row in one statement. The API creates jobs only for registered tenants (its
+-- authentication checks the registry); a direct caller of the store (tests, the bench's loaders) gets its
+-- tenant registered with the registry's defaults, as the foreign key needs.
 WITH tenant AS (
     INSERT INTO tenants (id) VALUES ($2) ON CONFLICT (id) DO NOTHING
 ), job AS (
     INSERT INTO jobs (id, tenant_id, name, type, schedule, timezone, run_at, delay_seconds, pool, handler,
                       payload, retry_policy, timeout_sec, priority, state, shard, next_fire_at, traceparent,
                       interval_sec, run_list, start_at, end_at, max_runs, jitter_sec, overlap_policy,
-                      catchup_policy, catchup_window_sec, next_nominal_at)
+                      catchup_policy, catchup_window_sec, next_nominal_at, labels)
     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18,
-            $20, $21, $22, $23, $24, $25, $26, $27, $28, $29)
+            $20, $21, $22, $23, $24, $25, $26, $27, $28, $29, $30)
     RETURNING *
 ), audit AS (
     INSERT INTO audit_log (tenant_id, entity, entity_id, action, to_state, actor)
@@ -23,8 +25,8 @@ WITH tenant AS (
 SELECT * FROM job;
 
 -- name: insert_jobs
--- A batch of jobs as one JSON array of column values (POST /v1/jobs:batch): their tenants, the jobs and
--- their audit rows in one statement. Columns not named here take their defaults.
+-- A batch of jobs as one JSON array of column values (POST /v1/jobs:batch): the jobs and their audit
+-- rows in one statement (tenants as for insert_job). Columns not named here take their defaults.
 WITH input AS (
     SELECT * FROM jsonb_populate_recordset(NULL::jobs, $1::jsonb)
 ), tenant AS (
@@ -33,11 +35,11 @@ WITH input AS (
     INSERT INTO jobs (id, tenant_id, name, type, schedule, timezone, run_at, delay_seconds, pool, handler,
                       payload, retry_policy, timeout_sec, priority, state, shard, next_fire_at, traceparent,
                       interval_sec, run_list, start_at, end_at, max_runs, jitter_sec, overlap_policy,
-                      catchup_policy, catchup_window_sec, next_nominal_at)
+                      catchup_policy, catchup_window_sec, next_nominal_at, labels)
     SELECT id, tenant_id, name, type, schedule, timezone, run_at, delay_seconds, pool, handler,
            payload, retry_policy, timeout_sec, priority, state, shard, next_fire_at, traceparent,
            interval_sec, run_list, start_at, end_at, max_runs, jitter_sec, overlap_policy,
-           catchup_policy, catchup_window_sec, next_nominal_at
+           catchup_policy, catchup_window_sec, next_nominal_at, labels
     FROM input
     RETURNING *
 ), audit AS (
@@ -117,7 +119,7 @@ WITH job AS (
         handler = $13, payload = $14, retry_policy = $15, timeout_sec = $16, priority = $17, interval_sec = $18,
         run_list = $19, start_at = $20, end_at = $21, max_runs = $22, jitter_sec = $23, overlap_policy = $24,
         catchup_policy = $25, catchup_window_sec = $26, next_fire_at = $27, next_nominal_at = $28, state = $29,
-        version = j.version + 1, updated_at = now()
+        labels = $32, version = j.version + 1, updated_at = now()
     WHERE j.id = $1 AND j.tenant_id = $2 AND j.version = $3 AND j.next_fire_at IS NOT DISTINCT FROM $4
       AND j.state = $5
     RETURNING j.*
@@ -158,7 +160,8 @@ SELECT tenant_id, state, count(*) AS jobs FROM jobs GROUP BY tenant_id, state;
 -- name: list_jobs
 -- GET /v1/jobs: one tenant's jobs, newest first, keyset on the id (UUIDv7, so newest first is creation
 -- order and a job created while a client pages lands before its cursor, never shifting a later page).
--- Every filter is optional (NULL: no filter); the name filter is a prefix.
+-- Every filter is optional (NULL: no filter); the name filter is a prefix, labels must all match ($9 @>),
+-- created ranges are [from, to), next-fire ranges too.
 SELECT * FROM jobs
 WHERE tenant_id = $1
   AND ($2::text IS NULL OR state = $2)
@@ -167,5 +170,10 @@ WHERE tenant_id = $1
   AND ($5::text IS NULL OR handler = $5)
   AND ($6::text IS NULL OR starts_with(name, $6))
   AND ($7::uuid IS NULL OR id < $7)
+  AND ($9::jsonb IS NULL OR labels @> $9)
+  AND ($10::timestamptz IS NULL OR created_at >= $10)
+  AND ($11::timestamptz IS NULL OR created_at < $11)
+  AND ($12::timestamptz IS NULL OR next_fire_at >= $12)
+  AND ($13::timestamptz IS NULL OR next_fire_at < $13)
 ORDER BY id DESC
 LIMIT $8;

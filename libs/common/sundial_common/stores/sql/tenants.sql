@@ -1,0 +1,52 @@
+-- The tenant store (sundial_common.stores.tenants): the registry of tenants, their weight, quotas and
+-- state. Changes are compare-and-set on ``version`` when the caller names one.
+
+-- name: create_tenant
+-- A new tenant; no row when the id is taken.
+INSERT INTO tenants (id, display_name, weight, max_active_jobs, max_creates_per_sec, max_concurrent_executions,
+                     max_dispatch_per_sec, default_jitter_sec, state)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+ON CONFLICT (id) DO NOTHING
+RETURNING *;
+
+-- name: get_tenant
+SELECT * FROM tenants WHERE id = $1;
+
+-- name: list_tenants
+-- Keyset pages in id order, strictly after $1 (NULL: from the start).
+SELECT * FROM tenants WHERE $1::text IS NULL OR id > $1 ORDER BY id LIMIT $2;
+
+-- name: all_tenants
+SELECT * FROM tenants ORDER BY id;
+
+-- name: update_tenant
+-- Every registry field at once (the API merges a PATCH into the current row); $10 NULL: any version.
+UPDATE tenants
+SET display_name = $2, weight = $3, max_active_jobs = $4, max_creates_per_sec = $5,
+    max_concurrent_executions = $6, max_dispatch_per_sec = $7, default_jitter_sec = $8, state = $9,
+    version = version + 1, updated_at = now()
+WHERE id = $1 AND ($10::integer IS NULL OR version = $10)
+RETURNING *;
+
+-- name: count_open_jobs
+-- The jobs that count against maxActiveJobs: those that can still fire (index-only on jobs_tenant_open_idx).
+SELECT count(*) FROM jobs WHERE tenant_id = $1 AND state IN ('ACTIVE', 'PAUSED');
+
+-- name: lock_tenant_quota
+-- Serialises the creates of one tenant that has a maxActiveJobs quota, so two creates cannot both take
+-- the last slot (held to the end of the create's transaction).
+SELECT pg_advisory_xact_lock(hashtextextended('sundial.tenant:' || $1, 0));
+
+-- name: job_owners
+-- The dispatcher's fair pass: whose each claimed job is, and which pool it runs in (primary-key lookups).
+SELECT id, tenant_id, pool FROM jobs WHERE id = ANY($1::uuid[]);
+
+-- name: open_executions
+-- The dispatcher's fair pass: per tenant and pool, executions waiting in Kafka (PENDING, dispatched within the
+-- last $1 seconds: an older one's message is presumed lost, and the sweeper's to send again) and open
+-- (PENDING or RUNNING). A partial-index scan (executions_open_idx) over the open rows only.
+SELECT tenant_id, pool,
+       count(*) FILTER (WHERE state = 'PENDING' AND created_at > now() - make_interval(secs => $1)) AS pending,
+       count(*) AS open
+FROM executions WHERE state IN ('PENDING', 'RUNNING')
+GROUP BY tenant_id, pool;

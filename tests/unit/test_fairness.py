@@ -1,0 +1,69 @@
+"""The fair queue's round robin: shares by weight, a small tenant served at once, full pools and quotas."""
+
+from __future__ import annotations
+
+import uuid
+from collections import Counter
+from datetime import UTC, datetime
+
+from sundial_common.stores.types import Occurrence
+from sundial_dispatcher.fairness import FairQueue, Waiting
+
+DUE = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def items(tenant: str, n: int, pool: str = "p") -> list[Waiting]:
+    return [Waiting(Occurrence(uuid.uuid4(), DUE), tenant, pool) for _ in range(n)]
+
+
+def shares(taken: list[Waiting]) -> Counter[str]:
+    return Counter(w.tenant for w in taken)
+
+
+def test_a_small_tenant_behind_a_huge_burst_is_served_in_the_first_pass() -> None:
+    queue = FairQueue()
+    queue.add(items("a", 50_000))
+    queue.add(items("b", 100))
+    taken = queue.take(1000, {}, {}, {}, default_pool_room=10_000)
+    assert shares(taken) == {"a": 900, "b": 100}
+
+
+def test_saturated_tenants_share_by_weight_and_order_within_a_tenant_is_kept() -> None:
+    queue = FairQueue()
+    a, b = items("a", 5000), items("b", 5000)
+    queue.add(a)
+    queue.add(b)
+    taken = [w for _ in range(5) for w in queue.take(300, {"a": 2, "b": 1}, {}, {}, default_pool_room=10_000)]
+    assert shares(taken) == {"a": 1000, "b": 500}
+    assert [w for w in taken if w.tenant == "a"] == a[:1000]
+
+
+def test_a_full_pool_or_a_concurrency_quota_holds_work_back_without_blocking_others() -> None:
+    queue = FairQueue()
+    queue.add(items("a", 100, pool="busy"))
+    queue.add(items("b", 100, pool="idle"))
+    queue.add(items("c", 100, pool="idle"))
+    pool_room = {"busy": 5}
+    taken = queue.take(100, {}, pool_room, {"c": 10}, default_pool_room=1000)
+    assert shares(taken) == {"a": 5, "b": 85, "c": 10}
+    assert pool_room["busy"] == 0 and len(queue) == 200
+
+
+def test_put_back_returns_items_to_the_front_in_order() -> None:
+    queue = FairQueue()
+    a = items("a", 3)
+    queue.add(a)
+    taken = queue.take(3, {}, {}, {}, default_pool_room=10)
+    queue.put_back(taken[1:])
+    assert queue.take(3, {}, {}, {}, default_pool_room=10) == a[1:]
+
+
+def test_a_job_claimed_again_while_it_waits_is_queued_once() -> None:
+    queue = FairQueue()
+    a = items("a", 2)
+    queue.add(a)
+    queue.add(a[:1])  # the hydrator's overdue scan re-added it, and it was claimed again
+    assert len(queue) == 2
+    assert queue.take(10, {}, {}, {}, default_pool_room=10) == a
+    queue.add(a[:1])  # taken (dispatched): a later fire of the same job queues again
+    assert len(queue) == 1
