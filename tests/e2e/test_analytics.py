@@ -22,10 +22,9 @@ from pathlib import Path
 import asyncpg
 import httpx
 import pytest
-from sundial_common.auth import issue_token
-from sundial_common.settings import CommonSettings
 
 from tests.e2e.conftest import Processes, free_port
+from tests.tenants import tenant_token
 
 TENANTS = ("alpha", "beta")
 #: Per tenant: (handler, jobs, maxAttempts).
@@ -67,10 +66,9 @@ async def test_the_replica_converges_to_postgres_after_the_ingester_is_killed_tw
     processes.wait_http_ok("api", f"http://127.0.0.1:{api_port}/readyz")
     processes.wait_for_log("worker", "partitions assigned")
 
-    secret = CommonSettings().jwt_secret
     due = (datetime.now(UTC) + timedelta(seconds=2)).isoformat(timespec="milliseconds").replace("+00:00", "Z")
     for tenant in TENANTS:
-        headers = {"Authorization": f"Bearer {issue_token(secret, tenant)}"}
+        headers = {"Authorization": f"Bearer {tenant_token(database_url, tenant)}"}
         jobs = [
             {
                 "name": f"{handler}-{i}",
@@ -120,7 +118,7 @@ async def test_the_replica_converges_to_postgres_after_the_ingester_is_killed_tw
     assert replica_counts(stats_url) == truth
 
     # The API answers the tenant's history from the replica, scoped to the tenant.
-    headers = {"Authorization": f"Bearer {issue_token(secret, 'alpha')}"}
+    headers = {"Authorization": f"Bearer {tenant_token(database_url, 'alpha')}"}
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{api_port}", headers=headers, timeout=30) as api:
         stats = (await api.get("/v1/stats/executions", params={"interval": "day", "groupBy": "handler"})).json()
         handlers = (await api.get("/v1/stats/handlers")).json()

@@ -36,13 +36,15 @@ from sundial_worker import Context, Worker, WorkerConfig
 from sundial_worker.consumer import consumer_group
 from sundial_worker.staging import StagingRuntime
 
+from tests.tenants import register_tenant
+
 SECRET = "test-signing-key-for-the-replay-suite"
 PARTITIONS = 3
 PRODUCTION_TABLES = ("executions", "execution_attempts", "jobs", "audit_log", "idempotency_keys", "tenants")
 
 
 def token(tenant: str = "acme", *, admin: bool = False) -> dict[str, str]:
-    """A tenant's token, or (``admin``) an operator's of the tenant ``ops``."""
+    """A tenant's token (the ``env`` fixture registers acme and globex), or (``admin``) an operator's."""
     return {"Authorization": f"Bearer {issue_token(SECRET, 'ops' if admin else tenant, admin=admin)}"}
 
 
@@ -147,6 +149,8 @@ async def env(database_url: str, redis_url: str, kafka_bootstrap: str) -> AsyncI
     settings = ApiSettings(
         database_url=database_url, redis_url=redis_url, kafka_bootstrap=kafka_bootstrap, jwt_secret=SECRET
     )
+    for tenant in ("acme", "globex"):  # before any checksum of the production tables (tenants is one)
+        await register_tenant(database_url, tenant)
     app = create_app(settings)
     stores = await Stores.connect(database_url)
     db = await asyncpg.connect(database_url)
