@@ -44,7 +44,7 @@ PRODUCTION_TABLES = ("executions", "execution_attempts", "jobs", "audit_log", "i
 
 
 def token(tenant: str = "acme", *, admin: bool = False) -> dict[str, str]:
-    """A tenant's token (the ``env`` fixture registers acme and globex), or (``admin``) an operator's."""
+    """A tenant's token, or (``admin``) an operator's of the tenant ``ops`` (the ``env`` fixture registers them)."""
     return {"Authorization": f"Bearer {issue_token(SECRET, 'ops' if admin else tenant, admin=admin)}"}
 
 
@@ -149,7 +149,9 @@ async def env(database_url: str, redis_url: str, kafka_bootstrap: str) -> AsyncI
     settings = ApiSettings(
         database_url=database_url, redis_url=redis_url, kafka_bootstrap=kafka_bootstrap, jwt_secret=SECRET
     )
-    for tenant in ("acme", "globex"):  # before any checksum of the production tables (tenants is one)
+    # The tenants of the tokens below (the operator's ``ops`` too: every token's tenant must be registered),
+    # before any checksum of the production tables (tenants is one).
+    for tenant in ("acme", "globex", "ops"):
         await register_tenant(database_url, tenant)
     app = create_app(settings)
     stores = await Stores.connect(database_url)
