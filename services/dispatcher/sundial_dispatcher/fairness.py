@@ -49,8 +49,9 @@ _NOBODY = ""
 
 @dataclass(frozen=True)
 class FairnessConfig:
-    #: Off: a pass takes the earliest due members, whoever they belong to (the behaviour before tenants).
-    enabled: bool = True
+    #: Off (the default, ``SUNDIAL_DISPATCHER_FAIRNESS``): a pass takes the earliest due members, whoever they
+    #: belong to (the behaviour before tenants).
+    enabled: bool = False
     #: Most executions of one pool waiting in its topic (PENDING) before the passes stop publishing to it;
     #: each shard's pass may fill its share (1/shards) of the room left, so concurrent passes stay under it.
     pool_queue_cap: int = 1000
