@@ -12,7 +12,7 @@ class DispatcherSettings(CommonSettings):
     dispatcher_fairness: bool = Field(
         False,
         description="Weighted fair dispatch across tenants, with short pool queues (off: earliest due first, "
-        "whoever it belongs to). Off by default until its costs are fixed: see README \"Tenants\".",
+        'whoever it belongs to). Off by default until its costs are fixed: see README "Tenants".',
     )
     dispatcher_pool_queue_cap: int = Field(
         1000,
