@@ -70,7 +70,7 @@ async def taken_by(cluster: HaCluster, holder: str) -> int | None:
     return int(rows[0]["token"]) if rows else None
 
 
-async def test_sigterm_hands_every_shard_over_within_half_a_second(cluster: HaCluster) -> None:
+async def test_sigterm_hands_every_shard_over_without_waiting_for_its_lease(cluster: HaCluster) -> None:
     cluster.start("hydrator", "hydrator")
     cluster.start_dispatcher("alpha")
     cluster.start_dispatcher("beta")
@@ -88,7 +88,9 @@ async def test_sigterm_hands_every_shard_over_within_half_a_second(cluster: HaCl
     alpha_shards = [s for s, owner in expected.items() if owner == "alpha"]
     worst = max(gaps[s].seconds for s in alpha_shards)
     print(f"graceful handover: longest dispatch gap on alpha's shards {worst:.3f}s (a job every ~40 ms per shard)")
-    assert worst < 0.5, f"longest dispatch gap on a handed-over shard: {worst:.3f}s ({gaps})"
+    # A handover that waited for the lease would leave a gap of at least its TTL (2 s here); the handover itself
+    # takes 0.1-0.3 s on an idle machine (bench/failover.py records it) and up to ~0.55 s in the loaded CI lanes.
+    assert worst < LEASE_TTL * 0.75, f"longest dispatch gap on a handed-over shard: {worst:.3f}s ({gaps})"
 
 
 async def test_a_killed_replica_is_replaced_within_a_lease_and_gets_its_shards_back_on_restart(
