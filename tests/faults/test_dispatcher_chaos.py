@@ -7,8 +7,8 @@ one-shot jobs (default 2,000) fall due one every few milliseconds over ``SUNDIAL
 fence), or stopped with SIGTERM and restarted. The first strike always *freezes a replica mid-pass*: it
 is restarted with a pause point so that it SIGSTOPs itself between a claim and its commit, and resumed
 once a successor has surely written — a random SIGSTOP rarely lands inside a pass of a few milliseconds,
-this one always does, and it is resumed only once successors have written on every shard it led, so the
-fence is exercised in every run. At most two replicas are disturbed at once.
+this one always does, and it is resumed only once successors have written on every shard it led (it is then
+fenced out at its write, or hears from etcd first that its terms are over and abandons the pass unwritten). At most two replicas are disturbed at once.
 Afterwards:
 
 * nothing is lost — every job has an execution (what a killed or fenced leader had claimed comes back
@@ -87,7 +87,7 @@ class Chaos:
         Waiting for the successors' writes, not for a fixed time: on a loaded machine a takeover can take
         longer than any sleep sized from the lease."""
         name = self.name(slot)
-        await eventually(lambda: process_state(self.cluster.pid(name)) == "T", 15, f"{name} stops mid-pass")
+        await eventually(lambda: process_state(self.cluster.pid(name)) == "T", 25, f"{name} stops mid-pass")
         led = {
             int(shard): int(token)
             for shard, token in re.findall(
@@ -178,4 +178,21 @@ async def test_killing_pausing_and_restarting_dispatchers_loses_doubles_and_miso
         "after the last strike"
     )
     assert sum(chaos.actions.values()) >= 5, f"the run must actually have been chaotic: {dict(chaos.actions)}"
-    assert rejected >= 1, "a replica frozen mid-pass and resumed after its successor wrote must be fenced out"
+    # The replica frozen mid-pass, once resumed, either writes and is rejected by the fence, or first hears from
+    # etcd that its terms are over and abandons the pass unwritten (dispatcher terms end when etcd *answers* so);
+    # which comes first is a race. Either way no stale write landed (check_invariants); the fence's rejection
+    # itself is proven deterministically by tests/e2e/test_high_availability.py (one shard, one paused leader).
+    frozen = [
+        log
+        for log in (
+            cluster.processes.log(f"disp-{slot}-{n}")
+            for slot in REPLICAS
+            for n in range(1, chaos.incarnation[slot] + 1)
+        )
+        if "pause point dispatcher.after_claim reached" in log
+    ]
+    assert frozen, "the first strike must have frozen a replica mid-pass"
+    assert all(
+        "write rejected by the fence" in log or "lost: lease expired or the leader key changed hands" in log
+        for log in frozen
+    ), "a replica frozen mid-pass and resumed after its successors wrote must be fenced out or step down unwritten"
