@@ -186,6 +186,7 @@ async def test_executions_are_listed_without_a_state_and_filtered_by_job_pool_ha
         "jobId"
     ]
     conn = await asyncpg.connect(database_url)
+    ids = iter(sorted(new_id() for _ in range(3)))  # creation order: two UUIDv7 of one millisecond compare either way
     try:  # executions as the dispatcher writes them: a's in two states, b's one
         for job_id, pool, handler, state, minute in (
             (a, "p", "h", "SUCCEEDED", 1),
@@ -195,7 +196,7 @@ async def test_executions_are_listed_without_a_state_and_filtered_by_job_pool_ha
             await conn.execute(
                 "INSERT INTO executions (id, tenant_id, job_id, scheduled_for, shard, fence_token, pool, handler,"
                 " state, timeout_sec) VALUES ($1, 'lister', $2, $3, 0, 1, $4, $5, $6, 30)",
-                new_id(),
+                next(ids),
                 uuid.UUID(job_id),
                 datetime(2026, 1, 1, 0, minute, tzinfo=UTC),
                 pool,
