@@ -108,7 +108,7 @@ def raw_read(bootstrap: str, count: int, partitions: int) -> float:
 
 
 async def replay(stores: Stores, replayer: Replayer, now: datetime, **filters: Any) -> dict[str, Any]:
-    row = await stores.replays.insert_replay(
+    row, _ = await stores.replays.insert_replay(
         NewReplay(
             tenant_id="bench",
             created_by="bench",

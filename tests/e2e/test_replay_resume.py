@@ -64,7 +64,7 @@ async def test_kill_9_of_the_replayer_mid_replay_resumes_and_completes(
     ensure_topics(kafka_bootstrap, [pool_topic(pool)], partitions=PARTITIONS)
     sent = history(pool, now, COUNT, step=0.01, start=90)
     produce(kafka_bootstrap, sent)
-    replay = await stores.replays.insert_replay(
+    replay, _ = await stores.replays.insert_replay(
         NewReplay(
             tenant_id="ops",
             created_by="test",

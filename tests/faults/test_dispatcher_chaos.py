@@ -7,8 +7,9 @@ one-shot jobs (default 2,000) fall due one every few milliseconds over ``SUNDIAL
 fence), or stopped with SIGTERM and restarted. The first strike always *freezes a replica mid-pass*: it
 is restarted with a pause point so that it SIGSTOPs itself between a claim and its commit, and resumed
 once a successor has surely written — a random SIGSTOP rarely lands inside a pass of a few milliseconds,
-this one always does, and it is resumed only once successors have written on every shard it led (it is then
-fenced out at its write, or hears from etcd first that its terms are over and abandons the pass unwritten). At most two replicas are disturbed at once.
+this one always does, and it is resumed only once successors have written on every shard it led (it is
+then fenced out at its write, or hears from etcd first that its terms are over and abandons the pass
+unwritten). At most two replicas are disturbed at once.
 Afterwards:
 
 * nothing is lost — every job has an execution (what a killed or fenced leader had claimed comes back

@@ -305,6 +305,26 @@ async def test_bad_requests_name_the_field_and_create_nothing(env: Env) -> None:
     assert bad_cursor.status_code == 422 and bad_cursor.json()["errors"][0]["field"] == "cursor"
 
 
+async def test_a_retried_create_with_its_idempotency_key_starts_one_replay(env: Env) -> None:
+    now = datetime.now(UTC)
+    ensure_topics(env.bootstrap, [pool_topic(env.pool)], partitions=PARTITIONS)
+    body = {"sourcePool": env.pool, "from": iso(now - timedelta(minutes=2)), "to": iso(now), "targetPool": env.staging}
+    keyed = {**token("acme"), "Idempotency-Key": "replay-incident-42"}
+    first = await env.create(body, keyed)
+    again = await env.create(body, keyed)  # a client that lost the first answer
+    assert first.status_code == again.status_code == 202, (first.text, again.text)
+    assert again.json()["replayId"] == first.json()["replayId"]
+    assert again.headers["Idempotent-Replayed"] == "true" and "Idempotent-Replayed" not in first.headers
+    other = await env.create({**body, "ratePerSec": 5}, keyed)  # the same key for another request
+    assert other.status_code == 422 and [e["field"] for e in other.json()["errors"]] == ["Idempotency-Key"]
+    bad = await env.create(body, {**token("acme"), "Idempotency-Key": "with space"})
+    assert bad.status_code == 422 and [e["field"] for e in bad.json()["errors"]] == ["Idempotency-Key"]
+    # Keys are per tenant: another tenant's request with the same key is its own replay.
+    theirs = await env.create(body, {**token("globex"), "Idempotency-Key": "replay-incident-42"})
+    assert theirs.status_code == 202 and theirs.json()["replayId"] != first.json()["replayId"]
+    assert await env.db.fetchval("SELECT count(*) FROM replays") == 2
+
+
 async def test_pool_topics_keep_messages_for_the_retention_setting(env: Env) -> None:
     topics = KafkaTopicInspector(env.bootstrap)
     try:

@@ -124,7 +124,7 @@ def create_replay(
     }
     if rate_per_sec is not None:
         body["ratePerSec"] = rate_per_sec
-    return Call("POST", "/v1/replays", _model(Replay), body=body)
+    return Call("POST", "/v1/replays", _model(Replay), body=body, idempotent_create=True)
 
 
 def get_replay(replay_id: str) -> Call[Replay]:

@@ -51,8 +51,12 @@ _CLAIM_ROUNDS = 3
 _T = TypeVar("_T")
 
 
-def _invalid_key(message: str) -> ProblemError:
+def invalid_key(message: str) -> ProblemError:
     return ProblemError(422, f"`{HEADER}` {message}", errors=[field_error(HEADER, message)])
+
+
+def valid_key(key: str) -> bool:
+    return _KEY.match(key) is not None
 
 
 def request_hash(body: BaseModel) -> bytes:
@@ -89,7 +93,7 @@ async def _claim(state: ApiState, tenant: str, key: str, digest: bytes) -> uuid.
         if row is None:
             continue  # it expired between the two statements: claim it again
         if bytes(row["request_hash"]) != digest:
-            raise _invalid_key("was already used with a different request body; use a new key for a new request")
+            raise invalid_key("was already used with a different request body; use a new key for a new request")
         if row["state"] == "DONE":
             return _replay(row)
         if row["lock_expired"]:
@@ -159,8 +163,8 @@ async def _once(
     body: BaseModel,
     insert: Callable[[uuid.UUID], Awaitable[_T | None]],
 ) -> _T | Response:
-    if not _KEY.match(key):
-        raise _invalid_key("must be 1 to 255 visible ASCII characters (a UUID is a good choice)")
+    if not valid_key(key):
+        raise invalid_key("must be 1 to 255 visible ASCII characters (a UUID is a good choice)")
     digest = request_hash(body)
     for _ in range(_CLAIM_ROUNDS):
         claimed = await _claim(state, principal.tenant, key, digest)

@@ -26,7 +26,7 @@ from typing import Annotated
 from uuid import UUID
 
 from confluent_kafka import KafkaException
-from fastapi import APIRouter, FastAPI, Path, Query, Request
+from fastapi import APIRouter, FastAPI, Header, Path, Query, Request
 from starlette.responses import Response
 from sundial_common.auth import Principal
 from sundial_common.messages import POOL_NAME, pool_topic
@@ -35,6 +35,7 @@ from sundial_common.stores.types import Record
 from sundial_common.topics import KafkaTopicInspector, TopicInspector
 
 from sundial_api.auth import Authenticated
+from sundial_api.idempotency import HEADER, invalid_key, request_hash, valid_key
 from sundial_api.models.replays import NewReplay, Replay, ReplayList, ReplayRunList, render_replay, render_run
 from sundial_api.pagination import InvalidCursor, decode_id_cursor, encode_id_cursor
 from sundial_api.problems import ProblemError, field_error, invalid, not_found, parse_resource_id, responses
@@ -73,7 +74,9 @@ async def _view(state: ApiState, rows: Sequence[Record]) -> list[dict[str, objec
     return [render_replay(r, by_replay.get(r["id"], [])) for r in rows]
 
 
-async def _validated(state: ApiState, body: NewReplay, principal: Principal, topics: TopicInspector) -> Record:
+async def _validated(
+    state: ApiState, body: NewReplay, principal: Principal, topics: TopicInspector, idempotency_key: str | None
+) -> tuple[Record, bool]:
     now = state.clock.now()
     if body.window_from >= body.window_to:
         raise invalid("to", "must be after `from`")
@@ -123,6 +126,8 @@ async def _validated(state: ApiState, body: NewReplay, principal: Principal, top
             filter_tenant_id=tenant,
             rate_per_sec=body.rate_per_sec,
             dry_run=body.dry_run,
+            idempotency_key=idempotency_key,
+            request_hash=request_hash(body) if idempotency_key is not None else None,
         )
     )
 
@@ -135,13 +140,34 @@ async def _validated(state: ApiState, body: NewReplay, principal: Principal, top
     summary="Replay a window of a pool's messages into a staging pool",
     response_description="Accepted (PENDING); `Location` points at the replay.",
 )
-async def create_replay(body: NewReplay, request: Request, state: State, principal: Authenticated) -> Response:
+async def create_replay(
+    body: NewReplay,
+    request: Request,
+    state: State,
+    principal: Authenticated,
+    idempotency_key: Annotated[
+        str | None,
+        Header(
+            alias=HEADER,
+            description="Makes a retried create safe (per tenant, kept with the replay, 1-255 visible ASCII "
+            "characters): the same key with the same body answers with the replay the first request created; "
+            "with another body, 422.",
+        ),
+    ] = None,
+) -> Response:
     """Every message of `sourcePool`'s topic whose broker timestamp lies in `[from, to)` and that the filter
     selects is re-published into `targetPool`'s topic, with headers naming the replay and the original
     execution, topic, partition and offset. Production state is never touched."""
-    row = await _validated(state, body, principal, request.app.state.replay_topics)
+    if idempotency_key is not None and not valid_key(idempotency_key):
+        raise invalid_key("must be 1-255 visible ASCII characters")
+    row, created = await _validated(state, body, principal, request.app.state.replay_topics, idempotency_key)
+    headers = {"Location": f"/v1/replays/{row['id']}"}
+    if not created:
+        if bytes(row["request_hash"]) != request_hash(body):
+            raise invalid_key("was used for another replay request (a new request needs a new key)")
+        headers["Idempotent-Replayed"] = "true"
     (view,) = await _view(state, [row])
-    return OrjsonResponse(view, status_code=202, headers={"Location": f"/v1/replays/{row['id']}"})
+    return OrjsonResponse(view, status_code=202, headers=headers)
 
 
 @router.get("", response_model=ReplayList, responses=responses(401, 422, 503), summary="List replays, newest first")

@@ -42,6 +42,8 @@ class NewReplay:
     filter_tenant_id: str | None = None
     rate_per_sec: int | None = None
     dry_run: bool = False
+    idempotency_key: str | None = None  # unique per tenant: a retried create finds the replay it made
+    request_hash: bytes | None = None  # tells a repeat of the request from another one reusing the key
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +90,9 @@ class ReplayRun:
 class ReplayStore(Protocol):
     """Replays, their progress and their staging runs. ``tenant`` None means any tenant's (an admin)."""
 
-    async def insert_replay(self, replay: NewReplay) -> Record: ...
+    async def insert_replay(self, replay: NewReplay) -> tuple[Record, bool]:
+        """The new replay and True; or, if the tenant already used ``idempotency_key``, that replay and False."""
+        ...
 
     async def get_replay(self, replay_id: UUID, tenant: str | None) -> Record | None: ...
 
@@ -119,7 +123,7 @@ class PostgresReplayStore:
     def __init__(self, db: Database) -> None:
         self._db = db
 
-    async def insert_replay(self, replay: NewReplay) -> Record:
+    async def insert_replay(self, replay: NewReplay) -> tuple[Record, bool]:
         row = await self._db.pool.fetchrow(
             Q["insert_replay"],
             new_id(),
@@ -134,9 +138,14 @@ class PostgresReplayStore:
             replay.filter_tenant_id,
             replay.rate_per_sec,
             replay.dry_run,
+            replay.idempotency_key,
+            replay.request_hash,
         )
-        assert row is not None
-        return cast(Record, row)
+        if row is not None:
+            return cast(Record, row), True
+        existing = await self._db.pool.fetchrow(Q["replay_by_key"], replay.tenant_id, replay.idempotency_key)
+        assert existing is not None  # keys are never deleted while their replay exists
+        return cast(Record, existing), False
 
     async def get_replay(self, replay_id: UUID, tenant: str | None) -> Record | None:
         return cast(Record | None, await self._db.pool.fetchrow(Q["get_replay"], replay_id, tenant))

@@ -1,10 +1,15 @@
 -- The replays store (sundial_common.stores.replays): replays, their per-partition progress, staging runs.
 
 -- name: insert_replay
+-- No row back: the tenant already created a replay under this Idempotency-Key ($13): see replay_by_key.
 INSERT INTO replays (id, tenant_id, created_by, source_pool, target_pool, window_from, window_to, filter_handler,
-                     filter_job_id, filter_tenant_id, rate_per_sec, dry_run)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+                     filter_job_id, filter_tenant_id, rate_per_sec, dry_run, idempotency_key, request_hash)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
+ON CONFLICT (tenant_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING *;
+
+-- name: replay_by_key
+SELECT * FROM replays WHERE tenant_id = $1 AND idempotency_key = $2;
 
 -- name: get_replay
 -- $2 NULL: any tenant's (an admin token).
