@@ -27,20 +27,29 @@ class InvalidCursor(ValueError):
     pass
 
 
+def encode_token(plain: str) -> str:
+    """base64url (no padding) of ``plain``: how every cursor of this API is made opaque."""
+    return base64.urlsafe_b64encode(plain.encode()).rstrip(b"=").decode()
+
+
+def decode_token(cursor: str) -> str:
+    """The text an :func:`encode_token` cursor carries; :class:`InvalidCursor` if it is not one."""
+    try:
+        return base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode("ascii")
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        raise InvalidCursor("is not a cursor returned by this API") from None
+
+
 def encode_cursor(scheduled_for: datetime, execution_id: UUID) -> str:
     micros = (scheduled_for - _EPOCH) // _MICROSECOND
-    plain = f"v1:{micros}:{execution_id.hex}".encode()
-    return base64.urlsafe_b64encode(plain).rstrip(b"=").decode()
+    return encode_token(f"v1:{micros}:{execution_id.hex}")
 
 
 def decode_cursor(cursor: str) -> tuple[datetime, UUID]:
     """The (scheduled_for, id) a cursor stands for; :class:`InvalidCursor` if this API did not issue it."""
     if not _BASE64URL.match(cursor):
         raise InvalidCursor("is not a cursor returned by this API")
-    try:
-        plain = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode("ascii")
-    except (binascii.Error, UnicodeDecodeError, ValueError):
-        raise InvalidCursor("is not a cursor returned by this API") from None
+    plain = decode_token(cursor)
     match = _PLAIN.match(plain)
     if match is None:
         raise InvalidCursor("is not a cursor returned by this API")
@@ -56,15 +65,12 @@ _ID = re.compile(r"^[0-9a-f]{32}$")
 
 def encode_id_cursor(prefix: str, row_id: UUID) -> str:
     """A cursor for "after the row ``row_id``" in a list ordered by its time-ordered id."""
-    return base64.urlsafe_b64encode(f"{prefix}:{row_id.hex}".encode()).rstrip(b"=").decode()
+    return encode_token(f"{prefix}:{row_id.hex}")
 
 
 def decode_id_cursor(prefix: str, cursor: str) -> UUID:
     """The id an :func:`encode_id_cursor` cursor of the list ``prefix`` stands for; :class:`InvalidCursor` else."""
-    try:
-        plain = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode("ascii")
-    except (binascii.Error, UnicodeDecodeError, ValueError):
-        raise InvalidCursor("is not a cursor returned by this API") from None
+    plain = decode_token(cursor)
     head, _, row_id = plain.partition(":")
     if head != prefix or not _ID.match(row_id):
         raise InvalidCursor("is not a cursor returned by this API")

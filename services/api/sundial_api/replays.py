@@ -17,8 +17,6 @@ The router brings its own lifespan (merged into the app's): the Kafka topic insp
 
 from __future__ import annotations
 
-import base64
-import binascii
 import re
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -37,7 +35,7 @@ from sundial_common.topics import KafkaTopicInspector, TopicInspector
 from sundial_api.auth import Authenticated
 from sundial_api.idempotency import HEADER, invalid_key, request_hash, valid_key
 from sundial_api.models.replays import NewReplay, Replay, ReplayList, ReplayRunList, render_replay, render_run
-from sundial_api.pagination import InvalidCursor, decode_id_cursor, encode_id_cursor
+from sundial_api.pagination import InvalidCursor, decode_id_cursor, decode_token, encode_id_cursor, encode_token
 from sundial_api.problems import ProblemError, field_error, invalid, not_found, parse_resource_id, responses
 from sundial_api.responses import OrjsonResponse
 from sundial_api.state import ApiState, State
@@ -246,16 +244,15 @@ async def replay_runs(
     next_cursor = None
     if len(rows) > limit:
         last = page[-1]
-        plain = f"rr1:{last['source_partition']}:{last['source_offset']}".encode()
-        next_cursor = base64.urlsafe_b64encode(plain).rstrip(b"=").decode()
+        next_cursor = encode_token(f"rr1:{last['source_partition']}:{last['source_offset']}")
     return OrjsonResponse({"items": [render_run(r) for r in page], "nextCursor": next_cursor})
 
 
 def _decode_runs_cursor(cursor: str) -> tuple[int, int]:
     try:
-        plain = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode("ascii")
-    except (binascii.Error, UnicodeDecodeError, ValueError):
-        raise invalid("cursor", "is not a cursor returned by this API") from None
+        plain = decode_token(cursor)
+    except InvalidCursor as exc:
+        raise invalid("cursor", str(exc)) from None
     match = _RUNS_CURSOR.match(plain)
     if match is None:
         raise invalid("cursor", "is not a cursor returned by this API")
