@@ -68,6 +68,13 @@ def produce(bootstrap: str, sent: Iterable[Sent]) -> None:
     assert producer.flush(10) == 0
 
 
+def broker_now() -> datetime:
+    """Now, to the millisecond: the broker's timestamps carry milliseconds, so a window bound with microseconds would
+    put a message sent at that very bound on the other side of it."""
+    now = datetime.now(UTC)
+    return now.replace(microsecond=now.microsecond // 1000 * 1000)
+
+
 def history(pool: str, now: datetime, count: int, *, step: float = 2.0, start: float = 100.0) -> list[Sent]:
     """``count`` messages of ``pool``, one every ``step`` seconds from ``start`` seconds ago, over two handlers,
     three tenants and two jobs."""
@@ -258,7 +265,7 @@ async def production_state(env: Env) -> None:
 
 
 async def test_bad_requests_name_the_field_and_create_nothing(env: Env) -> None:
-    now = datetime.now(UTC)
+    now = broker_now()
     ensure_topics(env.bootstrap, [pool_topic(env.pool)], partitions=PARTITIONS)
     short = f"short-{uuid.uuid4().hex[:8]}"
     ensure_topics(env.bootstrap, [pool_topic(short)], retention_ms=60_000)
@@ -306,7 +313,7 @@ async def test_bad_requests_name_the_field_and_create_nothing(env: Env) -> None:
 
 
 async def test_a_retried_create_with_its_idempotency_key_starts_one_replay(env: Env) -> None:
-    now = datetime.now(UTC)
+    now = broker_now()
     ensure_topics(env.bootstrap, [pool_topic(env.pool)], partitions=PARTITIONS)
     body = {"sourcePool": env.pool, "from": iso(now - timedelta(minutes=2)), "to": iso(now), "targetPool": env.staging}
     keyed = {**token("acme"), "Idempotency-Key": "replay-incident-42"}
@@ -342,7 +349,7 @@ async def test_pool_topics_keep_messages_for_the_retention_setting(env: Env) -> 
 
 
 async def test_a_replay_delivers_exactly_the_window_and_touches_no_production_state(env: Env) -> None:
-    now = datetime.now(UTC)
+    now = broker_now()
     ensure_topics(env.bootstrap, [pool_topic(env.pool)], partitions=PARTITIONS)
     sent = history(env.pool, now, 40)  # one every 2 s from 100 s ago to 22 s ago
     produce(env.bootstrap, sent)
@@ -379,7 +386,7 @@ async def _count(env: Env, replay_id: str, n: int) -> bool:
 
 
 async def test_filters_select_exactly_what_they_say(env: Env) -> None:
-    now = datetime.now(UTC)
+    now = broker_now()
     ensure_topics(env.bootstrap, [pool_topic(env.pool)], partitions=PARTITIONS)
     sent = history(env.pool, now, 30)
     produce(env.bootstrap, sent)
@@ -406,7 +413,7 @@ async def test_filters_select_exactly_what_they_say(env: Env) -> None:
 
 
 async def test_cancel_stops_a_running_replay(env: Env) -> None:
-    now = datetime.now(UTC)
+    now = broker_now()
     ensure_topics(env.bootstrap, [pool_topic(env.pool)], partitions=PARTITIONS)
     produce(env.bootstrap, history(env.pool, now, 200, step=0.4))
     replay = await env.replay(
@@ -435,7 +442,7 @@ async def _published(env: Env, replay_id: str) -> bool:
 
 
 async def test_the_rate_limit_holds(env: Env) -> None:
-    now = datetime.now(UTC)
+    now = broker_now()
     ensure_topics(env.bootstrap, [pool_topic(env.pool)], partitions=PARTITIONS)
     produce(env.bootstrap, history(env.pool, now, 600, step=0.1, start=90))
     replay = await env.replay(
