@@ -70,7 +70,7 @@ class Processes:
     def log(self, name: str) -> str:
         return (self.logs / f"{name}.log").read_text(errors="replace")
 
-    def wait_for_log(self, name: str, text: str, timeout: float = 30.0) -> None:
+    def wait_for_log(self, name: str, text: str, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if text in self.log(name):
@@ -81,7 +81,7 @@ class Processes:
             time.sleep(0.05)
         raise AssertionError(f"{name} did not log {text!r} within {timeout}s:\n{self.log(name)[-3000:]}")
 
-    def wait_http_ok(self, name: str, url: str, timeout: float = 30.0) -> None:
+    def wait_http_ok(self, name: str, url: str, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:

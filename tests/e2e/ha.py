@@ -110,6 +110,7 @@ class HaCluster:
             "SUNDIAL_HYDRATOR_INTERVAL_SEC": "0.5",
         }
         self.keys = ClusterKeys()
+        self.dispatchers: set[str] = set()
 
     # -- processes ---------------------------------------------------------------------------------
 
@@ -117,6 +118,7 @@ class HaCluster:
         return self.processes.start(name, *args, env={**self.env, "SUNDIAL_INSTANCE_ID": name, **env})
 
     def start_dispatcher(self, name: str, **env: str) -> subprocess.Popen[bytes]:
+        self.dispatchers.add(name)
         return self.start(name, "dispatcher", **env)
 
     def pid(self, name: str) -> int:
@@ -161,6 +163,12 @@ class HaCluster:
         return leaders
 
     async def wait_for_leaders(self, expected: Callable[[dict[int, tuple[str, int]]], bool], within: float) -> Any:
+        """Wait ``within`` seconds for ``expected`` leaders, counted from when every running dispatcher has started:
+        starting a Python process takes seconds on a loaded machine, and it is the election that is timed."""
+        for name in self.dispatchers & self.processes.running.keys():
+            if process_state(self.pid(name)) not in ("T", "?"):
+                await asyncio.to_thread(self.processes.wait_for_log, name, f"dispatcher {name} started", 60)
+
         async def check() -> dict[int, tuple[str, int]] | None:
             leaders = await self.leaders()
             return leaders if expected(leaders) else None

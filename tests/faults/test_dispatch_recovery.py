@@ -177,7 +177,9 @@ async def test_leaders_keep_dispatching_through_a_15s_etcd_outage(faults: FaultS
     assert cost.p95_lateness_s is not None and cost.p95_lateness_s <= 3.0, cost
     assert cost.longest_dispatch_gap_s is not None and cost.longest_dispatch_gap_s <= LEASE_TTL_SEC, cost
     assert "etcd unreachable" in dispatcher_logs(faults)
-    assert "etcd answers again" in dispatcher_logs(faults), "the terms survived the outage"
+    # The terms survived the outage: their first renewal after etcd's return says so (etcd restarting under load
+    # may take seconds past the last job's end).
+    await eventually(lambda: "etcd answers again" in dispatcher_logs(faults), budget(30), "a term renewed after")
 
 
 async def test_postgres_restart_puts_claimed_work_back_at_once(faults: FaultStack, stack: LocalStack) -> None:

@@ -88,7 +88,7 @@ class Chaos:
         Waiting for the successors' writes, not for a fixed time: on a loaded machine a takeover can take
         longer than any sleep sized from the lease."""
         name = self.name(slot)
-        await eventually(lambda: process_state(self.cluster.pid(name)) == "T", 25, f"{name} stops mid-pass")
+        await eventually(lambda: process_state(self.cluster.pid(name)) == "T", 60, f"{name} stops mid-pass")
         led = {
             int(shard): int(token)
             for shard, token in re.findall(
