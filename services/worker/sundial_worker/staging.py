@@ -264,7 +264,9 @@ class StagingRuntime:
             original_execution_id=info.original_execution_id,
             handler=message.handler,
             outcome=outcome,
-            error=cipher.seal_error(error),  # a handler's error text may quote its payload
+            # Kept readable: a run has no tenant column for the API to open it with (an admin replay spans
+            # tenants); see README "Encryption at rest".
+            error=error,
             duration_ms=(time.perf_counter() - started) * 1000,
             worker_id=self.worker_id,
         )
