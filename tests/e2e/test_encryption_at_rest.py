@@ -70,7 +70,7 @@ def _broker_values(bootstrap: str, topic: str, expected: int, within: float = 30
             message = consumer.poll(0.5)
             if message is None or message.error() is not None:
                 continue
-            headers = b"".join(value or b"" for _, value in message.headers() or [])
+            headers = repr(message.headers()).encode()  # the header values, ASCII text shown as is
             seen.append((message.value() or b"") + headers)
     finally:
         consumer.close()
@@ -119,7 +119,9 @@ async def test_nothing_tenants_send_is_readable_at_rest_and_a_rotation_keeps_eve
 
     # Postgres, as a backup would hold it: the jobs are there, the marker is not.
     env = {**os.environ, "PGCONNECT_TIMEOUT": "10"}
-    dump = subprocess.run([PG_DUMP, "--no-owner", database_url], capture_output=True, env=env, timeout=60, check=True)
+    dump = await asyncio.to_thread(
+        subprocess.run, [PG_DUMP, "--no-owner", database_url], capture_output=True, env=env, timeout=60, check=True
+    )
     assert b"sealed-ok" in dump.stdout and b"sdl1:" in dump.stdout
     assert MARKER.encode() not in dump.stdout, "plaintext marker found in pg_dump"
     # The broker, as a retained topic holds it: both messages, sealed.
@@ -134,7 +136,8 @@ async def test_nothing_tenants_send_is_readable_at_rest_and_a_rotation_keeps_eve
     new_key = base64.b64encode(os.urandom(32)).decode()
     key_file = tmp_path / "new-master.key"
     key_file.write_text(new_key + "\n")
-    rotate = subprocess.run(
+    rotate = await asyncio.to_thread(
+        subprocess.run,
         [SUNDIAL, "keys", "rotate", "--new-key-file", str(key_file)],
         capture_output=True,
         text=True,

@@ -45,7 +45,7 @@ def test_rows_written_before_encryption_read_as_they_are() -> None:
     acme = TenantCipher("acme", KEY)
     assert acme.open_json({"legacy": 1}, PAYLOAD) == {"legacy": 1}
     assert acme.open_json("a plain string", PAYLOAD) == "a plain string"
-    assert acme.open_error("WorkerLost: worker w1 stopped renewing its heartbeat").startswith("WorkerLost")
+    assert acme.open_error("WorkerLost: worker w1 stopped") == "WorkerLost: worker w1 stopped"
     assert acme.open_bytes(b'{"jobId": "x"}', RESPONSE) == b'{"jobId": "x"}'
 
 
