@@ -146,14 +146,14 @@ async def test_nothing_tenants_send_is_readable_at_rest_and_a_rotation_keeps_eve
     )
     assert rotate.returncode == 0 and "rotated: 1 data keys" in rotate.stdout, rotate.stdout + rotate.stderr
 
+    # Started together (Python takes seconds to start here): the old key is refused, the new one serves.
     stale = processes.start("worker-old-key", *worker_args, env={**pool_env, "SUNDIAL_MASTER_KEY": old_key})
-    assert await asyncio.to_thread(stale.wait, 60) != 0
-    assert "is not the one that wrapped this database's data keys" in processes.log("worker-old-key")
-
     new_env = {**pool_env, "SUNDIAL_MASTER_KEY": new_key}
     processes.start("api-new", "api", "--host", "127.0.0.1", "--port", str(port), env=new_env)
     processes.start("worker-new", *worker_args, env=new_env)
-    processes.wait_http_ok("api-new", f"http://127.0.0.1:{port}/readyz")
+    assert await asyncio.to_thread(stale.wait, 90) != 0
+    assert "is not the one that wrapped this database's data keys" in processes.log("worker-old-key")
+    processes.wait_http_ok("api-new", f"http://127.0.0.1:{port}/readyz", timeout=90)
     async with httpx.AsyncClient(
         base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {token}"}, timeout=30
     ) as client:
