@@ -32,3 +32,15 @@ async def opened_all(stores: Stores, rows: Iterable[Mapping[str, Any]]) -> list[
 
 async def opened(stores: Stores, row: Mapping[str, Any] | None) -> dict[str, Any] | None:
     return None if row is None else (await opened_all(stores, [row]))[0]
+
+
+async def opened_values(database_url: str, tenant: str, values: Iterable[Any], kind: str) -> list[Any]:
+    """``values`` of one column of ``tenant``'s rows (e.g. results read with a plain connection), opened."""
+    stores = await Stores.connect(database_url, min_size=1, max_size=1)
+    try:
+        keyring = Keyring(master_key_provider(EncryptionSettings()), stores.keys)
+        await keyring.start()
+        cipher = await keyring.cipher(tenant)
+        return [cipher.open_json(value, kind) for value in values]
+    finally:
+        await stores.close()
