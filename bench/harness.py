@@ -127,10 +127,6 @@ class Bench:
             "SUNDIAL_SHARDS": str(shape.shards),
             "SUNDIAL_LOG_LEVEL": "INFO",
             "SUNDIAL_WORKER_CONCURRENCY": str(shape.concurrency),
-            # Encryption at rest is on, as in production: a generated development master key under the root,
-            # unless SUNDIAL_MASTER_KEY is set.
-            "SUNDIAL_ENV": "dev",
-            "SUNDIAL_DEV_ROOT": str(root),
         }
         self.env = env
         processes = [
