@@ -37,11 +37,14 @@ from typing import Any
 
 import asyncpg
 import httpx
+import orjson
 from redis.asyncio import Redis
 from sundial_common.auth import issue_token
+from sundial_common.encryption import PAYLOAD, EncryptionSettings, TenantCipher, open_keyring
 from sundial_common.hotwindow import HotWindow
 from sundial_common.ids import new_id, shard_for
 from sundial_common.settings import CommonSettings
+from sundial_common.stores import Stores
 from sundial_common.stores.types import Occurrence
 from sundial_infra.process import wait_for
 from sundial_infra.stack import BENCH_PORTS, LocalStack, Ports
@@ -190,12 +193,22 @@ class Bench:
 
     # --- workloads ---------------------------------------------------------------------------
 
+    async def cipher(self, tenant: str) -> TenantCipher:
+        """The tenant's data key, from the stack's master key: the bench registers jobs sealed, as the API does."""
+        stores = await Stores.connect(self.stack.postgres_dsn, min_size=1, max_size=1)
+        try:
+            settings = EncryptionSettings(**{"env": "dev", "dev_root": str(self.root)})
+            return await (await open_keyring(settings, stores.keys)).cipher(tenant)
+        finally:
+            await stores.close()
+
     async def insert_jobs(self, tenant: str, due: Sequence[datetime]) -> float:
         """COPY one-shot jobs due at ``due`` into Postgres; returns seconds taken."""
         conn = await asyncpg.connect(self.stack.postgres_dsn)
         try:
             started = time.perf_counter()
             await conn.execute("INSERT INTO tenants (id) VALUES ($1) ON CONFLICT DO NOTHING", tenant)
+            cipher = await self.cipher(tenant)
             records = []
             for i, instant in enumerate(due):
                 job_id = new_id()
@@ -208,7 +221,7 @@ class Bench:
                         instant,
                         POOL,
                         "echo",
-                        f'{{"i": {i}}}',
+                        orjson.dumps(cipher.seal_json({"i": i}, PAYLOAD)).decode(),  # sealed, as the API does
                         60,
                         "ACTIVE",
                         shard_for(job_id, self.shape.shards),

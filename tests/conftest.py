@@ -25,6 +25,9 @@ import os
 # The etcd client's gRPC threads live in this process while it forks servers (Postgres via runuser): with
 # gRPC's fork handlers on, a forked child was once seen to crash before exec. We never use gRPC in a child.
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+# The master key every Sundial process of the tests seals tenants' data with (in this process, and inherited by
+# the processes the e2e and fault tests start); a test of another key (rotation, a wrong key) passes its own.
+os.environ.setdefault("SUNDIAL_MASTER_KEY", "c3VuZGlhbC10ZXN0LW1hc3Rlci1rZXktMzItYnl0ZXM=")
 
 import atexit
 import contextlib

@@ -102,6 +102,9 @@ class LocalStack:
             "SUNDIAL_REDIS_URL": self.redis_url,
             "SUNDIAL_ETCD_ENDPOINT": self.etcd_endpoint,
             "SUNDIAL_KAFKA_BOOTSTRAP": self.kafka_bootstrap,
+            # A local stack is a development one: its processes share a generated master key under its root.
+            "SUNDIAL_ENV": "dev",
+            "SUNDIAL_DEV_ROOT": str(self.root),
         }
 
     def start(self) -> None:

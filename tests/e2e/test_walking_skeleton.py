@@ -16,8 +16,10 @@ from pathlib import Path
 import asyncpg
 import httpx
 import pytest
+from sundial_common.encryption import RESULT
 
 from tests.e2e.conftest import Processes, free_port
+from tests.sealed import opened_values
 from tests.tenants import tenant_token
 
 JOBS = 500
@@ -88,7 +90,8 @@ async def test_500_one_shot_jobs_each_succeed_exactly_once(processes: Processes,
         assert {str(r["job_id"]) for r in rows} == job_ids
         assert [r for r in rows if r["state"] != "SUCCEEDED"] == []
         assert {r["attempts"] for r in rows} == {1}
-        assert sorted(json.loads(r["result"])["i"] for r in rows) == list(range(JOBS))
+        results = await opened_values(database_url, "e2e", (json.loads(r["result"]) for r in rows), RESULT)
+        assert sorted(result["i"] for result in results) == list(range(JOBS))
 
         # The API tells the same story for one of them.
         some_job = next(iter(job_ids))

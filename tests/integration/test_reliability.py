@@ -36,6 +36,7 @@ from sundial_worker import Context, Worker, WorkerConfig, WorkerRuntime
 from sundial_worker.settings import WorkerSettings
 
 from tests.integration.test_worker import JOIN_SEC, publish, wait_until
+from tests.sealed import opened, opened_all
 
 TENANT = "acme"
 FAST = WorkerConfig(
@@ -133,9 +134,9 @@ async def make_executions(
     ]
 
 
-async def row_of(stores: Stores, message: ExecutionMessage | uuid.UUID) -> Record:
+async def row_of(stores: Stores, message: ExecutionMessage | uuid.UUID) -> dict[str, Any]:
     ident = message if isinstance(message, uuid.UUID) else uuid.UUID(message.execution_id)
-    row = await stores.executions.get_execution(TENANT, ident)
+    row = await opened(stores, await stores.executions.get_execution(TENANT, ident))
     assert row is not None
     return row
 
@@ -205,7 +206,7 @@ async def test_a_failed_attempt_schedules_its_retry_with_the_jobs_backoff_in_the
     assert row["attempt"] == 1 and row["error"] == "ValueError: downstream said no"
     score = await redis.zscore(HotWindow(redis).key(0), retry_member(row["id"]))
     assert score == to_ms(row["next_attempt_at"])
-    [attempt] = await stores.executions.execution_attempts(row["id"])
+    [attempt] = await opened_all(stores, await stores.executions.execution_attempts(row["id"]))
     assert (attempt["state"], attempt["error"]) == ("FAILED", "ValueError: downstream said no")
     assert runtime.stats.retries_scheduled == 1
 
@@ -240,7 +241,7 @@ async def test_the_next_attempt_is_dispatched_fenced_and_resumes_from_the_last_c
         await runtime.stop()
     assert seen == [(1, None, 1), (2, {"done": 7}, 5)]
     assert (row["attempt"], row["fence_token"], row["result"]) == (2, 5, {"resumed_from": 7})
-    attempts = await stores.executions.execution_attempts(row["id"])
+    attempts = await opened_all(stores, await stores.executions.execution_attempts(row["id"]))
     assert [(a["attempt"], a["state"], a["progress"]) for a in attempts] == [
         (1, "FAILED", {"done": 7}),
         (2, "SUCCEEDED", None),
@@ -394,7 +395,7 @@ async def test_a_cancel_flag_interrupts_the_running_handler_within_a_second(
         await runtime.stop()
     assert saw.is_set() and took < 1.5, took
     assert row["next_attempt_at"] is None  # a cancelled execution is not retried
-    [attempt] = await stores.executions.execution_attempts(row["id"])
+    [attempt] = await opened_all(stores, await stores.executions.execution_attempts(row["id"]))
     assert attempt["state"] == "CANCELLED"
 
 
@@ -467,7 +468,7 @@ async def test_the_sweeper_declares_a_worker_lost_only_once_its_heartbeat_stayed
     assert (row["state"], row["worker_id"]) == ("FAILED_WORKER_LOST", "w1")
     assert row["next_attempt_at"] - row["finished_at"] == timedelta(milliseconds=200)
     assert row["error"] == "WorkerLost: worker w1 stopped renewing its heartbeat"
-    [attempt] = await stores.executions.execution_attempts(ident)
+    [attempt] = await opened_all(stores, await stores.executions.execution_attempts(ident))
     assert attempt["state"] == "FAILED_WORKER_LOST"
     assert await redis.zscore(HotWindow(redis).key(0), retry_member(ident)) == to_ms(row["next_attempt_at"])
     # The late worker wakes up and reports: its write is rejected, the retry stands.

@@ -43,6 +43,8 @@ from sundial_worker import demo as demo_app
 from sundial_worker.consumer import consumer_group
 from sundial_worker.settings import WorkerSettings
 
+from tests.sealed import opened, opened_all
+
 TENANT = "acme"
 FAST = WorkerConfig(
     concurrency=8,
@@ -160,8 +162,9 @@ async def wait_until(predicate: Callable[[], Awaitable[bool]], what: str, within
         await asyncio.sleep(0.05)
 
 
-async def execution(stores: Stores, message: ExecutionMessage) -> Record:
-    row = await stores.executions.get_execution(TENANT, uuid.UUID(message.execution_id))
+async def execution(stores: Stores, message: ExecutionMessage) -> dict[str, Any]:
+    """The execution's row, its sealed values opened."""
+    row = await opened(stores, await stores.executions.get_execution(TENANT, uuid.UUID(message.execution_id)))
     assert row is not None
     return row
 
@@ -249,7 +252,7 @@ async def test_echo_succeeds_with_its_result_and_attempt_recorded(
         assert row["worker_id"] == runtime.worker_id
         assert row["error"] is None
         assert row["started_at"] <= row["finished_at"]
-        [attempt] = await stores.executions.execution_attempts(row["id"])
+        [attempt] = await opened_all(stores, await stores.executions.execution_attempts(row["id"]))
         assert attempt["attempt"] == 1
         assert attempt["worker_id"] == runtime.worker_id
         assert attempt["state"] == "SUCCEEDED"
@@ -266,7 +269,7 @@ async def test_failing_handler_records_failed_with_type_and_message(
         row = await wait_state(stores, message, "DEAD")
     assert row["error"] == "RuntimeError: demo failure"
     assert row["result"] is None and row["next_attempt_at"] is None
-    [attempt] = await stores.executions.execution_attempts(row["id"])
+    [attempt] = await opened_all(stores, await stores.executions.execution_attempts(row["id"]))
     assert (attempt["state"], attempt["error"]) == ("FAILED", "RuntimeError: demo failure")
 
 
@@ -299,7 +302,7 @@ async def test_handler_over_its_timeout_is_cancelled_and_timed_out(
         await publish(publisher, [message])
         row = await wait_state(stores, message, "DEAD")
     assert cancelled.is_set()
-    [attempt] = await stores.executions.execution_attempts(row["id"])
+    [attempt] = await opened_all(stores, await stores.executions.execution_attempts(row["id"]))
     assert attempt["state"] == "TIMED_OUT"
     assert row["error"] == "TimeoutError: handler 'hang' exceeded timeoutSec=1"
     assert (row["finished_at"] - row["started_at"]).total_seconds() >= 1
@@ -369,7 +372,9 @@ async def test_heartbeat_renews_liveness_and_records_progress(
         await publish(publisher, [message])
         await asyncio.wait_for(checkpointed.wait(), 20)
         key = heartbeat_key(message.execution_id)
-        [attempt] = await stores.executions.execution_attempts(uuid.UUID(message.execution_id))
+        [attempt] = await opened_all(
+            stores, await stores.executions.execution_attempts(uuid.UUID(message.execution_id))
+        )
         assert attempt["progress"] == {"step": 1}
         assert await redis.get(key) == runtime.worker_id
         assert 0 < await redis.pttl(key) <= FAST.heartbeat_ttl_sec * 1000
@@ -766,6 +771,6 @@ async def test_cli_runs_an_app_and_finishes_the_running_handler_on_sigterm(
     assert code == 0, log
     row = await execution(stores, message)
     assert (row["state"], row["result"], row["worker_id"]) == ("SUCCEEDED", {"slept": 1.5}, "cli-worker"), log
-    [attempt] = await stores.executions.execution_attempts(row["id"])
+    [attempt] = await opened_all(stores, await stores.executions.execution_attempts(row["id"]))
     assert attempt["progress"] == {"slept": 1.5}
     assert "worker cli-worker stopped" in log

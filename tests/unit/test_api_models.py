@@ -26,6 +26,7 @@ from sundial_api.schedule import (
 from sundial_api.settings import ApiSettings
 from sundial_api.tokens import VerifiedTokens
 from sundial_common.auth import issue_token, verify_token
+from sundial_common.encryption import TenantCipher
 
 NOW = datetime(2030, 6, 1, 12, 0, 0, 250_000, tzinfo=UTC)
 
@@ -371,9 +372,10 @@ def test_rendered_rows_match_the_documented_views() -> None:
         "progress": {"p": 1},
     }
 
-    job = render_job(job_row)
-    execution = render_execution(execution_row, "http://jaeger/trace/{trace_id}")
-    attempt = render_attempt(attempt_row)
+    cipher = TenantCipher("acme", bytes(32))
+    job = render_job(job_row, cipher)
+    execution = render_execution(execution_row, "http://jaeger/trace/{trace_id}", cipher)
+    attempt = render_attempt(attempt_row, cipher)
 
     # Every documented field is rendered, and nothing else.
     assert set(job) == {f.alias for f in Job.model_fields.values()}
@@ -383,7 +385,7 @@ def test_rendered_rows_match_the_documented_views() -> None:
     Execution.model_validate(execution)
     assert execution["traceLink"] == "http://jaeger/trace/" + "ab" * 16
     assert b'"runAt":"2030-06-01T12:00:00.250000Z"' in dumps(job)
-    assert render_execution({**execution_row, "trace_id": None}, "{trace_id}")["traceLink"] is None
+    assert render_execution({**execution_row, "trace_id": None}, "{trace_id}", cipher)["traceLink"] is None
 
 
 def test_settings_refuse_a_payload_limit_above_the_request_limit() -> None:

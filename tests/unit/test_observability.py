@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 from sundial_api.models.executions import render_execution
+from sundial_common.encryption import TenantCipher
 from sundial_common.metrics import REGISTRY, pass_counts, serve_metrics
 from sundial_common.service import every
 from sundial_common.settings import CommonSettings
@@ -106,6 +107,6 @@ def test_an_execution_without_a_trace_backend_keeps_its_trace_id_and_has_no_link
         "trace_id": "ab" * 16,
     }
 
-    view = render_execution(row, None)
+    view = render_execution(row, None, TenantCipher("acme", bytes(32)))
 
     assert (view["traceId"], view["traceLink"]) == ("ab" * 16, None)

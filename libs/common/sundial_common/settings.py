@@ -18,11 +18,14 @@ from typing import Any
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from sundial_common.encryption import EncryptionSettings
+
 _MODEL_CONFIG = SettingsConfigDict(env_prefix="SUNDIAL_", extra="ignore")
 
 
-class CommonSettings(BaseSettings):
-    """Connection strings and knobs that every process needs."""
+class CommonSettings(EncryptionSettings):
+    """Connection strings and knobs that every process needs (and the master key's source, for those that
+    read tenants' data)."""
 
     model_config = _MODEL_CONFIG
 

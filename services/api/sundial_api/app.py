@@ -21,6 +21,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from redis.asyncio import Redis
 from sundial_common.clock import Clock, SystemClock
+from sundial_common.encryption import open_keyring
 from sundial_common.hotwindow import HotWindow
 from sundial_common.ratelimit import TokenBuckets
 from sundial_common.stores import Stores
@@ -86,6 +87,11 @@ def create_app(settings: ApiSettings | None = None, *, clock: Clock | None = Non
         stores = await Stores.connect(
             settings.database_url, min_size=min(2, settings.db_pool_size), max_size=settings.db_pool_size
         )
+        try:
+            keyring = await open_keyring(settings, stores.keys)  # a wrong or missing master key stops here
+        except BaseException:
+            await stores.close()
+            raise
         # Timeouts bound how long a sick Redis can hold a request: Redis is only a cache here.
         redis = Redis.from_url(
             settings.redis_url,
@@ -99,6 +105,7 @@ def create_app(settings: ApiSettings | None = None, *, clock: Clock | None = Non
             clock=clock or SystemClock(),
             tenant_cache=TenantCache(stores.tenants, settings.tenant_cache_sec),
             buckets=TokenBuckets(redis),
+            keyring=keyring,
         )
         log.info("api ready (shards=%d, hot window=%ds)", settings.shards, settings.hot_window_sec)
         try:

@@ -63,6 +63,7 @@ async def create_jobs(
     results: list[dict[str, Any]] = [{} for _ in body.jobs]
     accepted: list[tuple[int, dict[str, Any]]] = []
     traceparent = telemetry.traceparent()
+    cipher = await state.keyring.cipher(principal.tenant)
     for index, raw in enumerate(body.jobs):
         try:
             job = with_tenant_defaults(JobCreate.model_validate(raw), tenant)
@@ -82,7 +83,7 @@ async def create_jobs(
             continue
         assert resolved.next_nominal is not None
         job_id = ids.new_id()
-        values = _definition(job, resolved, settings.default_timeout_sec)
+        values = _definition(job, resolved, settings.default_timeout_sec, cipher)
         values.update(
             {
                 "id": job_id,
@@ -107,7 +108,7 @@ async def create_jobs(
 
     def answer(rows: list[Record]) -> dict[str, Any]:
         for (index, _), row in zip(accepted, rows, strict=False):
-            results[index] = {"index": index, "status": 201, "job": render_job(row)}
+            results[index] = {"index": index, "status": 201, "job": render_job(row, cipher)}
         for index, _ in accepted[len(rows) :]:  # past maxActiveJobs: nothing written for these
             assert max_active_jobs is not None
             over = QuotaExceededError("maxActiveJobs", max_active_jobs, max_active_jobs)
@@ -123,7 +124,7 @@ async def create_jobs(
         rows = await state.stores.jobs.insert_jobs(jobs, actor=principal.subject, max_active_jobs=max_active_jobs)
     else:
         created = await idempotency.create_jobs_once(
-            state, principal, idempotency_key, body, jobs, answer, max_active_jobs=max_active_jobs
+            state, principal, idempotency_key, body, jobs, answer, cipher, max_active_jobs=max_active_jobs
         )
         if isinstance(created, Response):
             return created  # the first request's answer, replayed

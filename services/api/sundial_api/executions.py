@@ -26,6 +26,7 @@ from fastapi import APIRouter, Path, Query
 from opentelemetry.trace import Link, get_current_span
 from redis.exceptions import RedisError
 from starlette.responses import Response
+from sundial_common.auth import Principal
 from sundial_common.signals import CANCEL_KEY_TTL_SEC, cancel_key
 from sundial_common.stores.executions import ExecutionFilter
 from sundial_common.stores.types import Record, RetryDue
@@ -64,8 +65,8 @@ def _decode_cursor(cursor: str) -> UUID:
         raise invalid("cursor", str(exc)) from None
 
 
-def _view(state: ApiState, row: Record) -> dict[str, object]:
-    return render_execution(row, state.settings.trace_link)
+async def _view(state: ApiState, principal: Principal, row: Record) -> dict[str, object]:
+    return render_execution(row, state.settings.trace_link, await state.keyring.cipher(principal.tenant))
 
 
 @router.get(
@@ -129,7 +130,9 @@ async def list_executions(
         rows = await state.stores.executions.list_executions(principal.tenant, where, before, limit + 1)
     page = rows[:limit]
     next_cursor = encode_id_cursor(_CURSOR_PREFIX, page[-1]["id"]) if len(rows) > limit else None
-    return OrjsonResponse({"items": [_view(state, row) for row in page], "nextCursor": next_cursor})
+    cipher = await state.keyring.cipher(principal.tenant)
+    items = [render_execution(row, state.settings.trace_link, cipher) for row in page]
+    return OrjsonResponse({"items": items, "nextCursor": next_cursor})
 
 
 def _job_filter(raw: str | None) -> UUID | None:
@@ -162,8 +165,9 @@ async def get_execution(execution_id: ExecutionId, state: State, principal: Auth
     )
     if execution is None:
         raise await stats.expired_execution(state, principal.tenant, ident) or not_found("execution", execution_id)
-    view = _view(state, execution)
-    view["attempts"] = [render_attempt(row) for row in attempts]
+    cipher = await state.keyring.cipher(principal.tenant)
+    view = render_execution(execution, state.settings.trace_link, cipher)
+    view["attempts"] = [render_attempt(row, cipher) for row in attempts]
     return OrjsonResponse(view)
 
 
@@ -210,7 +214,7 @@ async def cancel_execution(execution_id: ExecutionId, state: State, principal: A
         raise ProblemError(409, f"execution {execution_id} is {current['state']}: it has finished, nothing to cancel")
     _trace_cancel(row)
     if row["state"] != "RUNNING":
-        return OrjsonResponse(_view(state, row))
+        return OrjsonResponse(await _view(state, principal, row))
     try:
         await state.hot_window.redis.set(cancel_key(ident), "1", ex=CANCEL_KEY_TTL_SEC)
     except (RedisError, OSError) as exc:
@@ -220,7 +224,7 @@ async def cancel_execution(execution_id: ExecutionId, state: State, principal: A
             exc,
             extra={"tenant": principal.tenant, "execution_id": ident},
         )
-    return OrjsonResponse(_view(state, row), status_code=202)
+    return OrjsonResponse(await _view(state, principal, row), status_code=202)
 
 
 @router.post(
@@ -254,4 +258,6 @@ async def retry_execution(execution_id: ExecutionId, state: State, principal: Au
                 exc,
                 extra={"tenant": principal.tenant, "execution_id": ident},
             )
-    return OrjsonResponse(_view(state, row), status_code=202, headers={"Location": f"/v1/executions/{ident}"})
+    return OrjsonResponse(
+        await _view(state, principal, row), status_code=202, headers={"Location": f"/v1/executions/{ident}"}
+    )

@@ -34,6 +34,7 @@ import orjson
 from pydantic import BaseModel
 from starlette.responses import Response
 from sundial_common.auth import Principal
+from sundial_common.encryption import RESPONSE, TenantCipher
 from sundial_common.stores.idempotency import IdempotentResponse
 from sundial_common.stores.types import Record
 
@@ -65,22 +66,24 @@ def request_hash(body: BaseModel) -> bytes:
     return hashlib.sha256(orjson.dumps(canonical, option=orjson.OPT_SORT_KEYS)).digest()
 
 
-def _replay(row: Mapping[str, Any]) -> Response:
+def _replay(row: Mapping[str, Any], cipher: TenantCipher) -> Response:
     headers = {**(row["headers"] or {}), "Idempotent-Replayed": "true"}
-    return Response(bytes(row["body"]), status_code=row["status_code"], headers=headers, media_type="application/json")
+    body = cipher.open_bytes(bytes(row["body"]), RESPONSE)
+    return Response(body, status_code=row["status_code"], headers=headers, media_type="application/json")
 
 
-def _created(row: Record) -> IdempotentResponse:
-    """What ``POST /v1/jobs`` answers for a new job (the same bytes ``jobs.create_job`` sends)."""
+def _created(row: Record, cipher: TenantCipher) -> IdempotentResponse:
+    """What ``POST /v1/jobs`` answers for a new job (the same bytes ``jobs.create_job`` sends), kept sealed:
+    it holds the payload."""
     return IdempotentResponse(
         status_code=201,
         headers={"Location": f"/v1/jobs/{row['id']}", "ETag": f'"{row["version"]}"'},
-        body=dumps(render_job(row)),
+        body=cipher.seal_bytes(dumps(render_job(row, cipher)), RESPONSE),
         resource_id=row["id"],
     )
 
 
-async def _claim(state: ApiState, tenant: str, key: str, digest: bytes) -> uuid.UUID | Response:
+async def _claim(state: ApiState, tenant: str, key: str, digest: bytes, cipher: TenantCipher) -> uuid.UUID | Response:
     """Take the key for this request (its claim token), or the answer a request holding it calls for."""
     settings = state.settings
     for _ in range(_CLAIM_ROUNDS):
@@ -95,7 +98,7 @@ async def _claim(state: ApiState, tenant: str, key: str, digest: bytes) -> uuid.
         if bytes(row["request_hash"]) != digest:
             raise invalid_key("was already used with a different request body; use a new key for a new request")
         if row["state"] == "DONE":
-            return _replay(row)
+            return _replay(row, cipher)
         if row["lock_expired"]:
             continue  # its request died: the next claim takes it over
         raise ProblemError(
@@ -113,17 +116,23 @@ async def create_job_once(
     key: str,
     body: BaseModel,
     values: dict[str, Any],
+    cipher: TenantCipher,
     max_active_jobs: int | None = None,
 ) -> Record | Response:
     """Insert the job described by ``values`` unless ``key`` already did: the new row, or the answer to replay."""
 
     async def insert(token: uuid.UUID) -> Record | None:
         done = await state.stores.idempotency.insert_job_idempotent(
-            values, principal.subject, key=key, token=token, respond=_created, max_active_jobs=max_active_jobs
+            values,
+            principal.subject,
+            key=key,
+            token=token,
+            respond=lambda row: _created(row, cipher),
+            max_active_jobs=max_active_jobs,
         )
         return None if done is None else done[0]
 
-    return await _once(state, principal, key, body, insert)
+    return await _once(state, principal, key, body, insert, cipher)
 
 
 async def create_jobs_once(
@@ -133,13 +142,15 @@ async def create_jobs_once(
     body: BaseModel,
     jobs: Sequence[dict[str, Any]],
     answer: Callable[[list[Record]], dict[str, Any]],
+    cipher: TenantCipher,
     max_active_jobs: int | None = None,
 ) -> list[Record] | Response:
     """``POST /v1/jobs:batch`` with a key: insert ``jobs`` unless ``key`` already did; ``answer(rows)`` is the
     200 body that will be replayed. The new rows, or the answer to replay."""
 
     def respond(rows: list[Record]) -> IdempotentResponse:
-        return IdempotentResponse(status_code=200, headers={}, body=dumps(answer(rows)), resource_id=None)
+        sealed = cipher.seal_bytes(dumps(answer(rows)), RESPONSE)  # the jobs' payloads are in it
+        return IdempotentResponse(status_code=200, headers={}, body=sealed, resource_id=None)
 
     async def insert(token: uuid.UUID) -> list[Record] | None:
         done = await state.stores.idempotency.insert_jobs_idempotent(
@@ -153,7 +164,7 @@ async def create_jobs_once(
         )
         return None if done is None else done[0]
 
-    return await _once(state, principal, key, body, insert)
+    return await _once(state, principal, key, body, insert, cipher)
 
 
 async def _once(
@@ -162,12 +173,13 @@ async def _once(
     key: str,
     body: BaseModel,
     insert: Callable[[uuid.UUID], Awaitable[_T | None]],
+    cipher: TenantCipher,
 ) -> _T | Response:
     if not valid_key(key):
         raise invalid_key("must be 1 to 255 visible ASCII characters (a UUID is a good choice)")
     digest = request_hash(body)
     for _ in range(_CLAIM_ROUNDS):
-        claimed = await _claim(state, principal.tenant, key, digest)
+        claimed = await _claim(state, principal.tenant, key, digest, cipher)
         if isinstance(claimed, Response):
             return claimed
         try:

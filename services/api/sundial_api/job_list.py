@@ -102,4 +102,5 @@ async def list_jobs_route(
     rows = await state.stores.jobs.list_jobs(principal.tenant, where, before, limit + 1)
     page = rows[:limit]
     next_cursor = encode_id_cursor(_CURSOR_PREFIX, page[-1]["id"]) if len(rows) > limit else None
-    return OrjsonResponse({"items": [render_job(row) for row in page], "nextCursor": next_cursor})
+    cipher = await state.keyring.cipher(principal.tenant)
+    return OrjsonResponse({"items": [render_job(row, cipher) for row in page], "nextCursor": next_cursor})

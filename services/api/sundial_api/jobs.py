@@ -28,6 +28,7 @@ from redis.exceptions import RedisError
 from starlette.responses import Response
 from sundial_common import ids, telemetry
 from sundial_common.auth import Principal
+from sundial_common.encryption import PAYLOAD, TenantCipher
 from sundial_common.schedules import ScheduleSpec, fire_at, local_time, preview, spec_from_row
 from sundial_common.stores.tenants import ActiveJobsQuotaExceeded, Tenant
 from sundial_common.stores.types import Occurrence, Record
@@ -117,7 +118,8 @@ async def create_job(
 
     job_id = ids.new_id()
     shard = ids.shard_for(job_id, settings.shards)
-    values = _definition(body, resolved, settings.default_timeout_sec)
+    cipher = await state.keyring.cipher(principal.tenant)
+    values = _definition(body, resolved, settings.default_timeout_sec, cipher)
     values.update(
         {
             "id": job_id,
@@ -135,7 +137,7 @@ async def create_job(
             row = await state.stores.jobs.insert_job(values, actor=principal.subject, max_active_jobs=max_active_jobs)
         else:
             created = await idempotency.create_job_once(
-                state, principal, idempotency_key, asked, values, max_active_jobs=max_active_jobs
+                state, principal, idempotency_key, asked, values, cipher, max_active_jobs=max_active_jobs
             )
             if isinstance(created, Response):
                 return created  # the first request's answer, replayed
@@ -145,7 +147,9 @@ async def create_job(
     count_created(((row["tenant_id"], row["type"]),))
     await _sync_hot_window(state, row, principal.tenant, removing=False)
     log.debug("job created", extra={"tenant": principal.tenant, "job_id": job_id, "shard": shard})
-    return OrjsonResponse(render_job(row), status_code=201, headers={"Location": f"/v1/jobs/{job_id}", **_etag(row)})
+    return OrjsonResponse(
+        render_job(row, cipher), status_code=201, headers={"Location": f"/v1/jobs/{job_id}", **_etag(row)}
+    )
 
 
 def with_tenant_defaults(body: JobCreate, tenant: Tenant | None) -> JobCreate:
@@ -195,7 +199,7 @@ def _resolve(body: JobCreate | SchedulePreviewRequest, state: ApiState, now: dat
         raise invalid(exc.field, exc.message) from None
 
 
-def _definition(body: JobCreate, resolved: Resolved, default_timeout_sec: int) -> dict[str, Any]:
+def _definition(body: JobCreate, resolved: Resolved, default_timeout_sec: int, cipher: TenantCipher) -> dict[str, Any]:
     """The ``jobs`` columns that define a job (what ``insert_job`` and ``update_job`` write)."""
     spec = resolved.spec
     return {
@@ -217,7 +221,8 @@ def _definition(body: JobCreate, resolved: Resolved, default_timeout_sec: int) -
         "catchup_window_sec": body.catchup_window_sec,
         "pool": body.target.pool,
         "handler": body.target.handler,
-        "payload": body.payload,
+        # Sealed here, once: the dispatcher copies it into Kafka as it is, only the worker opens it.
+        "payload": cipher.seal_json(body.payload, PAYLOAD),
         # camelCase, as the client wrote it and as the dispatcher reads it (``maxAttempts``).
         "retry_policy": body.retry_policy.model_dump(mode="json", by_alias=True),
         "timeout_sec": body.timeout_sec if body.timeout_sec is not None else default_timeout_sec,
@@ -269,8 +274,9 @@ async def get_job(job_id: JobId, state: State, principal: Authenticated) -> Resp
     if job is None:
         raise not_found("job", job_id)
     template = state.settings.trace_link
-    view = render_job(job)
-    view["latestExecutions"] = [render_execution(row, template) for row in executions]
+    cipher = await state.keyring.cipher(principal.tenant)
+    view = render_job(job, cipher)
+    view["latestExecutions"] = [render_execution(row, template, cipher) for row in executions]
     return OrjsonResponse(view, headers=_etag(job))
 
 
@@ -306,7 +312,9 @@ async def list_executions(
     page = rows[:limit]
     next_cursor = encode_cursor(page[-1]["scheduled_for"], page[-1]["id"]) if len(rows) > limit else None
     template = state.settings.trace_link
-    return OrjsonResponse({"items": [render_execution(row, template) for row in page], "nextCursor": next_cursor})
+    cipher = await state.keyring.cipher(principal.tenant)
+    items = [render_execution(row, template, cipher) for row in page]
+    return OrjsonResponse({"items": items, "nextCursor": next_cursor})
 
 
 @router.delete(
@@ -340,7 +348,7 @@ async def cancel_job(job_id: JobId, state: State, principal: Authenticated) -> R
             exc,
             extra={"tenant": principal.tenant, "job_id": ident},
         )
-    return OrjsonResponse(render_job(row))
+    return OrjsonResponse(render_job(row, await state.keyring.cipher(principal.tenant)))
 
 
 # --- lifecycle: pause, resume, trigger, change ----------------------------------------------------------
@@ -404,7 +412,7 @@ async def _transition(
         if row["state"] != target:
             raise ProblemError(409, f"job {job_id} is {row['state']}: only {rule}")
     await _sync_hot_window(state, row, principal.tenant)
-    return OrjsonResponse(render_job(row), headers=_etag(row))
+    return OrjsonResponse(render_job(row, await state.keyring.cipher(principal.tenant)), headers=_etag(row))
 
 
 @router.post(
@@ -454,7 +462,7 @@ def _if_match(header: str | None) -> int | None:
     return int(text)
 
 
-def _as_body(row: Record) -> dict[str, Any]:
+def _as_body(row: Record, cipher: TenantCipher) -> dict[str, Any]:
     """A stored job as the request body that would create it (camelCase, instants as RFC 3339)."""
 
     def iso(value: datetime | None) -> str | None:
@@ -477,7 +485,7 @@ def _as_body(row: Record) -> dict[str, Any]:
         "catchupPolicy": row["catchup_policy"],
         "catchupWindowSec": row["catchup_window_sec"],
         "target": {"pool": row["pool"], "handler": row["handler"]},
-        "payload": row["payload"],
+        "payload": cipher.open_json(row["payload"], PAYLOAD),
         "retryPolicy": row["retry_policy"],
         "timeoutSec": row["timeout_sec"],
         "priority": row["priority"],
@@ -489,9 +497,9 @@ def _as_body(row: Record) -> dict[str, Any]:
     return body
 
 
-def _merged(row: Record, patch: Mapping[str, Any]) -> JobCreate:
+def _merged(row: Record, patch: Mapping[str, Any], cipher: TenantCipher) -> JobCreate:
     """The job as changed, validated like a new one (a 422 names the field, as for a create)."""
-    body = _as_body(row)
+    body = _as_body(row, cipher)
     new_type = patch.get("type")
     if new_type is not None and new_type != row["type"]:
         for name in TYPE_FIELDS.values():  # the old type's own field goes with it
@@ -539,6 +547,7 @@ async def update_job(
     if "payload" in patch:
         _check_payload(patch["payload"], state.settings.max_payload_bytes)
     reschedule = bool(patch.keys() & SCHEDULE_FIELDS)
+    cipher = await state.keyring.cipher(principal.tenant)
     # A compare-and-set on the version and on the occurrence the change was computed from; a dispatch that
     # commits in between moves the occurrence, and the change is simply computed again.
     for _ in range(5):
@@ -553,7 +562,7 @@ async def update_job(
             )
         if current["state"] not in (JobState.ACTIVE, JobState.PAUSED):
             raise ProblemError(409, f"job {job_id} is {current['state']}: only ACTIVE or PAUSED jobs change")
-        changed = _merged(current, patch)
+        changed = _merged(current, patch, cipher)
         now = state.clock.now()
         if reschedule:
             resolved = _resolve(changed, state, now, runs=current["fire_count"])
@@ -561,7 +570,7 @@ async def update_job(
         else:
             resolved = Resolved(spec_from_row(current), current["next_nominal_at"] or current["next_fire_at"])
             nominal = resolved.next_nominal
-        values = _definition(changed, resolved, state.settings.default_timeout_sec)
+        values = _definition(changed, resolved, state.settings.default_timeout_sec, cipher)
         if changed.type is JobType.DELAYED and not reschedule:
             values["run_at"] = None
         values["next_nominal_at"] = nominal
@@ -570,7 +579,7 @@ async def update_job(
         row = await state.stores.jobs.update_job(current, values, actor=principal.subject, changed=sorted(patch))
         if row is not None:
             await _sync_hot_window(state, row, principal.tenant)
-            return OrjsonResponse(render_job(row), headers=_etag(row))
+            return OrjsonResponse(render_job(row, cipher), headers=_etag(row))
     raise ProblemError(409, f"job {job_id} kept changing under this update; retry", headers={"Retry-After": "1"})
 
 

@@ -12,6 +12,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 from sundial_common.clock import Clock
+from sundial_common.encryption import Keyring
 from sundial_common.hotwindow import HotWindow
 from sundial_common.ratelimit import TokenBuckets
 from sundial_common.stores import Stores
@@ -30,6 +31,8 @@ class ApiState:
     tenant_cache: TenantCache
     #: Per-tenant rate quotas (maxCreatesPerSec), over the hot window's Redis.
     buckets: TokenBuckets
+    #: Tenants' data keys: payloads, results, progress, errors and stored responses are sealed with them.
+    keyring: Keyring
     verified_tokens: VerifiedTokens = field(default_factory=VerifiedTokens)
 
 

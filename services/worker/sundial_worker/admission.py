@@ -21,10 +21,11 @@ import asyncio
 import logging
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 from uuid import UUID
 
 import orjson
+from sundial_common.encryption import Keyring
 from sundial_common.messages import ExecutionMessage
 from sundial_common.stores.executions import ExecutionStore
 from sundial_common.stores.types import Record
@@ -40,6 +41,9 @@ log = logging.getLogger("sundial.worker")
 # Capped low: messages wait on this retry while Postgres restarts, and every second of it is a second of
 # lateness once Postgres is back (issue 24: max lateness <= the outage + 1 s). A retry is one connect attempt.
 _BACKOFF_MAX_SEC = 0.5
+
+
+_R = TypeVar("_R")
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,9 +90,11 @@ class Admission:
         executor: HandlerExecutor,
         heartbeats: Heartbeats,
         stats: WorkerStats,
+        keyring: Keyring,
         stopping: asyncio.Event,
     ) -> None:
         self.config = config
+        self._keyring = keyring
         self.worker_id = worker_id
         self._consumer = consumer
         self._executions = executions
@@ -151,6 +157,13 @@ class Admission:
             # (or this one, restarted) gets them again.
             self._stats.duplicates += duplicates
             return AdmissionResult(consumed=len(deliveries), duplicates=duplicates)
+        # The data keys of the batch's tenants before the start CAS (a row won must have its handler started):
+        # a read only for a tenant this process has not seen yet, else nothing.
+        tenants = {c.message.tenant_id for c in claims.values()}
+        if any(self._keyring.cached(t) is None for t in tenants):
+            loaded = await self._with_db_retry("load data keys", lambda _: self._keyring.ciphers(tenants))
+            if loaded is None:
+                return AdmissionResult(consumed=len(deliveries), duplicates=duplicates)
         rows = await self._with_db_retry(
             "start executions",
             lambda executions: executions.start_executions(
@@ -203,9 +216,7 @@ class Admission:
         for delivery in deliveries:
             self._consumer.ack(delivery)
 
-    async def _with_db_retry(
-        self, what: str, call: Callable[[ExecutionStore], Coroutine[Any, Any, list[Record]]]
-    ) -> list[Record] | None:
+    async def _with_db_retry(self, what: str, call: Callable[[ExecutionStore], Coroutine[Any, Any, _R]]) -> _R | None:
         backoff = 0.05
         while True:
             try:

@@ -36,6 +36,7 @@ from uuid import UUID
 
 import orjson
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+from sundial_common.encryption import PAYLOAD, PROGRESS, RESULT, DecryptionError, Keyring, TenantCipher
 from sundial_common.messages import ExecutionMessage
 from sundial_common.retry_policy import RetryPolicy
 from sundial_common.stores.executions import Outcome
@@ -84,9 +85,11 @@ class HandlerExecutor:
         outcomes: OutcomeBuffer,
         heartbeats: HeartbeatSink,
         stats: WorkerStats,
+        keyring: Keyring,
         on_failure: Callable[[str, BaseException], None],
     ) -> None:
         self.worker = worker
+        self._keyring = keyring
         self.worker_id = worker_id
         self.config = config
         self._inflight = inflight
@@ -214,6 +217,7 @@ class HandlerExecutor:
                     attempt=running.attempt,
                     trace_id=trace_id,
                 )
+                cipher = self._cipher(row["tenant_id"])
                 ctx = Context(
                     execution_id=running.execution_id,
                     job_id=row["job_id"],
@@ -225,7 +229,7 @@ class HandlerExecutor:
                     pool=self.worker.pool,
                     trace_id=trace_id,
                     logger=logger,
-                    previous_progress=row.get("previous_progress"),
+                    previous_progress=cipher.open_json(row.get("previous_progress"), PROGRESS),
                     _sink=self._heartbeats,
                 )
                 running.ctx = ctx
@@ -266,8 +270,13 @@ class HandlerExecutor:
     async def _invoke(
         self, spec: HandlerSpec | None, ctx: Context, message: ExecutionMessage, span: Span, running: Running
     ) -> Outcome:
+        cipher = self._cipher(ctx.tenant)
+
         def outcome(state: str, result: Any = None, error: str | None = None) -> Outcome:
-            return Outcome(ctx.execution_id, ctx.attempt, state, result, error)
+            # Sealed before they leave the handler's hands: Postgres (and the DLQ) only see ciphertext.
+            return Outcome(
+                ctx.execution_id, ctx.attempt, state, cipher.seal_json(result, RESULT), cipher.seal_error(error)
+            )
 
         if spec is None:
             self._metrics.handler_started(ctx, running.due, None)  # lateness still counts; handler "other"
@@ -280,7 +289,14 @@ class HandlerExecutor:
         ctx.logger.debug("running handler %s", spec.name)
         # The handler runs as a task of its own, so that a timeout or a cancel can interrupt it and still
         # give it the cancel grace to clean up, while this task decides the outcome.
-        work = self._start_handler(spec, ctx, message.payload)
+        try:
+            payload = cipher.open_json(message.payload, PAYLOAD)
+        except DecryptionError as exc:  # tampered with, or copied from another tenant's job: never run it
+            ctx.logger.error("%s", exc)
+            span.set_status(Status(StatusCode.ERROR, str(exc)))
+            self._stats.failed += 1
+            return outcome("FAILED", error=f"DecryptionError: {exc}")
+        work = self._start_handler(spec, ctx, payload)
         self._metrics.handler_started(ctx, running.due, work)
         try:
             interrupted = await self._wait_handler(work, running.cancel, timeout)
@@ -303,6 +319,11 @@ class HandlerExecutor:
             return outcome("FAILED", error=problem)
         self._stats.succeeded += 1
         return outcome("SUCCEEDED", result=encoded)
+
+    def _cipher(self, tenant: str) -> TenantCipher:
+        cipher = self._keyring.cached(tenant)
+        assert cipher is not None  # admission loads the keys of a batch's tenants before its start CAS
+        return cipher
 
     def _start_handler(self, spec: HandlerSpec, ctx: Context, payload: Any) -> asyncio.Future[Any]:
         if spec.is_async:

@@ -37,6 +37,7 @@ from uuid import UUID
 
 from redis import Redis as SyncRedis
 from redis.asyncio import Redis
+from sundial_common.encryption import PROGRESS, Keyring
 from sundial_common.signals import cancel_key, heartbeat_key
 from sundial_common.stores.executions import ExecutionStore
 
@@ -161,9 +162,17 @@ class Heartbeats:
     """Liveness keys of this worker's running executions, and ``ctx.heartbeat``. Implements the SDK's HeartbeatSink."""
 
     def __init__(
-        self, redis: Redis, executions: ExecutionStore, worker_id: str, config: HeartbeatConfig, *, inflight: InFlight
+        self,
+        redis: Redis,
+        executions: ExecutionStore,
+        worker_id: str,
+        config: HeartbeatConfig,
+        *,
+        inflight: InFlight,
+        keyring: Keyring,
     ) -> None:
         self.config = config
+        self._keyring = keyring
         self.worker_id = worker_id
         self._redis = redis
         self._executions = executions
@@ -229,8 +238,11 @@ class Heartbeats:
         encoded, problem = encode_result(progress)
         if problem is not None:
             raise TypeError(problem.replace("handler result", "progress"))
+        cipher = self._keyring.cached(ctx.tenant)
+        assert cipher is not None  # admission loads the tenant's key before the handler starts
+        sealed = cipher.seal_json(encoded, PROGRESS)
         try:
-            accepted = await self._executions.record_progress(ctx.execution_id, ctx.attempt, self.worker_id, encoded)
+            accepted = await self._executions.record_progress(ctx.execution_id, ctx.attempt, self.worker_id, sealed)
         except TRANSIENT_DB_ERRORS as exc:
             ctx.logger.warning("could not store progress: %s", exc)
             return

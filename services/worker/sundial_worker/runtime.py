@@ -39,6 +39,7 @@ from typing import Any
 
 from redis import Redis as SyncRedis
 from redis.asyncio import Redis
+from sundial_common.encryption import Keyring, open_keyring
 from sundial_common.hotwindow import HotWindow
 from sundial_common.settings import CommonSettings
 from sundial_common.stores import Stores
@@ -224,10 +225,11 @@ class WorkerRuntime:
         redis: Redis | None = None
         try:
             stores = await Stores.connect(self.settings.database_url, min_size=1, max_size=self.config.db_pool_size)
+            keyring = await open_keyring(self.settings, stores.keys)  # a wrong or missing master key stops here
             redis = Redis.from_url(
                 self.settings.redis_url, socket_timeout=5, socket_connect_timeout=5, health_check_interval=30
             )
-            self._parts = self._build(stores, redis)
+            self._parts = self._build(stores, redis, keyring)
             self.parts.executor.open()
             # Before joining the group: what an earlier incarnation of this worker left RUNNING is lost.
             await Incarnations(
@@ -246,9 +248,11 @@ class WorkerRuntime:
         self._spawn("heartbeat", parts.heartbeats.run)
         self._spawn("cancel", parts.cancel_watch.run)
 
-    def _build(self, stores: Stores, redis: Redis) -> WorkerParts:
+    def _build(self, stores: Stores, redis: Redis, keyring: Keyring) -> WorkerParts:
         config = self.config
-        heartbeats = Heartbeats(redis, stores.executions, self.worker_id, config.heartbeats(), inflight=self.inflight)
+        heartbeats = Heartbeats(
+            redis, stores.executions, self.worker_id, config.heartbeats(), inflight=self.inflight, keyring=keyring
+        )
         loop = asyncio.get_running_loop()
 
         def fail_from_thread(what: str, exc: BaseException) -> None:
@@ -270,6 +274,7 @@ class WorkerRuntime:
             outcomes=self.outcomes,
             heartbeats=heartbeats,
             stats=self.stats,
+            keyring=keyring,
             on_failure=self._fail,
         )
         return WorkerParts(
@@ -288,6 +293,7 @@ class WorkerRuntime:
                 executor=executor,
                 heartbeats=heartbeats,
                 stats=self.stats,
+                keyring=keyring,
                 stopping=self._stopping,
             ),
             flusher=OutcomeFlusher(

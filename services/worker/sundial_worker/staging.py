@@ -30,6 +30,7 @@ from uuid import UUID
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message
 from sundial_common.broker import ensure_topics
+from sundial_common.encryption import PAYLOAD, TenantCipher, open_keyring
 from sundial_common.messages import ExecutionMessage, pool_topic
 from sundial_common.settings import CommonSettings
 from sundial_common.stores import Stores
@@ -152,6 +153,11 @@ class StagingRuntime:
     async def run_until(self, stop: asyncio.Event) -> None:
         self._loop = asyncio.get_running_loop()
         stores = await Stores.connect(self.settings.database_url, min_size=1, max_size=self.config.db_pool_size)
+        try:
+            keyring = await open_keyring(self.settings, stores.keys)  # a wrong or missing master key stops here
+        except BaseException:
+            await stores.close()
+            raise
         log.info(
             "staging worker %s serving %s (replays only): handlers %s",
             self.worker_id,
@@ -166,8 +172,11 @@ class StagingRuntime:
                 if not polled:
                     continue
                 replayed = [r for r in map(self._decode, polled) if r is not None]
+                # Replayed payloads are sealed as the originals were: the batch's tenants' keys, one read
+                # for tenants this process has not seen yet.
+                ciphers = await keyring.ciphers({r.message.tenant_id for r in replayed})
                 batch: asyncio.Future[list[ReplayRun]] = asyncio.ensure_future(
-                    asyncio.gather(*(self._run(r, slots) for r in replayed))
+                    asyncio.gather(*(self._run(r, slots, ciphers[r.message.tenant_id]) for r in replayed))
                 )
                 forced: asyncio.Future[Any] = asyncio.ensure_future(self._force.wait())
                 await asyncio.wait([batch, forced], return_when=asyncio.FIRST_COMPLETED)
@@ -207,7 +216,7 @@ class StagingRuntime:
             return None
         return _Replayed(partition, offset, body, info)
 
-    async def _run(self, item: _Replayed, slots: asyncio.Semaphore) -> ReplayRun:
+    async def _run(self, item: _Replayed, slots: asyncio.Semaphore, cipher: TenantCipher) -> ReplayRun:
         message, info = item.message, item.replay
         spec = self.worker.registry.get(message.handler)
         outcome, error = "SUCCEEDED", None
@@ -236,12 +245,9 @@ class StagingRuntime:
                     ),
                     replay=info,
                 )
-                call: Any = (
-                    spec.func(ctx, message.payload)
-                    if spec.is_async
-                    else asyncio.to_thread(spec.func, ctx, message.payload)
-                )
                 try:
+                    payload = cipher.open_json(message.payload, PAYLOAD)
+                    call: Any = spec.func(ctx, payload) if spec.is_async else asyncio.to_thread(spec.func, ctx, payload)
                     await asyncio.wait_for(call, message.timeout_sec)
                 except TimeoutError:
                     ctx.request_cancel()
@@ -258,6 +264,8 @@ class StagingRuntime:
             original_execution_id=info.original_execution_id,
             handler=message.handler,
             outcome=outcome,
+            # Kept readable: a run has no tenant column for the API to open it with (an admin replay spans
+            # tenants); see README "Encryption at rest".
             error=error,
             duration_ms=(time.perf_counter() - started) * 1000,
             worker_id=self.worker_id,

@@ -8,6 +8,7 @@ from datetime import datetime
 from typing import Any
 
 from pydantic import Field
+from sundial_common.encryption import PROGRESS, RESULT, TenantCipher
 
 from sundial_api.models.common import ViewModel
 
@@ -83,8 +84,9 @@ class ExecutionList(ViewModel):
     next_cursor: str | None = Field(description="Pass as `cursor` for the next page; null on the last page.")
 
 
-def render_execution(row: Mapping[str, Any], trace_link_template: str | None) -> dict[str, Any]:
-    """An ``executions`` row as the Execution view; ``trace_link_template`` None (no trace backend): no link."""
+def render_execution(row: Mapping[str, Any], trace_link_template: str | None, cipher: TenantCipher) -> dict[str, Any]:
+    """An ``executions`` row as the Execution view (result and error opened with the tenant's ``cipher``);
+    ``trace_link_template`` None (no trace backend): no link."""
     trace_id = row["trace_id"]
     return {
         "executionId": str(row["id"]),
@@ -106,14 +108,14 @@ def render_execution(row: Mapping[str, Any], trace_link_template: str | None) ->
         "publishedAt": row["published_at"],
         "startedAt": row["started_at"],
         "finishedAt": row["finished_at"],
-        "result": row["result"],
-        "error": row["error"],
+        "result": cipher.open_json(row["result"], RESULT),
+        "error": cipher.open_error(row["error"]),
         "traceId": trace_id,
         "traceLink": trace_link_template.format(trace_id=trace_id) if trace_id and trace_link_template else None,
     }
 
 
-def render_attempt(row: Mapping[str, Any]) -> dict[str, Any]:
+def render_attempt(row: Mapping[str, Any], cipher: TenantCipher) -> dict[str, Any]:
     """An ``execution_attempts`` row as the Attempt view."""
     return {
         "attempt": row["attempt"],
@@ -121,6 +123,6 @@ def render_attempt(row: Mapping[str, Any]) -> dict[str, Any]:
         "state": row["state"],
         "startedAt": row["started_at"],
         "finishedAt": row["finished_at"],
-        "error": row["error"],
-        "progress": row["progress"],
+        "error": cipher.open_error(row["error"]),
+        "progress": cipher.open_json(row["progress"], PROGRESS),
     }

@@ -9,6 +9,7 @@ from datetime import datetime
 from typing import Annotated, Any
 
 from pydantic import ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationInfo, field_validator
+from sundial_common.encryption import PAYLOAD, TenantCipher
 from sundial_common.messages import POOL_NAME
 
 from sundial_api.models.common import RequestModel, ViewModel
@@ -329,8 +330,8 @@ class JobList(ViewModel):
     next_cursor: str | None = Field(description="Pass as `cursor` for the next page; null on the last page.")
 
 
-def render_job(row: Mapping[str, Any]) -> dict[str, Any]:
-    """A ``jobs`` row as the Job view."""
+def render_job(row: Mapping[str, Any], cipher: TenantCipher) -> dict[str, Any]:
+    """A ``jobs`` row as the Job view (its payload opened with the tenant's ``cipher``)."""
     return {
         "jobId": str(row["id"]),
         "name": row["name"],
@@ -349,7 +350,7 @@ def render_job(row: Mapping[str, Any]) -> dict[str, Any]:
         "catchupPolicy": row["catchup_policy"],
         "catchupWindowSec": row["catchup_window_sec"],
         "target": {"pool": row["pool"], "handler": row["handler"]},
-        "payload": row["payload"],
+        "payload": cipher.open_json(row["payload"], PAYLOAD),
         "retryPolicy": row["retry_policy"],
         "timeoutSec": row["timeout_sec"],
         "priority": row["priority"],
