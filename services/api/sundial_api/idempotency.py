@@ -34,6 +34,7 @@ import orjson
 from pydantic import BaseModel
 from starlette.responses import Response
 from sundial_common.auth import Principal
+from sundial_common.stores.dependencies import Edge
 from sundial_common.stores.idempotency import IdempotentResponse
 from sundial_common.stores.types import Record
 
@@ -114,12 +115,19 @@ async def create_job_once(
     body: BaseModel,
     values: dict[str, Any],
     max_active_jobs: int | None = None,
+    parents: Sequence[Edge] = (),
 ) -> Record | Response:
     """Insert the job described by ``values`` unless ``key`` already did: the new row, or the answer to replay."""
 
     async def insert(token: uuid.UUID) -> Record | None:
         done = await state.stores.idempotency.insert_job_idempotent(
-            values, principal.subject, key=key, token=token, respond=_created, max_active_jobs=max_active_jobs
+            values,
+            principal.subject,
+            key=key,
+            token=token,
+            respond=_created,
+            max_active_jobs=max_active_jobs,
+            parents=parents,
         )
         return None if done is None else done[0]
 

@@ -50,6 +50,7 @@ from sundial_dispatcher.dispatcher import DispatcherConfig, ShardDispatcher
 from sundial_dispatcher.fairness import FairDispatch
 from sundial_dispatcher.metrics import Leadership, ShardPassMetrics
 from sundial_dispatcher.tenancy import TenantPolicy
+from sundial_dispatcher.triggers import TriggerConfig, TriggerDispatcher
 
 __all__ = [
     "CampaignConfig",
@@ -180,6 +181,10 @@ def dispatch_work(deps: Dependencies, config: DispatcherConfig, holder: str) -> 
             tenants=tenants,
             fair=fair,
         )
+        # Dependent jobs' fires (sundial_dispatcher.triggers), under the same term and fence.
+        triggers = TriggerDispatcher(
+            shard, token, holder, deps.stores.dependencies, deps.stores.dispatch, deps.publisher, TriggerConfig()
+        )
         failures = 0
         metrics = ShardPassMetrics(shard)
         while tenure.active():
@@ -187,6 +192,7 @@ def dispatch_work(deps: Dependencies, config: DispatcherConfig, holder: str) -> 
                 started = time.perf_counter()
                 result = await dispatcher.run_once()
                 metrics.passed(time.perf_counter() - started, result.claimed)
+                await triggers.run_if_due()
                 failures = 0
             except FencedOut:
                 raise

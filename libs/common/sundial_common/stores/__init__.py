@@ -15,6 +15,8 @@ one Postgres implementation and its own file of named queries under ``sql/``:
   retention of finished executions.
 - :mod:`~sundial_common.stores.workers` — worker incarnations and the attempts an earlier one left running.
 - :mod:`~sundial_common.stores.tenants` — the tenant registry: weight, quotas, state.
+- :mod:`~sundial_common.stores.dependencies` — DEPENDENT jobs' parents, and the triggers their parents' final
+  states record, turned into executions by the child's shard leader.
 
 They share one :class:`~sundial_common.stores.database.Database` (the asyncpg pool and its connection
 setup); :class:`Stores` holds them together for a process. The values they trade in that are not one
@@ -28,6 +30,7 @@ from dataclasses import dataclass
 
 from sundial_common.stores.analytics import AnalyticsStore, PostgresAnalyticsStore
 from sundial_common.stores.database import Database
+from sundial_common.stores.dependencies import DependencyStore, PostgresDependencyStore
 from sundial_common.stores.dispatch import DispatchStore, PostgresDispatchStore
 from sundial_common.stores.executions import ExecutionStore, PostgresExecutionStore
 from sundial_common.stores.idempotency import IdempotencyStore, PostgresIdempotencyStore
@@ -50,6 +53,7 @@ class Stores:
     analytics: AnalyticsStore
     workers: WorkerStore
     tenants: TenantStore
+    dependencies: DependencyStore
 
     @classmethod
     def over(cls, database: Database) -> Stores:
@@ -64,6 +68,7 @@ class Stores:
             analytics=PostgresAnalyticsStore(database),
             workers=PostgresWorkerStore(database),
             tenants=PostgresTenantStore(database),
+            dependencies=PostgresDependencyStore(database),
         )
 
     @classmethod
