@@ -255,7 +255,7 @@ class PostgresDependencyStore:
                     [p.trace_id for p in planned],
                     [p.traceparent for p in planned],
                     [p.trigger_id for p in planned],
-                    [[str(c) for c in p.caused_by] for p in planned],
+                    [",".join(str(c) for c in p.caused_by) for p in planned],
                     holder,
                 )
             created_ids = {row["id"] for row in inserted}

@@ -121,15 +121,16 @@ FOR UPDATE;
 
 -- name: insert_triggered_executions
 -- One execution per fire, unique per (child, trigger): a second attempt at the same trigger inserts
--- nothing. scheduled_for is the instant of the fire, after the child's latest (no two share one).
+-- nothing. caused_by travels as comma-separated ids (asyncpg reads a list of lists as a
+-- two-dimensional array, which must be rectangular). scheduled_for is the instant of the fire, after the child's latest (no two share one).
 WITH inserted AS (
     INSERT INTO executions (id, tenant_id, job_id, scheduled_for, shard, fence_token, pool, handler, state,
                             max_attempts, timeout_sec, trace_id, traceparent, fire_at, trigger_id, caused_by)
     SELECT e.id, e.tenant_id, e.job_id, e.scheduled_for, $9, $10, e.pool, e.handler, 'PENDING',
            e.max_attempts, e.timeout_sec, e.trace_id, e.traceparent, e.scheduled_for, e.trigger_id,
-           ARRAY(SELECT jsonb_array_elements_text(e.caused_by)::uuid)
+           string_to_array(e.caused_by, ',')::uuid[]
     FROM unnest($1::uuid[], $2::text[], $3::uuid[], $4::timestamptz[], $5::text[], $6::text[], $7::int[],
-                $8::int[], $11::text[], $12::text[], $13::uuid[], $14::jsonb[])
+                $8::int[], $11::text[], $12::text[], $13::uuid[], $14::text[])
          AS e (id, tenant_id, job_id, scheduled_for, pool, handler, max_attempts, timeout_sec, trace_id, traceparent,
                trigger_id, caused_by)
     ON CONFLICT (job_id, trigger_id) WHERE trigger_id IS NOT NULL DO NOTHING
