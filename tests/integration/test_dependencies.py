@@ -40,9 +40,7 @@ async def make(api: Api, body: dict[str, Any]) -> str:
     return str(response.json()["jobId"])
 
 
-async def run_parent(
-    api: Api, stores: Stores, job_id: str, outcomes: list[str], *, n: int = 0
-) -> list[uuid.UUID]:
+async def run_parent(api: Api, stores: Stores, job_id: str, outcomes: list[str], *, n: int = 0) -> list[uuid.UUID]:
     """Executions of ``job_id`` (one per outcome) started and finished by a worker in one batch each."""
     ids = []
     for i, _ in enumerate(outcomes):
@@ -82,9 +80,7 @@ async def fire_all(stores: Stores, publisher: KafkaPublisher, passes: int = 1) -
 
 
 async def children_executions(db: asyncpg.Connection, job_id: str) -> list[asyncpg.Record]:
-    return await db.fetch(
-        "SELECT * FROM executions WHERE job_id = $1 ORDER BY scheduled_for", uuid.UUID(job_id)
-    )
+    return await db.fetch("SELECT * FROM executions WHERE job_id = $1 ORDER BY scheduled_for", uuid.UUID(job_id))
 
 
 # --- the graph over HTTP ----------------------------------------------------------------------------
@@ -141,7 +137,9 @@ async def test_bad_graphs_are_refused_naming_the_field_and_nothing_is_written(ap
     assert to_clock.status_code == 422 and error_fields(to_clock) == ["type"]
     assert await api.counts() == before
     assert await api.db.fetchval("SELECT count(*) FROM job_dependencies") == edges
-    parents_of_b = await api.db.fetch("SELECT parent_job_id FROM job_dependencies WHERE child_job_id = $1", uuid.UUID(b))
+    parents_of_b = await api.db.fetch(
+        "SELECT parent_job_id FROM job_dependencies WHERE child_job_id = $1", uuid.UUID(b)
+    )
     assert [str(r["parent_job_id"]) for r in parents_of_b] == [a]
 
     # A valid change of parents is accepted and shown.
@@ -252,9 +250,7 @@ async def test_every_final_state_path_records_its_trigger(api: Api, stores: Stor
     assert sorted(r["caused_by"][0] for r in await children_executions(api.db, child)) == sorted(
         [dead[0], lost, cancelled]
     )
-    assert sorted(r["caused_by"][0] for r in await children_executions(api.db, failed_child)) == sorted(
-        [dead[0], lost]
-    )
+    assert sorted(r["caused_by"][0] for r in await children_executions(api.db, failed_child)) == sorted([dead[0], lost])
 
 
 async def test_fan_in_fires_once_every_parent_has_a_new_execution(

@@ -232,7 +232,8 @@ class TriggerDispatcher:
                 span.set_status(Status(StatusCode.ERROR, "trigger transaction failed"))
                 span.end()
             raise
-        crash_point("triggers.after_commit")
+        if outcome.created:
+            crash_point("triggers.after_commit")  # committed, not published: the sweeper's to send
         created = {p.execution_id for p in outcome.created}
         for execution_id, span in planner.spans.items():
             if execution_id not in created:  # the trigger already had its execution
