@@ -34,13 +34,13 @@ def dependent(parents: list[str], on: str = "SUCCEEDED", **overrides: Any) -> di
     return body
 
 
-async def make(api: Api, body: dict[str, Any]) -> str:
+async def make(api: Api, body: dict[str, Any]) -> str:  # noqa: F811
     response = await api.create(body)
     assert response.status_code == 201, response.text
     return str(response.json()["jobId"])
 
 
-async def run_parent(api: Api, stores: Stores, job_id: str, outcomes: list[str], *, n: int = 0) -> list[uuid.UUID]:
+async def run_parent(api: Api, stores: Stores, job_id: str, outcomes: list[str], *, n: int = 0) -> list[uuid.UUID]:  # noqa: F811
     """Executions of ``job_id`` (one per outcome) started and finished by a worker in one batch each."""
     ids = []
     for i, _ in enumerate(outcomes):
@@ -86,7 +86,7 @@ async def children_executions(db: asyncpg.Connection, job_id: str) -> list[async
 # --- the graph over HTTP ----------------------------------------------------------------------------
 
 
-async def test_a_chain_is_created_and_each_job_shows_its_parents_and_children(api: Api) -> None:
+async def test_a_chain_is_created_and_each_job_shows_its_parents_and_children(api: Api) -> None:  # noqa: F811
     a = await make(api, delayed())
     b = await make(api, dependent([a]))
     c = await make(api, dependent([b], on="ANY", catchupPolicy="SKIP"))
@@ -100,7 +100,7 @@ async def test_a_chain_is_created_and_each_job_shows_its_parents_and_children(ap
     assert (await api.client.get(f"/v1/jobs/{c}", headers=api.auth())).json()["catchupPolicy"] == "SKIP"
 
 
-async def test_bad_graphs_are_refused_naming_the_field_and_nothing_is_written(api: Api) -> None:
+async def test_bad_graphs_are_refused_naming_the_field_and_nothing_is_written(api: Api) -> None:  # noqa: F811
     a = await make(api, delayed())
     b = await make(api, dependent([a]))
     c = await make(api, dependent([b]))
@@ -149,7 +149,7 @@ async def test_bad_graphs_are_refused_naming_the_field_and_nothing_is_written(ap
     assert [(p["jobId"], p["on"]) for p in shown] == [(a, "ANY")]
 
 
-async def test_deleting_a_parent_with_live_children_is_refused_unless_cascaded(api: Api) -> None:
+async def test_deleting_a_parent_with_live_children_is_refused_unless_cascaded(api: Api) -> None:  # noqa: F811
     a = await make(api, delayed())
     b = await make(api, dependent([a]))
     c = await make(api, dependent([b]))
@@ -173,7 +173,9 @@ async def test_deleting_a_parent_with_live_children_is_refused_unless_cascaded(a
 
 
 async def test_each_qualifying_parent_execution_fires_the_child_exactly_once(
-    api: Api, stores: Stores, publisher: KafkaPublisher
+    api: Api,  # noqa: F811
+    stores: Stores,
+    publisher: KafkaPublisher,
 ) -> None:
     a = await make(api, delayed())
     on_success = await make(api, dependent([a]))
@@ -210,7 +212,7 @@ async def test_each_qualifying_parent_execution_fires_the_child_exactly_once(
     assert view["causedBy"] == [str(rows[0]["caused_by"][0])] and view["state"] == "PENDING"
 
 
-async def test_a_stale_leader_cannot_fire_triggers(api: Api, stores: Stores, publisher: KafkaPublisher) -> None:
+async def test_a_stale_leader_cannot_fire_triggers(api: Api, stores: Stores, publisher: KafkaPublisher) -> None:  # noqa: F811
     a = await make(api, delayed())
     b = await make(api, dependent([a]))
     shard = await api.db.fetchval("SELECT shard FROM jobs WHERE id = $1", uuid.UUID(b))
@@ -222,7 +224,7 @@ async def test_a_stale_leader_cannot_fire_triggers(api: Api, stores: Stores, pub
     assert await children_executions(api.db, b) == []
 
 
-async def test_every_final_state_path_records_its_trigger(api: Api, stores: Stores, publisher: KafkaPublisher) -> None:
+async def test_every_final_state_path_records_its_trigger(api: Api, stores: Stores, publisher: KafkaPublisher) -> None:  # noqa: F811
     """The worker's DEAD, the sweeper's lost attempt, and a cancel by the API all trigger an ANY child."""
     a = await make(api, delayed())
     child = await make(api, dependent([a], on="ANY"))
@@ -254,7 +256,10 @@ async def test_every_final_state_path_records_its_trigger(api: Api, stores: Stor
 
 
 async def test_fan_in_fires_once_every_parent_has_a_new_execution(
-    api: Api, stores: Stores, publisher: KafkaPublisher, spans: Any
+    api: Api,  # noqa: F811
+    stores: Stores,
+    publisher: KafkaPublisher,
+    spans: Any,
 ) -> None:
     a = await make(api, delayed())
     b = await make(api, delayed())
@@ -287,7 +292,11 @@ async def test_fan_in_fires_once_every_parent_has_a_new_execution(
 
 @pytest.mark.parametrize(("policy", "runs"), [("SKIP", 0), ("FIRE_ONCE", 1), ("FIRE_ALL", 3)])
 async def test_triggers_that_waited_while_the_child_was_paused_follow_its_catch_up_policy(
-    api: Api, stores: Stores, publisher: KafkaPublisher, policy: str, runs: int
+    api: Api,  # noqa: F811
+    stores: Stores,
+    publisher: KafkaPublisher,
+    policy: str,
+    runs: int,
 ) -> None:
     a = await make(api, delayed())
     child = await make(api, dependent([a], catchupPolicy=policy, catchupWindowSec=60))
