@@ -16,7 +16,8 @@ one Postgres implementation and its own file of named queries under ``sql/``:
 - :mod:`~sundial_common.stores.workers` — worker incarnations and the attempts an earlier one left running.
 - :mod:`~sundial_common.stores.tenants` — the tenant registry: weight, quotas, state.
 - :mod:`~sundial_common.stores.dependencies` — DEPENDENT jobs' parents, and the triggers their parents' final
-  states record, turned into executions by the child's shard leader.
+  states record, turned into executions by the child's shard leader;
+- :mod:`~sundial_common.stores.backfills` — backfills of a recurring job's past range, stepped by its shard leader.
 
 They share one :class:`~sundial_common.stores.database.Database` (the asyncpg pool and its connection
 setup); :class:`Stores` holds them together for a process. The values they trade in that are not one
@@ -29,6 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sundial_common.stores.analytics import AnalyticsStore, PostgresAnalyticsStore
+from sundial_common.stores.backfills import BackfillStore, PostgresBackfillStore
 from sundial_common.stores.database import Database
 from sundial_common.stores.dependencies import DependencyStore, PostgresDependencyStore
 from sundial_common.stores.dispatch import DispatchStore, PostgresDispatchStore
@@ -54,6 +56,7 @@ class Stores:
     workers: WorkerStore
     tenants: TenantStore
     dependencies: DependencyStore
+    backfills: BackfillStore
 
     @classmethod
     def over(cls, database: Database) -> Stores:
@@ -69,6 +72,7 @@ class Stores:
             workers=PostgresWorkerStore(database),
             tenants=PostgresTenantStore(database),
             dependencies=PostgresDependencyStore(database),
+            backfills=PostgresBackfillStore(database),
         )
 
     @classmethod

@@ -1,4 +1,4 @@
-"""Jobs that run after other jobs: dependency edges, trigger rows, and the executions they became.
+"""Jobs that run after other jobs (dependency edges, trigger rows, the executions they became), and backfills.
 
 Revision ID: 0015
 Revises: 0011
@@ -16,6 +16,12 @@ The leader of the child's shard turns pending triggers into executions under its
 (for a fan-in, the oldest of the triggers it consumed) and ``executions_trigger_key`` makes it unique per
 child: exactly one execution per trigger, whatever fails over or repeats. ``caused_by`` lists the parent
 executions it ran after.
+
+``backfills``: ``POST /v1/jobs/{id}:backfill`` runs a recurring job's past occurrences that have no execution,
+as a durable operation the leader of the job's shard advances under its fence (``sundial_dispatcher.backfills``):
+``cursor`` is the last nominal time handled, so a leader that dies resumes where the last commit left off,
+and ``(job_id, scheduled_for)`` stays the one guard against a second execution of an occurrence.
+``executions.backfill_id`` tells which executions a backfill created (its ``finished`` count).
 """
 
 from sundial_common.migrate import run_sql_script
@@ -87,6 +93,34 @@ def upgrade() -> None:
     CREATE TRIGGER executions_dependency_triggers AFTER UPDATE ON executions
         REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
         FOR EACH STATEMENT EXECUTE FUNCTION job_triggers_on_final();
+
+    CREATE TABLE backfills (
+        id              uuid PRIMARY KEY,
+        tenant_id       text NOT NULL REFERENCES tenants (id),
+        job_id          uuid NOT NULL REFERENCES jobs (id),
+        shard           integer NOT NULL,
+        range_from      timestamptz NOT NULL,
+        range_to        timestamptz NOT NULL,
+        -- ALLOW: at rate_per_sec whatever is running; BUFFER_ONE: the next once the previous one has ended.
+        overlap_policy  text NOT NULL CHECK (overlap_policy IN ('ALLOW', 'BUFFER_ONE')),
+        rate_per_sec    double precision NOT NULL CHECK (rate_per_sec > 0),
+        -- RUNNING (creating executions), DONE (every occurrence has its execution), CANCELLED.
+        state           text NOT NULL CHECK (state IN ('RUNNING', 'DONE', 'CANCELLED')),
+        total           integer NOT NULL,
+        created         integer NOT NULL DEFAULT 0,
+        -- The last nominal time handled (NULL: none yet); the leader continues strictly after it.
+        cursor_at       timestamptz,
+        -- When the rate budget was last spent: the next step may create rate × (now - stepped_at).
+        stepped_at      timestamptz NOT NULL DEFAULT now(),
+        actor           text,
+        traceparent     text,
+        created_at      timestamptz NOT NULL DEFAULT now(),
+        finished_at     timestamptz
+    );
+    CREATE INDEX backfills_running_idx ON backfills (shard, id) WHERE state = 'RUNNING';
+    CREATE INDEX backfills_job_idx ON backfills (job_id, id);
+    ALTER TABLE executions ADD COLUMN backfill_id uuid;
+    CREATE INDEX executions_backfill_idx ON executions (backfill_id, state) WHERE backfill_id IS NOT NULL;
     """
     )
 
@@ -94,6 +128,9 @@ def upgrade() -> None:
 def downgrade() -> None:
     run_sql_script(
         """
+    DROP INDEX executions_backfill_idx;
+    ALTER TABLE executions DROP COLUMN backfill_id;
+    DROP TABLE backfills;
     DROP TRIGGER executions_dependency_triggers ON executions;
     DROP FUNCTION job_triggers_on_final();
     DROP INDEX executions_trigger_key;
