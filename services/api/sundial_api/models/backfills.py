@@ -45,7 +45,11 @@ class NewBackfill(RequestModel):
         "the next once the previous one has ended.",
     )
     rate_per_sec: float = Field(
-        10.0, gt=0, le=MAX_RATE_PER_SEC, description="Most executions created per second (`ALLOW`)."
+        10.0,
+        gt=0,
+        le=MAX_RATE_PER_SEC,
+        description="`ALLOW`: occurrences handled per second (at most 1000); one that already has an execution "
+        "counts too, so at most this many executions are created per second.",
     )
     dry_run: StrictBool = Field(
         False, description="Only count: answer how many would run and the first nominal times; create nothing."
