@@ -1,4 +1,4 @@
-"""``POST /v1/jobs/{id}:backfill``, ``GET /v1/backfills/{id}``, ``POST /v1/backfills/{id}:cancel``.
+"""``POST /v1/jobs/{id}:backfill``, ``GET /v1/backfills/{id}``, ``POST /v1/backfills/{id}/cancel``.
 
 A backfill runs a recurring job's occurrences whose nominal times fall in a past range ``[from, to)`` and that
 have no execution yet. The API only checks the range and counts what is missing (a dry run stops there);
@@ -133,7 +133,7 @@ async def get_backfill(
 
 
 @router.post(
-    "/backfills/{backfill_id}:cancel",
+    "/backfills/{backfill_id}/cancel",
     response_model=Backfill,
     responses=responses(401, 404, 409, 503),
     summary="Cancel a backfill: no more executions are created",
