@@ -130,6 +130,8 @@ class PostgresBackfillStore:
 
     async def step(self, shard: int, token: int, holder: str, limit: int, plan: BackfillPlanner) -> BackfillOutcome:
         """The fenced backfill transaction (see the module docstring). Raises ``FencedOut`` like a dispatch."""
+        if not await self._db.pool.fetchval(Q["any_running"], shard):
+            return BackfillOutcome([], BackfillPlan())
         async with self._db.pool.acquire() as conn, conn.transaction():
             if await conn.fetchval(dispatch.Q["raise_fence"], shard, token, holder) is None:
                 raise dispatch.FencedOut(shard, token)

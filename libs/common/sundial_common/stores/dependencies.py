@@ -229,6 +229,8 @@ class PostgresDependencyStore:
         ``plan`` decide the fires, insert their executions (one per child and trigger), consume the triggers.
         Publishing is the caller's, after commit: the execution rows are the outbox, as for any dispatch.
         """
+        if not await self._db.pool.fetchval(Q["any_pending"], shard):
+            return TriggerOutcome([], TriggerPlan())
         async with self._db.pool.acquire() as conn, conn.transaction():
             if await conn.fetchval(dispatch.Q["raise_fence"], shard, token, holder) is None:
                 raise dispatch.FencedOut(shard, token)

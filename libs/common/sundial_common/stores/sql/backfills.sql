@@ -38,6 +38,10 @@ WITH changed AS (
 )
 SELECT * FROM changed;
 
+-- name: any_running
+-- Before the fenced transaction (a write): has this shard a running backfill? (backfills_running_idx)
+SELECT EXISTS (SELECT 1 FROM backfills WHERE shard = $1 AND state = 'RUNNING');
+
 -- name: running_backfills
 -- The leader's step: this shard's running backfills with their job, locked for the transaction (a cancel
 -- waits for it, and is then final). `open`: its executions still PENDING or RUNNING (BUFFER_ONE waits).

@@ -39,6 +39,9 @@ SELECT max(depth) FROM down;
 -- A child's parents become exactly ($2, $3); audited with the new list.
 WITH gone AS (
     DELETE FROM job_dependencies WHERE child_job_id = $1
+), dropped AS (
+    -- Triggers still waiting from a parent that is no longer one will never make a fire: drop them.
+    DELETE FROM job_triggers WHERE child_job_id = $1 AND consumed_at IS NULL AND NOT parent_job_id = ANY($2::uuid[])
 ), added AS (
     INSERT INTO job_dependencies (child_job_id, parent_job_id, tenant_id, on_state)
     SELECT $1, p.parent, $4, p.on_state FROM unnest($2::uuid[], $3::text[]) AS p (parent, on_state)
@@ -102,13 +105,19 @@ SELECT j.id, j.tenant_id, j.name, j.pool, j.handler, j.payload, j.retry_policy, 
        (SELECT max(e.scheduled_for) FROM executions e WHERE e.job_id = j.id) AS last_scheduled_for
 FROM jobs j
 WHERE j.id IN (
-    SELECT child_job_id FROM (
-        SELECT child_job_id, min(created_at) AS first FROM job_triggers
-        WHERE shard = $1 AND consumed_at IS NULL
-        GROUP BY child_job_id ORDER BY first LIMIT $2
-    ) waiting
+    SELECT t.child_job_id FROM job_triggers t JOIN jobs c ON c.id = t.child_job_id AND c.state = 'ACTIVE'
+    WHERE t.shard = $1 AND t.consumed_at IS NULL
+    GROUP BY t.child_job_id ORDER BY min(t.created_at) LIMIT $2
 ) AND j.shard = $1 AND j.state = 'ACTIVE'
 FOR UPDATE OF j SKIP LOCKED;
+
+-- name: any_pending
+-- Before the fenced transaction (a write): is any trigger of an ACTIVE child of this shard waiting? An index
+-- probe of job_triggers_pending_idx, nearly always empty, so an idle leader writes nothing.
+SELECT EXISTS (
+    SELECT 1 FROM job_triggers t JOIN jobs c ON c.id = t.child_job_id AND c.state = 'ACTIVE'
+    WHERE t.shard = $1 AND t.consumed_at IS NULL
+);
 
 -- name: pending_triggers
 -- The waiting triggers of the locked children, oldest first (at most $2 per pass).
