@@ -30,9 +30,10 @@ def start_stack(processes: Processes, dispatcher_env: dict[str, str] | None = No
         processes.start(name, name, env=FAST)
     processes.start("dispatcher", "dispatcher", env={**FAST, **(dispatcher_env or {})})
     processes.start("worker", "worker", "--app", "sundial_worker.demo:worker", "--concurrency", "8")
-    processes.wait_http_ok("api", f"http://127.0.0.1:{port}/readyz")
-    processes.wait_for_log("dispatcher", "leading with fence token")
-    processes.wait_for_log("worker", "partitions assigned")
+    # Python processes take seconds to start on a loaded machine: generous bounds, nothing is timed yet.
+    processes.wait_http_ok("api", f"http://127.0.0.1:{port}/readyz", timeout=90)
+    processes.wait_for_log("dispatcher", "leading with fence token", timeout=90)
+    processes.wait_for_log("worker", "partitions assigned", timeout=90)
     return port
 
 
