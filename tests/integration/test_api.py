@@ -465,7 +465,8 @@ async def test_get_job_returns_it_with_its_latest_executions(api: Api) -> None:
     assert response.status_code == 200
     detail = response.json()
     JobDetail.model_validate(detail)
-    assert {k: v for k, v in detail.items() if k != "latestExecutions"} == job
+    assert {k: v for k, v in detail.items() if k not in ("latestExecutions", "parents", "children")} == job
+    assert (detail["parents"], detail["children"]) == ([], [])  # no dependencies
     scheduled = [e["scheduledFor"] for e in detail["latestExecutions"]]
     assert scheduled == [rfc3339(NOW - timedelta(minutes=i)) for i in range(10)]
 
@@ -663,6 +664,9 @@ async def test_openapi_documents_the_api(api: Api) -> None:
         "/v1/jobs/{job_id}/preview",
         "/v1/schedules:preview",
         "/v1/executions/{execution_id}",
+        "/v1/jobs/{job_id}:backfill",
+        "/v1/backfills/{backfill_id}",
+        "/v1/backfills/{backfill_id}/cancel",
         "/healthz",
         "/readyz",
     } <= set(spec["paths"])
@@ -693,6 +697,7 @@ async def test_openapi_documents_the_api(api: Api) -> None:
         "catchupPolicy",
         "catchupWindowSec",
         "labels",
+        "dependsOn",
     } == set(job_create["properties"])
     assert job_create["additionalProperties"] is False
     assert spec["components"]["securitySchemes"]["bearerAuth"]["scheme"] == "bearer"

@@ -389,3 +389,48 @@ def test_sundial_tenants_registers_changes_suspends_and_resumes(
     assert tenants("list", client=tenant)[0] == 6  # not an admin token
     assert tenants("resume", "newco")[0] == 0
     assert "newco" in tenants("list")[1]
+
+
+def test_dependencies_and_backfills_through_the_client_and_the_cli(
+    client: Client, capsys: pytest.CaptureFixture[str]
+) -> None:
+    start = datetime.now(UTC).replace(second=0, microsecond=0) - timedelta(hours=1)
+    parent = client.schedule(handler="echo", pool="demo").every(60, start_at=start)
+    code, out, _ = cli(
+        _jobs_parser(),
+        [
+            "create",
+            "--name",
+            "after",
+            "--pool",
+            "demo",
+            "--handler",
+            "echo",
+            "--after",
+            f"{parent.job_id}:ANY",
+            "--json",
+        ],
+        client,
+        capsys,
+    )
+    assert code == 0, out
+    child = json.loads(out)
+    assert child["type"] == "DEPENDENT"
+    detail = client.jobs.get(parent.job_id)
+    assert [(c.job_id, c.on) for c in detail.children] == [(child["jobId"], "ANY")]
+    code, _, err = cli(_jobs_parser(), ["delete", parent.job_id], client, capsys)
+    assert code == 5 and child["jobId"] in err  # CONFLICT: a child waits on it
+
+    dry = client.jobs.backfill_dry_run(parent.job_id, start, start + timedelta(minutes=10))
+    assert dry.count == 10 and dry.first[0] == start
+    code, out, _ = cli(
+        _jobs_parser(),
+        ["backfill", parent.job_id, "--from", start.isoformat(), "--to", (start + timedelta(minutes=10)).isoformat()],
+        client,
+        capsys,
+    )
+    assert code == 0 and "0/10 created" in out, out
+    backfill_id = out.split()[1]
+    assert client.jobs.cancel_backfill(backfill_id).state == "CANCELLED"
+    assert client.jobs.delete(parent.job_id, cascade=True).state == "CANCELLED"
+    assert client.jobs.get(child["jobId"]).state == "CANCELLED"

@@ -131,5 +131,8 @@ def test_every_operation_of_the_api_has_a_client_call(schemas: dict[str, Any]) -
         ("PATCH", "/v1/admin/tenants/{tenant_id}"),
         ("POST", "/v1/admin/tenants/{tenant_id}/suspend"),
         ("POST", "/v1/admin/tenants/{tenant_id}/resume"),
+        ("POST", "/v1/jobs/{job_id}:backfill"),
+        ("GET", "/v1/backfills/{backfill_id}"),
+        ("POST", "/v1/backfills/{backfill_id}/cancel"),
     }
     assert operations == covered

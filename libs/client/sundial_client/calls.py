@@ -19,6 +19,9 @@ from pydantic.alias_generators import to_camel
 from pydantic_core import to_jsonable_python
 
 from sundial_client.models import (
+    Backfill,
+    BackfillDryRun,
+    BackfillRequest,
     BatchResult,
     ClusterView,
     Execution,
@@ -113,8 +116,26 @@ def update_job(job_id: str, fields: Mapping[str, Any], if_match: int | None) -> 
     return Call("PATCH", f"/v1/jobs/{_id(job_id)}", _model(Job), body=changes(fields), headers=headers)
 
 
-def delete_job(job_id: str) -> Call[Job]:
-    return Call("DELETE", f"/v1/jobs/{_id(job_id)}", _model(Job))
+def delete_job(job_id: str, cascade: bool = False) -> Call[Job]:
+    params = {"cascade": "true"} if cascade else None
+    return Call("DELETE", f"/v1/jobs/{_id(job_id)}", _model(Job), params=params)
+
+
+def backfill_job(job_id: str, request: BackfillRequest) -> Call[Backfill]:
+    return Call("POST", f"/v1/jobs/{_id(job_id)}:backfill", _model(Backfill), body=request.to_wire())
+
+
+def backfill_dry_run(job_id: str, request: BackfillRequest) -> Call[BackfillDryRun]:
+    body = {**request.to_wire(), "dryRun": True}
+    return Call("POST", f"/v1/jobs/{_id(job_id)}:backfill", _model(BackfillDryRun), body=body)
+
+
+def get_backfill(backfill_id: str) -> Call[Backfill]:
+    return Call("GET", f"/v1/backfills/{_id(backfill_id)}", _model(Backfill))
+
+
+def cancel_backfill(backfill_id: str) -> Call[Backfill]:
+    return Call("POST", f"/v1/backfills/{_id(backfill_id)}/cancel", _model(Backfill))
 
 
 def pause_job(job_id: str) -> Call[Job]:

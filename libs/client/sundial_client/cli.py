@@ -41,6 +41,7 @@ from sundial_client.errors import (
     Unavailable,
 )
 from sundial_client.models import (
+    Backfill,
     Execution,
     ExecutionState,
     Job,
@@ -255,9 +256,12 @@ def _instant(text: str, flag: str) -> datetime:
 
 
 def _new_job(args: argparse.Namespace) -> NewJob:
-    when = [flag for flag in ("delay", "at", "cron", "every") if getattr(args, flag) is not None]
+    when = [flag for flag in ("delay", "at", "cron", "every", "after") if getattr(args, flag)]
     if len(when) != 1:
-        raise UsageError("say when with exactly one of --delay SECONDS, --at INSTANT, --cron EXPR, --every SECONDS")
+        raise UsageError(
+            "say when with exactly one of --delay SECONDS, --at INSTANT, --cron EXPR, --every SECONDS, "
+            "--after JOB_ID[:SUCCEEDED|FAILED|ANY]"
+        )
     fields: dict[str, Any] = {
         "name": args.name,
         "target": Target(pool=args.pool, handler=args.handler),
@@ -280,8 +284,11 @@ def _new_job(args: argparse.Namespace) -> NewJob:
         fields.update(type=JobType.ONE_SHOT, run_at=_instant(args.at, "--at"))
     elif args.cron is not None:
         fields.update(type=JobType.CRON, schedule=args.cron)
-    else:
+    elif args.every is not None:
         fields.update(type=JobType.INTERVAL, interval_sec=args.every)
+    else:
+        parents = [dict(zip(("job_id", "on"), a.split(":", 1), strict=False)) for a in args.after]
+        fields.update(type=JobType.DEPENDENT, depends_on=parents)
     return NewJob.model_validate(fields)
 
 
@@ -314,6 +321,10 @@ def jobs_get(client: Client, args: argparse.Namespace) -> int:
         print(_dump(job))
     else:
         print(_job_text(job))
+        for title, relatives in (("runs after", job.parents), ("runs before", job.children)):
+            for r in relatives:
+                waiting = f", {r.waiting} waiting" if r.waiting else ""
+                print(f"{title}: {r.job_id} {r.name} ({r.state}, on {r.on}{waiting})")
         if job.latest_executions:
             print("\nlatest executions:")
             print(table(EXECUTION_COLUMNS, map(_execution_row, job.latest_executions)))
@@ -343,6 +354,44 @@ def jobs_update(client: Client, args: argparse.Namespace) -> int:
     if not changes:
         raise UsageError("nothing to change: give at least one of --name, --payload, --cron, --every, --tz, …")
     _print_job(args, client.jobs.update(args.id, if_match=args.if_match, **changes))
+    return OK
+
+
+def jobs_delete(client: Client, args: argparse.Namespace) -> int:
+    _print_job(args, client.jobs.delete(args.id, cascade=args.cascade))
+    return OK
+
+
+def _print_backfill(args: argparse.Namespace, backfill: Backfill) -> None:
+    if args.json:
+        print(_dump(backfill))
+        return
+    print(
+        f"backfill {backfill.backfill_id} {backfill.state}: {backfill.created}/{backfill.total} created, "
+        f"{backfill.finished} finished (job {backfill.job_id}, {_cell(backfill.range_from)} to "
+        f"{_cell(backfill.range_to)})"
+    )
+
+
+def jobs_backfill(client: Client, args: argparse.Namespace) -> int:
+    start, end = _instant(args.start, "--from"), _instant(args.end, "--to")
+    if args.dry_run:
+        dry = client.jobs.backfill_dry_run(args.id, start, end)
+        print(_dump(dry) if args.json else f"{dry.count} occurrences to run; first: {', '.join(map(_cell, dry.first))}")
+        return OK
+    options = {"rate_per_sec": args.rate, "overlap_policy": args.overlap}
+    backfill = client.jobs.backfill(args.id, start, end, **{k: v for k, v in options.items() if v is not None})
+    _print_backfill(args, backfill)
+    return OK
+
+
+def jobs_backfill_status(client: Client, args: argparse.Namespace) -> int:
+    _print_backfill(args, client.jobs.get_backfill(args.id))
+    return OK
+
+
+def jobs_backfill_cancel(client: Client, args: argparse.Namespace) -> int:
+    _print_backfill(args, client.jobs.cancel_backfill(args.id))
     return OK
 
 
@@ -478,6 +527,13 @@ def _jobs_parser() -> argparse.ArgumentParser:
     create.add_argument("--at", metavar="INSTANT", help="ONE_SHOT: run once at this RFC 3339 instant.")
     create.add_argument("--cron", metavar="EXPR", help='CRON: e.g. "0 3 * * *" (in --tz).')
     create.add_argument("--every", type=int, metavar="SECONDS", help="INTERVAL: every this many seconds.")
+    create.add_argument(
+        "--after",
+        action="append",
+        metavar="JOB_ID[:ON]",
+        help="DEPENDENT: run after this job's execution ends SUCCEEDED (default), FAILED or ANY; repeat for a "
+        "fan-in (runs once every parent has a new qualifying execution).",
+    )
     create.add_argument("--tz", help="IANA time zone of the schedule (default UTC).")
     create.add_argument("--payload", metavar="JSON", help="JSON object handed to the handler.")
     create.add_argument("--start-at", metavar="INSTANT")
@@ -517,7 +573,27 @@ def _jobs_parser() -> argparse.ArgumentParser:
         "id"
     )
     _sub(sub, "resume", "Resume a paused job.", _job_action(lambda c, i: c.jobs.resume(i))).add_argument("id")
-    _sub(sub, "delete", "Cancel a job: no more fires.", _job_action(lambda c, i: c.jobs.delete(i))).add_argument("id")
+    delete = _sub(sub, "delete", "Cancel a job: no more fires.", jobs_delete)
+    delete.add_argument("id")
+    delete.add_argument(
+        "--cascade",
+        action="store_true",
+        help=f"Also cancel the DEPENDENT jobs that run after it (without it: exit {CONFLICT}).",
+    )
+    backfill = _sub(
+        sub,
+        "backfill",
+        "Run a recurring job's past occurrences of [--from, --to) that have no execution.",
+        jobs_backfill,
+    )
+    backfill.add_argument("id")
+    backfill.add_argument("--from", dest="start", required=True, metavar="INSTANT")
+    backfill.add_argument("--to", dest="end", required=True, metavar="INSTANT")
+    backfill.add_argument("--rate", type=float, metavar="PER_SEC", help="Occurrences per second (default 10).")
+    backfill.add_argument("--overlap", choices=["ALLOW", "BUFFER_ONE"])
+    backfill.add_argument("--dry-run", action="store_true", help="Only count; create nothing.")
+    _sub(sub, "backfill-status", "Show a backfill's progress.", jobs_backfill_status).add_argument("id")
+    _sub(sub, "backfill-cancel", "Cancel a backfill: no more executions.", jobs_backfill_cancel).add_argument("id")
     _sub(sub, "trigger", "Run a job once now; prints the execution id.", jobs_trigger).add_argument("id")
     preview = _sub(sub, "preview", "A job's next fires, in UTC and its zone.", jobs_preview)
     preview.add_argument("id")

@@ -27,6 +27,9 @@ from sundial_client import calls
 from sundial_client.calls import MAX_BATCH, MAX_PAGE, Call
 from sundial_client.errors import ConnectionFailed, raise_for_problem
 from sundial_client.models import (
+    Backfill,
+    BackfillDryRun,
+    BackfillRequest,
     BatchItem,
     ClusterView,
     Execution,
@@ -271,8 +274,24 @@ class Jobs:
         """``PATCH``: the fields given change (snake_case names; None clears one); ``if_match`` a version."""
         return self._c.call(calls.update_job(job_id, fields, if_match))
 
-    def delete(self, job_id: str) -> Job:
-        return self._c.call(calls.delete_job(job_id))
+    def delete(self, job_id: str, *, cascade: bool = False) -> Job:
+        """Cancel the job; a job DEPENDENT jobs wait on is refused (409) unless ``cascade`` cancels them too."""
+        return self._c.call(calls.delete_job(job_id, cascade))
+
+    def backfill(self, job_id: str, start: datetime, end: datetime, **options: Any) -> Backfill:
+        """``POST /v1/jobs/{id}:backfill``: run the occurrences of ``[start, end)`` that have no execution
+        (``overlap_policy``, ``rate_per_sec``); follow it with :meth:`get_backfill`."""
+        return self._c.call(calls.backfill_job(job_id, BackfillRequest(range_from=start, range_to=end, **options)))
+
+    def backfill_dry_run(self, job_id: str, start: datetime, end: datetime) -> BackfillDryRun:
+        """How many occurrences of ``[start, end)`` a backfill would run, and the first ones; nothing created."""
+        return self._c.call(calls.backfill_dry_run(job_id, BackfillRequest(range_from=start, range_to=end)))
+
+    def get_backfill(self, backfill_id: str) -> Backfill:
+        return self._c.call(calls.get_backfill(backfill_id))
+
+    def cancel_backfill(self, backfill_id: str) -> Backfill:
+        return self._c.call(calls.cancel_backfill(backfill_id))
 
     def pause(self, job_id: str) -> Job:
         return self._c.call(calls.pause_job(job_id))
@@ -596,8 +615,21 @@ class AsyncJobs:
     async def update(self, job_id: str, *, if_match: int | None = None, **fields: Any) -> Job:
         return await self._c.call(calls.update_job(job_id, fields, if_match))
 
-    async def delete(self, job_id: str) -> Job:
-        return await self._c.call(calls.delete_job(job_id))
+    async def delete(self, job_id: str, *, cascade: bool = False) -> Job:
+        return await self._c.call(calls.delete_job(job_id, cascade))
+
+    async def backfill(self, job_id: str, start: datetime, end: datetime, **options: Any) -> Backfill:
+        request = BackfillRequest(range_from=start, range_to=end, **options)
+        return await self._c.call(calls.backfill_job(job_id, request))
+
+    async def backfill_dry_run(self, job_id: str, start: datetime, end: datetime) -> BackfillDryRun:
+        return await self._c.call(calls.backfill_dry_run(job_id, BackfillRequest(range_from=start, range_to=end)))
+
+    async def get_backfill(self, backfill_id: str) -> Backfill:
+        return await self._c.call(calls.get_backfill(backfill_id))
+
+    async def cancel_backfill(self, backfill_id: str) -> Backfill:
+        return await self._c.call(calls.cancel_backfill(backfill_id))
 
     async def pause(self, job_id: str) -> Job:
         return await self._c.call(calls.pause_job(job_id))

@@ -22,6 +22,8 @@ class JobType(enum.StrEnum):
     CRON = "CRON"
     INTERVAL = "INTERVAL"
     RUN_LIST = "RUN_LIST"
+    #: No clock: runs after its parents (``dependsOn``).
+    DEPENDENT = "DEPENDENT"
 
 
 class JobState(enum.StrEnum):
@@ -113,6 +115,13 @@ class _ScheduleFields(_Body):
     max_runs: int | None = None
 
 
+class Dependency(_Body):
+    """A parent of a DEPENDENT job, and the final state its execution must reach (SUCCEEDED, FAILED or ANY)."""
+
+    job_id: str
+    on: str | None = None
+
+
 class NewJob(_ScheduleFields):
     """A job to register (``POST /v1/jobs``): `type` and its own field say when, `target` where."""
 
@@ -127,6 +136,7 @@ class NewJob(_ScheduleFields):
     timeout_sec: int | None = None
     priority: Priority | None = None
     labels: dict[str, str] | None = None
+    depends_on: list[Dependency] | None = None
 
 
 class SchedulePreviewRequest(_ScheduleFields):
@@ -182,6 +192,8 @@ class Execution(_Wire):
     scheduled_for: datetime
     fire_at: datetime | None
     triggered: bool
+    #: A DEPENDENT job's run: the parent executions it ran after.
+    caused_by: list[str] | None = None
     cancel_requested_at: datetime | None
     state: ExecutionState
     attempt: int
@@ -217,8 +229,51 @@ class Attempt(_Wire):
     progress: Any
 
 
+class Relative(_Wire):
+    """A parent or a child of a job in the dependency graph."""
+
+    job_id: str
+    name: str
+    state: JobState
+    on: str
+    waiting: int | None = None
+
+
 class JobDetail(Job):
     latest_executions: list[Execution]
+    parents: list[Relative] = Field(default_factory=list)
+    children: list[Relative] = Field(default_factory=list)
+
+
+class BackfillRequest(_Body):
+    """``POST /v1/jobs/{id}:backfill``: the past range ``[from, to)`` of a recurring job to run."""
+
+    range_from: datetime = Field(alias="from")
+    range_to: datetime = Field(alias="to")
+    overlap_policy: str | None = None
+    rate_per_sec: float | None = None
+    dry_run: bool | None = None
+
+
+class Backfill(_Wire):
+    backfill_id: str
+    job_id: str
+    range_from: datetime = Field(alias="from")
+    range_to: datetime = Field(alias="to")
+    overlap_policy: str
+    rate_per_sec: float
+    state: str
+    total: int
+    created: int
+    finished: int
+    cursor: datetime | None
+    created_at: datetime
+    finished_at: datetime | None
+
+
+class BackfillDryRun(_Wire):
+    count: int
+    first: list[datetime]
 
 
 class ExecutionDetail(Execution):

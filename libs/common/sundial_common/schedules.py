@@ -75,6 +75,8 @@ class Kind(enum.StrEnum):
     CRON = "CRON"
     INTERVAL = "INTERVAL"
     RUN_LIST = "RUN_LIST"
+    #: No clock: fires when its parents complete (sundial_dispatcher.triggers). It has no occurrence here.
+    DEPENDENT = "DEPENDENT"
 
 
 RECURRING = frozenset({Kind.CRON, Kind.INTERVAL, Kind.RUN_LIST})

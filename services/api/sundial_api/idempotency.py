@@ -35,6 +35,7 @@ from pydantic import BaseModel
 from starlette.responses import Response
 from sundial_common.auth import Principal
 from sundial_common.encryption import RESPONSE, TenantCipher
+from sundial_common.stores.dependencies import Edge
 from sundial_common.stores.idempotency import IdempotentResponse
 from sundial_common.stores.types import Record
 
@@ -118,6 +119,7 @@ async def create_job_once(
     values: dict[str, Any],
     cipher: TenantCipher,
     max_active_jobs: int | None = None,
+    parents: Sequence[Edge] = (),
 ) -> Record | Response:
     """Insert the job described by ``values`` unless ``key`` already did: the new row, or the answer to replay."""
 
@@ -129,6 +131,7 @@ async def create_job_once(
             token=token,
             respond=lambda row: _created(row, cipher),
             max_active_jobs=max_active_jobs,
+            parents=parents,
         )
         return None if done is None else done[0]
 

@@ -29,7 +29,8 @@ from starlette.responses import Response
 from sundial_common import ids, telemetry
 from sundial_common.auth import Principal
 from sundial_common.encryption import PAYLOAD, TenantCipher
-from sundial_common.schedules import ScheduleSpec, fire_at, local_time, preview, spec_from_row
+from sundial_common.schedules import Kind, ScheduleSpec, fire_at, local_time, preview, spec_from_row
+from sundial_common.stores.dependencies import Edge, GraphError
 from sundial_common.stores.tenants import ActiveJobsQuotaExceeded, Tenant
 from sundial_common.stores.types import Occurrence, Record
 
@@ -66,6 +67,7 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 schedules_router = APIRouter(prefix="/v1", tags=["jobs"])
 
 LATEST_EXECUTIONS = 10
+LISTED_CHILDREN = 100
 # Also add occurrences due a little past the horizon: a hydrator pass that read Postgres before this
 # job committed may already have moved its watermark past it (or run on a clock slightly ahead). A
 # member a minute beyond the window costs nothing; a missed one would fire only at the overdue scan.
@@ -111,8 +113,9 @@ async def create_job(
     asked = body
     body = with_tenant_defaults(body, tenant)
     now = state.clock.now()
+    edges = _edges(body)
     resolved = _resolve(body, state, now)
-    assert resolved.next_nominal is not None  # a new job always has an occurrence (else 422 above)
+    assert resolved.next_nominal is not None or edges  # a new job always has an occurrence (else 422 above)
     await check_create_rate(state, tenant)
     max_active_jobs = tenant.quotas.max_active_jobs if tenant is not None else None
 
@@ -127,29 +130,50 @@ async def create_job(
             "state": JobState.ACTIVE.value,
             "shard": shard,
             "next_nominal_at": resolved.next_nominal,
-            "next_fire_at": fire_at(job_id, resolved.next_nominal, body.jitter_sec),
+            "next_fire_at": fire_at(job_id, resolved.next_nominal, body.jitter_sec) if resolved.next_nominal else None,
             # The request span's context: the dispatch and the handler run continue this trace.
             "traceparent": telemetry.traceparent(),
         }
     )
     try:
-        if idempotency_key is None:
-            row = await state.stores.jobs.insert_job(values, actor=principal.subject, max_active_jobs=max_active_jobs)
-        else:
+        if idempotency_key is not None:
             created = await idempotency.create_job_once(
-                state, principal, idempotency_key, asked, values, cipher, max_active_jobs=max_active_jobs
+                state, principal, idempotency_key, asked, values, cipher, max_active_jobs=max_active_jobs, parents=edges
             )
             if isinstance(created, Response):
                 return created  # the first request's answer, replayed
             row = created
+        elif edges:
+            row = await state.stores.dependencies.create_dependent_job(
+                values, edges, actor=principal.subject, max_active_jobs=max_active_jobs
+            )
+        else:
+            row = await state.stores.jobs.insert_job(values, actor=principal.subject, max_active_jobs=max_active_jobs)
     except ActiveJobsQuotaExceeded as exc:
         raise QuotaExceededError("maxActiveJobs", exc.limit, exc.current) from None
+    except GraphError as exc:
+        raise _graph_problem(exc) from None
     count_created(((row["tenant_id"], row["type"]),))
     await _sync_hot_window(state, row, principal.tenant, removing=False)
     log.debug("job created", extra={"tenant": principal.tenant, "job_id": job_id, "shard": shard})
     return OrjsonResponse(
         render_job(row, cipher), status_code=201, headers={"Location": f"/v1/jobs/{job_id}", **_etag(row)}
     )
+
+
+def _edges(body: JobCreate) -> list[Edge]:
+    """A DEPENDENT job's parents (422 when it names none); none for the other types."""
+    if body.type is not JobType.DEPENDENT:
+        return []
+    if not body.depends_on:
+        raise invalid("dependsOn", "is required for DEPENDENT jobs: name at least one parent job")
+    return [Edge(d.job_id, d.on.value) for d in body.depends_on]
+
+
+def _graph_problem(exc: GraphError) -> ProblemError:
+    if exc.status == 404:
+        return ProblemError(404, f"`{exc.field}`: {exc.message}", errors=[field_error(exc.field, exc.message)])
+    return invalid(exc.field, exc.message)
 
 
 def with_tenant_defaults(body: JobCreate, tenant: Tenant | None) -> JobCreate:
@@ -177,6 +201,8 @@ def _check_payload(payload: Any, max_bytes: int) -> None:
 
 def _resolve(body: JobCreate | SchedulePreviewRequest, state: ApiState, now: datetime, runs: int = 0) -> Resolved:
     """The request's schedule and its next occurrence; 422 naming the field when it cannot fire."""
+    if body.type is JobType.DEPENDENT:  # no clock: it fires after its parents
+        return Resolved(ScheduleSpec(kind=Kind.DEPENDENT, timezone=body.timezone), None)
     try:
         return resolve_schedule(
             body.type,
@@ -267,9 +293,13 @@ async def _sync_hot_window(state: ApiState, row: Record, tenant: str, *, removin
 async def get_job(job_id: JobId, state: State, principal: Authenticated) -> Response:
     ident = parse_resource_id("job", job_id)
     # Both reads at once; the executions are discarded unless the job is this tenant's.
-    job, executions = await asyncio.gather(
+    dependencies = state.stores.dependencies
+    job, executions, parents, children, waiting = await asyncio.gather(
         state.stores.jobs.get_job(principal.tenant, ident),
         state.stores.executions.latest_executions(ident, LATEST_EXECUTIONS),
+        dependencies.parents_of(ident),
+        dependencies.children_of(ident, LISTED_CHILDREN),
+        dependencies.waiting_triggers(ident),
     )
     if job is None:
         raise not_found("job", job_id)
@@ -277,7 +307,13 @@ async def get_job(job_id: JobId, state: State, principal: Authenticated) -> Resp
     cipher = await state.keyring.cipher(principal.tenant)
     view = render_job(job, cipher)
     view["latestExecutions"] = [render_execution(row, template, cipher) for row in executions]
+    view["parents"] = [{**_relative(row), "waiting": waiting.get(row["job_id"], 0)} for row in parents]
+    view["children"] = [_relative(row) for row in children]
     return OrjsonResponse(view, headers=_etag(job))
+
+
+def _relative(row: Record) -> dict[str, Any]:
+    return {"jobId": str(row["job_id"]), "name": row["name"], "state": row["state"], "on": row["on_state"]}
 
 
 @router.get(
@@ -324,14 +360,36 @@ async def list_executions(
     summary="Cancel a job",
     response_description="The job, now CANCELLED.",
 )
-async def cancel_job(job_id: JobId, state: State, principal: Authenticated) -> Response:
+async def cancel_job(
+    job_id: JobId,
+    state: State,
+    principal: Authenticated,
+    cascade: Annotated[
+        bool, Query(description="Also cancel the DEPENDENT jobs that run after this one (children, theirs, …).")
+    ] = False,
+) -> Response:
     """Stop all future fires. Idempotent: cancelling a cancelled job answers 200 again.
 
     A job that already fired for the last time (COMPLETED) has nothing left to cancel: 409. Executions
-    already dispatched are not stopped here (`POST /v1/executions/{id}/cancel` will do that).
+    already dispatched are not stopped here (`POST /v1/executions/{id}/cancel` will do that). A job that
+    DEPENDENT jobs still wait on (ACTIVE or PAUSED children): 409 naming them, nothing changed, unless
+    `cascade=true`, which cancels them too.
     """
     ident = parse_resource_id("job", job_id)
+    live = await state.stores.dependencies.live_descendants(ident)
+    if live and not cascade:
+        if await state.stores.jobs.get_job(principal.tenant, ident) is None:
+            raise not_found("job", job_id)
+        names = ", ".join(f"{r['id']} ({r['name']})" for r in live[:20]) + (" …" if len(live) > 20 else "")
+        raise ProblemError(
+            409,
+            f"job {job_id} has {len(live)} dependent jobs that would never run again: {names}. Delete them first, "
+            "or ask for `cascade=true`",
+            slug="job-has-children",
+        )
     row = await state.stores.jobs.cancel_job(principal.tenant, ident, actor=principal.subject)
+    if row is not None and live:
+        await state.stores.dependencies.cancel_with_descendants(principal.tenant, ident, actor=principal.subject)
     if row is None:
         row = await state.stores.jobs.get_job(principal.tenant, ident)
         if row is None:
@@ -491,7 +549,9 @@ def _as_body(row: Record, cipher: TenantCipher) -> dict[str, Any]:
         "priority": row["priority"],
         "labels": row["labels"],
     }
-    if row["type"] not in (JobType.CRON, JobType.INTERVAL, JobType.RUN_LIST):
+    if row["type"] == JobType.DEPENDENT:
+        body.pop("overlapPolicy")  # its catch-up policy applies to late triggers; overlap is not its
+    elif row["type"] not in (JobType.CRON, JobType.INTERVAL, JobType.RUN_LIST):
         for name in ("overlapPolicy", "catchupPolicy", "catchupWindowSec"):
             body.pop(name)  # defaults a one-off cannot be given explicitly
     return body
@@ -548,6 +608,7 @@ async def update_job(
         _check_payload(patch["payload"], state.settings.max_payload_bytes)
     reschedule = bool(patch.keys() & SCHEDULE_FIELDS)
     cipher = await state.keyring.cipher(principal.tenant)
+    await _patch_parents(state, principal, ident, job_id, patch, cipher)
     # A compare-and-set on the version and on the occurrence the change was computed from; a dispatch that
     # commits in between moves the occurrence, and the change is simply computed again.
     for _ in range(5):
@@ -575,12 +636,36 @@ async def update_job(
             values["run_at"] = None
         values["next_nominal_at"] = nominal
         values["next_fire_at"] = fire_at(ident, nominal, changed.jitter_sec) if nominal is not None else None
-        values["state"] = current["state"] if nominal is not None else JobState.COMPLETED.value
+        dependent = changed.type is JobType.DEPENDENT  # no clock: never COMPLETED by its schedule
+        values["state"] = current["state"] if nominal is not None or dependent else JobState.COMPLETED.value
         row = await state.stores.jobs.update_job(current, values, actor=principal.subject, changed=sorted(patch))
         if row is not None:
             await _sync_hot_window(state, row, principal.tenant)
             return OrjsonResponse(render_job(row, cipher), headers=_etag(row))
     raise ProblemError(409, f"job {job_id} kept changing under this update; retry", headers={"Retry-After": "1"})
+
+
+async def _patch_parents(
+    state: ApiState, principal: Principal, ident: UUID, job_id: str, patch: Mapping[str, Any], cipher: TenantCipher
+) -> None:
+    """A PATCH touching the dependency graph: a job cannot become or stop being DEPENDENT (422); a new
+    ``dependsOn`` replaces the parents, checked for cycles and limits, before the rest is written."""
+    current = await _existing(state, principal.tenant, ident, job_id)
+    new_type = patch.get("type")
+    if new_type is not None and new_type != current["type"] and JobType.DEPENDENT in (new_type, current["type"]):
+        raise invalid("type", "cannot change to or from DEPENDENT: create a new job instead")
+    if "dependsOn" not in patch:
+        return
+    if current["type"] != JobType.DEPENDENT:
+        raise invalid("dependsOn", f"is only for DEPENDENT jobs, not {current['type']}")
+    if current["state"] not in (JobState.ACTIVE, JobState.PAUSED):
+        raise ProblemError(409, f"job {job_id} is {current['state']}: only ACTIVE or PAUSED jobs change")
+    body = _merged(current, {"dependsOn": patch["dependsOn"]}, cipher)
+    edges = _edges(body)
+    try:
+        await state.stores.dependencies.replace_parents(principal.tenant, ident, edges, actor=principal.subject)
+    except GraphError as exc:
+        raise _graph_problem(exc) from None
 
 
 # --- preview -------------------------------------------------------------------------------------------

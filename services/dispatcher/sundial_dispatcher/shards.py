@@ -45,11 +45,13 @@ from sundial_common.registry import ClusterKeys, Membership, ReplicaRegistration
 from sundial_common.stores import Stores
 from sundial_common.stores.dispatch import FencedOut
 
+from sundial_dispatcher.backfills import BackfillConfig, BackfillDispatcher
 from sundial_dispatcher.balance import placement
 from sundial_dispatcher.dispatcher import DispatcherConfig, ShardDispatcher
 from sundial_dispatcher.fairness import FairDispatch
 from sundial_dispatcher.metrics import Leadership, ShardPassMetrics
 from sundial_dispatcher.tenancy import TenantPolicy
+from sundial_dispatcher.triggers import TriggerConfig, TriggerDispatcher
 
 __all__ = [
     "CampaignConfig",
@@ -180,6 +182,13 @@ def dispatch_work(deps: Dependencies, config: DispatcherConfig, holder: str) -> 
             tenants=tenants,
             fair=fair,
         )
+        # Dependent jobs' fires and backfills (sundial_dispatcher.triggers, .backfills): same term and fence.
+        triggers = TriggerDispatcher(
+            shard, token, holder, deps.stores.dependencies, deps.stores.dispatch, deps.publisher, TriggerConfig()
+        )
+        backfills = BackfillDispatcher(
+            shard, token, holder, deps.stores.backfills, deps.stores.dispatch, deps.publisher, BackfillConfig()
+        )
         failures = 0
         metrics = ShardPassMetrics(shard)
         while tenure.active():
@@ -187,6 +196,8 @@ def dispatch_work(deps: Dependencies, config: DispatcherConfig, holder: str) -> 
                 started = time.perf_counter()
                 result = await dispatcher.run_once()
                 metrics.passed(time.perf_counter() - started, result.claimed)
+                await triggers.run_if_due()
+                await backfills.run_if_due()
                 failures = 0
             except FencedOut:
                 raise

@@ -16,6 +16,9 @@ one Postgres implementation and its own file of named queries under ``sql/``:
 - :mod:`~sundial_common.stores.workers` — worker incarnations and the attempts an earlier one left running.
 - :mod:`~sundial_common.stores.tenants` — the tenant registry: weight, quotas, state.
 - :mod:`~sundial_common.stores.keys` — tenants' wrapped data keys and the master key's check value.
+- :mod:`~sundial_common.stores.dependencies` — DEPENDENT jobs' parents, and the triggers their parents' final
+  states record, turned into executions by the child's shard leader;
+- :mod:`~sundial_common.stores.backfills` — backfills of a recurring job's past range, stepped by its shard leader.
 
 They share one :class:`~sundial_common.stores.database.Database` (the asyncpg pool and its connection
 setup); :class:`Stores` holds them together for a process. The values they trade in that are not one
@@ -28,7 +31,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sundial_common.stores.analytics import AnalyticsStore, PostgresAnalyticsStore
+from sundial_common.stores.backfills import BackfillStore, PostgresBackfillStore
 from sundial_common.stores.database import Database
+from sundial_common.stores.dependencies import DependencyStore, PostgresDependencyStore
 from sundial_common.stores.dispatch import DispatchStore, PostgresDispatchStore
 from sundial_common.stores.executions import ExecutionStore, PostgresExecutionStore
 from sundial_common.stores.idempotency import IdempotencyStore, PostgresIdempotencyStore
@@ -53,6 +58,8 @@ class Stores:
     workers: WorkerStore
     tenants: TenantStore
     keys: KeyStore
+    dependencies: DependencyStore
+    backfills: BackfillStore
 
     @classmethod
     def over(cls, database: Database) -> Stores:
@@ -68,6 +75,8 @@ class Stores:
             workers=PostgresWorkerStore(database),
             tenants=PostgresTenantStore(database),
             keys=PostgresKeyStore(database),
+            dependencies=PostgresDependencyStore(database),
+            backfills=PostgresBackfillStore(database),
         )
 
     @classmethod

@@ -17,6 +17,7 @@ import asyncpg
 
 from sundial_common.queries import load_file
 from sundial_common.stores.database import Database
+from sundial_common.stores.dependencies import Edge, insert_dependent_job_on
 from sundial_common.stores.jobs import insert_job_on, insert_jobs_on
 from sundial_common.stores.types import Record
 
@@ -54,6 +55,7 @@ class IdempotencyStore(Protocol):
         token: UUID,
         respond: Callable[[Record], IdempotentResponse],
         max_active_jobs: int | None = None,
+        parents: Sequence[Edge] = (),
     ) -> tuple[Record, IdempotentResponse] | None: ...
 
     async def insert_jobs_idempotent(
@@ -101,13 +103,16 @@ class PostgresIdempotencyStore:
         token: UUID,
         respond: Callable[[Record], IdempotentResponse],
         max_active_jobs: int | None = None,
+        parents: Sequence[Edge] = (),
     ) -> tuple[Record, IdempotentResponse] | None:
         """``insert_job`` and the key's completion in one transaction: the job exists iff the key answers
         with it, so a retry can never create a second one. None (and nothing written) if the claim was taken
-        over meanwhile.
+        over meanwhile. ``parents``: a DEPENDENT job's edges, written (and checked) with it.
         """
 
         async def insert(conn: asyncpg.Connection) -> Record:
+            if parents:
+                return await insert_dependent_job_on(conn, values, parents, actor, max_active_jobs=max_active_jobs)
             return await insert_job_on(conn, values, actor, max_active_jobs=max_active_jobs)
 
         return await self._insert_once(values["tenant_id"], key, token, insert, respond)

@@ -33,6 +33,11 @@ class Execution(ViewModel):
     scheduled_for: datetime = Field(description="The occurrence's nominal time (unique per job).")
     fire_at: datetime | None = Field(description="When it was due to fire: `scheduledFor` plus the job's jitter.")
     triggered: bool = Field(description="A manual run (`POST /v1/jobs/{id}/trigger`), outside the schedule.")
+    caused_by: list[str] | None = Field(
+        None,
+        description="A DEPENDENT job's run: the parent executions it ran after (its trace links to theirs). "
+        "Null for runs of a schedule or a manual trigger.",
+    )
     cancel_requested_at: datetime | None = Field(description="When it was asked to stop (e.g. CANCEL_RUNNING).")
     state: ExecutionState
     attempt: int = Field(description="The current attempt, from 1.")
@@ -94,6 +99,7 @@ def render_execution(row: Mapping[str, Any], trace_link_template: str | None, ci
         "scheduledFor": row["scheduled_for"],
         "fireAt": row["fire_at"],
         "triggered": row["triggered"],
+        "causedBy": [str(i) for i in row["caused_by"]] if row.get("caused_by") else None,
         "cancelRequestedAt": row["cancel_requested_at"],
         "state": row["state"],
         "attempt": row["attempt"],

@@ -7,6 +7,7 @@ import re
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Annotated, Any
+from uuid import UUID
 
 from pydantic import ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationInfo, field_validator
 from sundial_common.encryption import PAYLOAD, TenantCipher
@@ -64,6 +65,23 @@ class Backoff(enum.StrEnum):
     FIXED = "FIXED"
     LINEAR = "LINEAR"
     EXPONENTIAL = "EXPONENTIAL"
+
+
+class DependencyCondition(enum.StrEnum):
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    ANY = "ANY"
+
+
+class Dependency(RequestModel):
+    """One parent of a DEPENDENT job, and the final state its execution must reach for the child to fire."""
+
+    job_id: UUID = Field(description="The parent job: a job of the same tenant, not CANCELLED.")
+    on: DependencyCondition = Field(
+        DependencyCondition.SUCCEEDED,
+        description="`SUCCEEDED`; `FAILED` (the parent's execution ended DEAD: failed with no attempts left); "
+        "`ANY` final state (SUCCEEDED, DEAD or CANCELLED).",
+    )
 
 
 class JobState(enum.StrEnum):
@@ -210,6 +228,25 @@ class JobCreate(ScheduleFields):
         "1–63 letters, digits, `.`, `_`, `/`, `-`; values strings of at most 255 characters.",
         examples=[{"team": "growth", "campaign": "spring"}],
     )
+    depends_on: list[Dependency] | None = Field(
+        None,
+        description="DEPENDENT only, required: the parent jobs (1 to 10, same tenant) and the state each one's "
+        "execution must reach. One parent: the job runs once per qualifying parent execution. Several: it runs "
+        "once every parent has a new qualifying execution since its last run (a parent that ran twice "
+        "meanwhile counts once). Chains are at most 10 jobs long; a cycle is refused. `catchupPolicy` and "
+        "`catchupWindowSec` apply to triggers that waited longer than the window (the job was paused).",
+    )
+
+    @field_validator("depends_on")
+    @classmethod
+    def _depends_on_for_type(cls, value: list[Dependency] | None, info: ValidationInfo) -> list[Dependency] | None:
+        job_type = info.data.get("type")
+        if value is not None and job_type is not None and job_type is not JobType.DEPENDENT:
+            raise ValueError(
+                f"is only for DEPENDENT jobs: a {job_type} job fires on its clock, and one job cannot both follow a "
+                "clock and wait for parents (create a DEPENDENT job after it instead)"
+            )
+        return value
 
     @field_validator("labels")
     @classmethod
@@ -226,6 +263,8 @@ class JobCreate(ScheduleFields):
     @field_validator("overlap_policy", "catchup_policy", "catchup_window_sec")
     @classmethod
     def _policies_are_for_recurring_jobs(cls, value: Any, info: ValidationInfo) -> Any:
+        if info.data.get("type") is JobType.DEPENDENT and info.field_name != "overlap_policy":
+            return value  # a DEPENDENT job's late triggers follow its catch-up policy
         return recurring_only(value, info)
 
 
@@ -263,6 +302,9 @@ class JobPatch(RequestModel):
     timeout_sec: Any = _patch_field("As in the job body.")
     priority: Any = _patch_field("As in the job body.")
     labels: Any = _patch_field("As in the job body (the whole map; null clears every label).")
+    depends_on: Any = _patch_field(
+        "DEPENDENT jobs: the whole list of parents, checked as at creation (a cycle is refused with 422)."
+    )
 
 
 class TargetView(ViewModel):
@@ -321,8 +363,22 @@ class Triggered(ViewModel):
     scheduled_for: datetime
 
 
+class Relative(ViewModel):
+    """A parent or child of a job in the dependency graph."""
+
+    job_id: str
+    name: str
+    state: JobState
+    on: DependencyCondition = Field(description="The state the parent's execution must reach.")
+    waiting: int | None = Field(
+        None, description="Parents only: this parent's qualifying executions not consumed by a run of the job yet."
+    )
+
+
 class JobDetail(Job):
     latest_executions: list[Execution] = Field(description="The 10 most recent occurrences, newest first.")
+    parents: list[Relative] = Field(description="The jobs this one runs after (DEPENDENT jobs).")
+    children: list[Relative] = Field(description="The DEPENDENT jobs that run after this one (at most 100 listed).")
 
 
 class JobList(ViewModel):

@@ -28,6 +28,7 @@ class JobType(enum.StrEnum):
     CRON = "CRON"
     INTERVAL = "INTERVAL"
     RUN_LIST = "RUN_LIST"
+    DEPENDENT = "DEPENDENT"
 
 
 RECURRING_TYPES = frozenset({JobType.CRON, JobType.INTERVAL, JobType.RUN_LIST})
@@ -42,6 +43,7 @@ TYPE_FIELDS = {
     JobType.CRON: "schedule",
     JobType.INTERVAL: "intervalSec",
     JobType.RUN_LIST: "runList",
+    JobType.DEPENDENT: "dependsOn",
 }
 
 
@@ -50,8 +52,8 @@ class ScheduleFields(RequestModel):
 
     type: JobType = Field(
         description="`ONE_SHOT` (once at `runAt`), `DELAYED` (once, `delaySeconds` from now), `CRON` (on "
-        "`schedule` in `timezone`), `INTERVAL` (every `intervalSec` from `startAt`) or `RUN_LIST` (at each "
-        "instant of `runList`)."
+        "`schedule` in `timezone`), `INTERVAL` (every `intervalSec` from `startAt`), `RUN_LIST` (at each "
+        "instant of `runList`) or `DEPENDENT` (no clock: after its parents, `dependsOn`)."
     )
     # Declared right after type: validators of later fields read both from ``info.data``.
     timezone: StrictStr = Field(

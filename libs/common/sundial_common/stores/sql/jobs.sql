@@ -86,7 +86,8 @@ WITH previous AS (
     SELECT id FROM jobs WHERE id = $1 AND tenant_id = $2 AND state = 'PAUSED' FOR UPDATE
 ), job AS (
     UPDATE jobs j
-    SET state = CASE WHEN j.next_fire_at IS NULL THEN 'COMPLETED' ELSE 'ACTIVE' END,
+    -- A DEPENDENT job has no occurrence of its own (it fires after its parents): it goes back to ACTIVE.
+    SET state = CASE WHEN j.next_fire_at IS NULL AND j.type <> 'DEPENDENT' THEN 'COMPLETED' ELSE 'ACTIVE' END,
         version = j.version + 1, updated_at = now()
     FROM previous WHERE j.id = previous.id
     RETURNING j.*

@@ -1,0 +1,176 @@
+"""The backfill store: durable backfills of a recurring job's past range, from the API's request to the
+executions the job's shard leader creates for them.
+
+``POST /v1/jobs/{id}:backfill`` writes one ``backfills`` row (:meth:`PostgresBackfillStore.create`) with the
+number of occurrences of the range that have no execution yet. The leader of the job's shard then steps
+each running backfill in one fenced transaction (:meth:`PostgresBackfillStore.step`): raise the shard's fence,
+lock the running backfills, let the caller plan the next occurrences within each one's rate budget, insert
+their executions (``(job_id, scheduled_for)`` unique: an occurrence that has an execution gets no second one)
+and move the cursor — all or nothing, so a leader killed mid-backfill is resumed by the next one exactly
+where the last commit left off.
+
+SQL: ``sql/backfills.sql``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Protocol, cast
+from uuid import UUID
+
+from sundial_common.queries import load_file
+from sundial_common.stores import dispatch
+from sundial_common.stores.database import Database
+from sundial_common.stores.types import Record
+
+Q = load_file("backfills.sql")
+
+
+@dataclass(frozen=True, slots=True)
+class NewBackfill:
+    id: UUID
+    tenant_id: str
+    job_id: UUID
+    shard: int
+    range_from: datetime
+    range_to: datetime
+    overlap_policy: str
+    rate_per_sec: float
+    total: int
+    actor: str
+    traceparent: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class BackfillExecution:
+    execution_id: UUID
+    backfill: Record
+    scheduled_for: datetime
+    max_attempts: int
+    trace_id: str | None
+    traceparent: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class BackfillAdvance:
+    backfill_id: UUID
+    cursor_at: datetime | None
+    created: int
+    done: bool
+
+
+@dataclass
+class BackfillPlan:
+    executions: list[BackfillExecution] = field(default_factory=list)
+    advances: list[BackfillAdvance] = field(default_factory=list)
+
+
+#: Given the locked running backfills (with their job), the executions to create and how each one moves.
+BackfillPlanner = Callable[[Sequence[Record]], BackfillPlan]
+
+
+@dataclass(frozen=True, slots=True)
+class BackfillOutcome:
+    created: list[BackfillExecution]
+    plan: BackfillPlan
+
+
+class BackfillStore(Protocol):
+    async def create(self, backfill: NewBackfill) -> Record: ...
+
+    async def get(self, tenant_id: str, backfill_id: UUID) -> Record | None: ...
+
+    async def cancel(self, tenant_id: str, backfill_id: UUID, actor: str) -> Record | None: ...
+
+    async def existing_occurrences(self, job_id: UUID, start: datetime, end: datetime) -> set[datetime]: ...
+
+    async def step(self, shard: int, token: int, holder: str, limit: int, plan: BackfillPlanner) -> BackfillOutcome: ...
+
+
+class PostgresBackfillStore:
+    """:class:`BackfillStore` over the shared pool."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    async def create(self, backfill: NewBackfill) -> Record:
+        """The backfill row (DONE at once when nothing is missing) and its audit row."""
+        b = backfill
+        row = await self._db.pool.fetchrow(
+            Q["insert_backfill"],
+            b.id,
+            b.tenant_id,
+            b.job_id,
+            b.shard,
+            b.range_from,
+            b.range_to,
+            b.overlap_policy,
+            b.rate_per_sec,
+            b.total,
+            b.actor,
+            b.traceparent,
+        )
+        assert row is not None
+        return await self.get(b.tenant_id, b.id) or cast(Record, row)
+
+    async def get(self, tenant_id: str, backfill_id: UUID) -> Record | None:
+        """The backfill with ``finished`` (its executions that ended), or None (unknown or another tenant's)."""
+        return cast(Record | None, await self._db.pool.fetchrow(Q["get_backfill"], backfill_id, tenant_id))
+
+    async def cancel(self, tenant_id: str, backfill_id: UUID, actor: str) -> Record | None:
+        """RUNNING → CANCELLED: no more executions are created (those created run on). None: not RUNNING."""
+        row = await self._db.pool.fetchrow(Q["cancel_backfill"], backfill_id, tenant_id, actor)
+        return None if row is None else await self.get(tenant_id, backfill_id)
+
+    async def existing_occurrences(self, job_id: UUID, start: datetime, end: datetime) -> set[datetime]:
+        rows = await self._db.pool.fetch(Q["existing_occurrences"], job_id, start, end)
+        return {row["scheduled_for"] for row in rows}
+
+    async def step(self, shard: int, token: int, holder: str, limit: int, plan: BackfillPlanner) -> BackfillOutcome:
+        """The fenced backfill transaction (see the module docstring). Raises ``FencedOut`` like a dispatch."""
+        if not await self._db.pool.fetchval(Q["any_running"], shard):
+            return BackfillOutcome([], BackfillPlan())
+        async with self._db.pool.acquire() as conn, conn.transaction():
+            if await conn.fetchval(dispatch.Q["raise_fence"], shard, token, holder) is None:
+                raise dispatch.FencedOut(shard, token)
+            running = await conn.fetch(Q["running_backfills"], shard, limit)
+            if not running:
+                return BackfillOutcome([], BackfillPlan())
+            decided = plan(running)
+            planned = decided.executions
+            inserted: set[UUID] = set()
+            if planned:
+                rows = await conn.fetch(
+                    Q["insert_backfill_executions"],
+                    [p.execution_id for p in planned],
+                    [p.backfill["tenant_id"] for p in planned],
+                    [p.backfill["job_id"] for p in planned],
+                    [p.scheduled_for for p in planned],
+                    [p.backfill["pool"] for p in planned],
+                    [p.backfill["handler"] for p in planned],
+                    [p.max_attempts for p in planned],
+                    [p.backfill["timeout_sec"] for p in planned],
+                    shard,
+                    token,
+                    [p.trace_id for p in planned],
+                    [p.traceparent for p in planned],
+                    [p.backfill["id"] for p in planned],
+                    holder,
+                )
+                inserted = {row["id"] for row in rows}
+            created = [p for p in planned if p.execution_id in inserted]
+            per_backfill: dict[UUID, int] = {}
+            for p in created:
+                per_backfill[p.backfill["id"]] = per_backfill.get(p.backfill["id"], 0) + 1
+            advances = decided.advances
+            if advances:
+                await conn.execute(
+                    Q["advance_backfills"],
+                    [a.backfill_id for a in advances],
+                    [a.cursor_at for a in advances],
+                    [per_backfill.get(a.backfill_id, 0) for a in advances],
+                    [a.done for a in advances],
+                )
+        return BackfillOutcome(created, decided)

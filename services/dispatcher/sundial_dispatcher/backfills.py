@@ -1,0 +1,227 @@
+"""Backfills: the shard leader creates the executions of a recurring job's past occurrences, at a bounded rate.
+
+``POST /v1/jobs/{id}:backfill`` records a durable backfill (:mod:`sundial_common.stores.backfills`); while it
+leads the job's shard, the leader runs :meth:`BackfillDispatcher.run_once` beside its dispatch passes (at most
+every ``interval_sec``). Each run is one fenced transaction over the shard's running backfills: for each, the
+next nominal times after its cursor — as many as its rate allows since its last step (``ratePerSec`` ×
+elapsed, the elapsed time capped so that a leader coming back after an outage does not burst), or one at a
+time under ``BUFFER_ONE`` once the previous one has ended — become executions, unless the occurrence already
+has one (``(job_id, scheduled_for)`` is unique); the cursor moves in the same transaction. Then they are
+published, as any dispatch; a crash before that leaves PENDING rows the sweeper sends.
+
+A leader killed mid-backfill loses nothing and doubles nothing: the next one continues from the committed
+cursor, and an occurrence committed by the dead one is found taken.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from uuid import UUID
+
+from opentelemetry.context import Context
+from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode, get_current_span
+from sundial_common.broker import Publisher
+from sundial_common.clock import Clock, SystemClock
+from sundial_common.crashpoints import crash_point
+from sundial_common.ids import new_id
+from sundial_common.messages import ExecutionMessage, pool_topic
+from sundial_common.schedules import occurrences, spec_from_row
+from sundial_common.stores.backfills import BackfillAdvance, BackfillExecution, BackfillPlan, BackfillStore
+from sundial_common.stores.dispatch import DispatchStore
+from sundial_common.stores.types import Record
+from sundial_common.telemetry import (
+    context_from,
+    execution_attributes,
+    kafka_publish_attributes,
+    trace_id_hex,
+    traceparent,
+    tracer,
+)
+
+from sundial_dispatcher.metrics import count_dispatched
+
+log = logging.getLogger(__name__)
+
+_BEFORE = timedelta(microseconds=1)
+
+
+@dataclass(frozen=True)
+class BackfillConfig:
+    #: Seconds between steps of the shard's running backfills.
+    interval_sec: float = 0.2
+    #: Running backfills stepped per transaction.
+    batch_backfills: int = 100
+    #: Most executions one backfill creates per step, whatever its rate.
+    max_per_step: int = 1000
+    #: A step spends at most this many seconds of rate budget (no burst after an outage).
+    max_budget_sec: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.interval_sec <= 0 or self.max_budget_sec <= 0:
+            raise ValueError("interval_sec and max_budget_sec must be > 0")
+        if not 1 <= self.batch_backfills <= 10000 or not 1 <= self.max_per_step <= 10000:
+            raise ValueError("batch_backfills and max_per_step must be within 1..10000")
+
+
+@dataclass
+class BackfillResult:
+    created: int = 0
+    published: int = 0
+    publish_failed: int = 0
+
+
+@dataclass
+class _Planner:
+    config: BackfillConfig
+    spans: dict[UUID, Span] = field(default_factory=dict)
+
+    def __call__(self, running: Sequence[Record]) -> BackfillPlan:
+        plan = BackfillPlan()
+        for backfill in running:
+            budget = self._budget(backfill)
+            if budget < 1:
+                continue  # its budget is not spent: stepped_at stays, the budget keeps growing
+            after = backfill["cursor_at"] or backfill["range_from"] - _BEFORE
+            batch: list[datetime] = []
+            done = True
+            for nominal in occurrences(spec_from_row(backfill), after):
+                if nominal >= backfill["range_to"]:
+                    break
+                batch.append(nominal)
+                if len(batch) >= budget:
+                    done = False  # the next step finds out whether anything is left
+                    break
+            plan.executions += [self._execution(backfill, n) for n in batch]
+            cursor = batch[-1] if batch else backfill["cursor_at"]
+            plan.advances.append(BackfillAdvance(backfill["id"], cursor, 0, done))
+        return plan
+
+    def _budget(self, backfill: Record) -> int:
+        if backfill["overlap_policy"] == "BUFFER_ONE":
+            return 0 if backfill["open"] else 1
+        elapsed = min((backfill["db_now"] - backfill["stepped_at"]).total_seconds(), self.config.max_budget_sec)
+        return min(int(backfill["rate_per_sec"] * elapsed), self.config.max_per_step)
+
+    def _execution(self, backfill: Record, nominal: datetime) -> BackfillExecution:
+        execution_id = new_id()
+        origin = context_from(backfill["traceparent"])
+        links = [Link(get_current_span(origin).get_span_context())] if origin else []
+        span = tracer.start_span(
+            f"send {pool_topic(backfill['pool'])}",
+            context=Context(),
+            kind=SpanKind.PRODUCER,
+            links=links,
+            attributes={
+                **execution_attributes(
+                    tenant=backfill["tenant_id"],
+                    job_id=backfill["job_id"],
+                    execution_id=str(execution_id),
+                    attempt=1,
+                    pool=backfill["pool"],
+                    handler=backfill["handler"],
+                ),
+                **kafka_publish_attributes(pool_topic(backfill["pool"]), str(execution_id)),
+                "sundial.scheduled_for": nominal.isoformat(),
+                "sundial.backfill_id": str(backfill["id"]),
+            },
+        )
+        self.spans[execution_id] = span
+        policy = backfill["retry_policy"] or {}
+        return BackfillExecution(
+            execution_id=execution_id,
+            backfill=backfill,
+            scheduled_for=nominal,
+            max_attempts=int(policy.get("maxAttempts", 1)),
+            trace_id=trace_id_hex(span),
+            traceparent=traceparent(span),
+        )
+
+
+class BackfillDispatcher:
+    """Leader-only: one shard's running backfills stepped under one term's fencing token."""
+
+    def __init__(
+        self,
+        shard: int,
+        token: int,
+        holder: str,
+        store: BackfillStore,
+        outbox: DispatchStore,
+        publisher: Publisher,
+        config: BackfillConfig,
+        clock: Clock | None = None,
+    ) -> None:
+        self.shard = shard
+        self.token = token
+        self.holder = holder
+        self.store = store
+        self.outbox = outbox
+        self.publisher = publisher
+        self.config = config
+        self.clock = clock or SystemClock()
+        self._next_at = 0.0
+
+    async def run_if_due(self) -> BackfillResult | None:
+        """:meth:`run_once` if ``interval_sec`` has passed since the last run (the dispatch loop's hook)."""
+        now = self.clock.monotonic()
+        if now < self._next_at:
+            return None
+        self._next_at = now + self.config.interval_sec
+        return await self.run_once()
+
+    async def run_once(self) -> BackfillResult:
+        """One fenced step of every running backfill, then the publishes. Raises ``FencedOut``."""
+        planner = _Planner(self.config)
+        try:
+            outcome = await self.store.step(self.shard, self.token, self.holder, self.config.batch_backfills, planner)
+        except BaseException:
+            for span in planner.spans.values():
+                span.set_status(Status(StatusCode.ERROR, "backfill transaction failed"))
+                span.end()
+            raise
+        if outcome.created:
+            crash_point("backfills.after_commit")  # committed, not published: the sweeper's to send
+        created = {p.execution_id for p in outcome.created}
+        for execution_id, span in planner.spans.items():
+            if execution_id not in created:  # the occurrence already had an execution
+                span.set_attribute("sundial.duplicate", True)
+                span.end()
+        result = BackfillResult(created=len(outcome.created))
+        if not outcome.created:
+            return result
+        count_dispatched((p.backfill["tenant_id"], p.backfill["pool"]) for p in outcome.created)
+        messages = [self._message(p) for p in outcome.created]
+        errors = await self.publisher.publish(messages)
+        sent: list[UUID] = []
+        for p, error in zip(outcome.created, errors, strict=True):
+            span = planner.spans[p.execution_id]
+            if error is None:
+                sent.append(p.execution_id)
+            else:
+                span.set_status(Status(StatusCode.ERROR, f"publish failed: {error}"))
+            span.end()
+        result.published = len(sent)
+        result.publish_failed = len(messages) - len(sent)
+        if result.publish_failed:
+            log.warning("shard %d: %d backfill publishes failed; the sweeper will send them", self.shard, len(sent))
+        await self.outbox.mark_published(sent)
+        return result
+
+    def _message(self, p: BackfillExecution) -> ExecutionMessage:
+        b = p.backfill
+        return ExecutionMessage(
+            execution_id=str(p.execution_id),
+            job_id=str(b["job_id"]),
+            tenant_id=b["tenant_id"],
+            pool=b["pool"],
+            handler=b["handler"],
+            attempt=1,
+            fence_token=self.token,
+            scheduled_for=p.scheduled_for.isoformat(),
+            timeout_sec=b["timeout_sec"],
+            payload=b["payload"],
+            traceparent=p.traceparent,
+        )

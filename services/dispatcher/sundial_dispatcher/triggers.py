@@ -1,0 +1,279 @@
+"""Dependent jobs' fires: the shard leader turns the triggers its parents' final states recorded into executions.
+
+A parent execution reaching a final state records, in that same transaction, one ``job_triggers`` row per
+child whose condition it meets (migration 0015). While it leads a shard, the leader runs
+:meth:`TriggerDispatcher.run_once` beside its dispatch passes (at most every ``interval_sec``); each run is
+the same three steps as a dispatch (:mod:`sundial_dispatcher.dispatcher`):
+
+1. **Commit** one transaction (:meth:`~sundial_common.stores.dependencies.PostgresDependencyStore.fire_triggers`):
+   raise the shard fence to this term's token (a paused ex-leader is rejected), lock the ACTIVE children
+   with pending triggers, decide the fires (:class:`_Planner`), insert one execution per fire — unique per
+   (child, trigger) in Postgres, so a repeated pass or a failed-over leader creates nothing twice — and
+   mark the triggers consumed.
+2. **Publish** the new executions to their pools' topics. A crash before that leaves PENDING rows the
+   sweeper republishes (the execution row is the outbox).
+
+What a fire is:
+
+* **One parent**: one execution per parent execution that reached the state asked for.
+* **Several parents (fan-in)**: one execution once *every* parent has at least one new qualifying execution
+  since the child's last fire; it consumes every trigger waiting at that moment. A parent that ran twice
+  before another ran once therefore counts once: the child runs once, ``causedBy`` lists all three.
+* **Late triggers** (waiting longer than the child's ``catchupWindowSec``: the child was paused, or no
+  leader ran) follow its catch-up policy, as missed clock fires do: ``FIRE_ALL`` runs one per trigger,
+  ``FIRE_ONCE`` (default) one for all late triggers, ``SKIP`` none (consumed as SKIPPED).
+
+Each child execution starts a trace of its own, linked to the trace of every parent execution it ran after.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from uuid import UUID
+
+from opentelemetry.context import Context
+from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode, get_current_span
+from sundial_common.broker import Publisher
+from sundial_common.clock import Clock, SystemClock
+from sundial_common.crashpoints import crash_point
+from sundial_common.ids import new_id
+from sundial_common.messages import ExecutionMessage, pool_topic
+from sundial_common.stores.dependencies import DependencyStore, TriggeredExecution, TriggerPlan
+from sundial_common.stores.dispatch import DispatchStore
+from sundial_common.stores.types import Record
+from sundial_common.telemetry import (
+    context_from,
+    execution_attributes,
+    kafka_publish_attributes,
+    trace_id_hex,
+    traceparent,
+    tracer,
+)
+
+from sundial_dispatcher.metrics import count_dispatched
+
+log = logging.getLogger(__name__)
+
+_TICK = timedelta(microseconds=1)
+
+
+@dataclass(frozen=True)
+class TriggerConfig:
+    #: Seconds between looks at the shard's pending triggers (the child's start latency is about this).
+    interval_sec: float = 0.1
+    #: Children handled per transaction.
+    batch_children: int = 500
+    #: Triggers read per transaction.
+    batch_triggers: int = 2000
+
+    def __post_init__(self) -> None:
+        if self.interval_sec <= 0:
+            raise ValueError("interval_sec must be > 0")
+        if not 1 <= self.batch_children <= 10000:
+            raise ValueError("batch_children must be within 1..10000")
+        if self.batch_triggers < self.batch_children:
+            raise ValueError("batch_triggers must be >= batch_children")
+
+
+@dataclass
+class TriggerResult:
+    #: Executions created from triggers.
+    fired: int = 0
+    #: Triggers consumed without a run (catch-up SKIP).
+    skipped: int = 0
+    published: int = 0
+    publish_failed: int = 0
+
+
+@dataclass
+class _Planner:
+    """Decides, inside the trigger transaction, each locked child's fires (see the module docstring)."""
+
+    spans: dict[UUID, Span] = field(default_factory=dict)
+
+    def __call__(self, children: Sequence[Record], pending: Sequence[Record]) -> TriggerPlan:
+        plan = TriggerPlan()
+        waiting: dict[UUID, list[Record]] = defaultdict(list)
+        for trigger in pending:
+            waiting[trigger["child_job_id"]].append(trigger)
+        for child in children:
+            triggers = waiting.get(child["id"], [])
+            if not triggers:
+                continue
+            now: datetime = child["db_now"]
+            last: datetime | None = child["last_scheduled_for"]
+            at = now if last is None or last < now else last + _TICK
+            late_before = now - timedelta(seconds=child["catchup_window_sec"])
+            parents = set(child["parents"] or ())
+            for group, skip in self._fires(child, triggers, parents, late_before):
+                if skip:
+                    plan.consumed += [(t["id"], "SKIPPED", None) for t in group]
+                    continue
+                execution = self._execution(child, group, at)
+                at += _TICK
+                plan.executions.append(execution)
+                plan.consumed += [(t["id"], "FIRED", execution.execution_id) for t in group]
+        return plan
+
+    @staticmethod
+    def _fires(
+        child: Record, triggers: list[Record], parents: set[UUID], late_before: datetime
+    ) -> list[tuple[list[Record], bool]]:
+        """The child's fires: (the triggers each consumes, whether it is skipped instead of run)."""
+        policy = child["catchup_policy"]
+        if len(parents) > 1:
+            if not parents <= {t["parent_job_id"] for t in triggers}:
+                return []  # fan-in: some parent has no new qualifying execution yet
+            late = max(t["created_at"] for t in triggers) < late_before
+            return [(triggers, late and policy == "SKIP")]
+        late = [t for t in triggers if t["created_at"] < late_before]
+        fresh = [t for t in triggers if t["created_at"] >= late_before]
+        fires: list[tuple[list[Record], bool]] = []
+        if late:
+            if policy == "FIRE_ALL":
+                fires += [([t], False) for t in late]
+            else:
+                fires.append((late, policy == "SKIP"))
+        return fires + [([t], False) for t in fresh]
+
+    def _execution(self, child: Record, group: list[Record], at: datetime) -> TriggeredExecution:
+        execution_id = new_id()
+        span = self._span(child, execution_id, group)
+        self.spans[execution_id] = span
+        policy = child["retry_policy"] or {}
+        return TriggeredExecution(
+            execution_id=execution_id,
+            child=child,
+            scheduled_for=at,
+            trigger_id=group[0]["id"],
+            caused_by=tuple(t["parent_execution_id"] for t in group),
+            max_attempts=int(policy.get("maxAttempts", 1)),
+            trace_id=trace_id_hex(span),
+            traceparent=traceparent(span),
+        )
+
+    @staticmethod
+    def _span(child: Record, execution_id: UUID, group: list[Record]) -> Span:
+        """The child execution's first span: a trace of its own, linked to each parent execution's trace."""
+        links = []
+        for trigger in group:
+            parent = context_from(trigger["parent_traceparent"])
+            if parent is not None:
+                links.append(Link(get_current_span(parent).get_span_context(), {"sundial.link": "caused_by"}))
+        attributes = {
+            **execution_attributes(
+                tenant=child["tenant_id"],
+                job_id=child["id"],
+                execution_id=str(execution_id),
+                attempt=1,
+                pool=child["pool"],
+                handler=child["handler"],
+            ),
+            **kafka_publish_attributes(pool_topic(child["pool"]), str(execution_id)),
+            "sundial.caused_by": [str(t["parent_execution_id"]) for t in group],
+        }
+        return tracer.start_span(
+            f"send {pool_topic(child['pool'])}",
+            context=Context(),
+            kind=SpanKind.PRODUCER,
+            attributes=attributes,
+            links=links,
+        )
+
+
+class TriggerDispatcher:
+    """Leader-only: one shard's pending triggers become executions under one term's fencing token."""
+
+    def __init__(
+        self,
+        shard: int,
+        token: int,
+        holder: str,
+        store: DependencyStore,
+        outbox: DispatchStore,
+        publisher: Publisher,
+        config: TriggerConfig,
+        clock: Clock | None = None,
+    ) -> None:
+        self.shard = shard
+        self.token = token
+        self.holder = holder
+        self.store = store
+        self.outbox = outbox
+        self.publisher = publisher
+        self.config = config
+        self.clock = clock or SystemClock()
+        self._next_at = 0.0
+
+    async def run_if_due(self) -> TriggerResult | None:
+        """:meth:`run_once` if ``interval_sec`` has passed since the last run (the dispatch loop's hook)."""
+        now = self.clock.monotonic()
+        if now < self._next_at:
+            return None
+        self._next_at = now + self.config.interval_sec
+        result = await self.run_once()
+        if result.fired + result.skipped >= self.config.batch_children:
+            self._next_at = now  # more may be waiting: look again on the next pass
+        return result
+
+    async def run_once(self) -> TriggerResult:
+        """One transaction of fires, then their publishes. Raises ``FencedOut`` if a newer leader has written."""
+        planner = _Planner()
+        try:
+            outcome = await self.store.fire_triggers(
+                self.shard, self.token, self.holder, self.config.batch_children, self.config.batch_triggers, planner
+            )
+        except BaseException:
+            for span in planner.spans.values():
+                span.set_status(Status(StatusCode.ERROR, "trigger transaction failed"))
+                span.end()
+            raise
+        if outcome.created:
+            crash_point("triggers.after_commit")  # committed, not published: the sweeper's to send
+        created = {p.execution_id for p in outcome.created}
+        for execution_id, span in planner.spans.items():
+            if execution_id not in created:  # the trigger already had its execution
+                span.set_attribute("sundial.duplicate", True)
+                span.end()
+        result = TriggerResult(
+            fired=len(outcome.created), skipped=sum(1 for c in outcome.plan.consumed if c[1] == "SKIPPED")
+        )
+        if not outcome.created:
+            return result
+        count_dispatched((p.child["tenant_id"], p.child["pool"]) for p in outcome.created)
+        messages = [self._message(p) for p in outcome.created]
+        errors = await self.publisher.publish(messages)
+        sent: list[UUID] = []
+        for p, error in zip(outcome.created, errors, strict=True):
+            span = planner.spans[p.execution_id]
+            if error is None:
+                sent.append(p.execution_id)
+            else:
+                span.set_status(Status(StatusCode.ERROR, f"publish failed: {error}"))
+            span.end()
+        result.published = len(sent)
+        result.publish_failed = len(messages) - len(sent)
+        if result.publish_failed:
+            log.warning("shard %d: %d child publishes failed; the sweeper will send them", self.shard, len(sent))
+        await self.outbox.mark_published(sent)
+        return result
+
+    def _message(self, p: TriggeredExecution) -> ExecutionMessage:
+        child = p.child
+        return ExecutionMessage(
+            execution_id=str(p.execution_id),
+            job_id=str(child["id"]),
+            tenant_id=child["tenant_id"],
+            pool=child["pool"],
+            handler=child["handler"],
+            attempt=1,
+            fence_token=self.token,
+            scheduled_for=p.scheduled_for.isoformat(),
+            timeout_sec=child["timeout_sec"],
+            payload=child["payload"],
+            traceparent=p.traceparent,
+        )

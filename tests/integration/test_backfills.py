@@ -1,0 +1,138 @@
+"""Backfills on real Postgres and the broker: the API's checks and dry run (in-process), and the shard leader's
+fenced steps that create exactly the missing executions, at the requested rate, resumable and cancellable."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+from typing import Any
+
+from sundial_common.broker import KafkaPublisher
+from sundial_common.stores import Stores
+from sundial_dispatcher.backfills import BackfillConfig, BackfillDispatcher
+
+from tests.integration.test_api import NOW, Api, api, error_fields, rfc3339  # noqa: F401  (the `api` fixture)
+
+START = NOW.replace(second=0, microsecond=0) - timedelta(hours=2)
+
+
+async def interval_job(api: Api) -> tuple[str, int]:  # noqa: F811
+    body = {
+        "name": "hourly-report",
+        "type": "INTERVAL",
+        "intervalSec": 60,
+        "startAt": rfc3339(START),
+        "target": {"pool": "demo", "handler": "echo"},
+    }
+    response = await api.create(body)
+    assert response.status_code == 201, response.text
+    job_id = response.json()["jobId"]
+    return job_id, await api.db.fetchval("SELECT shard FROM jobs WHERE id = $1", uuid.UUID(job_id))
+
+
+def minutes(n: int) -> str:
+    return rfc3339(START + timedelta(minutes=n))
+
+
+async def backfill(api: Api, job_id: str, **fields: Any) -> Any:  # noqa: F811
+    return await api.client.post(f"/v1/jobs/{job_id}:backfill", json=fields, headers=api.auth())
+
+
+async def step(stores: Stores, publisher: KafkaPublisher, shard: int, *, budget_sec: float = 1.0) -> int:
+    """A new term on the job's shard and one leader step, its rate budget ``budget_sec`` old."""
+    await stores.database.pool.execute("UPDATE backfills SET stepped_at = now() - $1 * interval '1 second'", budget_sec)
+    token = await stores.dispatch.take_shard(shard, "test")
+    leader = BackfillDispatcher(shard, token, "test", stores.backfills, stores.dispatch, publisher, BackfillConfig())
+    return (await leader.run_once()).created
+
+
+async def test_a_range_that_partly_has_executions_gets_exactly_the_missing_ones(
+    api: Api,  # noqa: F811
+    stores: Stores,
+    publisher: KafkaPublisher,
+) -> None:
+    job_id, shard = await interval_job(api)
+    job = uuid.UUID(job_id)
+    # Occurrences 30..59 (minutes after startAt) are the range; every third already ran.
+    for n in range(30, 60, 3):
+        await api.db.execute(
+            "INSERT INTO executions (id, tenant_id, job_id, scheduled_for, shard, fence_token, pool, handler, state,"
+            " timeout_sec) VALUES ($1, 'acme', $2, $3, $4, 1, 'demo', 'echo', 'SUCCEEDED', 60)",
+            uuid.uuid4(),
+            job,
+            START + timedelta(minutes=n),
+            shard,
+        )
+    dry = await backfill(api, job_id, **{"from": minutes(30), "to": minutes(60), "dryRun": True})
+    assert dry.status_code == 200, dry.text
+    assert dry.json()["count"] == 20
+    assert dry.json()["first"][:2] == [minutes(31), minutes(32)]
+    assert await api.db.fetchval("SELECT count(*) FROM backfills") == 0
+
+    created = await backfill(api, job_id, **{"from": minutes(30), "to": minutes(60), "ratePerSec": 5})
+    assert created.status_code == 202, created.text
+    view = created.json()
+    assert (view["state"], view["total"], view["created"]) == ("RUNNING", 20, 0)
+    location = created.headers["location"]
+
+    # Rate-bounded: one second of budget at 5/s covers 5 occurrences (minutes 30–34; 30 and 33 already ran);
+    # each step is a new leader term (a crash between steps resumes from the committed cursor).
+    assert await step(stores, publisher, shard) == 3
+    progress = (await api.client.get(location, headers=api.auth())).json()
+    assert (progress["created"], progress["state"], progress["cursor"]) == (3, "RUNNING", minutes(34))
+    steps = 0
+    while (await api.client.get(location, headers=api.auth())).json()["state"] == "RUNNING":
+        await step(stores, publisher, shard)
+        steps += 1
+        assert steps < 10
+    done = (await api.client.get(location, headers=api.auth())).json()
+    assert (done["state"], done["created"], done["total"]) == ("DONE", 20, 20)
+
+    rows = await api.db.fetch(
+        "SELECT scheduled_for, count(*) FROM executions WHERE job_id = $1 GROUP BY scheduled_for", job
+    )
+    in_range = [r for r in rows if START + timedelta(minutes=30) <= r["scheduled_for"] < START + timedelta(minutes=60)]
+    assert len(in_range) == 30 and {r["count"] for r in in_range} == {1}
+    assert await api.db.fetchval("SELECT count(*) FROM executions WHERE backfill_id IS NOT NULL") == 20
+    again = await backfill(api, job_id, **{"from": minutes(30), "to": minutes(60), "dryRun": True})
+    assert again.json()["count"] == 0
+
+
+async def test_a_cancelled_backfill_creates_nothing_more(
+    api: Api,  # noqa: F811
+    stores: Stores,
+    publisher: KafkaPublisher,
+) -> None:
+    job_id, shard = await interval_job(api)
+    created = (await backfill(api, job_id, **{"from": minutes(0), "to": minutes(100), "ratePerSec": 10})).json()
+    assert await step(stores, publisher, shard) == 10
+    cancel = await api.client.post(f"/v1/backfills/{created['backfillId']}/cancel", headers=api.auth())
+    assert cancel.status_code == 200 and cancel.json()["state"] == "CANCELLED"
+    assert await step(stores, publisher, shard) == 0
+    again = await api.client.post(f"/v1/backfills/{created['backfillId']}/cancel", headers=api.auth())
+    assert again.status_code == 200  # idempotent
+    assert await api.db.fetchval("SELECT count(*) FROM executions") == 10
+
+
+async def test_bad_ranges_are_refused_naming_the_field_and_nothing_is_written(api: Api) -> None:  # noqa: F811
+    job_id, _ = await interval_job(api)
+    one_shot = (
+        await api.create(
+            {"name": "once", "type": "DELAYED", "delaySeconds": 60, "target": {"pool": "demo", "handler": "echo"}}
+        )
+    ).json()["jobId"]
+    for target, fields, field in [
+        (job_id, {"from": minutes(10), "to": minutes(10)}, "to"),
+        (job_id, {"from": minutes(10), "to": rfc3339(NOW + timedelta(minutes=1))}, "to"),
+        (job_id, {"from": minutes(-10), "to": minutes(10)}, "from"),
+        (job_id, {"from": rfc3339(NOW - timedelta(days=31)), "to": minutes(10)}, "from"),  # beyond retention
+        (job_id, {"from": minutes(0), "to": minutes(10), "ratePerSec": 0}, "ratePerSec"),
+        (job_id, {"from": minutes(0), "to": minutes(10), "overlapPolicy": "SKIP"}, "overlapPolicy"),
+        (one_shot, {"from": minutes(0), "to": minutes(10)}, "jobId"),
+    ]:
+        response = await backfill(api, target, **fields)
+        assert response.status_code == 422, response.text
+        assert error_fields(response) == [field], response.text
+    missing = await backfill(api, str(uuid.uuid4()), **{"from": minutes(0), "to": minutes(10)})
+    assert missing.status_code == 404
+    assert await api.db.fetchval("SELECT count(*) FROM backfills") == 0
