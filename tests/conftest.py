@@ -25,6 +25,9 @@ import os
 # The etcd client's gRPC threads live in this process while it forks servers (Postgres via runuser): with
 # gRPC's fork handlers on, a forked child was once seen to crash before exec. We never use gRPC in a child.
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+# The suite signs its tokens with the public development key (or keys of its own): allowed only in dev. Set here,
+# not with setdefault, so a shell exporting SUNDIAL_ENV=production cannot make every process refuse to start.
+os.environ["SUNDIAL_ENV"] = "dev"
 
 import atexit
 import contextlib
@@ -220,6 +223,7 @@ def settings_env(database_url: str, redis_url: str, etcd_endpoint: str, kafka_bo
         "SUNDIAL_REDIS_URL": redis_url,
         "SUNDIAL_ETCD_ENDPOINT": etcd_endpoint,
         "SUNDIAL_KAFKA_BOOTSTRAP": kafka_bootstrap,
+        "SUNDIAL_ENV": "dev",
     }
 
 

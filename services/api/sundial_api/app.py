@@ -20,6 +20,7 @@ from fastapi.openapi.utils import get_openapi
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from redis.asyncio import Redis
+from sundial_common.auth import TokenVerifier
 from sundial_common.clock import Clock, SystemClock
 from sundial_common.hotwindow import HotWindow
 from sundial_common.ratelimit import TokenBuckets
@@ -99,6 +100,7 @@ def create_app(settings: ApiSettings | None = None, *, clock: Clock | None = Non
             clock=clock or SystemClock(),
             tenant_cache=TenantCache(stores.tenants, settings.tenant_cache_sec),
             buckets=TokenBuckets(redis),
+            verifier=TokenVerifier.from_settings(settings),
         )
         log.info("api ready (shards=%d, hot window=%ds)", settings.shards, settings.hot_window_sec)
         try:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Annotated
 
 from fastapi import Depends, Request
+from sundial_common.auth import TokenVerifier
 from sundial_common.clock import Clock
 from sundial_common.hotwindow import HotWindow
 from sundial_common.ratelimit import TokenBuckets
@@ -30,6 +31,8 @@ class ApiState:
     tenant_cache: TenantCache
     #: Per-tenant rate quotas (maxCreatesPerSec), over the hot window's Redis.
     buckets: TokenBuckets
+    #: The keys, audience and issuers a bearer token is checked against (JWKS cached here).
+    verifier: TokenVerifier
     verified_tokens: VerifiedTokens = field(default_factory=VerifiedTokens)
 
 
