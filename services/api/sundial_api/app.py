@@ -26,7 +26,7 @@ from sundial_common.hotwindow import HotWindow
 from sundial_common.ratelimit import TokenBuckets
 from sundial_common.stores import Stores
 
-from sundial_api import admin, batch, executions, health, job_list, jobs, problems, replays, stats, tenants
+from sundial_api import admin, audit, batch, executions, health, job_list, jobs, problems, replays, stats, tenants
 from sundial_api.limits import BodyLimitMiddleware
 from sundial_api.metrics import RequestMetricsMiddleware
 from sundial_api.responses import OrjsonResponse
@@ -145,6 +145,7 @@ def create_app(settings: ApiSettings | None = None, *, clock: Clock | None = Non
     app.include_router(replays.router)
     app.include_router(stats.router)
     app.include_router(tenants.router)
+    app.include_router(audit.router)
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:

@@ -15,6 +15,8 @@ one Postgres implementation and its own file of named queries under ``sql/``:
   retention of finished executions.
 - :mod:`~sundial_common.stores.workers` — worker incarnations and the attempts an earlier one left running.
 - :mod:`~sundial_common.stores.tenants` — the tenant registry: weight, quotas, state.
+- :mod:`~sundial_common.stores.audit` — jobs' and executions' audit trails (the rows are written by each change's
+  own statement) and execution events recorded outside a change.
 
 They share one :class:`~sundial_common.stores.database.Database` (the asyncpg pool and its connection
 setup); :class:`Stores` holds them together for a process. The values they trade in that are not one
@@ -27,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sundial_common.stores.analytics import AnalyticsStore, PostgresAnalyticsStore
+from sundial_common.stores.audit import AuditStore, PostgresAuditStore
 from sundial_common.stores.database import Database
 from sundial_common.stores.dispatch import DispatchStore, PostgresDispatchStore
 from sundial_common.stores.executions import ExecutionStore, PostgresExecutionStore
@@ -50,6 +53,7 @@ class Stores:
     analytics: AnalyticsStore
     workers: WorkerStore
     tenants: TenantStore
+    audit: AuditStore
 
     @classmethod
     def over(cls, database: Database) -> Stores:
@@ -64,6 +68,7 @@ class Stores:
             analytics=PostgresAnalyticsStore(database),
             workers=PostgresWorkerStore(database),
             tenants=PostgresTenantStore(database),
+            audit=PostgresAuditStore(database),
         )
 
     @classmethod
