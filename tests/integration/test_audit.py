@@ -6,19 +6,23 @@ token's subject, the state before and after, in order; pages walk it whole; anot
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import AsyncIterator
 
 import pytest
 from sundial_api.models.audit import AuditPage
+from sundial_client import AsyncClient, Client
+from sundial_client.cli import _executions_parser, _jobs_parser
 from sundial_common.auth import issue_token
 from sundial_common.stores import Stores
 from sundial_common.stores.audit import ExecutionEvent, record_execution_event
 from sundial_common.stores.executions import Outcome
 
 from tests.integration.test_api import NOW, SECRET, TENANT, Api, api, insert_execution, one_shot
+from tests.integration.test_client import aclient, cli, client, served
 
-__all__ = ["api"]  # the fixture
+__all__ = ["aclient", "api", "client", "served"]  # the fixtures
 
 ALICE = {"Authorization": f"Bearer {issue_token(SECRET, TENANT, subject='alice@acme')}"}
 BOB = {"Authorization": f"Bearer {issue_token(SECRET, TENANT, subject='bob@acme')}"}
@@ -123,3 +127,25 @@ async def test_an_executions_trail_has_its_transitions_its_cancel_and_recorded_e
     assert trail[3].detail == {"reason": "tenant not served"}
     other = await api.client.get(f"/v1/executions/{ident}/audit", headers=api.auth("globex"))
     assert other.status_code == 404
+
+
+async def test_the_client_and_the_cli_show_who_cancelled_a_job(
+    client: Client, aclient: AsyncClient, capsys: pytest.CaptureFixture[str]
+) -> None:
+    job = client.schedule(handler="echo", pool="demo", name="audited").after(seconds=600)
+    client.jobs.pause(job.job_id)
+    client.jobs.delete(job.job_id)
+
+    (cancel,) = client.jobs.audit(job.job_id, actions=["cancel"])
+    assert (cancel.actor, cancel.from_state, cancel.to_state) == (f"{TENANT}-service", "PAUSED", "CANCELLED")
+    assert [e.action async for e in aclient.jobs.audit(job.job_id, page_size=1)] == ["create", "pause", "cancel"]
+
+    code, out, _ = cli(_jobs_parser(), ["audit", job.job_id, "--action", "cancel"], client, capsys)
+    assert code == 0
+    header, row = out.splitlines()
+    assert header.split() == ["AT", "ACTION", "FROM", "TO", "ACTOR", "DETAIL"]
+    assert row.split()[1:5] == ["cancel", "PAUSED", "CANCELLED", f"{TENANT}-service"]
+    code, out, _ = cli(_jobs_parser(), ["audit", job.job_id, "--json"], client, capsys)
+    assert code == 0 and [e["action"] for e in json.loads(out)] == ["create", "pause", "cancel"]
+    code, _, err = cli(_executions_parser(), ["audit", str(uuid.uuid4())], client, capsys)
+    assert code == 3 and "not found" in err

@@ -28,7 +28,7 @@ router = APIRouter()
 _CURSOR = re.compile(r"^a1:(\d{1,19})$")
 _ACTION = r"^[a-z_]{1,40}$"
 
-Limit = Annotated[int, Query(ge=1, le=1000, description="Page size.")]
+Limit = Annotated[int, Query(ge=1, le=200, description="Page size.")]
 Cursor = Annotated[str | None, Query(description="`nextCursor` of the previous page; omit for the first page.")]
 Actions = Annotated[
     list[Annotated[str, Query(pattern=_ACTION)]] | None,
