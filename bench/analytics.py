@@ -279,7 +279,7 @@ def main() -> int:
     replica = ClickHouseReplica(ReplicaConfig(url=None, chdb_path=(args.root / "chdb").resolve()))
     lines = []
     try:
-        env = {**os.environ, "SUNDIAL_DATABASE_URL": postgres.dsn}
+        env = {**os.environ, "SUNDIAL_DATABASE_URL": postgres.dsn, "SUNDIAL_ENV": "dev"}
         subprocess.run([*sundial_argv("migrate")], env=env, check=True, capture_output=True)
 
         async def run() -> None:

@@ -147,7 +147,7 @@ class Bench:
             )
             processes.append(ProcessSpec("analytics", sundial_argv("analytics"), env=analytics_env))
         self.supervisor = Supervisor(processes, env={**os.environ, **env}, log_dir=root / "logs", run_dir=root / "run")
-        self.token = issue_token(CommonSettings().jwt_secret, "bench-api")
+        self.token = issue_token(CommonSettings(env="dev").jwt_secret, "bench-api")
 
     def start(self) -> None:
         # A fresh stack every run: measurements must not depend on what an earlier run left behind.

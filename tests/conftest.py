@@ -28,6 +28,9 @@ os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 # The master key every Sundial process of the tests seals tenants' data with (in this process, and inherited by
 # the processes the e2e and fault tests start); a test of another key (rotation, a wrong key) passes its own.
 os.environ.setdefault("SUNDIAL_MASTER_KEY", "c3VuZGlhbC10ZXN0LW1hc3Rlci1rZXktMzItYnl0ZXM=")
+# The suite signs its tokens with the public development key (or keys of its own): allowed only in dev. Set here,
+# not with setdefault, so a shell exporting SUNDIAL_ENV=production cannot make every process refuse to start.
+os.environ["SUNDIAL_ENV"] = "dev"
 
 import atexit
 import contextlib
@@ -223,6 +226,7 @@ def settings_env(database_url: str, redis_url: str, etcd_endpoint: str, kafka_bo
         "SUNDIAL_REDIS_URL": redis_url,
         "SUNDIAL_ETCD_ENDPOINT": etcd_endpoint,
         "SUNDIAL_KAFKA_BOOTSTRAP": kafka_bootstrap,
+        "SUNDIAL_ENV": "dev",
     }
 
 

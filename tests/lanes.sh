@@ -12,6 +12,8 @@
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 base=${SUNDIAL_TEST_PORT_OFFSET:-0}
+# Every process the suite starts may use the development signing key (tests/conftest.py sets it too).
+export SUNDIAL_ENV=dev
 logs=.sundial/test-logs
 mkdir -p "$logs"
 

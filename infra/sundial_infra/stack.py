@@ -96,14 +96,18 @@ class LocalStack:
         return self.broker.bootstrap
 
     def env(self) -> dict[str, str]:
-        """SUNDIAL_* variables that point every Sundial process at this stack."""
+        """SUNDIAL_* variables that point every Sundial process at this stack.
+
+        A local stack is a development stack (``make up``, the bench, the tests), so its processes may use the
+        development signing key: ``SUNDIAL_ENV=dev`` (a real deployment configures a key and no such flag).
+        """
         return {
+            "SUNDIAL_ENV": "dev",
             "SUNDIAL_DATABASE_URL": self.postgres_dsn,
             "SUNDIAL_REDIS_URL": self.redis_url,
             "SUNDIAL_ETCD_ENDPOINT": self.etcd_endpoint,
             "SUNDIAL_KAFKA_BOOTSTRAP": self.kafka_bootstrap,
-            # A local stack is a development one: its processes share a generated master key under its root.
-            "SUNDIAL_ENV": "dev",
+            # ... and share a generated master key under its root.
             "SUNDIAL_DEV_ROOT": str(self.root),
         }
 

@@ -24,7 +24,7 @@ COMMANDS: list[tuple[str, type[BaseSettings], tuple[str, ...] | None]] = [
     ("worker", WorkerSettings, None),
     ("analytics", AnalyticsSettings, None),
     ("migrate", CommonSettings, ("database_url",)),
-    ("token", CommonSettings, ("jwt_secret",)),
+    ("token", CommonSettings, ("env", "jwt_secret", "jwt_keys", "jwt_audience")),
     ("cluster", CommonSettings, CLUSTER_FIELDS),
 ]
 

@@ -7,7 +7,7 @@ described once here and the two clients differ only in how they wait. A create i
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Generic, TypeVar
@@ -19,6 +19,7 @@ from pydantic.alias_generators import to_camel
 from pydantic_core import to_jsonable_python
 
 from sundial_client.models import (
+    AuditPage,
     Backfill,
     BackfillDryRun,
     BackfillRequest,
@@ -171,6 +172,14 @@ def list_jobs(
 def job_executions(job_id: str, *, cursor: str | None, limit: int) -> Call[ExecutionPage]:
     params = {**_query(cursor=cursor), "limit": limit}
     return Call("GET", f"/v1/jobs/{_id(job_id)}/executions", _model(ExecutionPage), params=params)
+
+
+def audit(kind: str, ident: str, *, actions: Sequence[str], cursor: str | None, limit: int) -> Call[AuditPage]:
+    """A page of a job's (``kind`` "jobs") or an execution's ("executions") audit trail, oldest first."""
+    params: dict[str, Any] = {**_query(cursor=cursor), "limit": limit}
+    if actions:
+        params["action"] = list(actions)
+    return Call("GET", f"/v1/{kind}/{_id(ident)}/audit", _model(AuditPage), params=params)
 
 
 def preview_schedule(request: SchedulePreviewRequest | Mapping[str, Any]) -> Call[Preview]:

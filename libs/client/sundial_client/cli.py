@@ -41,6 +41,7 @@ from sundial_client.errors import (
     Unavailable,
 )
 from sundial_client.models import (
+    AuditEntry,
     Backfill,
     Execution,
     ExecutionState,
@@ -491,6 +492,39 @@ def executions_watch(client: Client, args: argparse.Namespace) -> int:
 # --- parsers --------------------------------------------------------------------------------------
 
 
+AUDIT_COLUMNS = ("AT", "ACTION", "FROM", "TO", "ACTOR", "DETAIL")
+
+
+def _audit_row(entry: AuditEntry) -> list[Any]:
+    detail = json.dumps(entry.detail, separators=(",", ":")) if entry.detail else None
+    return [entry.at, entry.action, entry.from_state, entry.to_state, entry.actor, detail]
+
+
+def _audit_command(kind: str) -> Callable[[Client, argparse.Namespace], int]:
+    def run(client: Client, args: argparse.Namespace) -> int:
+        trail = client.jobs.audit if kind == "jobs" else client.executions.audit
+        entries = list(islice(trail(args.id, actions=args.action or (), page_size=min(args.limit, 200)), args.limit))
+        print(_dump(list(entries)) if args.json else table(AUDIT_COLUMNS, map(_audit_row, entries)))
+        return OK
+
+    return run
+
+
+def _audit_parser(sub: Any, kind: str, what: str) -> None:
+    audit = _sub(
+        sub,
+        "audit",
+        f"Show {what}'s audit trail, oldest first: every change, who made it (the token's subject), the state "
+        "before and after.",
+        _audit_command(kind),
+    )
+    audit.add_argument("id")
+    audit.add_argument(
+        "--action", action="append", metavar="ACTION", help="Only this action (repeatable), e.g. --action cancel."
+    )
+    audit.add_argument("--limit", type=_positive, default=1000, help="At most this many entries (default 1000).")
+
+
 def _common(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("connection")
     group.add_argument("--url", help=f"API base URL (env SUNDIAL_URL; default {DEFAULT_URL}).")
@@ -598,6 +632,7 @@ def _jobs_parser() -> argparse.ArgumentParser:
     preview = _sub(sub, "preview", "A job's next fires, in UTC and its zone.", jobs_preview)
     preview.add_argument("id")
     preview.add_argument("--count", type=_positive, default=10)
+    _audit_parser(sub, "jobs", "a job")
     return parser
 
 
@@ -634,6 +669,7 @@ def _executions_parser() -> argparse.ArgumentParser:
     )
     watch.add_argument("id")
     watch.add_argument("--interval", type=float, default=1.0, metavar="SECONDS", help="Poll interval (default 1).")
+    _audit_parser(sub, "executions", "an execution")
     return parser
 
 

@@ -16,7 +16,7 @@ import asyncio
 import math
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Self, TypeVar, overload
@@ -27,6 +27,7 @@ from sundial_client import calls
 from sundial_client.calls import MAX_BATCH, MAX_PAGE, Call
 from sundial_client.errors import ConnectionFailed, raise_for_problem
 from sundial_client.models import (
+    AuditEntry,
     Backfill,
     BackfillDryRun,
     BackfillRequest,
@@ -88,6 +89,31 @@ def _check_page_size(page_size: int) -> int:
     if not 1 <= page_size <= MAX_PAGE:
         raise ValueError(f"page_size must be 1 to {MAX_PAGE}, not {page_size}")
     return page_size
+
+
+def _audit(client: Client, kind: str, ident: str, actions: Sequence[str], page_size: int) -> Iterator[AuditEntry]:
+    cursor: str | None = None
+    while True:
+        page = client.call(calls.audit(kind, ident, actions=actions, cursor=cursor, limit=_check_page_size(page_size)))
+        yield from page.items
+        if page.next_cursor is None:
+            return
+        cursor = page.next_cursor
+
+
+async def _audit_async(
+    client: AsyncClient, kind: str, ident: str, actions: Sequence[str], page_size: int
+) -> AsyncIterator[AuditEntry]:
+    cursor: str | None = None
+    while True:
+        page = await client.call(
+            calls.audit(kind, ident, actions=actions, cursor=cursor, limit=_check_page_size(page_size))
+        )
+        for entry in page.items:
+            yield entry
+        if page.next_cursor is None:
+            return
+        cursor = page.next_cursor
 
 
 @dataclass(frozen=True)
@@ -344,10 +370,21 @@ class Jobs:
                 return
             cursor = page.next_cursor
 
+    def audit(self, job_id: str, *, actions: Sequence[str] = (), page_size: int = 100) -> Iterator[AuditEntry]:
+        """The job's audit trail, oldest first: every change, who made it (token subject), before and after.
+
+        ``actions=["cancel"]`` answers "who cancelled this job?".
+        """
+        return _audit(self._c, "jobs", job_id, actions, page_size)
+
 
 class Executions:
     def __init__(self, client: Client) -> None:
         self._c = client
+
+    def audit(self, execution_id: str, *, actions: Sequence[str] = (), page_size: int = 100) -> Iterator[AuditEntry]:
+        """The execution's audit trail, oldest first: dispatch, each attempt's start and end, retries, cancels."""
+        return _audit(self._c, "executions", execution_id, actions, page_size)
 
     def get(self, execution_id: str) -> ExecutionDetail:
         return self._c.call(calls.get_execution(execution_id))
@@ -682,10 +719,18 @@ class AsyncJobs:
                 return
             cursor = page.next_cursor
 
+    def audit(self, job_id: str, *, actions: Sequence[str] = (), page_size: int = 100) -> AsyncIterator[AuditEntry]:
+        return _audit_async(self._c, "jobs", job_id, actions, page_size)
+
 
 class AsyncExecutions:
     def __init__(self, client: AsyncClient) -> None:
         self._c = client
+
+    def audit(
+        self, execution_id: str, *, actions: Sequence[str] = (), page_size: int = 100
+    ) -> AsyncIterator[AuditEntry]:
+        return _audit_async(self._c, "executions", execution_id, actions, page_size)
 
     async def get(self, execution_id: str) -> ExecutionDetail:
         return await self._c.call(calls.get_execution(execution_id))

@@ -290,6 +290,22 @@ class ExecutionPage(_Wire):
     next_cursor: str | None
 
 
+class AuditEntry(_Wire):
+    """One change of a job or an execution: what, the state before and after, who (token subject), when."""
+
+    at: datetime
+    action: str
+    from_state: str | None = None
+    to_state: str | None = None
+    actor: str
+    detail: dict[str, Any] | None = None
+
+
+class AuditPage(_Wire):
+    items: list[AuditEntry]
+    next_cursor: str | None
+
+
 class Fire(_Wire):
     scheduled_for: datetime
     fire_at: datetime

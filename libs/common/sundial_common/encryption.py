@@ -46,7 +46,7 @@ import os
 import re
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import orjson
 from cryptography.exceptions import InvalidTag
@@ -75,10 +75,11 @@ class EncryptionSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="SUNDIAL_", extra="ignore")
 
-    env: str = Field(
+    env: Literal["dev", "production"] = Field(
         "production",
-        description="`dev` for a development machine (make up, tests): allows a generated master key under the "
-        "dev root. Anything else requires SUNDIAL_MASTER_KEY or SUNDIAL_MASTER_KEY_FILE.",
+        description="`dev` for a development machine (make up, make run and the tests set it): allows the built-in "
+        "development signing key and a generated master key under the dev root. In production every process "
+        "refuses to start with the development key, and needs SUNDIAL_MASTER_KEY or SUNDIAL_MASTER_KEY_FILE.",
     )
     master_key: str | None = Field(
         None,

@@ -14,7 +14,7 @@ from alembic import command, op
 from alembic.config import Config
 from sqlalchemy.util import await_only
 
-from sundial_common.settings import CommonSettings, SettingsHelpParser
+from sundial_common.settings import CommonSettings, SettingsHelpParser, load_settings
 
 _HERE = Path(__file__).parent
 
@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
         help="Register this tenant with the registry's defaults if it is not registered (repeatable).",
     )
     args = parser.parse_args(argv)
-    dsn = args.database_url or CommonSettings().database_url
+    dsn = args.database_url or load_settings(CommonSettings, parser).database_url
     command.upgrade(_config(dsn), args.revision)
     print(f"schema at {args.revision}")
     if args.tenant:

@@ -13,14 +13,21 @@ import os
 import socket
 import textwrap
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, TypeVar
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from sundial_common.encryption import EncryptionSettings
 
 _MODEL_CONFIG = SettingsConfigDict(env_prefix="SUNDIAL_", extra="ignore")
+
+#: The signing key every process has when none is configured. It is public (it is in the source), so only
+#: SUNDIAL_ENV=dev may use it (sundial_common.auth).
+DEV_SIGNING_KEY = "sundial-dev-signing-key-change-me"
+#: HS256 keys shorter than this are refused: RFC 7518 section 3.2 asks for at least the hash's 256 bits.
+MIN_KEY_BYTES = 32
+_NEW_KEY = "python3 -c 'import secrets; print(secrets.token_urlsafe(48))'"
 
 
 class CommonSettings(EncryptionSettings):
@@ -44,10 +51,34 @@ class CommonSettings(EncryptionSettings):
         "a job's shard is stored with it.",
     )
     hot_window_sec: int = Field(3600, ge=10, description="Occurrences due within this horizon live in Redis.")
+    # --- keys and tokens (issue 15; sundial_common.auth) ---
+    # `env` (dev or production) comes with the master key's settings (EncryptionSettings).
     jwt_secret: str = Field(
-        "sundial-dev-signing-key-change-me",
-        description="HS256 key that signs bearer tokens. The default is for local development only.",
+        DEV_SIGNING_KEY,
+        description=f"HS256 key that signs and verifies bearer tokens (at least {MIN_KEY_BYTES} bytes). The default "
+        "is the public development key, refused unless SUNDIAL_ENV=dev. Empty = no HS256 key (tokens only from "
+        "SUNDIAL_JWKS_URL).",
     )
+    jwt_keys: dict[str, str] = Field(
+        default_factory=dict,
+        description='HS256 keys by key id, newest first, as JSON (`{"2026-12": "<key>", "2026-11": "<old key>"}`): '
+        "the first signs, every one verifies (rotation without downtime). Replaces SUNDIAL_JWT_SECRET.",
+    )
+    jwks_url: str | None = Field(
+        None,
+        description="JWKS document (https URL or file path) whose RS256/ES256 public keys verify tokens issued by "
+        "an external identity provider; unset = none accepted.",
+    )
+    jwks_refresh_sec: float = Field(300.0, ge=1, description="How often the JWKS document is re-read.")
+    jwt_audience: str = Field("sundial", min_length=1, description="Every token's `aud` must be this.")
+    jwt_issuers: list[str] = Field(
+        default_factory=lambda: ["sundial"],
+        description='Accepted `iss` values, as JSON (`["sundial", "https://idp.example.com/"]`).',
+    )
+    jwt_leeway_sec: float = Field(
+        30.0, ge=0, le=300, description="Clock skew tolerated on a token's `exp`, `nbf` and `iat`."
+    )
+    jwt_tenant_claim: str = Field("tenant", min_length=1, description="The claim that names the token's tenant.")
     otlp_endpoint: str | None = Field(
         None, description="OTLP/HTTP traces endpoint (e.g. http://jaeger:4318/v1/traces); unset = no export."
     )
@@ -113,6 +144,32 @@ class CommonSettings(EncryptionSettings):
         """
         return self.trace_link_template if self.otlp_endpoint and self.trace_link_template else None
 
+    @model_validator(mode="after")
+    def _signing_keys_are_safe(self) -> CommonSettings:
+        if self.jwt_keys and "jwt_secret" in self.model_fields_set:
+            raise ValueError("set SUNDIAL_JWT_KEYS or SUNDIAL_JWT_SECRET, not both (move the secret into the keys)")
+        named = (
+            [(f"SUNDIAL_JWT_KEYS[{kid!r}]", secret) for kid, secret in self.jwt_keys.items()]
+            if self.jwt_keys
+            else [("SUNDIAL_JWT_SECRET", self.jwt_secret)]
+            if self.jwt_secret
+            else []
+        )
+        for variable, secret in named:
+            if secret == DEV_SIGNING_KEY and self.env != "dev":
+                raise ValueError(
+                    f"{variable} is the built-in development signing key, which is public: anyone could mint "
+                    f"tokens. Set SUNDIAL_JWT_SECRET to a random key of at least {MIN_KEY_BYTES} bytes (e.g. "
+                    f"`{_NEW_KEY}`), or SUNDIAL_JWT_KEYS / SUNDIAL_JWKS_URL; on a developer machine, SUNDIAL_ENV=dev "
+                    "allows the development key"
+                )
+            if len(secret.encode()) < MIN_KEY_BYTES:
+                raise ValueError(
+                    f"{variable} is {len(secret.encode())} bytes: an HS256 key needs at least {MIN_KEY_BYTES} "
+                    f"(e.g. `{_NEW_KEY}`)"
+                )
+        return self
+
     @field_validator("log_format")
     @classmethod
     def _known_format(cls, value: str) -> str:
@@ -163,3 +220,22 @@ class SettingsHelpParser(argparse.ArgumentParser):
 
     def format_help(self) -> str:
         return f"{super().format_help()}\n{self._environment}\n"
+
+
+_Settings = TypeVar("_Settings", bound=BaseSettings)
+
+
+def load_settings(settings: type[_Settings], parser: argparse.ArgumentParser, **overrides: Any) -> _Settings:
+    """``settings`` from the environment and ``overrides`` (None = not given); a bad value exits 2 saying why.
+
+    Each problem is one line naming the variable (a refused signing key says how to set one), not a traceback.
+    """
+    try:
+        return settings(**{name: value for name, value in overrides.items() if value is not None})
+    except ValidationError as exc:
+        lines = []
+        for error in exc.errors():
+            where = ".".join(str(part) for part in error["loc"])
+            message = str(error["msg"]).removeprefix("Value error, ")
+            lines.append(f"  {env_var(settings, where) if where else ''}{': ' if where else ''}{message}")
+        parser.error("invalid configuration:\n" + "\n".join(lines))

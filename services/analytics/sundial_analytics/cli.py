@@ -17,7 +17,7 @@ import uvicorn
 from sundial_common.logs import setup_logging
 from sundial_common.observability import observed
 from sundial_common.service import every, run, supervise
-from sundial_common.settings import SettingsHelpParser
+from sundial_common.settings import SettingsHelpParser, load_settings
 from sundial_common.singleton import run_singleton
 from sundial_common.stores import Stores
 
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     overrides = {"metrics_port": args.metrics_port, "analytics_port": args.port}
-    settings = AnalyticsSettings(**{k: v for k, v in overrides.items() if v is not None})
+    settings = load_settings(AnalyticsSettings, parser, **overrides)
     setup_logging(args.log_level or settings.log_level, settings.log_format)
     ingest = settings.ingest_config()
     retention_config = settings.retention_config()

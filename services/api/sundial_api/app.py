@@ -20,13 +20,27 @@ from fastapi.openapi.utils import get_openapi
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from redis.asyncio import Redis
+from sundial_common.auth import TokenVerifier
 from sundial_common.clock import Clock, SystemClock
 from sundial_common.encryption import open_keyring
 from sundial_common.hotwindow import HotWindow
 from sundial_common.ratelimit import TokenBuckets
 from sundial_common.stores import Stores
 
-from sundial_api import admin, backfills, batch, executions, health, job_list, jobs, problems, replays, stats, tenants
+from sundial_api import (
+    admin,
+    audit,
+    backfills,
+    batch,
+    executions,
+    health,
+    job_list,
+    jobs,
+    problems,
+    replays,
+    stats,
+    tenants,
+)
 from sundial_api.limits import BodyLimitMiddleware
 from sundial_api.metrics import RequestMetricsMiddleware
 from sundial_api.responses import OrjsonResponse
@@ -106,6 +120,7 @@ def create_app(settings: ApiSettings | None = None, *, clock: Clock | None = Non
             tenant_cache=TenantCache(stores.tenants, settings.tenant_cache_sec),
             buckets=TokenBuckets(redis),
             keyring=keyring,
+            verifier=TokenVerifier.from_settings(settings),
         )
         log.info("api ready (shards=%d, hot window=%ds)", settings.shards, settings.hot_window_sec)
         try:
@@ -151,6 +166,7 @@ def create_app(settings: ApiSettings | None = None, *, clock: Clock | None = Non
     app.include_router(stats.router)
     app.include_router(tenants.router)
     app.include_router(backfills.router)
+    app.include_router(audit.router)
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:

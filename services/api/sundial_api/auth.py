@@ -1,6 +1,7 @@
 """Bearer-token authentication: every /v1 route runs as the tenant the token names.
 
-Tokens are HS256 JWTs minted by ``sundial token`` (``sundial_common.auth``). Anything wrong with the
+Tokens are JWTs: HS256 minted by ``sundial token`` or RS256/ES256 from an identity provider's JWKS, each checked
+for its key id, audience, issuer and expiry (``sundial_common.auth``). Anything wrong with the
 token — missing, another scheme, bad signature, expired, no tenant — is the same 401, with
 ``WWW-Authenticate: Bearer`` as RFC 6750 asks, and says what was wrong without echoing the token.
 
@@ -17,7 +18,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from sundial_common.auth import TENANT, InvalidToken, Principal, verify_token
+from sundial_common.auth import TENANT, InvalidToken, Principal
 
 from sundial_api.problems import ProblemError
 from sundial_api.state import State
@@ -53,7 +54,7 @@ async def authenticate(
     principal = state.verified_tokens.get(token, time.time())
     if principal is None:
         try:
-            principal = verify_token(state.settings.jwt_secret, token)
+            principal = await state.verifier.verify(token)
         except InvalidToken as exc:
             raise _unauthorized(f"invalid bearer token: {exc}", "invalid_token") from None
         if not _TENANT.match(principal.tenant):

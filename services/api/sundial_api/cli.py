@@ -13,10 +13,9 @@ import argparse
 from types import FrameType
 
 import uvicorn
-from pydantic import ValidationError
 from sundial_common.logs import setup_logging
 from sundial_common.observability import observed
-from sundial_common.settings import SettingsHelpParser
+from sundial_common.settings import SettingsHelpParser, load_settings
 from sundial_common.stopsignals import StopSignals
 
 from sundial_api.admin import register_replica
@@ -69,10 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     overrides = {"host": args.host, "port": args.port, "log_level": args.log_level}
-    try:
-        settings = ApiSettings(**{name: value for name, value in overrides.items() if value is not None})
-    except ValidationError as exc:
-        parser.error(f"invalid configuration:\n{exc}")
+    settings = load_settings(ApiSettings, parser, **overrides)
 
     setup_logging(settings.log_level, settings.log_format)
     app = create_app(settings)

@@ -574,6 +574,23 @@ def _merged(row: Record, patch: Mapping[str, Any], cipher: TenantCipher) -> JobC
         raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in exc.errors()]) from None
 
 
+def _change_detail(
+    current: Record, values: Mapping[str, Any], changed: list[str], cipher: TenantCipher
+) -> dict[str, Any]:
+    """The audit detail of a PATCH: the fields it set, with their values before and after.
+
+    A payload's value is never copied into the audit log (it may carry secrets, and is kept encrypted where the
+    job is): that it changed is recorded, not what it became.
+    """
+    before, after = _as_body(current, cipher), _as_body({**current, **values}, cipher)
+    shown = [name for name in changed if name != "payload"]
+    return {
+        "changed": changed,
+        "before": {name: before.get(name) for name in shown},
+        "after": {name: after.get(name) for name in shown},
+    }
+
+
 @router.patch(
     "/{job_id}",
     response_model=Job,
@@ -638,7 +655,9 @@ async def update_job(
         values["next_fire_at"] = fire_at(ident, nominal, changed.jitter_sec) if nominal is not None else None
         dependent = changed.type is JobType.DEPENDENT  # no clock: never COMPLETED by its schedule
         values["state"] = current["state"] if nominal is not None or dependent else JobState.COMPLETED.value
-        row = await state.stores.jobs.update_job(current, values, actor=principal.subject, changed=sorted(patch))
+        row = await state.stores.jobs.update_job(
+            current, values, actor=principal.subject, detail=_change_detail(current, values, sorted(patch), cipher)
+        )
         if row is not None:
             await _sync_hot_window(state, row, principal.tenant)
             return OrjsonResponse(render_job(row, cipher), headers=_etag(row))

@@ -62,6 +62,14 @@ class ApiSettings(CommonSettings):
     analytics_timeout_sec: float = Field(10.0, gt=0, description="How long a /v1/stats query may take.")
 
     @model_validator(mode="after")
+    def _can_verify_tokens(self) -> ApiSettings:
+        if not (self.jwt_secret or self.jwt_keys or self.jwks_url):
+            raise ValueError(
+                "no key verifies bearer tokens: set SUNDIAL_JWT_SECRET, SUNDIAL_JWT_KEYS or SUNDIAL_JWKS_URL"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _payload_fits_in_request(self) -> ApiSettings:
         if self.max_payload_bytes > self.max_request_bytes:
             raise ValueError(

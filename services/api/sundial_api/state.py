@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Annotated
 
 from fastapi import Depends, Request
+from sundial_common.auth import TokenVerifier
 from sundial_common.clock import Clock
 from sundial_common.encryption import Keyring
 from sundial_common.hotwindow import HotWindow
@@ -33,6 +34,8 @@ class ApiState:
     buckets: TokenBuckets
     #: Tenants' data keys: payloads, results, progress, errors and stored responses are sealed with them.
     keyring: Keyring
+    #: The keys, audience and issuers a bearer token is checked against (JWKS cached here).
+    verifier: TokenVerifier
     verified_tokens: VerifiedTokens = field(default_factory=VerifiedTokens)
 
 

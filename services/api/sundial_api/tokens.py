@@ -17,8 +17,10 @@ from sundial_common.auth import Principal
 class VerifiedTokens:
     """Verified tokens with their principal, each kept until its ``exp`` (a bounded LRU).
 
-    The signing key is fixed for the life of the app, so a token that verified once stays valid until it
-    expires. Only tokens that verified are ever stored.
+    The HS256 keys are fixed for the life of the app, so a token that verified once stays valid until it
+    expires; a JWKS key the provider withdraws stops verifying new tokens at the next refresh, while tokens
+    already verified with it are trusted here until their ``exp`` (as a JWT's holder is, by design). Only tokens
+    that verified are ever stored.
     """
 
     def __init__(self, max_size: int = 4096) -> None:

@@ -19,7 +19,7 @@ from sundial_common.logs import setup_logging
 from sundial_common.observability import observed
 from sundial_common.registry import ClusterKeys, Membership, ReplicaRecord, ReplicaRegistration, etcd_client
 from sundial_common.service import run, supervise
-from sundial_common.settings import SettingsHelpParser
+from sundial_common.settings import SettingsHelpParser, load_settings
 from sundial_common.stores import Stores
 
 from sundial_dispatcher.dispatcher import DispatcherConfig
@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     overrides = {"lease_ttl_sec": args.lease_ttl, "instance_id": args.instance_id, "metrics_port": args.metrics_port}
-    settings = DispatcherSettings(**{k: v for k, v in overrides.items() if v is not None})
+    settings = load_settings(DispatcherSettings, parser, **overrides)
     setup_logging(args.log_level or settings.log_level, settings.log_format)
     config = DispatcherConfig(
         shards=settings.shards,

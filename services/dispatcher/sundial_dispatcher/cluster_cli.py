@@ -15,7 +15,7 @@ from redis.asyncio import Redis
 from sundial_common.cluster import read_cluster
 from sundial_common.hotwindow import HotWindow
 from sundial_common.registry import etcd_client
-from sundial_common.settings import CommonSettings, SettingsHelpParser
+from sundial_common.settings import CommonSettings, SettingsHelpParser, load_settings
 from sundial_common.stores import Stores
 
 # What the cluster view reads; its --help lists exactly these.
@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--json", action="store_true", help="Print the JSON body GET /v1/admin/cluster returns.")
     args = parser.parse_args(argv)
-    settings = CommonSettings()
+    settings = load_settings(CommonSettings, parser)
 
     async def show() -> int:
         etcd = etcd_client(settings.etcd_endpoint)

@@ -14,7 +14,7 @@ from sundial_common.hotwindow import HotWindow
 from sundial_common.logs import setup_logging
 from sundial_common.observability import observed
 from sundial_common.service import every, run
-from sundial_common.settings import SettingsHelpParser
+from sundial_common.settings import SettingsHelpParser, load_settings
 from sundial_common.singleton import run_singleton
 from sundial_common.stores import Stores
 
@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
         help="Serve Prometheus metrics at /metrics on this port (env SUNDIAL_METRICS_PORT; default: not served).",
     )
     args = parser.parse_args(argv)
-    settings = HydratorSettings(**({} if args.metrics_port is None else {"metrics_port": args.metrics_port}))
+    settings = load_settings(HydratorSettings, parser, metrics_port=args.metrics_port)
     setup_logging(args.log_level or settings.log_level, settings.log_format)
     config = HydratorConfig(
         shards=settings.shards,

@@ -15,11 +15,10 @@ import logging
 import os
 import sys
 
-from pydantic import ValidationError
 from sundial_common.logs import setup_logging
 from sundial_common.observability import observed
 from sundial_common.service import run
-from sundial_common.settings import SettingsHelpParser
+from sundial_common.settings import SettingsHelpParser, load_settings
 
 from sundial_worker.sdk import Worker
 from sundial_worker.settings import WorkerSettings
@@ -100,10 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         "log_level": args.log_level,
         "metrics_port": args.metrics_port,
     }
-    try:
-        settings = WorkerSettings(**{k: v for k, v in overrides.items() if v is not None})
-    except ValidationError as exc:
-        parser.error(str(exc))
+    settings = load_settings(WorkerSettings, parser, **overrides)
     setup_logging(settings.log_level, settings.log_format)
     if not settings.worker_app:
         parser.error("--app is required (or set SUNDIAL_WORKER_APP), e.g. --app sundial_worker.demo:worker")

@@ -19,6 +19,8 @@ one Postgres implementation and its own file of named queries under ``sql/``:
 - :mod:`~sundial_common.stores.dependencies` — DEPENDENT jobs' parents, and the triggers their parents' final
   states record, turned into executions by the child's shard leader;
 - :mod:`~sundial_common.stores.backfills` — backfills of a recurring job's past range, stepped by its shard leader.
+- :mod:`~sundial_common.stores.audit` — jobs' and executions' audit trails (the rows are written by each change's
+  own statement) and execution events recorded outside a change.
 
 They share one :class:`~sundial_common.stores.database.Database` (the asyncpg pool and its connection
 setup); :class:`Stores` holds them together for a process. The values they trade in that are not one
@@ -31,6 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sundial_common.stores.analytics import AnalyticsStore, PostgresAnalyticsStore
+from sundial_common.stores.audit import AuditStore, PostgresAuditStore
 from sundial_common.stores.backfills import BackfillStore, PostgresBackfillStore
 from sundial_common.stores.database import Database
 from sundial_common.stores.dependencies import DependencyStore, PostgresDependencyStore
@@ -60,6 +63,7 @@ class Stores:
     keys: KeyStore
     dependencies: DependencyStore
     backfills: BackfillStore
+    audit: AuditStore
 
     @classmethod
     def over(cls, database: Database) -> Stores:
@@ -77,6 +81,7 @@ class Stores:
             keys=PostgresKeyStore(database),
             dependencies=PostgresDependencyStore(database),
             backfills=PostgresBackfillStore(database),
+            audit=PostgresAuditStore(database),
         )
 
     @classmethod

@@ -67,7 +67,7 @@ class JobStore(Protocol):
     async def get_job(self, tenant_id: str, job_id: UUID) -> Record | None: ...
 
     async def update_job(
-        self, current: Record, values: Mapping[str, Any], actor: str, changed: Sequence[str]
+        self, current: Record, values: Mapping[str, Any], actor: str, detail: Mapping[str, Any]
     ) -> Record | None: ...
 
     async def pause_job(self, tenant_id: str, job_id: UUID, actor: str) -> Record | None: ...
@@ -129,9 +129,11 @@ class PostgresJobStore:
         return cast(Record | None, await self._db.pool.fetchrow(Q["get_job"], job_id, tenant_id))
 
     async def update_job(
-        self, current: Record, values: Mapping[str, Any], actor: str, changed: Sequence[str]
+        self, current: Record, values: Mapping[str, Any], actor: str, detail: Mapping[str, Any]
     ) -> Record | None:
         """Write a job's new definition if it is still at ``current``'s version, next fire and state.
+
+        ``detail`` goes into the audit row written by the same statement (what changed, before and after).
 
         ``values`` holds every definition column (as ``insert_job`` takes them) plus ``next_fire_at``,
         ``next_nominal_at`` and ``state``. None when another writer got there first.
@@ -168,7 +170,7 @@ class PostgresJobStore:
             values["next_nominal_at"],
             values["state"],
             actor,
-            {"changed": list(changed)},
+            dict(detail),
             values.get("labels", current["labels"]),
         )
         return cast(Record | None, row)
