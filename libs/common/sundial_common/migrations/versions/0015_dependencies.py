@@ -27,7 +27,7 @@ and ``(job_id, scheduled_for)`` stays the one guard against a second execution o
 from sundial_common.migrate import run_sql_script
 
 revision = "0015"
-down_revision = "0011"
+down_revision = "0014"
 branch_labels = None
 depends_on = None
 
