@@ -66,7 +66,7 @@ async def test_a_burst_does_not_delay_another_tenant_and_equal_weights_share_dis
     processes: Processes, database_url: str
 ) -> None:
     port = free_port()
-    fair = {"SUNDIAL_DISPATCHER_FAIRNESS": "true", "SUNDIAL_DISPATCHER_POOL_QUEUE_CAP": "300"}
+    fair = {"SUNDIAL_DISPATCHER_POOL_QUEUE_CAP": "300"}  # fairness itself is on by default
     processes.start("api", "api", "--host", "127.0.0.1", "--port", str(port))
     processes.start("hydrator", "hydrator")
     processes.start("dispatcher", "dispatcher", env=fair)
