@@ -146,9 +146,21 @@ class OpenWork:
             for pool, waiting in pending.items():
                 if waiting:
                     flowing_at[pool] = now if running.get(pool) else self._flowing_at.get(pool, now)
+            was_stalled = {pool for pool in self._flowing_at if self.stalled(pool)}
             self.queued, self.open, self.unattributed = queued, opened, 0
             self._flowing_at = flowing_at
             self._read_at = now
+            for pool in sorted({pool for pool in flowing_at if self.stalled(pool)} ^ was_stalled):
+                if pool in was_stalled:
+                    log.info("pool %s: no longer stalled (one runs, or none waits); its queue cap holds again", pool)
+                else:
+                    log.warning(
+                        "pool %s: %d executions waiting and none running for %.0f s (no worker?); its queue cap "
+                        "is lifted until one runs",
+                        pool,
+                        pending[pool],
+                        self.config.stalled_pool_sec,
+                    )
 
     def stalled(self, pool: str) -> bool:
         """Work of ``pool`` has waited with none of it running for ``stalled_pool_sec``."""
