@@ -58,3 +58,11 @@ async def test_a_busy_pool_is_never_stalled_and_what_a_pass_took_counts_until_th
     assert counts.reads == 5
     room, default = work.pool_room(shards=4, batch_size=500)
     assert room["busy"] == 50 and default == 200
+
+
+async def test_a_new_leader_dates_a_stall_from_the_oldest_waiting_execution() -> None:
+    counts, clock = Counts(), Clock()
+    work = open_work(counts, clock)
+    counts.rows = [OpenExecutions("a", "idle", queued=1000, pending=1000, running=0, open=1000, waited_sec=4.0)]
+    await work.refresh()
+    assert work.stalled("idle")  # waiting for 4 s with none running, before this process looked

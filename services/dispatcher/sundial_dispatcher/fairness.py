@@ -100,8 +100,10 @@ class OpenWork:
 
     **Stalled pools.** The cap keeps a pool's queue short for the workers that are consuming it. A pool whose
     executions wait while none runs, for ``stalled_pool_sec`` in a row, has no worker starting anything (none
-    was started, or all died): nothing there starts sooner for being held back, and holding it back would stop
-    the execution rows themselves (what a user sees as dispatched, what the sweeper republishes from). Its cap
+    was started, or all died; a process that sees the pool for the first time dates the stall from its oldest
+    waiting execution, so a restarted or new leader does not wait ``stalled_pool_sec`` again): nothing there
+    starts sooner for being held back, and holding it back would stop the execution rows themselves (what a
+    user sees as dispatched, what the sweeper republishes from). Its cap
     is lifted, and its work is dispatched in the round robin's order as fast as without fairness, until one of
     its executions runs again. A pool whose workers are all busy with long handlers is not stalled (they run).
 
@@ -137,7 +139,9 @@ class OpenWork:
             pending: dict[str, int] = {}
             running: dict[str, int] = {}
             opened: dict[str, int] = {}
+            waited: dict[str, float] = {}
             for row in rows:
+                waited[row.pool] = max(waited.get(row.pool, 0.0), row.waited_sec or 0.0)
                 queued[row.pool] = queued.get(row.pool, 0) + row.queued
                 pending[row.pool] = pending.get(row.pool, 0) + row.pending
                 running[row.pool] = running.get(row.pool, 0) + row.running
@@ -145,7 +149,9 @@ class OpenWork:
             flowing_at = {}
             for pool, waiting in pending.items():
                 if waiting:
-                    flowing_at[pool] = now if running.get(pool) else self._flowing_at.get(pool, now)
+                    # A pool first seen (this process just started or took over) with none running: the
+                    # oldest wait says since when at the latest, so a new leader does not wait afresh.
+                    flowing_at[pool] = now if running.get(pool) else self._flowing_at.get(pool, now - waited[pool])
             was_stalled = {pool for pool in self._flowing_at if self.stalled(pool)}
             self.queued, self.open, self.unattributed = queued, opened, 0
             self._flowing_at = flowing_at

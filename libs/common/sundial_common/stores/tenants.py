@@ -134,6 +134,8 @@ class OpenExecutions:
     running: int
     #: PENDING or RUNNING.
     open: int
+    #: Seconds the oldest PENDING one has waited (None: none is PENDING).
+    waited_sec: float | None = None
 
 
 class PostgresTenantStore:
@@ -175,7 +177,16 @@ class PostgresTenantStore:
         """Open executions per (tenant, pool); ``queued`` counts those dispatched within ``queued_within_sec``."""
         rows = await self._db.pool.fetch(Q["open_executions"], queued_within_sec)
         return [
-            OpenExecutions(r["tenant_id"], r["pool"], r["queued"], r["pending"], r["running"], r["open"]) for r in rows
+            OpenExecutions(
+                r["tenant_id"],
+                r["pool"],
+                r["queued"],
+                r["pending"],
+                r["running"],
+                r["open"],
+                float(r["waited_sec"]) if r["waited_sec"] is not None else None,
+            )
+            for r in rows
         ]
 
 
