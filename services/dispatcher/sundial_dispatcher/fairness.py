@@ -27,7 +27,10 @@ query) is looked up only when the pass cannot send everything it claimed at once
 Members in the buffer are out of Redis but not dispatched: a term that ends puts them back
 (:meth:`FairDispatch.release`), a pass whose reads fail puts back what it claimed and had not buffered yet
 (as the dispatch pass does after a failed commit); if the leader dies instead, the jobs are still due in
-Postgres and the hydrator's overdue scan puts them back (DESIGN invariant 1), as for any claimed member.
+Postgres and the hydrator's overdue scan puts them back (DESIGN invariant 1), as for any claimed member. While
+a live leader holds them, a Redis set per shard (renewed each pass, expiring ``held_ttl_sec`` after the last)
+tells the overdue scan they are not lost: re-adding a burst's held jobs would refill the hot window ahead of
+other tenants' members (measured: 20,000 re-added every 10 s, B's jobs 85 s late behind A's 100,000).
 Scheduled retries pass straight through: they are executions already, their order is the hot window's.
 """
 
@@ -77,6 +80,9 @@ class FairnessConfig:
     #: runs, or none is left): holding its work back would make nothing start sooner, only stop dispatch, so
     #: the pool's queue cap is lifted until something runs there again (see :class:`OpenWork`).
     stalled_pool_sec: float = 3.0
+    #: How long the record of the jobs a leader's buffer holds outlives its last pass (renewed every pass):
+    #: the hydrator's overdue scan leaves held jobs alone, and recovers them once a dead leader's record expires.
+    held_ttl_sec: float = 30.0
     #: How long one dispatcher process reuses its read of the open executions (shared by the shards it leads;
     #: what its passes take meanwhile is counted in at once).
     counts_refresh_sec: float = 0.25
@@ -313,6 +319,7 @@ class FairDispatch:
         #: Shared by the shard leaders of one process (a shard led alone gets its own).
         self.open_work = open_work or OpenWork(store, config)
         self.queue = FairQueue()
+        self._held_cleared = False
 
     async def claim(self, now: datetime) -> Claimed:
         """This pass's work: scheduled retries as claimed, and up to ``batch_size`` occurrences taken fairly.
@@ -337,10 +344,14 @@ class FairDispatch:
                 # changes nothing, so the owners' lookup is skipped (the common case below saturation).
                 self.open_work.took_unattributed(len(claimed.jobs))
                 return claimed
+            if not self._held_cleared:  # what an earlier leader's buffer held is that leader's no more
+                await self.hot_window.drop_held(self.shard)
+                self._held_cleared = True
             if claimed.jobs:
                 owners = await self.store.job_owners([o.job_id for o in claimed.jobs])
                 self.queue.add(Waiting(o, *owners.get(o.job_id, (_NOBODY, _NOBODY))) for o in claimed.jobs)
             buffered = True
+            await self.hot_window.hold(self.shard, [o.job_id for o in claimed.jobs], self.config.held_ttl_sec)
             if not len(self.queue):
                 return Claimed(retries=claimed.retries)
             taken = self.queue.take(
@@ -358,6 +369,10 @@ class FairDispatch:
                     await asyncio.shield(self._put_back(lost))
             raise
         self.open_work.took(taken)
+        # Best effort: a job dispatched and still marked held is only skipped by the overdue scan (not lost:
+        # its next fire, if any, is requeued by the pass) until the record expires.
+        with contextlib.suppress(Exception):
+            await self.hot_window.unhold(self.shard, [w.occurrence.job_id for w in taken])
         return Claimed(jobs=[w.occurrence for w in taken], retries=claimed.retries)
 
     def _uncontended(
@@ -390,6 +405,7 @@ class FairDispatch:
         self.queue = FairQueue()
         for start in range(0, len(held), 5000):
             await self.hot_window.add(self.shard, held[start : start + 5000], only_new=True)
+        await self.hot_window.drop_held(self.shard)
         return len(held)
 
     async def _rate_limited(self, taken: list[Waiting], tenants: dict[str, Tenant]) -> list[Waiting]:
