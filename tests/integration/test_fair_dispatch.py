@@ -122,8 +122,12 @@ async def test_what_a_term_claimed_and_did_not_dispatch_goes_back_to_the_hot_win
     shard = dispatcher(stores, hot_window, publisher, batch=100, pool_queue_cap=100_000)
     await shard.run_once()
     assert await hot_window.size(0) == 0 and shard.fair is not None and len(shard.fair.queue) == 200
+    # Held, not lost: the hydrator's overdue scan leaves the buffered jobs alone (and the dispatched ones).
+    buffered = [w.occurrence for q in shard.fair.queue.queues.values() for w in q]
+    assert await hot_window.not_held(0, buffered) == []
     assert await shard.fair.release() == 200
     assert await hot_window.size(0) == 200 and len(shard.fair.queue) == 0
+    assert await hot_window.not_held(0, buffered) == buffered  # the next leader holds nothing yet
 
 
 class _CountsUnreadable:
