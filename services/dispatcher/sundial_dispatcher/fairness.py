@@ -71,7 +71,7 @@ class FairnessConfig:
     #: Most claimed occurrences one shard leader holds waiting for their turn.
     buffer_cap: int = 200_000
     #: Members claimed from the hot window into the buffer per pass.
-    claim_size: int = 10_000
+    claim_size: int = 2_000
     #: A PENDING execution dispatched longer ago than this no longer counts against its pool's queue: its
     #: message was lost (the broker restarted, a publish failed) and the sweeper sends it again; counted,
     #: such executions would stop the pool's dispatch until then.
