@@ -56,7 +56,8 @@ async def due_jobs(stores: Stores, hot_window: HotWindow, tenant: str, n: int, p
 def dispatcher(
     stores: Stores, hot_window: HotWindow, publisher: KafkaPublisher, batch: int, **fairness: int
 ) -> ShardDispatcher:
-    config = DispatcherConfig(batch_size=batch, fairness=FairnessConfig(**fairness))
+    # Counts read afresh every pass: the test changes executions between passes.
+    config = DispatcherConfig(batch_size=batch, fairness=FairnessConfig(counts_refresh_sec=0, **fairness))
     policy = TenantPolicy(stores.tenants, refresh_sec=0)
     fair = FairDispatch(0, hot_window, stores.tenants, policy, TokenBuckets(hot_window.redis), config.fairness, batch)
     return ShardDispatcher(0, 1, "replica-a", stores.dispatch, hot_window, publisher, config, tenants=policy, fair=fair)
@@ -121,5 +122,36 @@ async def test_what_a_term_claimed_and_did_not_dispatch_goes_back_to_the_hot_win
     shard = dispatcher(stores, hot_window, publisher, batch=100, pool_queue_cap=100_000)
     await shard.run_once()
     assert await hot_window.size(0) == 0 and shard.fair is not None and len(shard.fair.queue) == 200
+    # Held, not lost: the hydrator's overdue scan leaves the buffered jobs alone (and the dispatched ones).
+    buffered = [w.occurrence for q in shard.fair.queue.queues.values() for w in q]
+    assert await hot_window.not_held(0, buffered) == []
     assert await shard.fair.release() == 200
     assert await hot_window.size(0) == 200 and len(shard.fair.queue) == 0
+    assert await hot_window.not_held(0, buffered) == buffered  # the next leader holds nothing yet
+
+
+class _CountsUnreadable:
+    """The tenant store with Postgres gone for the counts' read (the claim from Redis already happened)."""
+
+    def __init__(self, store: object) -> None:
+        self._store = store
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._store, name)
+
+    async def open_executions(self, queued_within_sec: float) -> list[object]:
+        raise ConnectionRefusedError("postgres is restarting")
+
+
+async def test_a_pass_whose_reads_fail_puts_back_what_it_claimed_at_once(
+    stores: Stores, hot_window: HotWindow, database_url: str
+) -> None:
+    await register_tenant(database_url, "a")
+    await due_jobs(stores, hot_window, "a", 50, f"fair-{uuid.uuid4().hex[:8]}")
+    policy = TenantPolicy(stores.tenants, refresh_sec=0)
+    unreadable = _CountsUnreadable(stores.tenants)
+    fair = FairDispatch(0, hot_window, unreadable, policy, TokenBuckets(hot_window.redis), FairnessConfig(), 100)  # type: ignore[arg-type]
+    with pytest.raises(ConnectionRefusedError):
+        await fair.claim(datetime.now(UTC))
+    # Back in the hot window, not only in Postgres (where the hydrator's overdue scan would find them later).
+    assert await hot_window.size(0) == 50 and len(fair.queue) == 0

@@ -109,6 +109,33 @@ class HotWindow:
     def watermark_key(self, shard: int) -> str:
         return f"{self.prefix}:{{{shard}}}:hydrated-until"
 
+    def held_key(self, shard: int) -> str:
+        """Jobs a shard leader's fair buffer holds (claimed, not dispatched yet): not lost, so not overdue."""
+        return f"{self.prefix}:{{{shard}}}:held"
+
+    async def hold(self, shard: int, job_ids: Sequence[UUID], ttl_sec: float) -> None:
+        """Record ``job_ids`` as held and keep the whole set for ``ttl_sec`` more (the leader renews it each
+        pass; if it dies the set expires and the hydrator's overdue scan recovers what it held)."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for start in range(0, len(job_ids), 5000):
+                pipe.sadd(self.held_key(shard), *(member(j) for j in job_ids[start : start + 5000]))
+            pipe.pexpire(self.held_key(shard), int(ttl_sec * 1000))
+            await pipe.execute()
+
+    async def unhold(self, shard: int, job_ids: Sequence[UUID]) -> None:
+        if job_ids:
+            await self.redis.srem(self.held_key(shard), *(member(j) for j in job_ids))
+
+    async def drop_held(self, shard: int) -> None:
+        await self.redis.delete(self.held_key(shard))
+
+    async def not_held(self, shard: int, occurrences: Sequence[Occurrence]) -> list[Occurrence]:
+        """The occurrences whose job no live leader's buffer holds."""
+        if not occurrences:
+            return []
+        flags = await self.redis.smismember(self.held_key(shard), [member(o.job_id) for o in occurrences])
+        return [o for o, held in zip(occurrences, flags, strict=True) if not held]
+
     async def add(self, shard: int, occurrences: Sequence[Occurrence], *, only_new: bool = False) -> None:
         """Add (or move) members. ``only_new`` leaves members that already exist where they are (ZADD NX)."""
         if occurrences:

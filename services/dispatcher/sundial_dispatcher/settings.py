@@ -10,9 +10,10 @@ class DispatcherSettings(CommonSettings):
     dispatcher_batch_size: int = Field(1000, ge=1, le=10000, description="Members claimed per pass.")
     dispatcher_poll_interval_sec: float = Field(0.05, gt=0, description="Seconds between passes when idle.")
     dispatcher_fairness: bool = Field(
-        False,
-        description="Weighted fair dispatch across tenants, with short pool queues (off: earliest due first, "
-        'whoever it belongs to). Off by default until its costs are fixed: see README "Tenants".',
+        True,
+        description="Weighted fair dispatch across tenants, with short pool queues and the tenants' "
+        "maxConcurrentExecutions/maxDispatchPerSec quotas (off: earliest due first, whoever it belongs to, and "
+        'those quotas do not act). See README "Tenants".',
     )
     dispatcher_pool_queue_cap: int = Field(
         1000,

@@ -48,7 +48,7 @@ from sundial_common.stores.dispatch import FencedOut
 from sundial_dispatcher.backfills import BackfillConfig, BackfillDispatcher
 from sundial_dispatcher.balance import placement
 from sundial_dispatcher.dispatcher import DispatcherConfig, ShardDispatcher
-from sundial_dispatcher.fairness import FairDispatch
+from sundial_dispatcher.fairness import FairDispatch, OpenWork
 from sundial_dispatcher.metrics import Leadership, ShardPassMetrics
 from sundial_dispatcher.tenancy import TenantPolicy
 from sundial_dispatcher.triggers import TriggerConfig, TriggerDispatcher
@@ -150,6 +150,7 @@ def dispatch_work(deps: Dependencies, config: DispatcherConfig, holder: str) -> 
     """The dispatcher's leader work: run dispatch passes on the shard for as long as the term allows."""
 
     tenants = TenantPolicy(deps.stores.tenants)  # one registry view for every shard this replica leads
+    open_work = OpenWork(deps.stores.tenants, config.fairness)  # and one read of the open executions
 
     async def work(tenure: Tenure) -> None:
         shard = tenure.term.shard
@@ -167,6 +168,7 @@ def dispatch_work(deps: Dependencies, config: DispatcherConfig, holder: str) -> 
                 config.fairness,
                 config.batch_size,
                 config.shards,
+                open_work,
             )
             if config.fairness.enabled
             else None

@@ -177,6 +177,9 @@ class Hydrator:
         overdue = await self.stores.jobs.overdue_jobs(shard, before, self.config.batch_size)
         # Manual triggers (POST /v1/jobs/{id}/trigger) whose member was lost; a paused job can hold one too.
         overdue += await self.stores.jobs.overdue_triggers(shard, before, self.config.batch_size)
+        # A job waiting in a live leader's fair buffer is due and unclaimed in Postgres, but not lost: re-added,
+        # a burst's held jobs would fill every page of this scan and crowd the hot window ahead of others' work.
+        overdue = await self.hot_window.not_held(shard, overdue)
         await self.hot_window.add(shard, overdue)
         retries = await self.stores.dispatch.overdue_retries(shard, before, self.config.batch_size)
         await self.hot_window.add_retries(shard, retries)

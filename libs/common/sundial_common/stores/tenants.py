@@ -127,9 +127,15 @@ class OpenExecutions:
     tenant_id: str
     pool: str
     #: Published (or about to be) recently and not started: waiting in the pool's topic.
+    queued: int
+    #: PENDING, however old.
     pending: int
+    #: Started and not ended.
+    running: int
     #: PENDING or RUNNING.
     open: int
+    #: Seconds the oldest PENDING one has waited (None: none is PENDING).
+    waited_sec: float | None = None
 
 
 class PostgresTenantStore:
@@ -168,9 +174,20 @@ class PostgresTenantStore:
         return {row["id"]: (row["tenant_id"], row["pool"]) for row in rows}
 
     async def open_executions(self, queued_within_sec: float) -> list[OpenExecutions]:
-        """Open executions per (tenant, pool); ``pending`` counts those dispatched within ``queued_within_sec``."""
+        """Open executions per (tenant, pool); ``queued`` counts those dispatched within ``queued_within_sec``."""
         rows = await self._db.pool.fetch(Q["open_executions"], queued_within_sec)
-        return [OpenExecutions(r["tenant_id"], r["pool"], r["pending"], r["open"]) for r in rows]
+        return [
+            OpenExecutions(
+                r["tenant_id"],
+                r["pool"],
+                r["queued"],
+                r["pending"],
+                r["running"],
+                r["open"],
+                float(r["waited_sec"]) if r["waited_sec"] is not None else None,
+            )
+            for r in rows
+        ]
 
 
 async def room_for_jobs_on(conn: asyncpg.Connection, tenant_id: str, max_active_jobs: int) -> tuple[int, int]:

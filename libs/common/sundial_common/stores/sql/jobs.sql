@@ -161,7 +161,8 @@ SELECT tenant_id, state, count(*) AS jobs FROM jobs GROUP BY tenant_id, state;
 -- name: list_jobs
 -- GET /v1/jobs: one tenant's jobs, newest first, keyset on the id (UUIDv7, so newest first is creation
 -- order and a job created while a client pages lands before its cursor, never shifting a later page).
--- Every filter is optional (NULL: no filter); the name filter is a prefix, labels must all match ($9 @>),
+-- Every filter is optional (NULL: no filter); the name filter is a prefix, labels must all match ($9 @>;
+-- "labels <> '{}'" lets the planner use the partial GIN index jobs_labels_idx, a filter names at least one),
 -- created ranges are [from, to), next-fire ranges too.
 SELECT * FROM jobs
 WHERE tenant_id = $1
@@ -171,7 +172,7 @@ WHERE tenant_id = $1
   AND ($5::text IS NULL OR handler = $5)
   AND ($6::text IS NULL OR starts_with(name, $6))
   AND ($7::uuid IS NULL OR id < $7)
-  AND ($9::jsonb IS NULL OR labels @> $9)
+  AND ($9::jsonb IS NULL OR (labels @> $9 AND labels <> '{}'::jsonb))
   AND ($10::timestamptz IS NULL OR created_at >= $10)
   AND ($11::timestamptz IS NULL OR created_at < $11)
   AND ($12::timestamptz IS NULL OR next_fire_at >= $12)

@@ -42,11 +42,17 @@ SELECT pg_advisory_xact_lock(hashtextextended('sundial.tenant:' || $1, 0));
 SELECT id, tenant_id, pool FROM jobs WHERE id = ANY($1::uuid[]);
 
 -- name: open_executions
--- The dispatcher's fair pass: per tenant and pool, executions waiting in Kafka (PENDING, dispatched within the
--- last $1 seconds: an older one's message is presumed lost, and the sweeper's to send again) and open
--- (PENDING or RUNNING). A partial-index scan (executions_open_idx) over the open rows only.
+-- The dispatcher's fair pass (read by each dispatcher process at most every few hundred milliseconds, shared by
+-- the shards it leads): per tenant and pool, executions waiting in Kafka (PENDING, dispatched within the last $1
+-- seconds: an older one's message is presumed lost, and the sweeper's to send again), all PENDING ones, RUNNING
+-- ones (a pool with work waiting and none running has no worker starting it) and open ones (PENDING or
+-- RUNNING), and how long the oldest PENDING one has waited. A partial-index scan (executions_open_idx) over the open rows only.
 SELECT tenant_id, pool,
-       count(*) FILTER (WHERE state = 'PENDING' AND created_at > now() - make_interval(secs => $1)) AS pending,
-       count(*) AS open
+       count(*) FILTER (WHERE state = 'PENDING' AND created_at > now() - make_interval(secs => $1)) AS queued,
+       count(*) FILTER (WHERE state = 'PENDING') AS pending,
+       count(*) FILTER (WHERE state = 'RUNNING') AS running,
+       count(*) AS open,
+       extract(epoch FROM now() - min(coalesce(pending_since, created_at)) FILTER (WHERE state = 'PENDING'))
+           AS waited_sec
 FROM executions WHERE state IN ('PENDING', 'RUNNING')
 GROUP BY tenant_id, pool;
