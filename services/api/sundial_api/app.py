@@ -22,10 +22,11 @@ from opentelemetry.sdk.trace import TracerProvider
 from redis.asyncio import Redis
 from sundial_common.clock import Clock, SystemClock
 from sundial_common.hotwindow import HotWindow
+from sundial_common.pool_cache import PoolCache
 from sundial_common.ratelimit import TokenBuckets
 from sundial_common.stores import Stores
 
-from sundial_api import admin, batch, executions, health, job_list, jobs, problems, replays, stats, tenants
+from sundial_api import admin, batch, executions, health, job_list, jobs, pools, problems, replays, stats, tenants
 from sundial_api.limits import BodyLimitMiddleware
 from sundial_api.metrics import RequestMetricsMiddleware
 from sundial_api.responses import OrjsonResponse
@@ -98,6 +99,7 @@ def create_app(settings: ApiSettings | None = None, *, clock: Clock | None = Non
             hot_window=HotWindow(redis),
             clock=clock or SystemClock(),
             tenant_cache=TenantCache(stores.tenants, settings.tenant_cache_sec),
+            pool_cache=PoolCache(stores.pools, settings.tenant_cache_sec),
             buckets=TokenBuckets(redis),
         )
         log.info("api ready (shards=%d, hot window=%ds)", settings.shards, settings.hot_window_sec)
@@ -143,6 +145,8 @@ def create_app(settings: ApiSettings | None = None, *, clock: Clock | None = Non
     app.include_router(replays.router)
     app.include_router(stats.router)
     app.include_router(tenants.router)
+    app.include_router(pools.admin_router)
+    app.include_router(pools.router)
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:

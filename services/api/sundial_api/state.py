@@ -1,5 +1,5 @@
 """What one API process holds for its whole life: settings, the Postgres stores, the Redis hot window, the clock,
-the tenant registry cache.
+the tenant and pool registry caches.
 
 Built once by the app's lifespan and reached by handlers through :func:`get_state`, so no request opens a
 connection pool of its own.
@@ -13,6 +13,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 from sundial_common.clock import Clock
 from sundial_common.hotwindow import HotWindow
+from sundial_common.pool_cache import PoolCache
 from sundial_common.ratelimit import TokenBuckets
 from sundial_common.stores import Stores
 
@@ -30,6 +31,8 @@ class ApiState:
     tenant_cache: TenantCache
     #: Per-tenant rate quotas (maxCreatesPerSec), over the hot window's Redis.
     buckets: TokenBuckets
+    #: The pool registry, as the checks of every create, target change, trigger and replay read it.
+    pool_cache: PoolCache
     verified_tokens: VerifiedTokens = field(default_factory=VerifiedTokens)
 
 

@@ -15,6 +15,7 @@ one Postgres implementation and its own file of named queries under ``sql/``:
   retention of finished executions.
 - :mod:`~sundial_common.stores.workers` — worker incarnations and the attempts an earlier one left running.
 - :mod:`~sundial_common.stores.tenants` — the tenant registry: weight, quotas, state.
+- :mod:`~sundial_common.stores.pools` — the pool registry: owner or shared tenants, kind, job defaults.
 
 They share one :class:`~sundial_common.stores.database.Database` (the asyncpg pool and its connection
 setup); :class:`Stores` holds them together for a process. The values they trade in that are not one
@@ -32,6 +33,7 @@ from sundial_common.stores.dispatch import DispatchStore, PostgresDispatchStore
 from sundial_common.stores.executions import ExecutionStore, PostgresExecutionStore
 from sundial_common.stores.idempotency import IdempotencyStore, PostgresIdempotencyStore
 from sundial_common.stores.jobs import JobStore, PostgresJobStore
+from sundial_common.stores.pools import PoolStore, PostgresPoolStore
 from sundial_common.stores.replays import PostgresReplayStore, ReplayStore
 from sundial_common.stores.tenants import PostgresTenantStore, TenantStore
 from sundial_common.stores.workers import PostgresWorkerStore, WorkerStore
@@ -50,6 +52,7 @@ class Stores:
     analytics: AnalyticsStore
     workers: WorkerStore
     tenants: TenantStore
+    pools: PoolStore
 
     @classmethod
     def over(cls, database: Database) -> Stores:
@@ -64,6 +67,7 @@ class Stores:
             analytics=PostgresAnalyticsStore(database),
             workers=PostgresWorkerStore(database),
             tenants=PostgresTenantStore(database),
+            pools=PostgresPoolStore(database),
         )
 
     @classmethod
