@@ -131,5 +131,11 @@ def test_every_operation_of_the_api_has_a_client_call(schemas: dict[str, Any]) -
         ("PATCH", "/v1/admin/tenants/{tenant_id}"),
         ("POST", "/v1/admin/tenants/{tenant_id}/suspend"),
         ("POST", "/v1/admin/tenants/{tenant_id}/resume"),
+        ("POST", "/v1/admin/pools"),
+        ("GET", "/v1/admin/pools"),
+        ("GET", "/v1/admin/pools/{name}"),
+        ("PATCH", "/v1/admin/pools/{name}"),
+        ("DELETE", "/v1/admin/pools/{name}"),
+        ("GET", "/v1/pools"),
     }
     assert operations == covered
