@@ -165,8 +165,15 @@ class Admission:
             return AdmissionResult(consumed=len(deliveries), duplicates=duplicates)
         won: dict[UUID, Record] = {UUID(str(row["id"])): row for row in rows}
         started: list[UUID] = []
-        # One cached registry read per pass (a query only when the entry is older than pool_cache_sec).
+        # One cached registry read per pass (a query only when the entry is older than pool_cache_sec), and one
+        # fresh read before refusing anything (the entry may predate a tenant admitted since).
         pool = await self.guard.entry() if won else None
+        if any(
+            not self.guard.admits(pool, r["tenant_id"], claims[(i, r["attempt"])].message.tenant_id)
+            for i, r in won.items()
+            if (i, r["attempt"]) in claims
+        ):
+            pool = await self.guard.fresh_entry()
         for (execution_id, attempt), claim in claims.items():
             row = won.get(execution_id)
             if row is None or row["attempt"] != attempt:

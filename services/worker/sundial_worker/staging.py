@@ -194,6 +194,8 @@ class StagingRuntime:
                     continue
                 replayed = [r for r in map(self._decode, polled) if r is not None]
                 entry = await guard.entry()
+                if any(not guard.admits(entry, r.message.tenant_id, r.message.tenant_id) for r in replayed):
+                    entry = await guard.fresh_entry()
                 batch: asyncio.Future[list[ReplayRun]] = asyncio.ensure_future(
                     asyncio.gather(
                         *(
