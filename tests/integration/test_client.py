@@ -56,7 +56,8 @@ def served(database_url: str, redis_url: str) -> Iterator[Served]:
         assert time.monotonic() < deadline, "the API did not start within 30 s"
         time.sleep(0.05)
     try:
-        yield Served(f"http://127.0.0.1:{ports.api}", tenant_token(database_url, TENANT, secret=SECRET, pools=['demo']), database_url)
+        token = tenant_token(database_url, TENANT, secret=SECRET, pools=["demo"])
+        yield Served(f"http://127.0.0.1:{ports.api}", token, database_url)
     finally:
         server.should_exit = True
         thread.join(timeout=30)
