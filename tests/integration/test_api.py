@@ -91,8 +91,10 @@ async def api(request: pytest.FixtureRequest, database_url: str, redis_url: str)
     settings = ApiSettings(database_url=database_url, redis_url=redis_url, jwt_secret=SECRET, shards=4, **overrides)
     clock = FixedClock(NOW)
     app = create_app(settings, clock=clock)
-    # Registered (with the pools the tests send work into) before any test can stop Postgres.
-    tenant_token(database_url, TENANT, secret=SECRET, pools=POOLS)
+    # Registered (with the pools the tests send work into) before any test can stop Postgres, and every tenant
+    # of a pool before the API first reads it (its registry cache would answer 403 to one admitted later).
+    for tenant in (TENANT, "other", "globex"):
+        tenant_token(database_url, tenant, secret=SECRET, pools=POOLS)
     db = await asyncpg.connect(database_url)
     redis = Redis.from_url(redis_url)
     try:
@@ -239,7 +241,7 @@ async def test_a_job_is_accepted_when_redis_is_down(database_url: str) -> None:
         app.router.lifespan_context(app),
         httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://api.test") as client,
     ):
-        headers = {"Authorization": f"Bearer {tenant_token(database_url, TENANT, secret=SECRET)}"}
+        headers = {"Authorization": f"Bearer {tenant_token(database_url, TENANT, secret=SECRET, pools=POOLS)}"}
         body = one_shot(runAt=rfc3339(datetime.now(UTC) + timedelta(minutes=1)))
         created = await client.post("/v1/jobs", json=body, headers=headers)
         cancelled = await client.delete(f"/v1/jobs/{created.json()['jobId']}", headers=headers)

@@ -28,6 +28,7 @@ from sundial_client.tenants_cli import parser as tenants_parser
 from sundial_common.auth import issue_token
 
 from tests.conftest import _test_ports
+from tests.pools import admit
 from tests.tenants import tenant_token
 
 SECRET = "test-signing-key-for-the-client-suite"
@@ -376,6 +377,7 @@ def test_sundial_tenants_registers_changes_suspends_and_resumes(
 
     assert tenants("create", "newco", "--weight", "2", "--max-active-jobs", "10", "--json")[0] == 0
     assert tenants("create", "newco")[0] == 5  # already registered: a conflict
+    admit(served.database_url, "demo", "newco")  # shared with acme: work only goes into a pool newco may use
     assert tenant.schedule(handler="echo", pool="demo", name="n").after(seconds=60).name == "n"
     code, out = tenants("update", "newco", "--max-active-jobs", "unlimited", "--max-dispatch-per-sec", "50", "--json")
     assert code == 0 and json.loads(out)["quotas"] == {
