@@ -133,6 +133,8 @@ async def test_a_shared_pool_admits_exactly_its_listed_tenants(client: httpx.Asy
     for tenant, visible in (("left", [name]), ("outsider", [])):
         mine = await client.get("/v1/pools", headers=tokens[tenant])
         assert [p["name"] for p in mine.json()["items"]] == visible
+    # A tenant sees that a pool is shared, not with whom.
+    assert (await client.get("/v1/pools", headers=tokens["right"])).json()["items"][0]["sharedWith"] == ["right"]
 
     # Re-shared to `right` alone: `left` is refused from the next request on (this replica's cache is refreshed).
     assert (await client.patch(f"/v1/admin/pools/{name}", json={"sharedWith": ["right"]}, headers=ADMIN)).is_success

@@ -169,6 +169,8 @@ async def _page(state: ApiState, tenant: str | None, limit: int, cursor: str | N
     rows = await state.stores.pools.list_pools(after, limit + 1, tenant)
     page = rows[:limit]
     next_cursor = _CURSOR + page[-1].name if len(rows) > limit else None
+    if tenant is not None:  # a tenant learns that a pool is shared, not with whom
+        page = [dataclasses.replace(p, shared_with=(tenant,)) if p.shared_with else p for p in page]
     return OrjsonResponse({"items": [render_pool(p) for p in page], "nextCursor": next_cursor})
 
 
@@ -187,6 +189,7 @@ async def list_pools(state: State, principal: Authenticated, limit: Limit = 100,
     response_model=PoolList,
     responses=responses(401, 422, 503),
     summary="The pools the caller's tenant may send work into",
+    description="A shared pool's `sharedWith` names only the caller's tenant: who else shares it is not shown.",
 )
 async def my_pools(state: State, principal: Authenticated, limit: Limit = 100, cursor: Cursor = None) -> Response:
     return await _page(state, principal.tenant, limit, cursor)
