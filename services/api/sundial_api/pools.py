@@ -4,7 +4,9 @@
 and a replay name a pool; it must be registered (else 422 naming the field) and admit the caller's tenant —
 its owner, or one of the tenants it is shared with (else 403 naming the pool). The check runs before anything
 is written, against the registry cache (:mod:`sundial_common.pool_cache`, ``SUNDIAL_TENANT_CACHE_SEC``), so a
-create pays no extra query while the entry is fresh. Each refusal is logged (tenant, pool, job) and counted in
+create pays no extra query while the entry is fresh; a refusal reads the entry again first (at most four times a
+second per pool), so a pool registered or shared a moment ago through another replica is not refused. Each
+refusal is logged (tenant, pool, job) and counted in
 ``sundial_pool_refusals_total{where="api"}``.
 
 **The registry** — ``/v1/admin/pools`` (admin tokens): create (registers the pool and creates its topic),
@@ -57,6 +59,8 @@ def refused(reason: str, *, tenant: str, pool: str, field: str, **context: Any) 
 async def usable_pool(state: ApiState, tenant: str, name: str, field: str, **context: Any) -> Pool:
     """The registered pool ``name`` if ``tenant`` may use it; else 422 (unregistered) or 403 (not its pool)."""
     pool = await state.pool_cache.get(name)
+    if pool is None or not pool.admits(tenant):
+        pool = await state.pool_cache.recheck(name)  # never refuse for a stale entry
     if pool is None:
         refused("unregistered", tenant=tenant, pool=name, field=field, **context)
         raise invalid(field, f"names pool `{name}`, which is not registered (an operator registers pools)")

@@ -90,7 +90,7 @@ async def _validated(
         raise invalid("targetPool", "must differ from `sourcePool`: a replay never writes to the pool it reads")
     tenant = body.filter.tenant_id
     if principal.admin:  # an operator may replay into any staging pool
-        target = await state.pool_cache.get(body.target_pool)
+        target = await state.pool_cache.get(body.target_pool) or await state.pool_cache.recheck(body.target_pool)
         if target is None:
             raise invalid("targetPool", f"names pool `{body.target_pool}`, which is not registered")
     else:

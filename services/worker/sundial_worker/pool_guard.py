@@ -11,16 +11,15 @@ and counted in ``sundial_pool_refusals_total{where="worker"}``.
 The tenant checked is the execution row's (what the start CAS returned: Postgres's truth), and the message's
 must agree with it. The pool's registry entry comes from a cache (:mod:`sundial_common.pool_cache`, refreshed
 every ``SUNDIAL_WORKER_POOL_CACHE_SEC``): one query per refresh, never one per message. Before refusing, the
-entry is read again if it was not read in the last second (:meth:`PoolGuard.fresh_entry`), so a tenant admitted
-moments ago is not refused by a stale entry, and a stream of refused messages costs at most one query a second.
+entry is read again unless that was done within the last second (:meth:`PoolGuard.fresh_entry`), so a tenant
+admitted moments ago is not refused by a stale entry, and a stream of refused messages costs at most one query a
+second.
 A pool that is not registered admits nobody.
 """
 
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Callable
 from typing import Any
 
 from sundial_common.metrics import POOL_REFUSALS, Children
@@ -35,26 +34,17 @@ _refusals: Children[Any] = Children(POOL_REFUSALS)
 class PoolGuard:
     """Whether this worker's pool admits an execution's tenant, from the registry cache."""
 
-    #: A refusal re-reads the entry at most this often.
-    RECHECK_SEC = 1.0
-
-    def __init__(self, cache: PoolCache, pool: str, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, cache: PoolCache, pool: str) -> None:
         self.cache = cache
         self.pool = pool
-        self.clock = clock
-        self._rechecked = float("-inf")
 
     async def entry(self) -> Pool | None:
         """The pool's registry entry (cached; read again once it is older than the cache's TTL)."""
         return await self.cache.get(self.pool)
 
     async def fresh_entry(self) -> Pool | None:
-        """The entry read from the registry now, unless that was done within ``RECHECK_SEC`` (then the cached one)."""
-        now = self.clock()
-        if now - self._rechecked >= self.RECHECK_SEC:
-            self._rechecked = now
-            self.cache.forget(self.pool)
-        return await self.cache.get(self.pool)
+        """The entry read from the registry now, unless a recheck did so within the cache's ``recheck_sec``."""
+        return await self.cache.recheck(self.pool)
 
     def admits(self, entry: Pool | None, tenant: str, message_tenant: str) -> bool:
         return entry is not None and message_tenant == tenant and entry.admits(tenant)

@@ -297,7 +297,7 @@ class WorkerRuntime:
                 heartbeats=heartbeats,
                 stats=self.stats,
                 stopping=self._stopping,
-                guard=PoolGuard(PoolCache(stores.pools, config.pool_cache_sec), self.worker.pool),
+                guard=PoolGuard(PoolCache(stores.pools, config.pool_cache_sec, recheck_sec=1.0), self.worker.pool),
             ),
             flusher=OutcomeFlusher(
                 stores.executions,

@@ -185,7 +185,7 @@ class StagingRuntime:
             ", ".join(self.worker.registry.names()) or "none",
         )
         slots = asyncio.Semaphore(self.config.concurrency)
-        guard = PoolGuard(PoolCache(stores.pools, self.config.pool_cache_sec), self.worker.pool)
+        guard = PoolGuard(PoolCache(stores.pools, self.config.pool_cache_sec, recheck_sec=1.0), self.worker.pool)
         try:
             await self._call(self._open)
             while not stop.is_set():
