@@ -5,17 +5,22 @@ its tenant is in the registry of the database the API uses. :func:`tenant_token`
 (idempotent; registry fields may be given, e.g. ``weight=2``, ``max_active_jobs=10``) and mints its token. It
 is synchronous so fixtures, harnesses and sync tests alike can call it; it works inside a running event loop
 too (the registration runs on a thread of its own). Each (database, tenant) is registered once per session.
+``pools=["demo"]`` also makes those pools admit the tenant (:func:`tests.pools.admit`): the API refuses work
+for a pool that is not registered or not open to the caller's tenant.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Iterable
 from typing import Any
 
 import asyncpg
 from sundial_common.auth import issue_token
 from sundial_common.settings import CommonSettings
+
+from tests.pools import admit
 
 _registered: set[tuple[str, str]] = set()
 _lock = threading.Lock()
@@ -52,9 +57,15 @@ async def register_tenant(database_url: str, tenant: str, **fields: Any) -> None
 
 
 def tenant_token(
-    database_url: str, tenant: str, *, admin: bool = False, secret: str | None = None, **fields: Any
+    database_url: str,
+    tenant: str,
+    *,
+    admin: bool = False,
+    secret: str | None = None,
+    pools: Iterable[str] = (),
+    **fields: Any,
 ) -> str:
-    """Register ``tenant`` in ``database_url``'s registry (once) and return a bearer token for it."""
+    """Register ``tenant`` in ``database_url``'s registry (once), let it use ``pools``, return a bearer token."""
     key = (database_url, tenant)
     with _lock:
         if key not in _registered or fields:
@@ -72,4 +83,6 @@ def tenant_token(
             if error:
                 raise error[0]
             _registered.add(key)
+    for pool in pools:
+        admit(database_url, pool, tenant)
     return issue_token(secret or CommonSettings().jwt_secret, tenant, admin=admin)

@@ -363,7 +363,11 @@ class SetupStep:
 
 def default_setup(layout: DevLayout) -> tuple[SetupStep, ...]:
     return (
-        SetupStep("migrate", sundial_argv("migrate", "--tenant", "demo")),  # the API serves registered tenants
+        # The API serves registered tenants, and takes work only for registered pools they may use.
+        SetupStep(
+            "migrate",
+            sundial_argv("migrate", "--tenant", "demo", "--pool", "demo=demo", "--staging-pool", "staging-demo=demo"),
+        ),
         SetupStep("dev token", sundial_argv("token", "--tenant", "demo"), layout.dev_token),
         SetupStep("admin token", sundial_argv("token", "--tenant", "demo", "--admin"), layout.admin_token),
     )

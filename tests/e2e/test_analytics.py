@@ -68,7 +68,7 @@ async def test_the_replica_converges_to_postgres_after_the_ingester_is_killed_tw
 
     due = (datetime.now(UTC) + timedelta(seconds=2)).isoformat(timespec="milliseconds").replace("+00:00", "Z")
     for tenant in TENANTS:
-        headers = {"Authorization": f"Bearer {tenant_token(database_url, tenant)}"}
+        headers = {"Authorization": f"Bearer {tenant_token(database_url, tenant, pools=('demo',))}"}
         jobs = [
             {
                 "name": f"{handler}-{i}",
@@ -118,7 +118,7 @@ async def test_the_replica_converges_to_postgres_after_the_ingester_is_killed_tw
     assert replica_counts(stats_url) == truth
 
     # The API answers the tenant's history from the replica, scoped to the tenant.
-    headers = {"Authorization": f"Bearer {tenant_token(database_url, 'alpha')}"}
+    headers = {"Authorization": f"Bearer {tenant_token(database_url, 'alpha', pools=('demo',))}"}
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{api_port}", headers=headers, timeout=30) as api:
         stats = (await api.get("/v1/stats/executions", params={"interval": "day", "groupBy": "handler"})).json()
         handlers = (await api.get("/v1/stats/handlers")).json()

@@ -141,14 +141,17 @@ async def test_every_panel_of_every_dashboard_has_data_and_a_tenant_sees_only_it
         assert (await client.post(f"/v1/jobs/{recurring_id}/resume")).status_code == 200
 
     base = f"http://127.0.0.1:{api_port}"
+    token_a, token_b = (
+        tenant_token(processes.env["SUNDIAL_DATABASE_URL"], t, pools=["demo"]) for t in (tenant_a, tenant_b)
+    )
     async with (
         httpx.AsyncClient(
             base_url=base,
-            headers={"Authorization": f"Bearer {tenant_token(processes.env['SUNDIAL_DATABASE_URL'], tenant_a)}"},
+            headers={"Authorization": f"Bearer {token_a}"},
         ) as a,
         httpx.AsyncClient(
             base_url=base,
-            headers={"Authorization": f"Bearer {tenant_token(processes.env['SUNDIAL_DATABASE_URL'], tenant_b)}"},
+            headers={"Authorization": f"Bearer {token_b}"},
         ) as b,
     ):
         await asyncio.gather(load(a), load(b))

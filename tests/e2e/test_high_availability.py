@@ -164,7 +164,8 @@ async def test_several_api_replicas_serve_at_once_and_the_cluster_view_shows_eve
     cluster.processes.wait_for_log("worker", "partitions assigned", timeout=60)
 
     secret = CommonSettings().jwt_secret
-    tenant = {"Authorization": f"Bearer {tenant_token(cluster.processes.env['SUNDIAL_DATABASE_URL'], 'ha')}"}
+    ha_token = tenant_token(cluster.processes.env["SUNDIAL_DATABASE_URL"], "ha", pools=["demo"])
+    tenant = {"Authorization": f"Bearer {ha_token}"}
     admin = {"Authorization": f"Bearer {issue_token(secret, 'ops', admin=True)}"}
     clients = [httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) for port in ports]
     try:

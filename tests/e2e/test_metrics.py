@@ -66,7 +66,7 @@ async def test_each_process_serves_its_catalogue_series_per_tenant(processes: Pr
         for tenant, handler in ((a, "echo"), (a, "echo"), (a, "fail"), (b, "echo")):
             created = await client.post(
                 "/v1/jobs",
-                headers={"Authorization": f"Bearer {tenant_token(database_url, tenant)}"},
+                headers={"Authorization": f"Bearer {tenant_token(database_url, tenant, pools=('demo',))}"},
                 json={
                     "name": handler,
                     "type": "DELAYED",

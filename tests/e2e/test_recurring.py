@@ -64,7 +64,7 @@ async def stack(processes: Processes, database_url: str) -> AsyncIterator[Stack]
     port = free_port()
     processes.start("api", "api", "--host", "127.0.0.1", "--port", str(port))
     processes.wait_http_ok("api", f"http://127.0.0.1:{port}/readyz")
-    token = tenant_token(database_url, "e2e-recurring")
+    token = tenant_token(database_url, "e2e-recurring", pools=("demo",))
     db = await asyncpg.connect(database_url)
     try:
         async with httpx.AsyncClient(

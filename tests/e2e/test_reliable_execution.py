@@ -75,7 +75,7 @@ async def test_retries_dead_letters_manual_retry_cancellation_and_idempotent_cre
     processes.wait_http_ok("api", f"http://127.0.0.1:{port}/readyz")
     processes.wait_for_log("dispatcher", "leading with fence token")
     processes.wait_for_log("worker", "partitions assigned")
-    token = tenant_token(processes.env["SUNDIAL_DATABASE_URL"], "e2e-reliable")
+    token = tenant_token(processes.env["SUNDIAL_DATABASE_URL"], "e2e-reliable", pools=("demo",))
 
     async with httpx.AsyncClient(
         base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {token}"}, timeout=10

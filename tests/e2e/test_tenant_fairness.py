@@ -74,8 +74,14 @@ async def test_a_burst_does_not_delay_another_tenant_and_equal_weights_share_dis
     processes.wait_http_ok("api", f"http://127.0.0.1:{port}/readyz")
     processes.wait_for_log("dispatcher", "leading with fence token")
     processes.wait_for_log("worker", "partitions assigned")
-    burst, urgent = tenant_token(database_url, "burst"), tenant_token(database_url, "urgent")
-    left, right = tenant_token(database_url, "left"), tenant_token(database_url, "right")
+    burst, urgent = (
+        tenant_token(database_url, "burst", pools=("demo",)),
+        tenant_token(database_url, "urgent", pools=("demo",)),
+    )
+    left, right = (
+        tenant_token(database_url, "left", pools=("demo",)),
+        tenant_token(database_url, "right", pools=("demo",)),
+    )
 
     conn = await asyncpg.connect(database_url)
     try:

@@ -123,7 +123,7 @@ async def test_every_story_of_an_execution_is_one_trace_in_jaeger(
     processes.wait_http_ok("api", f"http://127.0.0.1:{port}/readyz")
     processes.wait_for_log("dispatcher", "leading with fence token")
     processes.wait_for_log("worker-1", "partitions assigned")
-    token = tenant_token(processes.env["SUNDIAL_DATABASE_URL"], "e2e-traces")
+    token = tenant_token(processes.env["SUNDIAL_DATABASE_URL"], "e2e-traces", pools=("demo",))
 
     async with httpx.AsyncClient(
         base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {token}"}, timeout=10
@@ -283,7 +283,7 @@ async def test_a_failure_is_exported_even_when_the_ratio_samples_its_trace_away(
     processes.start("worker", "worker", "--app", "sundial_worker.demo:worker", env=exporting)
     processes.wait_http_ok("api", f"http://127.0.0.1:{port}/readyz")
     processes.wait_for_log("worker", "partitions assigned")
-    token = tenant_token(processes.env["SUNDIAL_DATABASE_URL"], "e2e-traces")
+    token = tenant_token(processes.env["SUNDIAL_DATABASE_URL"], "e2e-traces", pools=("demo",))
 
     async with httpx.AsyncClient(
         base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {token}"}, timeout=10

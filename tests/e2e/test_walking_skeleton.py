@@ -41,7 +41,7 @@ async def test_500_one_shot_jobs_each_succeed_exactly_once(processes: Processes,
     processes.wait_for_log("dispatcher", "leading with fence token")
     processes.wait_for_log("worker", "partitions assigned")
 
-    token = tenant_token(database_url, "e2e")
+    token = tenant_token(database_url, "e2e", pools=("demo",))
     due = datetime.now(UTC) + timedelta(seconds=3)
     run_at = due.isoformat(timespec="milliseconds").replace("+00:00", "Z")
     limit = asyncio.Semaphore(32)

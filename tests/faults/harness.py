@@ -145,7 +145,7 @@ class FaultStack:
         self.extra = Processes(self.env, self.logs)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.token = tenant_token(self.database_url, "faults")
+        self.token = tenant_token(self.database_url, "faults", pools=[self.pool])
         self.base_url = f"http://127.0.0.1:{self.port}"
 
     # --- processes --------------------------------------------------------------------------------

@@ -165,7 +165,7 @@ async def test_without_etcd_the_cluster_view_is_a_503_and_jobs_are_still_served(
         assert "etcd" in view.json()["detail"]
         job = await client.post(
             "/v1/jobs",
-            headers={"Authorization": f"Bearer {tenant_token(database_url, 'ops', secret=SECRET)}"},
+            headers={"Authorization": f"Bearer {tenant_token(database_url, 'ops', secret=SECRET, pools=['p'])}"},
             json={"name": "x", "type": "DELAYED", "delaySeconds": 60, "target": {"pool": "p", "handler": "h"}},
         )
         assert job.status_code == 201, job.text

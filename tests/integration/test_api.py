@@ -34,6 +34,8 @@ from tests.tenants import tenant_token
 
 SECRET = "test-signing-key-for-the-api-suite"
 TENANT = "acme"
+#: The pools the API tests send work into (registered for TENANT by the `api` fixture).
+POOLS = ("demo", "email-sender", "reports")
 # A fixed "now" (millisecond-aligned) makes fire times exact; it is near the real time because the
 # dispatcher-facing code compares against Redis scores, and readers of these rows expect sane dates.
 NOW = datetime.now(UTC).replace(microsecond=123000) + timedelta(days=1)
@@ -67,7 +69,8 @@ class Api:
     clock: FixedClock
 
     def auth(self, tenant: str = TENANT) -> dict[str, str]:
-        return {"Authorization": f"Bearer {tenant_token(self.settings.database_url, tenant, secret=SECRET)}"}
+        token = tenant_token(self.settings.database_url, tenant, secret=SECRET, pools=POOLS)
+        return {"Authorization": f"Bearer {token}"}
 
     async def create(self, body: dict[str, Any], tenant: str = TENANT, **kwargs: Any) -> httpx.Response:
         return await self.client.post("/v1/jobs", json=body, headers=self.auth(tenant), **kwargs)
@@ -88,7 +91,10 @@ async def api(request: pytest.FixtureRequest, database_url: str, redis_url: str)
     settings = ApiSettings(database_url=database_url, redis_url=redis_url, jwt_secret=SECRET, shards=4, **overrides)
     clock = FixedClock(NOW)
     app = create_app(settings, clock=clock)
-    tenant_token(database_url, TENANT, secret=SECRET)  # registered before any test can stop Postgres
+    # Registered (with the pools the tests send work into) before any test can stop Postgres, and every tenant
+    # of a pool before the API first reads it (its registry cache would answer 403 to one admitted later).
+    for tenant in (TENANT, "other", "globex"):
+        tenant_token(database_url, tenant, secret=SECRET, pools=POOLS)
     db = await asyncpg.connect(database_url)
     redis = Redis.from_url(redis_url)
     try:
@@ -235,7 +241,7 @@ async def test_a_job_is_accepted_when_redis_is_down(database_url: str) -> None:
         app.router.lifespan_context(app),
         httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://api.test") as client,
     ):
-        headers = {"Authorization": f"Bearer {tenant_token(database_url, TENANT, secret=SECRET)}"}
+        headers = {"Authorization": f"Bearer {tenant_token(database_url, TENANT, secret=SECRET, pools=POOLS)}"}
         body = one_shot(runAt=rfc3339(datetime.now(UTC) + timedelta(minutes=1)))
         created = await client.post("/v1/jobs", json=body, headers=headers)
         cancelled = await client.delete(f"/v1/jobs/{created.json()['jobId']}", headers=headers)

@@ -28,6 +28,7 @@ from sundial_client.tenants_cli import parser as tenants_parser
 from sundial_common.auth import issue_token
 
 from tests.conftest import _test_ports
+from tests.pools import admit
 from tests.tenants import tenant_token
 
 SECRET = "test-signing-key-for-the-client-suite"
@@ -56,7 +57,8 @@ def served(database_url: str, redis_url: str) -> Iterator[Served]:
         assert time.monotonic() < deadline, "the API did not start within 30 s"
         time.sleep(0.05)
     try:
-        yield Served(f"http://127.0.0.1:{ports.api}", tenant_token(database_url, TENANT, secret=SECRET), database_url)
+        token = tenant_token(database_url, TENANT, secret=SECRET, pools=["demo"])
+        yield Served(f"http://127.0.0.1:{ports.api}", token, database_url)
     finally:
         server.should_exit = True
         thread.join(timeout=30)
@@ -375,6 +377,7 @@ def test_sundial_tenants_registers_changes_suspends_and_resumes(
 
     assert tenants("create", "newco", "--weight", "2", "--max-active-jobs", "10", "--json")[0] == 0
     assert tenants("create", "newco")[0] == 5  # already registered: a conflict
+    admit(served.database_url, "demo", "newco")  # shared with acme: work only goes into a pool newco may use
     assert tenant.schedule(handler="echo", pool="demo", name="n").after(seconds=60).name == "n"
     code, out = tenants("update", "newco", "--max-active-jobs", "unlimited", "--max-dispatch-per-sec", "50", "--json")
     assert code == 0 and json.loads(out)["quotas"] == {

@@ -36,6 +36,7 @@ from sundial_worker import Context, Worker, WorkerConfig, WorkerRuntime
 from sundial_worker.settings import WorkerSettings
 
 from tests.integration.test_worker import JOIN_SEC, wait_until
+from tests.pools import admit
 from tests.tenants import tenant_token
 
 FAST = WorkerConfig(concurrency=8, heartbeat_interval_sec=0.3, heartbeat_ttl_sec=5.0, commit_interval_sec=0.1)
@@ -48,10 +49,13 @@ def value(name: str, **labels: str) -> float:
 
 
 @pytest.fixture
-def names() -> tuple[str, str, str]:
-    """A pool and two tenants no other test uses."""
+def names(database_url: str) -> tuple[str, str, str]:
+    """A pool and two tenants no other test uses; the pool (and `demo`) admit both."""
     tag = uuid.uuid4().hex[:8]
-    return f"m-{tag}", f"tenant-a-{tag}", f"tenant-b-{tag}"
+    pool, a, b = f"m-{tag}", f"tenant-a-{tag}", f"tenant-b-{tag}"
+    admit(database_url, pool, a, b)
+    admit(database_url, "demo", a, b)
+    return pool, a, b
 
 
 @pytest.fixture

@@ -36,6 +36,7 @@ from sundial_worker import Context, Worker, WorkerConfig, WorkerRuntime
 from sundial_worker.settings import WorkerSettings
 
 from tests.integration.test_worker import JOIN_SEC, publish, wait_until
+from tests.pools import admit
 from tests.sealed import opened, opened_all
 
 TENANT = "acme"
@@ -62,8 +63,9 @@ class FakeClock(SystemClock):
 
 
 @pytest.fixture
-def pool() -> str:
-    return f"r-{uuid.uuid4().hex[:10]}"
+def pool(database_url: str) -> str:
+    # A worker runs only the work of tenants its pool admits (pool_guard): registered for the tests' tenant.
+    return admit(database_url, f"r-{uuid.uuid4().hex[:10]}", TENANT)
 
 
 @pytest.fixture

@@ -36,6 +36,7 @@ from sundial_worker import Context, Worker, WorkerConfig
 from sundial_worker.consumer import consumer_group
 from sundial_worker.staging import StagingRuntime
 
+from tests.pools import admit
 from tests.tenants import register_tenant
 
 SECRET = "test-signing-key-for-the-replay-suite"
@@ -172,7 +173,11 @@ async def env(database_url: str, redis_url: str, kafka_bootstrap: str) -> AsyncI
             app.router.lifespan_context(app),
             httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://api.test") as client,
         ):
-            yield Env(client, stores, db, redis, kafka_bootstrap, settings, replayer)
+            env = Env(client, stores, db, redis, kafka_bootstrap, settings, replayer)
+            # The source pool, and its staging pool (the replay target), serve the three tenants of `history`.
+            admit(database_url, env.pool, "acme", "globex", "initech")
+            admit(database_url, env.staging, "acme", "globex", "initech", kind="staging")
+            yield env
     finally:
         await topics.close()
         await kafka.close()
@@ -278,7 +283,9 @@ async def test_bad_requests_name_the_field_and_create_nothing(env: Env) -> None:
         ({**good, "targetPool": f"qa-{env.pool}"}, None, 422, "targetPool"),
         ({**good, "ratePerSec": 0}, None, 422, "ratePerSec"),
         ({**good, "filter": {"tenantId": "globex"}}, token("acme"), 403, "filter.tenantId"),
-        ({**good, "sourcePool": "no-such-pool", "targetPool": "staging-x"}, None, 404, ""),
+        ({**good, "sourcePool": "no-such-pool"}, None, 404, ""),
+        # Staging by the registry's kind, not by name: a `staging-` name that is not registered is refused.
+        ({**good, "targetPool": f"staging-{uuid.uuid4().hex[:8]}"}, None, 422, "targetPool"),
         ({**good, "sourcePool": short, "from": iso(now - timedelta(minutes=10))}, None, 409, "from"),
     ]
     for body, headers, status, fieldname in cases:

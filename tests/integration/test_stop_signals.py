@@ -17,11 +17,13 @@ from sundial_common.broker import KafkaPublisher
 from sundial_common.stores import Stores
 
 from tests.integration.test_worker import dispatch, execution, publish, wait_state, worker_process
+from tests.pools import admit
 
 
 @pytest.fixture
-def pool() -> str:
-    return f"sig-{uuid.uuid4().hex[:10]}"
+def pool(database_url: str) -> str:
+    # A worker runs only the work of tenants its pool admits (pool_guard): registered for the tests' tenant.
+    return admit(database_url, f"sig-{uuid.uuid4().hex[:10]}", "acme")
 
 
 async def test_sigint_twice_200ms_apart_lets_the_running_handler_finish(

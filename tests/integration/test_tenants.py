@@ -18,6 +18,7 @@ from sundial_common.auth import issue_token
 from sundial_common.ids import new_id
 from sundial_common.migrate import main as migrate_main
 
+from tests.pools import admit
 from tests.tenants import tenant_token
 
 SECRET = "tenants-test-secret-0123456789abcdef"
@@ -61,6 +62,7 @@ async def test_only_registered_active_tenants_are_served(client: httpx.AsyncClie
     assert created.json()["weight"] == 3 and created.json()["quotas"]["maxActiveJobs"] is None
     again = await client.post("/v1/admin/tenants", json={"id": "acme"}, headers=ADMIN)
     assert again.status_code == 409 and again.json()["errors"][0]["field"] == "id"
+    admit(database_url, "p", "acme")  # work goes only into a pool the tenant may use
     assert (await client.post("/v1/admin/tenants", json={"id": "x"}, headers=bearer("acme"))).status_code == 403
 
     accepted = await client.post("/v1/jobs", json=job(), headers=bearer("acme"))
@@ -91,7 +93,7 @@ async def test_only_registered_active_tenants_are_served(client: httpx.AsyncClie
 async def test_max_active_jobs_is_a_403_naming_the_quota_and_count_and_writes_nothing(
     client: httpx.AsyncClient, database_url: str
 ) -> None:
-    tenant_token(database_url, "capped", secret=SECRET, max_active_jobs=3)
+    tenant_token(database_url, "capped", secret=SECRET, pools=["p"], max_active_jobs=3)
     for i in range(3):
         assert (await client.post("/v1/jobs", json=job(f"j{i}"), headers=bearer("capped"))).status_code == 201
     over = await client.post("/v1/jobs", json=job("over"), headers=bearer("capped"))
@@ -114,7 +116,7 @@ async def test_max_active_jobs_is_a_403_naming_the_quota_and_count_and_writes_no
 async def test_create_rate_over_quota_is_a_429_with_retry_after_and_writes_nothing(
     client: httpx.AsyncClient, database_url: str
 ) -> None:
-    tenant_token(database_url, "slow", secret=SECRET, max_creates_per_sec=2)
+    tenant_token(database_url, "slow", secret=SECRET, pools=["p"], max_creates_per_sec=2)
     answers = [(await client.post("/v1/jobs", json=job(), headers=bearer("slow"))) for _ in range(4)]
     statuses = [a.status_code for a in answers]
     # A burst of one second's worth passes, the rest is refused (a slow machine may refill one token).
@@ -128,7 +130,7 @@ async def test_create_rate_over_quota_is_a_429_with_retry_after_and_writes_nothi
 async def test_the_default_cron_jitter_applies_unless_a_job_opts_out(
     client: httpx.AsyncClient, database_url: str
 ) -> None:
-    tenant_token(database_url, "nightly", secret=SECRET, default_jitter_sec=900)
+    tenant_token(database_url, "nightly", secret=SECRET, pools=["p"], default_jitter_sec=900)
     cron = {"name": "c", "type": "CRON", "schedule": "0 0 * * *", "target": {"pool": "p", "handler": "h"}}
     defaulted = await client.post("/v1/jobs", json=cron, headers=bearer("nightly"))
     opted_out = await client.post("/v1/jobs", json={**cron, "jitterSec": 0}, headers=bearer("nightly"))
@@ -139,7 +141,7 @@ async def test_the_default_cron_jitter_applies_unless_a_job_opts_out(
 
 
 async def test_jobs_are_found_by_labels_name_and_ranges(client: httpx.AsyncClient, database_url: str) -> None:
-    auth = {"Authorization": f"Bearer {tenant_token(database_url, 'finder', secret=SECRET)}"}
+    auth = {"Authorization": f"Bearer {tenant_token(database_url, 'finder', secret=SECRET, pools=['p'])}"}
     growth = await client.post("/v1/jobs", json=job("mail-a", labels={"team": "growth"}), headers=auth)
     await client.post("/v1/jobs", json=job("mail-b", labels={"team": "core"}), headers=auth)
     await client.post("/v1/jobs", json=job("report", labels={"team": "growth", "tier": "1"}), headers=auth)
@@ -180,7 +182,7 @@ async def test_migrate_registers_the_dev_tenant_once(database_url: str, capsys: 
 async def test_executions_are_listed_without_a_state_and_filtered_by_job_pool_handler_and_time(
     client: httpx.AsyncClient, database_url: str
 ) -> None:
-    auth = {"Authorization": f"Bearer {tenant_token(database_url, 'lister', secret=SECRET)}"}
+    auth = {"Authorization": f"Bearer {tenant_token(database_url, 'lister', secret=SECRET, pools=['p', 'q'])}"}
     a = (await client.post("/v1/jobs", json=job("a"), headers=auth)).json()["jobId"]
     b = (await client.post("/v1/jobs", json=job("b", target={"pool": "q", "handler": "other"}), headers=auth)).json()[
         "jobId"

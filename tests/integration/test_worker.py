@@ -43,6 +43,7 @@ from sundial_worker import demo as demo_app
 from sundial_worker.consumer import consumer_group
 from sundial_worker.settings import WorkerSettings
 
+from tests.pools import admit
 from tests.sealed import opened, opened_all
 
 TENANT = "acme"
@@ -60,8 +61,9 @@ JOIN_SEC = 30.0  # a fresh consumer group on tansu needs ~half the session timeo
 
 
 @pytest.fixture
-def pool() -> str:
-    return f"w-{uuid.uuid4().hex[:10]}"
+def pool(database_url: str) -> str:
+    # A worker runs only the work of tenants its pool admits (pool_guard): registered for the tests' tenant.
+    return admit(database_url, f"w-{uuid.uuid4().hex[:10]}", TENANT)
 
 
 @pytest.fixture
@@ -101,6 +103,8 @@ async def dispatch(
     *,
     timeout_sec: int = 30,
     traceparent_value: str | None = None,
+    tenant: str = TENANT,
+    message_tenant: str | None = None,
 ) -> list[ExecutionMessage]:
     """Jobs due now, dispatched through the real fenced transaction: PENDING executions and their messages."""
     due = from_ms(to_ms(datetime.now(UTC)))  # fire times are compared at millisecond precision
@@ -110,7 +114,7 @@ async def dispatch(
         await stores.jobs.insert_job(
             {
                 "id": job_id,
-                "tenant_id": TENANT,
+                "tenant_id": tenant,
                 "name": f"{handler}-test",
                 "type": "ONE_SHOT",
                 "run_at": due,
@@ -135,7 +139,7 @@ async def dispatch(
         ExecutionMessage(
             execution_id=str(p.execution_id),
             job_id=str(p.job["id"]),
-            tenant_id=TENANT,
+            tenant_id=message_tenant or tenant,
             pool=pool,
             handler=handler,
             attempt=1,
@@ -162,19 +166,21 @@ async def wait_until(predicate: Callable[[], Awaitable[bool]], what: str, within
         await asyncio.sleep(0.05)
 
 
-async def execution(stores: Stores, message: ExecutionMessage) -> dict[str, Any]:
+async def execution(stores: Stores, message: ExecutionMessage, tenant: str = TENANT) -> dict[str, Any]:
     """The execution's row, its sealed values opened."""
-    row = await opened(stores, await stores.executions.get_execution(TENANT, uuid.UUID(message.execution_id)))
+    row = await opened(stores, await stores.executions.get_execution(tenant, uuid.UUID(message.execution_id)))
     assert row is not None
     return row
 
 
-async def wait_state(stores: Stores, message: ExecutionMessage, state: str, within: float = 20.0) -> Record:
+async def wait_state(
+    stores: Stores, message: ExecutionMessage, state: str, within: float = 20.0, tenant: str = TENANT
+) -> Record:
     async def reached() -> bool:
-        return bool((await execution(stores, message))["state"] == state)
+        return bool((await execution(stores, message, tenant))["state"] == state)
 
     await wait_until(reached, f"execution {message.execution_id} to be {state}", within)
-    return await execution(stores, message)
+    return await execution(stores, message, tenant)
 
 
 def produce_to(bootstrap: str, partition: int, messages: list[ExecutionMessage]) -> None:
@@ -258,6 +264,35 @@ async def test_echo_succeeds_with_its_result_and_attempt_recorded(
         assert attempt["state"] == "SUCCEEDED"
         assert attempt["started_at"] <= attempt["finished_at"]
     assert runtime.stats.started == 3 and runtime.stats.succeeded == 3
+
+
+async def test_a_message_of_a_tenant_the_pool_does_not_admit_never_reaches_the_handler(
+    stores: Stores, publisher: KafkaPublisher, settings: WorkerSettings, pool: str, database_url: str
+) -> None:
+    """Defence in depth: tenant B's work injected into A's topic (a forged or misrouted message) is refused by A's
+    worker — the attempt FAILED with the reason, the handler never called — while A's own work runs."""
+    calls: list[tuple[str, Any]] = []
+    worker = Worker(pool=pool)
+
+    @worker.handler("record")
+    async def record(ctx: Context, payload: Any) -> None:
+        calls.append((ctx.tenant, payload))
+
+    admit(database_url, "b-pool", "intruder")  # registers tenant `intruder`; `pool` admits acme only
+    async with serving(worker, settings, pool_cache_sec=0.2) as runtime:
+        [foreign] = await dispatch(stores, pool, "record", [{"who": "b"}], tenant="intruder")
+        # A message claiming to be acme's for an execution that is the intruder's: refused as well.
+        [disguised] = await dispatch(stores, pool, "record", [{"who": "b2"}], tenant="intruder", message_tenant=TENANT)
+        [own] = await dispatch(stores, pool, "record", [{"who": "a"}])
+        await publish(publisher, [foreign, disguised, own])
+        refused = [await wait_state(stores, m, "DEAD", tenant="intruder") for m in (foreign, disguised)]
+        await wait_state(stores, own, "SUCCEEDED")
+    assert calls == [(TENANT, {"who": "a"})]
+    assert refused[0]["error"] == f"PoolRefused: pool '{pool}' is not open to tenant 'intruder'"
+    assert refused[1]["error"].startswith("PoolRefused: the message claims tenant 'acme'")
+    [attempt] = await stores.executions.execution_attempts(refused[0]["id"])
+    assert attempt["state"] == "FAILED" and attempt["worker_id"] == runtime.worker_id
+    assert runtime.stats.refused == 2 and runtime.stats.succeeded == 1
 
 
 async def test_failing_handler_records_failed_with_type_and_message(

@@ -138,5 +138,11 @@ def test_every_operation_of_the_api_has_a_client_call(schemas: dict[str, Any]) -
         ("POST", "/v1/jobs/{job_id}:backfill"),
         ("GET", "/v1/backfills/{backfill_id}"),
         ("POST", "/v1/backfills/{backfill_id}/cancel"),
+        ("POST", "/v1/admin/pools"),
+        ("GET", "/v1/admin/pools"),
+        ("GET", "/v1/admin/pools/{name}"),
+        ("PATCH", "/v1/admin/pools/{name}"),
+        ("DELETE", "/v1/admin/pools/{name}"),
+        ("GET", "/v1/pools"),
     }
     assert operations == covered

@@ -37,6 +37,8 @@ from sundial_client.models import (
     JobState,
     JobType,
     NewJob,
+    Pool,
+    PoolList,
     Preview,
     SchedulePreviewRequest,
     Tenant,
@@ -258,6 +260,28 @@ def suspend_tenant(tenant_id: str) -> Call[Tenant]:
 
 def resume_tenant(tenant_id: str) -> Call[Tenant]:
     return Call("POST", f"/v1/admin/tenants/{_id(tenant_id)}/resume", _model(Tenant))
+
+
+def create_pool(body: Mapping[str, Any]) -> Call[Pool]:
+    return Call("POST", "/v1/admin/pools", _model(Pool), body=changes(body))
+
+
+def list_pools(*, cursor: str | None, limit: int, mine: bool = False) -> Call[PoolList]:
+    """Every pool (admin), or with ``mine`` the pools the caller's tenant may use (``GET /v1/pools``)."""
+    path = "/v1/pools" if mine else "/v1/admin/pools"
+    return Call("GET", path, _model(PoolList), params={**_query(cursor=cursor), "limit": limit})
+
+
+def get_pool(name: str) -> Call[Pool]:
+    return Call("GET", f"/v1/admin/pools/{_id(name)}", _model(Pool))
+
+
+def update_pool(name: str, fields: Mapping[str, Any]) -> Call[Pool]:
+    return Call("PATCH", f"/v1/admin/pools/{_id(name)}", _model(Pool), body=changes(fields))
+
+
+def delete_pool(name: str) -> Call[None]:
+    return Call("DELETE", f"/v1/admin/pools/{_id(name)}", lambda _response: None)
 
 
 def instant(value: datetime) -> str:

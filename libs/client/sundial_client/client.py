@@ -43,6 +43,8 @@ from sundial_client.models import (
     JobState,
     JobType,
     NewJob,
+    Pool,
+    PoolList,
     Preview,
     SchedulePreviewRequest,
     Target,
@@ -177,6 +179,7 @@ class Client:
         self.executions = Executions(self)
         self.schedules = Schedules(self)
         self.admin = Admin(self)
+        self.pools = Pools(self)
         self.replays = Replays(self)
         self.stats = Stats(self)
 
@@ -485,6 +488,45 @@ class Admin:
 
     def resume_tenant(self, tenant_id: str) -> Tenant:
         return self._c.call(calls.resume_tenant(tenant_id))
+
+    def create_pool(self, name: str, **fields: Any) -> Pool:
+        """Register a pool and create its topic: ``owner`` or ``shared_with``, ``kind``, ``partitions``,
+        ``retention_ms``, ``default_timeout_sec``, ``default_retry_policy``."""
+        return self._c.call(calls.create_pool({"name": name, **fields}))
+
+    def pools(self, *, page_size: int = 100) -> Iterator[Pool]:
+        """Every registered pool, in name order (pages fetched as needed)."""
+        return _pages(self._c, lambda cursor: calls.list_pools(cursor=cursor, limit=page_size))
+
+    def pool(self, name: str) -> Pool:
+        return self._c.call(calls.get_pool(name))
+
+    def update_pool(self, name: str, **fields: Any) -> Pool:
+        """Change who may use a pool (``owner`` or ``shared_with``), its ``kind`` or its job defaults."""
+        return self._c.call(calls.update_pool(name, fields))
+
+    def delete_pool(self, name: str) -> None:
+        """Delete a pool no active job targets (else :class:`~sundial_client.errors.Conflict`, naming how many)."""
+        self._c.call(calls.delete_pool(name))
+
+
+class Pools:
+    def __init__(self, client: Client) -> None:
+        self._c = client
+
+    def usable(self, *, page_size: int = 100) -> Iterator[Pool]:
+        """The pools this client's tenant may send work into, in name order (``GET /v1/pools``)."""
+        return _pages(self._c, lambda cursor: calls.list_pools(cursor=cursor, limit=page_size, mine=True))
+
+
+def _pages(client: Client, page: Callable[[str | None], calls.Call[PoolList]]) -> Iterator[Pool]:
+    cursor: str | None = None
+    while True:
+        answer = client.call(page(cursor))
+        yield from answer.items
+        if answer.next_cursor is None:
+            return
+        cursor = answer.next_cursor
 
 
 class Stats:
@@ -810,6 +852,18 @@ class AsyncAdmin:
 
     async def resume_tenant(self, tenant_id: str) -> Tenant:
         return await self._c.call(calls.resume_tenant(tenant_id))
+
+    async def create_pool(self, name: str, **fields: Any) -> Pool:
+        return await self._c.call(calls.create_pool({"name": name, **fields}))
+
+    async def pool(self, name: str) -> Pool:
+        return await self._c.call(calls.get_pool(name))
+
+    async def update_pool(self, name: str, **fields: Any) -> Pool:
+        return await self._c.call(calls.update_pool(name, fields))
+
+    async def delete_pool(self, name: str) -> None:
+        await self._c.call(calls.delete_pool(name))
 
 
 class AsyncStats:

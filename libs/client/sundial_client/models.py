@@ -463,3 +463,24 @@ class Tenant(_Wire):
 class TenantList(_Wire):
     items: list[Tenant]
     next_cursor: str | None
+
+
+class Pool(_Wire):
+    """A registered pool (`/v1/admin/pools`, `GET /v1/pools`): who may send work into it, its kind, its defaults."""
+
+    name: str
+    owner: str | None
+    shared_with: list[str]
+    kind: str
+    partitions: int | None
+    retention_ms: int | None
+    default_timeout_sec: int | None
+    default_retry_policy: dict[str, Any] | None
+    version: int
+    created_at: datetime | None
+    updated_at: datetime | None
+
+
+class PoolList(_Wire):
+    items: list[Pool]
+    next_cursor: str | None

@@ -246,6 +246,14 @@ API_REQUEST_DURATION = Histogram(
 JOBS_CREATED = Counter(
     "sundial_jobs_created", "Jobs registered through the API.", ["tenant", "type"], registry=REGISTRY
 )
+POOL_REFUSALS = Counter(
+    "sundial_pool_refusals",
+    "Work refused for its pool: by the API (where=api; reason unregistered, forbidden or not_staging) or by a "
+    "worker whose pool does not admit the message's tenant (where=worker, reason=forbidden). Tenant and pool are "
+    "in the log line of each refusal, not in labels (a request can name any pool).",
+    ["where", "reason"],
+    registry=REGISTRY,
+)
 
 M = TypeVar("M", bound=MetricWrapperBase)
 

@@ -119,12 +119,6 @@ class CommonSettings(EncryptionSettings):
         description="`retention.ms` of the pool topics Sundial creates (default 7 days): how far back a replay can "
         "reach on a real Kafka. Tansu keeps messages while it runs, whatever this says.",
     )
-    staging_pool_prefix: str = Field(
-        "staging-",
-        min_length=1,
-        description="A pool whose name starts with this is a staging pool: the only kind a replay may target, and "
-        "its workers record replayed runs in replay_runs instead of executions.",
-    )
     # --- analytics (issue 16) ---
     execution_retention_days: float = Field(
         30.0,

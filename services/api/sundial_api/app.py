@@ -24,6 +24,7 @@ from sundial_common.auth import TokenVerifier
 from sundial_common.clock import Clock, SystemClock
 from sundial_common.encryption import open_keyring
 from sundial_common.hotwindow import HotWindow
+from sundial_common.pool_cache import PoolCache
 from sundial_common.ratelimit import TokenBuckets
 from sundial_common.stores import Stores
 
@@ -36,6 +37,7 @@ from sundial_api import (
     health,
     job_list,
     jobs,
+    pools,
     problems,
     replays,
     stats,
@@ -118,6 +120,7 @@ def create_app(settings: ApiSettings | None = None, *, clock: Clock | None = Non
             hot_window=HotWindow(redis),
             clock=clock or SystemClock(),
             tenant_cache=TenantCache(stores.tenants, settings.tenant_cache_sec),
+            pool_cache=PoolCache(stores.pools, settings.tenant_cache_sec),
             buckets=TokenBuckets(redis),
             keyring=keyring,
             verifier=TokenVerifier.from_settings(settings),
@@ -167,6 +170,8 @@ def create_app(settings: ApiSettings | None = None, *, clock: Clock | None = Non
     app.include_router(tenants.router)
     app.include_router(backfills.router)
     app.include_router(audit.router)
+    app.include_router(pools.admin_router)
+    app.include_router(pools.router)
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:

@@ -26,6 +26,7 @@ from sundial_api.jobs import _HOT_WINDOW_MARGIN, _check_payload, _definition, _r
 from sundial_api.metrics import count_created
 from sundial_api.models.batch import JobBatch
 from sundial_api.models.jobs import JobCreate, JobState, render_job
+from sundial_api.pools import usable_pool, with_pool_defaults
 from sundial_api.problems import ProblemError, describe, problem_body, responses
 from sundial_api.responses import OrjsonResponse
 from sundial_api.state import ApiState, State
@@ -69,6 +70,8 @@ async def create_jobs(
             job = with_tenant_defaults(JobCreate.model_validate(raw), tenant)
             _check_payload(job.payload, settings.max_payload_bytes)
             resolved = _resolve(job, state, now)
+            pool = await usable_pool(state, principal.tenant, job.target.pool, "target.pool", item=index)
+            job = with_pool_defaults(job, pool)
         except ValidationError as exc:
             errors = [describe({**e, "loc": ("body", *e["loc"])}, JobCreate) for e in exc.errors()]
             fields = ", ".join(dict.fromkeys(f"`{e['field']}`" for e in errors))

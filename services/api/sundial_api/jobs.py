@@ -48,6 +48,7 @@ from sundial_api.models.schedules import (
     SchedulePreviewRequest,
 )
 from sundial_api.pagination import InvalidCursor, decode_cursor, encode_cursor
+from sundial_api.pools import usable_pool, with_pool_defaults
 from sundial_api.problems import (
     ProblemError,
     field_error,
@@ -111,7 +112,8 @@ async def create_job(
     _check_payload(body.payload, settings.max_payload_bytes)
     tenant = await state.tenant_cache.get(principal.tenant)
     asked = body
-    body = with_tenant_defaults(body, tenant)
+    pool = await usable_pool(state, principal.tenant, body.target.pool, "target.pool")
+    body = with_pool_defaults(with_tenant_defaults(body, tenant), pool)
     now = state.clock.now()
     edges = _edges(body)
     resolved = _resolve(body, state, now)
@@ -477,7 +479,7 @@ async def _transition(
     "/{job_id}/trigger",
     status_code=202,
     response_model=Triggered,
-    responses=responses(401, 404, 409, 503),
+    responses=responses(401, 403, 404, 409, 422, 503),
     summary="Run a job once now, without moving its schedule",
     response_description="The run is accepted; `Location` points at its execution.",
 )
@@ -487,6 +489,9 @@ async def trigger_job(job_id: JobId, state: State, principal: Authenticated) -> 
     here. A trigger still pending is not doubled: asking again returns it. A CANCELLED job: 409.
     """
     ident = parse_resource_id("job", job_id)
+    # The job's pool may have been given to another tenant since the job was created: a trigger is new work.
+    job = await _existing(state, principal.tenant, ident, job_id)
+    await usable_pool(state, principal.tenant, job["pool"], "target.pool", job_id=ident)
     execution_id = ids.new_id()
     at = state.clock.now()
     at = at.replace(microsecond=at.microsecond - at.microsecond % 1000)
@@ -594,7 +599,7 @@ def _change_detail(
 @router.patch(
     "/{job_id}",
     response_model=Job,
-    responses=responses(401, 404, 409, 412, 413, 422, 503),
+    responses=responses(401, 403, 404, 409, 412, 413, 422, 503),
     summary="Change a job",
 )
 async def update_job(
@@ -641,6 +646,8 @@ async def update_job(
         if current["state"] not in (JobState.ACTIVE, JobState.PAUSED):
             raise ProblemError(409, f"job {job_id} is {current['state']}: only ACTIVE or PAUSED jobs change")
         changed = _merged(current, patch, cipher)
+        if "target" in patch:
+            await usable_pool(state, principal.tenant, changed.target.pool, "target.pool", job_id=ident)
         now = state.clock.now()
         if reschedule:
             resolved = _resolve(changed, state, now, runs=current["fire_count"])

@@ -2,8 +2,10 @@
 
 * ``POST /v1/replays`` — validate and record the request (202, PENDING); the replayer
   (``sundial replayer``) resolves the window to offsets, re-publishes and counts. Bad requests create
-  nothing: ``from >= to`` or a window in the future (422), a target that is the source or not a staging pool
-  (422), an unknown pool (404, its topic does not exist), a window older than the topic keeps (409, naming
+  nothing: ``from >= to`` or a window in the future (422), a target that is the source, not registered or not a
+  ``staging`` pool in the registry (422), a target the caller's tenant may not use (403, as for any work sent
+  into a pool; an admin token may target any staging pool), an unknown source pool (404, its topic does not
+  exist), a window older than the topic keeps (409, naming
   the earliest instant still available). A tenant's token replays only that tenant's messages (the filter's
   ``tenantId`` is forced to it; naming another is 403); an admin token may replay a whole pool.
 * ``GET /v1/replays/{id}``, ``GET /v1/replays`` (newest first, cursor pages) — state, per-partition offsets
@@ -36,6 +38,7 @@ from sundial_api.auth import Authenticated
 from sundial_api.idempotency import HEADER, invalid_key, request_hash, valid_key
 from sundial_api.models.replays import NewReplay, Replay, ReplayList, ReplayRunList, render_replay, render_run
 from sundial_api.pagination import InvalidCursor, decode_id_cursor, decode_token, encode_id_cursor, encode_token
+from sundial_api.pools import refused, usable_pool
 from sundial_api.problems import ProblemError, field_error, invalid, not_found, parse_resource_id, responses
 from sundial_api.responses import OrjsonResponse
 from sundial_api.state import ApiState, State
@@ -85,10 +88,16 @@ async def _validated(
             raise invalid(field, "is not a pool name (1-63 of a-z, 0-9, '.', '_', '-')")
     if body.target_pool == body.source_pool:
         raise invalid("targetPool", "must differ from `sourcePool`: a replay never writes to the pool it reads")
-    prefix = state.settings.staging_pool_prefix
-    if not body.target_pool.startswith(prefix):
-        raise invalid("targetPool", f"must be a staging pool (its name starting with `{prefix}`)")
     tenant = body.filter.tenant_id
+    if principal.admin:  # an operator may replay into any staging pool
+        target = await state.pool_cache.get(body.target_pool) or await state.pool_cache.recheck(body.target_pool)
+        if target is None:
+            raise invalid("targetPool", f"names pool `{body.target_pool}`, which is not registered")
+    else:
+        target = await usable_pool(state, principal.tenant, body.target_pool, "targetPool")
+    if not target.staging:
+        refused("not_staging", tenant=principal.tenant, pool=body.target_pool, field="targetPool")
+        raise invalid("targetPool", f"must be a staging pool (pool `{body.target_pool}` is {target.kind})")
     if not principal.admin:
         if tenant is not None and tenant != principal.tenant:
             raise ProblemError(

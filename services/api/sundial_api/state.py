@@ -1,5 +1,5 @@
 """What one API process holds for its whole life: settings, the Postgres stores, the Redis hot window, the clock,
-the tenant registry cache.
+the tenant and pool registry caches.
 
 Built once by the app's lifespan and reached by handlers through :func:`get_state`, so no request opens a
 connection pool of its own.
@@ -15,6 +15,7 @@ from sundial_common.auth import TokenVerifier
 from sundial_common.clock import Clock
 from sundial_common.encryption import Keyring
 from sundial_common.hotwindow import HotWindow
+from sundial_common.pool_cache import PoolCache
 from sundial_common.ratelimit import TokenBuckets
 from sundial_common.stores import Stores
 
@@ -36,6 +37,8 @@ class ApiState:
     keyring: Keyring
     #: The keys, audience and issuers a bearer token is checked against (JWKS cached here).
     verifier: TokenVerifier
+    #: The pool registry, as the checks of every create, target change, trigger and replay read it.
+    pool_cache: PoolCache
     verified_tokens: VerifiedTokens = field(default_factory=VerifiedTokens)
 
 

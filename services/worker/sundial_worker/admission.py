@@ -2,9 +2,10 @@
 
 The :class:`Admission` loop (``poll``) takes at most as many messages as there are free handler slots,
 decodes them, and claims the whole batch with ONE ``executions.start_executions`` (compare-and-swap PENDING →
-RUNNING, DESIGN invariant 3). A message that loses the CAS — a duplicate delivery, an attempt that is no
-longer current — is acknowledged without running (invariant 5); an undecodable one is skipped loudly and
-acknowledged. Each won execution's handler starts through the
+RUNNING, DESIGN invariant 3). A won execution whose tenant the pool does not admit
+(:mod:`~sundial_worker.pool_guard`) ends FAILED at once without its handler. A message that loses the CAS —
+a duplicate delivery, an attempt that is no longer current — is acknowledged without running
+(invariant 5); an undecodable one is skipped loudly and acknowledged. Each won execution's handler starts through the
 :class:`~sundial_worker.execution.HandlerExecutor`, and then the won executions' liveness keys are renewed
 (the Redis round trip overlaps the handlers' start).
 
@@ -35,6 +36,7 @@ from sundial_worker.errors import TRANSIENT_DB_ERRORS, check_positive_int, check
 from sundial_worker.execution import HandlerExecutor
 from sundial_worker.heartbeats import Heartbeats
 from sundial_worker.inflight import InFlight, WorkerStats
+from sundial_worker.pool_guard import PoolGuard
 
 log = logging.getLogger("sundial.worker")
 
@@ -92,9 +94,11 @@ class Admission:
         stats: WorkerStats,
         keyring: Keyring,
         stopping: asyncio.Event,
+        guard: PoolGuard,
     ) -> None:
         self.config = config
         self._keyring = keyring
+        self.guard = guard
         self.worker_id = worker_id
         self._consumer = consumer
         self._executions = executions
@@ -174,6 +178,15 @@ class Admission:
             return AdmissionResult(consumed=len(deliveries), duplicates=duplicates)
         won: dict[UUID, Record] = {UUID(str(row["id"])): row for row in rows}
         started: list[UUID] = []
+        # One cached registry read per pass (a query only when the entry is older than pool_cache_sec), and one
+        # fresh read before refusing anything (the entry may predate a tenant admitted since).
+        pool = await self.guard.entry() if won else None
+        if any(
+            not self.guard.admits(pool, r["tenant_id"], claims[(i, r["attempt"])].message.tenant_id)
+            for i, r in won.items()
+            if (i, r["attempt"]) in claims
+        ):
+            pool = await self.guard.fresh_entry()
         for (execution_id, attempt), claim in claims.items():
             row = won.get(execution_id)
             if row is None or row["attempt"] != attempt:
@@ -188,6 +201,10 @@ class Admission:
                 continue
             # Every delivery beyond the first of one execution is a duplicate that does not run.
             duplicates += len(claim.deliveries) - 1
+            refusal = self.guard.refusal(pool, row["tenant_id"], claim.message.tenant_id)
+            if refusal is not None:
+                self._executor.refuse(execution_id, claim.message, claim.deliveries, row, refusal)
+                continue
             self._executor.launch(execution_id, claim.message, claim.deliveries, row)
             started.append(execution_id)
         self._stats.duplicates += duplicates

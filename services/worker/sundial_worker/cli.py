@@ -22,7 +22,7 @@ from sundial_common.settings import SettingsHelpParser, load_settings
 
 from sundial_worker.sdk import Worker
 from sundial_worker.settings import WorkerSettings
-from sundial_worker.staging import serving_runtime
+from sundial_worker.staging import ServingRuntime
 
 log = logging.getLogger("sundial.worker")
 
@@ -109,8 +109,9 @@ def main(argv: list[str] | None = None) -> int:
     except (AppError, ValueError) as exc:
         print(f"sundial worker: {exc}", file=sys.stderr)
         return 2
-    # A staging pool is fed only by replays: its runtime records replay_runs, never executions (staging.py).
-    runtime = serving_runtime(worker, settings, config=config, worker_id=settings.identity())
+    # A staging pool (its kind in the registry) is fed only by replays: its runtime records replay_runs, never
+    # executions (staging.py).
+    runtime = ServingRuntime(worker, settings, config=config, worker_id=settings.identity())
 
     def abandon_running_handlers() -> None:
         log.warning("second signal: abandoning running handlers now")

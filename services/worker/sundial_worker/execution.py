@@ -132,6 +132,30 @@ class HandlerExecutor:
         running.task = task
         task.add_done_callback(self._on_handler_done)
 
+    def refuse(
+        self, execution_id: UUID, message: ExecutionMessage, deliveries: list[Delivery], row: Record, error: str
+    ) -> None:
+        """End a won execution FAILED with ``error`` without calling its handler (its tenant may not use this
+        pool: :mod:`~sundial_worker.pool_guard`). Its retry policy applies as to any failure."""
+        running = Running(execution_id, message.attempt, message, deliveries)
+        self._inflight.add(running)  # settled by the flusher like any outcome
+        self._inflight.end(execution_id)
+        logger = context_logger(
+            handler_log,
+            tenant=row["tenant_id"],
+            job_id=row["job_id"],
+            execution_id=execution_id,
+            attempt=message.attempt,
+            trace_id=row.get("trace_id"),
+        )
+        # The audit trail records this refusal too once it exists (see README "Pools").
+        logger.warning("%s: handler %s not called", error, message.handler)
+        self._stats.refused += 1
+        self._stats.failed += 1
+        policy = RetryPolicy.from_json(row.get("retry_policy"))
+        outcome = Outcome(execution_id, message.attempt, "FAILED", None, error, policy.delay_ms(message.attempt))
+        self._outcomes.put(FinishedAttempt(outcome, deliveries, logger, None))
+
     def _on_handler_done(self, task: asyncio.Task[None]) -> None:
         if task.cancelled():
             return

@@ -47,6 +47,8 @@ class WorkerStats:
     retries_scheduled: int = 0
     dead: int = 0
     rejected: int = 0
+    #: Executions refused because the pool does not admit their tenant (handler never called).
+    refused: int = 0
     abandoned: int = 0
     flushes: int = 0
     commits: int = 0

@@ -4,7 +4,8 @@ Kafka → start CAS → handler → batched outcome write → offset commit. One
 one :class:`~sundial_worker.sdk.Worker` (one pool). It owns the connections (Postgres, Redis, the Kafka
 consumer) and the start/stop contract, and builds its parts from one :class:`WorkerConfig`:
 
-- :mod:`~sundial_worker.admission` (task ``poll``): consume, claim a batch with one start CAS, launch;
+- :mod:`~sundial_worker.admission` (task ``poll``): consume, claim a batch with one start CAS, launch — only
+  the executions of tenants the pool admits (:mod:`~sundial_worker.pool_guard`);
 - :mod:`~sundial_worker.execution`: a task per handler, its timeout and cancel, its outcome;
 - :mod:`~sundial_worker.heartbeats` (thread ``sundial-liveness``, tasks ``heartbeat`` and ``cancel``): liveness
   keys, renewed from a thread a handler cannot block, ``ctx.heartbeat``, cancel requests from Redis and, as the
@@ -41,6 +42,7 @@ from redis import Redis as SyncRedis
 from redis.asyncio import Redis
 from sundial_common.encryption import Keyring, open_keyring
 from sundial_common.hotwindow import HotWindow
+from sundial_common.pool_cache import PoolCache
 from sundial_common.settings import CommonSettings
 from sundial_common.stores import Stores
 
@@ -53,6 +55,7 @@ from sundial_worker.heartbeats import CancelWatch, CancelWatchConfig, HeartbeatC
 from sundial_worker.incarnations import Incarnations
 from sundial_worker.inflight import InFlight, OutcomeBuffer, WorkerStats
 from sundial_worker.outcomes import FlushConfig, OutcomeFlusher
+from sundial_worker.pool_guard import PoolGuard
 from sundial_worker.sdk import Worker
 
 log = logging.getLogger("sundial.worker")
@@ -94,11 +97,14 @@ class WorkerConfig:
     """How long an interrupted handler (timeout or cancel) may take to end before it is abandoned."""
     session_timeout_sec: float = 3.0
     """How long the consumer group waits for a silent member before moving its partitions to the others."""
+    pool_cache_sec: float = 5.0
+    """How long the pool's registry entry (the tenants it admits, :mod:`~sundial_worker.pool_guard`) is trusted."""
 
     def __post_init__(self) -> None:
         check_positive_int(self, "db_pool_size")
         check_seconds(self, "shutdown_grace_sec", zero_ok=True)
         check_seconds(self, "session_timeout_sec")
+        check_seconds(self, "pool_cache_sec", zero_ok=True)
         self.admission()
         self.execution()
         self.heartbeats()
@@ -231,6 +237,8 @@ class WorkerRuntime:
             )
             self._parts = self._build(stores, redis, keyring)
             self.parts.executor.open()
+            entry = await self.parts.admission.guard.entry()
+            log.info("pool %s: %s", self.worker.pool, PoolGuard.describe(entry), extra={"pool": self.worker.pool})
             # Before joining the group: what an earlier incarnation of this worker left RUNNING is lost.
             await Incarnations(
                 stores, HotWindow(redis), self.worker_id, self.worker.pool, hot_window_sec=self.settings.hot_window_sec
@@ -295,6 +303,7 @@ class WorkerRuntime:
                 stats=self.stats,
                 keyring=keyring,
                 stopping=self._stopping,
+                guard=PoolGuard(PoolCache(stores.pools, config.pool_cache_sec, recheck_sec=1.0), self.worker.pool),
             ),
             flusher=OutcomeFlusher(
                 stores.executions,

@@ -56,6 +56,13 @@ class WorkerSettings(CommonSettings):
         "moving its partitions to the others.",
     )
 
+    worker_pool_cache_sec: float = Field(
+        _DEFAULTS.pool_cache_sec,
+        ge=0,
+        description="How long the worker trusts what it read of its pool's registry entry (which tenants it "
+        "admits): a pool re-owned or shared differently applies here within this time.",
+    )
+
     def runtime_config(self, worker: Worker) -> WorkerConfig:
         return WorkerConfig(
             concurrency=self.worker_concurrency or worker.concurrency,
@@ -68,6 +75,7 @@ class WorkerSettings(CommonSettings):
             cancel_poll_interval_sec=self.worker_cancel_poll_interval_sec,
             cancel_grace_sec=self.worker_cancel_grace_sec,
             session_timeout_sec=self.worker_session_timeout_sec,
+            pool_cache_sec=self.worker_pool_cache_sec,
         )
 
     def identity(self) -> str:

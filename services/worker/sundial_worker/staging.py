@@ -1,6 +1,6 @@
 """Staging pools: a worker serving one runs replayed messages with ``ctx.replay`` and records them in ``replay_runs``.
 
-A pool whose name starts with ``SUNDIAL_STAGING_POOL_PREFIX`` (``staging-``) is fed only by replays
+A pool registered with kind ``staging`` (:mod:`sundial_common.stores.pools`) is fed only by replays
 (``POST /v1/replays``): its messages are production messages re-published with ``sundial-replay-*`` headers.
 They are not executions of this pool. So :class:`StagingRuntime` runs them without any of the production
 path — no PENDING→RUNNING compare-and-swap, no attempt, heartbeat, retry or audit row: it runs the same
@@ -12,7 +12,10 @@ Delivery is at least once: a poll's offsets are committed after its runs are wri
 again (a resumed replay re-publishes its last batch; a staging worker restarted before its commit) adds a
 delivery to its row instead of a second row. The consumer group is the staging pool's own, never the
 production pool's. A message without replay headers (someone published into the staging topic by hand) is
-skipped with a warning. :func:`serving_runtime` is the worker CLI's hook that picks this runtime.
+skipped with a warning. A message of a tenant the staging pool does not admit is not run either (recorded
+FAILED with the reason, :mod:`~sundial_worker.pool_guard`). :class:`ServingRuntime` is the worker CLI's
+runtime: it reads the pool's kind from the registry when it starts and serves it with this runtime or the
+production one (a kind changed later applies at the worker's next start).
 """
 
 from __future__ import annotations
@@ -32,12 +35,14 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message
 from sundial_common.broker import ensure_topics
 from sundial_common.encryption import PAYLOAD, TenantCipher, open_keyring
 from sundial_common.messages import ExecutionMessage, pool_topic
+from sundial_common.pool_cache import PoolCache
 from sundial_common.settings import CommonSettings
 from sundial_common.stores import Stores
 from sundial_common.stores.replays import ReplayRun
 from sundial_common.topics import replay_headers_of
 
 from sundial_worker.consumer import consumer_group
+from sundial_worker.pool_guard import PoolGuard
 from sundial_worker.runtime import WorkerConfig, WorkerRuntime
 from sundial_worker.sdk import Context, ReplayInfo, Worker, context_logger
 
@@ -48,17 +53,38 @@ T = TypeVar("T")
 _ERROR_LIMIT = 4000
 
 
-def is_staging_pool(pool: str, settings: CommonSettings) -> bool:
-    return pool.startswith(settings.staging_pool_prefix)
+class ServingRuntime:
+    """Serves ``worker``'s pool with the staging runtime if the registry says it is a staging pool, else with the
+    production one (an unregistered pool too: its guard refuses every message until it is registered)."""
 
+    def __init__(self, worker: Worker, settings: CommonSettings, *, config: WorkerConfig, worker_id: str) -> None:
+        self.worker = worker
+        self.settings = settings
+        self.config = config
+        self.worker_id = worker_id
+        self.runtime: WorkerRuntime | StagingRuntime | None = None
+        self._force = False
 
-def serving_runtime(
-    worker: Worker, settings: CommonSettings, *, config: WorkerConfig, worker_id: str
-) -> WorkerRuntime | StagingRuntime:
-    """The runtime that serves ``worker``'s pool: the staging one for a staging pool, else the production one."""
-    if is_staging_pool(worker.pool, settings):
-        return StagingRuntime(worker, settings, config=config, worker_id=worker_id)
-    return WorkerRuntime(worker, settings, config=config, worker_id=worker_id)
+    async def run_until(self, stop: asyncio.Event) -> None:
+        stores = await Stores.connect(self.settings.database_url, min_size=1, max_size=1)
+        try:
+            entry = await stores.pools.get_pool(self.worker.pool)
+        finally:
+            await stores.close()
+        kind = WorkerRuntime if entry is None or not entry.staging else StagingRuntime
+        self.runtime = kind(self.worker, self.settings, config=self.config, worker_id=self.worker_id)
+        if self._force:
+            self.runtime.force_stop()
+        await self.runtime.run_until(stop)
+
+    def force_stop(self) -> None:
+        self._force = True
+        if self.runtime is not None:
+            self.runtime.force_stop()
+
+    @property
+    def stuck_sync_handlers(self) -> int:
+        return 0 if self.runtime is None else self.runtime.stuck_sync_handlers
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +191,7 @@ class StagingRuntime:
             ", ".join(self.worker.registry.names()) or "none",
         )
         slots = asyncio.Semaphore(self.config.concurrency)
+        guard = PoolGuard(PoolCache(stores.pools, self.config.pool_cache_sec, recheck_sec=1.0), self.worker.pool)
         try:
             await self._call(self._open)
             while not stop.is_set():
@@ -175,8 +202,21 @@ class StagingRuntime:
                 # Replayed payloads are sealed as the originals were: the batch's tenants' keys, one read
                 # for tenants this process has not seen yet.
                 ciphers = await keyring.ciphers({r.message.tenant_id for r in replayed})
+                entry = await guard.entry()
+                if any(not guard.admits(entry, r.message.tenant_id, r.message.tenant_id) for r in replayed):
+                    entry = await guard.fresh_entry()
                 batch: asyncio.Future[list[ReplayRun]] = asyncio.ensure_future(
-                    asyncio.gather(*(self._run(r, slots, ciphers[r.message.tenant_id]) for r in replayed))
+                    asyncio.gather(
+                        *(
+                            self._run(
+                                r,
+                                slots,
+                                ciphers[r.message.tenant_id],
+                                guard.refusal(entry, r.message.tenant_id, r.message.tenant_id),
+                            )
+                            for r in replayed
+                        )
+                    )
                 )
                 forced: asyncio.Future[Any] = asyncio.ensure_future(self._force.wait())
                 await asyncio.wait([batch, forced], return_when=asyncio.FIRST_COMPLETED)
@@ -216,13 +256,23 @@ class StagingRuntime:
             return None
         return _Replayed(partition, offset, body, info)
 
-    async def _run(self, item: _Replayed, slots: asyncio.Semaphore, cipher: TenantCipher) -> ReplayRun:
+    async def _run(
+        self, item: _Replayed, slots: asyncio.Semaphore, cipher: TenantCipher, refusal: str | None
+    ) -> ReplayRun:
         message, info = item.message, item.replay
         spec = self.worker.registry.get(message.handler)
         outcome, error = "SUCCEEDED", None
         async with slots:
             started = time.perf_counter()
-            if spec is None:
+            if refusal is not None:
+                outcome, error = "FAILED", refusal
+                log.warning(
+                    "%s: replayed message of execution %s not run",
+                    refusal,
+                    info.original_execution_id,
+                    extra={"tenant": message.tenant_id, "execution_id": str(info.original_execution_id)},
+                )
+            elif spec is None:
                 outcome, error = "FAILED", self.worker.registry.unknown_handler_error(message.handler)
             else:
                 ctx = Context(

@@ -21,6 +21,7 @@ one Postgres implementation and its own file of named queries under ``sql/``:
 - :mod:`~sundial_common.stores.backfills` — backfills of a recurring job's past range, stepped by its shard leader.
 - :mod:`~sundial_common.stores.audit` — jobs' and executions' audit trails (the rows are written by each change's
   own statement) and execution events recorded outside a change.
+- :mod:`~sundial_common.stores.pools` — the pool registry: owner or shared tenants, kind, job defaults.
 
 They share one :class:`~sundial_common.stores.database.Database` (the asyncpg pool and its connection
 setup); :class:`Stores` holds them together for a process. The values they trade in that are not one
@@ -42,6 +43,7 @@ from sundial_common.stores.executions import ExecutionStore, PostgresExecutionSt
 from sundial_common.stores.idempotency import IdempotencyStore, PostgresIdempotencyStore
 from sundial_common.stores.jobs import JobStore, PostgresJobStore
 from sundial_common.stores.keys import KeyStore, PostgresKeyStore
+from sundial_common.stores.pools import PoolStore, PostgresPoolStore
 from sundial_common.stores.replays import PostgresReplayStore, ReplayStore
 from sundial_common.stores.tenants import PostgresTenantStore, TenantStore
 from sundial_common.stores.workers import PostgresWorkerStore, WorkerStore
@@ -64,6 +66,7 @@ class Stores:
     dependencies: DependencyStore
     backfills: BackfillStore
     audit: AuditStore
+    pools: PoolStore
 
     @classmethod
     def over(cls, database: Database) -> Stores:
@@ -82,6 +85,7 @@ class Stores:
             dependencies=PostgresDependencyStore(database),
             backfills=PostgresBackfillStore(database),
             audit=PostgresAuditStore(database),
+            pools=PostgresPoolStore(database),
         )
 
     @classmethod

@@ -39,7 +39,9 @@ class NewReplay(RequestModel):
     source_pool: str = Field(description="The pool whose topic is replayed.")
     window_from: Instant = Field(alias="from", description="Start of the window (inclusive), RFC 3339 with offset.")
     window_to: Instant = Field(alias="to", description="End of the window (exclusive); not in the future.")
-    target_pool: str = Field(description="A staging pool (name starting with `staging-`); never the source.")
+    target_pool: str = Field(
+        description="A registered pool of kind `staging` the caller's tenant may use; never the source."
+    )
     filter: ReplayFilter = Field(default_factory=lambda: ReplayFilter())
     rate_per_sec: int | None = Field(None, ge=1, le=1_000_000, description="Most messages re-published a second.")
     dry_run: bool = Field(False, description="Scan and count what would be replayed, publish nothing.")

@@ -15,7 +15,7 @@ written before this revision stay readable as they are.
 from sundial_common.migrate import run_sql_script
 
 revision = "0014"
-down_revision = "0012"
+down_revision = "0013"
 branch_labels = None
 depends_on = None
 

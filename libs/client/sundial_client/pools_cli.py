@@ -1,0 +1,137 @@
+"""``sundial pools``: the pool registry — operators' ``create|list|show|update|delete`` (an admin token), and
+``mine`` (any tenant's token: the pools it may send work into).
+
+A pool is owned (``--owner T``) or shared (``--shared-with A,B``); ``--kind staging`` makes it a replay target.
+Connection, ``--json`` and exit codes as for ``sundial jobs`` (:mod:`sundial_client.cli`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from itertools import islice
+from typing import Any
+
+from sundial_client.cli import EXIT_CODES, OK, _dump, _positive, _sub, run, table
+from sundial_client.client import Client
+from sundial_client.models import Pool
+
+COLUMNS = ("NAME", "KIND", "OWNER", "SHARED WITH", "PARTITIONS", "RETENTION MS", "TIMEOUT", "VERSION")
+
+
+def _row(p: Pool) -> list[Any]:
+    return [
+        p.name,
+        p.kind,
+        p.owner,
+        ",".join(p.shared_with) or None,
+        p.partitions,
+        p.retention_ms,
+        p.default_timeout_sec,
+        p.version,
+    ]
+
+
+def _print(args: argparse.Namespace, pool: Pool) -> None:
+    print(_dump(pool) if args.json else table(COLUMNS, [_row(pool)]))
+
+
+def _tenants(text: str) -> list[str]:
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError("name at least one tenant")
+    return names
+
+
+def _fields(args: argparse.Namespace, *, creating: bool) -> dict[str, Any]:
+    """The options given, as the API's fields."""
+    names = ["owner", "shared_with", "kind", "default_timeout_sec"]
+    if creating:
+        names += ["partitions", "retention_ms"]
+    fields = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
+    if args.max_attempts is not None:
+        fields["default_retry_policy"] = {"maxAttempts": args.max_attempts}
+    return fields
+
+
+def create(client: Client, args: argparse.Namespace) -> int:
+    _print(args, client.admin.create_pool(args.name, **_fields(args, creating=True)))
+    return OK
+
+
+def list_pools(client: Client, args: argparse.Namespace) -> int:
+    pools = list(islice(client.admin.pools(page_size=min(args.limit, 500)), args.limit))
+    print(_dump(list(pools)) if args.json else table(COLUMNS, map(_row, pools)))
+    return OK
+
+
+def mine(client: Client, args: argparse.Namespace) -> int:
+    pools = list(islice(client.pools.usable(page_size=min(args.limit, 500)), args.limit))
+    print(_dump(list(pools)) if args.json else table(COLUMNS, map(_row, pools)))
+    return OK
+
+
+def show(client: Client, args: argparse.Namespace) -> int:
+    _print(args, client.admin.pool(args.name))
+    return OK
+
+
+def update(client: Client, args: argparse.Namespace) -> int:
+    _print(args, client.admin.update_pool(args.name, **_fields(args, creating=False)))
+    return OK
+
+
+def delete(client: Client, args: argparse.Namespace) -> int:
+    client.admin.delete_pool(args.name)
+    if not args.json:
+        print(f"pool {args.name} deleted")
+    return OK
+
+
+def _registry_options(parser: argparse.ArgumentParser, *, creating: bool) -> None:
+    parser.add_argument("name", help="The pool's name (its topic is sundial.pool.<name>).")
+    who = parser.add_mutually_exclusive_group(required=creating)
+    who.add_argument("--owner", metavar="TENANT", help="The tenant the pool belongs to.")
+    who.add_argument(
+        "--shared-with", type=_tenants, metavar="A,B", help="A shared pool: the tenants allowed to use it."
+    )
+    parser.add_argument(
+        "--kind", choices=("production", "staging"), help="`staging`: fed only by replays (default production)."
+    )
+    parser.add_argument("--default-timeout-sec", type=_positive, metavar="SECONDS", help="Jobs' default timeoutSec.")
+    parser.add_argument(
+        "--max-attempts", type=_positive, metavar="N", help="Jobs' default retry policy: this many attempts."
+    )
+    if creating:
+        parser.add_argument("--partitions", type=_positive, help="Partitions of its topic (default 4).")
+        parser.add_argument(
+            "--retention-ms", type=_positive, metavar="MS", help="Its topic's retention (how far a replay reaches)."
+        )
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(
+        prog="sundial pools",
+        description="Register pools: who may send work into each (an owner or shared tenants), its kind (production "
+        "or staging) and its jobs' defaults (an admin token; `mine` takes any tenant's token).",
+        epilog=EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _registry_options(_sub(sub, "create", "Register a pool and create its topic.", create), creating=True)
+    listing = _sub(sub, "list", "List every registered pool, in name order.", list_pools)
+    listing.add_argument("--limit", type=_positive, default=100, help="At most this many (default 100).")
+    mine_parser = _sub(sub, "mine", "List the pools your tenant may send work into.", mine)
+    mine_parser.add_argument("--limit", type=_positive, default=100, help="At most this many (default 100).")
+    _sub(sub, "show", "Show a pool.", show).add_argument("name")
+    _registry_options(
+        _sub(sub, "update", "Change who may use a pool, its kind or its defaults (the rest is kept).", update),
+        creating=False,
+    )
+    _sub(sub, "delete", "Delete a pool no active job targets (409 names how many do).", delete).add_argument("name")
+    return top
+
+
+def pools_main(argv: list[str] | None = None) -> int:
+    """Register pools: owner or shared tenants, kind, job defaults (admin)"""
+    return run(parser(), list(sys.argv[1:] if argv is None else argv))

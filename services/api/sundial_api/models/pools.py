@@ -1,0 +1,107 @@
+"""Pools: the registry as operators write it (`/v1/admin/pools`) and the pool view tenants read (`GET /v1/pools`)."""
+
+from __future__ import annotations
+
+import enum
+from datetime import datetime
+from typing import Annotated, Any
+
+from pydantic import Field, StrictInt, StrictStr
+from sundial_common.auth import TENANT
+from sundial_common.stores.pools import Pool
+
+from sundial_api.models.common import RequestModel, ViewModel
+from sundial_api.models.jobs import MAX_TIMEOUT_SEC, RetryPolicy
+
+MAX_SHARED = 100
+
+TenantName = Annotated[StrictStr, Field(pattern=TENANT)]
+
+
+class PoolKind(enum.StrEnum):
+    PRODUCTION = "production"
+    STAGING = "staging"
+
+
+class PoolCreate(RequestModel):
+    """A pool to register: exactly one of `owner` and `sharedWith` says who may send work into it."""
+
+    name: StrictStr = Field(
+        description="The pool's name (its topic is `sundial.pool.<name>`): 1-63 of a-z, 0-9, `.`, `_`, `-`, "
+        "starting with a letter or digit. It cannot be renamed.",
+        pattern=r"^[a-z0-9][a-z0-9._-]{0,62}$",
+        examples=["email"],
+    )
+    owner: StrictStr | None = Field(
+        None, pattern=TENANT, description="The tenant the pool belongs to (a registered tenant).", examples=["acme"]
+    )
+    shared_with: list[TenantName] | None = Field(
+        None,
+        min_length=1,
+        max_length=MAX_SHARED,
+        description="A shared pool: the registered tenants allowed to use it (instead of an `owner`).",
+    )
+    kind: PoolKind = Field(
+        PoolKind.PRODUCTION,
+        description="`production`, or `staging`: fed only by replays (the only kind a replay may target).",
+    )
+    partitions: Annotated[StrictInt, Field(ge=1, le=1000)] = Field(
+        4, description="Partitions of the pool's topic (at most as many workers consume it in parallel)."
+    )
+    retention_ms: Annotated[StrictInt, Field(ge=60_000)] | None = Field(
+        None,
+        description="`retention.ms` of the pool's topic: how far back a replay reaches (default "
+        "SUNDIAL_TOPIC_RETENTION_MS).",
+    )
+    default_timeout_sec: Annotated[StrictInt, Field(ge=1, le=MAX_TIMEOUT_SEC)] | None = Field(
+        None, description="`timeoutSec` of a job created in this pool without one."
+    )
+    default_retry_policy: RetryPolicy | None = Field(
+        None, description="`retryPolicy` of a job created in this pool without one."
+    )
+
+
+class PoolPatch(RequestModel):
+    """Fields to change. Giving `owner` makes the pool owned, giving `sharedWith` makes it shared. The topic's
+    `partitions` and `retentionMs` are fixed when the pool is created; a pool cannot be renamed."""
+
+    owner: StrictStr | None = Field(None, pattern=TENANT)
+    shared_with: list[TenantName] | None = Field(None, min_length=1, max_length=MAX_SHARED)
+    kind: PoolKind | None = None
+    default_timeout_sec: Annotated[StrictInt, Field(ge=1, le=MAX_TIMEOUT_SEC)] | None = None
+    default_retry_policy: RetryPolicy | None = None
+
+
+class PoolView(ViewModel):
+    name: str
+    owner: str | None = Field(description="The owning tenant; null for a shared pool.")
+    shared_with: list[str] = Field(description="The tenants a shared pool admits; empty for an owned pool.")
+    kind: PoolKind
+    partitions: int | None = Field(description="Partitions its topic was created with (null: created elsewhere).")
+    retention_ms: int | None
+    default_timeout_sec: int | None
+    default_retry_policy: dict[str, Any] | None
+    version: int
+    created_at: datetime | None
+    updated_at: datetime | None
+
+
+class PoolList(ViewModel):
+    items: list[PoolView]
+    next_cursor: str | None
+
+
+def render_pool(pool: Pool) -> dict[str, object]:
+    return {
+        "name": pool.name,
+        "owner": pool.owner,
+        "sharedWith": list(pool.shared_with),
+        "kind": pool.kind,
+        "partitions": pool.partitions,
+        "retentionMs": pool.retention_ms,
+        "defaultTimeoutSec": pool.default_timeout_sec,
+        "defaultRetryPolicy": pool.default_retry_policy,
+        "version": pool.version,
+        "createdAt": pool.created_at,
+        "updatedAt": pool.updated_at,
+    }
