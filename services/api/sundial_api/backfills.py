@@ -34,6 +34,7 @@ from sundial_api.models.backfills import (
 )
 from sundial_api.models.jobs import JobState
 from sundial_api.models.schedules import RECURRING_TYPES
+from sundial_api.pools import usable_pool
 from sundial_api.problems import ProblemError, invalid, not_found, parse_resource_id, responses
 from sundial_api.responses import OrjsonResponse
 from sundial_api.state import State
@@ -51,7 +52,10 @@ def _iso(instant: datetime) -> str:
     "/jobs/{job_id}:backfill",
     status_code=202,
     response_model=Backfill,
-    responses={**responses(401, 404, 409, 422, 503), 200: {"model": DryRun, "description": "`dryRun`: the count."}},
+    responses={
+        **responses(401, 403, 404, 409, 422, 503),
+        200: {"model": DryRun, "description": "`dryRun`: the count."},
+    },
     summary="Run a recurring job's past occurrences that have no execution yet",
     response_description="The backfill, accepted; `Location` points at it (`GET` it for its progress).",
 )
@@ -71,6 +75,8 @@ async def backfill_job(
         raise invalid("jobId", f"is a {job['type']} job: only CRON, INTERVAL and RUN_LIST jobs have past occurrences")
     if job["state"] == JobState.CANCELLED:
         raise ProblemError(409, f"job {job_id} is CANCELLED: it runs nothing more")
+    # The pool may have been closed to this tenant since the job was created.
+    await usable_pool(state, principal.tenant, job["pool"], "target.pool", job_id=ident)
     start, end = body.range_from, body.range_to
     now = state.clock.now()
     if end <= start:
