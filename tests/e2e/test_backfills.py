@@ -25,7 +25,7 @@ def rfc3339(instant: datetime) -> str:
 async def test_a_backfill_resumes_after_its_leader_is_killed_without_duplicates(processes: Processes) -> None:
     port = start_stack(processes, {"SUNDIAL_CRASH_POINT": "backfills.after_commit"})
     database_url = processes.env["SUNDIAL_DATABASE_URL"]
-    token = tenant_token(database_url, "e2e-backfill")
+    token = tenant_token(database_url, "e2e-backfill", pools=["demo"])
     start = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=10)
     async with httpx.AsyncClient(
         base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {token}"}, timeout=10

@@ -64,7 +64,7 @@ async def test_a_chain_with_success_and_failure_conditions_and_a_fan_in_of_two_r
     processes: Processes,
 ) -> None:
     port = start_stack(processes)
-    token = tenant_token(processes.env["SUNDIAL_DATABASE_URL"], "e2e-deps")
+    token = tenant_token(processes.env["SUNDIAL_DATABASE_URL"], "e2e-deps", pools=["demo"])
     async with httpx.AsyncClient(
         base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {token}"}, timeout=10
     ) as client:
@@ -115,7 +115,7 @@ async def test_a_dispatcher_killed_after_committing_child_executions_leaves_exac
 ) -> None:
     port = start_stack(processes, {"SUNDIAL_CRASH_POINT": "triggers.after_commit"})
     database_url = processes.env["SUNDIAL_DATABASE_URL"]
-    token = tenant_token(database_url, "e2e-deps-crash")
+    token = tenant_token(database_url, "e2e-deps-crash", pools=["demo"])
     async with httpx.AsyncClient(
         base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {token}"}, timeout=10
     ) as client:

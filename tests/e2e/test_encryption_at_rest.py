@@ -92,7 +92,7 @@ async def test_nothing_tenants_send_is_readable_at_rest_and_a_rotation_keeps_eve
     processes.wait_for_log("dispatcher", "leading with fence token")
     processes.wait_for_log("worker", "partitions assigned")
 
-    token = tenant_token(database_url, "vault")
+    token = tenant_token(database_url, "vault", pools=[pool])
     async with httpx.AsyncClient(
         base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {token}"}, timeout=30
     ) as client:
