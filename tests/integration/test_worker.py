@@ -293,6 +293,11 @@ async def test_a_message_of_a_tenant_the_pool_does_not_admit_never_reaches_the_h
     [attempt] = await stores.executions.execution_attempts(refused[0]["id"])
     assert attempt["state"] == "FAILED" and attempt["worker_id"] == runtime.worker_id
     assert runtime.stats.refused == 2 and runtime.stats.succeeded == 1
+    # Audited: the execution's trail says which worker refused it, and why.
+    trail = await stores.database.pool.fetch(
+        "SELECT actor, detail FROM audit_log WHERE entity_id = $1 AND action = 'finish'", refused[0]["id"]
+    )
+    assert [(r["actor"], r["detail"]["errorClass"]) for r in trail] == [(runtime.worker_id, "PoolRefused")]
 
 
 async def test_failing_handler_records_failed_with_type_and_message(

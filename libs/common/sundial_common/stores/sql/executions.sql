@@ -113,7 +113,9 @@ WITH finished AS (
 ), audit AS (
     INSERT INTO audit_log (tenant_id, entity, entity_id, action, from_state, to_state, actor, detail)
     SELECT tenant_id, 'execution', id, 'finish', 'RUNNING', attempt_state, $6,
-           jsonb_build_object('attempt', attempt, 'nextAttemptAt', next_attempt_at)
+           -- the exception's class (readable: only the message is sealed), e.g. PoolRefused for a worker refusal
+           jsonb_build_object('attempt', attempt, 'nextAttemptAt', next_attempt_at,
+                              'errorClass', substring(error from '^([A-Za-z_][A-Za-z0-9_.]*)'))
     FROM finished
     UNION ALL
     SELECT tenant_id, 'execution', id, CASE WHEN state = 'DEAD' THEN 'dead' ELSE 'cancel' END, attempt_state, state,
