@@ -435,7 +435,7 @@ Then look at it and its execution (ids from the answers):
   curl -s {api}/v1/jobs/<job id> {auth}
   curl -s {api}/v1/executions/<execution id> {auth}
 Who leads which shard (8 shards over 2 dispatcher replicas, standbys for the rest):
-  .venv/bin/sundial cluster     or   curl -s {api}/v1/admin/cluster {admin}
+  SUNDIAL_ENV=dev .venv/bin/sundial cluster     or   curl -s {api}/v1/admin/cluster {admin}
 
 Stop everything with `make down` (or Ctrl-C if you ran `make run`).
 """

@@ -27,7 +27,7 @@ from sundial_common.encryption import (
     master_key_provider,
     parse_master_key,
 )
-from sundial_common.settings import CommonSettings, SettingsHelpParser
+from sundial_common.settings import CommonSettings, SettingsHelpParser, load_settings
 
 _FIELDS = ("database_url", "env", "master_key", "master_key_file", "dev_root")
 BATCH = 500
@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     """Check or rotate the master key that wraps tenants' data keys."""
     parser = _parser()
     args = parser.parse_args(argv)
-    settings = CommonSettings(**({"database_url": args.database_url} if args.database_url else {}))
+    settings = load_settings(CommonSettings, parser, database_url=args.database_url)
     try:
         current = master_key_provider(settings)
         if args.command == "check":
