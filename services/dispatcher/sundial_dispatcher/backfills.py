@@ -42,6 +42,7 @@ from sundial_common.telemetry import (
 )
 
 from sundial_dispatcher.metrics import count_dispatched
+from sundial_dispatcher.publishing import publish_committed
 
 log = logging.getLogger(__name__)
 
@@ -194,20 +195,12 @@ class BackfillDispatcher:
             return result
         count_dispatched((p.backfill["tenant_id"], p.backfill["pool"]) for p in outcome.created)
         messages = [self._message(p) for p in outcome.created]
-        errors = await self.publisher.publish(messages)
-        sent: list[UUID] = []
-        for p, error in zip(outcome.created, errors, strict=True):
-            span = planner.spans[p.execution_id]
-            if error is None:
-                sent.append(p.execution_id)
-            else:
-                span.set_status(Status(StatusCode.ERROR, f"publish failed: {error}"))
-            span.end()
-        result.published = len(sent)
-        result.publish_failed = len(messages) - len(sent)
+        result.publish_failed = await publish_committed(self.publisher, self.outbox, messages, planner.spans)
+        result.published = len(messages) - result.publish_failed
         if result.publish_failed:
-            log.warning("shard %d: %d backfill publishes failed; the sweeper will send them", self.shard, len(sent))
-        await self.outbox.mark_published(sent)
+            log.warning(
+                "shard %d: %d backfill publishes failed; the sweeper will send them", self.shard, result.publish_failed
+            )
         return result
 
     def _message(self, p: BackfillExecution) -> ExecutionMessage:

@@ -1,0 +1,34 @@
+"""Sending what a shard leader has just committed outside its dispatch pass (dependency children, backfills).
+
+One publish for the batch; the executions sent are marked published, the others stay for the sweeper to send;
+each execution's dispatch span ends saying how its publish went.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from uuid import UUID
+
+from opentelemetry.trace import Span, Status, StatusCode
+from sundial_common.broker import Publisher
+from sundial_common.messages import ExecutionMessage
+from sundial_common.stores.dispatch import DispatchStore
+
+
+async def publish_committed(
+    publisher: Publisher, outbox: DispatchStore, messages: Sequence[ExecutionMessage], spans: Mapping[UUID, Span]
+) -> int:
+    """Publish ``messages`` of committed executions, mark the sent ones published and end their spans; returns
+    how many could not be sent (the sweeper sends them)."""
+    errors = await publisher.publish(messages)
+    sent: list[UUID] = []
+    for message, error in zip(messages, errors, strict=True):
+        execution_id = UUID(message.execution_id)
+        span = spans[execution_id]
+        if error is None:
+            sent.append(execution_id)
+        else:
+            span.set_status(Status(StatusCode.ERROR, f"publish failed: {error}"))
+        span.end()
+    await outbox.mark_published(sent)
+    return len(messages) - len(sent)
