@@ -22,7 +22,7 @@ from datetime import datetime, timedelta
 from uuid import UUID
 
 from opentelemetry.context import Context
-from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode, get_current_span
+from opentelemetry.trace import Link, Span, SpanKind, get_current_span
 from sundial_common.broker import Publisher
 from sundial_common.clock import Clock, SystemClock
 from sundial_common.crashpoints import crash_point
@@ -42,7 +42,7 @@ from sundial_common.telemetry import (
 )
 
 from sundial_dispatcher.metrics import count_dispatched
-from sundial_dispatcher.publishing import publish_committed
+from sundial_dispatcher.publishing import end_duplicates, end_failed, publish_committed
 
 log = logging.getLogger(__name__)
 
@@ -179,17 +179,12 @@ class BackfillDispatcher:
         try:
             outcome = await self.store.step(self.shard, self.token, self.holder, self.config.batch_backfills, planner)
         except BaseException:
-            for span in planner.spans.values():
-                span.set_status(Status(StatusCode.ERROR, "backfill transaction failed"))
-                span.end()
+            end_failed(planner.spans, "backfill")
             raise
         if outcome.created:
             crash_point("backfills.after_commit")  # committed, not published: the sweeper's to send
-        created = {p.execution_id for p in outcome.created}
-        for execution_id, span in planner.spans.items():
-            if execution_id not in created:  # the occurrence already had an execution
-                span.set_attribute("sundial.duplicate", True)
-                span.end()
+        # Planned but not created: the occurrence already had an execution.
+        end_duplicates(planner.spans, {p.execution_id for p in outcome.created})
         result = BackfillResult(created=len(outcome.created))
         if not outcome.created:
             return result

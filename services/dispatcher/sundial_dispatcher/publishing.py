@@ -1,12 +1,12 @@
 """Sending what a shard leader has just committed outside its dispatch pass (dependency children, backfills).
 
 One publish for the batch; the executions sent are marked published, the others stay for the sweeper to send;
-each execution's dispatch span ends saying how its publish went.
+each execution's dispatch span ends saying how its transaction and its publish went.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from uuid import UUID
 
 from opentelemetry.trace import Span, Status, StatusCode
@@ -32,3 +32,18 @@ async def publish_committed(
         span.end()
     await outbox.mark_published(sent)
     return len(messages) - len(sent)
+
+
+def end_failed(spans: Mapping[UUID, Span], what: str) -> None:
+    """The transaction that would have created these executions failed: their spans end with the error."""
+    for span in spans.values():
+        span.set_status(Status(StatusCode.ERROR, f"{what} transaction failed"))
+        span.end()
+
+
+def end_duplicates(spans: Mapping[UUID, Span], created: Collection[UUID]) -> None:
+    """End the spans of planned executions the transaction did not create (one existed already)."""
+    for execution_id, span in spans.items():
+        if execution_id not in created:
+            span.set_attribute("sundial.duplicate", True)
+            span.end()

@@ -36,7 +36,7 @@ from datetime import datetime, timedelta
 from uuid import UUID
 
 from opentelemetry.context import Context
-from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode, get_current_span
+from opentelemetry.trace import Link, Span, SpanKind, get_current_span
 from sundial_common.broker import Publisher
 from sundial_common.clock import Clock, SystemClock
 from sundial_common.crashpoints import crash_point
@@ -55,7 +55,7 @@ from sundial_common.telemetry import (
 )
 
 from sundial_dispatcher.metrics import count_dispatched
-from sundial_dispatcher.publishing import publish_committed
+from sundial_dispatcher.publishing import end_duplicates, end_failed, publish_committed
 
 log = logging.getLogger(__name__)
 
@@ -229,17 +229,12 @@ class TriggerDispatcher:
                 self.shard, self.token, self.holder, self.config.batch_children, self.config.batch_triggers, planner
             )
         except BaseException:
-            for span in planner.spans.values():
-                span.set_status(Status(StatusCode.ERROR, "trigger transaction failed"))
-                span.end()
+            end_failed(planner.spans, "trigger")
             raise
         if outcome.created:
             crash_point("triggers.after_commit")  # committed, not published: the sweeper's to send
-        created = {p.execution_id for p in outcome.created}
-        for execution_id, span in planner.spans.items():
-            if execution_id not in created:  # the trigger already had its execution
-                span.set_attribute("sundial.duplicate", True)
-                span.end()
+        # Planned but not created: the trigger already had its execution.
+        end_duplicates(planner.spans, {p.execution_id for p in outcome.created})
         result = TriggerResult(
             fired=len(outcome.created), skipped=sum(1 for c in outcome.plan.consumed if c[1] == "SKIPPED")
         )
