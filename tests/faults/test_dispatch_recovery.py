@@ -245,7 +245,9 @@ async def test_the_broker_restarting_empty_is_noticed_and_its_messages_sent_agai
     await asyncio.to_thread(stack.broker.restart)  # memory storage: every topic, message and offset gone
     back = time.time()
     job_ids = await creating
-    await faults.wait_terminal(len(job_ids), within=60)
+    # The restarted broker has been seen to drop a few messages acknowledged just after it came back (Tansu); the
+    # sweeper's 60 s window sends those again, so the wait allows it. The start gap below is what is asserted.
+    await faults.wait_terminal(len(job_ids), within=budget(120))
     result = await faults.check(job_ids)
     starts = sorted(
         r["at"]
