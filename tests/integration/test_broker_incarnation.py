@@ -5,12 +5,15 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections import Counter
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
+from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient  # type: ignore[attr-defined]
 from sundial_common.broker import KafkaIncarnation, KafkaPublisher
 from sundial_common.hotwindow import HotWindow
-from sundial_common.messages import pool_topic
+from sundial_common.messages import ExecutionMessage, pool_topic
 from sundial_common.stores import Stores
 from sundial_common.stores.types import Occurrence
 from sundial_dispatcher.dispatcher import DispatcherConfig, ShardDispatcher
@@ -76,3 +79,39 @@ async def test_the_sweeper_republishes_every_pending_execution_when_the_broker_r
     messages = await asyncio.to_thread(consume, kafka_bootstrap, pool_topic(pool), 6)
     ids = [m.execution_id for m in messages]
     assert len(ids) == 6 and len(set(ids)) == 3, "each execution's message sent twice: dispatch, then republish"
+
+
+class RefusesFirst:
+    """A publisher in front of a broker just back: the first ``refused`` messages fail, later ones go through."""
+
+    def __init__(self, publisher: KafkaPublisher, refused: int) -> None:
+        self.publisher = publisher
+        self.refused = refused
+
+    async def publish(self, messages: Sequence[ExecutionMessage]) -> list[Exception | None]:
+        refused, self.refused = messages[: self.refused], max(0, self.refused - len(messages))
+        errors: list[Exception | None] = [KafkaException("not yet") for _ in refused]
+        return errors + await self.publisher.publish(messages[len(refused) :])
+
+    async def close(self) -> None:
+        return None
+
+
+async def test_a_republish_the_restarted_broker_refused_is_sent_again_at_the_next_pass(
+    stores: Stores, hot_window: HotWindow, publisher: KafkaPublisher, pool: str, kafka_bootstrap: str
+) -> None:
+    due = datetime.now(UTC) - timedelta(milliseconds=10)
+    jobs = [await make_job(stores, due, pool) for _ in range(3)]
+    await hot_window.add(0, [Occurrence(j, _ms(due)) for j in jobs])
+    config = DispatcherConfig(mark_published_after_sec=0)
+    assert (await ShardDispatcher(0, 1, "d", stores.dispatch, hot_window, publisher, config).run_once()).published == 3
+    restart = BrokerRestartRepublisher(stores.dispatch, RefusesFirst(publisher, 2), Restarted(), batch_size=10)
+
+    first = await restart.run_once()
+    again = await restart.run_once()
+
+    assert (first.restarted, first.republished, first.publish_failed) == (True, 1, 2)
+    assert (again.republished, again.publish_failed) == (2, 0), "the two refused, not the one sent, and not 60 s later"
+    assert (await restart.run_once()).republished == 0
+    messages = await asyncio.to_thread(consume, kafka_bootstrap, pool_topic(pool), 6)
+    assert sorted(Counter(m.execution_id for m in messages).values()) == [2, 2, 2], "dispatch, then one republish each"

@@ -7,6 +7,9 @@ legitimately waiting in a backlog. So the restart itself is the trigger: each pa
 is still the incarnation we knew (:class:`~sundial_common.broker.BrokerIncarnation`, one watermark read), and
 when it is not, every PENDING execution is published again, in pages of ``batch_size``, right away.
 
+A republish that fails (a broker just back may refuse produce requests for a moment) is tried again at the
+next pass, for those executions only, rather than left to the outbox scan's window.
+
 Republishing everything PENDING also re-sends the few messages the new broker did receive between its start
 and this pass: harmless, the worker's PENDING→RUNNING compare-and-swap lets one delivery run.
 """
@@ -18,6 +21,7 @@ import logging
 from dataclasses import dataclass
 from uuid import UUID
 
+from asyncpg import Record
 from sundial_common.broker import BrokerIncarnation, Publisher
 from sundial_common.stores.dispatch import DispatchStore
 from sundial_common.telemetry import traceparent
@@ -49,33 +53,55 @@ class BrokerRestartRepublisher:
         self.publisher = publisher
         self.incarnation = incarnation
         self.batch_size = batch_size
+        #: Executions whose republish failed: sent again at the next pass (bounded by the pages of one restart).
+        self._unsent: list[UUID] = []
 
     async def run_once(self) -> BrokerRestartResult:
         lost = await asyncio.to_thread(self.incarnation.lost_its_data)
         if not lost:
-            return BrokerRestartResult()
+            return await self._send_unsent()
+        self._unsent = []
         sent = failed = 0
         after = UUID(int=0)
         for _ in range(_MAX_PAGES):
             rows = await self.store.pending_after(after, self.batch_size)
             if not rows:
                 break
-            spans = [_send_span(row, "republish after broker restart") for row in rows]
-            messages = [
-                _message(row, traceparent(span) or row["traceparent"]) for row, span in zip(rows, spans, strict=True)
-            ]
-            errors = await self.publisher.publish(messages)
-            _end_sends(spans, errors)
-            ok = [row["id"] for row, error in zip(rows, errors, strict=True) if error is None]
-            await self.store.republished(ok)
-            sent += len(ok)
-            failed += len(rows) - len(ok)
+            ok = await self._send(rows)
+            sent += ok
+            failed += len(rows) - ok
             after = rows[-1]["id"]
             if len(rows) < self.batch_size:
                 break
         log.warning(
-            "the broker restarted empty: republished %d PENDING executions (%d failed; the outbox scan retries them)",
+            "the broker restarted empty: republished %d PENDING executions (%d failed; sent again next pass)",
             sent,
             failed,
         )
         return BrokerRestartResult(restarted=True, republished=sent, publish_failed=failed)
+
+    async def _send_unsent(self) -> BrokerRestartResult:
+        """Send again, once per pass, what a republish after the restart could not send (a broker just back
+        may refuse produce requests for a while): their old messages are gone, and the outbox scan would
+        wait ``unstarted_after_sec`` from their first publish."""
+        unsent, self._unsent = self._unsent, []
+        sent = 0
+        for start in range(0, len(unsent), self.batch_size):
+            rows = await self.store.pending_among(unsent[start : start + self.batch_size])
+            sent += await self._send(rows) if rows else 0
+        if unsent:
+            log.info("after the broker restart: republished %d more (%d still unsent)", sent, len(self._unsent))
+        return BrokerRestartResult(republished=sent, publish_failed=len(self._unsent))
+
+    async def _send(self, rows: list[Record]) -> int:
+        """Publish ``rows`` again; how many were sent (the others are kept for the next pass)."""
+        spans = [_send_span(row, "republish after broker restart") for row in rows]
+        messages = [
+            _message(row, traceparent(span) or row["traceparent"]) for row, span in zip(rows, spans, strict=True)
+        ]
+        errors = await self.publisher.publish(messages)
+        _end_sends(spans, errors)
+        ok = [row["id"] for row, error in zip(rows, errors, strict=True) if error is None]
+        self._unsent += [row["id"] for row, error in zip(rows, errors, strict=True) if error is not None]
+        await self.store.republished(ok)
+        return len(ok)

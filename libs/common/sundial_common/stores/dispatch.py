@@ -156,6 +156,8 @@ class DispatchStore(Protocol):
 
     async def pending_after(self, after: UUID, limit: int) -> list[Record]: ...
 
+    async def pending_among(self, execution_ids: Sequence[UUID]) -> list[Record]: ...
+
     async def republished(self, execution_ids: Sequence[UUID]) -> None: ...
 
 
@@ -343,6 +345,10 @@ class PostgresDispatchStore:
         """Up to ``limit`` PENDING executions with ids after ``after`` (id order), with their payloads: what
         the sweeper sends again when the broker restarted empty."""
         return cast(list[Record], await self._db.pool.fetch(Q["pending_after"], after, limit))
+
+    async def pending_among(self, execution_ids: Sequence[UUID]) -> list[Record]:
+        """Those of ``execution_ids`` still PENDING, as :meth:`pending_after` returns them."""
+        return cast(list[Record], await self._db.pool.fetch(Q["pending_among"], list(execution_ids)))
 
     async def republished(self, execution_ids: Sequence[UUID]) -> None:
         if execution_ids:

@@ -161,6 +161,15 @@ WHERE e.state = 'PENDING' AND e.id > $1
 ORDER BY e.id
 LIMIT $2;
 
+-- name: pending_among
+-- Those of the given executions still PENDING, with their payloads: a republish after a broker restart that
+-- failed for them is tried again at the next pass.
+SELECT e.id, e.tenant_id, e.job_id, e.scheduled_for, e.shard, e.fence_token, e.pool, e.handler,
+       e.attempt, e.timeout_sec, e.traceparent, j.payload
+FROM executions e JOIN jobs j ON j.id = e.job_id
+WHERE e.id = ANY($1::uuid[]) AND e.state = 'PENDING'
+ORDER BY e.id;
+
 -- name: republished
 UPDATE executions SET published_at = now() WHERE id = ANY($1::uuid[]) AND state || '' = 'PENDING';
 
