@@ -73,8 +73,8 @@ class FairnessConfig:
     #: Members claimed from the hot window into the buffer per pass. Deep, so a burst is in the buffer (and
     #: the round robin sees every tenant in it) after one pass: members due at one instant are claimed in id
     #: order, so with 2,000 a pass tenant B's jobs created after A's 12,500 per shard waited 6-7 passes (B's
-    #: P50 4.1 s at 50,000 + 100, 1.5 s with 20,000, same quiet machine). A claim this size costs one pass
-    #: ~0.1-0.2 s once per burst; a steady stream claims what is due, far less.
+    #: P50 4.1 s at 50,000 + 100, 1.5 s with 20,000, same quiet machine). A claim this deep happens once
+    #: per burst; a steady stream claims only what is due, far less.
     claim_size: int = 20_000
     #: A PENDING execution dispatched longer ago than this no longer counts against its pool's queue: its
     #: message was lost (the broker restarted, a publish failed) and the sweeper sends it again; counted,
