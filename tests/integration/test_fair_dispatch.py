@@ -4,6 +4,7 @@ and a tenant's concurrency quota holds its work back — late, never lost."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -33,28 +34,28 @@ async def hot_window(redis_url: str) -> AsyncIterator[HotWindow]:
     await redis.aclose()
 
 
-async def due_jobs(stores: Stores, hot_window: HotWindow, tenant: str, n: int, pool: str) -> None:
+async def due_jobs(stores: Stores, hot_window: HotWindow, tenant: str, n: int, pool: str, due: datetime = DUE) -> None:
     rows = [
         {
             "id": new_id(),
             "tenant_id": tenant,
             "name": "burst",
             "type": "ONE_SHOT",
-            "run_at": DUE,
+            "run_at": due,
             "pool": pool,
             "handler": "echo",
             "timeout_sec": 30,
             "shard": 0,
-            "next_fire_at": DUE,
+            "next_fire_at": due,
         }
         for _ in range(n)
     ]
     await stores.jobs.insert_jobs(rows, actor="test")
-    await hot_window.add(0, [Occurrence(r["id"], DUE) for r in rows])
+    await hot_window.add(0, [Occurrence(r["id"], due) for r in rows])
 
 
 def dispatcher(
-    stores: Stores, hot_window: HotWindow, publisher: KafkaPublisher, batch: int, **fairness: int
+    stores: Stores, hot_window: HotWindow, publisher: KafkaPublisher, batch: int, **fairness: float
 ) -> ShardDispatcher:
     # Counts read afresh every pass: the test changes executions between passes.
     config = DispatcherConfig(batch_size=batch, fairness=FairnessConfig(counts_refresh_sec=0, **fairness))
@@ -128,6 +129,30 @@ async def test_what_a_term_claimed_and_did_not_dispatch_goes_back_to_the_hot_win
     assert await shard.fair.release() == 200
     assert await hot_window.size(0) == 200 and len(shard.fair.queue) == 0
     assert await hot_window.not_held(0, buffered) == buffered  # the next leader holds nothing yet
+
+
+async def test_a_burst_is_claimed_before_it_is_due_and_dispatched_when_it_falls_due(
+    stores: Stores, hot_window: HotWindow, publisher: KafkaPublisher, database_url: str
+) -> None:
+    await register_tenant(database_url, "a")
+    pool = f"fair-{uuid.uuid4().hex[:8]}"
+    soon = (datetime.now(UTC) + timedelta(seconds=3)).replace(microsecond=0)  # ms precision, as the API stores
+    await due_jobs(stores, hot_window, "a", 100, pool, due=soon)
+    await due_jobs(stores, hot_window, "a", 10, pool, due=soon + timedelta(seconds=60))  # beyond the lookahead
+    quiet = dispatcher(stores, hot_window, publisher, batch=100, claim_ahead_sec=10, claim_ahead_min=101)
+    burst = dispatcher(stores, hot_window, publisher, batch=100, claim_ahead_sec=10, claim_ahead_min=100)
+
+    await quiet.run_once()
+    assert await hot_window.size(0) == 110, "fewer due within the lookahead than the threshold: nothing taken early"
+    result = await burst.run_once()
+    assert result.dispatched == 0 and await dispatched(stores) == {}, "claimed ahead, never dispatched early"
+    assert burst.fair is not None and len(burst.fair.early) == 100 and await hot_window.size(0) == 10
+    early = [w.occurrence for _, _, w in burst.fair.early]
+    assert await hot_window.not_held(0, early) == [], "held: the hydrator's overdue scan leaves them alone"
+
+    await asyncio.sleep(max(0.0, (soon - datetime.now(UTC)).total_seconds()))
+    assert (await burst.run_once()).dispatched == 100
+    assert await dispatched(stores) == {"a": 100} and not burst.fair.early
 
 
 class _CountsUnreadable:

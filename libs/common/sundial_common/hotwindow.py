@@ -25,15 +25,26 @@ from sundial_common.stores.types import Occurrence, RetryDue
 log = logging.getLogger(__name__)
 
 # Claim = read the due members and remove them in one atomic step, so two claimers never both win.
+# ARGV: now (ms), limit, ahead (ms), ahead_min. When at least ahead_min members are due by ahead, jobs' members
+# due by then are taken too (a burst is claimed before it is due); a retry is only ever taken once it is due.
 _CLAIM = """
-local items = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[2]))
+local now = tonumber(ARGV[1])
+local upto = ARGV[1]
+local ahead_min = tonumber(ARGV[4])
+if ahead_min > 0 and redis.call('ZCOUNT', KEYS[1], '-inf', ARGV[3]) >= ahead_min then upto = ARGV[3] end
+local items = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', upto, 'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[2]))
+local taken = {}
 local members = {}
 for i = 1, #items, 2 do
-  members[#members + 1] = items[i]
-  if #members == 500 then redis.call('ZREM', KEYS[1], unpack(members)); members = {} end
+  if tonumber(items[i + 1]) <= now or string.sub(items[i], 1, 2) == 'j:' then
+    taken[#taken + 1] = items[i]
+    taken[#taken + 1] = items[i + 1]
+    members[#members + 1] = items[i]
+    if #members == 500 then redis.call('ZREM', KEYS[1], unpack(members)); members = {} end
+  end
 end
 if #members > 0 then redis.call('ZREM', KEYS[1], unpack(members)) end
-return items
+return taken
 """
 
 # Hydrate = add members and move the shard's watermark, but only if the watermark is still the one
@@ -81,14 +92,16 @@ class Claimed:
 
 def _claimed(flat: Sequence[bytes | str]) -> Claimed:
     claimed = Claimed()
+    times: dict[bytes | str, datetime] = {}  # a burst shares a few scores: convert each once
     for i in range(0, len(flat), 2):
-        raw, score = flat[i], float(flat[i + 1])
+        raw, score = flat[i], flat[i + 1]
+        due = times.get(score) or times.setdefault(score, from_ms(float(score)))
         text = raw.decode() if isinstance(raw, bytes) else raw
         kind, _, ident = text.partition(":")
         if kind == "r":
-            claimed.retries.append(RetryDue(UUID(ident), from_ms(score)))
+            claimed.retries.append(RetryDue(UUID(ident), due))
         elif kind == "j":
-            claimed.jobs.append(Occurrence(UUID(ident), from_ms(score)))
+            claimed.jobs.append(Occurrence(UUID(ident), due))
         else:  # not ours: dropping it is all a claim can do with it
             log.warning("hot window: ignoring unknown member %r", text)
     return claimed
@@ -153,9 +166,17 @@ class HotWindow:
         """
         return (await self.claim_due(shard, now, limit)).jobs
 
-    async def claim_due(self, shard: int, now: datetime, limit: int) -> Claimed:
-        """Atomically take up to ``limit`` members of any kind due at or before ``now``."""
-        flat = await self._claim(keys=[self.key(shard)], args=[to_ms(now), limit])
+    async def claim_due(
+        self, shard: int, now: datetime, limit: int, *, ahead: datetime | None = None, ahead_min: int = 0
+    ) -> Claimed:
+        """Atomically take up to ``limit`` members of any kind due at or before ``now``.
+
+        With ``ahead`` and ``ahead_min``: if at least ``ahead_min`` members are due by ``ahead`` (a burst is
+        coming), jobs' members due by ``ahead`` are taken too, so their claim is paid before they are due; the
+        caller holds them until then. Retries are taken only once due.
+        """
+        upto = to_ms(ahead if ahead is not None else now)
+        flat = await self._claim(keys=[self.key(shard)], args=[to_ms(now), limit, upto, ahead_min if ahead else 0])
         return _claimed(flat)
 
     async def add_retries(self, shard: int, retries: Sequence[RetryDue], *, only_new: bool = False) -> None:
