@@ -86,10 +86,11 @@ class FairnessConfig:
     claim_size: int = 20_000
     #: A burst is claimed ahead of its due time: when at least ``claim_ahead_min`` members of a shard are due
     #: within ``claim_ahead_sec``, a pass claims them (and looks up whose they are) before they are due, and
-    #: holds them until then. Claiming 4 x 12,500 members took ~1.4 s of passes on a loaded machine: paid at
-    #: due time, that was the first ~1.4 s of every tenant's lateness in the burst. A steady stream never
-    #: reaches the threshold and is claimed as it falls due.
-    claim_ahead_sec: float = 3.0
+    #: holds them until then. Claiming 4 x 12,500 members took ~1.4 s of passes on a loaded machine (4 x 25,000:
+    #: two claims a shard, more than 3 s): paid at due time, that was the first seconds of every tenant's
+    #: lateness in the burst. A steady stream below 1,000 due/s a shard (8,000/s over 8 shards) never reaches
+    #: the threshold and is claimed as it falls due.
+    claim_ahead_sec: float = 5.0
     claim_ahead_min: int = 5_000
     #: A PENDING execution dispatched longer ago than this no longer counts against its pool's queue: its
     #: message was lost (the broker restarted, a publish failed) and the sweeper sends it again; counted,
