@@ -2,24 +2,20 @@
 
 A tenant's retry circuit breakers, one per (pool, handler) its attempts ran on, and the operator's hand on
 them. The sweeper moves breakers by their window (:mod:`sundial_sweeper.breakers`); an operator may open one
-(it then stays open, its retries held, until an operator closes it) or close one (its held retries are
-released at once, spread over the tenant's ``releaseSpreadSec``, and its window starts again). Each move is a
+(it then stays open, its retries held, until an operator closes it) or close one (its window starts again,
+and the sweeper's breaker loop releases what it held within a pass, spread over ``releaseSpreadSec``). Each move is a
 compare-and-set on the breaker's version with its audit row (``GET /v1/breakers/{id}/audit``).
 """
 
 from __future__ import annotations
 
 import logging
-from collections import defaultdict
-from collections.abc import Mapping
-from typing import Annotated, Any
+from typing import Annotated
 from uuid import UUID
 
 from fastapi import APIRouter, Path, Query
-from redis.exceptions import RedisError
 from starlette.responses import Response
-from sundial_common.stores.breakers import CLOSED, OPEN, Breaker, BreakerSettings, Transition
-from sundial_common.stores.types import RetryDue
+from sundial_common.stores.breakers import CLOSED, OPEN, Breaker, Transition
 
 from sundial_api.auth import Authenticated
 from sundial_api.models.audit import AuditPage, render_entry
@@ -91,7 +87,7 @@ async def open_breaker(breaker_id: BreakerId, state: State, principal: Authentic
     "/breakers/{breaker_id}:close",
     response_model=BreakerView,
     responses=responses(401, 404, 409, 503),
-    summary="Close a breaker by hand: its held retries are released (spread at random), its window starts again",
+    summary="Close a breaker by hand: its window starts again and its held retries are released, spread at random",
 )
 async def close_breaker(breaker_id: BreakerId, state: State, principal: Authenticated) -> Response:
     current = await _get(state, principal.tenant, breaker_id)
@@ -103,18 +99,7 @@ async def close_breaker(breaker_id: BreakerId, state: State, principal: Authenti
             ),
             breaker_id,
         )
-    spread = BreakerSettings().merged(await _tenant_overrides(state, principal.tenant)).release_spread_sec
-    released = await state.stores.breakers.release_held(moved.id, spread)
-    if released:
-        by_shard: dict[int, list[RetryDue]] = defaultdict(list)
-        for r in released:
-            by_shard[r.shard].append(RetryDue(r.execution_id, r.next_attempt_at))
-        try:
-            for shard, retries in by_shard.items():
-                await state.hot_window.add_retries(shard, retries)
-        except (RedisError, OSError) as exc:  # Postgres has them: the hydrator's overdue scan adds them
-            log.warning("released retries not put into the hot window: %r", exc)
-    return OrjsonResponse(render_breaker(await _get(state, principal.tenant, breaker_id)))
+    return OrjsonResponse(render_breaker(moved))
 
 
 @router.get(
@@ -135,11 +120,6 @@ async def _get(state: ApiState, tenant: str, raw: str) -> Breaker:
     if breaker is None:
         raise not_found("breaker", raw)
     return breaker
-
-
-async def _tenant_overrides(state: ApiState, tenant: str) -> Mapping[str, Any] | None:
-    row = await state.stores.tenants.get_tenant(tenant)
-    return row.breaker if row is not None else None
 
 
 def _moved(moved: Breaker | None, raw: str) -> Breaker:

@@ -46,7 +46,7 @@ from sundial_common.stores.breakers import (
     Transition,
     WindowBucket,
 )
-from sundial_common.stores.types import RetryDue
+from sundial_common.stores.types import Occurrence, RetryDue
 from sundial_common.telemetry import tracer
 
 log = logging.getLogger("sundial.breakers")
@@ -143,6 +143,9 @@ class BreakerLoop:
             attempts = sum(b.attempts for b in handler_buckets if b.bucket >= start)
             failures = sum(b.failures for b in handler_buckets if b.bucket >= start)
             move = self._decide(breaker, settings, attempts, failures)
+            if move is None and breaker.state == CLOSED and breaker.held:
+                # Closed by an operator, or by a sweeper that stopped before releasing: let them go now.
+                released += await release(self.store, self.hot_window, breaker, settings.release_spread_sec)
             if move is None:
                 if (attempts, failures) != (breaker.attempts, breaker.failures):
                     windows.append((breaker.id, attempts, failures))
@@ -170,7 +173,7 @@ class BreakerLoop:
                 half_opened += 1
             else:
                 closed += 1
-                released += await self.release(moved, settings.release_spread_sec)
+                released += await release(self.store, self.hot_window, moved, settings.release_spread_sec)
         await self.store.record_window(windows)
         self._state.forget((b.tenant_id, b.pool, b.handler) for b in breakers)
         self._held.forget((b.tenant_id, b.pool, b.handler) for b in breakers)
@@ -245,26 +248,6 @@ class BreakerLoop:
             )
         return None
 
-    async def release(self, breaker: Breaker, spread_sec: float) -> int:
-        """Let a closed breaker's held retries go (spread at random) and put them into the hot window.
-
-        Best effort for Redis: Postgres has the new times, and the hydrator's overdue scan re-adds any member
-        that is missing.
-        """
-        released = await self.store.release_held(breaker.id, spread_sec)
-        if released and self.hot_window is not None:
-            by_shard: dict[int, list[RetryDue]] = defaultdict(list)
-            for r in released:
-                by_shard[r.shard].append(RetryDue(r.execution_id, r.next_attempt_at))
-            try:
-                for shard, retries in by_shard.items():
-                    await self.hot_window.add_retries(shard, retries)
-            except (RedisError, OSError) as exc:
-                log.warning("released retries not put into the hot window (the hydrator will): %s", exc)
-        if released:
-            log.info("breaker %s released %d held retries over %.0fs", breaker.id, len(released), spread_sec)
-        return len(released)
-
     def _gauge(self, b: Breaker) -> None:
         self._state(b.tenant_id, b.pool, b.handler).set(STATE_VALUES[b.state])
         self._held(b.tenant_id, b.pool, b.handler).set(b.held)
@@ -277,3 +260,34 @@ class BreakerLoop:
 
 def _second(at: datetime) -> datetime:
     return at.replace(microsecond=0)
+
+
+async def release(store: BreakerStore, hot_window: HotWindow | None, breaker: Breaker, spread_sec: float) -> int:
+    """Release ``breaker``'s held retries and first fires; how many."""
+    retries = await store.release_held(breaker.id, spread_sec)
+    fires = await store.release_first_fires(breaker, spread_sec)
+    if hot_window is not None and (retries or fires):
+        by_shard: dict[int, list[RetryDue]] = defaultdict(list)
+        for r in retries:
+            by_shard[r.shard].append(RetryDue(r.execution_id, r.next_attempt_at))
+        jobs_by_shard: dict[int, list[Occurrence]] = defaultdict(list)
+        for f in fires:
+            jobs_by_shard[f.shard].append(Occurrence(f.execution_id, f.next_attempt_at))
+        try:
+            for shard, due in by_shard.items():
+                await hot_window.add_retries(shard, due)
+            for shard, occurrences in jobs_by_shard.items():
+                await hot_window.add(shard, occurrences)
+        except (RedisError, OSError) as exc:
+            log.warning("released work not put into the hot window (the hydrator will): %r", exc)
+    if retries or fires:
+        log.info(
+            "breaker %s/%s/%s released %d held retries and %d held first fires over %.0fs",
+            breaker.tenant_id,
+            breaker.pool,
+            breaker.handler,
+            len(retries),
+            len(fires),
+            spread_sec,
+        )
+    return len(retries) + len(fires)

@@ -174,6 +174,8 @@ class Transition:
 
 @dataclass(frozen=True, slots=True)
 class Released:
+    """A released retry (``execution_id``) or first fire (then the job's id), with its new time."""
+
     execution_id: UUID
     shard: int
     next_attempt_at: datetime
@@ -211,6 +213,8 @@ class BreakerStore(Protocol):
     async def transition(self, move: Transition) -> Breaker | None: ...
 
     async def release_held(self, breaker_id: UUID, spread_sec: float) -> list[Released]: ...
+
+    async def release_first_fires(self, breaker: Breaker, spread_sec: float) -> list[Released]: ...
 
 
 class PostgresBreakerStore:
@@ -283,6 +287,13 @@ class PostgresBreakerStore:
         rows = await self._db.pool.fetch(Q["release_held"], breaker_id, spread_sec)
         return [Released(r["id"], r["shard"], r["next_attempt_at"]) for r in rows if r["next_attempt_at"] is not None]
 
+    async def release_first_fires(self, breaker: Breaker, spread_sec: float) -> list[Released]:
+        """The held first fires of a closed breaker's handler, spread at random ({job id, shard, fire time})."""
+        rows = await self._db.pool.fetch(
+            Q["release_first_fires"], breaker.tenant_id, breaker.pool, breaker.handler, spread_sec
+        )
+        return [Released(r["id"], r["shard"], r["next_fire_at"]) for r in rows]
+
 
 async def gate_retries(conn: asyncpg.Connection, execution_ids: Sequence[UUID]) -> GateResult:
     """Inside the dispatcher's fenced retry transaction: hold the claimed retries whose breaker is OPEN, let a
@@ -317,3 +328,30 @@ async def gate_retries(conn: asyncpg.Connection, execution_ids: Sequence[UUID]) 
         await conn.execute(Q["count_probes"], list(sent), list(sent.values()))
         await conn.execute(Q["unhold"], probes)
     return GateResult(held=frozenset(h[0] for h in held), probes=frozenset(probes))
+
+
+def holds_first_fires(job: Record) -> bool:
+    """The job chose ``breaker.firstFires = HOLD`` (and did not opt out of its breaker)."""
+    choice = job.get("breaker")
+    return choice is not None and choice.get("firstFires") == "HOLD" and choice.get("enabled", True) is not False
+
+
+async def hold_first_fires(conn: asyncpg.Connection, due: Sequence[Record]) -> dict[UUID, datetime]:
+    """Inside the dispatcher's fenced dispatch transaction, the due jobs locked: the jobs that chose to hold
+    their first fires while their handler's breaker is open fire later instead ({job id: new fire time}).
+
+    Only scheduled fires are held (a manual trigger runs as asked), and only jobs that chose HOLD cost a
+    statement: by default this is free.
+    """
+    candidates = [
+        row["id"]
+        for row in due
+        if holds_first_fires(row)
+        and row["next_fire_at"] is not None
+        and row["next_fire_at"] <= row["claimed_due"]
+        and (row.get("trigger_at") is None or row["trigger_at"] > row["claimed_due"])
+    ]
+    if not candidates:
+        return {}
+    rows = await conn.fetch(Q["hold_first_fires"], candidates, HOLD_JITTER_SEC)
+    return {row["id"]: row["next_fire_at"] for row in rows}

@@ -20,7 +20,7 @@ from typing import Protocol, cast
 from uuid import UUID
 
 from sundial_common.queries import load_file
-from sundial_common.stores.breakers import gate_retries
+from sundial_common.stores.breakers import gate_retries, hold_first_fires
 from sundial_common.stores.database import Database
 from sundial_common.stores.types import Occurrence, Record, RetryDue
 
@@ -234,6 +234,10 @@ class PostgresDispatchStore:
                     for row in rows
                     if row["belongs_at"] is not None and row["belongs_at"] > row["claimed_due"]
                 ]
+            # Jobs that chose to hold their first fires while their handler's breaker is open fire later.
+            if held := await hold_first_fires(conn, due):
+                due = [row for row in due if row["id"] not in held]
+                misplaced += [Occurrence(job_id, at) for job_id, at in held.items()]
             decided = plan(due) if due else empty
             if isinstance(decided, list):
                 decided = DispatchPlan(

@@ -90,6 +90,11 @@ class JobBreaker(RequestModel):
     )
 
 
+class JobBreakerView(ViewModel):
+    enabled: bool = True
+    first_fires: FirstFires = FirstFires.RUN
+
+
 class BreakerView(ViewModel):
     id: str = Field(description="The breaker's id (`POST /v1/breakers/{id}:close`).")
     pool: str

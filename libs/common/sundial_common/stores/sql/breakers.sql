@@ -124,3 +124,25 @@ WHERE b.id = n.id;
 -- name: unhold
 -- Probes let through are no longer held.
 UPDATE executions SET held_by = NULL WHERE id = ANY($1::uuid[]) AND held_by IS NOT NULL;
+
+-- name: hold_first_fires
+-- Inside the dispatcher's fenced dispatch transaction (the jobs are locked): jobs that chose
+-- `breaker.firstFires = HOLD` whose handler's breaker is not CLOSED keep their occurrence (next_nominal_at)
+-- and fire later — next_fire_at moves to the breaker's next probe plus $2 seconds of jitter, as a job's jitter
+-- moves a fire — so the execution, when it runs, has its nominal time and shows the delay in fireAt.
+UPDATE jobs j
+SET next_fire_at = greatest(coalesce(b.next_probe_at, now() + interval '60 seconds'), now())
+                   + make_interval(secs => 1) + random() * make_interval(secs => $2)
+FROM breakers b
+WHERE j.id = ANY($1::uuid[]) AND b.tenant_id = j.tenant_id AND b.pool = j.pool AND b.handler = j.handler
+  AND b.state <> 'CLOSED'
+RETURNING j.id, j.next_fire_at;
+
+-- name: release_first_fires
+-- A closing breaker lets the first fires it held go, spread at random over $4 seconds: active jobs of its
+-- handler that chose HOLD and whose occurrence is past but whose fire was pushed later.
+UPDATE jobs
+SET next_fire_at = now() + random() * make_interval(secs => $4)
+WHERE tenant_id = $1 AND pool = $2 AND handler = $3 AND state = 'ACTIVE' AND breaker ->> 'firstFires' = 'HOLD'
+  AND next_nominal_at <= now() AND next_fire_at > now()
+RETURNING id, shard, next_fire_at;
