@@ -24,6 +24,7 @@ The ``sundial_breaker_state`` and ``sundial_breaker_held_retries`` gauges are se
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections import defaultdict
 from collections.abc import Mapping
@@ -137,12 +138,23 @@ class BreakerLoop:
         for breaker in breakers:
             settings = self.settings_for(tenant_settings, breaker.tenant_id)
             handler_buckets = by_handler.get((breaker.tenant_id, breaker.pool, breaker.handler), [])
-            # The bucket of the state's first second counts whole: a failure just before it errs on the
-            # side of staying open, never of closing early.
-            start = max(now - timedelta(seconds=settings.window_sec), _second(breaker.since))
+            first = _second(breaker.since)
+            start = max(now - timedelta(seconds=settings.window_sec), first)
             attempts = sum(b.attempts for b in handler_buckets if b.bucket >= start)
             failures = sum(b.failures for b in handler_buckets if b.bucket >= start)
+            if start == first:  # the state's first second counts only what ended after the state began
+                attempts = max(0, attempts - breaker.since_attempts)
+                failures = max(0, failures - breaker.since_failures)
             move = self._decide(breaker, settings, attempts, failures)
+            if move is not None and move.to_state != OPEN:
+                # The new state starts counting at this pass's instant: what its second held so far is not its.
+                this_second = [b for b in handler_buckets if b.bucket == _second(now)]
+                move = dataclasses.replace(
+                    move,
+                    since=now,
+                    since_attempts=sum(b.attempts for b in this_second),
+                    since_failures=sum(b.failures for b in this_second),
+                )
             if move is None and breaker.state == CLOSED and breaker.held:
                 # Closed by an operator, or by a sweeper that stopped before releasing: let them go now.
                 released += await release(self.store, self.hot_window, breaker, settings.release_spread_sec)

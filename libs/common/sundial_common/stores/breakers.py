@@ -113,8 +113,11 @@ class Breaker:
     pool: str
     handler: str
     state: str
-    #: Where the current state's counting starts.
+    #: Where the current state's counting starts ...
     since: datetime
+    #: ... less what the bucket of that second already held then.
+    since_attempts: int
+    since_failures: int
     #: The window's finished attempts and failures, as last evaluated.
     attempts: int
     failures: int
@@ -170,6 +173,11 @@ class Transition:
     attempts: int = 0
     failures: int = 0
     detail: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    #: When the new state's counting starts (None: the transition's own time) ...
+    since: datetime | None = None
+    #: ... and what the window's bucket of that second held by then (not the new state's to judge).
+    since_attempts: int = 0
+    since_failures: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -280,6 +288,9 @@ class PostgresBreakerStore:
             move.action,
             move.actor,
             dict(move.detail),
+            move.since,
+            move.since_attempts,
+            move.since_failures,
         )
         return Breaker.from_row(row) if row is not None else None
 

@@ -46,6 +46,10 @@ def upgrade() -> None:
         handler         text NOT NULL,
         state           text NOT NULL DEFAULT 'CLOSED' CHECK (state IN ('CLOSED', 'OPEN', 'HALF_OPEN')),
         since           timestamptz NOT NULL DEFAULT now(),
+        -- What the window counts had already recorded in the second of ``since`` when the state began:
+        -- subtracted, so a state judges only what ended after it began (buckets are whole seconds).
+        since_attempts  integer NOT NULL DEFAULT 0,
+        since_failures  integer NOT NULL DEFAULT 0,
         attempts        integer NOT NULL DEFAULT 0,
         failures        integer NOT NULL DEFAULT 0,
         opened_at       timestamptz,

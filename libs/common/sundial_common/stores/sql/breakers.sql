@@ -63,13 +63,17 @@ WHERE b.id = n.id AND (b.attempts, b.failures) IS DISTINCT FROM (n.attempts, n.f
 -- name: transition
 -- Move breaker $1 from version $2 to state $3, compare-and-set. $4: seconds to the next probe (NULL: none);
 -- $5: the cool-down; $6: how many probes half-open lets through; $7: held open by an operator; $8/$9: the
--- window's counts; $10: the action audited, $11: the actor, $12: audit detail. No row: someone moved first.
+-- window's counts; $10: the action audited, $11: the actor, $12: audit detail; $13: when the new state's
+-- counting starts (NULL: now) and $14/$15 what its second's bucket already held then. No row: someone moved
+-- first.
 WITH old AS (
     SELECT id, state FROM breakers WHERE id = $1 AND version = $2 FOR UPDATE
 ), moved AS (
     UPDATE breakers b
     SET state = $3,
-        since = CASE WHEN $3 = 'OPEN' THEN b.since ELSE now() END,
+        since = CASE WHEN $3 = 'OPEN' THEN b.since ELSE coalesce($13::timestamptz, now()) END,
+        since_attempts = CASE WHEN $3 = 'OPEN' THEN b.since_attempts ELSE $14 END,
+        since_failures = CASE WHEN $3 = 'OPEN' THEN b.since_failures ELSE $15 END,
         opened_at = CASE WHEN $3 = 'CLOSED' THEN NULL WHEN b.state = 'CLOSED' THEN now() ELSE b.opened_at END,
         next_probe_at = CASE WHEN $4::float8 IS NULL THEN NULL ELSE now() + make_interval(secs => $4::float8) END,
         cooldown_sec = $5, probe_limit = $6, probes_sent = 0, manual = $7, attempts = $8, failures = $9,
