@@ -13,7 +13,10 @@ defaults (≥ 50 % of ≥ 20 attempts in 60 s; 30 s cool-down doubling to 600 s;
   and the probes half-open allowed (``half_opens`` × probes);
 * **attempts** — every attempt made (the storm's size); **states** — final states (``DEAD`` is what the
   outage killed); **recovered_s** — from the outage's end until the last execution succeeded;
-* the breaker's transitions and their times (seconds after registration).
+* the breaker's transitions and their times (seconds after registration);
+* **outcome_write** (``on`` only, before the scenario) — the median ``finish_attempts`` of 256 outcomes with the
+  window-counting trigger and without it, alternating on the same database: what the breaker costs the
+  worker's outcome write.
 
     uv run --frozen python bench/breaker.py --port-offset 300                 # 1,000 executions, 120 s, on,off
     uv run --frozen python bench/breaker.py --port-offset 300 --modes on --executions 200 --outage 30
@@ -26,7 +29,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import statistics
 import time
+import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -35,6 +40,8 @@ import asyncpg
 import httpx
 import machine  # bench/ is on sys.path: run as a script
 from harness import REPO, RESULTS, Bench, Shape, _record
+from sundial_common.stores import Stores
+from sundial_common.stores.executions import Outcome
 from sundial_infra.stack import BENCH_PORTS, Ports
 
 #: Audit times are each transaction's start: a retry stamped this close to a transition may have read either state.
@@ -134,6 +141,52 @@ async def run(bench: Bench, args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+async def finish_cost(bench: Bench, batches: int = 40, size: int = 256) -> dict[str, Any]:
+    """What the window-counting trigger adds to the worker's outcome write: ``finish_attempts`` of ``size``
+    RUNNING executions per batch (the flusher's default batch), alternately with the trigger on and off, on the
+    same database. Median milliseconds per batch each way."""
+    stores = await Stores.connect(bench.stack.postgres_dsn, min_size=1, max_size=2)
+    timings: dict[bool, list[float]] = {True: [], False: []}
+    try:
+        pool = stores.database.pool
+        job = await pool.fetchval(
+            "INSERT INTO jobs (id, tenant_id, name, type, pool, handler, timeout_sec, shard, state)"
+            " VALUES ($1, 'bench-api', 'cost', 'ONE_SHOT', 'demo', 'cost', 60, 0, 'COMPLETED') RETURNING id",
+            uuid.uuid4(),
+        )
+        for i in range(batches):
+            on = i % 2 == 0
+            await pool.execute(
+                f"ALTER TABLE executions {'ENABLE' if on else 'DISABLE'} TRIGGER executions_breaker_counts"
+            )
+            ids = [uuid.uuid4() for _ in range(size)]
+            await pool.execute(
+                "INSERT INTO executions (id, tenant_id, job_id, scheduled_for, shard, fence_token, pool, handler,"
+                " state, timeout_sec, worker_id, started_at)"
+                " SELECT id, 'bench-api', $2, now() + make_interval(secs => n), 0, 1, 'demo', 'cost', 'RUNNING', 60,"
+                " 'cost', now() FROM unnest($1::uuid[]) WITH ORDINALITY AS u (id, n)",
+                ids,
+                job,
+            )
+            await pool.execute(
+                "INSERT INTO execution_attempts (execution_id, attempt, tenant_id, worker_id, state)"
+                " SELECT id, 1, 'bench-api', 'cost', 'RUNNING' FROM unnest($1::uuid[]) AS u (id)",
+                ids,
+            )
+            outcomes = [Outcome(e, 1, "SUCCEEDED" if k % 2 else "FAILED", error="x") for k, e in enumerate(ids)]
+            started = time.perf_counter()
+            await stores.executions.finish_attempts("cost", outcomes)
+            timings[on].append((time.perf_counter() - started) * 1000)
+        await pool.execute("ALTER TABLE executions ENABLE TRIGGER executions_breaker_counts")
+    finally:
+        await stores.close()
+    return {
+        "batch": size,
+        "finish_ms_with_counts": round(statistics.median(timings[True]), 2),
+        "finish_ms_without": round(statistics.median(timings[False]), 2),
+    }
+
+
 async def main_async(args: argparse.Namespace) -> None:
     shape = Shape(args.shards, 1, args.workers, args.concurrency, durable=False)
     ports = Ports(**{k: v + args.port_offset for k, v in vars(BENCH_PORTS).items()})
@@ -144,7 +197,8 @@ async def main_async(args: argparse.Namespace) -> None:
         bench = Bench(shape, args.root, ports)
         bench.start()
         try:
-            result = await run(bench, args)
+            cost = await finish_cost(bench) if mode.strip() == "on" else {}
+            result = {**await run(bench, args), **({"outcome_write": cost} if cost else {})}
         finally:
             bench.stop()
         line = {"workload": "breaker", "breaker": enabled == "true", **result, **meta}

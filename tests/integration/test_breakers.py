@@ -12,18 +12,22 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from redis.asyncio import Redis
 from sundial_common.broker import KafkaPublisher, ensure_topics
-from sundial_common.hotwindow import HotWindow, retry_member
+from sundial_common.clock import from_ms, to_ms
+from sundial_common.hotwindow import HotWindow, member, retry_member
+from sundial_common.ids import new_id
 from sundial_common.messages import pool_topic
 from sundial_common.metrics import REGISTRY
 from sundial_common.stores import Stores
 from sundial_common.stores.breakers import BreakerSettings
+from sundial_common.stores.dispatch import PlannedExecution
 from sundial_common.stores.executions import Outcome
-from sundial_common.stores.types import RetryDue
-from sundial_sweeper.breakers import BreakerLoop, BreakerLoopConfig
+from sundial_common.stores.types import Occurrence, RetryDue
+from sundial_sweeper.breakers import BreakerLoop, BreakerLoopConfig, release
 
 from tests.integration.test_api import Api, api  # noqa: F401  (the `api` fixture)
 from tests.integration.test_reliability import TENANT, dispatcher, make_executions
@@ -195,3 +199,54 @@ async def test_an_operator_opens_and_closes_a_breaker_over_the_api(api: Api) -> 
     created = await api.create({**body, "breaker": {"firstFires": "HOLD"}})
     assert created.status_code == 201, created.text
     assert created.json()["breaker"] == {"enabled": True, "firstFires": "HOLD"}
+
+
+async def test_first_fires_run_as_usual_unless_the_job_chose_to_hold_them(
+    stores: Stores, client: Redis, pool: str
+) -> None:
+    due = from_ms(to_ms(datetime.now(UTC)))
+    jobs = {}
+    for name, choice in (("run", None), ("hold", {"enabled": True, "firstFires": "HOLD"})):
+        jobs[name] = new_id()
+        await stores.jobs.insert_job(
+            {
+                "id": jobs[name],
+                "tenant_id": TENANT,
+                "name": name,
+                "type": "ONE_SHOT",
+                "run_at": due,
+                "pool": pool,
+                "handler": "down",
+                "timeout_sec": 30,
+                "shard": 0,
+                "next_fire_at": due,
+                "breaker": choice,
+            },
+            actor="test",
+        )
+    await stores.database.pool.execute(
+        "INSERT INTO breakers (tenant_id, pool, handler, state, next_probe_at, cooldown_sec)"
+        " VALUES ($1, $2, 'down', 'OPEN', now() + interval '30 seconds', 30)",
+        TENANT,
+        pool,
+    )
+
+    def plan(rows: Any) -> list[PlannedExecution]:
+        return [PlannedExecution(new_id(), row, None, 1, None, None) for row in rows]
+
+    claims = [Occurrence(j, due) for j in jobs.values()]
+    outcome = await stores.dispatch.dispatch_occurrences(0, 1, "test", claims, plan)
+    assert [p.job["id"] for p in outcome.created] == [jobs["run"]]
+    [held] = outcome.misplaced
+    held_job = await stores.database.pool.fetchrow("SELECT * FROM jobs WHERE id = $1", jobs["hold"])
+    assert held.job_id == jobs["hold"] and held.due == held_job["next_fire_at"]
+    assert held_job["next_fire_at"] > datetime.now(UTC) + timedelta(seconds=25)
+    assert held_job["next_nominal_at"] == due  # the occurrence keeps its time; only its fire moves
+
+    # The breaker closes: the held fire is released within the spread and put back into the hot window.
+    await stores.database.pool.execute("UPDATE breakers SET state = 'CLOSED' WHERE pool = $1", pool)
+    [breaker] = await stores.breakers.tenant_breakers(TENANT, pool, None)
+    assert await release(stores.breakers, HotWindow(client), breaker, SETTINGS.release_spread_sec) == 1
+    released = await stores.database.pool.fetchval("SELECT next_fire_at FROM jobs WHERE id = $1", jobs["hold"])
+    assert released < datetime.now(UTC) + timedelta(seconds=SETTINGS.release_spread_sec)
+    assert await client.zscore(HotWindow(client).key(0), member(jobs["hold"])) == to_ms(released)

@@ -4,8 +4,8 @@ Revision ID: 0016
 Revises: 0015
 Create Date: 2026-11-24
 
-``breaker_counts`` is the sliding window: finished attempts (and how many failed) per (tenant, pool, handler),
-second and writer slot. A statement-level trigger on ``executions`` fills it, like ``execution_events``
+``breaker_counts`` is the sliding window: finished attempts (and how many failed: FAILED, TIMED_OUT, DEAD;
+an attempt whose worker was lost counts neither way) per (tenant, pool, handler), second and writer slot. A statement-level trigger on ``executions`` fills it, like ``execution_events``
 (0010): whoever ends an attempt — a worker's batched outcome write, the sweeper ending a lost or timed-out
 one — counts it in the same transaction without knowing, one ``INSERT … ON CONFLICT`` per statement. The
 ``slot`` (the backend's pid modulo 8) keeps two writers of the same handler off the same row, so counting
@@ -83,7 +83,9 @@ def upgrade() -> None:
                count(*), count(*) FILTER (WHERE n.state <> 'SUCCEEDED')
         FROM new_rows n JOIN old_rows o ON o.id = n.id
         WHERE o.state = 'RUNNING'
-          AND n.state IN ('SUCCEEDED', 'FAILED', 'TIMED_OUT', 'FAILED_WORKER_LOST', 'DEAD')
+          -- FAILED_WORKER_LOST is the worker's failure, not the handler's: a killed worker must not
+          -- open its handlers' breakers (it counts neither way).
+          AND n.state IN ('SUCCEEDED', 'FAILED', 'TIMED_OUT', 'DEAD')
         GROUP BY n.tenant_id, n.pool, n.handler
         -- One order for every writer: two statements never wait on each other's rows in opposite orders.
         ORDER BY n.tenant_id, n.pool, n.handler
