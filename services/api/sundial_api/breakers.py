@@ -14,6 +14,7 @@ from typing import Annotated
 from uuid import UUID
 
 from fastapi import APIRouter, Path, Query
+from opentelemetry import trace
 from starlette.responses import Response
 from sundial_common.stores.breakers import CLOSED, OPEN, Breaker, Transition
 
@@ -80,7 +81,7 @@ async def open_breaker(breaker_id: BreakerId, state: State, principal: Authentic
             failures=current.failures,
         )
     )
-    return OrjsonResponse(render_breaker(_moved(moved, breaker_id)))
+    return OrjsonResponse(render_breaker(_moved(moved, breaker_id, "opened_by_operator")))
 
 
 @router.post(
@@ -98,6 +99,7 @@ async def close_breaker(breaker_id: BreakerId, state: State, principal: Authenti
                 Transition(current, CLOSED, "closed_by_operator", principal.subject, detail={"held": current.held})
             ),
             breaker_id,
+            "closed_by_operator",
         )
     return OrjsonResponse(render_breaker(moved))
 
@@ -122,7 +124,18 @@ async def _get(state: ApiState, tenant: str, raw: str) -> Breaker:
     return breaker
 
 
-def _moved(moved: Breaker | None, raw: str) -> Breaker:
+def _moved(moved: Breaker | None, raw: str, action: str) -> Breaker:
     if moved is None:
         raise ProblemError(409, f"breaker {raw} changed meanwhile; read it again and retry")
+    # The span event of the transition, on the request's span (the sweeper's own moves get one each too).
+    trace.get_current_span().add_event(
+        f"breaker.{action}",
+        {
+            "sundial.tenant": moved.tenant_id,
+            "sundial.pool": moved.pool,
+            "sundial.handler": moved.handler,
+            "sundial.breaker_id": str(moved.id),
+            "sundial.breaker.state": moved.state,
+        },
+    )
     return moved

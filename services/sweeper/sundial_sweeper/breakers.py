@@ -15,7 +15,9 @@ The active sweeper runs this loop (``breakers``) beside its sweep. Each pass:
    ``maxCooldownSec``). A half-open breaker whose probes brought no verdict by their deadline (one cool-down)
    lets new probes through;
 5. a breaker of a tenant that turned its breaker off closes (and releases what it held); a breaker an
-   operator opened (``POST /v1/breakers/{id}:open``) stays open until an operator closes it.
+   operator opened (``POST /v1/breakers/{id}:open``) stays open until an operator closes it; a CLOSED breaker
+   that still holds retries (closed by an operator, or by a sweeper that stopped before releasing) releases
+   them on the next pass.
 
 Every transition is a compare-and-set on the breaker's version with its audit row in the same statement, so
 a second sweeper (after a failover) can only lose the race, and gets a span event (``breaker.opened`` …).
