@@ -65,8 +65,6 @@ class BreakerLoopConfig:
     defaults: BreakerSettings = field(default_factory=BreakerSettings)
     #: Who the audit log names for the loop's transitions.
     actor: str = "sweeper"
-    #: Window counts older than this are deleted (the longest window a tenant may set).
-    keep_counts_sec: float = 3600.0
 
     def __post_init__(self) -> None:
         if not self.interval_sec > 0:
@@ -192,7 +190,9 @@ class BreakerLoop:
         self._state.forget((b.tenant_id, b.pool, b.handler) for b in breakers)
         self._held.forget((b.tenant_id, b.pool, b.handler) for b in breakers)
         if self._pruned_at is None or now - self._pruned_at > timedelta(seconds=60):
-            await self.store.prune_counts(now - timedelta(seconds=max(longest, self.config.keep_counts_sec)))
+            # Only the longest window in use is kept: the table stays a few minutes of buckets, which the
+            # per-pass read scans whole.
+            await self.store.prune_counts(now - timedelta(seconds=longest + 60))
             self._pruned_at = now
         return BreakerPassResult(opened=opened, half_opened=half_opened, closed=closed, released=released)
 
