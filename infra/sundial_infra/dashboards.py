@@ -162,6 +162,11 @@ TENANT = (
         unit="ops",
     ),
     _p("Dead-letter queue size", (f"max(sundial_dead_letter_queue_size{{{T}}})", "DLQ"), kind="stat"),
+    _p(
+        "Retry circuit breakers (0 closed, 1 half-open, 2 open) and retries held",
+        (f"max by (pool, handler) (sundial_breaker_state{{{T}}})", "{{pool}}/{{handler}} state"),
+        (f"max by (pool, handler) (sundial_breaker_held_retries{{{T}}})", "{{pool}}/{{handler}} held"),
+    ),
     _p("Missed fires", (f"sum(increase(sundial_missed_fires_total{{{T}}}[{RI}]))", "missed"), kind="stat"),
     _p("Jobs by state", (f"max by (state) (sundial_jobs{{{T}}})", "{{state}}")),
     _p(

@@ -124,7 +124,21 @@ def most_attempts(outage: float) -> int:
     return failing + 1
 
 
-async def test_a_retry_storm_is_spread_and_capped_by_jittered_backoff(faults: FaultStack) -> None:
+@pytest.fixture
+async def faults_without_breaker(settings_env: dict[str, str], tmp_path: Path) -> AsyncIterator[FaultStack]:
+    # The jittered backoff alone is the subject here; the circuit breaker holding retries through an outage
+    # is tests/e2e/test_retry_breaker.py's.
+    stack = FaultStack(settings_env, tmp_path, extra_env={"SUNDIAL_BREAKER_ENABLED": "false"})
+    stack.start()
+    try:
+        await stack.ready()
+        yield stack
+    finally:
+        await asyncio.to_thread(stack.stop)
+
+
+async def test_a_retry_storm_is_spread_and_capped_by_jittered_backoff(faults_without_breaker: FaultStack) -> None:
+    faults = faults_without_breaker
     outage_sec = 8.0
     policy = {"maxAttempts": 12, "backoff": "EXPONENTIAL", "initialDelayMs": 500, "maxDelayMs": 2000, "jitter": True}
     # Each execution's handler fails for outage_sec from its scheduled time (all within 0.5 s): the outage is

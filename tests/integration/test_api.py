@@ -673,6 +673,9 @@ async def test_openapi_documents_the_api(api: Api) -> None:
         "/v1/jobs/{job_id}:backfill",
         "/v1/backfills/{backfill_id}",
         "/v1/backfills/{backfill_id}/cancel",
+        "/v1/breakers",
+        "/v1/breakers/{breaker_id}:open",
+        "/v1/breakers/{breaker_id}:close",
         "/healthz",
         "/readyz",
     } <= set(spec["paths"])
@@ -703,6 +706,7 @@ async def test_openapi_documents_the_api(api: Api) -> None:
         "catchupPolicy",
         "catchupWindowSec",
         "labels",
+        "breaker",
         "dependsOn",
     } == set(job_create["properties"])
     assert job_create["additionalProperties"] is False

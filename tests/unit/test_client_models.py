@@ -48,6 +48,8 @@ PAIRS: dict[type[BaseModel], str] = {
     models.Percentiles: "Percentiles",
     models.HandlerRanking: "HandlerRanking",
     models.HandlerStats: "HandlerStats",
+    models.Breaker: "BreakerView",
+    models.BreakerList: "BreakerList",
 }
 ENUMS: dict[type[enum.Enum], str] = {
     models.JobType: "JobType",
@@ -144,5 +146,10 @@ def test_every_operation_of_the_api_has_a_client_call(schemas: dict[str, Any]) -
         ("PATCH", "/v1/admin/pools/{name}"),
         ("DELETE", "/v1/admin/pools/{name}"),
         ("GET", "/v1/pools"),
+        ("GET", "/v1/breakers"),
+        ("GET", "/v1/breakers/{breaker_id}"),
+        ("POST", "/v1/breakers/{breaker_id}:open"),
+        ("POST", "/v1/breakers/{breaker_id}:close"),
+        ("GET", "/v1/breakers/{breaker_id}/audit"),
     }
     assert operations == covered

@@ -158,7 +158,7 @@ def test_heartbeat_key() -> None:
 
 def test_load_worker_finds_the_demo_and_explains_mistakes() -> None:
     worker = load_worker("sundial_worker.demo:worker")
-    assert worker.pool == "demo" and worker.registry.names() == ["echo", "fail", "flaky", "sleep"]
+    assert worker.pool == "demo" and worker.registry.names() == ["echo", "fail", "flaky", "outage", "sleep"]
     assert load_worker("sundial_worker.demo") is worker
     with pytest.raises(AppError, match="no module named 'no_such_module'"):
         load_worker("no_such_module:worker")

@@ -24,6 +24,8 @@ from sundial_client.models import (
     BackfillDryRun,
     BackfillRequest,
     BatchResult,
+    Breaker,
+    BreakerList,
     ClusterView,
     Execution,
     ExecutionDetail,
@@ -287,3 +289,23 @@ def delete_pool(name: str) -> Call[None]:
 def instant(value: datetime) -> str:
     """An aware datetime as RFC 3339 (a naive one is sent as is: wall-clock time in the job's zone)."""
     return value.isoformat()
+
+
+def list_breakers(*, pool: str | None = None, state: str | None = None) -> Call[BreakerList]:
+    return Call("GET", "/v1/breakers", _model(BreakerList), params=_query(pool=pool, state=state))
+
+
+def get_breaker(breaker_id: str) -> Call[Breaker]:
+    return Call("GET", f"/v1/breakers/{_id(breaker_id)}", _model(Breaker))
+
+
+def open_breaker(breaker_id: str) -> Call[Breaker]:
+    return Call("POST", f"/v1/breakers/{_id(breaker_id)}:open", _model(Breaker))
+
+
+def close_breaker(breaker_id: str) -> Call[Breaker]:
+    return Call("POST", f"/v1/breakers/{_id(breaker_id)}:close", _model(Breaker))
+
+
+def breaker_audit(breaker_id: str) -> Call[AuditPage]:
+    return Call("GET", f"/v1/breakers/{_id(breaker_id)}/audit", _model(AuditPage))

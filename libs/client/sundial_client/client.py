@@ -28,10 +28,12 @@ from sundial_client.calls import MAX_BATCH, MAX_PAGE, Call
 from sundial_client.errors import ConnectionFailed, raise_for_problem
 from sundial_client.models import (
     AuditEntry,
+    AuditPage,
     Backfill,
     BackfillDryRun,
     BackfillRequest,
     BatchItem,
+    Breaker,
     ClusterView,
     Execution,
     ExecutionDetail,
@@ -182,6 +184,7 @@ class Client:
         self.pools = Pools(self)
         self.replays = Replays(self)
         self.stats = Stats(self)
+        self.breakers = Breakers(self)
 
     def call(self, call: Call[T]) -> T:
         """Send one operation, retrying what is safe to retry (see :mod:`sundial_client.retries`)."""
@@ -529,6 +532,30 @@ def _pages(client: Client, page: Callable[[str | None], calls.Call[PoolList]]) -
         cursor = answer.next_cursor
 
 
+class Breakers:
+    """The tenant's retry circuit breakers, one per (pool, handler) its attempts ran on."""
+
+    def __init__(self, client: Client) -> None:
+        self._c = client
+
+    def list(self, *, pool: str | None = None, state: str | None = None) -> list[Breaker]:
+        return self._c.call(calls.list_breakers(pool=pool, state=state)).items
+
+    def get(self, breaker_id: str) -> Breaker:
+        return self._c.call(calls.get_breaker(breaker_id))
+
+    def open(self, breaker_id: str) -> Breaker:
+        """Hold the handler's retries until :meth:`close` (an operator's open stays open)."""
+        return self._c.call(calls.open_breaker(breaker_id))
+
+    def close(self, breaker_id: str) -> Breaker:
+        """Close it: its window starts again and its held retries are released, spread at random."""
+        return self._c.call(calls.close_breaker(breaker_id))
+
+    def audit(self, breaker_id: str) -> AuditPage:
+        return self._c.call(calls.breaker_audit(breaker_id))
+
+
 class Stats:
     """The tenant's history from the ClickHouse replica (seconds behind Postgres; kept past its retention)."""
 
@@ -577,6 +604,7 @@ class AsyncClient:
         self.schedules = AsyncSchedules(self)
         self.admin = AsyncAdmin(self)
         self.stats = AsyncStats(self)
+        self.breakers = AsyncBreakers(self)
 
     async def call(self, call: Call[T]) -> T:
         """Send one operation, retrying what is safe to retry (see :mod:`sundial_client.retries`)."""
@@ -864,6 +892,26 @@ class AsyncAdmin:
 
     async def delete_pool(self, name: str) -> None:
         await self._c.call(calls.delete_pool(name))
+
+
+class AsyncBreakers:
+    def __init__(self, client: AsyncClient) -> None:
+        self._c = client
+
+    async def list(self, *, pool: str | None = None, state: str | None = None) -> list[Breaker]:
+        return (await self._c.call(calls.list_breakers(pool=pool, state=state))).items
+
+    async def get(self, breaker_id: str) -> Breaker:
+        return await self._c.call(calls.get_breaker(breaker_id))
+
+    async def open(self, breaker_id: str) -> Breaker:
+        return await self._c.call(calls.open_breaker(breaker_id))
+
+    async def close(self, breaker_id: str) -> Breaker:
+        return await self._c.call(calls.close_breaker(breaker_id))
+
+    async def audit(self, breaker_id: str) -> AuditPage:
+        return await self._c.call(calls.breaker_audit(breaker_id))
 
 
 class AsyncStats:

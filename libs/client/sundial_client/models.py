@@ -136,6 +136,8 @@ class NewJob(_ScheduleFields):
     timeout_sec: int | None = None
     priority: Priority | None = None
     labels: dict[str, str] | None = None
+    #: ``{"enabled": bool, "firstFires": "RUN" | "HOLD"}``: how the job meets its handler's circuit breaker.
+    breaker: dict[str, Any] | None = None
     depends_on: list[Dependency] | None = None
 
 
@@ -182,6 +184,7 @@ class Job(_Wire):
     missed_fires: int
     version: int
     labels: dict[str, str] = Field(default_factory=dict)
+    breaker: dict[str, Any] | None = None
     created_at: datetime
     updated_at: datetime
 
@@ -199,6 +202,8 @@ class Execution(_Wire):
     attempt: int
     max_attempts: int
     next_attempt_at: datetime | None = None
+    #: The retry circuit breaker holding this retry (``GET /v1/breakers/{id}``); None when none holds it.
+    held_by: str | None = None
     shard: int
     fence_token: int
     pool: str
@@ -454,6 +459,8 @@ class Tenant(_Wire):
     weight: int
     quotas: Quotas
     default_jitter_sec: int
+    #: The tenant's own retry circuit breaker settings (None: the service defaults).
+    breaker: dict[str, Any] | None = None
     state: str
     version: int
     created_at: datetime | None
@@ -484,3 +491,27 @@ class Pool(_Wire):
 class PoolList(_Wire):
     items: list[Pool]
     next_cursor: str | None
+
+
+class Breaker(_Wire):
+    """A handler's retry circuit breaker (``GET /v1/breakers``): CLOSED, OPEN (retries held) or HALF_OPEN."""
+
+    id: str
+    pool: str
+    handler: str
+    state: str
+    failure_ratio: float | None
+    attempts: int
+    failures: int
+    held: int
+    opened_at: datetime | None
+    next_probe_at: datetime | None
+    cooldown_sec: float
+    probes_sent: int
+    opens: int
+    manual: bool
+    updated_at: datetime
+
+
+class BreakerList(_Wire):
+    items: list[Breaker]

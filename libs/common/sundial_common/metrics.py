@@ -182,6 +182,18 @@ MISSED_FIRES = Counter(
     ["tenant"],
     registry=REGISTRY,
 )
+BREAKER_STATE = Gauge(
+    "sundial_breaker_state",
+    "A handler's retry circuit breaker: 0 CLOSED, 1 HALF_OPEN, 2 OPEN (active sweeper only).",
+    ["tenant", "pool", "handler"],
+    registry=REGISTRY,
+)
+BREAKER_HELD = Gauge(
+    "sundial_breaker_held_retries",
+    "Scheduled retries a handler's circuit breaker holds (active sweeper only).",
+    ["tenant", "pool", "handler"],
+    registry=REGISTRY,
+)
 HOT_WINDOW_MEMBERS = Gauge(
     "sundial_hot_window_members",
     "Members of a shard's Redis hot window (active hydrator).",

@@ -33,6 +33,7 @@ from sundial_api import (
     audit,
     backfills,
     batch,
+    breakers,
     executions,
     health,
     job_list,
@@ -172,6 +173,7 @@ def create_app(settings: ApiSettings | None = None, *, clock: Clock | None = Non
     app.include_router(audit.router)
     app.include_router(pools.admin_router)
     app.include_router(pools.router)
+    app.include_router(breakers.router)
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:

@@ -256,6 +256,7 @@ def _definition(body: JobCreate, resolved: Resolved, default_timeout_sec: int, c
         "timeout_sec": body.timeout_sec if body.timeout_sec is not None else default_timeout_sec,
         "priority": body.priority.value,
         "labels": body.labels,
+        "breaker": body.breaker.model_dump(mode="json", by_alias=True) if body.breaker is not None else None,
     }
 
 
@@ -553,6 +554,7 @@ def _as_body(row: Record, cipher: TenantCipher) -> dict[str, Any]:
         "timeoutSec": row["timeout_sec"],
         "priority": row["priority"],
         "labels": row["labels"],
+        "breaker": row["breaker"],
     }
     if row["type"] == JobType.DEPENDENT:
         body.pop("overlapPolicy")  # its catch-up policy applies to late triggers; overlap is not its

@@ -19,9 +19,11 @@ from fastapi import APIRouter, Path, Query
 from redis.exceptions import RedisError
 from starlette.responses import Response
 from sundial_common.auth import Principal
+from sundial_common.stores.breakers import BreakerSettings
 from sundial_common.stores.tenants import ACTIVE, SUSPENDED, Quotas, Tenant
 
 from sundial_api.auth import Authenticated
+from sundial_api.models.breakers import BreakerSettingsBody
 from sundial_api.models.tenants import QuotasBody, TenantCreate, TenantList, TenantPatch, TenantView, render_tenant
 from sundial_api.problems import ProblemError, field_error, invalid, responses
 from sundial_api.responses import OrjsonResponse
@@ -97,6 +99,18 @@ def _quotas(body: QuotasBody) -> Quotas:
     )
 
 
+def _breaker(body: BreakerSettingsBody | None) -> dict[str, Any] | None:
+    """The overrides to store; 422 naming the field when they do not make sense together with the defaults
+    (``maxCooldownSec`` below ``cooldownSec``)."""
+    overrides = body.overrides() if body is not None else None
+    try:
+        BreakerSettings().merged(overrides)
+    except ValueError as exc:
+        field, _, message = str(exc).partition(" ")
+        raise invalid(f"breaker.{field}", message) from None
+    return overrides
+
+
 def _answer(state: ApiState, tenant: Tenant, status_code: int = 200) -> Response:
     state.tenant_cache.put(tenant)
     headers = {"ETag": f'"{tenant.version}"'}
@@ -127,6 +141,7 @@ async def create_tenant(body: TenantCreate, state: State, principal: Authenticat
         weight=body.weight,
         quotas=_quotas(body.quotas),
         default_jitter_sec=body.default_jitter_sec,
+        breaker=_breaker(body.breaker),
     )
     created = await state.stores.tenants.create_tenant(tenant)
     if created is None:
@@ -167,7 +182,7 @@ async def get_tenant(tenant_id: TenantId, state: State, principal: Authenticated
     "/{tenant_id}",
     response_model=TenantView,
     responses=responses(401, 403, 404, 412, 422, 503),
-    summary="Change a tenant's display name, weight, quotas or default jitter",
+    summary="Change a tenant's display name, weight, quotas, default jitter or breaker settings",
 )
 async def update_tenant(tenant_id: TenantId, body: TenantPatch, state: State, principal: Authenticated) -> Response:
     _admin(principal)
@@ -184,6 +199,8 @@ async def update_tenant(tenant_id: TenantId, body: TenantPatch, state: State, pr
         if body.default_jitter_sec is None:
             raise invalid("defaultJitterSec", "cannot be null (0 turns it off)")
         changes["default_jitter_sec"] = body.default_jitter_sec
+    if "breaker" in given:
+        changes["breaker"] = _breaker(body.breaker)
     if "quotas" in given:
         new = body.quotas or QuotasBody()
         merged = {

@@ -12,7 +12,10 @@ When the leader claims such members it runs the same three steps as for a job (s
    rejected, DESIGN invariant 4) and compare-and-swaps each due retry from its failed state to PENDING
    with ``attempt + 1`` and this term's token (invariant 3). A member whose execution was cancelled or has
    already been retried matches nothing; one that raced ahead of a re-scheduled retry goes back at the
-   right score.
+   right score. Retries of a handler whose circuit breaker is OPEN are **held** in the same transaction
+   (:func:`sundial_common.stores.breakers.gate_retries`): not attempted, their attempt number unchanged,
+   their ``next_attempt_at`` moved to the breaker's next probe (they come back as misplaced members at
+   that score); a HALF_OPEN breaker lets its few probes through.
 3. **Publish** the next attempts to their pools' topics, then mark them published. A crash before that
    leaves PENDING rows the sweeper republishes. A worker still holding the previous attempt loses every
    compare-and-swap: its attempt number is no longer the execution's.
@@ -52,6 +55,10 @@ class RetryResult:
     retried: int = 0
     published: int = 0
     publish_failed: int = 0
+    #: Claimed retries an open breaker held (back in the hot window at the breaker's next probe).
+    held: int = 0
+    #: Retries a half-open breaker let through as probes (among ``retried``).
+    probes: int = 0
 
 
 class RetryDispatcher:
@@ -88,8 +95,10 @@ class RetryDispatcher:
             await self.hot_window.add_retries(
                 self.shard, [r for r in outcome.misplaced if r.due < horizon], only_new=True
             )
+        if outcome.held:
+            log.info("shard %d: %d retries held by open circuit breakers", self.shard, outcome.held)
         if not outcome.dispatched:
-            return RetryResult()
+            return RetryResult(held=outcome.held)
         count_dispatched((row["tenant_id"], row["pool"]) for row in outcome.dispatched)
         messages: list[ExecutionMessage] = []
         spans: list[Span] = []
@@ -127,7 +136,9 @@ class RetryDispatcher:
             # Not lost: they are PENDING and unpublished, and the sweeper sends them again.
             log.warning("shard %d: %d retry publishes failed; the sweeper will send them", self.shard, failed)
         await self.store.mark_published(sent)
-        return RetryResult(retried=len(messages), published=len(sent), publish_failed=failed)
+        return RetryResult(
+            retried=len(messages), published=len(sent), publish_failed=failed, held=outcome.held, probes=outcome.probes
+        )
 
     def _message(self, row: Record, parent: str | None) -> ExecutionMessage:
         return ExecutionMessage(

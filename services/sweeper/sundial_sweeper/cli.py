@@ -1,4 +1,5 @@
-"""`sundial sweeper`: end attempts whose worker was lost, republish executions whose messages were lost.
+"""`sundial sweeper`: end attempts whose worker was lost, republish executions whose messages were lost, and
+move the retry circuit breakers (:mod:`sundial_sweeper.breakers`).
 
 Run several replicas: one is active (elected in etcd, see ``sundial_common.singleton``), the others stand by
 and take over within a lease TTL.
@@ -18,6 +19,7 @@ from sundial_common.settings import SettingsHelpParser, load_settings
 from sundial_common.singleton import run_singleton
 from sundial_common.stores import Stores
 
+from sundial_sweeper.breakers import BreakerLoop
 from sundial_sweeper.broker_restart import BrokerRestartRepublisher
 from sundial_sweeper.settings import SweeperSettings
 from sundial_sweeper.sweeper import Sweeper
@@ -31,7 +33,8 @@ def main(argv: list[str] | None = None) -> int:
         prog="sundial sweeper",
         description="Find executions that fell between the cracks: attempts whose worker stopped heartbeating or "
         "that ran past their timeout (ended and retried by the job's policy), executions never published or "
-        "published and never started (published again), dead letters (to sundial.dlq). Run several replicas: one "
+        "published and never started (published again), dead letters (to sundial.dlq); and it moves the retry "
+        "circuit breakers (SUNDIAL_BREAKER_*, sundial_sweeper.breakers). Run several replicas: one "
         "is active (elected through etcd), the others stand by and take over within a lease TTL "
         "(env SUNDIAL_LEASE_TTL_SEC).",
     )
@@ -56,6 +59,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             restart = BrokerRestartRepublisher(stores.dispatch, publisher, incarnation, config.batch_size)
             sweeper = Sweeper(stores, publisher, config, redis=redis, broker_restart=restart)
+            breaker_config = settings.breaker_config()
+            breakers = BreakerLoop(stores.breakers, sweeper.hot_window, breaker_config)
             log.info("sweeper started")
 
             async def sweep_while_leading(until: asyncio.Event) -> None:
@@ -63,9 +68,15 @@ def main(argv: list[str] | None = None) -> int:
                 # looks unstarted, and republishing them back to back doubled the broker's and the
                 # workers' load exactly when they were behind (bench W3 at 5,000/s).
                 try:
-                    await every(until, config.interval_sec, sweeper.run_once, name="sweep")
+                    async with asyncio.TaskGroup() as loops:
+                        loops.create_task(every(until, config.interval_sec, sweeper.run_once, name="sweep"))
+                        loops.create_task(
+                            every(until, breaker_config.interval_sec, breakers.run_once, name="breakers"),
+                            name="breakers",
+                        )
                 finally:
                     sweeper.forget_gauges()
+                    breakers.forget_gauges()
 
             await run_singleton(stop, "sweeper", settings, sweep_while_leading)
         finally:

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from pydantic import Field
 from sundial_common.settings import CommonSettings
+from sundial_common.stores.breakers import BreakerSettings
 
+from sundial_sweeper.breakers import BreakerLoopConfig
 from sundial_sweeper.sweeper import SweeperConfig
+
+_B = BreakerSettings()
 
 
 class SweeperSettings(CommonSettings):
@@ -30,6 +34,41 @@ class SweeperSettings(CommonSettings):
     sweeper_gauges_interval_sec: float = Field(
         15.0, gt=0, description="Seconds between samples of sundial_jobs and sundial_dead_letter_queue_size."
     )
+
+    # The retry circuit breaker's defaults (a tenant overrides any of them: the admin tenants API's `breaker`).
+    breaker_interval_sec: float = Field(1.0, gt=0, description="Seconds between passes of the breaker loop.")
+    breaker_enabled: bool = Field(_B.enabled, description="Breakers open at all (a tenant may turn its own off).")
+    breaker_failure_ratio: float = Field(
+        _B.failure_ratio, gt=0, le=1, description="A breaker opens at this share of failed attempts in the window."
+    )
+    breaker_min_attempts: int = Field(
+        _B.min_attempts, ge=1, description="... of at least this many finished attempts in the window."
+    )
+    breaker_window_sec: float = Field(_B.window_sec, ge=1, le=3600, description="The sliding window, seconds.")
+    breaker_cooldown_sec: float = Field(
+        _B.cooldown_sec, ge=1, description="Open this long before half-open probes; doubled at each re-open."
+    )
+    breaker_max_cooldown_sec: float = Field(_B.max_cooldown_sec, ge=1, description="The longest cool-down.")
+    breaker_probes: int = Field(_B.probes, ge=1, le=100, description="Retries a half-open breaker lets through.")
+    breaker_release_spread_sec: float = Field(
+        _B.release_spread_sec, ge=0, description="A closing breaker releases its held retries over this many seconds."
+    )
+
+    def breaker_config(self) -> BreakerLoopConfig:
+        return BreakerLoopConfig(
+            interval_sec=self.breaker_interval_sec,
+            defaults=BreakerSettings(
+                enabled=self.breaker_enabled,
+                failure_ratio=self.breaker_failure_ratio,
+                min_attempts=self.breaker_min_attempts,
+                window_sec=self.breaker_window_sec,
+                cooldown_sec=self.breaker_cooldown_sec,
+                max_cooldown_sec=self.breaker_max_cooldown_sec,
+                probes=self.breaker_probes,
+                release_spread_sec=self.breaker_release_spread_sec,
+            ),
+            actor=f"sweeper:{self.instance_id}",
+        )
 
     def sweeper_config(self, interval_sec: float | None = None) -> SweeperConfig:
         return SweeperConfig(

@@ -22,6 +22,8 @@ one Postgres implementation and its own file of named queries under ``sql/``:
 - :mod:`~sundial_common.stores.audit` — jobs' and executions' audit trails (the rows are written by each change's
   own statement) and execution events recorded outside a change.
 - :mod:`~sundial_common.stores.pools` — the pool registry: owner or shared tenants, kind, job defaults.
+- :mod:`~sundial_common.stores.breakers` — retry circuit breakers per (tenant, pool, handler), their window
+  counts, the retries they hold.
 
 They share one :class:`~sundial_common.stores.database.Database` (the asyncpg pool and its connection
 setup); :class:`Stores` holds them together for a process. The values they trade in that are not one
@@ -36,6 +38,7 @@ from dataclasses import dataclass
 from sundial_common.stores.analytics import AnalyticsStore, PostgresAnalyticsStore
 from sundial_common.stores.audit import AuditStore, PostgresAuditStore
 from sundial_common.stores.backfills import BackfillStore, PostgresBackfillStore
+from sundial_common.stores.breakers import BreakerStore, PostgresBreakerStore
 from sundial_common.stores.database import Database
 from sundial_common.stores.dependencies import DependencyStore, PostgresDependencyStore
 from sundial_common.stores.dispatch import DispatchStore, PostgresDispatchStore
@@ -67,6 +70,7 @@ class Stores:
     backfills: BackfillStore
     audit: AuditStore
     pools: PoolStore
+    breakers: BreakerStore
 
     @classmethod
     def over(cls, database: Database) -> Stores:
@@ -86,6 +90,7 @@ class Stores:
             backfills=PostgresBackfillStore(database),
             audit=PostgresAuditStore(database),
             pools=PostgresPoolStore(database),
+            breakers=PostgresBreakerStore(database),
         )
 
     @classmethod

@@ -26,7 +26,7 @@ from sundial_common.stores.database import Database
 
 Q = load_file("audit.sql")
 
-Entity = Literal["job", "execution"]
+Entity = Literal["job", "execution", "breaker"]
 
 
 @dataclass(frozen=True, slots=True)

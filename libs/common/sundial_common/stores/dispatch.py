@@ -20,6 +20,7 @@ from typing import Protocol, cast
 from uuid import UUID
 
 from sundial_common.queries import load_file
+from sundial_common.stores.breakers import gate_retries, hold_first_fires
 from sundial_common.stores.database import Database
 from sundial_common.stores.types import Occurrence, Record, RetryDue
 
@@ -118,6 +119,10 @@ class RetryDispatch:
     dispatched: list[Record]
     #: Claimed members whose retry is scheduled later than claimed, at the score they belong at.
     misplaced: list[RetryDue]
+    #: Claims held by an open breaker (among ``misplaced``: they go back at their breaker's next probe).
+    held: int = 0
+    #: Claims a half-open breaker let through as its probes (among ``dispatched``).
+    probes: int = 0
 
 
 #: Decides, for the locked due jobs, what to create: a plain list (one execution per job, each advancing its
@@ -231,6 +236,10 @@ class PostgresDispatchStore:
                     for row in rows
                     if row["belongs_at"] is not None and row["belongs_at"] > row["claimed_due"]
                 ]
+            # Jobs that chose to hold their first fires while their handler's breaker is open fire later.
+            if held := await hold_first_fires(conn, due):
+                due = [row for row in due if row["id"] not in held]
+                misplaced += [Occurrence(job_id, at) for job_id, at in held.items()]
             decided = plan(due) if due else empty
             if isinstance(decided, list):
                 decided = DispatchPlan(
@@ -315,7 +324,13 @@ class PostgresDispatchStore:
         async with self._db.pool.acquire() as conn, conn.transaction():
             if await conn.fetchval(Q["raise_fence"], shard, token, holder) is None:
                 raise FencedOut(shard, token)
-            rows = await conn.fetch(Q["dispatch_retries"], ids, [c.due for c in claims], shard, token, holder)
+            # Retries of a handler whose breaker is open are held in this same fenced transaction: a leader
+            # change can neither let them out early nor lose them (they come back below as misplaced).
+            gate = await gate_retries(conn, ids)
+            go = [c for c in claims if c.execution_id not in gate.held]
+            rows = await conn.fetch(
+                Q["dispatch_retries"], [c.execution_id for c in go], [c.due for c in go], shard, token, holder
+            )
             if len(rows) < len(claims):
                 done = {row["id"] for row in rows}
                 claimed = {c.execution_id: c.due for c in claims}
@@ -325,7 +340,7 @@ class PostgresDispatchStore:
                     for row in later
                     if row["next_attempt_at"] > claimed[row["id"]]
                 ]
-        return RetryDispatch(cast(list[Record], rows), misplaced)
+        return RetryDispatch(cast(list[Record], rows), misplaced, held=len(gate.held), probes=len(gate.probes))
 
     # --- the outbox (dispatcher, sweeper) ----------------------------------------------------
 

@@ -172,6 +172,7 @@ class PostgresJobStore:
             actor,
             dict(detail),
             values.get("labels", current["labels"]),
+            values.get("breaker", current["breaker"]),
         )
         return cast(Record | None, row)
 
@@ -323,4 +324,5 @@ def _job_args(values: Mapping[str, Any], actor: str) -> tuple[Any, ...]:
         values.get("catchup_window_sec", 60),
         values.get("next_nominal_at", values.get("next_fire_at")),
         values.get("labels", {}),
+        values.get("breaker"),
     )

@@ -1,4 +1,5 @@
-"""The tenant store: the registry of tenants (display name, weight, quotas, default cron jitter, state).
+"""The tenant store: the registry of tenants (display name, weight, quotas, default cron jitter, state, retry
+circuit breaker settings).
 
 A tenant must be registered, and ACTIVE, for the API to accept its tokens (the API caches the registry
 for a few seconds, :mod:`sundial_api.tenants`); the dispatcher reads every tenant's weight, quotas and
@@ -7,7 +8,7 @@ state for its fair pass. A quota that is None is unlimited. SQL: ``sql/tenants.s
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from datetime import datetime
 from typing import Any, Protocol
@@ -52,6 +53,8 @@ class Tenant:
     #: Jitter applied to CRON jobs that give no ``jitterSec`` of their own (spreads midnight stampedes).
     default_jitter_sec: int = 0
     state: str = ACTIVE
+    #: Retry circuit breaker settings of its own (camelCase keys of ``BreakerSettings``); None: the defaults.
+    breaker: Mapping[str, Any] | None = None
     version: int = 1
     created_at: datetime | None = None
     updated_at: datetime | None = None
@@ -69,6 +72,7 @@ class Tenant:
             quotas=Quotas(**{name: row[name] for name in QUOTA_FIELDS}),
             default_jitter_sec=row["default_jitter_sec"],
             state=row["state"],
+            breaker=row["breaker"],
             version=row["version"],
             created_at=row["created_at"],
             updated_at=row["updated_at"],
@@ -87,6 +91,7 @@ def _args(tenant: Tenant) -> tuple[Any, ...]:
         q.max_dispatch_per_sec,
         tenant.default_jitter_sec,
         tenant.state,
+        dict(tenant.breaker) if tenant.breaker is not None else None,
     )
 
 

@@ -18,7 +18,8 @@ class AuditEntry(ViewModel):
     action: str = Field(
         description="Jobs: `create`, `update`, `pause`, `resume`, `trigger`, `cancel` (DELETE), `complete`, `missed`. "
         "Executions: `dispatch`, `skip`, `start`, `finish`, `retry`, `retry_request`, `sweep`, `dead`, `cancel`, "
-        "`cancel_request`, or an event a worker recorded (e.g. `refused`)."
+        "`cancel_request`, or an event a worker recorded (e.g. `refused`). Breakers: `opened`, `half_opened`, "
+        "`probes_renewed`, `reopened`, `closed`, `opened_by_operator`, `closed_by_operator`."
     )
     from_state: str | None = Field(description="The state before the change (null: created, or unchanged).")
     to_state: str | None = Field(description="The state after it (null: the state did not change).")

@@ -45,6 +45,12 @@ class Execution(ViewModel):
     next_attempt_at: datetime | None = Field(
         None, description="While a retry is scheduled (after a failed attempt with attempts left): when it is due."
     )
+    held_by: str | None = Field(
+        None,
+        description="The retry circuit breaker holding this retry (`GET /v1/breakers/{id}`): the execution keeps "
+        "its failed state and attempt number, and `nextAttemptAt` is pushed out to the breaker's next probe until "
+        "the breaker closes and releases it. Null when no breaker holds it.",
+    )
     shard: int
     fence_token: int = Field(description="Leadership token of the dispatcher that created it (for dedupe).")
     pool: str
@@ -105,6 +111,7 @@ def render_execution(row: Mapping[str, Any], trace_link_template: str | None, ci
         "attempt": row["attempt"],
         "maxAttempts": row["max_attempts"],
         "nextAttemptAt": row.get("next_attempt_at"),
+        "heldBy": str(row["held_by"]) if row.get("held_by") is not None else None,
         "shard": row["shard"],
         "fenceToken": row["fence_token"],
         "pool": row["pool"],

@@ -13,6 +13,7 @@ from pydantic import ConfigDict, Field, StrictBool, StrictInt, StrictStr, Valida
 from sundial_common.encryption import PAYLOAD, TenantCipher
 from sundial_common.messages import POOL_NAME
 
+from sundial_api.models.breakers import JobBreaker, JobBreakerView
 from sundial_api.models.common import RequestModel, ViewModel
 from sundial_api.models.executions import Execution
 from sundial_api.models.schedules import JobType, ScheduleFields, recurring_only
@@ -228,6 +229,11 @@ class JobCreate(ScheduleFields):
         "1–63 letters, digits, `.`, `_`, `/`, `-`; values strings of at most 255 characters.",
         examples=[{"team": "growth", "campaign": "spring"}],
     )
+    breaker: JobBreaker | None = Field(
+        None,
+        description="How the job meets its handler's retry circuit breaker (`GET /v1/breakers`): opt out of it, "
+        "or hold first fires too while it is open. Absent: retries are held, first fires run as usual.",
+    )
     depends_on: list[Dependency] | None = Field(
         None,
         description="DEPENDENT only, required: the parent jobs (1 to 10, same tenant) and the state each one's "
@@ -302,6 +308,7 @@ class JobPatch(RequestModel):
     timeout_sec: Any = _patch_field("As in the job body.")
     priority: Any = _patch_field("As in the job body.")
     labels: Any = _patch_field("As in the job body (the whole map; null clears every label).")
+    breaker: Any = _patch_field("As in the job body (the whole object; null: the defaults).")
     depends_on: Any = _patch_field(
         "DEPENDENT jobs: the whole list of parents, checked as at creation (a cycle is refused with 422)."
     )
@@ -351,6 +358,7 @@ class Job(ViewModel):
     )
     version: int = Field(description="Grows by one on every change to the job; send it back in `If-Match`.")
     labels: dict[str, str] = Field(default_factory=dict)
+    breaker: JobBreakerView | None = Field(None, description="The job's own breaker choice (null: the defaults).")
     created_at: datetime
     updated_at: datetime
 
@@ -417,6 +425,7 @@ def render_job(row: Mapping[str, Any], cipher: TenantCipher) -> dict[str, Any]:
         "missedFires": row["missed_fires"],
         "version": row["version"],
         "labels": row["labels"],
+        "breaker": row.get("breaker"),
         "createdAt": row["created_at"],
         "updatedAt": row["updated_at"],
     }

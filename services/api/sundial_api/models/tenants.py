@@ -10,6 +10,7 @@ from pydantic import Field, StrictFloat, StrictInt, StrictStr
 from sundial_common.auth import TENANT
 from sundial_common.stores.tenants import Tenant
 
+from sundial_api.models.breakers import BreakerSettingsBody, BreakerSettingsView
 from sundial_api.models.common import RequestModel, ViewModel
 from sundial_api.models.jobs import MAX_JITTER_SEC
 
@@ -58,6 +59,9 @@ class TenantCreate(RequestModel):
         description="Jitter given to the tenant's CRON jobs that set no `jitterSec` of their own (spreads "
         "`0 0 * * *` stampedes over this window; a job opts out with `jitterSec: 0`).",
     )
+    breaker: BreakerSettingsBody | None = Field(
+        None, description="Retry circuit breaker settings of the tenant's own (absent: the service defaults)."
+    )
 
 
 class TenantPatch(RequestModel):
@@ -67,6 +71,9 @@ class TenantPatch(RequestModel):
     weight: Annotated[StrictInt, Field(ge=1, le=MAX_WEIGHT)] | None = None
     quotas: QuotasBody | None = None
     default_jitter_sec: Annotated[StrictInt, Field(ge=0, le=MAX_JITTER_SEC)] | None = None
+    breaker: BreakerSettingsBody | None = Field(
+        None, description="Replaces the tenant's breaker settings (null or `{}`: back to the service defaults)."
+    )
 
 
 class QuotasView(ViewModel):
@@ -82,6 +89,9 @@ class TenantView(ViewModel):
     weight: int
     quotas: QuotasView
     default_jitter_sec: int
+    breaker: BreakerSettingsView | None = Field(
+        None, description="The tenant's own retry circuit breaker settings (null: the service defaults)."
+    )
     state: TenantState
     version: int
     created_at: datetime | None
@@ -106,6 +116,7 @@ def render_tenant(tenant: Tenant) -> dict[str, object]:
             "maxDispatchPerSec": q.max_dispatch_per_sec,
         },
         "defaultJitterSec": tenant.default_jitter_sec,
+        "breaker": dict(tenant.breaker) if tenant.breaker is not None else None,
         "state": tenant.state,
         "version": tenant.version,
         "createdAt": tenant.created_at,

@@ -14,9 +14,9 @@ WITH tenant AS (
     INSERT INTO jobs (id, tenant_id, name, type, schedule, timezone, run_at, delay_seconds, pool, handler,
                       payload, retry_policy, timeout_sec, priority, state, shard, next_fire_at, traceparent,
                       interval_sec, run_list, start_at, end_at, max_runs, jitter_sec, overlap_policy,
-                      catchup_policy, catchup_window_sec, next_nominal_at, labels)
+                      catchup_policy, catchup_window_sec, next_nominal_at, labels, breaker)
     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18,
-            $20, $21, $22, $23, $24, $25, $26, $27, $28, $29, $30)
+            $20, $21, $22, $23, $24, $25, $26, $27, $28, $29, $30, $31)
     RETURNING *
 ), audit AS (
     INSERT INTO audit_log (tenant_id, entity, entity_id, action, to_state, actor)
@@ -35,11 +35,11 @@ WITH input AS (
     INSERT INTO jobs (id, tenant_id, name, type, schedule, timezone, run_at, delay_seconds, pool, handler,
                       payload, retry_policy, timeout_sec, priority, state, shard, next_fire_at, traceparent,
                       interval_sec, run_list, start_at, end_at, max_runs, jitter_sec, overlap_policy,
-                      catchup_policy, catchup_window_sec, next_nominal_at, labels)
+                      catchup_policy, catchup_window_sec, next_nominal_at, labels, breaker)
     SELECT id, tenant_id, name, type, schedule, timezone, run_at, delay_seconds, pool, handler,
            payload, retry_policy, timeout_sec, priority, state, shard, next_fire_at, traceparent,
            interval_sec, run_list, start_at, end_at, max_runs, jitter_sec, overlap_policy,
-           catchup_policy, catchup_window_sec, next_nominal_at, labels
+           catchup_policy, catchup_window_sec, next_nominal_at, labels, breaker
     FROM input
     RETURNING *
 ), audit AS (
@@ -120,7 +120,7 @@ WITH job AS (
         handler = $13, payload = $14, retry_policy = $15, timeout_sec = $16, priority = $17, interval_sec = $18,
         run_list = $19, start_at = $20, end_at = $21, max_runs = $22, jitter_sec = $23, overlap_policy = $24,
         catchup_policy = $25, catchup_window_sec = $26, next_fire_at = $27, next_nominal_at = $28, state = $29,
-        labels = $32, version = j.version + 1, updated_at = now()
+        labels = $32, breaker = $33, version = j.version + 1, updated_at = now()
     WHERE j.id = $1 AND j.tenant_id = $2 AND j.version = $3 AND j.next_fire_at IS NOT DISTINCT FROM $4
       AND j.state = $5
     RETURNING j.*

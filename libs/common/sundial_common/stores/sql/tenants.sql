@@ -4,8 +4,8 @@
 -- name: create_tenant
 -- A new tenant; no row when the id is taken.
 INSERT INTO tenants (id, display_name, weight, max_active_jobs, max_creates_per_sec, max_concurrent_executions,
-                     max_dispatch_per_sec, default_jitter_sec, state)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+                     max_dispatch_per_sec, default_jitter_sec, state, breaker)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
 ON CONFLICT (id) DO NOTHING
 RETURNING *;
 
@@ -20,12 +20,12 @@ SELECT * FROM tenants WHERE $1::text IS NULL OR id > $1 ORDER BY id LIMIT $2;
 SELECT * FROM tenants ORDER BY id;
 
 -- name: update_tenant
--- Every registry field at once (the API merges a PATCH into the current row); $10 NULL: any version.
+-- Every registry field at once (the API merges a PATCH into the current row); $11 NULL: any version.
 UPDATE tenants
 SET display_name = $2, weight = $3, max_active_jobs = $4, max_creates_per_sec = $5,
     max_concurrent_executions = $6, max_dispatch_per_sec = $7, default_jitter_sec = $8, state = $9,
-    version = version + 1, updated_at = now()
-WHERE id = $1 AND ($10::integer IS NULL OR version = $10)
+    breaker = $10, version = version + 1, updated_at = now()
+WHERE id = $1 AND ($11::integer IS NULL OR version = $11)
 RETURNING *;
 
 -- name: count_open_jobs

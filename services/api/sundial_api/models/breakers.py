@@ -1,0 +1,142 @@
+"""Retry circuit breakers as the API shows them (`/v1/breakers`), a tenant's breaker settings (the admin
+tenants API's `breaker`), and a job's own `breaker` choice."""
+
+from __future__ import annotations
+
+import enum
+from datetime import datetime
+from typing import Annotated, Any
+
+from pydantic import Field, StrictBool, StrictFloat, StrictInt
+from sundial_common.stores.breakers import Breaker, BreakerSettings
+
+from sundial_api.models.common import RequestModel, ViewModel
+
+_D = BreakerSettings()
+
+Seconds = Annotated[StrictFloat | StrictInt, Field(ge=1, le=86400)]
+
+
+class BreakerState(enum.StrEnum):
+    CLOSED = "CLOSED"
+    OPEN = "OPEN"
+    HALF_OPEN = "HALF_OPEN"
+
+
+class FirstFires(enum.StrEnum):
+    RUN = "RUN"
+    HOLD = "HOLD"
+
+
+class BreakerSettingsBody(RequestModel):
+    """A tenant's retry circuit breaker settings; a field left out (or null) takes the service default
+    (`SUNDIAL_BREAKER_*`, shown here as each field's default)."""
+
+    enabled: StrictBool | None = Field(
+        None, description=f"Breakers of this tenant open at all (default {str(_D.enabled).lower()})."
+    )
+    failure_ratio: Annotated[StrictFloat | StrictInt, Field(gt=0, le=1)] | None = Field(
+        None, description=f"Opens at this share of failed attempts in the window (default {_D.failure_ratio:g})."
+    )
+    min_attempts: Annotated[StrictInt, Field(ge=1, le=1_000_000)] | None = Field(
+        None, description=f"... of at least this many finished attempts (default {_D.min_attempts})."
+    )
+    window_sec: Annotated[StrictFloat | StrictInt, Field(ge=1, le=3600)] | None = Field(
+        None, description=f"The sliding window, seconds (default {_D.window_sec:g})."
+    )
+    cooldown_sec: Seconds | None = Field(
+        None,
+        description=f"Open this long before half-open probes; doubled at each re-open (default {_D.cooldown_sec:g}).",
+    )
+    max_cooldown_sec: Seconds | None = Field(
+        None, description=f"The longest cool-down (default {_D.max_cooldown_sec:g}); at least `cooldownSec`."
+    )
+    probes: Annotated[StrictInt, Field(ge=1, le=100)] | None = Field(
+        None, description=f"Retries a half-open breaker lets through as probes (default {_D.probes})."
+    )
+    release_spread_sec: Annotated[StrictFloat | StrictInt, Field(ge=0, le=3600)] | None = Field(
+        None,
+        description=f"A closing breaker releases its held retries at random over this many seconds "
+        f"(default {_D.release_spread_sec:g}).",
+    )
+
+    def overrides(self) -> dict[str, Any] | None:
+        """The fields given, camelCase, as ``tenants.breaker`` stores them (None: all defaults)."""
+        given = {f: getattr(self, f) for f in self.model_fields_set if getattr(self, f) is not None}
+        return {BreakerSettingsBody.model_fields[f].alias or f: v for f, v in given.items()} or None
+
+
+class BreakerSettingsView(ViewModel):
+    enabled: bool | None = None
+    failure_ratio: float | None = None
+    min_attempts: int | None = None
+    window_sec: float | None = None
+    cooldown_sec: float | None = None
+    max_cooldown_sec: float | None = None
+    probes: int | None = None
+    release_spread_sec: float | None = None
+
+
+class JobBreaker(RequestModel):
+    """How the job meets its handler's retry circuit breaker."""
+
+    enabled: StrictBool = Field(
+        True, description="`false`: this job's retries are never held (it opts out of its handler's breaker)."
+    )
+    first_fires: FirstFires = Field(
+        FirstFires.RUN,
+        description="While the breaker is OPEN or HALF_OPEN: `RUN` fires the job's occurrences as usual; `HOLD` "
+        "lets them wait (the job's next fire stays due) until the breaker closes.",
+    )
+
+
+class JobBreakerView(ViewModel):
+    enabled: bool = True
+    first_fires: FirstFires = FirstFires.RUN
+
+
+class BreakerView(ViewModel):
+    id: str = Field(description="The breaker's id (`POST /v1/breakers/{id}:close`).")
+    pool: str
+    handler: str
+    state: BreakerState = Field(
+        description="`CLOSED`: retries run. `OPEN`: retries are held (not attempted, not counted as attempts). "
+        "`HALF_OPEN`: a few probe retries run; success closes it, a failure re-opens it."
+    )
+    failure_ratio: float | None = Field(description="Failed / finished attempts in the current window (null: none).")
+    attempts: int = Field(description="Finished attempts in the current window.")
+    failures: int = Field(description="Failed attempts in the current window.")
+    held: int = Field(description="Scheduled retries the breaker holds now.")
+    opened_at: datetime | None
+    next_probe_at: datetime | None = Field(
+        description="OPEN: when it goes half-open. HALF_OPEN: when unanswered probes are sent again."
+    )
+    cooldown_sec: float
+    probes_sent: int
+    opens: int = Field(description="How many times it opened (re-opens included).")
+    manual: bool = Field(description="Opened by an operator: stays open until `:close`.")
+    updated_at: datetime
+
+
+class BreakerList(ViewModel):
+    items: list[BreakerView]
+
+
+def render_breaker(b: Breaker) -> dict[str, object]:
+    return {
+        "id": str(b.id),
+        "pool": b.pool,
+        "handler": b.handler,
+        "state": b.state,
+        "failureRatio": round(b.failure_ratio, 4) if b.failure_ratio is not None else None,
+        "attempts": b.attempts,
+        "failures": b.failures,
+        "held": b.held,
+        "openedAt": b.opened_at,
+        "nextProbeAt": b.next_probe_at,
+        "cooldownSec": b.cooldown_sec,
+        "probesSent": b.probes_sent,
+        "opens": b.opens,
+        "manual": b.manual,
+        "updatedAt": b.updated_at,
+    }
