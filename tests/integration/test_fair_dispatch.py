@@ -56,7 +56,9 @@ async def due_jobs(stores: Stores, hot_window: HotWindow, tenant: str, n: int, p
 def dispatcher(
     stores: Stores, hot_window: HotWindow, publisher: KafkaPublisher, batch: int, **fairness: int
 ) -> ShardDispatcher:
-    # Counts read afresh every pass: the test changes executions between passes.
+    # Counts read afresh every pass: the test changes executions between passes. A fixed pool cap (the
+    # rate-following one has tests of its own in tests/unit/test_open_work.py).
+    fairness.setdefault("pool_queue_min", fairness.get("pool_queue_cap", FairnessConfig.pool_queue_cap))
     config = DispatcherConfig(batch_size=batch, fairness=FairnessConfig(counts_refresh_sec=0, **fairness))
     policy = TenantPolicy(stores.tenants, refresh_sec=0)
     fair = FairDispatch(0, hot_window, stores.tenants, policy, TokenBuckets(hot_window.redis), config.fairness, batch)
