@@ -104,3 +104,14 @@ def test_a_full_pool_is_reported_so_its_cap_can_grow() -> None:
     queue.add(items("a", 10, pool="busy") + items("b", 10, pool="free"))
     queue.take(100, {}, {"busy": 3}, {}, default_pool_room=1000)
     assert queue.full_pools == {"busy"}
+
+
+def test_a_tenants_low_work_yields_the_pool_to_its_high_work_waiting_in_another_shards_queue() -> None:
+    here, there = FairQueue(), FairQueue()
+    here.add(items("a", 20, priority="LOW") + items("b", 20))
+    there.add(items("a", 1, priority="HIGH"))
+    taken = here.take(10, {}, {}, {}, default_pool_room=1000, elsewhere=there.best_lane)
+    # a's LOW waits (its HIGH elsewhere goes first); b's work, of another tenant, is not held back by it.
+    assert shares(taken) == {"b": 10}
+    assert there.take(10, {}, {}, {}, default_pool_room=1000)[0].priority == "HIGH"
+    assert len(here.take(10, {}, {}, {}, default_pool_room=1000, elsewhere=there.best_lane)) == 10

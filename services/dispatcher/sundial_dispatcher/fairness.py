@@ -75,7 +75,8 @@ class FairnessConfig:
     pool_queue_sec: float = 0.5
     #: The smallest cap of a pool (and where a pool first seen starts): the cap doubles at each read while
     #: the workers drain what it lets through, so a pool that keeps up reaches ``pool_queue_cap`` in ~2 s.
-    pool_queue_min: int = 16
+    #: Small: it is what a slow pool's queue holds (8 slots of 1 s handlers: 4 queued is half a second).
+    pool_queue_min: int = 4
     #: Most claimed occurrences one shard leader holds waiting for their turn.
     buffer_cap: int = 200_000
     #: Members claimed from the hot window into the buffer per pass.
@@ -154,6 +155,8 @@ class OpenWork:
         #: Per pool: its queue cap now (absent: ``pool_queue_min``), the PENDING count at the last read, what
         #: this process published there since (attributed), and whether a pass held work back for it since.
         self.caps: dict[str, int] = {}
+        #: The fair queues of the shards this process leads (see :meth:`best_lane_elsewhere`).
+        self.queues: dict[int, FairQueue] = {}
         self._pending: dict[str, int] = {}
         self._took: dict[str, int] = {}
         self._limited: set[str] = set()
@@ -212,6 +215,15 @@ class OpenWork:
             elif pool in self._limited:  # the workers keep up with what the cap lets through
                 cap *= 2
             self.caps[pool] = min(cfg.pool_queue_cap, max(cfg.pool_queue_min, cap))
+
+    def best_lane_elsewhere(self, shard: int) -> Callable[[str, str], int]:
+        """For ``shard``'s pass: the best lane a tenant has waiting for a pool in the other shards' queues."""
+        others = [q for s, q in self.queues.items() if s != shard]
+
+        def best(tenant: str, pool: str) -> int:
+            return min((q.best_lane(tenant, pool) for q in others), default=len(PRIORITIES))
+
+        return best
 
     def cap(self, pool: str) -> int:
         return self.caps.get(pool, self.config.pool_queue_min)
@@ -302,9 +314,13 @@ class TenantQueue:
         self.lanes[_LANE.get(item.priority, 1)].appendleft(item)
 
     def _next_lane(self) -> deque[Waiting]:
-        if (self._served + 1) % self.oldest_every == 0:
+        if self.oldest_turn():
             return min((lane for lane in self.lanes if lane), key=lambda lane: lane[0].occurrence.due)
         return next(lane for lane in self.lanes if lane)
+
+    def oldest_turn(self) -> bool:
+        """The next take goes to the longest-waiting item, whatever its priority."""
+        return (self._served + 1) % self.oldest_every == 0
 
     def head(self) -> Waiting:
         """The item :meth:`popleft` would take (the queue is not empty)."""
@@ -331,8 +347,22 @@ class FairQueue:
     oldest_every: int = 10
     #: The pools whose full queue held a tenant's next item back in the last :meth:`take`.
     full_pools: set[str] = field(default_factory=set)
+    #: Items waiting per (tenant, pool) and lane (an index of :data:`PRIORITIES`): what another shard's pass
+    #: in the same process asks (:meth:`best_lane`) before it lets a tenant's lower-priority work go first.
+    waiting: dict[tuple[str, str], list[int]] = field(default_factory=dict)
     #: Where the next round starts, so no tenant is always first.
     _turn: int = 0
+
+    def _count(self, item: Waiting, n: int) -> None:
+        counts = self.waiting.get((item.tenant, item.pool))
+        if counts is None:
+            counts = self.waiting[(item.tenant, item.pool)] = [0] * len(PRIORITIES)
+        counts[_LANE.get(item.priority, 1)] += n
+
+    def best_lane(self, tenant: str, pool: str) -> int:
+        """The highest lane (lowest index) with work of ``tenant`` for ``pool`` waiting here; past the last if none."""
+        counts = self.waiting.get((tenant, pool))
+        return next((i for i, n in enumerate(counts) if n), len(PRIORITIES)) if counts else len(PRIORITIES)
 
     def _queue(self, tenant: str) -> TenantQueue:
         queue = self.queues.get(tenant)
@@ -348,12 +378,14 @@ class FairQueue:
             if item.occurrence.job_id not in self.held:
                 self.held.add(item.occurrence.job_id)
                 self._queue(item.tenant).append(item)
+                self._count(item, 1)
 
     def put_back(self, items: Sequence[Waiting]) -> None:
         """Return taken items to the front of their queues, in their order."""
         for item in reversed(items):
             self.held.add(item.occurrence.job_id)
             self._queue(item.tenant).appendleft(item)
+            self._count(item, 1)
 
     def take(
         self,
@@ -362,10 +394,15 @@ class FairQueue:
         pool_room: dict[str, int],
         tenant_room: dict[str, int],
         default_pool_room: int,
+        elsewhere: Callable[[str, str], int] | None = None,
     ) -> list[Waiting]:
         """Up to ``budget`` items by weighted round robin; ``pool_room``/``tenant_room`` are used up as taken.
 
         A tenant whose next item's pool is full, or that has no room of its own, is passed over this pass.
+        ``elsewhere(tenant, pool)``: the best lane the tenant has waiting for the pool in the other queues of
+        this process (the other shards it leads); a priority pick of a lower lane yields to it this pass, so
+        the pool's room goes to the tenant's higher-priority work whichever shard holds it (the turn of the
+        oldest never yields: that is the no-starvation share).
         """
         self.full_pools = set()
         tenants = [t for t, q in self.queues.items() if q]
@@ -390,7 +427,15 @@ class FairQueue:
                     if pool_room.get(head.pool, default_pool_room) <= 0:
                         self.full_pools.add(head.pool)
                         break
+                    if (
+                        elsewhere is not None
+                        and head.priority != PRIORITIES[0]
+                        and not queue.oldest_turn()
+                        and elsewhere(tenant, head.pool) < _LANE.get(head.priority, 1)
+                    ):
+                        break  # its higher-priority work in another shard's queue goes first
                     queue.popleft()
+                    self._count(head, -1)
                     self.held.discard(head.occurrence.job_id)
                     taken.append(head)
                     self.deficits[tenant] -= 1
@@ -407,6 +452,8 @@ class FairQueue:
         for tenant in [t for t, q in self.queues.items() if not q]:
             del self.queues[tenant]
             self.deficits.pop(tenant, None)
+        for key in [k for k, counts in self.waiting.items() if not any(counts)]:
+            del self.waiting[key]
         return taken
 
 
@@ -436,6 +483,7 @@ class FairDispatch:
         #: Shared by the shard leaders of one process (a shard led alone gets its own).
         self.open_work = open_work or OpenWork(store, config)
         self.queue = FairQueue()
+        self.open_work.queues[shard] = self.queue
         self._held_cleared = False
 
     async def claim(self, now: datetime) -> Claimed:
@@ -477,6 +525,7 @@ class FairDispatch:
                 pool_room=pool_room,
                 tenant_room=self.open_work.tenant_room(tenants),
                 default_pool_room=default_room,
+                elsewhere=self.open_work.best_lane_elsewhere(self.shard) if len(self.open_work.queues) > 1 else None,
             )
             self.open_work.limited(self.queue.full_pools)
             taken = await self._rate_limited(taken, tenants)
@@ -521,10 +570,16 @@ class FairDispatch:
         """
         held = [w.occurrence for queue in self.queue.queues.values() for w in queue]
         self.queue = FairQueue()
+        self.forget()
         for start in range(0, len(held), 5000):
             await self.hot_window.add(self.shard, held[start : start + 5000], only_new=True)
         await self.hot_window.drop_held(self.shard)
         return len(held)
+
+    def forget(self) -> None:
+        """The term is over: the other shards' passes stop deferring to what this buffer held."""
+        if self.open_work.queues.get(self.shard) is self.queue:
+            del self.open_work.queues[self.shard]
 
     async def _rate_limited(self, taken: list[Waiting], tenants: dict[str, Tenant]) -> list[Waiting]:
         """Apply ``maxDispatchPerSec``: a tenant's items beyond its tokens go back to the front of its queue."""
