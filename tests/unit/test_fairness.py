@@ -7,7 +7,7 @@ from collections import Counter
 from datetime import UTC, datetime, timedelta
 
 from sundial_common.stores.types import Occurrence
-from sundial_dispatcher.fairness import FairQueue, Waiting
+from sundial_dispatcher.fairness import FairDispatch, FairnessConfig, FairQueue, OpenWork, Waiting
 
 DUE = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -115,3 +115,12 @@ def test_a_tenants_low_work_yields_the_pool_to_its_high_work_waiting_in_another_
     assert shares(taken) == {"b": 10}
     assert there.take(10, {}, {}, {}, default_pool_room=1000)[0].priority == "HIGH"
     assert len(here.take(10, {}, {}, {}, default_pool_room=1000, elsewhere=there.best_lane)) == 10
+
+
+def test_a_shard_whose_term_ended_no_longer_holds_back_the_others() -> None:
+    work = OpenWork(None, FairnessConfig())  # type: ignore[arg-type]
+    ended = FairDispatch(1, None, None, None, None, FairnessConfig(), 100, 2, work)  # type: ignore[arg-type]
+    ended.queue.add(items("a", 1, priority="HIGH"))
+    assert work.best_lane_elsewhere(0)("a", "p") == 0
+    ended.forget()
+    assert work.best_lane_elsewhere(0)("a", "p") == 3

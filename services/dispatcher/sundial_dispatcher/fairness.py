@@ -9,12 +9,14 @@ into the leader's buffer (up to ``claim_size`` a pass, ``buffer_cap`` held), lea
 primary-key query), and queues it in its tenant's FIFO. The pass then takes up to ``batch_size`` occurrences
 round-robin over the tenants with work, each round giving a tenant ``weight`` more turns (DRR): under
 contention each tenant gets dispatch in proportion to its weight, and a tenant with little work is served at
-once. Within a tenant work stays in due order (the priority issue orders it there, never across tenants).
+once. Within a tenant, priority orders the work (``HIGH``, then ``NORMAL``, then ``LOW``, each in due order, one
+take in ten to the oldest whatever its priority: :class:`TenantQueue`); never across tenants.
 
 **Short pool queues.** A Kafka topic is first in, first out: what is published behind a backlog waits for
-it, whatever the dispatcher does later. So a pass publishes to a pool only while fewer than
-``pool_queue_cap`` of its executions are PENDING (published, not started): the backlog waits here, where
-the round robin can still put B's work first, rather than in the topic. The same count per tenant enforces
+it, whatever the dispatcher does later. So a pass publishes to a pool only while fewer of its executions are
+PENDING (published, not started) than the pool's cap, about ``pool_queue_sec`` of its workers' starts
+(:class:`OpenWork`): the backlog waits here, where the round robin can still put B's work first and a
+tenant's ``HIGH`` work ahead of its ``LOW``, rather than in the topic. The same count per tenant enforces
 ``maxConcurrentExecutions`` (beyond it the tenant's work waits, late but never lost), and a Redis token
 bucket per tenant (shared by every shard leader) ``maxDispatchPerSec``. A pool where nothing runs at all
 (no worker) is not held back: that would stop dispatch without making anything start sooner
@@ -569,8 +571,8 @@ class FairDispatch:
         overdue scan. Best effort: if Redis is away the overdue scan still recovers them.
         """
         held = [w.occurrence for queue in self.queue.queues.values() for w in queue]
-        self.queue = FairQueue()
         self.forget()
+        self.queue = FairQueue()
         for start in range(0, len(held), 5000):
             await self.hot_window.add(self.shard, held[start : start + 5000], only_new=True)
         await self.hot_window.drop_held(self.shard)
