@@ -84,8 +84,14 @@ def pending(pool: str, n: int, running: int = 32) -> OpenExecutions:
 async def test_a_backlogged_pools_cap_follows_its_start_rate_and_grows_while_its_workers_keep_up() -> None:
     counts, clock = Counts(), Clock()
     work = open_work(counts, clock, pool_queue_min=16)
+    counts.rows = [pending("p", 0, running=0)]
     await work.refresh()
-    assert work.pool_room(shards=1, batch_size=500)[1] == 16  # a pool never seen: the smallest cap
+    # Nothing seen starting in the pool yet (maybe no worker at all): the fixed cap, as without priority.
+    assert work.pool_room(shards=1, batch_size=500)[0]["p"] == 1000 and work.pool_room(1, 500)[1] == 1000
+    counts.rows = [pending("p", 0, running=1)]
+    clock.now += 0.25
+    await work.refresh()
+    assert work.cap("p") == 16  # its workers run: from now on its cap follows them, from the smallest
     # The workers start everything the cap lets through, and a pass held more back: the cap doubles per read.
     for expected in (32, 64, 128):
         counts.rows = [pending("p", 0)]

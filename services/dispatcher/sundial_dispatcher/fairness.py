@@ -75,8 +75,9 @@ class FairnessConfig:
     #: behind it (a tenant's ``HIGH`` work, another tenant's) waits at most about that long in the topic.
     #: Twice ``counts_refresh_sec``, so the workers never run dry between two reads of the counts.
     pool_queue_sec: float = 0.5
-    #: The smallest cap of a pool (and where a pool first seen starts): the cap doubles at each read while
-    #: the workers drain what it lets through, so a pool that keeps up reaches ``pool_queue_cap`` in ~2 s.
+    #: The smallest cap of a pool (and where a pool starts once seen starting work): the cap doubles at each
+    #: read while the workers drain what it lets through, so a pool that keeps up reaches ``pool_queue_cap`` in
+    #: ~2 s.
     #: Small: it is what a slow pool's queue holds (8 slots of 1 s handlers: 4 queued is half a second).
     pool_queue_min: int = 4
     #: Most claimed occurrences one shard leader holds waiting for their turn.
@@ -130,7 +131,9 @@ class OpenWork:
     read, a pool whose queue is at least half full has its cap set from how fast its workers drained it since
     the last read (PENDING then + published since − PENDING now); one whose workers emptied more than half of
     it while the passes held its work back (the cap, not the workers, was the limit) doubles it. Between
-    ``pool_queue_min`` and ``pool_queue_cap``. A pool nobody publishes to keeps its cap. Ordering the work
+    ``pool_queue_min`` and ``pool_queue_cap``. A pool nobody publishes to keeps its cap. A pool this process
+    has not seen start anything (no worker yet, or this dispatcher just started and the pool is idle) has
+    ``pool_queue_cap``, as before priority: its first burst goes out at once. Ordering the work
     (priority inside a tenant, the round robin across tenants) therefore happens in the buffer, not behind a
     long queue, with one topic per pool: no priority lanes in Kafka (README "Priority" gives the figures).
     Measured drains undercount what other dispatcher processes published meanwhile: the cap errs short.
@@ -157,6 +160,10 @@ class OpenWork:
         #: Per pool: its queue cap now (absent: ``pool_queue_min``), the PENDING count at the last read, what
         #: this process published there since (attributed), and whether a pass held work back for it since.
         self.caps: dict[str, int] = {}
+        #: Pools this process has seen start work (one RUNNING, or its queue drained): only their caps follow
+        #: the start rate. Elsewhere the cap is ``pool_queue_cap`` (a pool with no worker yet: keeping its queue
+        #: short would only stop dispatch until the stalled-pool rule lifts the cap, 3 s later).
+        self.started_work: set[str] = set()
         #: The fair queues of the shards this process leads (see :meth:`best_lane_elsewhere`).
         self.queues: dict[int, FairQueue] = {}
         self._pending: dict[str, int] = {}
@@ -188,6 +195,7 @@ class OpenWork:
                     # oldest wait says since when at the latest, so a new leader does not wait afresh.
                     flowing_at[pool] = now if running.get(pool) else self._flowing_at.get(pool, now - waited[pool])
             was_stalled = {pool for pool in self._flowing_at if self.stalled(pool)}
+            self.started_work.update(pool for pool, n in running.items() if n)
             if self._read_at is not None and now > self._read_at:
                 self._adapt_caps(queued, pending, now - self._read_at)
             self._pending, self._took, self._limited = pending, {}, set()
@@ -210,10 +218,14 @@ class OpenWork:
         """Each pool's cap from its drain since the last read (see the class docstring)."""
         cfg = self.config
         for pool in self._pending.keys() | self._took.keys() | pending.keys():
+            drained = self._pending.get(pool, 0) + self._took.get(pool, 0) - pending.get(pool, 0)
+            if drained > 0:
+                self.started_work.add(pool)
+            if pool not in self.started_work:
+                continue
             cap = self.caps.get(pool, cfg.pool_queue_min)
             if 2 * queued.get(pool, 0) >= cap:  # backlogged: the workers set the pace
-                drained = self._pending.get(pool, 0) + self._took.get(pool, 0) - pending.get(pool, 0)
-                cap = round(max(0, drained) / elapsed * cfg.pool_queue_sec)
+                cap = round(drained / elapsed * cfg.pool_queue_sec) if drained > 0 else 0
             elif pool in self._limited:  # the workers keep up with what the cap lets through
                 cap *= 2
             self.caps[pool] = min(cfg.pool_queue_cap, max(cfg.pool_queue_min, cap))
@@ -228,6 +240,8 @@ class OpenWork:
         return best
 
     def cap(self, pool: str) -> int:
+        if pool not in self.started_work:
+            return self.config.pool_queue_cap
         return self.caps.get(pool, self.config.pool_queue_min)
 
     def limited(self, pools: Iterable[str]) -> None:
@@ -246,10 +260,10 @@ class OpenWork:
             return -(-max(0, cap - queued - self.unattributed) // shards)
 
         room = {pool: share(self.cap(pool), n) for pool, n in self.queued.items()}
-        room.update({pool: share(cap, self.queued.get(pool, 0)) for pool, cap in self.caps.items()})
+        room.update({pool: share(self.cap(pool), self.queued.get(pool, 0)) for pool in self.started_work})
         room.update({pool: batch_size for pool in self._flowing_at if self.stalled(pool)})
         room[_NOBODY] = batch_size  # jobs gone meanwhile: nothing will be published for them
-        return room, share(self.config.pool_queue_min, 0)
+        return room, share(self.config.pool_queue_cap, 0)
 
     def tenant_room(self, tenants: dict[str, Tenant]) -> dict[str, int]:
         """Room under ``maxConcurrentExecutions`` for the tenants that have the quota (others: absent)."""
