@@ -209,8 +209,17 @@ class Bench:
         finally:
             await stores.close()
 
-    async def insert_jobs(self, tenant: str, due: Sequence[datetime]) -> float:
-        """COPY one-shot jobs due at ``due`` into Postgres; returns seconds taken."""
+    async def insert_jobs(
+        self,
+        tenant: str,
+        due: Sequence[datetime],
+        *,
+        handler: str = "echo",
+        payload: dict[str, Any] | None = None,
+        priority: str = "NORMAL",
+    ) -> float:
+        """COPY one-shot jobs due at ``due`` into Postgres (``echo`` of ``{"i": i}`` unless told); returns seconds
+        taken."""
         conn = await asyncpg.connect(self.stack.postgres_dsn)
         try:
             started = time.perf_counter()
@@ -228,12 +237,14 @@ class Bench:
                         "ONE_SHOT",
                         instant,
                         POOL,
-                        "echo",
-                        orjson.dumps(cipher.seal_json({"i": i}, PAYLOAD)).decode(),  # sealed, as the API does
+                        handler,
+                        # sealed, as the API does
+                        orjson.dumps(cipher.seal_json({"i": i} if payload is None else payload, PAYLOAD)).decode(),
                         60,
                         "ACTIVE",
                         shard_for(job_id, self.shape.shards),
                         instant,
+                        priority,
                     )
                 )
             await conn.copy_records_to_table(
@@ -252,6 +263,7 @@ class Bench:
                     "state",
                     "shard",
                     "next_fire_at",
+                    "priority",
                 ],
             )
             # Like the API, the registrar puts near-due jobs into the hot window itself: the hydrator

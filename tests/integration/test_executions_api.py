@@ -259,3 +259,18 @@ async def test_a_retried_batch_with_the_same_key_registers_its_jobs_once(api: Ap
     assert int(await api.db.fetchval("SELECT count(*) FROM jobs WHERE name LIKE 'batch-%'")) == 3
     other = await api.client.post("/v1/jobs:batch", json={"jobs": items[:1]}, headers=headers)
     assert other.status_code == 422 and error_fields(other) == ["Idempotency-Key"]
+
+
+# --- priority ----------------------------------------------------------------------------------------
+
+
+async def test_a_priority_patch_applies_to_next_fires_and_an_unknown_one_is_refused_naming_the_field(api: Api) -> None:
+    job_id = await a_job(api)
+    ident = await insert_execution(api, job_id, NOW)  # dispatched before the change (NORMAL, the default)
+    refused = await api.client.patch(f"/v1/jobs/{job_id}", json={"priority": "URGENT"}, headers=api.auth())
+    assert refused.status_code == 422 and error_fields(refused) == ["priority"], refused.text
+    assert await api.db.fetchval("SELECT priority FROM jobs WHERE id = $1", uuid.UUID(job_id)) == "NORMAL"
+    patched = await api.client.patch(f"/v1/jobs/{job_id}", json={"priority": "HIGH"}, headers=api.auth())
+    assert patched.status_code == 200 and patched.json()["priority"] == "HIGH", patched.text
+    view = await api.client.get(f"/v1/executions/{ident}", headers=api.auth())
+    assert view.status_code == 200 and view.json()["priority"] == "NORMAL"  # what it was dispatched with

@@ -1,6 +1,6 @@
 """Weighted fair dispatch through the real dispatch pass (Postgres, Redis, the broker): a tenant behind
 another's burst is served in the first pass, saturated tenants share by weight, a pool's queue stays short
-and a tenant's concurrency quota holds its work back — late, never lost."""
+and a tenant's concurrency quota holds its work back — late, never lost; inside a tenant, HIGH goes first."""
 
 from __future__ import annotations
 
@@ -34,7 +34,15 @@ async def hot_window(redis_url: str) -> AsyncIterator[HotWindow]:
     await redis.aclose()
 
 
-async def due_jobs(stores: Stores, hot_window: HotWindow, tenant: str, n: int, pool: str, due: datetime = DUE) -> None:
+async def due_jobs(
+    stores: Stores,
+    hot_window: HotWindow,
+    tenant: str,
+    n: int,
+    pool: str,
+    priority: str = "NORMAL",
+    due: datetime = DUE,
+) -> None:
     rows = [
         {
             "id": new_id(),
@@ -47,6 +55,7 @@ async def due_jobs(stores: Stores, hot_window: HotWindow, tenant: str, n: int, p
             "timeout_sec": 30,
             "shard": 0,
             "next_fire_at": due,
+            "priority": priority,
         }
         for _ in range(n)
     ]
@@ -57,7 +66,9 @@ async def due_jobs(stores: Stores, hot_window: HotWindow, tenant: str, n: int, p
 def dispatcher(
     stores: Stores, hot_window: HotWindow, publisher: KafkaPublisher, batch: int, **fairness: float
 ) -> ShardDispatcher:
-    # Counts read afresh every pass: the test changes executions between passes.
+    # Counts read afresh every pass: the test changes executions between passes. A fixed pool cap (the
+    # rate-following one has tests of its own in tests/unit/test_open_work.py).
+    fairness.setdefault("pool_queue_min", fairness.get("pool_queue_cap", FairnessConfig.pool_queue_cap))
     config = DispatcherConfig(batch_size=batch, fairness=FairnessConfig(counts_refresh_sec=0, **fairness))
     policy = TenantPolicy(stores.tenants, refresh_sec=0)
     fair = FairDispatch(0, hot_window, stores.tenants, policy, TokenBuckets(hot_window.redis), config.fairness, batch)
@@ -180,3 +191,24 @@ async def test_a_pass_whose_reads_fail_puts_back_what_it_claimed_at_once(
         await fair.claim(datetime.now(UTC))
     # Back in the hot window, not only in Postgres (where the hydrator's overdue scan would find them later).
     assert await hot_window.size(0) == 50 and len(fair.queue) == 0
+
+
+async def test_a_tenants_high_work_goes_out_ahead_of_its_low_backlog_and_executions_keep_their_priority(
+    stores: Stores, hot_window: HotWindow, publisher: KafkaPublisher, database_url: str
+) -> None:
+    pool = f"fair-{uuid.uuid4().hex[:8]}"
+    await register_tenant(database_url, "a")
+    await due_jobs(stores, hot_window, "a", 300, pool, priority="LOW")
+    shard = dispatcher(stores, hot_window, publisher, batch=100, pool_queue_cap=100)
+    await shard.run_once()  # 100 LOW out, the pool's queue is full, 200 wait in the buffer
+    await due_jobs(stores, hot_window, "a", 20, pool, priority="HIGH")
+    await shard.run_once()  # the queue is still full: the HIGH jobs are claimed and wait too
+    await stores.database.pool.execute("UPDATE executions SET state = 'SUCCEEDED', finished_at = now()")
+    await shard.run_once()
+    rows = await stores.database.pool.fetch(
+        "SELECT e.priority, j.priority AS job_priority FROM executions e JOIN jobs j ON j.id = e.job_id"
+    )
+    assert all(r["priority"] == r["job_priority"] for r in rows)
+    # All 20 HIGH in the next 100, ahead of the 200 LOW that waited longer (a tenth of the takes still goes
+    # to the oldest LOW).
+    assert Counter(r["priority"] for r in rows) == {"LOW": 180, "HIGH": 20}

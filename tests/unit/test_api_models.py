@@ -353,6 +353,7 @@ def test_rendered_rows_match_the_documented_views() -> None:
         "fence_token": 5,
         "pool": "demo",
         "handler": "echo",
+        "priority": "HIGH",
         "worker_id": None,
         "created_at": NOW,
         "published_at": None,

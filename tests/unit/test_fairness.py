@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import uuid
 from collections import Counter
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from sundial_common.stores.types import Occurrence
-from sundial_dispatcher.fairness import FairQueue, Waiting
+from sundial_dispatcher.fairness import FairDispatch, FairnessConfig, FairQueue, OpenWork, Waiting
 
 DUE = datetime(2026, 1, 1, tzinfo=UTC)
 
 
-def items(tenant: str, n: int, pool: str = "p") -> list[Waiting]:
-    return [Waiting(Occurrence(uuid.uuid4(), DUE), tenant, pool) for _ in range(n)]
+def items(tenant: str, n: int, pool: str = "p", priority: str = "NORMAL", due: datetime = DUE) -> list[Waiting]:
+    return [Waiting(Occurrence(uuid.uuid4(), due), tenant, pool, priority) for _ in range(n)]
 
 
 def shares(taken: list[Waiting]) -> Counter[str]:
@@ -67,3 +67,60 @@ def test_a_job_claimed_again_while_it_waits_is_queued_once() -> None:
     assert queue.take(10, {}, {}, {}, default_pool_room=10) == a
     queue.add(a[:1])  # taken (dispatched): a later fire of the same job queues again
     assert len(queue) == 1
+
+
+def test_within_a_tenant_high_goes_before_normal_before_low_and_each_lane_stays_in_due_order() -> None:
+    queue = FairQueue()
+    low = items("a", 30, priority="LOW", due=DUE - timedelta(seconds=60))  # the oldest backlog
+    normal = items("a", 5)
+    high = items("a", 5, priority="HIGH", due=DUE + timedelta(seconds=1))
+    queue.add(low + normal + high)
+    taken = queue.take(9, {}, {}, {}, default_pool_room=1000)
+    # Nine takes: the ninth is still a priority pick (one in ten goes to the oldest whatever its priority).
+    assert taken == high + normal[:4]
+
+
+def test_low_work_keeps_a_tenth_of_the_tenants_dispatch_under_sustained_high_load() -> None:
+    queue = FairQueue()
+    low = items("a", 100, priority="LOW", due=DUE - timedelta(seconds=60))
+    queue.add(low)
+    taken: list[Waiting] = []
+    for _ in range(20):  # a HIGH burst keeps arriving ahead of the LOW backlog
+        queue.add(items("a", 50, priority="HIGH"))
+        taken += queue.take(50, {}, {}, {}, default_pool_room=1000)
+    got_low = [w for w in taken if w.priority == "LOW"]
+    assert len(got_low) == len(taken) // 10 and got_low == low[: len(got_low)]  # oldest first
+
+
+def test_priority_buys_a_tenant_nothing_against_another() -> None:
+    queue = FairQueue()
+    queue.add(items("all-high", 500, priority="HIGH") + items("all-low", 500, priority="LOW"))
+    taken = [w for _ in range(4) for w in queue.take(100, {}, {}, {}, default_pool_room=10_000)]
+    assert shares(taken) == {"all-high": 200, "all-low": 200}
+
+
+def test_a_full_pool_is_reported_so_its_cap_can_grow() -> None:
+    queue = FairQueue()
+    queue.add(items("a", 10, pool="busy") + items("b", 10, pool="free"))
+    queue.take(100, {}, {"busy": 3}, {}, default_pool_room=1000)
+    assert queue.full_pools == {"busy"}
+
+
+def test_a_tenants_low_work_yields_the_pool_to_its_high_work_waiting_in_another_shards_queue() -> None:
+    here, there = FairQueue(), FairQueue()
+    here.add(items("a", 20, priority="LOW") + items("b", 20))
+    there.add(items("a", 1, priority="HIGH"))
+    taken = here.take(10, {}, {}, {}, default_pool_room=1000, elsewhere=there.best_lane)
+    # a's LOW waits (its HIGH elsewhere goes first); b's work, of another tenant, is not held back by it.
+    assert shares(taken) == {"b": 10}
+    assert there.take(10, {}, {}, {}, default_pool_room=1000)[0].priority == "HIGH"
+    assert len(here.take(10, {}, {}, {}, default_pool_room=1000, elsewhere=there.best_lane)) == 10
+
+
+def test_a_shard_whose_term_ended_no_longer_holds_back_the_others() -> None:
+    work = OpenWork(None, FairnessConfig())  # type: ignore[arg-type]
+    ended = FairDispatch(1, None, None, None, None, FairnessConfig(), 100, 2, work)  # type: ignore[arg-type]
+    ended.queue.add(items("a", 1, priority="HIGH"))
+    assert work.best_lane_elsewhere(0)("a", "p") == 0
+    ended.forget()
+    assert work.best_lane_elsewhere(0)("a", "p") == 3

@@ -101,7 +101,7 @@ def test_an_execution_without_a_trace_backend_keeps_its_trace_id_and_has_no_link
         **dict.fromkeys(
             (
                 "scheduled_for fire_at triggered cancel_requested_at state attempt max_attempts shard fence_token "
-                "pool handler worker_id created_at published_at started_at finished_at result error"
+                "pool handler priority worker_id created_at published_at started_at finished_at result error"
             ).split()
         ),
         "trace_id": "ab" * 16,

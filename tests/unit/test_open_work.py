@@ -1,9 +1,16 @@
-"""The pool room a fair pass has: the queue cap, what the process took since its read, and stalled pools."""
+"""The pool room a fair pass has: the queue cap (fixed, or following the start rate), what the process took since
+its read, and stalled pools."""
 
 from __future__ import annotations
 
+import uuid
+from datetime import UTC, datetime
+
 from sundial_common.stores.tenants import OpenExecutions
-from sundial_dispatcher.fairness import FairnessConfig, OpenWork
+from sundial_common.stores.types import Occurrence
+from sundial_dispatcher.fairness import FairnessConfig, OpenWork, Waiting
+
+DUE = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 class Counts:
@@ -24,8 +31,10 @@ class Clock:
         return self.now
 
 
-def open_work(counts: Counts, clock: Clock) -> OpenWork:
-    config = FairnessConfig(pool_queue_cap=1000, stalled_pool_sec=3.0, counts_refresh_sec=0.25)
+def open_work(counts: Counts, clock: Clock, pool_queue_min: int = 1000) -> OpenWork:
+    config = FairnessConfig(
+        pool_queue_cap=1000, pool_queue_min=pool_queue_min, stalled_pool_sec=3.0, counts_refresh_sec=0.25
+    )
     return OpenWork(counts, config, clock)  # type: ignore[arg-type]
 
 
@@ -66,3 +75,45 @@ async def test_a_new_leader_dates_a_stall_from_the_oldest_waiting_execution() ->
     counts.rows = [OpenExecutions("a", "idle", queued=1000, pending=1000, running=0, open=1000, waited_sec=4.0)]
     await work.refresh()
     assert work.stalled("idle")  # waiting for 4 s with none running, before this process looked
+
+
+def pending(pool: str, n: int, running: int = 32) -> OpenExecutions:
+    return OpenExecutions("a", pool, queued=n, pending=n, running=running, open=n + running)
+
+
+async def test_a_backlogged_pools_cap_follows_its_start_rate_and_grows_while_its_workers_keep_up() -> None:
+    counts, clock = Counts(), Clock()
+    work = open_work(counts, clock, pool_queue_min=16)
+    counts.rows = [pending("p", 0, running=0)]
+    await work.refresh()
+    # Nothing seen starting in the pool yet (maybe no worker at all): the fixed cap, as without priority.
+    assert work.pool_room(shards=1, batch_size=500)[0]["p"] == 1000 and work.pool_room(1, 500)[1] == 1000
+    counts.rows = [pending("p", 0, running=1)]
+    clock.now += 0.25
+    await work.refresh()
+    assert work.cap("p") == 16  # its workers run: from now on its cap follows them, from the smallest
+    # The workers start everything the cap lets through, and a pass held more back: the cap doubles per read.
+    for expected in (32, 64, 128):
+        counts.rows = [pending("p", 0)]
+        work.took([Waiting(Occurrence(uuid.uuid4(), DUE), "a", "p") for _ in range(work.cap("p"))])
+        work.limited(["p"])
+        clock.now += 0.25
+        await work.refresh()
+        assert work.cap("p") == expected
+    # Backlogged: 128 queued, the workers started 40 in 0.25 s (160/s) -> half a second of starts.
+    counts.rows = [pending("p", 128)]
+    clock.now += 0.25
+    await work.refresh()
+    counts.rows = [pending("p", 88)]
+    clock.now += 0.25
+    await work.refresh()
+    assert work.cap("p") == 80
+    assert work.pool_room(shards=1, batch_size=500)[0]["p"] == 0  # 88 queued: nothing more until it drains
+    # Slow 1 s handlers on 8 slots (8 starts/s): the cap drops to its floor; nobody publishing keeps it there.
+    counts.rows = [pending("p", 86)]
+    clock.now += 0.25
+    await work.refresh()
+    assert work.cap("p") == 16
+    clock.now += 0.25
+    await work.refresh()
+    assert work.cap("p") == 16

@@ -208,6 +208,8 @@ class Execution(_Wire):
     fence_token: int
     pool: str
     handler: str
+    #: The job's priority when this execution was dispatched (a later PATCH changes the next fires only).
+    priority: Priority = Priority.NORMAL
     worker_id: str | None
     created_at: datetime
     published_at: datetime | None

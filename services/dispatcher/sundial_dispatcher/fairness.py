@@ -9,7 +9,8 @@ into the leader's buffer (up to ``claim_size`` a pass, ``buffer_cap`` held), lea
 primary-key query), and queues it in its tenant's FIFO. The pass then takes up to ``batch_size`` occurrences
 round-robin over the tenants with work, each round giving a tenant ``weight`` more turns (DRR): under
 contention each tenant gets dispatch in proportion to its weight, and a tenant with little work is served at
-once. Within a tenant work stays in due order (the priority issue orders it there, never across tenants).
+once. Within a tenant, priority orders the work (``HIGH``, then ``NORMAL``, then ``LOW``, each in due order, one
+take in ten to the oldest whatever its priority: :class:`TenantQueue`); never across tenants.
 
 **A burst is claimed before it is due.** Claiming and looking up tens of thousands of members takes passes
 of a second or more; paid at the burst's due instant, that is lateness for every tenant in it. So when at
@@ -18,9 +19,10 @@ early (one Redis script counts and claims), looks up whose they are, and keeps t
 ``early``; each pass moves those now due into the round robin. Retries are never taken early.
 
 **Short pool queues.** A Kafka topic is first in, first out: what is published behind a backlog waits for
-it, whatever the dispatcher does later. So a pass publishes to a pool only while fewer than
-``pool_queue_cap`` of its executions are PENDING (published, not started): the backlog waits here, where
-the round robin can still put B's work first, rather than in the topic. The same count per tenant enforces
+it, whatever the dispatcher does later. So a pass publishes to a pool only while fewer of its executions are
+PENDING (published, not started) than the pool's cap, about ``pool_queue_sec`` of its workers' starts
+(:class:`OpenWork`): the backlog waits here, where the round robin can still put B's work first and a
+tenant's ``HIGH`` work ahead of its ``LOW``, rather than in the topic. The same count per tenant enforces
 ``maxConcurrentExecutions`` (beyond it the tenant's work waits, late but never lost), and a Redis token
 bucket per tenant (shared by every shard leader) ``maxDispatchPerSec``. A pool where nothing runs at all
 (no worker) is not held back: that would stop dispatch without making anything start sooner
@@ -49,7 +51,7 @@ import itertools
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from uuid import UUID
@@ -75,7 +77,17 @@ class FairnessConfig:
     enabled: bool = True
     #: Most executions of one pool waiting in its topic (PENDING) before the passes stop publishing to it;
     #: each shard's pass may fill its share (1/shards) of the room left, so concurrent passes stay under it.
+    #: The ceiling of each pool's own cap, which follows its start rate (``pool_queue_sec``).
     pool_queue_cap: int = 1000
+    #: A backlogged pool's queue holds about this many seconds of its workers' starts: what is published
+    #: behind it (a tenant's ``HIGH`` work, another tenant's) waits at most about that long in the topic.
+    #: Twice ``counts_refresh_sec``, so the workers never run dry between two reads of the counts.
+    pool_queue_sec: float = 0.5
+    #: The smallest cap of a pool (and where a pool starts once seen starting work): the cap doubles at each
+    #: read while the workers drain what it lets through, so a pool that keeps up reaches ``pool_queue_cap`` in
+    #: ~2 s.
+    #: Small: it is what a slow pool's queue holds (8 slots of 1 s handlers: 4 queued is half a second).
+    pool_queue_min: int = 4
     #: Most claimed occurrences one shard leader holds waiting for their turn.
     buffer_cap: int = 200_000
     #: Members claimed from the hot window into the buffer per pass. Deep, so a burst is in the buffer (and
@@ -108,8 +120,8 @@ class FairnessConfig:
     counts_refresh_sec: float = 0.25
 
     def __post_init__(self) -> None:
-        if self.pool_queue_cap < 1:
-            raise ValueError("pool_queue_cap must be >= 1")
+        if not 1 <= self.pool_queue_min <= self.pool_queue_cap or self.pool_queue_sec <= 0:
+            raise ValueError("pool_queue_min must be in [1, pool_queue_cap] and pool_queue_sec > 0")
         if self.claim_size < 1 or self.buffer_cap < self.claim_size:
             raise ValueError("claim_size must be >= 1 and buffer_cap >= claim_size")
         if self.stalled_pool_sec <= 0 or self.counts_refresh_sec < 0:
@@ -133,8 +145,20 @@ class OpenWork:
     is lifted, and its work is dispatched in the round robin's order as fast as without fairness, until one of
     its executions runs again. A pool whose workers are all busy with long handlers is not stalled (they run).
 
-    This is the one place that says how much each pool may take in a pass: priority lanes (a later issue) split
-    the same room by lane.
+    **Each pool's cap follows its start rate.** A Kafka topic is first in, first out: work published behind a
+    pool's queue (a tenant's ``HIGH`` job behind its own ``LOW`` backlog) waits until the workers have started
+    everything ahead of it. So a backlogged pool's queue is kept to ``pool_queue_sec`` of its starts: at each
+    read, a pool whose queue is at least half full has its cap set from how fast its workers drained it since
+    the last read (PENDING then + published since − PENDING now); one whose workers emptied more than half of
+    it while the passes held its work back (the cap, not the workers, was the limit) doubles it. Between
+    ``pool_queue_min`` and ``pool_queue_cap``. A pool nobody publishes to keeps its cap. A pool this process
+    has not seen start anything (no worker yet, or this dispatcher just started and the pool is idle) has
+    ``pool_queue_cap``, as before priority: its first burst goes out at once. Ordering the work
+    (priority inside a tenant, the round robin across tenants) therefore happens in the buffer, not behind a
+    long queue, with one topic per pool: no priority lanes in Kafka (README "Priority" gives the figures).
+    Measured drains undercount what other dispatcher processes published meanwhile: the cap errs short.
+
+    This is the one place that says how much each pool may take in a pass.
     """
 
     def __init__(self, store: TenantStore, config: FairnessConfig, clock: Callable[[], float] = time.monotonic) -> None:
@@ -153,6 +177,18 @@ class OpenWork:
         #: Per pool with work waiting: the last time (``clock``) it was seen running something or just began
         #: waiting. Absent: nothing waits there.
         self._flowing_at: dict[str, float] = {}
+        #: Per pool: its queue cap now (absent: ``pool_queue_min``), the PENDING count at the last read, what
+        #: this process published there since (attributed), and whether a pass held work back for it since.
+        self.caps: dict[str, int] = {}
+        #: Pools this process has seen start work (one RUNNING, or its queue drained): only their caps follow
+        #: the start rate. Elsewhere the cap is ``pool_queue_cap`` (a pool with no worker yet: keeping its queue
+        #: short would only stop dispatch until the stalled-pool rule lifts the cap, 3 s later).
+        self.started_work: set[str] = set()
+        #: The fair queues of the shards this process leads (see :meth:`best_lane_elsewhere`).
+        self.queues: dict[int, FairQueue] = {}
+        self._pending: dict[str, int] = {}
+        self._took: dict[str, int] = {}
+        self._limited: set[str] = set()
 
     async def refresh(self) -> None:
         """Read the counts again if they are older than ``counts_refresh_sec`` (one reader at a time)."""
@@ -179,6 +215,10 @@ class OpenWork:
                     # oldest wait says since when at the latest, so a new leader does not wait afresh.
                     flowing_at[pool] = now if running.get(pool) else self._flowing_at.get(pool, now - waited[pool])
             was_stalled = {pool for pool in self._flowing_at if self.stalled(pool)}
+            self.started_work.update(pool for pool, n in running.items() if n)
+            if self._read_at is not None and now > self._read_at:
+                self._adapt_caps(queued, pending, now - self._read_at)
+            self._pending, self._took, self._limited = pending, {}, set()
             self.queued, self.open, self.unattributed = queued, opened, 0
             self._flowing_at = flowing_at
             self._read_at = now
@@ -194,6 +234,40 @@ class OpenWork:
                         self.config.stalled_pool_sec,
                     )
 
+    def _adapt_caps(self, queued: dict[str, int], pending: dict[str, int], elapsed: float) -> None:
+        """Each pool's cap from its drain since the last read (see the class docstring)."""
+        cfg = self.config
+        for pool in self._pending.keys() | self._took.keys() | pending.keys():
+            drained = self._pending.get(pool, 0) + self._took.get(pool, 0) - pending.get(pool, 0)
+            if drained > 0:
+                self.started_work.add(pool)
+            if pool not in self.started_work:
+                continue
+            cap = self.caps.get(pool, cfg.pool_queue_min)
+            if 2 * queued.get(pool, 0) >= cap:  # backlogged: the workers set the pace
+                cap = round(drained / elapsed * cfg.pool_queue_sec) if drained > 0 else 0
+            elif pool in self._limited:  # the workers keep up with what the cap lets through
+                cap *= 2
+            self.caps[pool] = min(cfg.pool_queue_cap, max(cfg.pool_queue_min, cap))
+
+    def best_lane_elsewhere(self, shard: int) -> Callable[[str, str], int]:
+        """For ``shard``'s pass: the best lane a tenant has waiting for a pool in the other shards' queues."""
+        others = [q for s, q in self.queues.items() if s != shard]
+
+        def best(tenant: str, pool: str) -> int:
+            return min((q.best_lane(tenant, pool) for q in others), default=len(PRIORITIES))
+
+        return best
+
+    def cap(self, pool: str) -> int:
+        if pool not in self.started_work:
+            return self.config.pool_queue_cap
+        return self.caps.get(pool, self.config.pool_queue_min)
+
+    def limited(self, pools: Iterable[str]) -> None:
+        """A pass held work back because these pools' queues were full."""
+        self._limited.update(pools)
+
     def stalled(self, pool: str) -> bool:
         """Work of ``pool`` has waited with none of it running for ``stalled_pool_sec``."""
         since = self._flowing_at.get(pool)
@@ -202,13 +276,14 @@ class OpenWork:
     def pool_room(self, shards: int, batch_size: int) -> tuple[dict[str, int], int]:
         """Room of this shard's pass per pool seen, and for a pool not seen (nothing queued there)."""
 
-        def share(queued: int) -> int:
-            return -(-max(0, self.config.pool_queue_cap - queued - self.unattributed) // shards)
+        def share(cap: int, queued: int) -> int:
+            return -(-max(0, cap - queued - self.unattributed) // shards)
 
-        room = {pool: batch_size if self.stalled(pool) else share(n) for pool, n in self.queued.items()}
+        room = {pool: share(self.cap(pool), n) for pool, n in self.queued.items()}
+        room.update({pool: share(self.cap(pool), self.queued.get(pool, 0)) for pool in self.started_work})
         room.update({pool: batch_size for pool in self._flowing_at if self.stalled(pool)})
         room[_NOBODY] = batch_size  # jobs gone meanwhile: nothing will be published for them
-        return room, share(0)
+        return room, share(self.config.pool_queue_cap, 0)
 
     def tenant_room(self, tenants: dict[str, Tenant]) -> dict[str, int]:
         """Room under ``maxConcurrentExecutions`` for the tenants that have the quota (others: absent)."""
@@ -222,10 +297,16 @@ class OpenWork:
         """Count what a pass took, until the next read has it."""
         for item in taken:
             self.queued[item.pool] = self.queued.get(item.pool, 0) + 1
+            self._took[item.pool] = self._took.get(item.pool, 0) + 1
             self.open[item.tenant] = self.open.get(item.tenant, 0) + 1
 
     def took_unattributed(self, n: int) -> None:
         self.unattributed += n
+
+
+#: Priorities, highest first: a tenant's queue serves its lanes in this order.
+PRIORITIES = ("HIGH", "NORMAL", "LOW")
+_LANE = {p: i for i, p in enumerate(PRIORITIES)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,19 +314,97 @@ class Waiting:
     occurrence: Occurrence
     tenant: str
     pool: str
+    priority: str = "NORMAL"
+
+
+class TenantQueue:
+    """One tenant's claimed occurrences: a FIFO per priority lane, served highest lane first.
+
+    Each lane stays in claim (due) order. One take in every ``oldest_every`` goes to the longest-waiting
+    occurrence (the earliest due over all lanes) whatever its priority: under a sustained ``HIGH`` load its
+    ``NORMAL`` and ``LOW`` work still gets at least that share of the tenant's dispatch, oldest first, so
+    nothing waits forever (and with nothing ``HIGH`` waiting it changes no order at all).
+    """
+
+    __slots__ = ("_served", "lanes", "oldest_every")
+
+    def __init__(self, oldest_every: int) -> None:
+        self.lanes: tuple[deque[Waiting], ...] = tuple(deque() for _ in PRIORITIES)
+        self.oldest_every = oldest_every
+        self._served = 0
+
+    def __len__(self) -> int:
+        return sum(len(lane) for lane in self.lanes)
+
+    def __bool__(self) -> bool:
+        return any(self.lanes)
+
+    def __iter__(self) -> Iterator[Waiting]:
+        for lane in self.lanes:
+            yield from lane
+
+    def append(self, item: Waiting) -> None:
+        self.lanes[_LANE.get(item.priority, 1)].append(item)
+
+    def appendleft(self, item: Waiting) -> None:
+        self.lanes[_LANE.get(item.priority, 1)].appendleft(item)
+
+    def _next_lane(self) -> deque[Waiting]:
+        if self.oldest_turn():
+            return min((lane for lane in self.lanes if lane), key=lambda lane: lane[0].occurrence.due)
+        return next(lane for lane in self.lanes if lane)
+
+    def oldest_turn(self) -> bool:
+        """The next take goes to the longest-waiting item, whatever its priority."""
+        return (self._served + 1) % self.oldest_every == 0
+
+    def head(self) -> Waiting:
+        """The item :meth:`popleft` would take (the queue is not empty)."""
+        return self._next_lane()[0]
+
+    def popleft(self) -> Waiting:
+        item = self._next_lane().popleft()
+        self._served += 1
+        return item
 
 
 @dataclass
 class FairQueue:
-    """Per-tenant FIFOs of claimed occurrences and their round-robin deficits (pure: no I/O)."""
+    """Per-tenant queues of claimed occurrences (by priority, see :class:`TenantQueue`) and their round-robin
+    deficits (pure: no I/O). Priority orders work inside a tenant's queue only: the round robin between
+    tenants never looks at it, so marking everything ``HIGH`` buys a tenant nothing against the others."""
 
-    queues: dict[str, deque[Waiting]] = field(default_factory=dict)
+    queues: dict[str, TenantQueue] = field(default_factory=dict)
     deficits: dict[str, float] = field(default_factory=dict)
     #: Jobs held here. The hydrator's overdue scan re-adds a job that waits here past its grace to the hot
     #: window (it cannot tell held from lost); claimed again, it must not queue twice.
     held: set[UUID] = field(default_factory=set)
+    #: One take in this many of a tenant's goes to its longest-waiting work whatever its priority.
+    oldest_every: int = 10
+    #: The pools whose full queue held a tenant's next item back in the last :meth:`take`.
+    full_pools: set[str] = field(default_factory=set)
+    #: Items waiting per (tenant, pool) and lane (an index of :data:`PRIORITIES`): what another shard's pass
+    #: in the same process asks (:meth:`best_lane`) before it lets a tenant's lower-priority work go first.
+    waiting: dict[tuple[str, str], list[int]] = field(default_factory=dict)
     #: Where the next round starts, so no tenant is always first.
     _turn: int = 0
+
+    def _count(self, item: Waiting, n: int) -> None:
+        counts = self.waiting.get((item.tenant, item.pool))
+        if counts is None:
+            counts = self.waiting[(item.tenant, item.pool)] = [0] * len(PRIORITIES)
+        counts[_LANE.get(item.priority, 1)] += n
+
+    def best_lane(self, tenant: str, pool: str) -> int:
+        """The highest lane (lowest index) with work of ``tenant`` for ``pool`` waiting here; past the last if none."""
+        counts = self.waiting.get((tenant, pool))
+        return next((i for i, n in enumerate(counts) if n), len(PRIORITIES)) if counts else len(PRIORITIES)
+
+    def _queue(self, tenant: str) -> TenantQueue:
+        queue = self.queues.get(tenant)
+        if queue is None:
+            queue = self.queues[tenant] = TenantQueue(self.oldest_every)
+        return queue
 
     def __len__(self) -> int:
         return sum(len(q) for q in self.queues.values())
@@ -254,13 +413,15 @@ class FairQueue:
         for item in items:
             if item.occurrence.job_id not in self.held:
                 self.held.add(item.occurrence.job_id)
-                self.queues.setdefault(item.tenant, deque()).append(item)
+                self._queue(item.tenant).append(item)
+                self._count(item, 1)
 
     def put_back(self, items: Sequence[Waiting]) -> None:
         """Return taken items to the front of their queues, in their order."""
         for item in reversed(items):
             self.held.add(item.occurrence.job_id)
-            self.queues.setdefault(item.tenant, deque()).appendleft(item)
+            self._queue(item.tenant).appendleft(item)
+            self._count(item, 1)
 
     def take(
         self,
@@ -269,11 +430,17 @@ class FairQueue:
         pool_room: dict[str, int],
         tenant_room: dict[str, int],
         default_pool_room: int,
+        elsewhere: Callable[[str, str], int] | None = None,
     ) -> list[Waiting]:
         """Up to ``budget`` items by weighted round robin; ``pool_room``/``tenant_room`` are used up as taken.
 
         A tenant whose next item's pool is full, or that has no room of its own, is passed over this pass.
+        ``elsewhere(tenant, pool)``: the best lane the tenant has waiting for the pool in the other queues of
+        this process (the other shards it leads); a priority pick of a lower lane yields to it this pass, so
+        the pool's room goes to the tenant's higher-priority work whichever shard holds it (the turn of the
+        oldest never yields: that is the no-starvation share).
         """
+        self.full_pools = set()
         tenants = [t for t, q in self.queues.items() if q]
         if not tenants:
             return []
@@ -290,10 +457,21 @@ class FairQueue:
                 weight = max(1, weights.get(tenant, 1))
                 self.deficits[tenant] = min(self.deficits.get(tenant, 0.0) + weight, 2.0 * weight)
                 while self.deficits[tenant] >= 1 and queue and len(taken) < budget:
-                    head = queue[0]
-                    if tenant_room.get(tenant, budget) <= 0 or pool_room.get(head.pool, default_pool_room) <= 0:
+                    head = queue.head()
+                    if tenant_room.get(tenant, budget) <= 0:
                         break
+                    if pool_room.get(head.pool, default_pool_room) <= 0:
+                        self.full_pools.add(head.pool)
+                        break
+                    if (
+                        elsewhere is not None
+                        and head.priority != PRIORITIES[0]
+                        and not queue.oldest_turn()
+                        and elsewhere(tenant, head.pool) < _LANE.get(head.priority, 1)
+                    ):
+                        break  # its higher-priority work in another shard's queue goes first
                     queue.popleft()
+                    self._count(head, -1)
                     self.held.discard(head.occurrence.job_id)
                     taken.append(head)
                     self.deficits[tenant] -= 1
@@ -310,6 +488,8 @@ class FairQueue:
         for tenant in [t for t, q in self.queues.items() if not q]:
             del self.queues[tenant]
             self.deficits.pop(tenant, None)
+        for key in [k for k, counts in self.waiting.items() if not any(counts)]:
+            del self.waiting[key]
         return taken
 
 
@@ -339,6 +519,7 @@ class FairDispatch:
         #: Shared by the shard leaders of one process (a shard led alone gets its own).
         self.open_work = open_work or OpenWork(store, config)
         self.queue = FairQueue()
+        self.open_work.queues[shard] = self.queue
         #: Claimed ahead of their due time (a burst), by due time: moved into ``queue`` as they fall due.
         self.early: list[tuple[datetime, int, Waiting]] = []
         self._arrivals = itertools.count()
@@ -378,7 +559,7 @@ class FairDispatch:
                 self._held_cleared = True
             if claimed.jobs:
                 owners = await self.store.job_owners([o.job_id for o in claimed.jobs])
-                waiting = [Waiting(o, *owners.get(o.job_id, (_NOBODY, _NOBODY))) for o in claimed.jobs]
+                waiting = [Waiting(o, *owners.get(o.job_id, (_NOBODY, _NOBODY, "NORMAL"))) for o in claimed.jobs]
                 self.queue.add(w for w in waiting if w.occurrence.due <= now)
                 for w in waiting:
                     if w.occurrence.due > now:
@@ -398,7 +579,9 @@ class FairDispatch:
                 pool_room=pool_room,
                 tenant_room=self.open_work.tenant_room(tenants),
                 default_pool_room=default_room,
+                elsewhere=self.open_work.best_lane_elsewhere(self.shard) if len(self.open_work.queues) > 1 else None,
             )
+            self.open_work.limited(self.queue.full_pools)
             taken = await self._rate_limited(taken, tenants)
         except BaseException:
             lost = Claimed(jobs=[] if buffered else claimed.jobs, retries=claimed.retries)
@@ -444,11 +627,17 @@ class FairDispatch:
         """
         held = [w.occurrence for queue in self.queue.queues.values() for w in queue]
         held += [w.occurrence for _, _, w in self.early]
+        self.forget()
         self.queue, self.early = FairQueue(), []
         for start in range(0, len(held), 5000):
             await self.hot_window.add(self.shard, held[start : start + 5000], only_new=True)
         await self.hot_window.drop_held(self.shard)
         return len(held)
+
+    def forget(self) -> None:
+        """The term is over: the other shards' passes stop deferring to what this buffer held."""
+        if self.open_work.queues.get(self.shard) is self.queue:
+            del self.open_work.queues[self.shard]
 
     async def _rate_limited(self, taken: list[Waiting], tenants: dict[str, Tenant]) -> list[Waiting]:
         """Apply ``maxDispatchPerSec``: a tenant's items beyond its tokens go back to the front of its queue."""

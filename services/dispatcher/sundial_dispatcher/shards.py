@@ -202,6 +202,8 @@ def dispatch_work(deps: Dependencies, config: DispatcherConfig, holder: str) -> 
                 await backfills.run_if_due()
                 failures = 0
             except FencedOut:
+                if fair is not None:  # its buffer is the next leader's to claim again (the overdue scan)
+                    fair.forget()
                 raise
             except Exception:
                 # Postgres, Redis or the broker is unreachable: keep the term (nobody else could do

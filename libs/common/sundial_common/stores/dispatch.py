@@ -271,6 +271,7 @@ class PostgresDispatchStore:
                     [p.state for p in planned],
                     [p.triggered for p in planned],
                     [p.note for p in planned],
+                    [p.job["priority"] for p in planned],
                 )
             advances = decided.advances
             if advances:

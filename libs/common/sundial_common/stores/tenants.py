@@ -120,7 +120,7 @@ class TenantStore(Protocol):
 
     async def count_open_jobs(self, tenant_id: str) -> int: ...
 
-    async def job_owners(self, job_ids: Sequence[UUID]) -> dict[UUID, tuple[str, str]]: ...
+    async def job_owners(self, job_ids: Sequence[UUID]) -> dict[UUID, tuple[str, str, str]]: ...
 
     async def open_executions(self, queued_within_sec: float) -> list[OpenExecutions]: ...
 
@@ -173,10 +173,10 @@ class PostgresTenantStore:
     async def count_open_jobs(self, tenant_id: str) -> int:
         return int(await self._db.pool.fetchval(Q["count_open_jobs"], tenant_id))
 
-    async def job_owners(self, job_ids: Sequence[UUID]) -> dict[UUID, tuple[str, str]]:
-        """(tenant, pool) of each job that exists."""
+    async def job_owners(self, job_ids: Sequence[UUID]) -> dict[UUID, tuple[str, str, str]]:
+        """(tenant, pool, priority) of each job that exists."""
         rows = await self._db.pool.fetch(Q["job_owners"], list(job_ids))
-        return {row["id"]: (row["tenant_id"], row["pool"]) for row in rows}
+        return {row["id"]: (row["tenant_id"], row["pool"], row["priority"]) for row in rows}
 
     async def open_executions(self, queued_within_sec: float) -> list[OpenExecutions]:
         """Open executions per (tenant, pool); ``queued`` counts those dispatched within ``queued_within_sec``."""

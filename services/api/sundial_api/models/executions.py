@@ -25,6 +25,14 @@ class ExecutionState(enum.StrEnum):
     SKIPPED = "SKIPPED"
 
 
+class Priority(enum.StrEnum):
+    """Orders a tenant's work in its pool (README "Priority"); never across tenants."""
+
+    LOW = "LOW"
+    NORMAL = "NORMAL"
+    HIGH = "HIGH"
+
+
 class Execution(ViewModel):
     """One occurrence of a job and its current attempt."""
 
@@ -55,6 +63,10 @@ class Execution(ViewModel):
     fence_token: int = Field(description="Leadership token of the dispatcher that created it (for dedupe).")
     pool: str
     handler: str
+    priority: Priority = Field(
+        description="The job's priority when this execution was dispatched (a later PATCH of the job changes its "
+        'next fires, not this). Orders work within the tenant: README "Priority".'
+    )
     worker_id: str | None
     created_at: datetime
     published_at: datetime | None = Field(description="When it was handed to the broker.")
@@ -116,6 +128,7 @@ def render_execution(row: Mapping[str, Any], trace_link_template: str | None, ci
         "fenceToken": row["fence_token"],
         "pool": row["pool"],
         "handler": row["handler"],
+        "priority": row["priority"],
         "workerId": row["worker_id"],
         "createdAt": row["created_at"],
         "publishedAt": row["published_at"],

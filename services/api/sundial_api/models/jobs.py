@@ -15,7 +15,7 @@ from sundial_common.messages import POOL_NAME
 
 from sundial_api.models.breakers import JobBreaker, JobBreakerView
 from sundial_api.models.common import RequestModel, ViewModel
-from sundial_api.models.executions import Execution
+from sundial_api.models.executions import Execution, Priority
 from sundial_api.models.schedules import JobType, ScheduleFields, recurring_only
 
 HANDLER_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:-]{0,127}$")
@@ -54,12 +54,6 @@ class CatchupPolicy(enum.StrEnum):
     FIRE_ONCE = "FIRE_ONCE"
     FIRE_ALL = "FIRE_ALL"
     SKIP = "SKIP"
-
-
-class Priority(enum.StrEnum):
-    LOW = "LOW"
-    NORMAL = "NORMAL"
-    HIGH = "HIGH"
 
 
 class Backoff(enum.StrEnum):
@@ -222,7 +216,13 @@ class JobCreate(ScheduleFields):
     timeout_sec: Annotated[StrictInt, Field(ge=1, le=MAX_TIMEOUT_SEC)] | None = Field(
         None, description="Seconds one attempt may run (1 to 7 days). Default: the server's (600)."
     )
-    priority: Priority = Field(Priority.NORMAL, description="Dispatch priority within the pool.")
+    priority: Priority = Field(
+        Priority.NORMAL,
+        description="Orders this tenant's work in its pool: when more is due than the pool's workers can start, "
+        "HIGH starts before NORMAL before LOW (one start in ten still goes to the tenant's longest-waiting work). "
+        "Never across tenants: it buys no share of a pool from another tenant. A PATCH applies from the next "
+        'fire. README "Priority".',
+    )
     labels: dict[str, Any] = Field(
         default_factory=dict,
         description="String labels to find the job by (`GET /v1/jobs?label=team:growth`): at most 32, keys of "

@@ -134,10 +134,11 @@ FOR UPDATE;
 -- two-dimensional array, which must be rectangular). scheduled_for is the instant of the fire, after the child's latest (no two share one).
 WITH inserted AS (
     INSERT INTO executions (id, tenant_id, job_id, scheduled_for, shard, fence_token, pool, handler, state,
-                            max_attempts, timeout_sec, trace_id, traceparent, fire_at, trigger_id, caused_by)
+                            max_attempts, timeout_sec, trace_id, traceparent, fire_at, trigger_id, caused_by,
+                            priority)
     SELECT e.id, e.tenant_id, e.job_id, e.scheduled_for, $9, $10, e.pool, e.handler, 'PENDING',
            e.max_attempts, e.timeout_sec, e.trace_id, e.traceparent, e.scheduled_for, e.trigger_id,
-           string_to_array(e.caused_by, ',')::uuid[]
+           string_to_array(e.caused_by, ',')::uuid[], (SELECT j.priority FROM jobs j WHERE j.id = e.job_id)
     FROM unnest($1::uuid[], $2::text[], $3::uuid[], $4::timestamptz[], $5::text[], $6::text[], $7::int[],
                 $8::int[], $11::text[], $12::text[], $13::uuid[], $14::text[])
          AS e (id, tenant_id, job_id, scheduled_for, pool, handler, max_attempts, timeout_sec, trace_id, traceparent,

@@ -64,15 +64,15 @@ WHERE j.shard = $3;
 WITH inserted AS (
     INSERT INTO executions (id, tenant_id, job_id, scheduled_for, shard, fence_token, pool, handler, state,
                             max_attempts, timeout_sec, trace_id, traceparent, fire_at, triggered, error,
-                            finished_at)
+                            finished_at, priority)
     SELECT e.id, e.tenant_id, e.job_id, e.scheduled_for, $9, $10, e.pool, e.handler, e.state,
            e.max_attempts, e.timeout_sec, e.trace_id, e.traceparent, e.fire_at, e.triggered, e.note,
-           CASE WHEN e.state = 'SKIPPED' THEN now() END
+           CASE WHEN e.state = 'SKIPPED' THEN now() END, e.priority
     FROM unnest($1::uuid[], $2::text[], $3::uuid[], $4::timestamptz[], $5::text[], $6::text[],
                 $7::int[], $8::int[], $11::text[], $12::text[], $14::timestamptz[], $15::text[], $16::bool[],
-                $17::text[])
+                $17::text[], $18::text[])
          AS e (id, tenant_id, job_id, scheduled_for, pool, handler, max_attempts, timeout_sec, trace_id,
-               traceparent, fire_at, state, triggered, note)
+               traceparent, fire_at, state, triggered, note, priority)
     ON CONFLICT (job_id, scheduled_for) DO NOTHING
     RETURNING id, tenant_id, state, error
 ), audit AS (

@@ -38,8 +38,9 @@ SELECT count(*) FROM jobs WHERE tenant_id = $1 AND state IN ('ACTIVE', 'PAUSED')
 SELECT pg_advisory_xact_lock(hashtextextended('sundial.tenant:' || $1, 0));
 
 -- name: job_owners
--- The dispatcher's fair pass: whose each claimed job is, and which pool it runs in (primary-key lookups).
-SELECT id, tenant_id, pool FROM jobs WHERE id = ANY($1::uuid[]);
+-- The dispatcher's fair pass: whose each claimed job is, which pool it runs in and at which priority
+-- (primary-key lookups).
+SELECT id, tenant_id, pool, priority FROM jobs WHERE id = ANY($1::uuid[]);
 
 -- name: open_executions
 -- The dispatcher's fair pass (read by each dispatcher process at most every few hundred milliseconds, shared by
