@@ -175,7 +175,7 @@ class _CountsUnreadable:
     def __getattr__(self, name: str) -> object:
         return getattr(self._store, name)
 
-    async def open_executions(self, queued_within_sec: float) -> list[object]:
+    async def open_executions(self, queued_within_sec: float, fresh_within_sec: float | None = None) -> list[object]:
         raise ConnectionRefusedError("postgres is restarting")
 
 

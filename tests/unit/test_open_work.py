@@ -18,7 +18,9 @@ class Counts:
         self.rows: list[OpenExecutions] = []
         self.reads = 0
 
-    async def open_executions(self, queued_within_sec: float) -> list[OpenExecutions]:
+    async def open_executions(
+        self, queued_within_sec: float, fresh_within_sec: float | None = None
+    ) -> list[OpenExecutions]:
         self.reads += 1
         return self.rows
 
@@ -117,3 +119,19 @@ async def test_a_backlogged_pools_cap_follows_its_start_rate_and_grows_while_its
     clock.now += 0.25
     await work.refresh()
     assert work.cap("p") == 16
+
+
+async def test_work_stuck_with_a_stopped_worker_does_not_hold_the_live_workers_back() -> None:
+    counts, clock = Counts(), Clock()
+    work = open_work(counts, clock, pool_queue_min=4)
+    counts.rows = [OpenExecutions("a", "p", queued=40, pending=40, running=8, open=48, fresh=40)]
+    await work.refresh()
+    clock.now += 0.25
+    counts.rows = [OpenExecutions("a", "p", queued=36, pending=36, running=8, open=44, fresh=36)]
+    await work.refresh()
+    assert work.pool_room(shards=1, batch_size=500)[0]["p"] == 0, "a backlog: the cap follows the starts (8)"
+    # The same 36 wait, none dispatched within the last second: they sit with a worker that was killed.
+    clock.now += 0.25
+    counts.rows = [OpenExecutions("a", "p", queued=36, pending=36, running=8, open=44, fresh=0)]
+    await work.refresh()
+    assert work.pool_room(shards=1, batch_size=500)[0]["p"] == 4, "the live workers get work again"

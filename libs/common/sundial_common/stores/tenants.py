@@ -122,7 +122,9 @@ class TenantStore(Protocol):
 
     async def job_owners(self, job_ids: Sequence[UUID]) -> dict[UUID, tuple[str, str, str]]: ...
 
-    async def open_executions(self, queued_within_sec: float) -> list[OpenExecutions]: ...
+    async def open_executions(
+        self, queued_within_sec: float, fresh_within_sec: float | None = None
+    ) -> list[OpenExecutions]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +143,8 @@ class OpenExecutions:
     open: int
     #: Seconds the oldest PENDING one has waited (None: none is PENDING).
     waited_sec: float | None = None
+    #: Of ``queued``, those dispatched within ``fresh_within_sec`` (None: not counted apart).
+    fresh: int | None = None
 
 
 class PostgresTenantStore:
@@ -178,9 +182,13 @@ class PostgresTenantStore:
         rows = await self._db.pool.fetch(Q["job_owners"], list(job_ids))
         return {row["id"]: (row["tenant_id"], row["pool"], row["priority"]) for row in rows}
 
-    async def open_executions(self, queued_within_sec: float) -> list[OpenExecutions]:
-        """Open executions per (tenant, pool); ``queued`` counts those dispatched within ``queued_within_sec``."""
-        rows = await self._db.pool.fetch(Q["open_executions"], queued_within_sec)
+    async def open_executions(
+        self, queued_within_sec: float, fresh_within_sec: float | None = None
+    ) -> list[OpenExecutions]:
+        """Open executions per (tenant, pool); ``queued`` counts those dispatched within ``queued_within_sec``,
+        ``fresh`` those within ``fresh_within_sec``."""
+        fresh_sec = queued_within_sec if fresh_within_sec is None else fresh_within_sec
+        rows = await self._db.pool.fetch(Q["open_executions"], queued_within_sec, fresh_sec)
         return [
             OpenExecutions(
                 r["tenant_id"],
@@ -190,6 +198,7 @@ class PostgresTenantStore:
                 r["running"],
                 r["open"],
                 float(r["waited_sec"]) if r["waited_sec"] is not None else None,
+                r["fresh"],
             )
             for r in rows
         ]

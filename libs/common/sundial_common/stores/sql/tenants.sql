@@ -46,10 +46,12 @@ SELECT id, tenant_id, pool, priority FROM jobs WHERE id = ANY($1::uuid[]);
 -- The dispatcher's fair pass (read by each dispatcher process at most every few hundred milliseconds, shared by
 -- the shards it leads): per tenant and pool, executions waiting in Kafka (PENDING, dispatched within the last $1
 -- seconds: an older one's message is presumed lost, and the sweeper's to send again), all PENDING ones, RUNNING
--- ones (a pool with work waiting and none running has no worker starting it) and open ones (PENDING or
+-- ones (a pool with work waiting and none running has no worker starting it), those dispatched within the last
+-- $2 seconds (the rate-following cap's count) and open ones (PENDING or
 -- RUNNING), and how long the oldest PENDING one has waited. A partial-index scan (executions_open_idx) over the open rows only.
 SELECT tenant_id, pool,
        count(*) FILTER (WHERE state = 'PENDING' AND created_at > now() - make_interval(secs => $1)) AS queued,
+       count(*) FILTER (WHERE state = 'PENDING' AND created_at > now() - make_interval(secs => $2)) AS fresh,
        count(*) FILTER (WHERE state = 'PENDING') AS pending,
        count(*) FILTER (WHERE state = 'RUNNING') AS running,
        count(*) AS open,
