@@ -1,12 +1,13 @@
 """Priority with the real processes: a tenant's HIGH jobs start on time behind its own LOW backlog.
 
-One shared pool (``demo``), two workers of 4 slots each, and a backlog of LOW ``sleep`` jobs that takes them
-about 20 s to drain (the issue's 2,000 one-second jobs on two 16-slot workers, scaled down to keep the e2e lane
-short). HIGH ``echo`` jobs of the same tenant come due during the drain: every one must start within 2 s of
-its due time while LOW work is still waiting (the dispatcher takes a tenant's HIGH work first and keeps the
-pool's Kafka queue to about half a second of its starts, so nothing HIGH waits behind the backlog). The LOW
-backlog still drains completely, and each execution shows the priority it was dispatched with. The exact
-figures (P95, max) come from ``bench/priority.py``, beside the same run with every job NORMAL.
+One shared pool (``priority``, this test's own: ``tests.e2e.priority_app``), two workers of 4 slots each, and
+a backlog of LOW ``sleep`` jobs that takes them about 20 s to drain (the issue's 2,000 one-second jobs on two
+16-slot workers, scaled down to keep the e2e lane short). HIGH ``echo`` jobs of the same tenant come due during
+the drain: every one must start within 2 s of its due time while LOW work is still waiting (the dispatcher
+takes a tenant's HIGH work first and keeps the pool's Kafka queue to about half a second of its starts, so
+nothing HIGH waits behind the backlog). The LOW backlog still drains completely, and each execution shows the
+priority it was dispatched with. The exact figures (P95, max) come from ``bench/priority.py``, beside the same
+run with every job NORMAL.
 """
 
 from __future__ import annotations
@@ -47,12 +48,12 @@ async def test_high_jobs_start_on_time_behind_a_low_backlog_of_their_own_tenant(
     processes.start("hydrator", "hydrator")
     processes.start("dispatcher", "dispatcher")
     for name in ("worker-1", "worker-2"):
-        processes.start(name, "worker", "--app", "sundial_worker.demo:worker", "--concurrency", "4")
+        processes.start(name, "worker", "--app", "tests.e2e.priority_app:worker", "--concurrency", "4")
     processes.wait_http_ok("api", f"http://127.0.0.1:{port}/readyz")
     processes.wait_for_log("dispatcher", "leading with fence token")
     for name in ("worker-1", "worker-2"):
         processes.wait_for_log(name, "partitions assigned")
-    token = tenant_token(database_url, "acme", pools=("demo",))
+    token = tenant_token(database_url, "acme", pools=("priority",))
 
     conn = await asyncpg.connect(database_url)
     try:
@@ -61,7 +62,7 @@ async def test_high_jobs_start_on_time_behind_a_low_backlog_of_their_own_tenant(
             # pool with no worker yet keeps the fixed cap), as a pool in service has.
             # Two waves, so that the second one's pass reads the counts while the first one runs.
             warm = datetime.now(UTC) + timedelta(seconds=1)
-            target = {"pool": "demo", "handler": "sleep"}
+            target = {"pool": "priority", "handler": "sleep"}
             warmup = [
                 {"name": "warm-up", "type": "ONE_SHOT", "runAt": iso(warm + timedelta(seconds=i % 2)), "target": target}
                 for i in range(8)
@@ -74,7 +75,7 @@ async def test_high_jobs_start_on_time_behind_a_low_backlog_of_their_own_tenant(
                     "name": "urgent",
                     "type": "ONE_SHOT",
                     "runAt": iso(start + timedelta(seconds=wave)),
-                    "target": {"pool": "demo", "handler": "echo"},
+                    "target": {"pool": "priority", "handler": "echo"},
                     "priority": "HIGH",
                 }
                 for wave in HIGH_WAVES
