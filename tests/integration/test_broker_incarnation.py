@@ -60,14 +60,19 @@ class Restarted:
         return None
 
 
-async def test_the_sweeper_republishes_every_pending_execution_when_the_broker_restarted_empty(
-    stores: Stores, hot_window: HotWindow, publisher: KafkaPublisher, pool: str, kafka_bootstrap: str
-) -> None:
+async def three_published(stores: Stores, hot_window: HotWindow, publisher: KafkaPublisher, pool: str) -> None:
+    """Three due jobs dispatched: three PENDING executions whose messages are in the pool's topic."""
     due = datetime.now(UTC) - timedelta(milliseconds=10)
     jobs = [await make_job(stores, due, pool) for _ in range(3)]
     await hot_window.add(0, [Occurrence(j, _ms(due)) for j in jobs])
     config = DispatcherConfig(mark_published_after_sec=0)
     assert (await ShardDispatcher(0, 1, "d", stores.dispatch, hot_window, publisher, config).run_once()).published == 3
+
+
+async def test_the_sweeper_republishes_every_pending_execution_when_the_broker_restarted_empty(
+    stores: Stores, hot_window: HotWindow, publisher: KafkaPublisher, pool: str, kafka_bootstrap: str
+) -> None:
+    await three_published(stores, hot_window, publisher, pool)
     # Published just now: the outbox scan (b) would wait unstarted_after_sec (60 s) before sending them again.
     restart = BrokerRestartRepublisher(stores.dispatch, publisher, Restarted(), batch_size=2)
     sweeper = Sweeper(stores, publisher, SweeperConfig(), broker_restart=restart)
@@ -100,11 +105,7 @@ class RefusesFirst:
 async def test_a_republish_the_restarted_broker_refused_is_sent_again_at_the_next_pass(
     stores: Stores, hot_window: HotWindow, publisher: KafkaPublisher, pool: str, kafka_bootstrap: str
 ) -> None:
-    due = datetime.now(UTC) - timedelta(milliseconds=10)
-    jobs = [await make_job(stores, due, pool) for _ in range(3)]
-    await hot_window.add(0, [Occurrence(j, _ms(due)) for j in jobs])
-    config = DispatcherConfig(mark_published_after_sec=0)
-    assert (await ShardDispatcher(0, 1, "d", stores.dispatch, hot_window, publisher, config).run_once()).published == 3
+    await three_published(stores, hot_window, publisher, pool)
     restart = BrokerRestartRepublisher(stores.dispatch, RefusesFirst(publisher, 2), Restarted(), batch_size=10)
 
     first = await restart.run_once()

@@ -95,7 +95,9 @@ def _claimed(flat: Sequence[bytes | str]) -> Claimed:
     times: dict[bytes | str, datetime] = {}  # a burst shares a few scores: convert each once
     for i in range(0, len(flat), 2):
         raw, score = flat[i], flat[i + 1]
-        due = times.get(score) or times.setdefault(score, from_ms(float(score)))
+        due = times.get(score)
+        if due is None:
+            due = times[score] = from_ms(float(score))
         text = raw.decode() if isinstance(raw, bytes) else raw
         kind, _, ident = text.partition(":")
         if kind == "r":

@@ -557,8 +557,8 @@ class FairDispatch:
                 ahead=now + timedelta(seconds=self.config.claim_ahead_sec),
                 ahead_min=self.config.claim_ahead_min,
             )
-        if not claimed and not len(self.queue) and not self.early:
-            return claimed  # idle: no read at all
+        if not claimed and not len(self.queue) and not (self.early and self.early[0][0] <= now):
+            return claimed  # idle, or a burst claimed ahead and not due yet: no read at all
         buffered = False
         try:
             tenants = await self.policy.tenants()

@@ -219,18 +219,7 @@ class BreakerLoop:
                 )
             return None
         if b.state == OPEN:
-            if not b.probe_due:
-                return None
-            return Transition(
-                b,
-                HALF_OPEN,
-                "half_opened",
-                actor,
-                next_probe_in_sec=max(b.cooldown_sec, s.cooldown_sec),
-                cooldown_sec=b.cooldown_sec,
-                probe_limit=s.probes,
-                detail={"probes": s.probes},
-            )
+            return _half_open(b, s, actor, "half_opened") if b.probe_due else None
         # HALF_OPEN: what ended since it went half-open decides.
         if failures > 0:
             cooldown = min(max(b.cooldown_sec, s.cooldown_sec) * 2, s.max_cooldown_sec)
@@ -250,16 +239,7 @@ class BreakerLoop:
         if attempts >= b.probe_limit or (b.held == 0 and (attempts > 0 or b.probe_due)):
             return Transition(b, CLOSED, "closed", actor, detail={"probesSucceeded": attempts, "held": b.held})
         if b.probe_due:  # the probes brought no verdict in time (lost, or nothing to retry): send new ones
-            return Transition(
-                b,
-                HALF_OPEN,
-                "probes_renewed",
-                actor,
-                next_probe_in_sec=max(b.cooldown_sec, s.cooldown_sec),
-                cooldown_sec=b.cooldown_sec,
-                probe_limit=s.probes,
-                detail={"probes": s.probes},
-            )
+            return _half_open(b, s, actor, "probes_renewed")
         return None
 
     def _gauge(self, b: Breaker) -> None:
@@ -270,6 +250,20 @@ class BreakerLoop:
         """A sweeper that stopped leading must not report stale states beside the new leader's."""
         self._state.forget()
         self._held.forget()
+
+
+def _half_open(b: Breaker, s: BreakerSettings, actor: str, event: str) -> Transition:
+    """Let ``s.probes`` retries through, and judge them before the next probe time."""
+    return Transition(
+        b,
+        HALF_OPEN,
+        event,
+        actor,
+        next_probe_in_sec=max(b.cooldown_sec, s.cooldown_sec),
+        cooldown_sec=b.cooldown_sec,
+        probe_limit=s.probes,
+        detail={"probes": s.probes},
+    )
 
 
 def _second(at: datetime) -> datetime:
