@@ -2,7 +2,7 @@
 
 Workloads (seed 002 targets: P95 dispatch latency < 1 s; 1M dispatches/min on a fleet):
 
-- ``create``  API create rate: single POSTs (and the batch endpoint when the API has it).
+- ``create``  API create rate under wrk: single POSTs (with and without Idempotency-Key) and batches (create.py).
 - ``w1``      burst: N one-shot jobs all due at the same instant (``--burst 10000,100000``).
 - ``w2``      spread: 20,000 jobs due uniformly over 60 s.
 - ``w3``      sustained: a target rate of due executions per second for ``--duration`` s
@@ -53,6 +53,7 @@ from sundial_infra.supervisor import ProcessSpec, Supervisor, sundial_argv
 sys.path.insert(0, str(Path(__file__).parent))
 import at_rest
 import ceilings
+import create
 import machine
 
 REPO = Path(__file__).resolve().parent.parent
@@ -374,44 +375,6 @@ class Bench:
             if name in pids
         ]
 
-    async def run_create(self, count: int) -> dict[str, Any]:
-        url = f"http://127.0.0.1:{self.ports.api}"
-        body = {"name": "c", "type": "DELAYED", "delaySeconds": 86400, "target": {"pool": POOL, "handler": "echo"}}
-        limit = asyncio.Semaphore(64)
-        async with httpx.AsyncClient(
-            base_url=url,
-            headers={"Authorization": f"Bearer {self.token}"},
-            timeout=30,
-            limits=httpx.Limits(max_connections=64),
-        ) as client:
-
-            async def one() -> int:
-                async with limit:
-                    return (await client.post("/v1/jobs", json=body)).status_code
-
-            started = time.perf_counter()
-            codes = await asyncio.gather(*(one() for _ in range(count)))
-            single = count / (time.perf_counter() - started)
-            result: dict[str, Any] = {
-                "single": {"jobs": count, "per_s": round(single), "errors": sum(c != 201 for c in codes)}
-            }
-            batch_size = 500
-            batches = max(1, count // batch_size)
-            started = time.perf_counter()
-            responses = await asyncio.gather(
-                *(client.post("/v1/jobs:batch", json={"jobs": [body] * batch_size}) for _ in range(batches))
-            )
-            if responses[0].status_code in (404, 405):
-                result["batch"] = "not available"
-            else:
-                result["batch"] = {
-                    "jobs": batches * batch_size,
-                    "batch_size": batch_size,
-                    "per_s": round(batches * batch_size / (time.perf_counter() - started)),
-                    "http_errors": sum(r.status_code >= 300 for r in responses),
-                }
-        return result
-
 
 async def _top_statements(conn: asyncpg.Connection, limit: int = 8) -> list[dict[str, Any]]:
     """Where the database time went: the statements with the most execution time since the last reset."""
@@ -476,11 +439,13 @@ async def main_async(args: argparse.Namespace) -> None:
         )
         result = await at_rest.main_async(at_rest_args)
         record({**result, "workload": "w4", **meta})
+    if "create" in args.workloads:
+        # One API process under wrk, single and batch creates, each on a stack of its own (bench/create.py).
+        for line in await create.measure(bench, duration=max(2.0, 20 * args.scale)):
+            record({**line, **meta})
     # Each run on a fresh stack: the broker keeps every message in memory and Postgres keeps every
     # execution, so a run measured after another would pay for what the earlier one left behind.
     runs: list[tuple[dict[str, Any], Callable[[], Awaitable[dict[str, Any]]]]] = []
-    if "create" in args.workloads:
-        runs.append(({"workload": "create"}, lambda: bench.run_create(int(5000 * args.scale))))
     for n in (int(b * args.scale) for b in args.burst) if "w1" in args.workloads else []:
         runs.append(({"workload": "w1", "burst": n}, functools.partial(_burst, bench, n, args)))
     if "w2" in args.workloads:

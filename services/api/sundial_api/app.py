@@ -12,6 +12,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from datetime import timedelta
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
@@ -44,6 +45,7 @@ from sundial_api import (
     stats,
     tenants,
 )
+from sundial_api.group_commit import HOT_WINDOW_MARGIN, CreateGroups
 from sundial_api.limits import BodyLimitMiddleware
 from sundial_api.metrics import RequestMetricsMiddleware
 from sundial_api.responses import OrjsonResponse
@@ -115,16 +117,24 @@ def create_app(settings: ApiSettings | None = None, *, clock: Clock | None = Non
             socket_timeout=settings.redis_timeout_sec,
             socket_connect_timeout=settings.redis_timeout_sec,
         )
+        hot_window = HotWindow(redis)
+        wall = clock or SystemClock()
         app.state.api = ApiState(
             settings=settings,
             stores=stores,
-            hot_window=HotWindow(redis),
-            clock=clock or SystemClock(),
+            hot_window=hot_window,
+            clock=wall,
             tenant_cache=TenantCache(stores.tenants, settings.tenant_cache_sec),
             pool_cache=PoolCache(stores.pools, settings.tenant_cache_sec),
             buckets=TokenBuckets(redis),
             keyring=keyring,
             verifier=TokenVerifier.from_settings(settings),
+            create_groups=CreateGroups(
+                stores.jobs,
+                hot_window,
+                lambda: wall.now() + timedelta(seconds=settings.hot_window_sec) + HOT_WINDOW_MARGIN,
+                max_jobs=settings.create_group_max,
+            ),
         )
         log.info("api ready (shards=%d, hot window=%ds)", settings.shards, settings.hot_window_sec)
         try:

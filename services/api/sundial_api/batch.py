@@ -14,22 +14,22 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Header
 from pydantic import ValidationError
-from redis.exceptions import RedisError
 from starlette.responses import Response
 from sundial_common import ids, telemetry
 from sundial_common.schedules import fire_at
-from sundial_common.stores.types import Occurrence, Record
+from sundial_common.stores.types import Record
 
 from sundial_api import idempotency
 from sundial_api.auth import Authenticated
-from sundial_api.jobs import _HOT_WINDOW_MARGIN, _check_payload, _definition, _resolve, with_tenant_defaults
+from sundial_api.group_commit import HOT_WINDOW_MARGIN, add_near_due
+from sundial_api.jobs import _check_payload, _definition, _resolve, with_tenant_defaults
 from sundial_api.metrics import count_created
 from sundial_api.models.batch import JobBatch
 from sundial_api.models.jobs import JobCreate, JobState, render_job
 from sundial_api.pools import usable_pool, with_pool_defaults
 from sundial_api.problems import ProblemError, describe, problem_body, responses
 from sundial_api.responses import OrjsonResponse
-from sundial_api.state import ApiState, State
+from sundial_api.state import State
 from sundial_api.tenants import QuotaExceededError, rate_limited, take_creates
 
 log = logging.getLogger("sundial.api")
@@ -133,19 +133,6 @@ async def create_jobs(
             return created  # the first request's answer, replayed
         rows = created
     count_created((row["tenant_id"], row["type"]) for row in rows)
-    await _add_to_hot_window(state, rows)
+    horizon = state.clock.now() + timedelta(seconds=state.settings.hot_window_sec) + HOT_WINDOW_MARGIN
+    await add_near_due(state.hot_window, rows, horizon)
     return OrjsonResponse(answer(rows))
-
-
-async def _add_to_hot_window(state: ApiState, rows: list[Record]) -> None:
-    """Near-due jobs go into their shards' hot windows, one call per shard (best effort, as for one job)."""
-    horizon = state.clock.now() + timedelta(seconds=state.settings.hot_window_sec) + _HOT_WINDOW_MARGIN
-    by_shard: dict[int, list[Occurrence]] = {}
-    for row in rows:
-        if row["next_fire_at"] is not None and row["next_fire_at"] < horizon:
-            by_shard.setdefault(row["shard"], []).append(Occurrence(row["id"], row["next_fire_at"]))
-    try:
-        for shard, occurrences in by_shard.items():
-            await state.hot_window.add(shard, occurrences)
-    except (RedisError, OSError) as exc:
-        log.warning("batch stored but hot-window members not all added (the hydrator will repair it): %r", exc)

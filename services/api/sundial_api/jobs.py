@@ -36,6 +36,7 @@ from sundial_common.stores.types import Occurrence, Record
 
 from sundial_api import idempotency
 from sundial_api.auth import Authenticated
+from sundial_api.group_commit import HOT_WINDOW_MARGIN
 from sundial_api.metrics import count_created
 from sundial_api.models.executions import ExecutionPage, render_execution
 from sundial_api.models.jobs import Job, JobCreate, JobDetail, JobPatch, JobState, Triggered, render_job
@@ -69,11 +70,6 @@ schedules_router = APIRouter(prefix="/v1", tags=["jobs"])
 
 LATEST_EXECUTIONS = 10
 LISTED_CHILDREN = 100
-# Also add occurrences due a little past the horizon: a hydrator pass that read Postgres before this
-# job committed may already have moved its watermark past it (or run on a clock slightly ahead). A
-# member a minute beyond the window costs nothing; a missed one would fire only at the overdue scan.
-_HOT_WINDOW_MARGIN = timedelta(seconds=60)
-
 # An escaped NUL in JSON text: ``\u0000`` after an even number of backslashes, none included (after an odd
 # run it is the literal text "\u0000", which is fine). jsonb refuses the NUL character.
 _NUL_ESCAPE = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")
@@ -149,14 +145,18 @@ async def create_job(
             row = await state.stores.dependencies.create_dependent_job(
                 values, edges, actor=principal.subject, max_active_jobs=max_active_jobs
             )
-        else:
+        elif max_active_jobs is None:
+            # Written with the creates running beside it, in one statement; near-due, it is in the hot window.
+            row = await state.create_groups.create(values, principal.subject)
+        else:  # the quota's count and lock belong to one transaction per create
             row = await state.stores.jobs.insert_job(values, actor=principal.subject, max_active_jobs=max_active_jobs)
     except ActiveJobsQuotaExceeded as exc:
         raise QuotaExceededError("maxActiveJobs", exc.limit, exc.current) from None
     except GraphError as exc:
         raise _graph_problem(exc) from None
     count_created(((row["tenant_id"], row["type"]),))
-    await _sync_hot_window(state, row, principal.tenant, removing=False)
+    if idempotency_key is not None or edges or max_active_jobs is not None:
+        await _sync_hot_window(state, row, principal.tenant, removing=False)
     log.debug("job created", extra={"tenant": principal.tenant, "job_id": job_id, "shard": shard})
     return OrjsonResponse(
         render_job(row, cipher), status_code=201, headers={"Location": f"/v1/jobs/{job_id}", **_etag(row)}
@@ -273,7 +273,7 @@ async def _sync_hot_window(state: ApiState, row: Record, tenant: str, *, removin
     if row["state"] == JobState.ACTIVE:
         candidates.append(row["next_fire_at"])
     due = min((c for c in candidates if c is not None), default=None)
-    horizon = state.clock.now() + timedelta(seconds=state.settings.hot_window_sec) + _HOT_WINDOW_MARGIN
+    horizon = state.clock.now() + timedelta(seconds=state.settings.hot_window_sec) + HOT_WINDOW_MARGIN
     try:
         if due is not None and due < horizon:
             await state.hot_window.add(row["shard"], [Occurrence(row["id"], due)])

@@ -43,6 +43,13 @@ class ApiSettings(CommonSettings):
         description="How long a replica trusts what it read of a tenant's registry entry (registered, suspended, "
         "quotas): a change made through another replica applies here within this time.",
     )
+    create_group_max: int = Field(
+        500,
+        ge=1,
+        le=1000,
+        description="Most concurrent single creates (`POST /v1/jobs`) written by one statement and one commit "
+        "(group commit: each request is still answered on its own, once its job is durable); 1 writes each alone.",
+    )
     access_log: bool = Field(False, description="Log one line per request (uvicorn's access log).")
     idempotency_ttl_sec: int = Field(
         86400, ge=60, description="How long an `Idempotency-Key` of `POST /v1/jobs` is remembered (per tenant)."

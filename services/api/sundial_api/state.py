@@ -19,6 +19,7 @@ from sundial_common.pool_cache import PoolCache
 from sundial_common.ratelimit import TokenBuckets
 from sundial_common.stores import Stores
 
+from sundial_api.group_commit import CreateGroups
 from sundial_api.settings import ApiSettings
 from sundial_api.tenant_cache import TenantCache
 from sundial_api.tokens import VerifiedTokens
@@ -39,6 +40,8 @@ class ApiState:
     verifier: TokenVerifier
     #: The pool registry, as the checks of every create, target change, trigger and replay read it.
     pool_cache: PoolCache
+    #: Concurrent single creates, written together (:mod:`sundial_api.group_commit`).
+    create_groups: CreateGroups
     verified_tokens: VerifiedTokens = field(default_factory=VerifiedTokens)
 
 

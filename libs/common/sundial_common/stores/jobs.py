@@ -64,6 +64,8 @@ class JobStore(Protocol):
         self, jobs: Sequence[Mapping[str, Any]], actor: str, *, max_active_jobs: int | None = None
     ) -> list[Record]: ...
 
+    async def insert_grouped_jobs(self, jobs: Sequence[tuple[Mapping[str, Any], str]]) -> list[Record]: ...
+
     async def get_job(self, tenant_id: str, job_id: UUID) -> Record | None: ...
 
     async def update_job(
@@ -124,6 +126,17 @@ class PostgresJobStore:
             return await insert_jobs_on(self._db.pool, jobs, actor)
         async with self._db.pool.acquire() as conn, conn.transaction():
             return await insert_jobs_on(conn, jobs, actor, max_active_jobs=max_active_jobs)
+
+    async def insert_grouped_jobs(self, jobs: Sequence[tuple[Mapping[str, Any], str]]) -> list[Record]:
+        """Register jobs of any tenants, each with its own audit actor, in one statement (one commit); rows come
+        back in the order of ``jobs``. Either all are written or, on any error, none."""
+        if not jobs:
+            return []
+        rows = [
+            {**_JOB_DEFAULTS, "next_nominal_at": job.get("next_fire_at"), **job, "actor": actor} for job, actor in jobs
+        ]
+        by_id = {row["id"]: row for row in await self._db.pool.fetch(Q["insert_jobs_grouped"], rows)}
+        return [cast(Record, by_id[job["id"]]) for job, _ in jobs]
 
     async def get_job(self, tenant_id: str, job_id: UUID) -> Record | None:
         return cast(Record | None, await self._db.pool.fetchrow(Q["get_job"], job_id, tenant_id))

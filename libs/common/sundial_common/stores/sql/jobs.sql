@@ -48,6 +48,32 @@ WITH input AS (
 )
 SELECT * FROM job;
 
+-- name: insert_jobs_grouped
+-- Concurrent single creates written together (the API's group commit): jobs of any tenants, each object of
+-- the JSON array $1 holding one job's column values and the `actor` of its audit row. The jobs and their audit
+-- rows in one statement, so one commit makes every job of the group durable at once (tenants as for insert_job).
+WITH input AS (
+    SELECT j.*, e ->> 'actor' AS actor
+    FROM jsonb_array_elements($1::jsonb) AS e, LATERAL jsonb_populate_record(NULL::jobs, e) AS j
+), tenant AS (
+    INSERT INTO tenants (id) SELECT DISTINCT tenant_id FROM input ON CONFLICT (id) DO NOTHING
+), job AS (
+    INSERT INTO jobs (id, tenant_id, name, type, schedule, timezone, run_at, delay_seconds, pool, handler,
+                      payload, retry_policy, timeout_sec, priority, state, shard, next_fire_at, traceparent,
+                      interval_sec, run_list, start_at, end_at, max_runs, jitter_sec, overlap_policy,
+                      catchup_policy, catchup_window_sec, next_nominal_at, labels, breaker)
+    SELECT id, tenant_id, name, type, schedule, timezone, run_at, delay_seconds, pool, handler,
+           payload, retry_policy, timeout_sec, priority, state, shard, next_fire_at, traceparent,
+           interval_sec, run_list, start_at, end_at, max_runs, jitter_sec, overlap_policy,
+           catchup_policy, catchup_window_sec, next_nominal_at, labels, breaker
+    FROM input
+    RETURNING *
+), audit AS (
+    INSERT INTO audit_log (tenant_id, entity, entity_id, action, to_state, actor)
+    SELECT job.tenant_id, 'job', job.id, 'create', job.state, input.actor FROM job JOIN input USING (id)
+)
+SELECT * FROM job;
+
 -- name: get_job
 SELECT * FROM jobs WHERE id = $1 AND tenant_id = $2;
 
