@@ -20,6 +20,7 @@ import httpx
 import jwt
 import orjson
 import pytest
+from fastapi import FastAPI
 from opentelemetry import trace
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from redis.asyncio import Redis
@@ -67,6 +68,7 @@ class Api:
     redis: Redis
     settings: ApiSettings
     clock: FixedClock
+    app: FastAPI
 
     def auth(self, tenant: str = TENANT) -> dict[str, str]:
         token = tenant_token(self.settings.database_url, tenant, secret=SECRET, pools=POOLS)
@@ -102,7 +104,7 @@ async def api(request: pytest.FixtureRequest, database_url: str, redis_url: str)
             app.router.lifespan_context(app),
             httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://api.test") as client,
         ):
-            yield Api(client, db, redis, settings, clock)
+            yield Api(client, db, redis, settings, clock, app)
     finally:
         await redis.aclose()
         await db.close()

@@ -47,7 +47,7 @@ async def api(database_url: str, redis_url: str) -> AsyncIterator[Api]:
             app.router.lifespan_context(app),
             httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://api.test") as client,
         ):
-            yield Api(client, db, redis, settings, clock)
+            yield Api(client, db, redis, settings, clock, app)
     finally:
         await redis.aclose()
         await db.close()

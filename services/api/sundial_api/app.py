@@ -134,6 +134,7 @@ def create_app(settings: ApiSettings | None = None, *, clock: Clock | None = Non
                 hot_window,
                 lambda: wall.now() + timedelta(seconds=settings.hot_window_sec) + HOT_WINDOW_MARGIN,
                 max_jobs=settings.create_group_max,
+                writers=settings.create_group_writers,
             ),
         )
         log.info("api ready (shards=%d, hot window=%ds)", settings.shards, settings.hot_window_sec)

@@ -63,6 +63,7 @@ async def create_jobs(
     tenant = await state.tenant_cache.get(principal.tenant)
     results: list[dict[str, Any]] = [{} for _ in body.jobs]
     accepted: list[tuple[int, dict[str, Any]]] = []
+    payloads: dict[int, Any] = {}
     traceparent = telemetry.traceparent()
     cipher = await state.keyring.cipher(principal.tenant)
     for index, raw in enumerate(body.jobs):
@@ -99,6 +100,7 @@ async def create_jobs(
             }
         )
         accepted.append((index, values))
+        payloads[index] = job.payload  # answered as sent: no need to decrypt what was just sealed
 
     # Quotas, per item in order: the items past the create rate get 429, those past maxActiveJobs 403.
     granted, retry_after_ms = await take_creates(state, tenant, len(accepted)) if accepted else (0, 0)
@@ -111,7 +113,7 @@ async def create_jobs(
 
     def answer(rows: list[Record]) -> dict[str, Any]:
         for (index, _), row in zip(accepted, rows, strict=False):
-            results[index] = {"index": index, "status": 201, "job": render_job(row, cipher)}
+            results[index] = {"index": index, "status": 201, "job": render_job(row, cipher, payloads[index])}
         for index, _ in accepted[len(rows) :]:  # past maxActiveJobs: nothing written for these
             assert max_active_jobs is not None
             over = QuotaExceededError("maxActiveJobs", max_active_jobs, max_active_jobs)

@@ -10,6 +10,7 @@ second copy of one Ctrl-C under `uv run` as "exit now".
 from __future__ import annotations
 
 import argparse
+import gc
 from types import FrameType
 
 import uvicorn
@@ -25,6 +26,8 @@ from sundial_api.settings import ApiSettings
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 # Requests still running this long after SIGTERM are abandoned, so a stuck client cannot block a deploy.
 GRACEFUL_SHUTDOWN_SEC = 30
+#: Allocations between young-generation collections (CPython's default: 700).
+GC_THRESHOLD = 7000
 
 
 class _Server(uvicorn.Server):
@@ -87,6 +90,13 @@ def main(argv: list[str] | None = None) -> int:
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SEC,
     )
     server = _Server(config)
+    # What is built by now (modules, pydantic schemas, the app) lives as long as the process: frozen, it is no
+    # longer scanned by every full collection. And young collections run ten times rarer: a create allocates
+    # hundreds of short-lived objects, almost none of them in cycles (py-spy under wrk: ~8% of the API's CPU
+    # in the collector at the default threshold of 700).
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(GC_THRESHOLD, 10, 10)
     # The API serves /metrics on its own port (sundial_api.health), not on SUNDIAL_METRICS_PORT.
     with observed("sundial-api", settings, metrics=False):
         server.run()

@@ -3,10 +3,11 @@
 A single create written on its own costs one statement, one commit (a WAL flush) and the client-side work of
 one round trip; under load that was most of the API's and of Postgres' CPU per job (bench ``create``: API
 0.41 ms of client CPU per single INSERT against 0.04 ms per job of a 100-row one). So each request, once
-validated, hands its job to :class:`CreateGroups` and waits: while one group is being written, the jobs
-of the requests that arrive meanwhile gather into the next, which is written as soon as the previous one
-committed. A lone request is written at once (no added wait); under load a group holds as many jobs as
-arrived during one write (up to ``max_jobs``).
+validated, hands its job to :class:`CreateGroups` and waits. Up to ``writers`` groups are written at once
+(a commit waits for its WAL flush, and Postgres flushes concurrent commits together); while they are, the jobs
+of the requests that arrive meanwhile gather into the next group, written as soon as a writer is free. A
+lone request is written at once (no added wait); under load a group holds as many jobs as arrived during
+one write (up to ``max_jobs``).
 
 What each request still gets for itself:
 
@@ -86,13 +87,15 @@ class CreateGroups:
         hot_window: HotWindow,
         horizon: Callable[[], datetime],
         max_jobs: int = 500,
+        writers: int = 4,
     ) -> None:
         self.jobs = jobs
         self.hot_window = hot_window
         self.horizon = horizon
         self.max_jobs = max_jobs
+        self.writers = writers
         self._waiting: list[_Waiter] = []
-        self._writer: asyncio.Task[None] | None = None
+        self._writers: set[asyncio.Task[None]] = set()
         #: Groups written and jobs in them, for the tests and the bench (how big groups get under load).
         self.groups = 0
         self.grouped_jobs = 0
@@ -102,8 +105,10 @@ class CreateGroups:
         once the group committed."""
         answer: asyncio.Future[Record] = asyncio.get_running_loop().create_future()
         self._waiting.append(_Waiter(values, actor, answer))
-        if self._writer is None:
-            self._writer = asyncio.create_task(self._write_groups())
+        if len(self._writers) < self.writers:
+            writer = asyncio.create_task(self._write_groups())
+            self._writers.add(writer)
+            writer.add_done_callback(self._writers.discard)
         return await answer
 
     async def _write_groups(self) -> None:
@@ -121,8 +126,6 @@ class CreateGroups:
                 waiter.answer.cancel()
             self._waiting = []
             raise
-        finally:
-            self._writer = None
 
     async def _write(self, group: list[_Waiter]) -> None:
         try:

@@ -159,7 +159,9 @@ async def create_job(
         await _sync_hot_window(state, row, principal.tenant, removing=False)
     log.debug("job created", extra={"tenant": principal.tenant, "job_id": job_id, "shard": shard})
     return OrjsonResponse(
-        render_job(row, cipher), status_code=201, headers={"Location": f"/v1/jobs/{job_id}", **_etag(row)}
+        render_job(row, cipher, body.payload),
+        status_code=201,
+        headers={"Location": f"/v1/jobs/{job_id}", **_etag(row)},
     )
 
 

@@ -50,6 +50,13 @@ class ApiSettings(CommonSettings):
         description="Most concurrent single creates (`POST /v1/jobs`) written by one statement and one commit "
         "(group commit: each request is still answered on its own, once its job is durable); 1 writes each alone.",
     )
+    create_group_writers: int = Field(
+        4,
+        ge=1,
+        le=64,
+        description="How many groups of single creates are written at once (each on its own connection): more "
+        "overlap commits' WAL flushes on a slow disk, fewer make bigger groups (less CPU per job).",
+    )
     access_log: bool = Field(False, description="Log one line per request (uvicorn's access log).")
     idempotency_ttl_sec: int = Field(
         86400, ge=60, description="How long an `Idempotency-Key` of `POST /v1/jobs` is remembered (per tenant)."

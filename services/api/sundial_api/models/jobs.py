@@ -394,8 +394,13 @@ class JobList(ViewModel):
     next_cursor: str | None = Field(description="Pass as `cursor` for the next page; null on the last page.")
 
 
-def render_job(row: Mapping[str, Any], cipher: TenantCipher) -> dict[str, Any]:
-    """A ``jobs`` row as the Job view (its payload opened with the tenant's ``cipher``)."""
+#: ``render_job``'s "open the stored payload" (any JSON value, ``None`` included, may be a payload).
+SEALED: Any = object()
+
+
+def render_job(row: Mapping[str, Any], cipher: TenantCipher, payload: Any = SEALED) -> dict[str, Any]:
+    """A ``jobs`` row as the Job view: its payload opened with the tenant's ``cipher``, or ``payload`` when the
+    caller has it in the clear (a create that just sealed it need not decrypt it again)."""
     return {
         "jobId": str(row["id"]),
         "name": row["name"],
@@ -414,7 +419,7 @@ def render_job(row: Mapping[str, Any], cipher: TenantCipher) -> dict[str, Any]:
         "catchupPolicy": row["catchup_policy"],
         "catchupWindowSec": row["catchup_window_sec"],
         "target": {"pool": row["pool"], "handler": row["handler"]},
-        "payload": cipher.open_json(row["payload"], PAYLOAD),
+        "payload": cipher.open_json(row["payload"], PAYLOAD) if payload is SEALED else payload,
         "retryPolicy": row["retry_policy"],
         "timeoutSec": row["timeout_sec"],
         "priority": row["priority"],
