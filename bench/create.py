@@ -4,7 +4,7 @@ A Python load generator saturates before the API does (the old httpx loop used m
 measured), so the load comes from wrk (Debian package ``wrk``; ``make deps`` installs it) with the Lua script
 ``bench/create.lua``, which writes each request's body (a unique job name per job, a unique
 ``Idempotency-Key`` per request when keyed) and sends the tenant's bearer token. Each load runs for a fixed time
-after a short warm-up, on a stack of its own (Postgres, Redis, the API, a hydrator and a sweeper: no dispatcher
+after a short warm-up, on a stack of their own (Postgres, Redis, the API, a hydrator and a sweeper: no dispatcher
 or worker competes for the two cores; the jobs are due in a day, so none would fire anyway).
 
 One JSON line per load, ``"created"`` saying how the jobs were created (``API single``, ``API batch``): requests
@@ -87,20 +87,18 @@ async def measure(
     loads: Sequence[str] = ("single", "keyed", "batch"),
     delay_sec: int = 86400,
 ) -> list[dict[str, Any]]:
-    """Run each load on a fresh stack shaped like ``bench`` without dispatchers, workers or analytics."""
+    """Run the loads one after the other on a fresh stack shaped like ``bench`` without dispatchers, workers or
+    analytics (the jobs of one load are a few seconds' worth of rows for the next: no measurable difference)."""
     wrk = shutil.which("wrk")
     if wrk is None:
         raise RuntimeError("wrk is not installed: `make deps` installs it (Debian package wrk)")
     shape = dataclasses.replace(bench.shape, dispatchers=0, workers=0, analytics=False)
-    lines = []
-    for name in loads:
-        stack = type(bench)(shape, bench.root, bench.ports, bench.profile)  # type: ignore[call-arg]
-        stack.start()
-        try:
-            lines.append(await _run(stack, wrk, LOADS[name], duration, delay_sec))
-        finally:
-            stack.stop()
-    return lines
+    stack = type(bench)(shape, bench.root, bench.ports, bench.profile)  # type: ignore[call-arg]
+    stack.start()
+    try:
+        return [await _run(stack, wrk, LOADS[name], duration, delay_sec) for name in loads]
+    finally:
+        stack.stop()
 
 
 async def _run(bench: Stack, wrk: str, load: Load, duration: float, delay_sec: int) -> dict[str, Any]:

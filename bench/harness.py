@@ -440,7 +440,7 @@ async def main_async(args: argparse.Namespace) -> None:
         result = await at_rest.main_async(at_rest_args)
         record({**result, "workload": "w4", **meta})
     if "create" in args.workloads:
-        # One API process under wrk, single and batch creates, each on a stack of its own (bench/create.py).
+        # One API process under wrk, single and batch creates, on a stack of their own (bench/create.py).
         for line in await create.measure(bench, duration=max(2.0, 20 * args.scale)):
             record({**line, **meta})
     # Each run on a fresh stack: the broker keeps every message in memory and Postgres keeps every

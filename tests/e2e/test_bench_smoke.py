@@ -76,8 +76,18 @@ def test_the_bench_harness_runs_every_dispatch_workload_and_records_its_figures(
         assert {"cores", "memory_gib", "commit", "cpu_probe_s"} <= set(line["machine"])
         assert line["settings"]["shards"] == 2
     assert by_workload["ceilings"]["postgres_insert"]["rows_per_s"] > 0
-    assert by_workload["create"]["single"]["errors"] == 0
-    assert by_workload["create"]["batch"]["http_errors"] == 0
+    # wrk's loads (bench/create.py): single creates, with and without Idempotency-Key, and batches; every
+    # request answered 2xx, every job answered is written with its audit row.
+    creates = [line for line in lines if line["workload"] == "create"]
+    assert sorted((c["created"], c["idempotency_key"]) for c in creates) == [
+        ("API batch", False),
+        ("API single", False),
+        ("API single", True),
+    ]
+    for line in creates:
+        assert line["requests"] > 0 and set(line["errors"].values()) == {0}, line
+        assert line["jobs_written"] == line["audit_rows"] >= line["requests"] * line["batch_size"]
+        assert {"api", "postgres", "wrk"} <= set(line["cpu_s"]) and line["api_cpu_ms_per_job"] > 0
     for name in ("w1", "w3"):
         line = by_workload[name]
         assert line["jobs"] > 0
