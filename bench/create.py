@@ -117,9 +117,12 @@ async def _run(bench: Stack, wrk: str, load: Load, duration: float, delay_sec: i
         load_after = os.getloadavg()
         if profiler is not None:
             profiler.wait()
-        written = await conn.fetchval(
-            "SELECT count(*) FROM jobs WHERE tenant_id = $1 AND name LIKE $2", TENANT, f"{run}-%"
-        )
+        # Requests wrk abandoned at its deadline may still be committing: count once the number stops moving.
+        written = await _count_jobs(conn, run)
+        for _ in range(30):
+            await asyncio.sleep(1.0)
+            if written == (written := await _count_jobs(conn, run)):
+                break
         audited = await conn.fetchval(
             """SELECT count(*) FROM audit_log a JOIN jobs j ON j.id = a.entity_id
                WHERE a.action = 'create' AND j.tenant_id = $1 AND j.name LIKE $2""",
@@ -167,6 +170,12 @@ async def _run(bench: Stack, wrk: str, load: Load, duration: float, delay_sec: i
         "loadavg_before": [round(x, 2) for x in load_before],
         "loadavg_after": [round(x, 2) for x in load_after],
     }
+
+
+async def _count_jobs(conn: asyncpg.Connection, run: str) -> int:
+    return int(
+        await conn.fetchval("SELECT count(*) FROM jobs WHERE tenant_id = $1 AND name LIKE $2", TENANT, f"{run}-%")
+    )
 
 
 def _wrk(
