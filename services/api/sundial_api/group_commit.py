@@ -145,7 +145,10 @@ class CreateGroups:
             return
         self.groups += 1
         self.grouped_jobs += len(rows)
-        await add_near_due(self.hot_window, rows, self.horizon())
+        try:
+            await add_near_due(self.hot_window, rows, self.horizon())
+        except Exception:  # the jobs are committed: whatever went wrong here, each request gets its job
+            log.exception("jobs stored but not put into the hot window (the hydrator will)")
         for waiter, row in zip(group, rows, strict=True):
             if not waiter.answer.done():
                 waiter.answer.set_result(row)

@@ -1,7 +1,8 @@
 """``/v1/jobs``: register, read, change, pause, resume, trigger, preview, page through and cancel jobs.
 
 Creating a job is one INSERT statement (tenant, job and audit row together, so nothing is ever half
-written), then — only if it is due within the hot window — one ZADD. Postgres is the truth (DESIGN
+written), then — only if it is due within the hot window — one ZADD; concurrent creates share that statement
+and that commit (:mod:`sundial_api.group_commit`), each still answered on its own. Postgres is the truth (DESIGN
 invariant 1): if the ZADD fails the job is still accepted, and the hydrator's overdue scan puts it in
 the window. Every other change is one compare-and-set statement, then the job's hot-window member is
 moved to where the job now says it belongs (or removed).
