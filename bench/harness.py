@@ -480,6 +480,7 @@ async def main_async(args: argparse.Namespace) -> None:
             steady_passes=30,
             port_offset=args.port_offset + AT_REST_PORT_OFFSET,
             keep=False,
+            reuse=False,
         )
         result = await at_rest.main_async(at_rest_args)
         record({**result, "workload": "w4", **meta})
