@@ -35,6 +35,7 @@ from typing import Any
 import aetcd
 import orjson
 
+from sundial_common.etcd_client import Client
 from sundial_common.leadership import cancel_watch
 
 __all__ = [
@@ -64,7 +65,8 @@ ETCD_CALL_TIMEOUT_SEC = 5
 def etcd_client(endpoint: str) -> aetcd.Client:
     """A client for ``host:port`` (``SUNDIAL_ETCD_ENDPOINT``); it connects on first use."""
     host, _, port = endpoint.rpartition(":")
-    return aetcd.Client(host=host or "127.0.0.1", port=int(port), timeout=ETCD_CALL_TIMEOUT_SEC)
+    # Ours renews every lease on one long-lived keep-alive stream (sundial_common.etcd_client).
+    return Client(host=host or "127.0.0.1", port=int(port), timeout=ETCD_CALL_TIMEOUT_SEC)
 
 
 @dataclass(frozen=True)
