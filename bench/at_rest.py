@@ -2,6 +2,8 @@
 
     uv run python bench/at_rest.py                 # 1,000,000 jobs, 4 shards, its own servers
     uv run python bench/at_rest.py --jobs 100000   # smaller
+    uv run python bench/at_rest.py --jobs 10000000 --keep   # W4 at 10M (~10 min here); then --reuse measures
+                                                            # again without registering, and deletes the data
 
 It starts its own Postgres and Redis (``LocalStack`` on the bench ports + ``--port-offset``, under
 ``.sundial/bench-at-rest/``, wiped first), migrates, and registers ``--jobs`` recurring jobs straight into
@@ -11,9 +13,10 @@ fire computed by ``sundial_common.schedules`` exactly as the API does. Then it m
 
 * Postgres size: the ``jobs`` heap, each of its indexes, the database;
 * the hydrator: one pass from an empty Redis (a rebuild: promotes the whole hot window), then steady
-  passes a second apart (promote the slice that entered the window), and the overdue scan; plus the
-  plan of one promotion page, to show it is an index range scan and never a table scan;
-* Redis: hot-window members and memory.
+  passes a second apart (most read only the watermarks; one in each promotion slice scans the slice
+  that entered the window), and the overdue scan; plus the plan of one promotion page, to show it is an
+  index range scan and never a table scan;
+* Redis: hot-window members and memory; the servers' memory (PSS).
 
 It prints one JSON line and appends it to ``bench/results/<date>.jsonl``. A measurement, not a test.
 """
@@ -197,12 +200,15 @@ async def hydrate(dsn: str, redis_url: str, shards: int, now: datetime, steady_p
         cold = await hydrator.run_once()  # also runs the overdue scan (first pass)
         cold_s = time.perf_counter() - started
         steady = []
+        scanning = []  # the passes that scanned Postgres (a promotion slice's worth of the window's edge)
         promoted = 0
         for _ in range(steady_passes):
             clock.current += timedelta(seconds=1)
             started = time.perf_counter()
             result = await hydrator.run_once()
             steady.append(time.perf_counter() - started)
+            if result.scanned_shards:
+                scanning.append(steady[-1])
             promoted += result.promoted
         overdue_started = time.perf_counter()
         for shard in range(shards):
@@ -222,6 +228,8 @@ async def hydrate(dsn: str, redis_url: str, shards: int, now: datetime, steady_p
             "max": round(steady[-1] * 1000, 2),
             "passes": len(steady),
             "promoted_per_pass": round(promoted / max(1, len(steady)), 1),
+            "scanning_passes": len(scanning),
+            "scanning_pass_ms_max": round(max(scanning, default=0) * 1000, 2),
         },
         "overdue_scan_ms": round(overdue_s * 1000, 2),
         "hot_window_members": members,
