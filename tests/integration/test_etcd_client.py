@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
+import aetcd
+import pytest
+from sundial_common.etcd_client import _translated
 from sundial_common.registry import etcd_client
 
 
@@ -31,11 +34,21 @@ async def test_a_stream_that_broke_is_replaced_by_the_next_renewal(etcd_endpoint
         lease = await client.lease(5)
         await client.refresh_lease(lease.id)
         broken = client._keepalive
-        broken.call.cancel()  # what a lost connection does to it
-        await asyncio.wait({broken.reader}, timeout=5)
-
+        broken.call.cancel()  # what a lost connection does to it; renewed again before the reader noticed
         assert (await asyncio.wait_for(client.refresh_lease(lease.id), 5)).TTL > 0
         assert client._keepalive is not broken
+
+        # A renewal written on a call that finished under it fails as etcd errors do (callers retry those).
+        current = client._keepalive
+        current.call.cancel()
+        future = asyncio.get_running_loop().create_future()
+        current.waiting[lease.id].append(future)
+        try:
+            await current.call.write(object())
+        except Exception as exc:
+            current.close(_translated(exc))
+        with pytest.raises(aetcd.ClientError):
+            await future
     finally:
         await client.close()
 

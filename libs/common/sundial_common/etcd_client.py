@@ -74,8 +74,10 @@ class _KeepAliveStream:
 
 def _translated(error: BaseException) -> aetcd.ClientError:
     """The ``aetcd.ClientError`` aetcd itself raises for ``error`` (an ``AioRpcError`` by its status code)."""
+    if not isinstance(error, rpc.AioRpcError | aetcd.ClientError):
+        return exceptions.ConnectionFailedError(repr(error))
     try:
-        exceptions._handle_exception(error if isinstance(error, Exception) else Exception(repr(error)))
+        exceptions._handle_exception(error)
     except aetcd.ClientError as translated:
         return translated
     return exceptions.ClientError(repr(error))  # not reached: _handle_exception always raises
@@ -97,8 +99,10 @@ class Client(aetcd.Client):  # type: ignore[misc]  # aetcd ships no type informa
             try:
                 async with stream.write_lock:
                     await stream.call.write(rpc.LeaseKeepAliveRequest(ID=lease_id))
-            except (rpc.BaseError, rpc.RpcError) as exc:  # the stream is finished: fail it, and this renewal
-                stream.close(_translated(exc))
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the call finished under us (grpc: "RPC already finished"), an RpcError
+                stream.close(_translated(exc))  # fails this renewal too, as a ClientError
             return await future
         except asyncio.CancelledError:
             # The caller's deadline: a stream that leaves a renewal unanswered that long is not trusted again.
@@ -111,7 +115,8 @@ class Client(aetcd.Client):  # type: ignore[misc]  # aetcd ships no type informa
 
     async def _stream(self) -> _KeepAliveStream:
         async with self._keepalive_lock:
-            if self._keepalive is None or self._keepalive.broken:
+            # A call that ended before its reader noticed is as broken as one it reported.
+            if self._keepalive is None or self._keepalive.broken or self._keepalive.call.done():
                 await self.connect()
                 assert self.leasestub is not None
                 # No deadline on the call itself: it lives as long as the client; each renewal has its own.
