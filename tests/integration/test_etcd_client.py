@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import aetcd
 import pytest
-from sundial_common.etcd_client import _translated
 from sundial_common.registry import etcd_client
 
 
@@ -28,7 +28,9 @@ async def test_renewals_of_many_leases_share_one_stream_and_each_gets_its_own_an
         await client.close()
 
 
-async def test_a_stream_that_broke_is_replaced_by_the_next_renewal(etcd_endpoint: str) -> None:
+async def test_a_stream_that_broke_is_replaced_by_the_next_renewal(
+    etcd_endpoint: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     client = etcd_client(etcd_endpoint)
     try:
         lease = await client.lease(5)
@@ -38,17 +40,19 @@ async def test_a_stream_that_broke_is_replaced_by_the_next_renewal(etcd_endpoint
         assert (await asyncio.wait_for(client.refresh_lease(lease.id), 5)).TTL > 0
         assert client._keepalive is not broken
 
-        # A renewal written on a call that finished under it fails as etcd errors do (callers retry those).
-        current = client._keepalive
-        current.call.cancel()
-        future = asyncio.get_running_loop().create_future()
-        current.waiting[lease.id].append(future)
-        try:
-            await current.call.write(object())
-        except Exception as exc:
-            current.close(_translated(exc))
+        # The race the fault suite hit: the call finishes after a renewal picked the stream, before it writes.
+        # The renewal fails as etcd errors do (callers retry those), and the next one opens a new stream.
+        stale = client._keepalive
+        stale.call.cancel()
+
+        async def the_stale_stream() -> Any:
+            return stale
+
+        monkeypatch.setattr(client, "_stream", the_stale_stream)
         with pytest.raises(aetcd.ClientError):
-            await future
+            await asyncio.wait_for(client.refresh_lease(lease.id), 5)
+        monkeypatch.undo()
+        assert (await asyncio.wait_for(client.refresh_lease(lease.id), 5)).TTL > 0
     finally:
         await client.close()
 
