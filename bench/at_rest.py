@@ -2,6 +2,8 @@
 
     uv run python bench/at_rest.py                 # 1,000,000 jobs, 4 shards, its own servers
     uv run python bench/at_rest.py --jobs 100000   # smaller
+    uv run python bench/at_rest.py --jobs 10000000 --keep   # W4 at 10M (~10 min here); then --reuse measures
+                                                            # again without registering, and deletes the data
 
 It starts its own Postgres and Redis (``LocalStack`` on the bench ports + ``--port-offset``, under
 ``.sundial/bench-at-rest/``, wiped first), migrates, and registers ``--jobs`` recurring jobs straight into
@@ -11,9 +13,10 @@ fire computed by ``sundial_common.schedules`` exactly as the API does. Then it m
 
 * Postgres size: the ``jobs`` heap, each of its indexes, the database;
 * the hydrator: one pass from an empty Redis (a rebuild: promotes the whole hot window), then steady
-  passes a second apart (promote the slice that entered the window), and the overdue scan; plus the
-  plan of one promotion page, to show it is an index range scan and never a table scan;
-* Redis: hot-window members and memory.
+  passes a second apart (most read only the watermarks; one in each promotion slice scans the slice
+  that entered the window), and the overdue scan; plus the plan of one promotion page, to show it is an
+  index range scan and never a table scan;
+* Redis: hot-window members and memory; the servers' memory (PSS).
 
 It prints one JSON line and appends it to ``bench/results/<date>.jsonl``. A measurement, not a test.
 """
@@ -22,10 +25,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
+import concurrent.futures
 import dataclasses
+import functools
 import json
+import os
 import random
 import shutil
+import sys
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -34,6 +42,7 @@ from typing import Any
 
 import asyncpg
 import machine  # bench/ is on sys.path: run as a script, or imported by harness.py
+from idle import Sampler  # bench/ is on sys.path, as for machine
 from redis.asyncio import Redis
 from sundial_common.hotwindow import HotWindow
 from sundial_common.ids import new_id, shard_for
@@ -47,6 +56,9 @@ from sundial_infra.stack import BENCH_PORTS, LocalStack, Ports
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
 ZONES = ["UTC", "America/New_York", "America/Los_Angeles", "Europe/London", "Europe/Berlin", "Asia/Kolkata"]
+TENANT = "bench-at-rest"
+#: Jobs per COPY (and per chunk built ahead in the child process).
+CHUNK = 100_000
 COLUMNS = [
     "id", "tenant_id", "name", "type", "schedule", "timezone", "interval_sec", "start_at", "pool", "handler",
     "payload", "timeout_sec", "state", "shard", "jitter_sec", "next_nominal_at", "next_fire_at",
@@ -62,6 +74,14 @@ class FixedClock:
 
     def monotonic(self) -> float:
         return time.monotonic()
+
+
+@functools.lru_cache(maxsize=200_000)
+def _next_fire(spec: ScheduleSpec, now: datetime) -> datetime:
+    """``next_fire``, once per distinct schedule: the mix has a few thousand (most of the Python time at 10M)."""
+    nominal = next_fire(spec, now)
+    assert nominal is not None
+    return nominal
 
 
 def job_record(i: int, tenant: str, shards: int, now: datetime, rng: random.Random) -> tuple[Any, ...]:
@@ -82,8 +102,7 @@ def job_record(i: int, tenant: str, shards: int, now: datetime, rng: random.Rand
         start = now - timedelta(seconds=rng.randrange(interval))
         spec = ScheduleSpec(Kind.INTERVAL, timezone=zone, interval_sec=interval, start_at=start)
     jitter = 60 if i % 10 == 0 else 0
-    nominal = next_fire(spec, now)
-    assert nominal is not None
+    nominal = _next_fire(spec, now)
     return (
         job_id, tenant, f"job-{i}", spec.kind.value, schedule, zone, interval, start, "reports", "build",
         {"report": i % 1000}, 600, "ACTIVE", shard_for(job_id, shards), jitter, nominal,
@@ -91,9 +110,18 @@ def job_record(i: int, tenant: str, shards: int, now: datetime, rng: random.Rand
     )  # fmt: skip
 
 
+def job_chunk(offset: int, end: int, shards: int, now: datetime) -> list[tuple[Any, ...]]:
+    """Jobs ``offset`` to ``end``, from a chunk's own seeded RNG (the same jobs in any order of building)."""
+    rng = random.Random(f"42-{offset}")
+    return [job_record(i, TENANT, shards, now, rng) for i in range(offset, end)]
+
+
 async def register(dsn: str, count: int, shards: int, now: datetime) -> float:
-    """COPY ``count`` jobs in batches; returns the rows per second."""
-    rng = random.Random(42)
+    """COPY ``count`` jobs in chunks, progress on stderr; returns the rows per second.
+
+    A thread builds the next chunk while this one waits for Postgres to take the current one, so the two
+    overlap (a child process would spend longer pickling the rows than building them).
+    """
     conn = await asyncpg.connect(dsn)
     # COPY speaks binary: jsonb is a version byte, then the JSON text.
     await conn.set_type_codec(
@@ -103,17 +131,29 @@ async def register(dsn: str, count: int, shards: int, now: datetime) -> float:
         decoder=lambda data: json.loads(data[1:]),
         format="binary",
     )
-    tenant = "bench-at-rest"
     started = time.perf_counter()
+    loop = asyncio.get_running_loop()
+    bounds = [(offset, min(count, offset + CHUNK)) for offset in range(0, count, CHUNK)]
     try:
-        await conn.execute("INSERT INTO tenants (id) VALUES ($1) ON CONFLICT DO NOTHING", tenant)
-        for offset in range(0, count, 50_000):
-            batch = [job_record(i, tenant, shards, now, rng) for i in range(offset, min(count, offset + 50_000))]
-            await conn.copy_records_to_table("jobs", records=batch, columns=COLUMNS)
+        await conn.execute("INSERT INTO tenants (id) VALUES ($1) ON CONFLICT DO NOTHING", TENANT)
+        with concurrent.futures.ThreadPoolExecutor(max_workers=1) as builder:
+            ahead = collections.deque(loop.run_in_executor(builder, job_chunk, *b, shards, now) for b in bounds[:2])
+            for index, (_offset, end) in enumerate(bounds):
+                batch = await ahead.popleft()
+                if index + 2 < len(bounds):
+                    ahead.append(loop.run_in_executor(builder, job_chunk, *bounds[index + 2], shards, now))
+                await conn.copy_records_to_table("jobs", records=batch, columns=COLUMNS)
+                elapsed = time.perf_counter() - started
+                _progress(f"registered {end:,}/{count:,} jobs ({end / elapsed:,.0f}/s, {elapsed:,.0f}s)")
+        _progress("VACUUM ANALYZE jobs")
         await conn.execute("VACUUM ANALYZE jobs")
     finally:
         await conn.close()
     return count / (time.perf_counter() - started)
+
+
+def _progress(message: str) -> None:
+    print(f"{datetime.now(UTC):%H:%M:%S} at_rest: {message}", file=sys.stderr, flush=True)
 
 
 async def sizes(dsn: str) -> dict[str, Any]:
@@ -160,12 +200,15 @@ async def hydrate(dsn: str, redis_url: str, shards: int, now: datetime, steady_p
         cold = await hydrator.run_once()  # also runs the overdue scan (first pass)
         cold_s = time.perf_counter() - started
         steady = []
+        scanning = []  # the passes that scanned Postgres (a promotion slice's worth of the window's edge)
         promoted = 0
         for _ in range(steady_passes):
             clock.current += timedelta(seconds=1)
             started = time.perf_counter()
             result = await hydrator.run_once()
             steady.append(time.perf_counter() - started)
+            if result.scanned_shards:
+                scanning.append(steady[-1])
             promoted += result.promoted
         overdue_started = time.perf_counter()
         for shard in range(shards):
@@ -185,6 +228,8 @@ async def hydrate(dsn: str, redis_url: str, shards: int, now: datetime, steady_p
             "max": round(steady[-1] * 1000, 2),
             "passes": len(steady),
             "promoted_per_pass": round(promoted / max(1, len(steady)), 1),
+            "scanning_passes": len(scanning),
+            "scanning_pass_ms_max": round(max(scanning, default=0) * 1000, 2),
         },
         "overdue_scan_ms": round(overdue_s * 1000, 2),
         "hot_window_members": members,
@@ -196,27 +241,47 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     ports = Ports(**{f.name: getattr(BENCH_PORTS, f.name) + args.port_offset for f in dataclasses.fields(Ports)})
     root = REPO / ".sundial" / "bench-at-rest"
     stack = LocalStack(root, ports, durable=False)
-    stack.stop()
-    shutil.rmtree(root, ignore_errors=True)
+    registered = root / "registered.json"  # what a --keep run registered, for a --reuse run
+    reuse = args.reuse and registered.exists()
+    if not reuse:
+        stack.stop()
+        shutil.rmtree(root, ignore_errors=True)
     stack.start()
     try:
         dsn = stack.postgres_dsn
-        await upgrade(dsn)
-        now = datetime.now(UTC).replace(microsecond=0)
-        rate = await register(dsn, args.jobs, args.shards, now)
+        if reuse:
+            kept = json.loads(registered.read_text())
+            now, rate = datetime.fromisoformat(kept["now"]), kept["rate"]
+            if (kept["jobs"], kept["shards"]) != (args.jobs, args.shards):
+                raise SystemExit(f"--reuse: {root} holds {kept['jobs']} jobs over {kept['shards']} shards")
+        else:
+            await upgrade(dsn)
+            now = datetime.now(UTC).replace(microsecond=0)
+            rate = await register(dsn, args.jobs, args.shards, now)
+            registered.write_text(json.dumps({"now": now.isoformat(), "rate": rate, **vars(args)}))
+        _progress("measuring table and index sizes")
+        postgres = await sizes(dsn)
+        _progress("hydrating: a rebuild from an empty Redis, then steady passes")
+        hydrator = await hydrate(dsn, stack.redis_url, args.shards, now, args.steady_passes)
+        servers = {pid: server.name for server, pid in stack.status() if pid}
         result = {
             "workload": "at_rest",
             "jobs": args.jobs,
+            "created_by": "COPY",
             "shards": args.shards,
             "register_rows_per_s": round(rate),
-            "postgres": await sizes(dsn),
-            "hydrator": await hydrate(dsn, stack.redis_url, args.shards, now, args.steady_passes),
+            "postgres": postgres,
+            "hydrator": hydrator,
+            # Postgres with its backends (shared buffers counted once) and Redis holding the hot window.
+            "servers_pss_mib": Sampler(servers).pss_mib(),
             "machine": machine.describe(REPO, cpu_probe=False),
+            "loadavg": os.getloadavg(),
             "at": datetime.now(UTC).isoformat(),
         }
     finally:
         if not args.keep:
             stack.stop()
+            shutil.rmtree(root, ignore_errors=True)  # gigabytes at 10M jobs
     return result
 
 
@@ -226,7 +291,10 @@ def main() -> None:
     parser.add_argument("--shards", type=int, default=4, help="Dispatcher shards (hot-window ZSETs).")
     parser.add_argument("--steady-passes", type=int, default=30, help="Steady hydrator passes to time.")
     parser.add_argument("--port-offset", type=int, default=10, help="Added to the bench ports (BENCH_PORTS).")
-    parser.add_argument("--keep", action="store_true", help="Leave the servers running afterwards.")
+    parser.add_argument("--keep", action="store_true", help="Leave the servers and their data afterwards.")
+    parser.add_argument(
+        "--reuse", action="store_true", help="Measure again what a --keep run registered (no wipe, no COPY)."
+    )
     result = asyncio.run(main_async(parser.parse_args()))
     text = json.dumps(result, default=str)
     print(text, flush=True)

@@ -8,6 +8,7 @@ Workloads (seed 002 targets: P95 dispatch latency < 1 s; 1M dispatches/min on a 
 - ``w3``      sustained: a target rate of due executions per second for ``--duration`` s
               (``--rates 1000,2500,5000,10000``).
 - ``w4``      at rest: N future recurring jobs (bench/at_rest.py); hydrator passes; table and index sizes.
+- ``idle``    the ``make up`` stack doing nothing: CPU per process over 60 s, memory (bench/idle.py).
 - ``ceilings`` the raw parts: Postgres batched inserts, Redis ZADD and claim, broker produce/consume.
 
 Dispatch workloads insert their jobs straight into Postgres (COPY, as a bulk registration would), so
@@ -54,6 +55,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import at_rest
 import ceilings
 import create
+import idle
 import machine
 
 REPO = Path(__file__).resolve().parent.parent
@@ -413,6 +415,11 @@ async def main_async(args: argparse.Namespace) -> None:
     bench = Bench(shape, args.root, ports, args.profile)
     record = functools.partial(_record, results=args.results)
     meta = {"machine": machine.describe(REPO), "settings": vars(shape), "at": datetime.now(UTC).isoformat()}
+    if "idle" in args.workloads:
+        # The `make up` stack doing nothing: CPU per process over 60 s, memory (bench/idle.py).
+        root = args.root.with_name(args.root.name + "-idle")
+        machine_at = {k: v for k, v in meta.items() if k != "settings"}  # its shape is make up's, not --shards…
+        record({**idle.measure(root, args.port_offset, settle=30.0, seconds=60.0), **machine_at})
     if "ceilings" in args.workloads:
         # The parts alone, before Sundial's processes compete for the cores.
         bench.stack.start()
@@ -436,6 +443,7 @@ async def main_async(args: argparse.Namespace) -> None:
             steady_passes=30,
             port_offset=args.port_offset + AT_REST_PORT_OFFSET,
             keep=False,
+            reuse=False,
         )
         result = await at_rest.main_async(at_rest_args)
         record({**result, "workload": "w4", **meta})
@@ -489,7 +497,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "workloads",
         nargs="*",
-        default=["ceilings", "create", "w1", "w2", "w3", "w4"],
+        default=["idle", "ceilings", "create", "w1", "w2", "w3", "w4"],
         help="which workloads (default: all)",
     )
     parser.add_argument("--shards", type=int, default=8)

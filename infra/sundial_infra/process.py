@@ -9,6 +9,7 @@ polling with a deadline, and what a port is used by.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import socket
@@ -30,6 +31,7 @@ MARKER_VAR = "SUNDIAL_SERVER"  # in each server's environment: which data dir it
 _PID_FILE_SLACK_SEC = 5.0  # btime has one-second resolution and the file is written just after spawn
 
 
+@functools.cache  # fixed until the next boot; the supervisor's checks read it several times a second
 def _boot_time() -> float:
     with open("/proc/stat") as f:
         for line in f:

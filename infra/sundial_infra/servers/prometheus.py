@@ -56,7 +56,9 @@ class PrometheusServer(Server):
         data_dir: Path,
         port: int,
         *,
-        scrape_interval: str = "5s",
+        # Prometheus' usual 15 s: every rule looks at 5 minutes and the dashboards use $__rate_interval. At 5 s,
+        # scraping the 11 processes of `make up` cost ~0.01 of a core, Prometheus and the renders together.
+        scrape_interval: str = "15s",
         evaluation_interval: str | None = None,
         rules_dir: Path = RULES_DIR,
         start_timeout: float = 60.0,

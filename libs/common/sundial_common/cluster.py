@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import aetcd
@@ -184,6 +184,18 @@ async def _lease_ttl(etcd: aetcd.Client, lease: int) -> int | None:
     return int(info.TTL) if info.TTL >= 0 else None  # -1: the lease expired between the two reads
 
 
+async def _lease_age(etcd: aetcd.Client, lease: int) -> int | None:
+    """Seconds since ``lease`` was last renewed (granted TTL minus the TTL left); None if it is gone."""
+    if not lease:
+        return None
+    info = await etcd.get_lease_info(lease, keys=False)
+    return max(0, int(info.grantedTTL) - int(info.TTL)) if info.TTL >= 0 else None
+
+
+def _iso(instant: datetime) -> str:
+    return instant.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
 async def _bounded(source: str, work: Any, errors: dict[str, str]) -> Any:
     try:
         return await asyncio.wait_for(work, _SIDE_SOURCE_TIMEOUT_SEC)
@@ -209,11 +221,24 @@ async def read_cluster(
         etcd.get_prefix(keys.roles_prefix.encode()),
     )
     records = []
+    record_leases = []
     for kv in registry:
         try:
             records.append(ReplicaRecord.decode(kv.value))
+            record_leases.append(int(kv.lease))
         except (ValueError, KeyError, TypeError):
             errors.setdefault("registry", f"malformed entry {kv.key!r}")
+    # A replica renews its entry's lease without rewriting the record (see sundial_common.registry): its
+    # last renewal is the lease's granted TTL minus what is left of it, ago (etcd counts whole seconds, so
+    # never before the registration the record's own heartbeat holds; same ISO format, so max() compares).
+    read_at = datetime.now(UTC)
+    renewed = await asyncio.gather(*(_lease_age(etcd, lease) for lease in record_leases))
+    records = [
+        replace(record, heartbeat=max(record.heartbeat, _iso(read_at - timedelta(seconds=age))))
+        if age is not None
+        else record
+        for record, age in zip(records, renewed, strict=True)
+    ]
 
     leaders: dict[int, _Leader] = {}
     successors: dict[int, str] = {}
@@ -282,7 +307,7 @@ async def read_cluster(
     if stray:
         errors["shards"] = f"leader keys exist for shards {stray} beyond the configured {shards}"
     return ClusterState(
-        generated_at=datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+        generated_at=_iso(datetime.now(UTC)),
         shards=shard_states,
         replicas=replicas,
         roles=role_states,

@@ -188,10 +188,11 @@ class HotWindow:
                 self.key(shard), {retry_member(r.execution_id): to_ms(r.due) for r in retries}, nx=only_new
             )
 
-    async def watermark(self, shard: int) -> int | None:
-        """Epoch ms up to which the hydrator has promoted this shard; None after a flush."""
-        raw = await self.redis.get(self.watermark_key(shard))
-        return int(raw) if raw is not None else None
+    async def watermarks(self, shards: int) -> list[int | None]:
+        """Epoch ms up to which the hydrator has promoted each shard 0..``shards``-1 (None after a flush), in
+        one round trip."""
+        raws = await self.redis.mget([self.watermark_key(shard) for shard in range(shards)])
+        return [int(raw) if raw is not None else None for raw in raws]
 
     async def hydrate(
         self,

@@ -81,14 +81,22 @@ async def every(
     *,
     name: str,
     again_now: Callable[[Any], bool] = lambda _result: False,
+    idle_interval: float | None = None,
 ) -> None:
     """Call ``run_once`` every ``interval`` seconds until ``stop``; errors are logged and retried.
 
     ``again_now(result)`` lets a pass that found a full batch go again without waiting. ``name`` labels
     the loop's pass metrics and spans, so it is fixed by the code (``hydrate``, ``sweep``, …).
+
+    ``idle_interval``: while passes do nothing (every count of the result is 0, see ``pass_counts``), the
+    wait doubles from ``interval`` up to this; the first pass that does something brings it back to
+    ``interval``. For loops that poll for rare work (the replayer, the analytics ingester): idle, they
+    wake a few times a minute instead of twice a second, and the first piece of work after a quiet spell
+    waits at most ``idle_interval``. Not for loops whose period is a detection window (the sweeper's).
     """
     metrics = LoopMetrics(name)
     span_name = f"{name} pass"
+    wait = interval
     while not stop.is_set():
         started = time.perf_counter()
         try:
@@ -106,7 +114,10 @@ async def every(
                 return
             continue
         metrics.passed(time.perf_counter() - started, result)
-        if not again_now(result) and await sleep_or_stop(stop, interval):
+        if idle_interval is not None:
+            idle = not any(pass_counts(result).values())
+            wait = min(max(idle_interval, interval), wait * 2) if idle else interval
+        if not again_now(result) and await sleep_or_stop(stop, wait):
             return
 
 

@@ -107,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
                             ingester.run_once,
                             name="analytics_ingest",
                             again_now=lambda result: result.full(ingest),
+                            idle_interval=ingest.idle_interval_sec,
                         ),
                         "retention": every(
                             until, retention_config.interval_sec, retention.run_once, name="analytics_retention"

@@ -90,16 +90,19 @@ def replica_row(event: Record, first_start: datetime | None) -> tuple[Any, ...]:
 @dataclass(frozen=True, slots=True)
 class IngestConfig:
     """``batch_size``: events per pass (one ClickHouse insert per table); ``interval_sec``: the pause after
-    a pass that found less than a full batch (a full one goes again at once)."""
+    a pass that found less than a full batch (a full one goes again at once); ``idle_interval_sec``: the
+    longest pause while passes find nothing (it doubles from ``interval_sec``, see ``service.every``; never
+    shorter than ``interval_sec``)."""
 
     batch_size: int = 10_000
     interval_sec: float = 0.5
+    idle_interval_sec: float = 4.0
 
     def __post_init__(self) -> None:
         if not 1 <= self.batch_size <= 1_000_000:
             raise ValueError("batch_size must be between 1 and 1,000,000")
-        if self.interval_sec <= 0:
-            raise ValueError("interval_sec must be positive")
+        if self.interval_sec <= 0 or self.idle_interval_sec <= 0:
+            raise ValueError("interval_sec and idle_interval_sec must be positive")
 
 
 @dataclass(frozen=True, slots=True)

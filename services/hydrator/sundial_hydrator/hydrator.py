@@ -18,6 +18,14 @@ claiming it, a worker that could not reach Redis after recording the failure). T
 comes back, rather than in the sweeper: the hydrator is the one process that writes Postgres' view of "due
 soon" into Redis, and the watermark that makes a flush harmless covers retries only if they go through it.
 
+A pass that finds a shard's watermark at most a *promotion slice* behind the window's edge
+(``HydratorConfig.promote_lag_sec``: 10 s of the default hour) leaves it alone: nothing can be due within the
+slice for the next ~59 minutes, and whoever registers a job due sooner than the window's edge adds it
+to Redis itself (the API, the dispatcher, the worker's retries). So an idle pass is one MGET of the
+watermarks and the census (two Redis round trips), where it was two range scans in Postgres, a GET and
+a script per shard, every second; the watermarks are still read every second, so a flushed Redis is
+rebuilt on the next pass as before. Measured in README "Idle and at rest".
+
 Several hydrators may run at once: every write is idempotent or compare-and-set.
 
 After each pass the hydrator reports each shard's window in ``sundial_hot_window_members{shard}`` and
@@ -60,6 +68,9 @@ class HydratorConfig:
     overdue_grace_sec: float = 15.0
     #: Seconds between overdue scans.
     overdue_interval_sec: float = 10.0
+    #: A shard is promoted once its watermark is this far behind ``now + hot_window_sec`` (capped at a
+    #: sixtieth of the window, see ``promote_lag_sec``): passes in between cost no Postgres query.
+    promote_slice_sec: float = 10.0
 
     def __post_init__(self) -> None:
         if self.shards < 1:
@@ -68,8 +79,13 @@ class HydratorConfig:
             raise ValueError("hot_window_sec must be >= 10")
         if self.batch_size < 1:
             raise ValueError("batch_size must be >= 1")
-        if self.interval_sec <= 0 or self.overdue_interval_sec <= 0:
-            raise ValueError("intervals must be > 0")
+        if self.interval_sec <= 0 or self.overdue_interval_sec <= 0 or self.promote_slice_sec < 0:
+            raise ValueError("intervals must be > 0 (promote_slice_sec >= 0)")
+
+    @property
+    def promote_lag_sec(self) -> float:
+        """How far the watermark may trail the window's edge before a pass promotes (0 = every pass)."""
+        return min(self.promote_slice_sec, self.hot_window_sec / 60)
 
 
 @dataclass(frozen=True)
@@ -78,6 +94,8 @@ class HydrationResult:
     recovered: int = 0
     rebuilt_shards: int = 0
     conflicts: int = 0
+    #: Shards whose range was scanned this pass (the others were within the promotion slice).
+    scanned_shards: int = 0
 
 
 class Hydrator:
@@ -94,13 +112,19 @@ class Hydrator:
         self._oldest_due_age: list[Gauge] = []
 
     async def run_once(self) -> HydrationResult:
-        promoted = recovered = rebuilt = conflicts = 0
+        promoted = recovered = rebuilt = conflicts = scanned = 0
         scan_overdue = self.clock.monotonic() - self._last_overdue_scan >= self.config.overdue_interval_sec
-        for shard in range(self.config.shards):
-            count, was_empty, ok = await self._promote(shard)
-            promoted += count
-            rebuilt += was_empty
-            conflicts += not ok
+        watermarks = await self.hot_window.watermarks(self.config.shards)
+        due_below = to_ms(
+            self.clock.now() + timedelta(seconds=self.config.hot_window_sec - self.config.promote_lag_sec)
+        )
+        for shard, watermark in enumerate(watermarks):
+            if watermark is None or watermark <= due_below:
+                count, was_empty, ok = await self._promote(shard, watermark)
+                promoted += count
+                rebuilt += was_empty
+                conflicts += not ok
+                scanned += 1
             if scan_overdue:
                 recovered += await self._recover_overdue(shard)
         if scan_overdue:
@@ -108,7 +132,7 @@ class Hydrator:
         if rebuilt or recovered:
             log.info("hydrated: %d promoted, %d overdue re-added, %d shards rebuilt", promoted, recovered, rebuilt)
         await self._report_windows()
-        return HydrationResult(promoted, recovered, rebuilt, conflicts)
+        return HydrationResult(promoted, recovered, rebuilt, conflicts, scanned)
 
     async def _report_windows(self) -> None:
         now = self.clock.now()
@@ -134,9 +158,8 @@ class Hydrator:
         self._members = []
         self._oldest_due_age = []
 
-    async def _promote(self, shard: int) -> tuple[int, bool, bool]:
+    async def _promote(self, shard: int, watermark: int | None) -> tuple[int, bool, bool]:
         """Promote one shard's [watermark, horizon). Returns (members added, rebuilt from empty, ok)."""
-        watermark = await self.hot_window.watermark(shard)
         horizon = self.clock.now() + timedelta(seconds=self.config.hot_window_sec)
         position = _BEGINNING if watermark is None else Occurrence(uuid.UUID(int=0), from_ms(watermark))
         promoted, ok = await self._promote_retries(shard, watermark, horizon)

@@ -61,7 +61,14 @@ def main(argv: list[str] | None = None) -> int:
                 def busy(result: ReplayPassResult) -> bool:
                     return result.active > 0
 
-                await every(until, config.interval_sec, replayer.run_once, name="replay", again_now=busy)
+                await every(
+                    until,
+                    config.interval_sec,
+                    replayer.run_once,
+                    name="replay",
+                    again_now=busy,
+                    idle_interval=config.idle_interval_sec,
+                )
 
             await run_singleton(stop, "replayer", settings, replay_while_leading)
         finally:

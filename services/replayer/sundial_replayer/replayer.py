@@ -51,8 +51,11 @@ log = logging.getLogger("sundial.replayer")
 
 @dataclass(frozen=True)
 class ReplayerConfig:
-    #: Seconds between passes while there is nothing to replay.
+    #: Seconds between passes while there is nothing to replay...
     interval_sec: float = 0.5
+    #: ...doubling up to this (never below ``interval_sec``) while passes keep finding nothing (see
+    #: ``service.every``): a replay asked for after a quiet spell starts within this.
+    idle_interval_sec: float = 4.0
     #: Most messages read (and re-published) per batch; a progress commit follows each batch.
     batch_size: int = 5000
     #: Longest turn of one replay in a pass, so several replays share the replayer and a pass ends.
@@ -63,7 +66,7 @@ class ReplayerConfig:
     max_active: int = 32
 
     def __post_init__(self) -> None:
-        for name in ("interval_sec", "slice_sec", "poll_timeout_sec"):
+        for name in ("interval_sec", "idle_interval_sec", "slice_sec", "poll_timeout_sec"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"ReplayerConfig.{name} must be > 0")
         for name in ("batch_size", "max_active"):

@@ -13,7 +13,9 @@ class ReplicaView(ViewModel):
     host: str
     pid: int
     started_at: str
-    last_heartbeat_at: str = Field(description="When the replica last renewed its registry entry (every TTL/3).")
+    last_heartbeat_at: str = Field(
+        description="When the replica last renewed its registry entry's lease (every TTL/3)."
+    )
     leads_shards: list[int] = Field(description="Shards this dispatcher replica leads now.")
     roles: list[str] = Field(description="Singleton roles this replica is the active one for.")
 

@@ -1,0 +1,219 @@
+"""Idle: what the whole ``make up`` stack costs while nothing is scheduled.
+
+    uv run python bench/idle.py --port-offset 700            # settle 30 s, measure 60 s
+    uv run python bench/harness.py idle --port-offset 700    # the same, from `make bench BENCH_ARGS=idle`
+
+It runs the development environment of ``make up`` — ``sundial_infra.supervisor.DevRunner`` with its
+default process table (api, two hydrators, two dispatchers, two sweepers, the replayer, analytics, the two
+demo workers), its durable Postgres, Redis, etcd, the broker and Prometheus scraping every process — in a
+child process of its own (``--serve``), on the bench ports + ``--port-offset`` under
+``.sundial/bench-idle/`` (wiped first). Once the API is ready and both workers hold partitions it waits
+``--settle`` seconds (start-up work: migrations' aftermath, elections, first scrapes), then reads
+utime+stime of every process from ``/proc`` at the start and the end of ``--seconds`` and prints one JSON
+line: CPU per process in cores (Postgres with its backends, each process with whatever it forked), the
+total, and the memory of each (PSS, so Postgres' shared buffers count once: "make up memory"). It appends
+the line to ``bench/results/<date>.jsonl``. A measurement, not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import machine  # bench/ is on sys.path: run as a script, or imported by harness.py
+from sundial_infra.process import read_pid_file, wait_for
+from sundial_infra.stack import BENCH_PORTS, LocalStack, Ports
+from sundial_infra.supervisor import DevLayout, DevRunner, default_processes, readyz_ok
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "bench" / "results"
+#: The replicas' /metrics ports: right above the API's port of the same set (the dev stack uses 19100-19115).
+METRICS_PORT_GAP = 1
+#: The analytics stats endpoint: as in harness.py, api + 44 (the dev stack's is 8124).
+ANALYTICS_PORT_GAP = 44
+
+
+def bench_ports(offset: int) -> Ports:
+    return Ports(**{f.name: getattr(BENCH_PORTS, f.name) + offset for f in dataclasses.fields(Ports)})
+
+
+def serve(root: Path, offset: int) -> int:
+    """The child: ``make up``'s DevRunner on the bench ports, in the foreground until SIGTERM."""
+    ports = bench_ports(offset)
+    metrics = range(ports.api + METRICS_PORT_GAP, ports.api + METRICS_PORT_GAP + 16)
+    # The process table of `make up`; only where analytics keeps its data and serves its endpoint moves,
+    # so that this stack never meets the dev stack's.
+    os.environ["SUNDIAL_ANALYTICS_CHDB_PATH"] = str(root / "analytics" / "chdb")
+    os.environ["SUNDIAL_ANALYTICS_PORT"] = str(ports.api + ANALYTICS_PORT_GAP)
+    os.environ["SUNDIAL_ANALYTICS_URL"] = f"http://127.0.0.1:{ports.api + ANALYTICS_PORT_GAP}"
+    runner = DevRunner(
+        DevLayout(root), ports=ports, processes=default_processes(ports.api, metrics), announce=lambda _text: None
+    )
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    return runner.run(stop)
+
+
+def _proc_table() -> tuple[dict[int, int], dict[int, int]]:
+    """(parent of each pid, utime+stime ticks of each pid incl. reaped children) from /proc."""
+    parents: dict[int, int] = {}
+    ticks: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        pid = int(entry.name)
+        parents[pid] = int(fields[1])
+        ticks[pid] = int(fields[11]) + int(fields[12]) + int(fields[13]) + int(fields[14])
+    return parents, ticks
+
+
+def _owner(pid: int, parents: dict[int, int], roots: dict[int, str]) -> str | None:
+    """The named process ``pid`` belongs to: itself or its nearest named ancestor."""
+    seen = 0
+    while pid > 1 and seen < 64:
+        if pid in roots:
+            return roots[pid]
+        pid = parents.get(pid, 0)
+        seen += 1
+    return None
+
+
+def _pss_kib(pid: int) -> int:
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1])
+    return 0
+
+
+class Sampler:
+    """CPU ticks and PSS per named process (a name owns its whole subtree but the others named in it)."""
+
+    def __init__(self, roots: dict[int, str]) -> None:
+        self.roots = roots
+
+    def ticks(self) -> dict[str, int]:
+        parents, ticks = _proc_table()
+        total: dict[str, int] = dict.fromkeys(self.roots.values(), 0)
+        for pid, count in ticks.items():
+            if (name := _owner(pid, parents, self.roots)) is not None:
+                total[name] += count
+        return total
+
+    def pss_mib(self) -> dict[str, float]:
+        parents, _ = _proc_table()
+        total: dict[str, int] = dict.fromkeys(self.roots.values(), 0)
+        for pid in parents:
+            if (name := _owner(pid, parents, self.roots)) is not None:
+                total[name] += _pss_kib(pid)
+        return {name: round(kib / 1024, 1) for name, kib in total.items()}
+
+
+def _roots(root: Path, ports: Ports, supervisor_pid: int) -> dict[int, str]:
+    roots = {supervisor_pid: "supervisor"}
+    for server, pid in LocalStack(root, ports, prometheus=True).status():
+        if pid:
+            roots[pid] = server.name
+    for spec in default_processes():
+        if (pid := read_pid_file(root / "run" / f"{spec.name}.pid")) is not None:
+            roots[pid] = spec.name
+    return roots
+
+
+def measure(root: Path, offset: int, settle: float, seconds: float) -> dict[str, Any]:
+    ports = bench_ports(offset)
+    LocalStack(root, ports, prometheus=True).stop()  # whatever a killed run left
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True)
+    with open(root / "supervisor.out", "ab") as out:
+        child = subprocess.Popen(
+            [sys.executable, __file__, "--serve", "--root", str(root), "--port-offset", str(offset)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+    try:
+        ready = f"http://127.0.0.1:{ports.api}/readyz"
+        if not wait_for(lambda: readyz_ok(ready), timeout=180):
+            raise RuntimeError(f"the idle stack's API is not ready; see {root}/logs")
+        # The demo worker consumes its pool's topic; the staging one serves replays only (no consumer).
+        for name, marker in (("worker", "partitions assigned"), ("worker-staging", "serving")):
+            log = root / "logs" / f"{name}.log"
+            if not wait_for(
+                lambda log=log, m=marker: log.exists() and m in log.read_text(errors="replace"), timeout=90
+            ):
+                raise RuntimeError(f"{name} did not start (no {marker!r} in its log); see {log}")
+        time.sleep(settle)
+        sampler = Sampler(_roots(root, ports, child.pid))
+        missing = {spec.name for spec in default_processes()} - set(sampler.roots.values())
+        if missing:
+            raise RuntimeError(f"not running after the settle time: {sorted(missing)}; see {root}/logs")
+        before, started = sampler.ticks(), time.monotonic()
+        time.sleep(seconds)
+        after, elapsed = sampler.ticks(), time.monotonic() - started
+        restarted = _roots(root, ports, child.pid) != sampler.roots
+        hz = os.sysconf("SC_CLK_TCK")
+        cores = {name: round((after[name] - before[name]) / hz / elapsed, 4) for name in before}
+        memory = sampler.pss_mib()
+    finally:
+        child.send_signal(signal.SIGTERM)
+        try:
+            child.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+        LocalStack(root, ports, prometheus=True).stop()
+    return {
+        "workload": "idle",
+        "seconds": round(elapsed, 1),
+        "settle_s": settle,
+        "total_cores": round(sum(cores.values()), 4),
+        "cores": dict(sorted(cores.items(), key=lambda kv: -kv[1])),
+        "memory_pss_mib": memory,
+        "memory_total_mib": round(sum(memory.values()), 1),
+        "restarted_during_measurement": restarted,
+        "loadavg": os.getloadavg(),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=60.0, help="Length of the measurement.")
+    parser.add_argument("--settle", type=float, default=30.0, help="Seconds to wait after start-up before it.")
+    parser.add_argument("--port-offset", type=int, default=0, help="Added to the bench ports (BENCH_PORTS).")
+    parser.add_argument("--root", type=Path, default=REPO / ".sundial" / "bench-idle", help="State directory.")
+    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)  # the child that runs the stack
+    args = parser.parse_args()
+    if args.serve:
+        raise SystemExit(serve(args.root.resolve(), args.port_offset))
+    result = {
+        **measure(args.root.resolve(), args.port_offset, args.settle, args.seconds),
+        "machine": machine.describe(REPO, cpu_probe=False),
+        "at": datetime.now(UTC).isoformat(),
+    }
+    text = json.dumps(result, default=str)
+    print(text, flush=True)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    with (RESULTS / f"{datetime.now(UTC):%Y-%m-%d}.jsonl").open("a") as out:
+        out.write(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
