@@ -61,6 +61,8 @@ WHERE j.shard = $3;
 
 -- name: insert_executions
 -- One row per occurrence; a SKIPPED one (overlap policy) is terminal at once and never published.
+-- ON CONFLICT without a target: executions is partitioned by id (migration 0018), so the occurrence key
+-- (job_id, scheduled_for) is a unique index of each partition, an arbiter only when no target is named.
 WITH inserted AS (
     INSERT INTO executions (id, tenant_id, job_id, scheduled_for, shard, fence_token, pool, handler, state,
                             max_attempts, timeout_sec, trace_id, traceparent, fire_at, triggered, error,
@@ -73,7 +75,7 @@ WITH inserted AS (
                 $17::text[], $18::text[])
          AS e (id, tenant_id, job_id, scheduled_for, pool, handler, max_attempts, timeout_sec, trace_id,
                traceparent, fire_at, state, triggered, note, priority)
-    ON CONFLICT (job_id, scheduled_for) DO NOTHING
+    ON CONFLICT DO NOTHING
     RETURNING id, tenant_id, state, error
 ), audit AS (
     INSERT INTO audit_log (tenant_id, entity, entity_id, action, to_state, actor, detail)
