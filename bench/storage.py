@@ -8,7 +8,8 @@ database goes first so the machine's drifting load falls on both: per round ``--
 dispatched through the dispatcher's fenced transaction (``lock_due_jobs`` + ``insert_executions`` +
 ``advance_jobs``), started (the worker's ``start_executions``) and finished (``finish_attempts``), through the
 same store calls the services make. Per database: the median wall milliseconds of each call, and from
-pg_stat_statements the mean execution milliseconds of the insert, start and finish statements.
+pg_stat_statements the mean execution and planning milliseconds of the insert (and the dispatch's
+``lock_due_jobs``), start and finish statements.
 
     uv run --frozen python bench/storage.py --port-offset 900
     uv run --frozen python bench/storage.py --port-offset 900 --rows 1000000 --rounds 60
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import shutil
 import statistics
 import time
@@ -41,8 +43,10 @@ from sundial_infra.servers.postgres import PostgresServer
 from sundial_infra.stack import BENCH_PORTS
 
 TENANT = "bench-storage"
+_MIGRATION = REPO / "libs/common/sundial_common/migrations/versions/0018_execution_partitions.py"
 #: The statements measured, by the comment that opens each (pg_stat_statements keeps it).
 STATEMENTS = {
+    "lock_due": "-- The claimed members that are due in Postgres%",
     "insert": "-- One row per occurrence%",
     "start": "-- PENDING -> RUNNING for a batch%",
     "finish": "-- RUNNING -> how the attempt ended%",
@@ -54,6 +58,8 @@ async def prepare(server: PostgresServer, name: str, revision: str, rows: int, d
     try:
         await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
         await admin.execute(f"CREATE DATABASE {name}")
+        # Planning is where partitions cost (every partition a statement may touch is planned): count it too.
+        await admin.execute(f"ALTER DATABASE {name} SET pg_stat_statements.track_planning = on")
     finally:
         await admin.close()
     dsn = server.dsn_for(name)
@@ -63,6 +69,13 @@ async def prepare(server: PostgresServer, name: str, revision: str, rows: int, d
         if revision == "head":
             today = datetime.now(UTC).date()
             await conn.fetchval("SELECT sundial_add_execution_partitions($1::date, $2::int)", today, days)
+        else:
+            # The statements bound a batch's ids by day (for partition pruning): the same functions here.
+            spec = importlib.util.spec_from_file_location("migration_0018", _MIGRATION)
+            assert spec is not None and spec.loader is not None
+            migration = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(migration)
+            await conn.execute(migration.ID_BOUNDS)
         await conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
         await conn.execute("INSERT INTO tenants (id) VALUES ($1)", TENANT)
         job = new_id()
@@ -79,8 +92,8 @@ async def prepare(server: PostgresServer, name: str, revision: str, rows: int, d
             await conn.execute(
                 "INSERT INTO executions (id, tenant_id, job_id, scheduled_for, shard, fence_token, pool, handler,"
                 " state, timeout_sec, worker_id, started_at, finished_at, published_at)"
-                " SELECT id, $2, $3, $4::timestamptz + make_interval(secs => ($5 + n)::int), 0, 1, 'bench', 'echo', 'SUCCEEDED', 60,"
-                " 'w', now(), now(), now() FROM unnest($1::uuid[]) WITH ORDINALITY AS u (id, n)",
+                " SELECT id, $2, $3, $4::timestamptz + make_interval(secs => ($5 + n)::int), 0, 1, 'bench', 'echo',"
+                " 'SUCCEEDED', 60, 'w', now(), now(), now() FROM unnest($1::uuid[]) WITH ORDINALITY AS u (id, n)",
                 ids,
                 TENANT,
                 job,
@@ -137,6 +150,7 @@ async def statement_means(conn: asyncpg.Connection) -> dict[str, dict[str, float
     for name, pattern in STATEMENTS.items():
         row = await conn.fetchrow(
             "SELECT sum(calls) AS calls, sum(total_exec_time) / sum(calls) AS mean_ms,"
+            " sum(total_plan_time) / sum(calls) AS plan_ms,"
             " sum(shared_blks_hit + shared_blks_read) / sum(calls) AS blocks"
             " FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())"
             " AND query LIKE $1",
@@ -146,6 +160,7 @@ async def statement_means(conn: asyncpg.Connection) -> dict[str, dict[str, float
             found[name] = {
                 "calls": int(row["calls"]),
                 "mean_ms": round(float(row["mean_ms"]), 3),
+                "plan_ms": round(float(row["plan_ms"]), 3),
                 "blocks_per_call": round(float(row["blocks"]), 1),
             }
     return found
