@@ -45,8 +45,11 @@ class PartitionLoopConfig:
     def __post_init__(self) -> None:
         if self.retention_days < 0:
             raise ValueError("PartitionLoopConfig.retention_days must be 0 (keep forever) or positive")
-        if self.ahead_days < 1 or not self.interval_sec > 0 or self.lock_timeout_ms < 1:
-            raise ValueError("PartitionLoopConfig.ahead_days, interval_sec and lock_timeout_ms must be positive")
+        for name, value in (("ahead_days", self.ahead_days), ("interval_sec", self.interval_sec)):
+            if not value > 0:
+                raise ValueError(f"PartitionLoopConfig.{name} must be positive")
+        if self.lock_timeout_ms < 1:
+            raise ValueError("PartitionLoopConfig.lock_timeout_ms must be at least 1")
 
 
 @dataclass(frozen=True, slots=True)
