@@ -4,7 +4,7 @@ Revision ID: 0018
 Revises: 0017
 Create Date: 2026-11-24
 
-Until now retention deleted finished executions row by row (the analytics service, 1,000 per statement):
+Until now retention deleted finished executions row by row (the analytics service, 5,000 per statement):
 at 5,000 executions a second that is 432 M rows a day to delete, each leaving dead tuples and index entries
 for vacuum — as much write work again as creating them. Partitioned, an expired day is one ``DROP TABLE``.
 
@@ -13,7 +13,10 @@ dispatch), ranged per UTC day: ``[sundial_id_floor(day), sundial_id_floor(day + 
 ``(id)`` and every lookup by id — the worker's start and finish batches, progress, the sweeper's ends, the
 API's reads and cancels — is pruned to one partition (plan time for a constant, run time for each row of an
 ``unnest`` join), with no new argument anywhere. ``execution_attempts`` is ranged the same way on
-``execution_id``, so an execution and its attempts always live (and are dropped) together.
+``execution_id``, so an execution and its attempts always live (and are dropped) together. Run-time pruning
+comes after planning, though, and planning a batch's join over every partition cost more than the join
+(bench/storage.py): ``sundial_ids_from``/``sundial_ids_until`` bound a batch's ids by whole days, so the
+statements of ``executions.sql`` plan only the days their batch touches.
 
 What partitioning by id costs: a unique index of a partitioned table must contain the partition key, so the
 occurrence key ``(job_id, scheduled_for)`` and the trigger key ``(job_id, trigger_id)`` become *per-partition*
@@ -32,9 +35,8 @@ follow the setting to the day. ``SUNDIAL_EXECUTION_RETENTION_DAYS`` (30) means ~
 
 **Upgrade in place**: the existing tables are attached as one partition each (``executions_legacy``,
 ``execution_attempts_legacy``) covering every id below tomorrow (UTC; or the day after the newest id) — when
-they hold rows; an empty
-database simply drops them and starts with daily partitions only. No row is copied, their indexes are
-adopted by the partitioned ones (same definitions), and the attach validates the bound with one scan. Their
+they hold rows; an empty database simply drops them and starts with daily partitions only. No row is copied,
+their indexes are adopted by the partitioned ones (same definitions), and the attach validates the bound with one scan. Their
 occurrence and trigger keys stay as they are (local unique indexes, like every new partition's). Days from
 tomorrow get daily partitions, a week ahead (the sweeper's ``partitions`` loop then keeps a week ahead and
 drops expired days, :mod:`sundial_sweeper.partitions`). The legacy partition is dropped like any other once
