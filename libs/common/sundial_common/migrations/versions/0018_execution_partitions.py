@@ -36,8 +36,8 @@ follow the setting to the day. ``SUNDIAL_EXECUTION_RETENTION_DAYS`` (30) means ~
 **Upgrade in place**: the existing tables are attached as one partition each (``executions_legacy``,
 ``execution_attempts_legacy``) covering every id below tomorrow (UTC; or the day after the newest id) — when
 they hold rows; an empty database simply drops them and starts with daily partitions only. No row is copied,
-their indexes are adopted by the partitioned ones (same definitions), and the attach validates the bound with one scan. Their
-occurrence and trigger keys stay as they are (local unique indexes, like every new partition's). Days from
+their indexes are adopted by the partitioned ones (same definitions), and the attach validates the bound with
+one scan. Their occurrence and trigger keys stay as they are (local unique indexes, like every new partition's). Days from
 tomorrow get daily partitions, a week ahead (the sweeper's ``partitions`` loop then keeps a week ahead and
 drops expired days, :mod:`sundial_sweeper.partitions`). The legacy partition is dropped like any other once
 its newest day is past retention and nothing in it is open. ``execution_attempts``' foreign key to
