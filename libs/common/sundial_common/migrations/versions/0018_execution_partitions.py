@@ -34,17 +34,17 @@ and could only go once its last day expired. Days keep each partition's indexes 
 follow the setting to the day. ``SUNDIAL_EXECUTION_RETENTION_DAYS`` (30) means ~40 partitions of each table.
 
 **Upgrade in place**: the existing tables are attached as one partition each (``executions_legacy``,
-``execution_attempts_legacy``) covering every id below tomorrow (UTC; or the day after the newest id) — when
-they hold rows; an empty database simply drops them and starts with daily partitions only. No row is copied,
-their indexes are adopted by the partitioned ones (same definitions), and the attach validates the bound with
-one scan. Their occurrence and trigger keys stay as they are (local unique indexes, like every new partition's). Days from
-tomorrow get daily partitions, a week ahead (the sweeper's ``partitions`` loop then keeps a week ahead and
-drops expired days, :mod:`sundial_sweeper.partitions`). The legacy partition is dropped like any other once
-its newest day is past retention and nothing in it is open. ``execution_attempts``' foreign key to
-``executions`` goes (a foreign key to a partitioned table would make every partition drop check it; attempts
-are written only by the statements that move their execution, in the same statement) and so does the RI probe
-it cost each started attempt. The triggers of 0010, 0015 and 0016 move to the partitioned table (statement
-triggers with transition tables see the rows of every partition).
+``execution_attempts_legacy``) covering every id below tomorrow (UTC; or the day after the newest id) — when they
+hold rows; an empty database simply drops them and starts with daily partitions only. No row is copied, their
+indexes are adopted by the partitioned ones (same definitions), and the attach validates the bound with one scan.
+Their occurrence and trigger keys stay as they are (local unique indexes, like every new partition's). Days from
+tomorrow get daily partitions, a week ahead (the sweeper's ``partitions`` loop then keeps a week ahead and drops
+expired days, :mod:`sundial_sweeper.partitions`). The legacy partition is dropped like any other once its newest
+day is past retention and nothing in it is open. ``execution_attempts``' foreign key to ``executions`` goes (a
+foreign key to a partitioned table would make every partition drop check it; attempts are written only by the
+statements that move their execution, in the same statement) and so does the RI probe it cost each started attempt.
+The triggers of 0010, 0015 and 0016 move to the partitioned table (statement triggers with transition tables see
+the rows of every partition).
 
 **Down**: the rows are copied back into plain tables with the indexes, keys and triggers of 0017.
 """
