@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
 import shutil
 import statistics
 import time
@@ -43,7 +42,6 @@ from sundial_infra.servers.postgres import PostgresServer
 from sundial_infra.stack import BENCH_PORTS
 
 TENANT = "bench-storage"
-_MIGRATION = REPO / "libs/common/sundial_common/migrations/versions/0018_execution_partitions.py"
 #: The statements measured, by the comment that opens each (pg_stat_statements keeps it).
 STATEMENTS = {
     "lock_due": "-- The claimed members that are due in Postgres%",
@@ -69,13 +67,6 @@ async def prepare(server: PostgresServer, name: str, revision: str, rows: int, d
         if revision == "head":
             today = datetime.now(UTC).date()
             await conn.fetchval("SELECT sundial_add_execution_partitions($1::date, $2::int)", today, days)
-        else:
-            # The statements bound a batch's ids by day (for partition pruning): the same functions here.
-            spec = importlib.util.spec_from_file_location("migration_0018", _MIGRATION)
-            assert spec is not None and spec.loader is not None
-            migration = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(migration)
-            await conn.execute(migration.ID_BOUNDS)
         await conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
         await conn.execute("INSERT INTO tenants (id) VALUES ($1)", TENANT)
         job = new_id()

@@ -13,10 +13,8 @@ dispatch), ranged per UTC day: ``[sundial_id_floor(day), sundial_id_floor(day + 
 ``(id)`` and every lookup by id — the worker's start and finish batches, progress, the sweeper's ends, the
 API's reads and cancels — is pruned to one partition (plan time for a constant, run time for each row of an
 ``unnest`` join), with no new argument anywhere. ``execution_attempts`` is ranged the same way on
-``execution_id``, so an execution and its attempts always live (and are dropped) together. Run-time pruning
-comes after planning, though, and planning a batch's join over every partition cost more than the join
-(bench/storage.py): ``sundial_ids_from``/``sundial_ids_until`` bound a batch's ids by whole days, so the
-statements of ``executions.sql`` plan only the days their batch touches.
+``execution_id``, so an execution and its attempts always live (and are dropped) together. (A batch's join is
+pruned at run time; it is still planned over every partition: see executions.sql and README Storage.)
 
 What partitioning by id costs: a unique index of a partitioned table must contain the partition key, so the
 occurrence key ``(job_id, scheduled_for)`` and the trigger key ``(job_id, trigger_id)`` become *per-partition*
@@ -106,26 +104,6 @@ _LEGACY_INDEXES = (
 )
 
 
-# Also created by bench/storage.py in its 0017 database, so both run the same statements.
-ID_BOUNDS = """
-    -- The first id of the UTC day of the smallest of `ids`, and the first id of the day after the largest one's: a
-    -- batch's ids all lie in [sundial_ids_from(ids), sundial_ids_until(ids)). Bounds on whole days, so as a
-    -- condition they only prune (a partition is inside them or outside), never change a plan's row estimates.
-    -- Immutable: with a constant array (a custom plan) the planner folds them into constants and plans only
-    -- the partitions the batch touches; any 128-bit value reads as some millisecond, so every id is inside.
-    CREATE FUNCTION sundial_ids_from(ids uuid[]) RETURNS uuid LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-        SELECT (lpad(to_hex((('x' || left(replace(i::text, '-', ''), 12))::bit(48)::bigint / 86400000) * 86400000),
-                     12, '0') || '00000000000000000000')::uuid
-        FROM unnest(ids) i ORDER BY i LIMIT 1
-    $$;
-    CREATE FUNCTION sundial_ids_until(ids uuid[]) RETURNS uuid LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-        SELECT (lpad(to_hex((('x' || left(replace(i::text, '-', ''), 12))::bit(48)::bigint / 86400000 + 1) * 86400000),
-                     12, '0') || '00000000000000000000')::uuid
-        FROM unnest(ids) i ORDER BY i DESC LIMIT 1
-    $$;
-"""
-
-
 def upgrade() -> None:
     renames = "\n".join(
         f"    ALTER INDEX executions_{name} RENAME TO executions_legacy_{name};" for name in _LEGACY_INDEXES
@@ -138,7 +116,6 @@ def upgrade() -> None:
         SELECT (lpad(to_hex(floor(extract(epoch FROM at) * 1000)::bigint), 12, '0') || '70008000000000000000')::uuid
     $$;
 
-{ID_BOUNDS}
     -- The partitions of `days` UTC days from `first_day` that do not exist yet (executions_pYYYYMMDD and
     -- execution_attempts_pYYYYMMDD, with the per-partition occurrence and trigger keys); how many it made.
     -- A day the legacy partition (partly) covers is skipped: its executions are still created there.
@@ -269,8 +246,6 @@ def downgrade() -> None:
     DROP FUNCTION sundial_drop_execution_partition(text);
     DROP FUNCTION sundial_add_execution_partitions(date, integer);
     DROP FUNCTION sundial_id_floor(timestamptz);
-    DROP FUNCTION sundial_ids_from(uuid[]);
-    DROP FUNCTION sundial_ids_until(uuid[]);
     ALTER TABLE executions_flat RENAME TO executions;
     ALTER TABLE execution_attempts_flat RENAME TO execution_attempts;
     ALTER TABLE executions ADD CONSTRAINT executions_pkey PRIMARY KEY (id),

@@ -65,7 +65,6 @@ WITH started AS (
         published_at = coalesce(e.published_at, m.published_at, now())
     FROM unnest($1::uuid[], $2::int[], $4::timestamptz[]) AS m (id, attempt, published_at)
     WHERE e.id = m.id AND e.attempt = m.attempt AND e.state || '' = 'PENDING'
-      AND e.id >= sundial_ids_from($1::uuid[]) AND e.id < sundial_ids_until($1::uuid[])
     RETURNING e.id, e.attempt, e.tenant_id, e.job_id, e.scheduled_for, e.fire_at, e.started_at, e.trace_id
 ), attempts AS (
     INSERT INTO execution_attempts (execution_id, attempt, tenant_id, worker_id, state, started_at)
@@ -82,7 +81,6 @@ JOIN jobs j ON j.id = s.job_id
 LEFT JOIN LATERAL (
     SELECT a.progress FROM execution_attempts a
     WHERE s.attempt > 1 AND a.execution_id = s.id AND a.attempt < s.attempt AND a.progress IS NOT NULL
-      AND a.execution_id >= sundial_ids_from($1::uuid[]) AND a.execution_id < sundial_ids_until($1::uuid[])
     ORDER BY a.attempt DESC LIMIT 1
 ) previous ON true;
 
@@ -105,7 +103,6 @@ WITH finished AS (
     FROM unnest($1::uuid[], $2::int[], $3::text[], $4::jsonb[], $5::text[], $7::bigint[])
          AS f (id, attempt, state, result, error, delay_ms)
     WHERE e.id = f.id AND e.attempt = f.attempt AND e.state || '' = 'RUNNING' AND e.worker_id = $6
-      AND e.id >= sundial_ids_from($1::uuid[]) AND e.id < sundial_ids_until($1::uuid[])
     RETURNING e.id, e.attempt, e.tenant_id, e.pool, e.state, e.error, e.finished_at, e.shard, e.next_attempt_at,
               f.state AS attempt_state
 ), attempts AS (
@@ -113,7 +110,6 @@ WITH finished AS (
     SET state = finished.attempt_state, error = finished.error, finished_at = finished.finished_at
     FROM finished
     WHERE a.execution_id = finished.id AND a.attempt = finished.attempt
-      AND a.execution_id >= sundial_ids_from($1::uuid[]) AND a.execution_id < sundial_ids_until($1::uuid[])
 ), audit AS (
     INSERT INTO audit_log (tenant_id, entity, entity_id, action, from_state, to_state, actor, detail)
     SELECT tenant_id, 'execution', id, 'finish', 'RUNNING', attempt_state, $6,
@@ -208,7 +204,6 @@ WITH failed AS (
     FROM unnest($1::uuid[], $2::int[], $3::text[], $4::text[], $5::text[], $6::bigint[])
          AS f (id, attempt, worker_id, state, error, delay_ms)
     WHERE e.id = f.id AND e.attempt = f.attempt AND e.state || '' = 'RUNNING' AND e.worker_id = f.worker_id
-      AND e.id >= sundial_ids_from($1::uuid[]) AND e.id < sundial_ids_until($1::uuid[])
     RETURNING e.id, e.attempt, e.tenant_id, e.pool, e.state, e.error, e.finished_at, e.shard, e.next_attempt_at,
               f.state AS attempt_state, f.worker_id AS lost_worker
 ), attempts AS (
@@ -216,7 +211,6 @@ WITH failed AS (
     SET state = failed.attempt_state, error = failed.error, finished_at = failed.finished_at
     FROM failed
     WHERE a.execution_id = failed.id AND a.attempt = failed.attempt
-      AND a.execution_id >= sundial_ids_from($1::uuid[]) AND a.execution_id < sundial_ids_until($1::uuid[])
 ), audit AS (
     INSERT INTO audit_log (tenant_id, entity, entity_id, action, from_state, to_state, actor, detail)
     SELECT tenant_id, 'execution', id, 'sweep', 'RUNNING', attempt_state, $7,
