@@ -40,6 +40,7 @@ import asyncpg
 import httpx
 import machine  # bench/ is on sys.path: run as a script
 from harness import REPO, RESULTS, Bench, Shape, _record
+from sundial_common.ids import new_id
 from sundial_common.stores import Stores
 from sundial_common.stores.executions import Outcome
 from sundial_infra.stack import BENCH_PORTS, Ports
@@ -163,7 +164,7 @@ async def finish_cost(bench: Bench, batches: int = 80, size: int = 256, phase: i
                 await pool.execute(
                     f"ALTER TABLE executions {'ENABLE' if on else 'DISABLE'} TRIGGER executions_breaker_counts"
                 )
-            ids = [uuid.uuid4() for _ in range(size)]
+            ids = [new_id() for _ in range(size)]  # of today: executions are partitioned by day of id
             await pool.execute(
                 "INSERT INTO executions (id, tenant_id, job_id, scheduled_for, shard, fence_token, pool, handler,"
                 " state, timeout_sec, worker_id, started_at)"

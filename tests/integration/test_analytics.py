@@ -19,10 +19,9 @@ import httpx
 import pytest
 from sundial_analytics.cli import serve_stats
 from sundial_analytics.http import create_app
-from sundial_analytics.ingest import IngestConfig, Ingester, Retention, RetentionConfig, error_class, replica_row
+from sundial_analytics.ingest import IngestConfig, Ingester, error_class, replica_row
 from sundial_analytics.replica import ClickHouseReplica, ReplicaConfig
 from sundial_analytics.settings import AnalyticsSettings
-from sundial_common.clock import SystemClock
 from sundial_common.stores import Stores
 from sundial_common.stores.executions import Outcome
 from sundial_infra.stack import TEST_PORTS
@@ -158,30 +157,6 @@ async def test_stats_answer_counts_failure_rate_and_percentiles_per_group(
     assert handlers["slowest"][0]["durationMs"]["p50"] is not None
     assert other == {"items": []}
     assert (found["state"], found["attempt"]) == ("DEAD", 2)
-
-
-async def test_retention_deletes_finished_executions_only_once_their_events_reached_clickhouse(
-    stores: Stores, replica: ClickHouseReplica
-) -> None:
-    lifecycle = await run_lifecycle(stores)
-
-    class Later(SystemClock):
-        def now(self) -> datetime:
-            return datetime.now(UTC) + timedelta(days=31)
-
-    retention = Retention(stores.analytics, RetentionConfig(days=30), clock=Later())
-    # Events still queued: nothing may leave Postgres yet.
-    assert (await retention.run_once()).expired == 0
-    await Ingester(stores.analytics, replica, IngestConfig()).run_once()
-    assert (await retention.run_once()).expired == 2  # succeeded, cancelled; the pending two stay
-    # A dead letter stays until the sweeper has published it to sundial.dlq.
-    await stores.executions.mark_dead_lettered([lifecycle["ids"][1]])
-    assert (await retention.run_once()).expired == 1
-    states = sorted(r["state"] for r in await stores.database.pool.fetch("SELECT state FROM executions"))
-    assert states == ["PENDING", "PENDING"]
-    assert await stores.database.pool.fetchval("SELECT count(*) FROM execution_attempts") == 0
-    # ClickHouse still has all five.
-    assert sum((await replica_counts(replica)).values()) == 5
 
 
 def test_error_class_is_the_exception_name_or_a_generic_one() -> None:

@@ -29,6 +29,7 @@ from sundial_api.models.common import Problem
 from sundial_api.models.executions import ExecutionDetail, ExecutionPage
 from sundial_api.models.jobs import JobDetail
 from sundial_common.hotwindow import member
+from sundial_common.ids import new_id
 from sundial_infra.stack import LocalStack
 
 from tests.tenants import tenant_token
@@ -143,7 +144,7 @@ def error_fields(response: httpx.Response) -> list[str]:
 
 async def insert_execution(api: Api, job_id: str, scheduled_for: datetime, **columns: Any) -> uuid.UUID:
     values: dict[str, Any] = {
-        "id": uuid.uuid4(),
+        "id": new_id(),
         "tenant_id": TENANT,
         "job_id": uuid.UUID(job_id),
         "scheduled_for": scheduled_for,

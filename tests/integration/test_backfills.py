@@ -8,6 +8,7 @@ from datetime import timedelta
 from typing import Any
 
 from sundial_common.broker import KafkaPublisher
+from sundial_common.ids import new_id
 from sundial_common.stores import Stores
 from sundial_dispatcher.backfills import BackfillConfig, BackfillDispatcher
 
@@ -58,7 +59,7 @@ async def test_a_range_that_partly_has_executions_gets_exactly_the_missing_ones(
         await api.db.execute(
             "INSERT INTO executions (id, tenant_id, job_id, scheduled_for, shard, fence_token, pool, handler, state,"
             " timeout_sec) VALUES ($1, 'acme', $2, $3, $4, 1, 'demo', 'echo', 'SUCCEEDED', 60)",
-            uuid.uuid4(),
+            new_id(),
             job,
             START + timedelta(minutes=n),
             shard,

@@ -26,6 +26,7 @@ from sundial_client import AsyncClient, Client, Conflict, NotFound, Retries, Val
 from sundial_client.cli import _executions_parser, _jobs_parser, run
 from sundial_client.tenants_cli import parser as tenants_parser
 from sundial_common.auth import issue_token
+from sundial_common.ids import new_id
 
 from tests.conftest import _test_ports
 from tests.pools import admit
@@ -156,7 +157,7 @@ async def test_cancel_and_retry_executions(aclient: AsyncClient, served: Served)
     job = await aclient.schedule(handler="echo", pool="demo").after(seconds=600)
     db = await asyncpg.connect(served.database_url)
     try:
-        pending, dead = uuid.uuid4(), uuid.uuid4()
+        pending, dead = new_id(), new_id()
         for ident, state, at in ((pending, "PENDING", 1), (dead, "DEAD", 2)):
             await db.execute(
                 "INSERT INTO executions (id, tenant_id, job_id, scheduled_for, shard, fence_token, state, attempt,"
@@ -338,7 +339,7 @@ def test_cli_watches_an_execution_until_it_ends(
     client: Client, served: Served, capsys: pytest.CaptureFixture[str]
 ) -> None:
     job = client.schedule(handler="echo", pool="demo").after(seconds=600)
-    ident = uuid.uuid4()
+    ident = new_id()
 
     async def insert() -> None:
         db = await asyncpg.connect(served.database_url)

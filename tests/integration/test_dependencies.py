@@ -15,6 +15,7 @@ from typing import Any
 import asyncpg
 import pytest
 from sundial_common.broker import KafkaPublisher
+from sundial_common.ids import new_id
 from sundial_common.stores import Stores
 from sundial_common.stores.dispatch import FencedOut
 from sundial_common.stores.executions import LostAttempt, Outcome
@@ -44,7 +45,7 @@ async def run_parent(api: Api, stores: Stores, job_id: str, outcomes: list[str],
     """Executions of ``job_id`` (one per outcome) started and finished by a worker in one batch each."""
     ids = []
     for i, _ in enumerate(outcomes):
-        execution_id = uuid.uuid4()
+        execution_id = new_id()
         await api.db.execute(
             "INSERT INTO executions (id, tenant_id, job_id, scheduled_for, shard, fence_token, pool, handler, state,"
             " timeout_sec, traceparent) VALUES ($1, $2, $3, $4, 0, 1, 'demo', 'echo', 'PENDING', 60, $5)",
@@ -203,7 +204,7 @@ async def test_each_qualifying_parent_execution_fires_the_child_exactly_once(
         await api.db.execute(
             "INSERT INTO executions (id, tenant_id, job_id, scheduled_for, shard, fence_token, pool, handler, state,"
             " timeout_sec, trigger_id) VALUES ($1, $2, $3, now(), 0, 9, 'demo', 'echo', 'PENDING', 60, $4)",
-            uuid.uuid4(),
+            new_id(),
             TENANT,
             uuid.UUID(on_success),
             rows[0]["trigger_id"],
@@ -230,8 +231,8 @@ async def test_every_final_state_path_records_its_trigger(api: Api, stores: Stor
     child = await make(api, dependent([a], on="ANY"))
     failed_child = await make(api, dependent([a], on="FAILED"))
     dead = await run_parent(api, stores, a, ["FAILED"])  # max_attempts 1: DEAD
-    lost = uuid.uuid4()
-    cancelled = uuid.uuid4()
+    lost = new_id()
+    cancelled = new_id()
     for i, execution_id in enumerate((lost, cancelled)):
         await api.db.execute(
             "INSERT INTO executions (id, tenant_id, job_id, scheduled_for, shard, fence_token, pool, handler, state,"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
@@ -16,6 +16,7 @@ import pytest
 from sundial_api.models.executions import Execution, ExecutionList
 from sundial_common.clock import to_ms
 from sundial_common.hotwindow import retry_member
+from sundial_common.ids import id_floor
 from sundial_common.signals import cancel_key
 
 from tests.integration.test_api import NOW, TENANT, Api, api, error_fields, insert_execution, one_shot
@@ -95,8 +96,10 @@ async def test_another_tenants_execution_is_not_found_and_not_cancelled(api: Api
 
 async def test_dead_executions_are_listed_newest_first_page_by_page(api: Api) -> None:
     job_id = await a_job(api)
+    # Ids in order, of today (executions are partitioned by the day of their id).
+    base = id_floor(datetime.now(UTC)).int
     dead = [
-        await insert_execution(api, job_id, NOW + timedelta(seconds=i), state="DEAD", id=uuid.UUID(int=(1 << 120) + i))
+        await insert_execution(api, job_id, NOW + timedelta(seconds=i), state="DEAD", id=uuid.UUID(int=base + i))
         for i in range(5)
     ]
     await insert_execution(api, job_id, NOW + timedelta(minutes=1), state="SUCCEEDED")

@@ -123,8 +123,10 @@ class CommonSettings(EncryptionSettings):
     execution_retention_days: float = Field(
         30.0,
         ge=0,
-        description="Finished executions older than this are deleted from Postgres by the analytics service; "
-        "their history stays in ClickHouse (GET /v1/executions/{id} then answers 410). 0 = kept forever.",
+        description="Days of executions Postgres keeps: the active sweeper drops each day's partition of executions "
+        "and attempts once it ended this long ago, unless something in it is still open, an undelivered dead letter "
+        "or unreplicated; their history stays in ClickHouse (GET /v1/executions/{id} then answers 410). 0 = kept "
+        "forever.",
     )
     log_level: str = Field("INFO", description="Python logging level.")
     log_format: str = Field("text", description="`text` or `json` (one JSON object per line).")

@@ -1,8 +1,8 @@
 """`sundial analytics`: replicate execution lifecycle events from Postgres into ClickHouse, serve the history
-queries, and delete finished executions past retention from Postgres.
+queries (Postgres' own retention is the sweeper's: it drops expired days of executions).
 
 Run it as a singleton: one active replica (elected in etcd, see ``sundial_common.singleton``) drains the
-outbox, binds the stats endpoint and runs retention; a standby takes over within a lease TTL. With the
+outbox and binds the stats endpoint; a standby takes over within a lease TTL. With the
 embedded chDB engine the data directory belongs to one process, so run one replica per directory.
 """
 
@@ -22,7 +22,7 @@ from sundial_common.singleton import run_singleton
 from sundial_common.stores import Stores
 
 from sundial_analytics.http import create_app
-from sundial_analytics.ingest import Ingester, Retention
+from sundial_analytics.ingest import Ingester
 from sundial_analytics.replica import ClickHouseReplica, Replica
 from sundial_analytics.settings import AnalyticsSettings
 
@@ -81,7 +81,6 @@ def main(argv: list[str] | None = None) -> int:
     settings = load_settings(AnalyticsSettings, parser, **overrides)
     setup_logging(args.log_level or settings.log_level, settings.log_format)
     ingest = settings.ingest_config()
-    retention_config = settings.retention_config()
 
     async def serve(stop: asyncio.Event) -> None:
         stores = await Stores.connect(settings.database_url, max_size=3)
@@ -91,7 +90,6 @@ def main(argv: list[str] | None = None) -> int:
             async def while_leading(until: asyncio.Event) -> None:
                 await replica.ensure_schema()
                 ingester = Ingester(stores.analytics, replica, ingest)
-                retention = Retention(stores.analytics, retention_config)
                 log.info(
                     "analytics active: %s, stats on %s:%d",
                     "ClickHouse server" if settings.clickhouse_url else f"chDB at {settings.analytics_chdb_path}",
@@ -108,9 +106,6 @@ def main(argv: list[str] | None = None) -> int:
                             name="analytics_ingest",
                             again_now=lambda result: result.full(ingest),
                             idle_interval=ingest.idle_interval_sec,
-                        ),
-                        "retention": every(
-                            until, retention_config.interval_sec, retention.run_once, name="analytics_retention"
                         ),
                         "stats-http": serve_stats(until, replica, settings),
                     },

@@ -6,8 +6,8 @@ deletes exactly those ids from the outbox. A crash between the insert and the de
 the next pass, which the replica's ReplacingMergeTree tables collapse: at-least-once delivery, exactly-once
 counts. Nothing is held in memory between passes, so ``kill -9`` loses nothing.
 
-The retention pass deletes finished executions from Postgres once they are older than the retention (and
-their last event has left the outbox): from then on their history is in ClickHouse only.
+Postgres' retention drops whole days of executions (the sweeper's partition loop, :mod:`sundial_sweeper.partitions`),
+never a day whose events are still in the outbox: from then on their history is in ClickHouse only.
 """
 
 from __future__ import annotations
@@ -15,13 +15,12 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from prometheus_client import Gauge, Histogram
 from sundial_common.clock import Clock, SystemClock
 from sundial_common.crashpoints import crash_point
-from sundial_common.ids import id_floor
 from sundial_common.stores.analytics import AnalyticsStore
 from sundial_common.stores.types import Record
 
@@ -140,45 +139,3 @@ class Ingester:
                 REPLICATION_LAG.observe(max(0.0, (now - event["at"]).total_seconds()))
         deleted = await self._store.delete_events([event["id"] for event in events])
         return IngestPass(events=len(events), deleted=deleted)
-
-
-@dataclass(frozen=True, slots=True)
-class RetentionConfig:
-    """``days``: finished executions older than this leave Postgres (0 = kept forever); ``batch_size``:
-    executions deleted per statement; ``interval_sec``: between passes."""
-
-    days: float = 30.0
-    batch_size: int = 5_000
-    interval_sec: float = 60.0
-
-    def __post_init__(self) -> None:
-        if self.days < 0:
-            raise ValueError("days must be 0 (keep forever) or positive")
-        if self.batch_size < 1 or self.interval_sec <= 0:
-            raise ValueError("batch_size and interval_sec must be positive")
-
-
-@dataclass(frozen=True, slots=True)
-class RetentionPass:
-    expired: int = 0
-
-
-class Retention:
-    """Deletes finished executions past retention from Postgres, in batches (:meth:`run_once`: until done)."""
-
-    def __init__(self, store: AnalyticsStore, config: RetentionConfig, *, clock: Clock | None = None) -> None:
-        self._store = store
-        self.config = config
-        self._clock = clock or SystemClock()
-
-    async def run_once(self) -> RetentionPass:
-        if self.config.days == 0:
-            return RetentionPass()
-        cutoff = self._clock.now() - timedelta(days=self.config.days)
-        expired = 0
-        while True:
-            # Small statements: each holds its rows' locks only briefly, next to the dispatch path.
-            batch = await self._store.expire_executions(id_floor(cutoff), cutoff, self.config.batch_size)
-            expired += batch
-            if batch < self.config.batch_size:
-                return RetentionPass(expired=expired)

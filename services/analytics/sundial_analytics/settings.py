@@ -8,7 +8,7 @@ from pathlib import Path
 from pydantic import Field
 from sundial_common.settings import CommonSettings
 
-from sundial_analytics.ingest import IngestConfig, RetentionConfig
+from sundial_analytics.ingest import IngestConfig
 from sundial_analytics.replica import ReplicaConfig
 
 
@@ -38,9 +38,6 @@ class AnalyticsSettings(CommonSettings):
     analytics_interval_sec: float = Field(
         0.5, gt=0, description="Pause after an ingest pass that found less than a full batch."
     )
-    analytics_retention_interval_sec: float = Field(
-        60.0, gt=0, description="Seconds between passes of Postgres retention (SUNDIAL_EXECUTION_RETENTION_DAYS)."
-    )
 
     def replica_config(self) -> ReplicaConfig:
         return ReplicaConfig(
@@ -52,6 +49,3 @@ class AnalyticsSettings(CommonSettings):
 
     def ingest_config(self) -> IngestConfig:
         return IngestConfig(batch_size=self.analytics_batch_size, interval_sec=self.analytics_interval_sec)
-
-    def retention_config(self) -> RetentionConfig:
-        return RetentionConfig(days=self.execution_retention_days, interval_sec=self.analytics_retention_interval_sec)

@@ -1,5 +1,6 @@
-"""`sundial sweeper`: end attempts whose worker was lost, republish executions whose messages were lost, and
-move the retry circuit breakers (:mod:`sundial_sweeper.breakers`).
+"""`sundial sweeper`: end attempts whose worker was lost, republish executions whose messages were lost,
+move the retry circuit breakers (:mod:`sundial_sweeper.breakers`), and keep the daily partitions of executions
+(made ahead, dropped past retention: :mod:`sundial_sweeper.partitions`).
 
 Run several replicas: one is active (elected in etcd, see ``sundial_common.singleton``), the others stand by
 and take over within a lease TTL.
@@ -21,6 +22,7 @@ from sundial_common.stores import Stores
 
 from sundial_sweeper.breakers import BreakerLoop
 from sundial_sweeper.broker_restart import BrokerRestartRepublisher
+from sundial_sweeper.partitions import PartitionLoop
 from sundial_sweeper.settings import SweeperSettings
 from sundial_sweeper.sweeper import Sweeper
 
@@ -34,7 +36,8 @@ def main(argv: list[str] | None = None) -> int:
         description="Find executions that fell between the cracks: attempts whose worker stopped heartbeating or "
         "that ran past their timeout (ended and retried by the job's policy), executions never published or "
         "published and never started (published again), dead letters (to sundial.dlq); and it moves the retry "
-        "circuit breakers (SUNDIAL_BREAKER_*, sundial_sweeper.breakers). Run several replicas: one "
+        "circuit breakers (SUNDIAL_BREAKER_*, sundial_sweeper.breakers); it makes the daily partitions of "
+        "executions ahead and drops those past SUNDIAL_EXECUTION_RETENTION_DAYS. Run several replicas: one "
         "is active (elected through etcd), the others stand by and take over within a lease TTL "
         "(env SUNDIAL_LEASE_TTL_SEC).",
     )
@@ -61,6 +64,8 @@ def main(argv: list[str] | None = None) -> int:
             sweeper = Sweeper(stores, publisher, config, redis=redis, broker_restart=restart)
             breaker_config = settings.breaker_config()
             breakers = BreakerLoop(stores.breakers, sweeper.hot_window, breaker_config)
+            partition_config = settings.partition_config()
+            partitions = PartitionLoop(stores.partitions, partition_config)
             log.info("sweeper started")
 
             async def sweep_while_leading(until: asyncio.Event) -> None:
@@ -73,6 +78,10 @@ def main(argv: list[str] | None = None) -> int:
                         loops.create_task(
                             every(until, breaker_config.interval_sec, breakers.run_once, name="breakers"),
                             name="breakers",
+                        )
+                        loops.create_task(
+                            every(until, partition_config.interval_sec, partitions.run_once, name="partitions"),
+                            name="partitions",
                         )
                 finally:
                     sweeper.forget_gauges()

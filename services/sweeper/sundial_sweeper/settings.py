@@ -7,6 +7,7 @@ from sundial_common.settings import CommonSettings
 from sundial_common.stores.breakers import BreakerSettings
 
 from sundial_sweeper.breakers import BreakerLoopConfig
+from sundial_sweeper.partitions import PartitionLoopConfig
 from sundial_sweeper.sweeper import SweeperConfig
 
 _B = BreakerSettings()
@@ -53,6 +54,21 @@ class SweeperSettings(CommonSettings):
     breaker_release_spread_sec: float = Field(
         _B.release_spread_sec, ge=0, description="A closing breaker releases its held retries over this many seconds."
     )
+
+    # The daily partitions of executions and attempts (retention: SUNDIAL_EXECUTION_RETENTION_DAYS).
+    partitions_interval_sec: float = Field(
+        600.0, gt=0, description="Seconds between passes of the partition loop (make days ahead, drop expired days)."
+    )
+    partitions_ahead_days: int = Field(
+        7, ge=1, le=366, description="Days of execution partitions made ahead: how long dispatch survives no sweeper."
+    )
+
+    def partition_config(self) -> PartitionLoopConfig:
+        return PartitionLoopConfig(
+            retention_days=self.execution_retention_days,
+            ahead_days=self.partitions_ahead_days,
+            interval_sec=self.partitions_interval_sec,
+        )
 
     def breaker_config(self) -> BreakerLoopConfig:
         return BreakerLoopConfig(

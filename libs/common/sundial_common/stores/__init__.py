@@ -11,8 +11,9 @@ one Postgres implementation and its own file of named queries under ``sql/``:
 - :mod:`~sundial_common.stores.idempotency` — Idempotency-Key claims and responses;
 - :mod:`~sundial_common.stores.replays` — replays of a pool's messages into a staging pool, their progress and
   what the staging workers ran.
-- :mod:`~sundial_common.stores.analytics` — the execution-events outbox drained into ClickHouse, and the
-  retention of finished executions.
+- :mod:`~sundial_common.stores.analytics` — the execution-events outbox drained into ClickHouse.
+- :mod:`~sundial_common.stores.partitions` — the daily partitions of executions and attempts: made ahead,
+  dropped past retention.
 - :mod:`~sundial_common.stores.workers` — worker incarnations and the attempts an earlier one left running.
 - :mod:`~sundial_common.stores.tenants` — the tenant registry: weight, quotas, state.
 - :mod:`~sundial_common.stores.keys` — tenants' wrapped data keys and the master key's check value.
@@ -46,6 +47,7 @@ from sundial_common.stores.executions import ExecutionStore, PostgresExecutionSt
 from sundial_common.stores.idempotency import IdempotencyStore, PostgresIdempotencyStore
 from sundial_common.stores.jobs import JobStore, PostgresJobStore
 from sundial_common.stores.keys import KeyStore, PostgresKeyStore
+from sundial_common.stores.partitions import PartitionStore, PostgresPartitionStore
 from sundial_common.stores.pools import PoolStore, PostgresPoolStore
 from sundial_common.stores.replays import PostgresReplayStore, ReplayStore
 from sundial_common.stores.tenants import PostgresTenantStore, TenantStore
@@ -71,6 +73,7 @@ class Stores:
     audit: AuditStore
     pools: PoolStore
     breakers: BreakerStore
+    partitions: PartitionStore
 
     @classmethod
     def over(cls, database: Database) -> Stores:
@@ -91,6 +94,7 @@ class Stores:
             audit=PostgresAuditStore(database),
             pools=PostgresPoolStore(database),
             breakers=PostgresBreakerStore(database),
+            partitions=PostgresPartitionStore(database),
         )
 
     @classmethod

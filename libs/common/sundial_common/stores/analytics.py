@@ -1,5 +1,4 @@
-"""The analytics store: the ``execution_events`` outbox that the analytics service drains into ClickHouse, and
-the retention that deletes finished executions from Postgres once their history lives in ClickHouse only.
+"""The analytics store: the ``execution_events`` outbox that the analytics service drains into ClickHouse.
 
 SQL: ``sql/analytics.sql``. The events are written by triggers on ``executions`` (migration 0010), in the
 transaction of each state change, so no other store knows about them.
@@ -20,7 +19,7 @@ Q = load_file("analytics.sql")
 
 
 class AnalyticsStore(Protocol):
-    """The event outbox (read oldest, delete what was replicated) and the retention of finished executions."""
+    """The event outbox (read oldest, delete what was replicated)."""
 
     async def oldest_events(self, limit: int) -> list[Record]: ...
 
@@ -30,10 +29,6 @@ class AnalyticsStore(Protocol):
 
     async def first_starts(self, execution_ids: Sequence[UUID]) -> dict[UUID, datetime]:
         """When attempt 1 of each of these executions started (those that have one)."""
-        ...
-
-    async def expire_executions(self, created_before: UUID, finished_before: datetime, limit: int) -> int:
-        """Delete up to ``limit`` finished executions (and their attempts) past retention; how many went."""
         ...
 
 
@@ -60,7 +55,3 @@ class PostgresAnalyticsStore:
             return {}
         rows = await self._pool.fetch(Q["first_starts"], list(execution_ids))
         return {row["execution_id"]: row["started_at"] for row in rows}
-
-    async def expire_executions(self, created_before: UUID, finished_before: datetime, limit: int) -> int:
-        status = await self._pool.execute(Q["expire_executions"], created_before, finished_before, limit)
-        return int(status.rsplit(" ", 1)[1])

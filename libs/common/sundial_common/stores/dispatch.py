@@ -19,6 +19,8 @@ from datetime import datetime
 from typing import Protocol, cast
 from uuid import UUID
 
+import asyncpg
+
 from sundial_common.queries import load_file
 from sundial_common.stores.breakers import gate_retries, hold_first_fires
 from sundial_common.stores.database import Database
@@ -224,7 +226,7 @@ class PostgresDispatchStore:
         async with self._db.pool.acquire() as conn, conn.transaction():
             if await conn.fetchval(Q["raise_fence"], shard, token, holder) is None:
                 raise FencedOut(shard, token)
-            due = await conn.fetch(Q["lock_due_jobs"], ids, dues, shard)
+            due = await with_open_executions(conn, list(await conn.fetch(Q["lock_due_jobs"], ids, dues, shard)))
             if len(due) < len(claims):
                 matched = {row["id"] for row in due}
                 unmatched = [c for c in claims if c.job_id not in matched]
@@ -369,3 +371,19 @@ class PostgresDispatchStore:
     async def republished(self, execution_ids: Sequence[UUID]) -> None:
         if execution_ids:
             await self._db.pool.execute(Q["republished"], list(execution_ids))
+
+
+async def with_open_executions(conn: asyncpg.Connection, due: list[Record]) -> list[Record]:
+    """The locked due jobs with ``open_execution_ids`` and ``open_execution_states`` filled in: each job's
+    executions still PENDING or RUNNING, oldest first, for its overlap policy. Only jobs whose policy is not
+    ALLOW are looked up, in one statement; a batch without such jobs (the default) costs nothing."""
+    overlapping = [row["id"] for row in due if row["overlap_policy"] != "ALLOW"]
+    if not overlapping:
+        return due
+    found = {row["job_id"]: row for row in await conn.fetch(Q["open_executions_of_jobs"], overlapping)}
+    return [
+        {**row, "open_execution_ids": found[row["id"]]["ids"], "open_execution_states": found[row["id"]]["states"]}
+        if row["id"] in found
+        else row
+        for row in due
+    ]

@@ -24,7 +24,7 @@ SELECT b.*,
 FROM backfills b WHERE b.id = $1 AND b.tenant_id = $2;
 
 -- name: existing_occurrences
--- The nominal times of [$2, $3) that already have an execution (executions_occurrence_key).
+-- The nominal times of [$2, $3) that already have an execution (every partition's occurrence key, 0018).
 SELECT scheduled_for FROM executions WHERE job_id = $1 AND scheduled_for >= $2 AND scheduled_for < $3;
 
 -- name: cancel_backfill
@@ -58,7 +58,9 @@ LIMIT $2
 FOR UPDATE OF b SKIP LOCKED;
 
 -- name: insert_backfill_executions
--- One execution per occurrence; one that already has its execution is left alone (the occurrence key).
+-- One execution per occurrence; one that already has its execution is left alone: the leader skipped the
+-- nominal times existing_occurrences found (any day's partition), and the occurrence key of today's partition
+-- (ON CONFLICT without a target, migration 0018) catches one created since.
 WITH inserted AS (
     INSERT INTO executions (id, tenant_id, job_id, scheduled_for, shard, fence_token, pool, handler, state,
                             max_attempts, timeout_sec, trace_id, traceparent, fire_at, backfill_id, priority)
@@ -69,7 +71,7 @@ WITH inserted AS (
                 $8::int[], $11::text[], $12::text[], $13::uuid[])
          AS e (id, tenant_id, job_id, scheduled_for, pool, handler, max_attempts, timeout_sec, trace_id, traceparent,
                backfill_id)
-    ON CONFLICT (job_id, scheduled_for) DO NOTHING
+    ON CONFLICT DO NOTHING
     RETURNING id, tenant_id, state, backfill_id
 ), audit AS (
     INSERT INTO audit_log (tenant_id, entity, entity_id, action, to_state, actor, detail)

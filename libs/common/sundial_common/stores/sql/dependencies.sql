@@ -143,7 +143,8 @@ WITH inserted AS (
                 $8::int[], $11::text[], $12::text[], $13::uuid[], $14::text[])
          AS e (id, tenant_id, job_id, scheduled_for, pool, handler, max_attempts, timeout_sec, trace_id, traceparent,
                trigger_id, caused_by)
-    ON CONFLICT (job_id, trigger_id) WHERE trigger_id IS NOT NULL DO NOTHING
+    -- No target: the trigger key is a unique index of each partition (migration 0018).
+    ON CONFLICT DO NOTHING
     RETURNING id, tenant_id, state, caused_by
 ), audit AS (
     INSERT INTO audit_log (tenant_id, entity, entity_id, action, to_state, actor, detail)

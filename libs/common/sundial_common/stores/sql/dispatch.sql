@@ -31,22 +31,26 @@ SELECT shard, token, holder, updated_at FROM shard_fence ORDER BY shard;
 -- dispatches them: an active job whose next fire is at or before the claimed score, or a live job with a
 -- trigger pending at or before it. A member scored later than the job's next fire (a BUFFER_ONE hold, a
 -- re-added member) still dispatches it; one scored earlier (stale) matches nothing.
--- Jobs with an overlap policy other than ALLOW bring their executions still open (PENDING or RUNNING),
--- oldest first: one probe of executions_job_open_idx each, and no extra round trip.
-SELECT j.*, c.due AS claimed_due, open.ids AS open_execution_ids, open.states AS open_execution_states
+-- The open executions of jobs with an overlap policy other than ALLOW are filled in from
+-- open_executions_of_jobs, asked only when the batch has such jobs: executions is partitioned by day (migration 0018) and a lookup by job
+-- here would plan every partition's index for every dispatch (10 ms a batch with 40 partitions).
+SELECT j.*, c.due AS claimed_due, NULL::uuid[] AS open_execution_ids, NULL::text[] AS open_execution_states
 FROM jobs j
 -- Scores are epoch milliseconds; fire times are written at millisecond precision, compared at it too.
 JOIN unnest($1::uuid[], $2::timestamptz[]) AS c (id, due) ON j.id = c.id
-LEFT JOIN LATERAL (
-    SELECT array_agg(e.id ORDER BY e.scheduled_for) AS ids, array_agg(e.state ORDER BY e.scheduled_for) AS states
-    FROM executions e
-    WHERE j.overlap_policy <> 'ALLOW' AND e.job_id = j.id AND e.state IN ('PENDING', 'RUNNING')
-) open ON true
 WHERE j.shard = $3
   AND ((j.state = 'ACTIVE' AND date_trunc('milliseconds', j.next_fire_at) <= c.due)
        OR (j.state <> 'CANCELLED' AND j.trigger_at <= c.due))
 ORDER BY j.id
 FOR UPDATE OF j;
+
+-- name: open_executions_of_jobs
+-- Each job's executions still open (PENDING or RUNNING), oldest first: one probe of executions_job_open_idx
+-- per job and partition.
+SELECT e.job_id, array_agg(e.id ORDER BY e.scheduled_for) AS ids, array_agg(e.state ORDER BY e.scheduled_for) AS states
+FROM executions e
+WHERE e.job_id = ANY($1::uuid[]) AND e.state IN ('PENDING', 'RUNNING')
+GROUP BY e.job_id;
 
 -- name: claimed_but_not_due
 -- Claimed members that matched no due job, with where their job's member belongs now: its next fire if
@@ -61,6 +65,8 @@ WHERE j.shard = $3;
 
 -- name: insert_executions
 -- One row per occurrence; a SKIPPED one (overlap policy) is terminal at once and never published.
+-- ON CONFLICT without a target: executions is partitioned by id (migration 0018), so the occurrence key
+-- (job_id, scheduled_for) is a unique index of each partition, an arbiter only when no target is named.
 WITH inserted AS (
     INSERT INTO executions (id, tenant_id, job_id, scheduled_for, shard, fence_token, pool, handler, state,
                             max_attempts, timeout_sec, trace_id, traceparent, fire_at, triggered, error,
@@ -73,7 +79,7 @@ WITH inserted AS (
                 $17::text[], $18::text[])
          AS e (id, tenant_id, job_id, scheduled_for, pool, handler, max_attempts, timeout_sec, trace_id,
                traceparent, fire_at, state, triggered, note, priority)
-    ON CONFLICT (job_id, scheduled_for) DO NOTHING
+    ON CONFLICT DO NOTHING
     RETURNING id, tenant_id, state, error
 ), audit AS (
     INSERT INTO audit_log (tenant_id, entity, entity_id, action, to_state, actor, detail)

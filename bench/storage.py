@@ -1,0 +1,228 @@
+"""Storage: what partitioning ``executions`` by day (migration 0018) costs the three writes every execution makes.
+
+One Postgres (the bench's settings, pg_stat_statements), two databases side by side: ``flat`` at revision 0017
+(one table) and ``partitioned`` at the head with ``--days`` daily partitions of each table (40: the default
+30-day retention plus the week made ahead). Each is filled with ``--rows`` finished executions and their
+attempts (the index depth a busy day has), analysed, then measured in ``--rounds`` rounds, alternating which
+database goes first so the machine's drifting load falls on both: per round ``--batch`` due jobs are
+dispatched through the dispatcher's fenced transaction (``lock_due_jobs`` + ``insert_executions`` +
+``advance_jobs``), started (the worker's ``start_executions``) and finished (``finish_attempts``), through the
+same store calls the services make. Per database: the median wall milliseconds of each call, and from
+pg_stat_statements the mean execution and planning milliseconds of the insert (and the dispatch's
+``lock_due_jobs``), start and finish statements.
+
+    uv run --frozen python bench/storage.py --port-offset 900
+    uv run --frozen python bench/storage.py --port-offset 900 --rows 1000000 --rounds 60
+
+A measurement, never a pass/fail. Appends one JSON line to ``bench/results/<date>.jsonl``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shutil
+import statistics
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import machine  # bench/ is on sys.path: run as a script
+from harness import POSTGRES_SETTINGS, REPO, RESULTS, _record
+from sundial_common.clock import from_ms, to_ms
+from sundial_common.ids import new_id
+from sundial_common.migrate import upgrade
+from sundial_common.stores import Stores
+from sundial_common.stores.dispatch import PlannedExecution
+from sundial_common.stores.executions import Outcome
+from sundial_common.stores.types import Occurrence
+from sundial_infra.servers.postgres import PostgresServer
+from sundial_infra.stack import BENCH_PORTS
+
+TENANT = "bench-storage"
+#: The statements measured, by the comment that opens each (pg_stat_statements keeps it).
+STATEMENTS = {
+    "lock_due": "-- The claimed members that are due in Postgres%",
+    "insert": "-- One row per occurrence%",
+    "start": "-- PENDING -> RUNNING for a batch%",
+    "finish": "-- RUNNING -> how the attempt ended%",
+}
+
+
+async def prepare(server: PostgresServer, name: str, revision: str, rows: int, days: int) -> str:
+    admin = await asyncpg.connect(server.dsn)
+    try:
+        await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        await admin.execute(f"CREATE DATABASE {name}")
+        # Planning is where partitions cost (every partition a statement may touch is planned): count it too.
+        await admin.execute(f"ALTER DATABASE {name} SET pg_stat_statements.track_planning = on")
+    finally:
+        await admin.close()
+    dsn = server.dsn_for(name)
+    await upgrade(dsn, revision)
+    conn = await asyncpg.connect(dsn)
+    try:
+        if revision == "head":
+            today = datetime.now(UTC).date()
+            await conn.fetchval("SELECT sundial_add_execution_partitions($1::date, $2::int)", today, days)
+        await conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        await conn.execute("INSERT INTO tenants (id) VALUES ($1)", TENANT)
+        job = new_id()
+        await conn.execute(
+            "INSERT INTO jobs (id, tenant_id, name, type, pool, handler, timeout_sec, state, shard)"
+            " VALUES ($1, $2, 'old', 'ONE_SHOT', 'bench', 'echo', 60, 'COMPLETED', 0)",
+            job,
+            TENANT,
+        )
+        start = datetime.now(UTC) - timedelta(hours=1)
+        for offset in range(0, rows, 10_000):
+            n = min(10_000, rows - offset)
+            ids = [new_id() for _ in range(n)]
+            await conn.execute(
+                "INSERT INTO executions (id, tenant_id, job_id, scheduled_for, shard, fence_token, pool, handler,"
+                " state, timeout_sec, worker_id, started_at, finished_at, published_at)"
+                " SELECT id, $2, $3, $4::timestamptz + make_interval(secs => ($5 + n)::int), 0, 1, 'bench', 'echo',"
+                " 'SUCCEEDED', 60, 'w', now(), now(), now() FROM unnest($1::uuid[]) WITH ORDINALITY AS u (id, n)",
+                ids,
+                TENANT,
+                job,
+                start,
+                offset,
+            )
+            await conn.execute(
+                "INSERT INTO execution_attempts (execution_id, attempt, tenant_id, worker_id, state, finished_at)"
+                " SELECT id, 1, $2, 'w', 'SUCCEEDED', now() FROM unnest($1::uuid[]) AS u (id)",
+                ids,
+                TENANT,
+            )
+        # The analytics service would have drained these; autovacuum would have analysed the tables.
+        await conn.execute("DELETE FROM execution_events")
+        await conn.execute("VACUUM ANALYZE")
+    finally:
+        await conn.close()
+    return dsn
+
+
+async def one_round(stores: Stores, batch: int, worker: str) -> dict[str, float]:
+    """``batch`` due jobs: dispatched, started, finished; wall milliseconds of each call."""
+    pool = stores.database.pool
+    due = from_ms(to_ms(datetime.now(UTC)))
+    jobs = [new_id() for _ in range(batch)]
+    await pool.execute(
+        "INSERT INTO jobs (id, tenant_id, name, type, run_at, pool, handler, timeout_sec, state, shard, next_fire_at)"
+        " SELECT id, $2, 'j', 'ONE_SHOT', $3, 'bench', 'echo', 60, 'ACTIVE', 0, $3 FROM unnest($1::uuid[]) AS u (id)",
+        jobs,
+        TENANT,
+        due,
+    )
+
+    def plan(rows: Any) -> list[PlannedExecution]:
+        return [PlannedExecution(new_id(), row, None, 1, None, None) for row in rows]
+
+    took: dict[str, float] = {}
+    started = time.perf_counter()
+    created = await stores.dispatch.dispatch(0, 1, "bench", [Occurrence(j, due) for j in jobs], plan)
+    took["dispatch"] = (time.perf_counter() - started) * 1000
+    ids = [p.execution_id for p in created]
+    started = time.perf_counter()
+    won = await stores.executions.start_executions(worker, [(i, 1) for i in ids])
+    took["start"] = (time.perf_counter() - started) * 1000
+    started = time.perf_counter()
+    done = await stores.executions.finish_attempts(worker, [Outcome(i, 1, "SUCCEEDED") for i in ids])
+    took["finish"] = (time.perf_counter() - started) * 1000
+    assert len(created) == len(won) == len(done) == batch, (len(created), len(won), len(done))
+    return took
+
+
+async def statement_means(conn: asyncpg.Connection) -> dict[str, dict[str, float]]:
+    found = {}
+    for name, pattern in STATEMENTS.items():
+        row = await conn.fetchrow(
+            "SELECT sum(calls) AS calls, sum(total_exec_time) / sum(calls) AS mean_ms,"
+            " sum(total_plan_time) / sum(calls) AS plan_ms,"
+            " sum(shared_blks_hit + shared_blks_read) / sum(calls) AS blocks"
+            " FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())"
+            " AND query LIKE $1",
+            pattern,
+        )
+        if row and row["calls"]:
+            found[name] = {
+                "calls": int(row["calls"]),
+                "mean_ms": round(float(row["mean_ms"]), 3),
+                "plan_ms": round(float(row["plan_ms"]), 3),
+                "blocks_per_call": round(float(row["blocks"]), 1),
+            }
+    return found
+
+
+async def main_async(args: argparse.Namespace) -> None:
+    root = args.root.resolve()
+    shutil.rmtree(root, ignore_errors=True)
+    server = PostgresServer(root / "postgres", BENCH_PORTS.postgres + args.port_offset, settings=POSTGRES_SETTINGS)
+    server.start()
+    try:
+        modes = {
+            "flat": await prepare(server, "storage_flat", "0017", args.rows, args.days),
+            "partitioned": await prepare(server, "storage_partitioned", "head", args.rows, args.days),
+        }
+        stores = {mode: await Stores.connect(dsn, min_size=1, max_size=2) for mode, dsn in modes.items()}
+        try:
+            for mode in modes:
+                await one_round(stores[mode], args.batch, "warm")  # plans cached, buffers warm
+                await stores[mode].database.pool.execute("SELECT pg_stat_statements_reset()")
+            timings: dict[str, dict[str, list[float]]] = {m: {} for m in modes}
+            order = list(modes)
+            for r in range(args.rounds):
+                for mode in order if r % 2 == 0 else reversed(order):
+                    for call, ms in (await one_round(stores[mode], args.batch, f"w{r}")).items():
+                        timings[mode].setdefault(call, []).append(ms)
+            result: dict[str, Any] = {}
+            for mode in modes:
+                async with stores[mode].database.pool.acquire() as conn:
+                    means = await statement_means(conn)
+                    partitions = await conn.fetchval(
+                        "SELECT count(*) FROM pg_inherits WHERE inhparent = 'executions'::regclass"
+                    )
+                result[mode] = {
+                    "partitions": partitions,
+                    "median_ms": {call: round(statistics.median(v), 2) for call, v in timings[mode].items()},
+                    "statements": means,
+                }
+        finally:
+            for s in stores.values():
+                await s.close()
+    finally:
+        server.stop()
+    line = {
+        "workload": "storage",
+        "rows": args.rows,
+        "batch": args.batch,
+        "rounds": args.rounds,
+        "days": args.days,
+        **result,
+        "machine": machine.describe(REPO),
+        "at": datetime.now(UTC).isoformat(),
+    }
+    print({k: v for k, v in line.items() if k != "machine"}, flush=True)
+    _record(line, results=args.results)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="bench/storage.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--rows", type=int, default=300_000, help="finished executions in each database first")
+    parser.add_argument("--days", type=int, default=40, help="daily partitions of the partitioned database")
+    parser.add_argument("--batch", type=int, default=250, help="executions per dispatch, start and finish")
+    parser.add_argument("--rounds", type=int, default=40, help="measured rounds per database")
+    parser.add_argument("--results", type=Path, default=RESULTS)
+    parser.add_argument("--root", type=Path, default=REPO / ".sundial" / "bench-storage")
+    parser.add_argument("--port-offset", type=int, default=0, help="ports = BENCH_PORTS + this (a multiple of 100)")
+    asyncio.run(main_async(parser.parse_args(argv)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,84 @@
+"""The partition store: the daily partitions of ``executions`` and ``execution_attempts`` — which exist, making
+the coming days' ahead of time, and dropping a day past retention once nothing in it must stay.
+
+Both tables are ranged on the execution id (a UUIDv7, so on the instant the execution was created), one
+partition per UTC day, ``executions_pYYYYMMDD`` and ``execution_attempts_pYYYYMMDD`` (migration 0018; the
+tables an older database had became the ``_legacy`` partitions). The DDL runs in that migration's SQL
+functions; SQL: ``sql/partitions.sql``. The sweeper's partition loop drives it
+(:mod:`sundial_sweeper.partitions`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import date, datetime
+from typing import Protocol
+
+import asyncpg
+
+from sundial_common.ids import id_time
+from sundial_common.queries import load_file
+from sundial_common.stores.database import Database
+
+Q = load_file("partitions.sql")
+
+
+@dataclass(frozen=True, slots=True)
+class Partition:
+    """One partition of ``executions`` (its attempts' partition has the same suffix)."""
+
+    name: str
+    #: Where its range ends: every execution in it was created before this instant.
+    ends_at: datetime
+
+
+class PartitionStore(Protocol):
+    async def partitions(self) -> list[Partition]:
+        """Every partition of ``executions``, oldest first."""
+        ...
+
+    async def add_partitions(self, first_day: date, days: int, lock_timeout_ms: int) -> int | None:
+        """Make the partitions of ``days`` UTC days from ``first_day`` that do not exist; how many were made.
+
+        None: the parent's lock was not had within ``lock_timeout_ms`` (nothing changed).
+        """
+        ...
+
+    async def drop_partition(self, name: str, lock_timeout_ms: int) -> bool | None:
+        """Drop one partition (and its attempts') unless it holds what must stay; whether it was dropped.
+
+        None: the parents' locks were not had within ``lock_timeout_ms`` (nothing changed).
+        """
+        ...
+
+
+class PostgresPartitionStore:
+    """:class:`PartitionStore` over the shared pool; each change is its own short transaction."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    async def partitions(self) -> list[Partition]:
+        rows = await self._db.pool.fetch(Q["executions_partitions"])
+        found = []
+        for row in rows:
+            ends_at = id_time(row["upper_id"]) if row["upper_id"] is not None else None
+            if ends_at is not None:
+                found.append(Partition(name=row["name"], ends_at=ends_at))
+        return found
+
+    async def add_partitions(self, first_day: date, days: int, lock_timeout_ms: int) -> int | None:
+        try:
+            async with self._db.pool.acquire() as conn, conn.transaction():
+                await conn.execute(Q["lock_timeout"], f"{lock_timeout_ms}ms")
+                return int(await conn.fetchval(Q["add_partitions"], first_day, days))
+        except asyncpg.LockNotAvailableError:
+            return None
+
+    async def drop_partition(self, name: str, lock_timeout_ms: int) -> bool | None:
+        try:
+            async with self._db.pool.acquire() as conn, conn.transaction():
+                await conn.execute(Q["lock_timeout"], f"{lock_timeout_ms}ms")
+                return bool(await conn.fetchval(Q["drop_partition"], name))
+        except asyncpg.LockNotAvailableError:
+            return None

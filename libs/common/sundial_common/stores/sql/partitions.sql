@@ -1,0 +1,26 @@
+-- The partition store (sundial_common.stores.partitions): the daily partitions of executions and
+-- execution_attempts (migration 0018: ranged on the execution id, a UUIDv7), made ahead and dropped past
+-- retention. The DDL itself is in the migration's functions, so the schema and the names it makes are
+-- versioned together; these statements call them.
+
+-- name: executions_partitions
+-- Every partition of executions with its upper bound (the first id of the next range).
+SELECT c.relname AS name,
+       substring(pg_get_expr(c.relpartbound, c.oid) FROM 'TO \(''([0-9a-f-]+)''\)')::uuid AS upper_id
+FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+WHERE i.inhparent = 'executions'::regclass
+ORDER BY upper_id;
+
+-- name: add_partitions
+-- The partitions of $2 UTC days from $1 that do not exist yet; how many were made.
+SELECT sundial_add_execution_partitions($1::date, $2::int);
+
+-- name: drop_partition
+-- One expired day, unless it still holds an open execution, an unpublished dead letter or unreplicated
+-- events (see the function); true if it went.
+SELECT sundial_drop_execution_partition($1::text);
+
+-- name: lock_timeout
+-- A partition's creation and drop take its parent exclusively: waiting long would queue every execution
+-- write behind them. Set for the transaction only; a pass that times out tries again next time.
+SELECT set_config('lock_timeout', $1::text, true);

@@ -1,0 +1,93 @@
+"""The partition loop: keeps the daily partitions of ``executions`` and ``execution_attempts`` a few days ahead of
+the clock, and drops each day once it is past ``SUNDIAL_EXECUTION_RETENTION_DAYS``.
+
+The active sweeper runs it (``partitions``) beside its sweep. Each pass:
+
+1. makes the partitions of today and the next ``ahead_days`` UTC days that do not exist. Executions are
+   ranged on their id (a UUIDv7 minted at creation, migration 0018) and there is no default partition, so an
+   execution created on a day without its partition could not be inserted: the week ahead is the margin for a
+   sweeper that is down (the migration makes the first week itself);
+2. drops each day whose range ended more than ``retention_days`` ago — a ``DROP TABLE`` of a day's executions
+   and attempts instead of deleting their rows one by one — unless it still holds something that must outlive
+   retention: an open execution (PENDING, RUNNING, a retry scheduled or held by a breaker), a dead letter not
+   yet published to ``sundial.dlq``, or lifecycle events the analytics service has not replicated to ClickHouse
+   yet. Such a day is kept and tried again next pass. What else names an execution (a job's triggers, a
+   replay's runs, the audit log, ClickHouse's copy) keeps its own copy of what it needs and no foreign key.
+
+Creating or dropping a partition takes its parent table exclusively, so each runs with a short
+``lock_timeout``: a pass that would wait behind busy writers gives up (counted as ``busy``) and the next one
+tries again, instead of queueing every execution write behind it.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import timedelta
+
+from sundial_common.clock import Clock, SystemClock
+from sundial_common.stores.partitions import PartitionStore
+
+log = logging.getLogger("sundial.partitions")
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionLoopConfig:
+    #: Days a finished execution is kept (counted from the end of the UTC day it was created); 0 = forever.
+    retention_days: float = 30.0
+    #: Partitions made ahead of today, in days.
+    ahead_days: int = 7
+    #: Seconds between passes.
+    interval_sec: float = 600.0
+    #: How long a partition's creation or drop may wait for its parent's lock, milliseconds.
+    lock_timeout_ms: int = 200
+
+    def __post_init__(self) -> None:
+        if self.retention_days < 0:
+            raise ValueError("PartitionLoopConfig.retention_days must be 0 (keep forever) or positive")
+        for name, value in (("ahead_days", self.ahead_days), ("interval_sec", self.interval_sec)):
+            if not value > 0:
+                raise ValueError(f"PartitionLoopConfig.{name} must be positive")
+        if self.lock_timeout_ms < 1:
+            raise ValueError("PartitionLoopConfig.lock_timeout_ms must be at least 1")
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionPass:
+    created: int = 0
+    dropped: int = 0
+    #: Expired days kept because something in them must stay (open, undelivered, unreplicated).
+    kept: int = 0
+    #: Creations or drops that gave up waiting for the lock (tried again next pass).
+    busy: int = 0
+
+
+class PartitionLoop:
+    """One pass (:meth:`run_once`) makes the coming days' partitions and drops the expired ones."""
+
+    def __init__(self, store: PartitionStore, config: PartitionLoopConfig, *, clock: Clock | None = None) -> None:
+        self._store = store
+        self.config = config
+        self._clock = clock or SystemClock()
+
+    async def run_once(self) -> PartitionPass:
+        now = self._clock.now()
+        busy = dropped = kept = 0
+        # Days are UTC days (the partitions' ranges); the clock is timezone-aware UTC.
+        made = await self._store.add_partitions(now.date(), self.config.ahead_days + 1, self.config.lock_timeout_ms)
+        if made is None:
+            busy += 1
+        if self.config.retention_days > 0:
+            horizon = now - timedelta(days=self.config.retention_days)
+            for partition in await self._store.partitions():
+                if partition.ends_at > horizon:
+                    break  # oldest first: the rest are younger
+                went = await self._store.drop_partition(partition.name, self.config.lock_timeout_ms)
+                if went is None:
+                    busy += 1
+                elif went:
+                    dropped += 1
+                    log.info("dropped %s: executions created before %s", partition.name, partition.ends_at.isoformat())
+                else:
+                    kept += 1
+        return PartitionPass(created=made or 0, dropped=dropped, kept=kept, busy=busy)
