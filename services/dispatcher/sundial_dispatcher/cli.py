@@ -26,6 +26,7 @@ from sundial_dispatcher.dispatcher import DispatcherConfig
 from sundial_dispatcher.fairness import FairnessConfig
 from sundial_dispatcher.settings import DispatcherSettings
 from sundial_dispatcher.shards import CampaignConfig, Dependencies, Placement, ShardCampaign, dispatch_work
+from sundial_dispatcher.wakes import WakeListener
 
 log = logging.getLogger("sundial.dispatcher")
 
@@ -74,7 +75,8 @@ def main(argv: list[str] | None = None) -> int:
         redis = Redis.from_url(settings.redis_url)
         publisher = KafkaPublisher(settings.kafka_bootstrap)
         etcd = etcd_client(settings.etcd_endpoint)
-        deps = Dependencies(stores, HotWindow(redis), publisher, etcd)
+        wakes = WakeListener(redis)
+        deps = Dependencies(stores, HotWindow(redis), publisher, etcd, wakes)
         registration = ReplicaRegistration(
             etcd, ReplicaRecord.for_this_process("dispatcher", me), ttl_sec=settings.lease_ttl_sec, keys=keys
         )
@@ -119,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
                 {
                     "registry": registration.run(stop),
                     "membership": membership.run(campaigns_stop),
+                    "wakes": wakes.run(campaigns_stop),
                     "leave": leave_then_stop_campaigns(),
                     **campaigns,
                 },

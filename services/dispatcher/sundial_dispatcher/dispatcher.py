@@ -313,6 +313,8 @@ class ShardDispatcher:
         self.fair = fair
         #: Published executions not yet marked in Postgres: (monotonic time of the publish, ids).
         self._unmarked: deque[tuple[float, list[UUID]]] = deque()
+        #: When the earliest member left in the window after the last claim is due (None: empty).
+        self._window_next: datetime | None = None
 
     async def run_once(self) -> DispatchResult:
         """One pass. Raises ``FencedOut`` if a newer leader has written for this shard."""
@@ -321,6 +323,7 @@ class ShardDispatcher:
             claimed = await self.fair.claim(self.clock.now())
         else:
             claimed = await self.hot_window.claim_due(self.shard, self.clock.now(), self.config.batch_size)
+            self._window_next = claimed.next_due
         if not claimed:
             return DispatchResult()
         try:
@@ -328,6 +331,14 @@ class ShardDispatcher:
         except BaseException:
             await self._put_back(claimed)
             raise
+
+    def next_look(self) -> datetime | None:
+        """The earliest instant the next pass may have work (None: nothing known): the window's earliest member
+        after the last claim, or what the fair buffer holds. Published marks wait for a pass, at most the idle
+        sleep (:func:`sundial_dispatcher.shards._idle_wait`) later than ``mark_published_after_sec``."""
+        if self.fair is not None:
+            return self.fair.next_look(self.clock.now())
+        return self._window_next
 
     async def _put_back(self, claimed: Claimed) -> None:
         """A pass that failed after its claim (Postgres down, fenced out, cancelled) returns what it claimed.
