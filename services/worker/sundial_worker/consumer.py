@@ -15,13 +15,6 @@ nothing is taken from Kafka that cannot start now. When every slot is busy it ca
 is what keeps this member in the group (``max.poll.interval.ms``) and lets rebalances complete while
 long handlers run.
 
-Parking. An idle worker fetches nothing: the broker (Tansu) does not answer a parked fetch when a message
-arrives, so only short fetch waits give low latency, and each idle one costs the broker (~100 fetches/s per
-consumer at 10 ms). :meth:`park` pauses the assigned partitions (no fetch at all) while still serving the group
-(heartbeats, rebalances); :meth:`wake` — called from the event loop when a publisher announces the topic
-(:mod:`sundial_common.topic_wakeups`) — resumes them at once, even while the consumer thread is inside a parked
-``consume()``: librdkafka's pause/resume are thread-safe, and the blocked call returns the first message fetched.
-
 Commits. A message is acknowledged (:meth:`ack`) once its Postgres write is done; :meth:`commit`
 commits, per partition, the end of the contiguous acknowledged prefix. When partitions are revoked,
 their prefix is committed synchronously before they go, so the next owner redelivers as little as
@@ -33,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -49,9 +41,6 @@ from sundial_worker.offsets import OffsetTracker, TopicPartitionKey
 log = logging.getLogger("sundial.worker.kafka")
 
 T = TypeVar("T")
-
-#: A partition is parked only this long after the last assignment change (it has fetched by then).
-_SETTLE_SEC = 5.0
 
 
 def consumer_group(pool: str) -> str:
@@ -92,15 +81,6 @@ class ExecutionConsumer(Protocol):
 
     async def keepalive(self, wait_sec: float) -> None:
         """Stay in the group without taking messages (every handler slot is busy)."""
-        ...
-
-    async def park(self, max_messages: int, wait_sec: float) -> list[Delivery]:
-        """Like :meth:`poll`, but without fetching from the broker unless :meth:`wake` is called meanwhile
-        (idle: nothing was delivered for a while). Returns what a wake-up (or a new partition) brought."""
-        ...
-
-    def wake(self) -> None:
-        """Something was published: a parked consumer fetches again now (callable from the event loop)."""
         ...
 
     def ack(self, delivery: Delivery) -> None:
@@ -174,12 +154,6 @@ class KafkaExecutionConsumer:
         self._thread: ThreadPoolExecutor | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._paused = False
-        #: Parked (see the module docstring): set and cleared under ``_park_lock``, from both threads.
-        self._parked = False
-        self._woken = False
-        self._park_lock = threading.Lock()
-        #: Monotonic time of the last assignment change: a partition is never parked before it has fetched.
-        self._assigned_at = 0.0
         self._closed = False
         self._fatal: KafkaError | None = None
 
@@ -231,42 +205,9 @@ class KafkaExecutionConsumer:
 
     def _poll_sync(self, max_messages: int, timeout: float) -> list[Delivery]:
         consumer = self._live_consumer()
-        with self._park_lock:
-            self._woken = False
-            if self._paused or self._parked:
-                consumer.resume(consumer.assignment())
-                self._paused = self._parked = False
-        return self._take(consumer, max_messages, timeout)
-
-    async def park(self, max_messages: int, wait_sec: float) -> list[Delivery]:
-        return await self._call(self._park_sync, max_messages, wait_sec)
-
-    def _park_sync(self, max_messages: int, timeout: float) -> list[Delivery]:
-        consumer = self._live_consumer()
-        with self._park_lock:
-            if self._woken or time.monotonic() - self._assigned_at < _SETTLE_SEC:
-                # Woken since the last call, or partitions just assigned (librdkafka 2.16 was seen never to fetch
-                # a partition paused before its first fetch): fetch as an active consumer does.
-                self._woken = False
-                if self._paused or self._parked:
-                    consumer.resume(consumer.assignment())
-                    self._paused = self._parked = False
-            elif not self._parked:
-                consumer.pause(consumer.assignment())
-                self._parked = True
-                self._paused = False
-        return self._take(consumer, max_messages, timeout)
-
-    def wake(self) -> None:
-        with self._park_lock:
-            consumer = self._consumer
-            if self._parked and consumer is not None and not self._closed:
-                consumer.resume(consumer.assignment())
-                self._parked = False
-            else:
-                self._woken = True
-
-    def _take(self, consumer: Consumer, max_messages: int, timeout: float) -> list[Delivery]:
+        if self._paused:
+            consumer.resume(consumer.assignment())
+            self._paused = False
         # consume(n, t) waits until n messages or t elapsed, whichever comes first: wait for one
         # message (low latency), then take whatever else is already fetched (batching).
         messages = consumer.consume(1, timeout)
@@ -294,9 +235,8 @@ class KafkaExecutionConsumer:
 
     def _keepalive_sync(self, timeout: float) -> None:
         consumer = self._live_consumer()
-        with self._park_lock:
-            consumer.pause(consumer.assignment())
-            self._paused, self._parked = True, False
+        consumer.pause(consumer.assignment())
+        self._paused = True
         messages = [m for m in consumer.consume(64, timeout) if self._usable(m)]
         if not messages:
             return
@@ -408,7 +348,6 @@ class KafkaExecutionConsumer:
                 log.warning("could not set up newly assigned partitions: %s", exc)
         with self._lock:
             self._assigned |= keys
-        self._assigned_at = time.monotonic()
         if partitions or not self._ready.is_set():
             log.info("partitions assigned: %s", _describe(partitions) or "none (more members than partitions)")
         if self._loop is not None and not self._ready.is_set():
