@@ -24,6 +24,7 @@ log = logging.getLogger(__name__)
 
 #: Longest wait before subscribing again after the subscription failed.
 _MAX_RETRY_SEC = 2.0
+_READ_SEC = 1.0
 
 
 class Alarm:
@@ -84,19 +85,13 @@ class WakeListener:
         async with self._redis.pubsub(ignore_subscribe_messages=True) as pubsub:
             await pubsub.subscribe(WAKE_CHANNEL)
             self.listening = True
-            stopping = asyncio.ensure_future(stop.wait())
             try:
                 while not stop.is_set():
-                    reading = asyncio.ensure_future(pubsub.get_message(timeout=None))
-                    await asyncio.wait({reading, stopping}, return_when=asyncio.FIRST_COMPLETED)
-                    if not reading.done():
-                        reading.cancel()
-                        break
-                    message = reading.result()
+                    # Bounded, so the loop notices a stop within a second.
+                    message = await pubsub.get_message(timeout=_READ_SEC)
                     if message is not None:
                         self._deliver(message["data"])
             finally:
-                stopping.cancel()
                 self.listening = False
 
     def _deliver(self, data: bytes | str) -> None:
