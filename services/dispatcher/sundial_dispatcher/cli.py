@@ -21,6 +21,7 @@ from sundial_common.registry import ClusterKeys, Membership, ReplicaRecord, Repl
 from sundial_common.service import run, supervise
 from sundial_common.settings import SettingsHelpParser, load_settings
 from sundial_common.stores import Stores
+from sundial_common.topic_wakeups import WakingPublisher
 
 from sundial_dispatcher.dispatcher import DispatcherConfig
 from sundial_dispatcher.fairness import FairnessConfig
@@ -73,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     async def serve(stop: asyncio.Event) -> None:
         stores = await Stores.connect(settings.database_url, max_size=max(2, config.shards))
         redis = Redis.from_url(settings.redis_url)
-        publisher = KafkaPublisher(settings.kafka_bootstrap)
+        # The pools' parked workers resume when told their topic has something (sundial_common.topic_wakeups).
+        publisher = WakingPublisher(KafkaPublisher(settings.kafka_bootstrap), redis)
         etcd = etcd_client(settings.etcd_endpoint)
         wakes = WakeListener(redis)
         deps = Dependencies(stores, HotWindow(redis), publisher, etcd, wakes)
