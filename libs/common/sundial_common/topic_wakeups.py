@@ -49,5 +49,11 @@ class WakingPublisher:
                 log.debug("topic wake-ups not sent: %r", exc)
         return errors
 
+    def warm(self, topics: Sequence[str]) -> None:
+        """Blocking: the wrapped publisher's metadata warm-up, if it has one."""
+        warm = getattr(self._inner, "warm", None)
+        if warm is not None:
+            warm(topics)
+
     async def close(self) -> None:
         await self._inner.close()

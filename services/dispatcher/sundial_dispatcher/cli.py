@@ -27,6 +27,7 @@ from sundial_dispatcher.dispatcher import DispatcherConfig
 from sundial_dispatcher.fairness import FairnessConfig
 from sundial_dispatcher.settings import DispatcherSettings
 from sundial_dispatcher.shards import CampaignConfig, Dependencies, Placement, ShardCampaign, dispatch_work
+from sundial_dispatcher.topic_metadata import TopicMetadata, TopicMetadataConfig
 from sundial_dispatcher.wakes import WakeListener
 
 log = logging.getLogger("sundial.dispatcher")
@@ -124,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
                     "registry": registration.run(stop),
                     "membership": membership.run(campaigns_stop),
                     "wakes": wakes.run(campaigns_stop),
+                    "topics": TopicMetadata(stores.pools, publisher, TopicMetadataConfig()).run(campaigns_stop),
                     "leave": leave_then_stop_campaigns(),
                     **campaigns,
                 },
