@@ -229,6 +229,8 @@ def dispatch_work(deps: Dependencies, config: DispatcherConfig, holder: str) -> 
                     config.poll_interval_sec,
                     deps.wakes is not None and deps.wakes.listening,
                 )
+                if result.claimed:  # busy: batch what falls due next (DispatcherConfig.busy_pass_gap_sec)
+                    wait = max(wait, config.busy_pass_gap_sec - (time.perf_counter() - started))
                 if alarm is None:
                     await tenure.pause(wait)
                 else:
