@@ -33,6 +33,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -198,6 +199,7 @@ def dispatch_work(deps: Dependencies, config: DispatcherConfig, holder: str) -> 
         failures = 0
         metrics = ShardPassMetrics(shard)
         alarm = deps.wakes.alarm(shard) if deps.wakes is not None else None
+        claims: deque[tuple[float, int]] = deque()  # (pass start, members claimed) over the last second
         while tenure.active():
             try:
                 if alarm is not None:
@@ -229,8 +231,11 @@ def dispatch_work(deps: Dependencies, config: DispatcherConfig, holder: str) -> 
                     config.poll_interval_sec,
                     deps.wakes is not None and deps.wakes.listening,
                 )
-                if result.claimed:  # busy: batch what falls due next (DispatcherConfig.busy_pass_gap_sec)
-                    wait = max(wait, config.busy_pass_gap_sec - (time.perf_counter() - started))
+                claims.append((started, result.claimed))
+                while claims and claims[0][0] < started - 1.0:
+                    claims.popleft()
+                if sum(n for _, n in claims) > config.dense_per_sec:  # dense: batch (DispatcherConfig.dense_per_sec)
+                    wait = max(wait, config.poll_interval_sec - (time.perf_counter() - started))
                 if alarm is None:
                     await tenure.pause(wait)
                 else:
