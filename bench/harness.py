@@ -52,6 +52,7 @@ from sundial_infra.stack import BENCH_PORTS, LocalStack, Ports
 from sundial_infra.supervisor import ProcessSpec, Supervisor, sundial_argv
 
 sys.path.insert(0, str(Path(__file__).parent))
+import api_burst
 import at_rest
 import ceilings
 import create
@@ -286,9 +287,15 @@ class Bench:
         finally:
             await conn.close()
 
-    async def run_dispatch(self, workload: str, due: list[datetime], settle_sec: float = 75.0) -> dict[str, Any]:
-        tenant = f"bench-{workload}-{uuid.uuid4().hex[:6]}"
-        insert_s = await self.insert_jobs(tenant, due)
+    async def run_dispatch(
+        self, workload: str, due: list[datetime], settle_sec: float = 75.0, create: str = "copy"
+    ) -> dict[str, Any]:
+        if create == "api":  # as a user would: POST /v1/jobs:batch (bench/api_burst.py)
+            tenant = api_burst.TENANT
+            insert_s = await api_burst.create_jobs(f"http://127.0.0.1:{self.ports.api}", self.token, POOL, due)
+        else:
+            tenant = f"bench-{workload}-{uuid.uuid4().hex[:6]}"
+            insert_s = await self.insert_jobs(tenant, due)
         inserted_at = datetime.now(UTC)
         # CPU and statements count from here: registering the jobs is not what the workload measures.
         cpu_before = self.cpu()
@@ -316,7 +323,7 @@ class Bench:
                     break
                 await asyncio.sleep(1.0)
             rows = await conn.fetch(
-                """SELECT e.scheduled_for, e.started_at, e.finished_at,
+                """SELECT e.scheduled_for, e.started_at, e.finished_at, e.created_at, e.published_at,
                           (SELECT count(*) FROM execution_attempts a WHERE a.execution_id = e.id) AS starts
                    FROM executions e WHERE e.tenant_id = $1 AND e.started_at IS NOT NULL""",
                 tenant,
@@ -333,12 +340,15 @@ class Bench:
         span = (max(finished) - first_due).total_seconds() if finished else None
         return {
             "jobs": len(due),
+            "created": "API batch" if create == "api" else "COPY",
             "insert_rows_per_s": round(len(due) / insert_s),
             "inserted_before_first_due_s": round((first_due - inserted_at).total_seconds(), 2),
             "succeeded": done,
             "lost": len(due) - done,
             "duplicate_starts": sum(r["starts"] - 1 for r in rows if r["starts"] > 1),
             "lateness_ms": _percentiles(lateness),
+            # Where the first start's lateness went: execution row committed, message produced, start CAS done.
+            "first_start_ms": _first_start(rows),
             "all_started_after_due_s": round((max(r["started_at"] for r in rows) - last_due).total_seconds(), 2)
             if rows
             else None,
@@ -472,14 +482,29 @@ async def main_async(args: argparse.Namespace) -> None:
 
 async def _burst(bench: Bench, n: int, args: argparse.Namespace) -> dict[str, Any]:
     """W1: ``n`` one-shot jobs, all due at one instant."""
-    due = _ms(datetime.now(UTC) + timedelta(seconds=args.lead + n / 50_000))
-    return await bench.run_dispatch("w1", [due] * n)
+    per_s = 5_000 if args.create == "api" else 50_000  # time to register them before they are due
+    due = _ms(datetime.now(UTC) + timedelta(seconds=args.lead + n / per_s))
+    return await bench.run_dispatch("w1", [due] * n, create=args.create)
 
 
 async def _spread(bench: Bench, workload: str, n: int, args: argparse.Namespace) -> dict[str, Any]:
     """W2/W3: ``n`` one-shot jobs due uniformly over ``--duration`` seconds."""
     start = datetime.now(UTC) + timedelta(seconds=args.lead + n / 50_000)
     return await bench.run_dispatch(workload, [_ms(start + timedelta(seconds=args.duration * i / n)) for i in range(n)])
+
+
+def _first_start(rows: Sequence[Any]) -> dict[str, float | None] | None:
+    if not rows:
+        return None
+    first = min(rows, key=lambda r: r["started_at"])
+
+    def after_due(at: datetime | None) -> float | None:
+        return round((at - first["scheduled_for"]).total_seconds() * 1000, 1) if at is not None else None
+
+    return {
+        k: after_due(first[c])
+        for k, c in (("committed", "created_at"), ("produced", "published_at"), ("started", "started_at"))
+    }
 
 
 def _ms(instant: datetime) -> datetime:
@@ -519,6 +544,9 @@ def main(argv: list[str] | None = None) -> int:
         help="ports = the bench ports (sundial_infra.stack.BENCH_PORTS) + this; a multiple of 100, at most 1500",
     )
     parser.add_argument("--profile", type=Path, help="py-spy a dispatcher and a worker into this directory")
+    parser.add_argument(
+        "--create", choices=["api", "copy"], default="api", help="W1: jobs created through POST /v1/jobs:batch or COPY"
+    )
     parser.add_argument("--no-durable", action="store_true", help="Postgres without fsync (as in tests)")
     parser.add_argument(
         "--no-analytics",

@@ -29,7 +29,7 @@ from opentelemetry import propagate
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 from redis.asyncio import Redis
-from sundial_common.broker import KafkaPublisher
+from sundial_common.broker import KafkaPublisher, Publisher
 from sundial_common.clock import from_ms, to_ms
 from sundial_common.ids import new_id
 from sundial_common.messages import ExecutionMessage, pool_topic
@@ -38,9 +38,10 @@ from sundial_common.stores import Stores
 from sundial_common.stores.dispatch import PlannedExecution
 from sundial_common.stores.types import Occurrence, Record
 from sundial_common.telemetry import trace_id_hex, traceparent, tracer
+from sundial_common.topic_wakeups import WakingPublisher
 from sundial_worker import Context, Worker, WorkerConfig, WorkerRuntime
 from sundial_worker import demo as demo_app
-from sundial_worker.consumer import consumer_group
+from sundial_worker.consumer import KafkaExecutionConsumer, consumer_group
 from sundial_worker.settings import WorkerSettings
 
 from tests.pools import admit
@@ -153,7 +154,7 @@ async def dispatch(
     ]
 
 
-async def publish(publisher: KafkaPublisher, messages: list[ExecutionMessage]) -> None:
+async def publish(publisher: Publisher, messages: list[ExecutionMessage]) -> None:
     errors = await publisher.publish(messages)
     assert errors == [None] * len(messages)
 
@@ -264,6 +265,30 @@ async def test_echo_succeeds_with_its_result_and_attempt_recorded(
         assert attempt["state"] == "SUCCEEDED"
         assert attempt["started_at"] <= attempt["finished_at"]
     assert runtime.stats.started == 3 and runtime.stats.succeeded == 3
+
+
+async def test_an_idle_worker_stops_fetching_and_still_starts_new_work_woken_or_not(
+    stores: Stores, publisher: KafkaPublisher, redis: Redis, settings: WorkerSettings, pool: str
+) -> None:
+    """Idle, the consumer parks (its partitions paused: no broker fetch); a publish announced on Redis, and one that
+    is not (the parked worker's own look every second finds it), both run."""
+    async with serving(demo_worker(pool), settings) as runtime:
+        consumer = runtime.consumer
+        assert isinstance(consumer, KafkaExecutionConsumer)
+        await runtime.ready.wait()
+
+        async def parked() -> bool:
+            return consumer._paused
+
+        # Parked only once its partitions have settled (5 s after the assignment) and nothing came for 0.5 s.
+        await wait_until(parked, "the idle consumer to park", within=30)
+        announced = await dispatch(stores, pool, "echo", [{"n": 1}])
+        await publish(WakingPublisher(publisher, redis), announced)
+        await wait_state(stores, announced[0], "SUCCEEDED")
+        await wait_until(parked, "the consumer to park again", within=30)
+        silent = await dispatch(stores, pool, "echo", [{"n": 2}])
+        await publish(publisher, silent)
+        await wait_state(stores, silent[0], "SUCCEEDED")
 
 
 async def test_a_message_of_a_tenant_the_pool_does_not_admit_never_reaches_the_handler(

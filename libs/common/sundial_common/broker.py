@@ -107,6 +107,12 @@ class KafkaPublisher:
                 on_delivery=callback,
             )
 
+    def warm(self, topics: Sequence[str], timeout: float = 5.0) -> None:
+        """Blocking. Fetch the metadata of ``topics`` into the producer's cache, so a first publish to one of them
+        does not wait for the lookup (sundial_dispatcher.topic_metadata)."""
+        for topic in topics:
+            self._producer.list_topics(topic, timeout=timeout)
+
     async def close(self) -> None:
         await asyncio.to_thread(self._producer.flush, 10)
         self._stopping.set()

@@ -7,11 +7,17 @@ its Lua scripts stay atomic there.
 Members are ``j:<job id>``: a job has one next occurrence at a time, and its score is when. A scheduled
 retry is ``r:<execution id>``, scored at its next attempt: a retry is a delayed occurrence through the same
 window, claimed by the same script and dispatched under the same fence.
+
+Wake-ups. A shard leader sleeps until its window's earliest member is due (the claim returns it), and never
+longer than :data:`WAKE_HORIZON_SEC`. A writer that adds a member due sooner than that announces it on
+:data:`WAKE_CHANNEL` (``<shard> <epoch ms>``, in the same round trip as the write), so the leader wakes for it
+at once; a lost announcement (Redis pub/sub is at most once) costs at most the horizon.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -44,8 +50,12 @@ for i = 1, #items, 2 do
   end
 end
 if #members > 0 then redis.call('ZREM', KEYS[1], unpack(members)) end
-return taken
+return {taken, redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')}
 """
+#: Longest a shard leader sleeps without looking at its window; members due sooner are announced on WAKE_CHANNEL.
+WAKE_HORIZON_SEC = 1.0
+#: Pub/sub channel of wake-ups (not a key: Redis Cluster broadcasts it to every node).
+WAKE_CHANNEL = "sundial:hot-window:added"
 
 # Hydrate = add members and move the shard's watermark, but only if the watermark is still the one
 # the hydrator read. If Redis was flushed in between, the watermark is gone and nothing is written:
@@ -64,6 +74,11 @@ if #args > 0 then n = n + redis.call('ZADD', KEYS[1], unpack(args)) end
 if ARGV[2] ~= '' then redis.call('SET', KEYS[2], ARGV[2]) end
 return n
 """
+
+
+def _now_ms() -> float:
+    # Only decides whether an add is worth announcing (a wrong guess costs one message, or the horizon).
+    return time.time() * 1000
 
 
 def member(job_id: UUID) -> str:
@@ -85,13 +100,15 @@ class Claimed:
 
     jobs: list[Occurrence] = field(default_factory=list)
     retries: list[RetryDue] = field(default_factory=list)
+    #: When the earliest member left in the window after the claim is due (None: the window is empty).
+    next_due: datetime | None = None
 
     def __len__(self) -> int:
         return len(self.jobs) + len(self.retries)
 
 
-def _claimed(flat: Sequence[bytes | str]) -> Claimed:
-    claimed = Claimed()
+def _claimed(flat: Sequence[bytes | str], head: Sequence[bytes | str] = ()) -> Claimed:
+    claimed = Claimed(next_due=from_ms(float(head[1])) if len(head) == 2 else None)
     times: dict[bytes | str, datetime] = {}  # a burst shares a few scores: convert each once
     for i in range(0, len(flat), 2):
         raw, score = flat[i], flat[i + 1]
@@ -154,7 +171,23 @@ class HotWindow:
     async def add(self, shard: int, occurrences: Sequence[Occurrence], *, only_new: bool = False) -> None:
         """Add (or move) members. ``only_new`` leaves members that already exist where they are (ZADD NX)."""
         if occurrences:
-            await self.redis.zadd(self.key(shard), {member(o.job_id): to_ms(o.due) for o in occurrences}, nx=only_new)
+            await self._add(shard, {member(o.job_id): to_ms(o.due) for o in occurrences}, only_new)
+
+    async def _add(self, shard: int, scores: dict[str, int], only_new: bool) -> None:
+        """ZADD, and announce the earliest member if a sleeping leader could miss it (one round trip)."""
+        earliest = min(scores.values())
+        if earliest >= _now_ms() + WAKE_HORIZON_SEC * 1000:
+            await self.redis.zadd(self.key(shard), scores, nx=only_new)
+            return
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.zadd(self.key(shard), scores, nx=only_new)
+            pipe.publish(WAKE_CHANNEL, f"{shard} {earliest}")
+            await pipe.execute()
+
+    async def announce(self, shard: int, due: datetime) -> None:
+        """Wake the shard's leader for a member due at ``due`` written otherwise (a script); only if it is soon."""
+        if to_ms(due) < _now_ms() + WAKE_HORIZON_SEC * 1000:
+            await self.redis.publish(WAKE_CHANNEL, f"{shard} {to_ms(due)}")
 
     async def remove(self, shard: int, job_ids: Sequence[UUID]) -> None:
         if job_ids:
@@ -178,15 +211,15 @@ class HotWindow:
         caller holds them until then. Retries are taken only once due.
         """
         upto = to_ms(ahead if ahead is not None else now)
-        flat = await self._claim(keys=[self.key(shard)], args=[to_ms(now), limit, upto, ahead_min if ahead else 0])
-        return _claimed(flat)
+        flat, head = await self._claim(
+            keys=[self.key(shard)], args=[to_ms(now), limit, upto, ahead_min if ahead else 0]
+        )
+        return _claimed(flat, head)
 
     async def add_retries(self, shard: int, retries: Sequence[RetryDue], *, only_new: bool = False) -> None:
         """Add (or move) scheduled retries' members. ``only_new``: leave existing ones where they are."""
         if retries:
-            await self.redis.zadd(
-                self.key(shard), {retry_member(r.execution_id): to_ms(r.due) for r in retries}, nx=only_new
-            )
+            await self._add(shard, {retry_member(r.execution_id): to_ms(r.due) for r in retries}, only_new)
 
     async def watermarks(self, shards: int) -> list[int | None]:
         """Epoch ms up to which the hydrator has promoted each shard 0..``shards``-1 (None after a flush), in
@@ -215,6 +248,9 @@ class HotWindow:
         for r in retries:
             args += [to_ms(r.due), retry_member(r.execution_id)]
         result = await self._hydrate(keys=[self.key(shard), self.watermark_key(shard)], args=args)
+        dues = [o.due for o in occurrences] + [r.due for r in retries]
+        if int(result) > 0 and dues:  # a rebuild after a flush promotes members due now
+            await self.announce(shard, min(dues))
         return int(result) >= 0
 
     async def size(self, shard: int) -> int:

@@ -53,6 +53,9 @@ _BEFORE = timedelta(microseconds=1)
 class BackfillConfig:
     #: Seconds between steps of the shard's running backfills.
     interval_sec: float = 0.2
+    #: While no backfill runs on the shard, the interval doubles up to this: an idle leader's cost, and how long
+    #: a new backfill may wait for its first step.
+    idle_interval_sec: float = 1.0
     #: Running backfills stepped per transaction.
     batch_backfills: int = 100
     #: Most executions one backfill creates per step, whatever its rate.
@@ -72,14 +75,18 @@ class BackfillResult:
     created: int = 0
     published: int = 0
     publish_failed: int = 0
+    #: Running backfills the step looked at (0: none runs on this shard).
+    running: int = 0
 
 
 @dataclass
 class _Planner:
     config: BackfillConfig
     spans: dict[UUID, Span] = field(default_factory=dict)
+    running: int = 0
 
     def __call__(self, running: Sequence[Record]) -> BackfillPlan:
+        self.running = len(running)
         plan = BackfillPlan()
         for backfill in running:
             budget = self._budget(backfill)
@@ -164,14 +171,24 @@ class BackfillDispatcher:
         self.config = config
         self.clock = clock or SystemClock()
         self._next_at = 0.0
+        self._interval = self.config.interval_sec
 
     async def run_if_due(self) -> BackfillResult | None:
         """:meth:`run_once` if ``interval_sec`` has passed since the last run (the dispatch loop's hook)."""
         now = self.clock.monotonic()
         if now < self._next_at:
             return None
-        self._next_at = now + self.config.interval_sec
-        return await self.run_once()
+        result = await self.run_once()
+        if result.running:
+            self._interval = self.config.interval_sec
+        else:  # no backfill runs here
+            self._interval = min(self._interval * 2, self.config.idle_interval_sec)
+        self._next_at = now + self._interval
+        return result
+
+    def next_run_in(self) -> float:
+        """Seconds until :meth:`run_if_due` runs again (the pass loop sleeps no longer)."""
+        return self._next_at - self.clock.monotonic()
 
     async def run_once(self) -> BackfillResult:
         """One fenced step of every running backfill, then the publishes. Raises ``FencedOut``."""
@@ -185,7 +202,7 @@ class BackfillDispatcher:
             crash_point("backfills.after_commit")  # committed, not published: the sweeper's to send
         # Planned but not created: the occurrence already had an execution.
         end_duplicates(planner.spans, {p.execution_id for p in outcome.created})
-        result = BackfillResult(created=len(outcome.created))
+        result = BackfillResult(created=len(outcome.created), running=planner.running)
         if not outcome.created:
             return result
         count_dispatched((p.backfill["tenant_id"], p.backfill["pool"]) for p in outcome.created)

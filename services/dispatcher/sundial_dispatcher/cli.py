@@ -21,11 +21,14 @@ from sundial_common.registry import ClusterKeys, Membership, ReplicaRecord, Repl
 from sundial_common.service import run, supervise
 from sundial_common.settings import SettingsHelpParser, load_settings
 from sundial_common.stores import Stores
+from sundial_common.topic_wakeups import WakingPublisher
 
 from sundial_dispatcher.dispatcher import DispatcherConfig
 from sundial_dispatcher.fairness import FairnessConfig
 from sundial_dispatcher.settings import DispatcherSettings
 from sundial_dispatcher.shards import CampaignConfig, Dependencies, Placement, ShardCampaign, dispatch_work
+from sundial_dispatcher.topic_metadata import TopicMetadata, TopicMetadataConfig
+from sundial_dispatcher.wakes import WakeListener
 
 log = logging.getLogger("sundial.dispatcher")
 
@@ -72,9 +75,11 @@ def main(argv: list[str] | None = None) -> int:
     async def serve(stop: asyncio.Event) -> None:
         stores = await Stores.connect(settings.database_url, max_size=max(2, config.shards))
         redis = Redis.from_url(settings.redis_url)
-        publisher = KafkaPublisher(settings.kafka_bootstrap)
+        # The pools' parked workers resume when told their topic has something (sundial_common.topic_wakeups).
+        publisher = WakingPublisher(KafkaPublisher(settings.kafka_bootstrap), redis)
         etcd = etcd_client(settings.etcd_endpoint)
-        deps = Dependencies(stores, HotWindow(redis), publisher, etcd)
+        wakes = WakeListener(redis)
+        deps = Dependencies(stores, HotWindow(redis), publisher, etcd, wakes)
         registration = ReplicaRegistration(
             etcd, ReplicaRecord.for_this_process("dispatcher", me), ttl_sec=settings.lease_ttl_sec, keys=keys
         )
@@ -119,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
                 {
                     "registry": registration.run(stop),
                     "membership": membership.run(campaigns_stop),
+                    "wakes": wakes.run(campaigns_stop),
+                    "topics": TopicMetadata(stores.pools, publisher, TopicMetadataConfig()).run(campaigns_stop),
                     "leave": leave_then_stop_campaigns(),
                     **campaigns,
                 },

@@ -74,8 +74,13 @@ class DispatcherConfig:
     shards: int = 1
     #: Members claimed (and executions committed) per pass.
     batch_size: int = 1000
-    #: Seconds between passes while nothing is due.
+    #: Seconds between passes while due work waits for room (or without wake-ups: while nothing is due).
     poll_interval_sec: float = 0.05
+    #: A shard that claimed more than this many members over the last second is dispatched every poll interval
+    #: (in batches) rather than at each member's instant: a pass per instant in W3 at 2,500/s (312/s a shard) cost
+    #: 0.32 ms of dispatcher CPU per execution against 0.19 with 50 ms polls. A sparse stream (W2: 42/s a shard)
+    #: and the first member after a quiet spell still go at their instant.
+    dense_per_sec: float = 100.0
     #: Next fires due within this horizon are put straight back into the hot window.
     hot_window_sec: int = 3600
     #: BUFFER_ONE: how often a job waiting for its open execution to end is looked at again.
@@ -313,6 +318,8 @@ class ShardDispatcher:
         self.fair = fair
         #: Published executions not yet marked in Postgres: (monotonic time of the publish, ids).
         self._unmarked: deque[tuple[float, list[UUID]]] = deque()
+        #: When the earliest member left in the window after the last claim is due (None: empty).
+        self._window_next: datetime | None = None
 
     async def run_once(self) -> DispatchResult:
         """One pass. Raises ``FencedOut`` if a newer leader has written for this shard."""
@@ -321,6 +328,7 @@ class ShardDispatcher:
             claimed = await self.fair.claim(self.clock.now())
         else:
             claimed = await self.hot_window.claim_due(self.shard, self.clock.now(), self.config.batch_size)
+            self._window_next = claimed.next_due
         if not claimed:
             return DispatchResult()
         try:
@@ -328,6 +336,14 @@ class ShardDispatcher:
         except BaseException:
             await self._put_back(claimed)
             raise
+
+    def next_look(self) -> datetime | None:
+        """The earliest instant the next pass may have work (None: nothing known): the window's earliest member
+        after the last claim, or what the fair buffer holds. Published marks wait for a pass, at most the idle
+        sleep (:func:`sundial_dispatcher.shards._idle_wait`) later than ``mark_published_after_sec``."""
+        if self.fair is not None:
+            return self.fair.next_look(self.clock.now())
+        return self._window_next
 
     async def _put_back(self, claimed: Claimed) -> None:
         """A pass that failed after its claim (Postgres down, fenced out, cancelled) returns what it claimed.

@@ -539,6 +539,8 @@ class FairDispatch:
         self.early: list[tuple[datetime, int, Waiting]] = []
         self._arrivals = itertools.count()
         self._held_cleared = False
+        #: The hot window's earliest member after the last claim (the pass loop sleeps until then).
+        self._window_next: datetime | None = None
 
     async def claim(self, now: datetime) -> Claimed:
         """This pass's work: scheduled retries as claimed, and up to ``batch_size`` occurrences taken fairly.
@@ -549,6 +551,7 @@ class FairDispatch:
         """
         room = self.config.buffer_cap - len(self.queue) - len(self.early)
         claimed = Claimed()
+        self._window_next = now  # the buffer is full: look again on the poll interval
         if room > 0:
             claimed = await self.hot_window.claim_due(
                 self.shard,
@@ -557,6 +560,7 @@ class FairDispatch:
                 ahead=now + timedelta(seconds=self.config.claim_ahead_sec),
                 ahead_min=self.config.claim_ahead_min,
             )
+            self._window_next = claimed.next_due
         if not claimed and not len(self.queue) and not (self.early and self.early[0][0] <= now):
             return claimed  # idle, or a burst claimed ahead and not due yet: no read at all
         buffered = False
@@ -610,6 +614,14 @@ class FairDispatch:
         with contextlib.suppress(Exception):
             await self.hot_window.unhold(self.shard, [w.occurrence.job_id for w in taken])
         return Claimed(jobs=[w.occurrence for w in taken], retries=claimed.retries)
+
+    def next_look(self, now: datetime) -> datetime | None:
+        """The earliest instant a pass may have work: ``now`` while due work waits in the buffer (for room), else
+        the earliest of the window's first member and the first occurrence claimed ahead (None: nothing)."""
+        if len(self.queue):
+            return now
+        candidates = [t for t in (self._window_next, self.early[0][0] if self.early else None) if t is not None]
+        return min(candidates, default=None)
 
     def _uncontended(
         self, claimed: Claimed, now: datetime, tenants: dict[str, Tenant], pool_room: dict[str, int], default_room: int

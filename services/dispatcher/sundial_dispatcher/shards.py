@@ -33,12 +33,14 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from datetime import datetime
 
 import aetcd
 from sundial_common.broker import Publisher
-from sundial_common.hotwindow import HotWindow
+from sundial_common.hotwindow import WAKE_HORIZON_SEC, HotWindow
 from sundial_common.leadership import LeadershipStopped, ShardLeadership, Term, cancel_watch, first_of
 from sundial_common.ratelimit import TokenBuckets
 from sundial_common.registry import ClusterKeys, Membership, ReplicaRegistration
@@ -52,6 +54,7 @@ from sundial_dispatcher.fairness import FairDispatch, OpenWork
 from sundial_dispatcher.metrics import Leadership, ShardPassMetrics
 from sundial_dispatcher.tenancy import TenantPolicy
 from sundial_dispatcher.triggers import TriggerConfig, TriggerDispatcher
+from sundial_dispatcher.wakes import WakeListener
 
 __all__ = [
     "CampaignConfig",
@@ -79,6 +82,8 @@ class Dependencies:
     hot_window: HotWindow
     publisher: Publisher
     etcd: aetcd.Client
+    #: Wake-ups for members added to a sleeping leader's window (None: leaders look every poll interval).
+    wakes: WakeListener | None = None
 
 
 @dataclass(frozen=True)
@@ -137,9 +142,9 @@ class Tenure:
     def active(self) -> bool:
         return not self.step_down.is_set() and self.leadership.trusted()
 
-    async def pause(self, seconds: float) -> None:
-        """Wait ``seconds``, or less if the term ends or the work must step down."""
-        await first_of(asyncio.sleep(seconds), self.step_down, self.leadership.lost)
+    async def pause(self, seconds: float, *wake: asyncio.Event) -> None:
+        """Wait ``seconds``, or less if the term ends, the work must step down or one of ``wake`` is set."""
+        await first_of(asyncio.sleep(seconds), self.step_down, self.leadership.lost, *wake)
 
 
 LeaderWork = Callable[[Tenure], Awaitable[None]]
@@ -193,8 +198,12 @@ def dispatch_work(deps: Dependencies, config: DispatcherConfig, holder: str) -> 
         )
         failures = 0
         metrics = ShardPassMetrics(shard)
+        alarm = deps.wakes.alarm(shard) if deps.wakes is not None else None
+        claims: deque[tuple[float, int]] = deque()  # (pass start, members claimed) over the last second
         while tenure.active():
             try:
+                if alarm is not None:
+                    alarm.awake()  # from here on, any member announced for this shard wakes the next pause
                 started = time.perf_counter()
                 result = await dispatcher.run_once()
                 metrics.passed(time.perf_counter() - started, result.claimed)
@@ -215,7 +224,23 @@ def dispatch_work(deps: Dependencies, config: DispatcherConfig, holder: str) -> 
                 await tenure.pause(delay)
                 continue
             if result.claimed < config.batch_size:
-                await tenure.pause(config.poll_interval_sec)
+                wait = _idle_wait(
+                    dispatcher.clock.now(),
+                    dispatcher.next_look(),
+                    min(triggers.next_run_in(), backfills.next_run_in()),
+                    config.poll_interval_sec,
+                    deps.wakes is not None and deps.wakes.listening,
+                )
+                claims.append((started, result.claimed))
+                while claims and claims[0][0] < started - 1.0:
+                    claims.popleft()
+                if sum(n for _, n in claims) > config.dense_per_sec:  # dense: batch (DispatcherConfig.dense_per_sec)
+                    wait = max(wait, config.poll_interval_sec - (time.perf_counter() - started))
+                if alarm is None:
+                    await tenure.pause(wait)
+                else:
+                    alarm.plan(time.time() * 1000 + wait * 1000)
+                    await tenure.pause(wait, alarm.ring)
         if fair is not None:  # the term ended: what it claimed and did not dispatch goes back for the next leader
             with contextlib.suppress(Exception):  # best effort: the hydrator's overdue scan recovers them anyway
                 await fair.release()
@@ -228,6 +253,23 @@ def dispatch_work(deps: Dependencies, config: DispatcherConfig, holder: str) -> 
             )
 
     return work
+
+
+def _idle_wait(
+    now: datetime, next_look: datetime | None, side_work_in: float, poll_interval: float, woken: bool
+) -> float:
+    """Seconds a pass that left nothing due may sleep: until the earliest member (or held occurrence) is due, so
+    it is claimed at its instant rather than on a poll tick, and until the triggers' or backfills' next run.
+
+    With wake-ups (members added due sooner are announced) at most :data:`WAKE_HORIZON_SEC`; without, the poll
+    interval. Work that is due and still waiting (the fair buffer waits for room) is looked at every poll interval.
+    """
+    wait = min(WAKE_HORIZON_SEC if woken else poll_interval, max(side_work_in, 0.0))
+    if next_look is not None:
+        until = (next_look - now).total_seconds()
+        # +1 ms: a claim takes members scored at or before now in whole milliseconds.
+        wait = min(wait, until + 0.001 if until > 0 else poll_interval)
+    return wait
 
 
 async def _take_shard(deps: Dependencies, tenure: Tenure, holder: str) -> int | None:

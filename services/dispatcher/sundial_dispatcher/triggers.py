@@ -66,6 +66,9 @@ _TICK = timedelta(microseconds=1)
 class TriggerConfig:
     #: Seconds between looks at the shard's pending triggers (the child's start latency is about this).
     interval_sec: float = 0.1
+    #: While looks find nothing, the interval doubles up to this (an idle leader's cost; the first child after
+    #: a quiet spell starts within it).
+    idle_interval_sec: float = 1.0
     #: Children handled per transaction.
     batch_children: int = 500
     #: Triggers read per transaction.
@@ -209,17 +212,26 @@ class TriggerDispatcher:
         self.config = config
         self.clock = clock or SystemClock()
         self._next_at = 0.0
+        self._interval = self.config.interval_sec
 
     async def run_if_due(self) -> TriggerResult | None:
         """:meth:`run_once` if ``interval_sec`` has passed since the last run (the dispatch loop's hook)."""
         now = self.clock.monotonic()
         if now < self._next_at:
             return None
-        self._next_at = now + self.config.interval_sec
         result = await self.run_once()
         if result.fired + result.skipped >= self.config.batch_children:
-            self._next_at = now  # more may be waiting: look again on the next pass
+            self._interval = 0.0  # more may be waiting: look again on the next pass
+        elif result.fired + result.skipped:
+            self._interval = self.config.interval_sec
+        else:
+            self._interval = min(max(self._interval, self.config.interval_sec) * 2, self.config.idle_interval_sec)
+        self._next_at = now + self._interval
         return result
+
+    def next_run_in(self) -> float:
+        """Seconds until :meth:`run_if_due` runs again (the pass loop sleeps no longer)."""
+        return self._next_at - self.clock.monotonic()
 
     async def run_once(self) -> TriggerResult:
         """One transaction of fires, then their publishes. Raises ``FencedOut`` if a newer leader has written."""

@@ -19,7 +19,9 @@ messages unacknowledged for the group's next member.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import time
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -43,6 +45,8 @@ log = logging.getLogger("sundial.worker")
 # Capped low: messages wait on this retry while Postgres restarts, and every second of it is a second of
 # lateness once Postgres is back (issue 24: max lateness <= the outage + 1 s). A retry is one connect attempt.
 _BACKOFF_MAX_SEC = 0.5
+#: How long a parked consumer's periodic look waits: a few broker fetches.
+_PARK_CHECK_WAIT_SEC = 0.03
 
 
 _R = TypeVar("_R")
@@ -58,10 +62,14 @@ class AdmissionConfig:
     """Most messages taken per consume call (and so per start CAS round trip)."""
     poll_timeout_sec: float = 0.25
     """How long one consume call waits for a first message; bounds how fast the loop notices a stop."""
+    idle_park_sec: float = 0.5
+    """After this long without a message the consumer parks (no broker fetch) until a publisher wakes it."""
+    park_check_sec: float = 1.0
+    """A parked consumer still fetches this often (a wake-up lost, a publisher that does not announce)."""
 
     def __post_init__(self) -> None:
         check_positive_int(self, "concurrency", "poll_batch")
-        check_seconds(self, "poll_timeout_sec")
+        check_seconds(self, "poll_timeout_sec", "idle_park_sec", "park_check_sec")
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,8 +103,14 @@ class Admission:
         keyring: Keyring,
         stopping: asyncio.Event,
         guard: PoolGuard,
+        can_park: Callable[[], bool] = lambda: False,
     ) -> None:
         self.config = config
+        #: True while wake-ups arrive (sundial_worker.wakeups): only then may an idle consumer stop fetching.
+        self._can_park = can_park
+        #: Set by a publisher's wake-up (:meth:`published`): a parked consumer fetches at once.
+        self._published = asyncio.Event()
+        self._last_delivery = self._last_fetch = time.monotonic()
         self._keyring = keyring
         self.guard = guard
         self.worker_id = worker_id
@@ -113,8 +127,13 @@ class Admission:
             await self.run_once()
 
     def wake(self) -> None:
-        """Cut short a pass waiting for a free slot (so that it notices a stop at once)."""
+        """Cut short a pass waiting for a free slot or parked (so that it notices a stop at once)."""
         self._inflight.slot_freed.set()
+        self._published.set()
+
+    def published(self) -> None:
+        """A publisher announced this pool's topic (sundial_worker.wakeups): a parked consumer fetches now."""
+        self._published.set()
 
     async def run_once(self) -> AdmissionResult:
         """Take up to the free slots' worth of messages, claim them in one CAS, start their handlers."""
@@ -126,14 +145,35 @@ class Admission:
                 await asyncio.wait_for(slot_freed.wait(), self.config.poll_timeout_sec)
             except TimeoutError:
                 await self._consumer.keepalive(0)
+            self._last_delivery = time.monotonic()  # saturated is not idle
             return AdmissionResult()
         # One pass at a time: a second pass in flight (to overlap the CAS with consuming) measured no
         # faster, because consume calls share the consumer's one thread and an idle one blocks it.
-        deliveries = await self._consumer.poll(min(free, self.config.poll_batch), self.config.poll_timeout_sec)
+        deliveries = await self._take(min(free, self.config.poll_batch))
         if not deliveries:
             return AdmissionResult()
+        self._last_delivery = time.monotonic()
         self._stats.consumed += len(deliveries)
         return await self._admit(deliveries)
+
+    async def _take(self, most: int) -> list[Delivery]:
+        """Poll while work flows. Idle for ``idle_park_sec`` (and wake-ups arriving): park, and wait for a
+        wake-up, at most ``poll_timeout_sec`` (serving the group between waits); fetch every ``park_check_sec``."""
+        now = time.monotonic()
+        published = self._published.is_set()
+        self._published.clear()
+        if published or now - self._last_delivery < self.config.idle_park_sec or not self._can_park():
+            self._last_fetch = now
+            return await self._consumer.poll(most, self.config.poll_timeout_sec)
+        if now - self._last_fetch >= self.config.park_check_sec:
+            self._last_fetch = now
+            return await self._consumer.poll(most, _PARK_CHECK_WAIT_SEC)
+        parked = await self._consumer.park(most)
+        if parked:
+            return parked
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._published.wait(), self.config.poll_timeout_sec)
+        return []
 
     async def _admit(self, deliveries: Sequence[Delivery]) -> AdmissionResult:
         claims: dict[tuple[UUID, int], _Claim] = {}

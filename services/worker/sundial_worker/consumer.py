@@ -15,6 +15,15 @@ nothing is taken from Kafka that cannot start now. When every slot is busy it ca
 is what keeps this member in the group (``max.poll.interval.ms``) and lets rebalances complete while
 long handlers run.
 
+Parking. An idle worker fetches nothing: the broker (Tansu) does not answer a parked fetch as soon as a message
+arrives (measured: a message produced mid-wait arrived after ~1/4-1/8 of ``fetch.wait.max.ms``), so only short
+fetch waits give low latency, and each idle one costs the broker (10 ms: ~100 fetches/s, ~0.04 of a core per
+consumer). :meth:`park` pauses the assigned partitions (no fetch at all) and only serves the group (rebalance
+callbacks) without waiting; the admission loop waits for a publisher's wake-up
+(:mod:`sundial_worker.wakeups`) instead, then :meth:`poll` resumes. librdkafka's broker thread does not notice a
+resume until its next 1 s tick (measured: ~700 ms until the first fetch), so a resume is followed by one
+``ListOffsets`` request through that broker, which wakes it: the first fetch then leaves within a millisecond or two.
+
 Commits. A message is acknowledged (:meth:`ack`) once its Postgres write is done; :meth:`commit`
 commits, per partition, the end of the contiguous acknowledged prefix. When partitions are revoked,
 their prefix is committed synchronously before they go, so the next owner redelivers as little as
@@ -26,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -41,6 +51,9 @@ from sundial_worker.offsets import OffsetTracker, TopicPartitionKey
 log = logging.getLogger("sundial.worker.kafka")
 
 T = TypeVar("T")
+
+#: A partition is parked only this long after the last assignment change (it has fetched by then).
+_SETTLE_SEC = 5.0
 
 
 def consumer_group(pool: str) -> str:
@@ -81,6 +94,11 @@ class ExecutionConsumer(Protocol):
 
     async def keepalive(self, wait_sec: float) -> None:
         """Stay in the group without taking messages (every handler slot is busy)."""
+        ...
+
+    async def park(self, max_messages: int) -> list[Delivery]:
+        """Stop fetching from the broker (idle) and serve the group without waiting; returns only what partitions
+        assigned meanwhile delivered. :meth:`poll` fetches again."""
         ...
 
     def ack(self, delivery: Delivery) -> None:
@@ -154,6 +172,8 @@ class KafkaExecutionConsumer:
         self._thread: ThreadPoolExecutor | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._paused = False
+        #: Monotonic time of the last assignment change: a partition is parked only once it has fetched.
+        self._assigned_at = 0.0
         self._closed = False
         self._fatal: KafkaError | None = None
 
@@ -206,8 +226,34 @@ class KafkaExecutionConsumer:
     def _poll_sync(self, max_messages: int, timeout: float) -> list[Delivery]:
         consumer = self._live_consumer()
         if self._paused:
-            consumer.resume(consumer.assignment())
+            assignment = consumer.assignment()
+            consumer.resume(assignment)
             self._paused = False
+            self._kick(consumer, assignment)
+        return self._take(consumer, max_messages, timeout)
+
+    @staticmethod
+    def _kick(consumer: Consumer, assignment: list[TopicPartition]) -> None:
+        """Wake the broker thread after a resume (see the module docstring) with one ListOffsets round trip."""
+        if assignment:
+            try:
+                consumer.get_watermark_offsets(assignment[0], timeout=1.0, cached=False)
+            except KafkaException as exc:  # the tick fetches a second later anyway
+                log.debug("resume kick failed: %s", exc)
+
+    async def park(self, max_messages: int) -> list[Delivery]:
+        return await self._call(self._park_sync, max_messages)
+
+    def _park_sync(self, max_messages: int) -> list[Delivery]:
+        consumer = self._live_consumer()
+        # librdkafka 2.16 was seen never to fetch a partition paused before its first fetch: a partition assigned
+        # lately keeps fetching until it has settled.
+        if not self._paused and time.monotonic() - self._assigned_at >= _SETTLE_SEC:
+            consumer.pause(consumer.assignment())
+            self._paused = True
+        return self._take(consumer, max_messages, 0)
+
+    def _take(self, consumer: Consumer, max_messages: int, timeout: float) -> list[Delivery]:
         # consume(n, t) waits until n messages or t elapsed, whichever comes first: wait for one
         # message (low latency), then take whatever else is already fetched (batching).
         messages = consumer.consume(1, timeout)
@@ -348,6 +394,7 @@ class KafkaExecutionConsumer:
                 log.warning("could not set up newly assigned partitions: %s", exc)
         with self._lock:
             self._assigned |= keys
+        self._assigned_at = time.monotonic()
         if partitions or not self._ready.is_set():
             log.info("partitions assigned: %s", _describe(partitions) or "none (more members than partitions)")
         if self._loop is not None and not self._ready.is_set():

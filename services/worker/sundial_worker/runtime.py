@@ -42,6 +42,7 @@ from redis import Redis as SyncRedis
 from redis.asyncio import Redis
 from sundial_common.encryption import Keyring, open_keyring
 from sundial_common.hotwindow import HotWindow
+from sundial_common.messages import pool_topic
 from sundial_common.pool_cache import PoolCache
 from sundial_common.settings import CommonSettings
 from sundial_common.stores import Stores
@@ -57,6 +58,7 @@ from sundial_worker.inflight import InFlight, OutcomeBuffer, WorkerStats
 from sundial_worker.outcomes import FlushConfig, OutcomeFlusher
 from sundial_worker.pool_guard import PoolGuard
 from sundial_worker.sdk import Worker
+from sundial_worker.wakeups import TopicWakes
 
 log = logging.getLogger("sundial.worker")
 
@@ -152,6 +154,7 @@ class WorkerParts:
     admission: Admission
     flusher: OutcomeFlusher
     committer: OffsetCommitter
+    wakes: TopicWakes
 
 
 class WorkerRuntime:
@@ -255,6 +258,7 @@ class WorkerRuntime:
         parts.liveness.start()
         self._spawn("heartbeat", parts.heartbeats.run)
         self._spawn("cancel", parts.cancel_watch.run)
+        self._spawn("wakes", lambda: parts.wakes.run(self._stopping))
 
     def _build(self, stores: Stores, redis: Redis, keyring: Keyring) -> WorkerParts:
         config = self.config
@@ -285,26 +289,32 @@ class WorkerRuntime:
             keyring=keyring,
             on_failure=self._fail,
         )
+        # A publisher's announcement resumes a parked consumer (sundial_worker.wakeups); admission parks only while
+        # the subscription is up.
+        wakes = TopicWakes(redis, pool_topic(self.worker.pool), lambda: admission.published())
+        admission = Admission(
+            self.consumer,
+            stores.executions,
+            self.worker_id,
+            config.admission(),
+            inflight=self.inflight,
+            executor=executor,
+            heartbeats=heartbeats,
+            stats=self.stats,
+            keyring=keyring,
+            stopping=self._stopping,
+            guard=PoolGuard(PoolCache(stores.pools, config.pool_cache_sec, recheck_sec=1.0), self.worker.pool),
+            can_park=lambda: wakes.listening,
+        )
         return WorkerParts(
+            wakes=wakes,
             stores=stores,
             redis=redis,
             heartbeats=heartbeats,
             liveness=liveness,
             cancel_watch=CancelWatch(redis, config.cancel_watch(), inflight=self.inflight),
             executor=executor,
-            admission=Admission(
-                self.consumer,
-                stores.executions,
-                self.worker_id,
-                config.admission(),
-                inflight=self.inflight,
-                executor=executor,
-                heartbeats=heartbeats,
-                stats=self.stats,
-                keyring=keyring,
-                stopping=self._stopping,
-                guard=PoolGuard(PoolCache(stores.pools, config.pool_cache_sec, recheck_sec=1.0), self.worker.pool),
-            ),
+            admission=admission,
             flusher=OutcomeFlusher(
                 stores.executions,
                 self.worker_id,
@@ -340,7 +350,7 @@ class WorkerRuntime:
             # out the TTL; their offsets were never acknowledged, so Kafka redelivers them too.
             await parts.heartbeats.release(abandoned)
             await self._drain_outcomes(parts.flusher)
-            for name in ("commit", "heartbeat", "cancel"):
+            for name in ("commit", "heartbeat", "cancel", "wakes"):
                 await self._cancel_side_task(name)
             await self._close_resources(parts.stores, parts.redis)
         finally:
