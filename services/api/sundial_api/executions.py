@@ -16,7 +16,6 @@ effort (the worker also reads cancel requests from Postgres, the hydrator re-add
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from datetime import datetime
 from typing import Annotated
@@ -158,11 +157,7 @@ def _aware(name: str, value: datetime | None) -> datetime | None:
 )
 async def get_execution(execution_id: ExecutionId, state: State, principal: Authenticated) -> Response:
     ident = parse_resource_id("execution", execution_id)
-    # Both reads at once; the attempts are discarded unless the execution is this tenant's.
-    execution, attempts = await asyncio.gather(
-        state.stores.executions.get_execution(principal.tenant, ident),
-        state.stores.executions.execution_attempts(ident),
-    )
+    execution, attempts = await state.stores.executions.execution_with_attempts(principal.tenant, ident)
     if execution is None:
         raise await stats.expired_execution(state, principal.tenant, ident) or not_found("execution", execution_id)
     cipher = await state.keyring.cipher(principal.tenant)

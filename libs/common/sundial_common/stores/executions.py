@@ -99,7 +99,9 @@ class ExecutionStore(Protocol):
     # --- reads and user actions (API)
     async def get_execution(self, tenant_id: str, execution_id: UUID) -> Record | None: ...
 
-    async def execution_attempts(self, execution_id: UUID) -> list[Record]: ...
+    async def execution_with_attempts(
+        self, tenant_id: str, execution_id: UUID
+    ) -> tuple[Record | None, list[Record]]: ...
 
     async def latest_executions(self, job_id: UUID, limit: int) -> list[Record]: ...
 
@@ -153,8 +155,14 @@ class PostgresExecutionStore:
     async def get_execution(self, tenant_id: str, execution_id: UUID) -> Record | None:
         return cast(Record | None, await self._db.pool.fetchrow(Q["get_execution"], execution_id, tenant_id))
 
-    async def execution_attempts(self, execution_id: UUID) -> list[Record]:
-        return cast(list[Record], await self._db.pool.fetch(Q["execution_attempts"], execution_id))
+    async def execution_with_attempts(self, tenant_id: str, execution_id: UUID) -> tuple[Record | None, list[Record]]:
+        # One snapshot: a finish writes the execution and its attempt in one transaction, and two separate reads
+        # could show the execution CANCELLED beside its attempt still RUNNING.
+        async with self._db.pool.acquire() as conn, conn.transaction(isolation="repeatable_read", readonly=True):
+            execution = await conn.fetchrow(Q["get_execution"], execution_id, tenant_id)
+            if execution is None:
+                return None, []
+            return execution, list(await conn.fetch(Q["execution_attempts"], execution_id))
 
     async def latest_executions(self, job_id: UUID, limit: int) -> list[Record]:
         return cast(list[Record], await self._db.pool.fetch(Q["latest_executions"], job_id, limit))
