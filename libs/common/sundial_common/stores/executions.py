@@ -99,6 +99,8 @@ class ExecutionStore(Protocol):
     # --- reads and user actions (API)
     async def get_execution(self, tenant_id: str, execution_id: UUID) -> Record | None: ...
 
+    async def execution_attempts(self, execution_id: UUID) -> list[Record]: ...
+
     async def execution_with_attempts(
         self, tenant_id: str, execution_id: UUID
     ) -> tuple[Record | None, list[Record]]: ...
@@ -154,6 +156,9 @@ class PostgresExecutionStore:
 
     async def get_execution(self, tenant_id: str, execution_id: UUID) -> Record | None:
         return cast(Record | None, await self._db.pool.fetchrow(Q["get_execution"], execution_id, tenant_id))
+
+    async def execution_attempts(self, execution_id: UUID) -> list[Record]:
+        return cast(list[Record], await self._db.pool.fetch(Q["execution_attempts"], execution_id))
 
     async def execution_with_attempts(self, tenant_id: str, execution_id: UUID) -> tuple[Record | None, list[Record]]:
         # One snapshot: a finish writes the execution and its attempt in one transaction, and two separate reads
