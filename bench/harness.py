@@ -94,18 +94,7 @@ class Shape:
 
 def _cpu_seconds_of_tree(root_pid: int) -> float:
     """utime + stime of a process and all its descendants (Postgres forks a backend per connection)."""
-    parents: dict[int, int] = {}
-    ticks: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        pid = int(entry.name)
-        parents[pid] = int(fields[1])
-        ticks[pid] = int(fields[11]) + int(fields[12]) + int(fields[13]) + int(fields[14])
+    parents, ticks = machine.proc_table()
     total, stack = 0, [root_pid]
     while stack:
         pid = stack.pop()

@@ -67,23 +67,6 @@ def serve(root: Path, offset: int) -> int:
     return runner.run(stop)
 
 
-def _proc_table() -> tuple[dict[int, int], dict[int, int]]:
-    """(parent of each pid, utime+stime ticks of each pid incl. reaped children) from /proc."""
-    parents: dict[int, int] = {}
-    ticks: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        pid = int(entry.name)
-        parents[pid] = int(fields[1])
-        ticks[pid] = int(fields[11]) + int(fields[12]) + int(fields[13]) + int(fields[14])
-    return parents, ticks
-
-
 def _owner(pid: int, parents: dict[int, int], roots: dict[int, str]) -> str | None:
     """The named process ``pid`` belongs to: itself or its nearest named ancestor."""
     seen = 0
@@ -110,7 +93,7 @@ class Sampler:
         self.roots = roots
 
     def ticks(self) -> dict[str, int]:
-        parents, ticks = _proc_table()
+        parents, ticks = machine.proc_table()
         total: dict[str, int] = dict.fromkeys(self.roots.values(), 0)
         for pid, count in ticks.items():
             if (name := _owner(pid, parents, self.roots)) is not None:
@@ -118,7 +101,7 @@ class Sampler:
         return total
 
     def pss_mib(self) -> dict[str, float]:
-        parents, _ = _proc_table()
+        parents, _ = machine.proc_table()
         total: dict[str, int] = dict.fromkeys(self.roots.values(), 0)
         for pid in parents:
             if (name := _owner(pid, parents, self.roots)) is not None:

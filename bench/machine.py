@@ -48,3 +48,20 @@ def describe(repo: Path, *, cpu_probe: bool = True) -> dict[str, Any]:
         "python": platform.python_version(),
         "commit": git_commit(repo),
     }
+
+
+def proc_table() -> tuple[dict[int, int], dict[int, int]]:
+    """(parent of each pid, utime+stime ticks of each pid including its reaped children) from /proc."""
+    parents: dict[int, int] = {}
+    ticks: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        pid = int(entry.name)
+        parents[pid] = int(fields[1])
+        ticks[pid] = int(fields[11]) + int(fields[12]) + int(fields[13]) + int(fields[14])
+    return parents, ticks
