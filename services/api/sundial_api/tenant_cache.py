@@ -10,14 +10,11 @@ used to send its own query).
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Callable
 
+from sundial_common.read_once_cache import ReadOnceCache
 from sundial_common.stores.tenants import Tenant, TenantStore
-
-#: Most registry answers one replica keeps (an unknown name is an answer too).
-CACHE_SIZE = 10_000
 
 
 class TenantCache:
@@ -25,38 +22,10 @@ class TenantCache:
 
     def __init__(self, store: TenantStore, ttl_sec: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.store = store
-        self.ttl_sec = ttl_sec
-        self.clock = clock
-        self._entries: dict[str, tuple[Tenant | None, float]] = {}
-        self._reading: dict[str, asyncio.Future[Tenant | None]] = {}
+        self._cache: ReadOnceCache[str, Tenant] = ReadOnceCache(store.get_tenant, ttl_sec, clock)
 
     async def get(self, tenant_id: str) -> Tenant | None:
-        now = self.clock()
-        entry = self._entries.get(tenant_id)
-        if entry is not None and now - entry[1] < self.ttl_sec:
-            return entry[0]
-        reading = self._reading.get(tenant_id)
-        if reading is None:
-            reading = self._reading[tenant_id] = asyncio.ensure_future(self._read(tenant_id, now))
-            reading.add_done_callback(lambda done: self._read_done(tenant_id, done))
-        # Shielded: a waiter whose request is cancelled must not cancel the read the others wait for.
-        return await asyncio.shield(reading)
-
-    async def _read(self, tenant_id: str, started: float) -> Tenant | None:
-        tenant = await self.store.get_tenant(tenant_id)
-        entry = self._entries.get(tenant_id)
-        if entry is not None and entry[1] > started:  # put() by an admin route meanwhile: that is newer
-            return entry[0]
-        if len(self._entries) >= CACHE_SIZE:
-            self._entries.clear()
-        self._entries[tenant_id] = (tenant, started)
-        return tenant
-
-    def _read_done(self, tenant_id: str, done: asyncio.Future[Tenant | None]) -> None:
-        if self._reading.get(tenant_id) is done:
-            del self._reading[tenant_id]
-        if not done.cancelled():
-            done.exception()  # retrieved here too: its waiters may all have gone
+        return await self._cache.get(tenant_id)
 
     def put(self, tenant: Tenant) -> None:
-        self._entries[tenant.id] = (tenant, self.clock())
+        self._cache.put(tenant.id, tenant)
