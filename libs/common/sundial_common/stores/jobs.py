@@ -130,13 +130,7 @@ class PostgresJobStore:
     async def insert_grouped_jobs(self, jobs: Sequence[tuple[Mapping[str, Any], str]]) -> list[Record]:
         """Register jobs of any tenants, each with its own audit actor, in one statement (one commit); rows come
         back in the order of ``jobs``. Either all are written or, on any error, none."""
-        if not jobs:
-            return []
-        rows = [
-            {**_JOB_DEFAULTS, "next_nominal_at": job.get("next_fire_at"), **job, "actor": actor} for job, actor in jobs
-        ]
-        by_id = {row["id"]: row for row in await self._db.pool.fetch(Q["insert_jobs_grouped"], rows)}
-        return [cast(Record, by_id[job["id"]]) for job, _ in jobs]
+        return await _insert_rows(self._db.pool, jobs)
 
     async def get_job(self, tenant_id: str, job_id: UUID) -> Record | None:
         return cast(Record | None, await self._db.pool.fetchrow(Q["get_job"], job_id, tenant_id))
@@ -297,11 +291,18 @@ async def insert_jobs_on(
         assert isinstance(conn, asyncpg.Connection)
         room, _ = await room_for_jobs_on(conn, jobs[0]["tenant_id"], max_active_jobs)
         jobs = jobs[:room]
+    return await _insert_rows(conn, [(job, actor) for job in jobs])
+
+
+async def _insert_rows(
+    conn: asyncpg.Pool | asyncpg.Connection, jobs: Sequence[tuple[Mapping[str, Any], str]]
+) -> list[Record]:
+    """Jobs, each with its audit actor, in one statement; rows come back in the order of ``jobs``."""
     if not jobs:
         return []
-    rows = [{**_JOB_DEFAULTS, "next_nominal_at": job.get("next_fire_at"), **job} for job in jobs]
-    by_id = {row["id"]: row for row in await conn.fetch(Q["insert_jobs"], rows, actor)}
-    return [cast(Record, by_id[job["id"]]) for job in jobs]
+    rows = [{**_JOB_DEFAULTS, "next_nominal_at": job.get("next_fire_at"), **job, "actor": actor} for job, actor in jobs]
+    by_id = {row["id"]: row for row in await conn.fetch(Q["insert_jobs"], rows)}
+    return [cast(Record, by_id[job["id"]]) for job, _ in jobs]
 
 
 def _job_args(values: Mapping[str, Any], actor: str) -> tuple[Any, ...]:

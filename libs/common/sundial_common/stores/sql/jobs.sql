@@ -25,33 +25,10 @@ WITH tenant AS (
 SELECT * FROM job;
 
 -- name: insert_jobs
--- A batch of jobs as one JSON array of column values (POST /v1/jobs:batch): the jobs and their audit
--- rows in one statement (tenants as for insert_job). Columns not named here take their defaults.
-WITH input AS (
-    SELECT * FROM jsonb_populate_recordset(NULL::jobs, $1::jsonb)
-), tenant AS (
-    INSERT INTO tenants (id) SELECT DISTINCT tenant_id FROM input ON CONFLICT (id) DO NOTHING
-), job AS (
-    INSERT INTO jobs (id, tenant_id, name, type, schedule, timezone, run_at, delay_seconds, pool, handler,
-                      payload, retry_policy, timeout_sec, priority, state, shard, next_fire_at, traceparent,
-                      interval_sec, run_list, start_at, end_at, max_runs, jitter_sec, overlap_policy,
-                      catchup_policy, catchup_window_sec, next_nominal_at, labels, breaker)
-    SELECT id, tenant_id, name, type, schedule, timezone, run_at, delay_seconds, pool, handler,
-           payload, retry_policy, timeout_sec, priority, state, shard, next_fire_at, traceparent,
-           interval_sec, run_list, start_at, end_at, max_runs, jitter_sec, overlap_policy,
-           catchup_policy, catchup_window_sec, next_nominal_at, labels, breaker
-    FROM input
-    RETURNING *
-), audit AS (
-    INSERT INTO audit_log (tenant_id, entity, entity_id, action, to_state, actor)
-    SELECT tenant_id, 'job', id, 'create', state, $2 FROM job
-)
-SELECT * FROM job;
-
--- name: insert_jobs_grouped
--- Concurrent single creates written together (the API's group commit): jobs of any tenants, each object of
--- the JSON array $1 holding one job's column values and the `actor` of its audit row. The jobs and their audit
--- rows in one statement, so one commit makes every job of the group durable at once (tenants as for insert_job).
+-- Jobs as one JSON array (POST /v1/jobs:batch, and concurrent single creates written together: the API's group
+-- commit): jobs of any tenants, each object holding one job's column values and the `actor` of its audit row.
+-- The jobs and their audit rows in one statement, so one commit makes every job durable at once (tenants as
+-- for insert_job). Columns not named here take their defaults.
 WITH input AS (
     SELECT j.*, e ->> 'actor' AS actor
     FROM jsonb_array_elements($1::jsonb) AS e, LATERAL jsonb_populate_record(NULL::jobs, e) AS j
