@@ -179,7 +179,11 @@ async def test_leaders_keep_dispatching_through_a_15s_etcd_outage(faults: FaultS
     assert "etcd unreachable" in dispatcher_logs(faults)
     # The terms survived the outage: their first renewal after etcd's return says so (etcd restarting under load
     # may take seconds past the last job's end).
-    await eventually(lambda: "etcd answers again" in dispatcher_logs(faults), budget(30), "a term renewed after")
+    try:
+        await eventually(lambda: "etcd answers again" in dispatcher_logs(faults), budget(30), "a term renewed after")
+    except AssertionError as failed:  # say what the leaders did instead (CI shows only this message)
+        said = [line for line in dispatcher_logs(faults).splitlines() if "shard" in line or "lease" in line]
+        raise AssertionError(f"{failed}; the dispatchers' last lease lines:\n" + "\n".join(said[-40:])) from None
 
 
 async def test_postgres_restart_puts_claimed_work_back_at_once(faults: FaultStack, stack: LocalStack) -> None:

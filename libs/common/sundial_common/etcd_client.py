@@ -8,8 +8,8 @@ a quarter of an idle analytics replica's samples). :class:`Client` keeps one str
 sends every renewal on it, matching replies by lease id; the behaviour seen by callers is the same
 (the reply, TTL 0 for a lease etcd no longer has, an ``aetcd.ClientError`` when etcd cannot be reached).
 
-A stream that fails, ends, or lets a renewal go unanswered until its caller gave up (callers bound
-each renewal by a deadline of their own) is dropped, and the next renewal opens a fresh one: a stream
+A stream that fails, ends, or lets a renewal go unanswered for the client's call timeout (or until its
+caller gave up, if sooner) is dropped, and the next renewal opens a fresh one: a stream
 stuck on a half-dead connection can delay renewals by one deadline, never stop them.
 """
 
@@ -103,7 +103,16 @@ class Client(aetcd.Client):  # type: ignore[misc]  # aetcd ships no type informa
                 raise
             except Exception as exc:  # the call finished under us (grpc: "RPC already finished"), an RpcError
                 stream.close(_translated(exc))  # fails this renewal too, as a ClientError
-            return await future
+            if not self._timeout:
+                return await future
+            # aetcd gave each renewal's own stream the client's call timeout; a shared stream keeps that bound
+            # per renewal, whatever deadline the caller has (or lacks).
+            try:
+                return await asyncio.wait_for(asyncio.shield(future), self._timeout)
+            except TimeoutError:
+                log.warning("lease %x: no keep-alive reply within %ss; reopening the stream", lease_id, self._timeout)
+                stream.close(exceptions.ConnectionTimeoutError("lease keep-alive reply overdue"))
+                raise exceptions.ConnectionTimeoutError("lease keep-alive reply overdue") from None
         except asyncio.CancelledError:
             # The caller's deadline: a stream that leaves a renewal unanswered that long is not trusted again.
             if not future.done():
