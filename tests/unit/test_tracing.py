@@ -36,3 +36,24 @@ def test_ordinary_spans_follow_the_parent_based_ratio() -> None:
     with tracer.start_as_current_span("send"), tracer.start_as_current_span("process"):
         pass
     assert [s.name for s in exported.get_finished_spans()] == ["process", "send"]
+
+
+def test_an_unrecorded_span_is_what_an_always_off_tracer_gives_minus_the_fresh_span_id() -> None:
+    """Without an OTLP endpoint the worker builds no spans (sundial_common.telemetry.unrecorded_span): a handler's
+    calls still carry the execution's trace id, as unsampled, as the ALWAYS_OFF tracer's span did."""
+    from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+    from sundial_common.telemetry import unrecorded_span
+
+    parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    off = TracerProvider(sampler=ALWAYS_OFF).get_tracer("test")
+    context = TraceContextTextMapPropagator().extract({"traceparent": parent})
+    with off.start_as_current_span("process", context=context) as span:
+        expected = span.get_span_context()
+    got = unrecorded_span(parent).get_span_context()
+    assert (got.trace_id, got.trace_flags, got.is_valid) == (expected.trace_id, expected.trace_flags, True)
+    assert got.span_id == 0xB7AD6B7169203331
+    # A later version's longer form goes through the propagator; none or garbage: no trace.
+    assert unrecorded_span(parent.replace("00-", "01-", 1) + "-extra").get_span_context().trace_id == got.trace_id
+    for bad in (None, "", "garbage", "00-" + "0" * 32 + "-b7ad6b7169203331-01", parent.upper()):
+        assert not unrecorded_span(bad).get_span_context().is_valid

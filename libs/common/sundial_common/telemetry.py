@@ -17,6 +17,7 @@ has none.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Sequence
 
 from opentelemetry import trace
@@ -32,7 +33,7 @@ from opentelemetry.sdk.trace.sampling import (
     SamplingResult,
     TraceIdRatioBased,
 )
-from opentelemetry.trace import Link, Span, SpanKind
+from opentelemetry.trace import INVALID_SPAN_CONTEXT, Link, NonRecordingSpan, Span, SpanContext, SpanKind, TraceFlags
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from opentelemetry.trace.span import TraceState
 from opentelemetry.util.types import Attributes
@@ -122,6 +123,42 @@ def execution_context(traceparent_value: str | None) -> Context:
     Never the current context: inside a loop pass that would hang the span under the pass's own trace.
     """
     return context_from(traceparent_value) or Context()
+
+
+def spans_recorded() -> bool:
+    """Whether this process may record any span: an SDK provider whose sampler is not ``ALWAYS_OFF``.
+
+    Without an OTLP endpoint :func:`setup_tracing` installs ``ALWAYS_OFF``: every span is then a non-recording
+    one that only carries its parent's trace id, and a hot path (the worker, per execution) may skip building
+    spans — their attribute dicts, the sampler call, the context managers: a third of a worker's CPU per
+    execution in py-spy — and use :func:`unrecorded_span` instead (issue 18).
+    """
+    provider = trace.get_tracer_provider()
+    return isinstance(provider, TracerProvider) and provider.sampler is not ALWAYS_OFF
+
+
+_TRACEPARENT_V00 = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
+
+
+def unrecorded_span(traceparent_value: str | None) -> NonRecordingSpan:
+    """The span to make current under a stored or received traceparent when :func:`spans_recorded` is false.
+
+    What the tracer would give then, minus its cost: the parent's trace id, not sampled (the ``ALWAYS_OFF``
+    decision, which calls downstream see), and — no span being recorded — the parent's span id rather than a
+    fresh one. None or a malformed traceparent: an invalid span (no trace). The common version-00 form is
+    parsed directly; any other goes through the propagator.
+    """
+    if not traceparent_value:
+        return NonRecordingSpan(INVALID_SPAN_CONTEXT)
+    match = _TRACEPARENT_V00.fullmatch(traceparent_value)
+    if match is None:
+        parent = trace.get_current_span(_propagator.extract({"traceparent": traceparent_value})).get_span_context()
+        trace_id, span_id = parent.trace_id, parent.span_id
+    else:
+        trace_id, span_id = int(match[1], 16), int(match[2], 16)
+    if not trace_id or not span_id:
+        return NonRecordingSpan(INVALID_SPAN_CONTEXT)
+    return NonRecordingSpan(SpanContext(trace_id, span_id, is_remote=False, trace_flags=TraceFlags(TraceFlags.DEFAULT)))
 
 
 def execution_attributes(

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from uuid import UUID
@@ -66,6 +66,8 @@ class Running:
     ctx: Context | None = None
     #: Set when the execution's cancel is requested: the handler is interrupted.
     cancel: asyncio.Event = field(default_factory=asyncio.Event)
+    #: Wakes the executor waiting for the handler (set while it waits): a cancel request calls it.
+    wake: Callable[[], None] | None = None
     #: When the occurrence was due (its fire time): the start of its dispatch lateness.
     due: datetime | None = None
     #: The attempt's process span, parent of the outcome write's span.
@@ -123,6 +125,8 @@ class InFlight:
                 running.ctx.request_cancel()
                 running.ctx.logger.info("cancel requested: interrupting the handler")
             running.cancel.set()
+            if running.wake is not None:
+                running.wake()
         return len(execution_ids)
 
 
