@@ -347,7 +347,7 @@ class Bench:
         }
 
     def _profile(self, label: str, seconds: float) -> list[subprocess.Popen[bytes]]:
-        """py-spy on one dispatcher and one worker for ``seconds`` (collapsed stacks, one file each)."""
+        """py-spy on a dispatcher, a worker and the analytics service for ``seconds`` (collapsed stacks)."""
         if self.profile is None:
             return []
         self.profile.mkdir(parents=True, exist_ok=True)
@@ -372,7 +372,7 @@ class Bench:
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
             )
-            for name in ("dispatcher-0", "worker-0")
+            for name in ("dispatcher-0", "worker-0", "analytics")
             if name in pids
         ]
 
@@ -532,7 +532,7 @@ def main(argv: list[str] | None = None) -> int:
         default=0,
         help="ports = the bench ports (sundial_infra.stack.BENCH_PORTS) + this; a multiple of 100, at most 1500",
     )
-    parser.add_argument("--profile", type=Path, help="py-spy a dispatcher and a worker into this directory")
+    parser.add_argument("--profile", type=Path, help="py-spy a dispatcher, a worker and analytics into this directory")
     parser.add_argument(
         "--create", choices=["api", "copy"], default="api", help="W1: jobs created through POST /v1/jobs:batch or COPY"
     )
