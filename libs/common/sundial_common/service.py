@@ -12,6 +12,7 @@ errors, duration, and the counts ``run_once()`` returned; see :mod:`sundial_comm
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine
@@ -52,6 +53,10 @@ def run(
         StopSignals(stop.set, force).install_on(asyncio.get_running_loop())
         await main(stop)
 
+    # Everything imported so far lives as long as the process: out of the collector's sight, a full collection no
+    # longer walks it (py-spy, issue 18: collections triggered by the per-execution allocations of the workers and
+    # the analytics ingest walked the import heap — chDB's pandas alone is ~40,000 objects).
+    gc.freeze()
     try:
         uvloop.run(wrapper())
     except asyncio.CancelledError:

@@ -36,7 +36,7 @@ class AnalyticsSettings(CommonSettings):
     )
     analytics_batch_size: int = Field(10_000, ge=1, le=1_000_000, description="Events per ClickHouse insert.")
     analytics_interval_sec: float = Field(
-        0.5, gt=0, description="Pause after an ingest pass that found less than a full batch."
+        IngestConfig().interval_sec, gt=0, description="Pause after an ingest pass that found less than a full batch."
     )
 
     def replica_config(self) -> ReplicaConfig:
