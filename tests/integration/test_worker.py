@@ -761,6 +761,43 @@ async def test_handler_span_continues_the_dispatch_trace(
     assert row["result"] == trace_id_hex(dispatch_span) == row["trace_id"]
 
 
+async def test_without_an_exporter_no_span_is_built_and_the_handler_still_runs_in_the_dispatch_trace(
+    stores: Stores,
+    publisher: KafkaPublisher,
+    settings: WorkerSettings,
+    pool: str,
+    spans: InMemorySpanExporter,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # What a worker without SUNDIAL_OTLP_ENDPOINT does (ALWAYS_OFF: nothing could be recorded), here under the test
+    # session's recording provider.
+    monkeypatch.setattr("sundial_worker.execution.spans_recorded", lambda: False)
+    with tracer.start_as_current_span("dispatch", kind=SpanKind.PRODUCER) as dispatch_span:
+        carrier = traceparent()
+    assert carrier is not None
+    worker = Worker(pool=pool)
+    outgoing: dict[str, str] = {}
+
+    @worker.handler("traced")
+    async def traced(ctx: Context, payload: Any) -> str | None:
+        propagate.inject(outgoing)  # an instrumented outgoing call
+        return ctx.trace_id
+
+    async with serving(worker, settings):
+        [message] = await dispatch(stores, pool, "traced", [{}], traceparent_value=carrier)
+        await publish(publisher, [message])
+        row = await wait_state(stores, message, "SUCCEEDED")
+    assert not [
+        s
+        for s in spans.get_finished_spans()
+        if s.attributes and s.attributes.get("sundial.execution_id") == message.execution_id
+    ]
+    assert row["result"] == trace_id_hex(dispatch_span) == row["trace_id"]
+    # The call carries the execution's trace, unsampled, as the ALWAYS_OFF tracer's span did.
+    assert outgoing["traceparent"].split("-")[1] == row["trace_id"]
+    assert outgoing["traceparent"].endswith("-00")
+
+
 @dataclasses.dataclass
 class WorkerProcess:
     """A real `python -m sundial_worker` process and the lines of its log so far."""
