@@ -50,8 +50,8 @@ SELECT id, tenant_id, pool, priority FROM jobs WHERE id = ANY($1::uuid[]);
 -- entries and 3,500 heap pages for 3,000 open rows after 100,000 executions, 106-183 ms a call. A plain
 -- index scan marks the entries of dead versions as it passes (LP_DEAD), so each is visited about once, by
 -- the next census after its version died: 209 pages and 3 ms for the same rows (bench/census.py). A
--- sequential scan would read a whole day's partition. Each plan of the statement (the first, and after
--- every ANALYZE) is made under these settings, so its cached plan keeps to the index.
+-- sequential scan would read a whole day's partition. The statement is planned at each call (the pool's
+-- plan_cache_mode), always in this transaction, so every plan of it keeps to the index.
 SELECT set_config('enable_bitmapscan', 'off', true), set_config('enable_seqscan', 'off', true);
 
 -- name: open_executions
