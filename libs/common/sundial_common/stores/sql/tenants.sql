@@ -42,13 +42,26 @@ SELECT pg_advisory_xact_lock(hashtextextended('sundial.tenant:' || $1, 0));
 -- (primary-key lookups).
 SELECT id, tenant_id, pool, priority FROM jobs WHERE id = ANY($1::uuid[]);
 
+-- name: open_executions_plan
+-- Before open_executions, in its transaction: read the open rows through an index scan only. The partial
+-- indexes of the open states keep an entry for every version a row had while PENDING or RUNNING (each start
+-- and each finish leaves one behind, ~2 a execution) until vacuum; a bitmap scan, which the planner picked
+-- (on executions_job_open_idx), visits every one of them and their heap pages, call after call: 175,000
+-- entries and 3,500 heap pages for 3,000 open rows after 100,000 executions, 106-183 ms a call. A plain
+-- index scan marks the entries of dead versions as it passes (LP_DEAD), so each is visited about once, by
+-- the next census after its version died: 209 pages and 3 ms for the same rows (bench/census.py). A
+-- sequential scan would read a whole day's partition. The statement is planned at each call (the pool's
+-- plan_cache_mode), always in this transaction, so every plan of it keeps to the index.
+SELECT set_config('enable_bitmapscan', 'off', true), set_config('enable_seqscan', 'off', true);
+
 -- name: open_executions
 -- The dispatcher's fair pass (read by each dispatcher process at most every few hundred milliseconds, shared by
 -- the shards it leads): per tenant and pool, executions waiting in Kafka (PENDING, dispatched within the last $1
 -- seconds: an older one's message is presumed lost, and the sweeper's to send again), all PENDING ones, RUNNING
 -- ones (a pool with work waiting and none running has no worker starting it), those dispatched within the last
 -- $2 seconds (the rate-following cap's count) and open ones (PENDING or
--- RUNNING), and how long the oldest PENDING one has waited. A partial-index scan (executions_open_idx) over the open rows only.
+-- RUNNING), and how long the oldest PENDING one has waited. An index scan of a partial index over the open rows
+-- only (see open_executions_plan).
 SELECT tenant_id, pool,
        count(*) FILTER (WHERE state = 'PENDING' AND created_at > now() - make_interval(secs => $1)) AS queued,
        count(*) FILTER (WHERE state = 'PENDING' AND created_at > now() - make_interval(secs => $2)) AS fresh,

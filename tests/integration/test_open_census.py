@@ -1,0 +1,45 @@
+"""The dispatchers' fair-pass census (``TenantStore.open_executions``): what it counts per tenant and pool, and that
+it reaches the open rows through an index only (a bitmap scan revisits every dead PENDING and RUNNING version
+at each read, bench/census.py)."""
+
+from __future__ import annotations
+
+import json
+from uuid import UUID
+
+from sundial_common.stores import Stores
+from sundial_common.stores.executions import Outcome
+from sundial_common.stores.tenants import Q
+
+from tests.integration.test_reliability import TENANT, make_executions
+
+
+async def test_the_census_counts_waiting_running_and_open_executions_per_tenant_and_pool(stores: Stores) -> None:
+    messages = await make_executions(stores, "census", "h", count=6)
+    ids = [UUID(m.execution_id) for m in messages]
+    started = await stores.executions.start_executions("w1", [(i, 1) for i in ids[:3]])
+    assert len(started) == 3
+    assert len(await stores.executions.finish_attempts("w1", [Outcome(ids[0], 1, "SUCCEEDED")])) == 1
+
+    (row,) = [r for r in await stores.tenants.open_executions(3600.0, 3600.0) if r.pool == "census"]
+    assert (row.tenant_id, row.pending, row.running, row.open, row.queued, row.fresh) == (TENANT, 3, 2, 5, 3, 3)
+    assert row.waited_sec is not None and row.waited_sec >= 0
+    # Dispatched longer ago than the windows (0 s): waiting still, no longer counted as queued or fresh.
+    (old,) = [r for r in await stores.tenants.open_executions(0.0, 0.0) if r.pool == "census"]
+    assert (old.pending, old.queued, old.fresh) == (3, 0, 0)
+
+
+async def test_the_census_reads_the_open_rows_by_index_scan_only(stores: Stores) -> None:
+    await make_executions(stores, "census", "h", count=3)
+    await stores.database.pool.execute("ANALYZE executions")
+    async with stores.database.pool.acquire() as conn, conn.transaction():
+        await conn.execute(Q["open_executions_plan"])
+        plan = json.loads(await conn.fetchval("EXPLAIN (FORMAT JSON) " + Q["open_executions"], 30.0, 1.0))
+
+    def scans(node: dict[str, object]) -> list[str]:
+        children = node.get("Plans", [])
+        assert isinstance(children, list)
+        return [str(node["Node Type"])] + [s for child in children for s in scans(child)]
+
+    found = [s for s in scans(plan[0]["Plan"]) if "Scan" in s]
+    assert found and set(found) <= {"Index Scan", "Index Only Scan"}, found
