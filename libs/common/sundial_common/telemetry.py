@@ -17,6 +17,7 @@ has none.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Sequence
 
 from opentelemetry import trace
@@ -24,6 +25,7 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.sdk.trace.sampling import (
     ALWAYS_OFF,
     Decision,
@@ -32,7 +34,7 @@ from opentelemetry.sdk.trace.sampling import (
     SamplingResult,
     TraceIdRatioBased,
 )
-from opentelemetry.trace import Link, Span, SpanKind
+from opentelemetry.trace import INVALID_SPAN_CONTEXT, Link, NonRecordingSpan, Span, SpanContext, SpanKind, TraceFlags
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from opentelemetry.trace.span import TraceState
 from opentelemetry.util.types import Attributes
@@ -41,6 +43,13 @@ log = logging.getLogger(__name__)
 _propagator = TraceContextTextMapPropagator()
 
 tracer = trace.get_tracer("sundial")
+
+#: Set by :func:`setup_tracing` when it installs a provider without an exporter: nothing is recorded, so spans
+#: about executions can be made without the SDK (:func:`unrecorded_span`).
+_unrecorded = False
+_ids = RandomIdGenerator()
+#: A W3C traceparent the propagator accepts (version 00 or a later one, not ff; ids not all zeros).
+_TRACEPARENT = re.compile(r"^[ \t]*([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(?:(-.*)|[ \t]*)$")
 
 
 #: On a span about a failed, timed-out, worker-lost or dead attempt (or its dead letter): exported whatever
@@ -92,6 +101,8 @@ def setup_tracing(
     if instance_id:
         attributes["service.instance.id"] = instance_id
     provider = TracerProvider(resource=Resource.create(attributes), sampler=sampler)
+    global _unrecorded
+    _unrecorded = not otlp_endpoint
     if otlp_endpoint:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
@@ -101,11 +112,36 @@ def setup_tracing(
     trace.set_tracer_provider(provider)
 
 
+def records_spans() -> bool:
+    """False when this process's provider records nothing (no exporter): see :func:`unrecorded_span`."""
+    return not _unrecorded
+
+
+def unrecorded_span(parent: str | None) -> Span:
+    """A span that records nothing, in the trace of the traceparent ``parent`` (a new trace if it has none or it is
+    malformed): what the SDK's tracer returns when its sampler drops every span, without its sampler, context
+    and attribute work, which was half of the dispatch planner's time per execution (a microbenchmark of the
+    planner: 66 µs per execution, 30 of them in the span)."""
+    trace_id, flags = 0, TraceFlags.RANDOM_TRACE_ID  # a new trace's id is random (W3C level 2), as the SDK says
+    if parent and len(parent) <= 512 and (match := _TRACEPARENT.match(parent)):
+        version, trace_hex, span_hex, parent_flags, rest = match.groups()
+        if trace_hex != "0" * 32 and span_hex != "0" * 16 and version != "ff" and not (version == "00" and rest):
+            trace_id, flags = int(trace_hex, 16), int(parent_flags, 16) & TraceFlags.RANDOM_TRACE_ID
+    context = SpanContext(
+        trace_id or _ids.generate_trace_id(), _ids.generate_span_id(), is_remote=False, trace_flags=TraceFlags(flags)
+    )
+    return NonRecordingSpan(context)
+
+
 def traceparent(span: Span | None = None) -> str | None:
     """The W3C traceparent of ``span`` (default: the current span), or None if there is none."""
+    if span is not None:  # formatted as the propagator does, without its context round trip
+        ids = span.get_span_context()
+        if ids == INVALID_SPAN_CONTEXT or not ids.is_valid:
+            return None
+        return f"00-{ids.trace_id:032x}-{ids.span_id:016x}-{ids.trace_flags:02x}"
     carrier: dict[str, str] = {}
-    context = trace.set_span_in_context(span) if span is not None else None
-    _propagator.inject(carrier, context=context)
+    _propagator.inject(carrier)
     return carrier.get("traceparent")
 
 

@@ -44,9 +44,11 @@ from sundial_common.telemetry import (
     execution_attributes,
     execution_context,
     kafka_publish_attributes,
+    records_spans,
     trace_id_hex,
     traceparent,
     tracer,
+    unrecorded_span,
 )
 
 from sundial_dispatcher.fairness import FairDispatch, FairnessConfig
@@ -260,6 +262,10 @@ class _Planner:
     @staticmethod
     def _span(job: Record, execution_id: str, nominal: datetime, triggered: bool) -> Span:
         """The execution's first span, the anchor of its trace (its traceparent is stored on the row)."""
+        if not records_spans():  # the same trace ids, without building what nobody records
+            if triggered:
+                return unrecorded_span(job["trigger_traceparent"])
+            return unrecorded_span(job["traceparent"] if job["type"] in _ONE_OFF else None)
         attributes = {
             **execution_attributes(
                 tenant=job["tenant_id"],
