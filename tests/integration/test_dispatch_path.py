@@ -200,7 +200,7 @@ async def test_published_at_is_marked_later_and_only_on_executions_still_waiting
     due = datetime.now(UTC) - timedelta(milliseconds=10)
     waiting, started = await make_job(stores, due, pool), await make_job(stores, due, pool)
     await hot_window.add(0, [Occurrence(waiting, _ms(due)), Occurrence(started, _ms(due))])
-    config = DispatcherConfig(mark_published_after_sec=0.2)
+    config = DispatcherConfig(mark_published_after_sec=0.2, mark_published_every_sec=0)
     dispatcher = ShardDispatcher(0, 42, "replica-a", stores.dispatch, hot_window, publisher, config)
     assert (await dispatcher.run_once()).published == 2
     rows = {r["job_id"]: r for r in await stores.database.pool.fetch("SELECT id, job_id, published_at FROM executions")}

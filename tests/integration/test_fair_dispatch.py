@@ -166,6 +166,26 @@ async def test_a_burst_is_claimed_before_it_is_due_and_dispatched_when_it_falls_
     assert await dispatched(stores) == {"a": 100} and not burst.fair.early
 
 
+async def test_a_smaller_burst_is_claimed_ahead_over_the_shorter_horizon(
+    stores: Stores, hot_window: HotWindow, publisher: KafkaPublisher, database_url: str
+) -> None:
+    await register_tenant(database_url, "a")
+    pool = f"fair-{uuid.uuid4().hex[:8]}"
+    soon = (datetime.now(UTC) + timedelta(seconds=3)).replace(microsecond=0)
+    await due_jobs(stores, hot_window, "a", 50, pool, due=soon)
+    # Far below the long horizon's count; the short horizon's (10 s here, so a loaded machine keeps it ahead).
+    fairness = {"claim_ahead_sec": 10, "claim_ahead_min": 10_000, "burst_ahead_sec": 10}
+    quiet = dispatcher(stores, hot_window, publisher, batch=100, burst_ahead_min=51, **fairness)
+    burst = dispatcher(stores, hot_window, publisher, batch=100, burst_ahead_min=50, **fairness)
+
+    await quiet.run_once()
+    assert await hot_window.size(0) == 50, "fewer due within the short horizon than its threshold: nothing early"
+    assert (await burst.run_once()).dispatched == 0 and await dispatched(stores) == {}
+    assert burst.fair is not None and len(burst.fair.early) == 50 and await hot_window.size(0) == 0
+    await asyncio.sleep(max(0.0, (soon - datetime.now(UTC)).total_seconds()))
+    assert (await burst.run_once()).dispatched == 50
+
+
 class _CountsUnreadable:
     """The tenant store with Postgres gone for the counts' read (the claim from Redis already happened)."""
 

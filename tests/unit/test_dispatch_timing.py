@@ -1,12 +1,15 @@
-"""When a shard leader looks at its window next (sundial_dispatcher.shards._idle_wait) and what wakes it early."""
+"""When a shard leader looks at its window next (sundial_dispatcher.shards._idle_wait), what wakes it early, and when
+it writes its published marks."""
 
 from __future__ import annotations
 
 import asyncio
 from datetime import UTC, datetime, timedelta
+from uuid import UUID, uuid4
 
 import pytest
 from sundial_common.hotwindow import WAKE_HORIZON_SEC
+from sundial_dispatcher.dispatcher import DispatcherConfig, ShardDispatcher
 from sundial_dispatcher.shards import _idle_wait
 from sundial_dispatcher.wakes import Alarm
 
@@ -48,3 +51,29 @@ def test_a_member_announced_while_the_pass_runs_cuts_the_following_sleep_short()
     alarm.added(5_000)  # announced after the claim read the window, before the pass planned its sleep
     alarm.plan(10_000)
     assert alarm.ring.is_set()
+
+
+async def test_published_marks_are_written_together_once_the_oldest_has_waited_a_little_longer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    written: list[list[UUID]] = []
+
+    class Outbox:
+        async def mark_published(self, execution_ids: list[UUID]) -> None:
+            if execution_ids:
+                written.append(list(execution_ids))
+
+    now = [100.0]
+    monkeypatch.setattr("sundial_dispatcher.dispatcher.time.monotonic", lambda: now[0])
+    config = DispatcherConfig(mark_published_after_sec=1.0, mark_published_every_sec=0.5)
+    leader = ShardDispatcher(0, 1, "a", Outbox(), None, None, config)
+    passes = [[uuid4()] for _ in range(4)]
+    for i, ids in enumerate(passes):  # a pass every 0.2 s publishes one execution
+        now[0] = 100.0 + 0.2 * i
+        leader._unmarked.append((now[0], ids))
+    now[0] = 101.2
+    await leader._mark_published()
+    assert written == [], "the oldest has waited 1.2 s: not yet"
+    now[0] = 101.5
+    await leader._mark_published()
+    assert written == [passes[0] + passes[1] + passes[2]], "one statement for everything published 1 s ago"

@@ -124,3 +124,16 @@ def test_a_shard_whose_term_ended_no_longer_holds_back_the_others() -> None:
     assert work.best_lane_elsewhere(0)("a", "p") == 0
     ended.forget()
     assert work.best_lane_elsewhere(0)("a", "p") == 3
+
+
+def test_a_leader_looks_at_a_distant_member_once_a_burst_horizon_before_it_is_due() -> None:
+    config = FairnessConfig(burst_ahead_sec=1.0)
+    fair = FairDispatch(0, None, None, None, None, config, 100)  # type: ignore[arg-type]
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    fair._window_next = now + timedelta(seconds=15)
+    assert fair.next_look(now) == now + timedelta(seconds=14), "a pass then claims a burst due with it ahead"
+    fair._window_next = now + timedelta(milliseconds=900)
+    assert fair.next_look(now) == now + timedelta(milliseconds=900), "within the horizon: at its instant"
+    off = FairDispatch(0, None, None, None, None, FairnessConfig(burst_ahead_min=0), 100)  # type: ignore[arg-type]
+    off._window_next = now + timedelta(seconds=15)
+    assert off.next_look(now) == now + timedelta(seconds=15)

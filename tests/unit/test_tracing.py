@@ -1,4 +1,5 @@
-"""Sampling never loses a failure: :class:`sundial_common.telemetry.KeepFailures` on a provider of its own."""
+"""Sampling never loses a failure (:class:`sundial_common.telemetry.KeepFailures` on a provider of its own), and a
+process without an exporter gives its executions the trace ids the SDK would (``unrecorded_span``)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,10 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from sundial_common.telemetry import FAILURE, KeepFailures
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
+from sundial_common.telemetry import FAILURE, KeepFailures, context_from, traceparent, unrecorded_span
+
+_PARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
 
 def _provider(ratio: float) -> tuple[trace.Tracer, InMemorySpanExporter]:
@@ -38,22 +42,17 @@ def test_ordinary_spans_follow_the_parent_based_ratio() -> None:
     assert [s.name for s in exported.get_finished_spans()] == ["process", "send"]
 
 
-def test_an_unrecorded_span_is_what_an_always_off_tracer_gives_minus_the_fresh_span_id() -> None:
-    """Without an OTLP endpoint the worker builds no spans (sundial_common.telemetry.unrecorded_span): a handler's
-    calls still carry the execution's trace id, as unsampled, as the ALWAYS_OFF tracer's span did."""
-    from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
-    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-    from sundial_common.telemetry import unrecorded_span
-
-    parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
-    off = TracerProvider(sampler=ALWAYS_OFF).get_tracer("test")
-    context = TraceContextTextMapPropagator().extract({"traceparent": parent})
-    with off.start_as_current_span("process", context=context) as span:
-        expected = span.get_span_context()
-    got = unrecorded_span(parent).get_span_context()
-    assert (got.trace_id, got.trace_flags, got.is_valid) == (expected.trace_id, expected.trace_flags, True)
-    assert got.span_id == 0xB7AD6B7169203331
-    # A later version's longer form goes through the propagator; none or garbage: no trace.
-    assert unrecorded_span(parent.replace("00-", "01-", 1) + "-extra").get_span_context().trace_id == got.trace_id
-    for bad in (None, "", "garbage", "00-" + "0" * 32 + "-b7ad6b7169203331-01", parent.upper()):
-        assert not unrecorded_span(bad).get_span_context().is_valid
+def test_an_unrecorded_span_is_what_the_sdk_makes_without_an_exporter() -> None:
+    sdk = TracerProvider(sampler=ALWAYS_OFF).get_tracer("test")
+    valid = (_PARENT, _PARENT[:-2] + "03")
+    for parent in (*valid, None, "", "garbage", "00-" + "0" * 32 + "-b7ad6b7169203331-01", _PARENT + "-extra"):
+        ours = traceparent(unrecorded_span(parent))
+        theirs = traceparent(sdk.start_span("send", context=context_from(parent) or trace.set_span_in_context(None)))
+        assert ours is not None and theirs is not None
+        # Same shape and flags, the parent's trace when it has a valid one, a fresh span id each time.
+        assert ours[:3] == theirs[:3] == "00-" and ours[-3:] == theirs[-3:]
+        assert (ours[3:35] == theirs[3:35]) is (parent in valid)
+        assert ours[36:52] != theirs[36:52]
+        assert not unrecorded_span(parent).is_recording()
+    # Each root is a trace of its own.
+    assert traceparent(unrecorded_span(None))[3:35] != traceparent(unrecorded_span(None))[3:35]  # type: ignore[index]

@@ -1,15 +1,16 @@
 """The Kafka side: an asyncio publisher over confluent-kafka, topic creation, and telling a broker that
 restarted empty from the one we knew (:class:`KafkaIncarnation`).
 
-confluent-kafka is callback-driven and not asyncio-aware: a daemon thread serves ``poll()`` and
-delivery callbacks resolve asyncio futures through ``call_soon_threadsafe``. A batch is produced in
-one go and awaited together, so the broker sees batches (``linger.ms``), never one round trip per
-message.
+confluent-kafka is callback-driven and not asyncio-aware: a daemon thread serves ``poll()`` and runs the
+delivery callbacks. A batch is produced in one go and awaited together, so the broker sees batches
+(``linger.ms``), never one round trip per message; its delivery reports are counted in the poll thread and
+the event loop is woken once, when the last one arrives (:class:`_Deliveries`), not once per message.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import threading
 from collections.abc import Sequence
@@ -67,45 +68,26 @@ class KafkaPublisher:
                 self._producer.poll(0)  # error and statistics callbacks, if any
 
     async def publish(self, messages: Sequence[ExecutionMessage]) -> list[Exception | None]:
-        loop = asyncio.get_running_loop()
-        futures: list[asyncio.Future[None]] = []
-
-        def on_delivery(future: asyncio.Future[None]) -> Any:
-            def callback(err: KafkaError | None, _msg: Message) -> None:
-                loop.call_soon_threadsafe(_settle, future, err)
-
-            return callback
-
-        for message in messages:
-            future: asyncio.Future[None] = loop.create_future()
-            futures.append(future)
+        if not messages:
+            return []
+        deliveries = _Deliveries(asyncio.get_running_loop(), len(messages))
+        for index, message in enumerate(messages):
             try:
-                self._produce(message, on_delivery(future))
+                self._produce(message, functools.partial(deliveries.delivered, index))
             except (KafkaException, BufferError) as exc:
-                future.set_exception(exc)
+                deliveries.failed(index, exc)
         self._produced.set()
-        results = await asyncio.gather(*futures, return_exceptions=True)
-        return [r if isinstance(r, Exception) else None for r in results]
+        await deliveries.done
+        return deliveries.errors
 
     def _produce(self, message: ExecutionMessage, callback: Any) -> None:
+        value, key, headers = message.encode(), message.execution_id.encode(), message.headers()
         try:
-            self._producer.produce(
-                message.topic,
-                message.encode(),
-                key=message.execution_id.encode(),
-                headers=message.headers(),
-                on_delivery=callback,
-            )
+            self._producer.produce(message.topic, value, key=key, headers=headers, on_delivery=callback)
         except BufferError:
             # Local queue full: let librdkafka drain a little, then try once more.
             self._producer.poll(0.5)
-            self._producer.produce(
-                message.topic,
-                message.encode(),
-                key=message.execution_id.encode(),
-                headers=message.headers(),
-                on_delivery=callback,
-            )
+            self._producer.produce(message.topic, value, key=key, headers=headers, on_delivery=callback)
 
     def warm(self, topics: Sequence[str], timeout: float = 5.0) -> None:
         """Blocking. Fetch the metadata of ``topics`` into the producer's cache, so a first publish to one of them
@@ -120,13 +102,43 @@ class KafkaPublisher:
         await asyncio.to_thread(self._thread.join, 2)
 
 
-def _settle(future: asyncio.Future[None], err: KafkaError | None) -> None:
-    if future.done():
-        return
-    if err is None:
-        future.set_result(None)
-    else:
-        future.set_exception(KafkaException(err))
+class _Deliveries:
+    """The delivery reports of one published batch: each message's error (None: acknowledged), and ``done``,
+    resolved once every message has its report.
+
+    The reports arrive in the producer's poll thread (or wherever ``poll``/``flush`` runs); they are counted
+    there and the event loop is woken once for the batch: a future and a ``call_soon_threadsafe`` per message
+    were a tenth of a dispatcher's samples at 1,500 executions/s (py-spy). ``list.append`` is atomic, so two
+    threads polling at once still count each report once; a second wake-up finds ``done`` resolved.
+    """
+
+    __slots__ = ("_arrived", "_loop", "_size", "done", "errors")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, size: int) -> None:
+        self._loop = loop
+        self._size = size
+        self._arrived: list[int] = []
+        self.errors: list[Exception | None] = [None] * size
+        self.done: asyncio.Future[None] = loop.create_future()
+
+    def delivered(self, index: int, err: KafkaError | None, _msg: Message) -> None:
+        """librdkafka's delivery report of message ``index`` (any thread)."""
+        if err is not None:
+            self.errors[index] = KafkaException(err)
+        self._arrived.append(index)
+        if len(self._arrived) >= self._size:
+            self._loop.call_soon_threadsafe(self._resolve)
+
+    def failed(self, index: int, exc: Exception) -> None:
+        """Message ``index`` was never queued (the event loop's thread)."""
+        self.errors[index] = exc
+        self._arrived.append(index)
+        if len(self._arrived) >= self._size:
+            self._resolve()
+
+    def _resolve(self) -> None:
+        if not self.done.done():
+            self.done.set_result(None)
 
 
 def ensure_topics(

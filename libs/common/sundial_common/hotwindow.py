@@ -31,13 +31,16 @@ from sundial_common.stores.types import Occurrence, RetryDue
 log = logging.getLogger(__name__)
 
 # Claim = read the due members and remove them in one atomic step, so two claimers never both win.
-# ARGV: now (ms), limit, ahead (ms), ahead_min. When at least ahead_min members are due by ahead, jobs' members
-# due by then are taken too (a burst is claimed before it is due); a retry is only ever taken once it is due.
+# ARGV: now (ms), limit, ahead (ms), ahead_min, burst (ms), burst_min. When at least ahead_min members are due
+# by ahead (or burst_min by burst, a shorter horizon), jobs' members due by then are taken too (a burst is claimed
+# before it is due); a retry is only ever taken once it is due.
 _CLAIM = """
 local now = tonumber(ARGV[1])
 local upto = ARGV[1]
 local ahead_min = tonumber(ARGV[4])
-if ahead_min > 0 and redis.call('ZCOUNT', KEYS[1], '-inf', ARGV[3]) >= ahead_min then upto = ARGV[3] end
+local burst_min = tonumber(ARGV[6])
+if ahead_min > 0 and redis.call('ZCOUNT', KEYS[1], '-inf', ARGV[3]) >= ahead_min then upto = ARGV[3]
+elseif burst_min > 0 and redis.call('ZCOUNT', KEYS[1], '-inf', ARGV[5]) >= burst_min then upto = ARGV[5] end
 local items = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', upto, 'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[2]))
 local taken = {}
 local members = {}
@@ -202,17 +205,28 @@ class HotWindow:
         return (await self.claim_due(shard, now, limit)).jobs
 
     async def claim_due(
-        self, shard: int, now: datetime, limit: int, *, ahead: datetime | None = None, ahead_min: int = 0
+        self,
+        shard: int,
+        now: datetime,
+        limit: int,
+        *,
+        ahead: datetime | None = None,
+        ahead_min: int = 0,
+        burst: datetime | None = None,
+        burst_min: int = 0,
     ) -> Claimed:
         """Atomically take up to ``limit`` members of any kind due at or before ``now``.
 
         With ``ahead`` and ``ahead_min``: if at least ``ahead_min`` members are due by ``ahead`` (a burst is
         coming), jobs' members due by ``ahead`` are taken too, so their claim is paid before they are due; the
-        caller holds them until then. Retries are taken only once due.
+        caller holds them until then. Otherwise, with ``burst`` and ``burst_min``, the same for a shorter horizon
+        and a smaller count. Retries are taken only once due.
         """
         upto = to_ms(ahead if ahead is not None else now)
+        burst_upto = to_ms(burst if burst is not None else now)
         flat, head = await self._claim(
-            keys=[self.key(shard)], args=[to_ms(now), limit, upto, ahead_min if ahead else 0]
+            keys=[self.key(shard)],
+            args=[to_ms(now), limit, upto, ahead_min if ahead else 0, burst_upto, burst_min if burst else 0],
         )
         return _claimed(flat, head)
 

@@ -44,9 +44,11 @@ from sundial_common.telemetry import (
     execution_attributes,
     execution_context,
     kafka_publish_attributes,
+    spans_recorded,
     trace_id_hex,
     traceparent,
     tracer,
+    unrecorded_span,
 )
 
 from sundial_dispatcher.fairness import FairDispatch, FairnessConfig
@@ -89,6 +91,11 @@ class DispatcherConfig:
     fire_all_cap: int = 100
     #: Seconds after a publish that its executions still PENDING are marked published (0: at once).
     mark_published_after_sec: float = 1.0
+    #: The marks of a shard are written together, once the oldest has waited this much longer (at most
+    #: ``mark_published_after_sec``): one statement every half second rather than one per pass. Marked per pass,
+    #: W3 at 1,500/s wrote 1,095 marks of ~3 rows in 30 s (6.1 s of Postgres time: the statement is planned
+    #: over every partition of ``executions`` each call).
+    mark_published_every_sec: float = 0.5
     #: How often a due job of a suspended tenant is looked at again.
     suspended_poll_sec: float = 5.0
     #: Weighted fair dispatch across tenants and short pool queues (sundial_dispatcher.fairness).
@@ -101,8 +108,8 @@ class DispatcherConfig:
             raise ValueError("batch_size must be within 1..10000")
         if self.poll_interval_sec <= 0:
             raise ValueError("poll_interval_sec must be > 0")
-        if self.mark_published_after_sec < 0:
-            raise ValueError("mark_published_after_sec must be >= 0")
+        if self.mark_published_after_sec < 0 or self.mark_published_every_sec < 0:
+            raise ValueError("mark_published_after_sec and mark_published_every_sec must be >= 0")
 
 
 @dataclass
@@ -132,7 +139,7 @@ class _Planner:
 
     now: datetime
     config: DispatcherConfig
-    spans: dict[str, Span] = field(default_factory=dict)
+    spans: dict[UUID, Span] = field(default_factory=dict)
     #: Jobs to look at again soon (BUFFER_ONE waiting on an open execution).
     holds: list[Occurrence] = field(default_factory=list)
     #: Where each locked job's hot-window member belongs after this transaction (None: nowhere).
@@ -239,8 +246,8 @@ class _Planner:
     ) -> PlannedExecution:
         trace_id = parent = None
         if state == "PENDING":  # a SKIPPED occurrence is never published: no dispatch span
-            span = self._span(job, str(execution_id), nominal, triggered)
-            self.spans[str(execution_id)] = span
+            span = self._span(job, execution_id, nominal, triggered)
+            self.spans[execution_id] = span
             trace_id, parent = trace_id_hex(span), traceparent(span)
         policy = job["retry_policy"] or {}
         return PlannedExecution(
@@ -258,8 +265,12 @@ class _Planner:
         )
 
     @staticmethod
-    def _span(job: Record, execution_id: str, nominal: datetime, triggered: bool) -> Span:
+    def _span(job: Record, execution_id: UUID, nominal: datetime, triggered: bool) -> Span:
         """The execution's first span, the anchor of its trace (its traceparent is stored on the row)."""
+        if not spans_recorded():  # the same trace ids, without building what nobody records
+            if triggered:
+                return unrecorded_span(job["trigger_traceparent"])
+            return unrecorded_span(job["traceparent"] if job["type"] in _ONE_OFF else None)
         attributes = {
             **execution_attributes(
                 tenant=job["tenant_id"],
@@ -269,7 +280,7 @@ class _Planner:
                 pool=job["pool"],
                 handler=job["handler"],
             ),
-            **kafka_publish_attributes(pool_topic(job["pool"]), execution_id),
+            **kafka_publish_attributes(pool_topic(job["pool"]), str(execution_id)),
             "sundial.scheduled_for": nominal.isoformat(),
         }
         name = f"send {pool_topic(job['pool'])}"
@@ -392,7 +403,7 @@ class ShardDispatcher:
         )
         count_dispatched((p.job["tenant_id"], p.job["pool"]) for p in planned)
         count_missed(planner.missed)
-        created = {str(p.execution_id) for p in planned}
+        created = {p.execution_id for p in planned}
         for execution_id, span in planner.spans.items():
             if execution_id not in created:  # the occurrence already had its execution
                 span.set_attribute("sundial.duplicate", True)
@@ -401,18 +412,17 @@ class ShardDispatcher:
         await self._flag_cancellations(outcome.cancel_requested)
         if not planned:
             return result
-        messages = [self._message(p) for p in planned]
-        errors = await self.publisher.publish(messages)
-        published: set[str] = set()
-        for message, error in zip(messages, errors, strict=True):
-            span = planner.spans[message.execution_id]
+        errors = await self.publisher.publish([self._message(p) for p in planned])
+        published: list[UUID] = []
+        for p, error in zip(planned, errors, strict=True):
+            span = planner.spans[p.execution_id]
             if error is None:
-                published.add(message.execution_id)
+                published.append(p.execution_id)
             else:
                 span.set_status(Status(StatusCode.ERROR, f"publish failed: {error}"))
             span.end()
         result.published = len(published)
-        result.publish_failed = len(messages) - len(published)
+        result.publish_failed = len(planned) - len(published)
         if result.publish_failed:
             # Not lost: the executions stay PENDING and unpublished, and the sweeper sends them again.
             log.warning(
@@ -421,7 +431,7 @@ class ShardDispatcher:
                 result.publish_failed,
                 next(e for e in errors if e),
             )
-        self._unmarked.append((time.monotonic(), [p.execution_id for p in planned if str(p.execution_id) in published]))
+        self._unmarked.append((time.monotonic(), published))
         await self._mark_published()
         return result
 
@@ -432,9 +442,14 @@ class ShardDispatcher:
         Marking a second later, and only rows still PENDING, skips the write for nearly every execution: a
         worker has started it by then, and its start records the message's broker timestamp as
         ``published_at``. Marks still waiting when leadership ends are dropped; the sweeper then sends those
-        executions again if they are still unstarted, and the start CAS drops the duplicate.
+        executions again if they are still unstarted, and the start CAS drops the duplicate. The marks due are
+        written in one statement once the oldest has waited ``mark_published_every_sec`` more.
         """
-        horizon = time.monotonic() - self.config.mark_published_after_sec
+        now = time.monotonic()
+        horizon = now - self.config.mark_published_after_sec
+        grouped = min(self.config.mark_published_every_sec, self.config.mark_published_after_sec)
+        if not self._unmarked or self._unmarked[0][0] > horizon - grouped:
+            return
         due: list[UUID] = []
         while self._unmarked and self._unmarked[0][0] <= horizon:
             due += self._unmarked.popleft()[1]
