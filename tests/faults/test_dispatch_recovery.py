@@ -105,9 +105,12 @@ async def fences(faults: FaultStack) -> dict[int, int]:
     return {r["shard"]: r["token"] for r in await faults.fetch("SELECT shard, token FROM shard_fence")}
 
 
-async def etcd_revision(stack: LocalStack) -> int:
+async def etcd_revision(stack: LocalStack, *, advance_by: int = 0) -> int:
+    """etcd's revision, after ``advance_by`` writes of a scratch key (the history of a cluster that ran a while)."""
     host, port = stack.etcd_endpoint.rsplit(":", 1)
     async with aetcd.Client(host=host, port=int(port)) as client:
+        for n in range(advance_by):
+            await client.put(b"/sundial-test/scratch", str(n).encode())
         return int((await client.get_range(b"/", b"\0")).header.revision)
 
 
@@ -123,7 +126,9 @@ async def test_etcd_rebuilt_empty_dispatch_resumes_with_larger_tokens(faults: Fa
     await until_due(first_due + 6)
     before = await fences(faults)
     assert len(before) == 8, before
-    old_revision = await etcd_revision(stack)
+    # Leases are renewed without writes, so a young test cluster's revision is small: give the old etcd the
+    # history a cluster that ran a while has, so the new one's terms are created below it (the case under test).
+    old_revision = await etcd_revision(stack, advance_by=100)
     began = time.time()
     await asyncio.to_thread(stack.etcd.stop)
     await asyncio.to_thread(shutil.rmtree, stack.etcd.data_dir / "data")
