@@ -48,7 +48,9 @@ DEFAULTS = {
 RATE, STREAM_SEC, HANDLER_MS = 20, 20.0, 500
 LEAD_SEC = 4.0 + RATE * STREAM_SEC / 100
 #: Generous bounds (a machine twice as slow passes); the recorded figures are the real measure.
-START_GAP_BOUND_SEC = 3.0  # the eager protocol stopped the survivor ~5-11 s
+#: The survivor's longest gap between starts: 1.0-1.3 s on a quiet machine (a parked consumer's once-a-second
+#: fetch), 3.7 s seen once under the suite's three lanes (load 12+); the eager protocol stopped it ~5-11 s.
+START_GAP_BOUND_SEC = 4.5
 LATENESS_BOUND_SEC = 30.0  # a message left to the sweeper waits 60 s
 
 
