@@ -16,6 +16,7 @@ from types import FrameType
 import uvicorn
 from sundial_common.logs import setup_logging
 from sundial_common.observability import observed
+from sundial_common.service import freeze_startup_heap
 from sundial_common.settings import SettingsHelpParser, load_settings
 from sundial_common.stopsignals import StopSignals
 
@@ -90,12 +91,10 @@ def main(argv: list[str] | None = None) -> int:
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SEC,
     )
     server = _Server(config)
-    # What is built by now (modules, pydantic schemas, the app) lives as long as the process: frozen, it is no
-    # longer scanned by every full collection. And young collections run ten times rarer: a create allocates
-    # hundreds of short-lived objects, almost none of them in cycles (py-spy under wrk: ~8% of the API's CPU
-    # in the collector at the default threshold of 700).
-    gc.collect()
-    gc.freeze()
+    # What is built by now (modules, pydantic schemas, the app) is frozen, as in every service. And young collections
+    # run ten times rarer: a create allocates hundreds of short-lived objects, almost none of them in cycles
+    # (py-spy under wrk: ~8% of the API's CPU in the collector at the default threshold of 700).
+    freeze_startup_heap()
     gc.set_threshold(GC_THRESHOLD, 10, 10)
     # The API serves /metrics on its own port (sundial_api.health), not on SUNDIAL_METRICS_PORT.
     with observed("sundial-api", settings, metrics=False):
