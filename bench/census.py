@@ -38,9 +38,8 @@ from typing import Any
 
 import asyncpg
 import machine  # bench/ is on sys.path: run as a script
-from harness import POSTGRES_SETTINGS, REPO, RESULTS, _record
+from harness import POSTGRES_SETTINGS, REPO, RESULTS, _record, fresh_database
 from sundial_common.ids import new_id
-from sundial_common.migrate import upgrade
 from sundial_common.stores import Stores
 from sundial_common.stores.tenants import Q as TENANT_QUERIES
 from sundial_infra.servers.postgres import PostgresServer
@@ -58,17 +57,9 @@ FINISH = "UPDATE executions SET state = 'SUCCEEDED', finished_at = now() WHERE i
 
 
 async def prepare(server: PostgresServer, name: str) -> str:
-    admin = await asyncpg.connect(server.dsn)
-    try:
-        await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-        await admin.execute(f"CREATE DATABASE {name}")
-    finally:
-        await admin.close()
-    dsn = server.dsn_for(name)
-    await upgrade(dsn, "head")
+    dsn = await fresh_database(server, name)
     conn = await asyncpg.connect(dsn)
     try:
-        await conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
         await conn.executemany("INSERT INTO tenants (id) VALUES ($1)", [(t,) for t in TENANTS])
     finally:
         await conn.close()

@@ -44,10 +44,12 @@ from sundial_common.auth import issue_token
 from sundial_common.encryption import PAYLOAD, EncryptionSettings, TenantCipher, open_keyring
 from sundial_common.hotwindow import HotWindow
 from sundial_common.ids import new_id, shard_for
+from sundial_common.migrate import upgrade
 from sundial_common.settings import CommonSettings
 from sundial_common.stores import Stores
 from sundial_common.stores.types import Occurrence
 from sundial_infra.process import wait_for
+from sundial_infra.servers.postgres import PostgresServer
 from sundial_infra.stack import BENCH_PORTS, LocalStack, Ports
 from sundial_infra.supervisor import ProcessSpec, Supervisor, sundial_argv
 
@@ -396,6 +398,29 @@ def _ok(url: str) -> bool:
         return httpx.get(url, timeout=1).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+async def fresh_database(
+    server: PostgresServer, name: str, revision: str = "head", *, track_planning: bool = False
+) -> str:
+    """A new database ``name`` on ``server`` (dropped first if it exists), migrated to ``revision``, with
+    pg_stat_statements (its planning time counted too if ``track_planning``): its DSN. For the statement benches."""
+    admin = await asyncpg.connect(server.dsn)
+    try:
+        await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        await admin.execute(f"CREATE DATABASE {name}")
+        if track_planning:
+            await admin.execute(f"ALTER DATABASE {name} SET pg_stat_statements.track_planning = on")
+    finally:
+        await admin.close()
+    dsn = server.dsn_for(name)
+    await upgrade(dsn, revision)
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+    finally:
+        await conn.close()
+    return dsn
 
 
 def _record(line: dict[str, Any], results: Path = RESULTS) -> None:

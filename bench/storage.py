@@ -30,10 +30,9 @@ from typing import Any
 
 import asyncpg
 import machine  # bench/ is on sys.path: run as a script
-from harness import POSTGRES_SETTINGS, REPO, RESULTS, _record
+from harness import POSTGRES_SETTINGS, REPO, RESULTS, _record, fresh_database
 from sundial_common.clock import from_ms, to_ms
 from sundial_common.ids import new_id
-from sundial_common.migrate import upgrade
 from sundial_common.stores import Stores
 from sundial_common.stores.dispatch import PlannedExecution
 from sundial_common.stores.executions import Outcome
@@ -52,22 +51,13 @@ STATEMENTS = {
 
 
 async def prepare(server: PostgresServer, name: str, revision: str, rows: int, days: int) -> str:
-    admin = await asyncpg.connect(server.dsn)
-    try:
-        await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-        await admin.execute(f"CREATE DATABASE {name}")
-        # Planning is where partitions cost (every partition a statement may touch is planned): count it too.
-        await admin.execute(f"ALTER DATABASE {name} SET pg_stat_statements.track_planning = on")
-    finally:
-        await admin.close()
-    dsn = server.dsn_for(name)
-    await upgrade(dsn, revision)
+    # Planning is where partitions cost (every partition a statement may touch is planned): count it too.
+    dsn = await fresh_database(server, name, revision, track_planning=True)
     conn = await asyncpg.connect(dsn)
     try:
         if revision == "head":
             today = datetime.now(UTC).date()
             await conn.fetchval("SELECT sundial_add_execution_partitions($1::date, $2::int)", today, days)
-        await conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
         await conn.execute("INSERT INTO tenants (id) VALUES ($1)", TENANT)
         job = new_id()
         await conn.execute(
