@@ -224,10 +224,11 @@ class PostgresExecutionStore:
         if not claims:
             return []
         sent = list(published_at) or [None] * len(claims)
+        ids = [c[0] for c in claims]
         return cast(
             list[Record],
             await self._db.pool.fetch(
-                Q["start_executions"], [c[0] for c in claims], [c[1] for c in claims], worker_id, sent
+                Q["start_executions"], ids, [c[1] for c in claims], worker_id, sent, min(ids), max(ids)
             ),
         )
 
@@ -243,15 +244,18 @@ class PostgresExecutionStore:
         """
         if not outcomes:
             return []
+        ids = [o.execution_id for o in outcomes]
         rows = await self._db.pool.fetch(
             Q["finish_executions"],
-            [o.execution_id for o in outcomes],
+            ids,
             [o.attempt for o in outcomes],
             [o.state for o in outcomes],
             [o.result for o in outcomes],
             [o.error for o in outcomes],
             worker_id,
             [o.retry_delay_ms for o in outcomes],
+            min(ids),
+            max(ids),
         )
         return [_finished(row) for row in rows]
 
@@ -277,15 +281,18 @@ class PostgresExecutionStore:
         """End attempts whose worker is gone or that ran past their timeout (CAS on attempt and worker)."""
         if not attempts:
             return []
+        ids = [a.execution_id for a in attempts]
         rows = await self._db.pool.fetch(
             Q["fail_running"],
-            [a.execution_id for a in attempts],
+            ids,
             [a.attempt for a in attempts],
             [a.worker_id for a in attempts],
             [a.state for a in attempts],
             [a.error for a in attempts],
             [a.retry_delay_ms for a in attempts],
             actor,
+            min(ids),
+            max(ids),
         )
         return [_finished(row) for row in rows]
 

@@ -11,12 +11,22 @@
 -- RUNNING) rows, or rescanned the array once per such row. Under a backlog that made one 250-row
 -- finish cost 100 ms instead of 3 ms (bench W3 at 5,000/s), and the backlog grew.
 --
--- executions and execution_attempts are partitioned by day of the id (migration 0018): a batch joined from
--- unnest() is pruned at run time, row by row, but planned over every partition (+3.4 ms per 250-row start or
--- finish with 40 partitions, bench/storage.py). Bounding a batch's ids by constant days would prune at plan
--- time, and was tried: on a partition not analysed yet (each new day's first minute) the planner guesses a
--- range on the id at 0.5 % of the rows, and a 50-row start read the whole day (857 ms instead of 3); a lower
--- bound alone is guessed at a third and still read the day by bitmap. See README Storage for what is next.
+-- executions and execution_attempts are partitioned by day of the id (migration 0018). A batch joined from
+-- unnest() alone would be pruned at run time, row by row, but planned over every partition: 4-6 ms of planning
+-- per call at 40 partitions (the default retention), more than the call's execution. So every batch also names
+-- its ids in a form the planner prunes with (plan_cache_mode is force_custom_plan: the arrays are constants):
+-- `e.id = ANY($1)` on executions, a range of the batch's smallest and largest id on execution_attempts. Each
+-- one on purpose:
+-- * ANY on executions: one index scan that reads exactly the batch, whatever the statistics; a range of
+--   whole days was tried (README Storage): on a partition not analysed yet the planner guessed it at 0.5 % and
+--   a 50-row start read the whole day.
+-- * The CAS filters are written `texteq(e.state, 'PENDING')`: a function call, which no index serves (see
+--   above) and whose selectivity the planner guesses at a third. As operators (an unknown expression at
+--   0.5 %, worker_id by its statistics) they made the planner expect one row of the 250 it reads by ANY,
+--   and it rescanned the unnest() for each row found: 250 x 250 rows, 10-20 ms a call. A third keeps the
+--   hash join of the batch with the rows read.
+-- * A range on execution_attempts, not ANY: its rows are probed per execution (a nested loop), and an ANY in
+--   the probe's index condition sorts and walks the whole array at every probe.
 
 -- name: latest_executions
 SELECT * FROM executions WHERE job_id = $1 ORDER BY scheduled_for DESC, id DESC LIMIT $2;
@@ -66,12 +76,13 @@ LIMIT $4;
 -- PENDING -> RUNNING for a batch of delivered messages. A duplicate delivery, or a message for an
 -- attempt that is no longer current, matches no row and is acknowledged without running.
 -- published_at: the message's broker timestamp, unless the dispatcher has marked it already.
+-- $5, $6: the smallest and largest of the ids (the attempts' partitions, see the note at the top).
 WITH started AS (
     UPDATE executions e
     SET state = 'RUNNING', worker_id = $3, started_at = now(),
         published_at = coalesce(e.published_at, m.published_at, now())
     FROM unnest($1::uuid[], $2::int[], $4::timestamptz[]) AS m (id, attempt, published_at)
-    WHERE e.id = m.id AND e.attempt = m.attempt AND e.state || '' = 'PENDING'
+    WHERE e.id = ANY($1::uuid[]) AND e.id = m.id AND e.attempt = m.attempt AND texteq(e.state, 'PENDING')
     RETURNING e.id, e.attempt, e.tenant_id, e.job_id, e.scheduled_for, e.fire_at, e.started_at, e.trace_id
 ), attempts AS (
     INSERT INTO execution_attempts (execution_id, attempt, tenant_id, worker_id, state, started_at)
@@ -87,7 +98,8 @@ FROM started s
 JOIN jobs j ON j.id = s.job_id
 LEFT JOIN LATERAL (
     SELECT a.progress FROM execution_attempts a
-    WHERE s.attempt > 1 AND a.execution_id = s.id AND a.attempt < s.attempt AND a.progress IS NOT NULL
+    WHERE s.attempt > 1 AND a.execution_id = s.id AND a.execution_id BETWEEN $5 AND $6
+      AND a.attempt < s.attempt AND a.progress IS NOT NULL
     ORDER BY a.attempt DESC LIMIT 1
 ) previous ON true;
 
@@ -96,7 +108,7 @@ LEFT JOIN LATERAL (
 -- (the sweeper moved on) gets zero rows and its result is dropped.
 -- A FAILED or TIMED_OUT attempt schedules the next one $7 ms from now (the worker computed the backoff) if
 -- attempts are left; the last one leaves the execution DEAD, and one whose cancel was requested CANCELLED.
--- The attempt row keeps how the attempt itself ended.
+-- The attempt row keeps how the attempt itself ended. $8, $9: the smallest and largest of the ids.
 WITH finished AS (
     UPDATE executions e
     SET state = CASE
@@ -109,14 +121,15 @@ WITH finished AS (
         result = f.result, error = f.error, finished_at = now()
     FROM unnest($1::uuid[], $2::int[], $3::text[], $4::jsonb[], $5::text[], $7::bigint[])
          AS f (id, attempt, state, result, error, delay_ms)
-    WHERE e.id = f.id AND e.attempt = f.attempt AND e.state || '' = 'RUNNING' AND e.worker_id = $6
+    WHERE e.id = ANY($1::uuid[]) AND e.id = f.id AND e.attempt = f.attempt
+      AND texteq(e.state, 'RUNNING') AND texteq(e.worker_id, $6)
     RETURNING e.id, e.attempt, e.tenant_id, e.pool, e.state, e.error, e.finished_at, e.shard, e.next_attempt_at,
               f.state AS attempt_state
 ), attempts AS (
     UPDATE execution_attempts a
     SET state = finished.attempt_state, error = finished.error, finished_at = finished.finished_at
     FROM finished
-    WHERE a.execution_id = finished.id AND a.attempt = finished.attempt
+    WHERE a.execution_id = finished.id AND a.execution_id BETWEEN $8 AND $9 AND a.attempt = finished.attempt
 ), audit AS (
     INSERT INTO audit_log (tenant_id, entity, entity_id, action, from_state, to_state, actor, detail)
     SELECT tenant_id, 'execution', id, 'finish', 'RUNNING', attempt_state, $6,
@@ -197,7 +210,7 @@ LIMIT $3;
 -- The sweeper ends attempts whose worker is gone (FAILED_WORKER_LOST) or ran past its timeout (TIMED_OUT),
 -- compare-and-swap on the attempt and the worker it saw: a worker that finished meanwhile, or an attempt
 -- that moved on, is left alone. Then as for a worker's failure: a retry $6 ms from now if attempts are left,
--- DEAD after the last, CANCELLED if a cancel was requested.
+-- DEAD after the last, CANCELLED if a cancel was requested. $8, $9: the smallest and largest of the ids.
 WITH failed AS (
     UPDATE executions e
     SET state = CASE
@@ -210,14 +223,15 @@ WITH failed AS (
         error = f.error, finished_at = now()
     FROM unnest($1::uuid[], $2::int[], $3::text[], $4::text[], $5::text[], $6::bigint[])
          AS f (id, attempt, worker_id, state, error, delay_ms)
-    WHERE e.id = f.id AND e.attempt = f.attempt AND e.state || '' = 'RUNNING' AND e.worker_id = f.worker_id
+    WHERE e.id = ANY($1::uuid[]) AND e.id = f.id AND e.attempt = f.attempt AND texteq(e.state, 'RUNNING')
+      AND e.worker_id = f.worker_id
     RETURNING e.id, e.attempt, e.tenant_id, e.pool, e.state, e.error, e.finished_at, e.shard, e.next_attempt_at,
               f.state AS attempt_state, f.worker_id AS lost_worker
 ), attempts AS (
     UPDATE execution_attempts a
     SET state = failed.attempt_state, error = failed.error, finished_at = failed.finished_at
     FROM failed
-    WHERE a.execution_id = failed.id AND a.attempt = failed.attempt
+    WHERE a.execution_id = failed.id AND a.execution_id BETWEEN $8 AND $9 AND a.attempt = failed.attempt
 ), audit AS (
     INSERT INTO audit_log (tenant_id, entity, entity_id, action, from_state, to_state, actor, detail)
     SELECT tenant_id, 'execution', id, 'sweep', 'RUNNING', attempt_state, $7,
