@@ -170,7 +170,7 @@ WITH previous AS (
         cancel_requested_at = coalesce(e.cancel_requested_at, now()),
         next_attempt_at = NULL,
         finished_at = CASE WHEN p.state = 'RUNNING' THEN e.finished_at ELSE now() END
-    FROM previous p WHERE e.id = p.id
+    FROM previous p WHERE e.id = p.id AND e.id = $1  -- $1 again: planned on its partition only
     RETURNING e.*, p.state AS from_state
 ), audit AS (
     INSERT INTO audit_log (tenant_id, entity, entity_id, action, from_state, to_state, actor)
