@@ -211,8 +211,9 @@ class PostgresDispatchStore:
         Raises the shard's fence to ``token`` (or raises :class:`FencedOut`), locks the claimed jobs that
         are due in Postgres (with their open executions, for the overlap policy), lets ``plan`` decide the
         executions and each job's move, inserts the executions (unique per occurrence), advances the jobs
-        with compare-and-set and cancels what CANCEL_RUNNING replaces — a handful of statements per batch,
-        whatever its size. Publishing and Redis writes are the caller's job, after commit.
+        with compare-and-set and cancels what CANCEL_RUNNING replaces. In the common case that is two statements
+        (the fence with the locks, the executions with the jobs' moves) between BEGIN and COMMIT, whatever the
+        batch's size. Publishing and Redis writes are the caller's job, after commit.
 
         ``plan`` may return a plain list (one execution per job, advancing it to ``next_fire_at``).
         """
@@ -224,9 +225,10 @@ class PostgresDispatchStore:
         misplaced: list[Occurrence] = []
         cancelled: list[Record] = []
         async with self._db.pool.acquire() as conn, conn.transaction():
-            if await conn.fetchval(Q["raise_fence"], shard, token, holder) is None:
+            locked = await conn.fetch(Q["lock_due_jobs"], ids, dues, shard, token, holder)
+            if not locked:
                 raise FencedOut(shard, token)
-            due = await with_open_executions(conn, list(await conn.fetch(Q["lock_due_jobs"], ids, dues, shard)))
+            due = await with_open_executions(conn, [row for row in locked if row["id"] is not None])
             if len(due) < len(claims):
                 matched = {row["id"] for row in due}
                 unmatched = [c for c in claims if c.job_id not in matched]
@@ -252,8 +254,9 @@ class PostgresDispatchStore:
                     ],
                 )
             planned = decided.executions
+            advances = decided.advances
             inserted: list[Record] = []
-            if planned:
+            if planned or advances:
                 inserted = await conn.fetch(
                     Q["insert_executions"],
                     [p.execution_id for p in planned],
@@ -274,11 +277,6 @@ class PostgresDispatchStore:
                     [p.triggered for p in planned],
                     [p.note for p in planned],
                     [p.job["priority"] for p in planned],
-                )
-            advances = decided.advances
-            if advances:
-                await conn.execute(
-                    Q["advance_jobs"],
                     [a.job_id for a in advances],
                     [a.prev_fire_at for a in advances],
                     [a.next_fire_at for a in advances],
@@ -287,7 +285,6 @@ class PostgresDispatchStore:
                     [a.missed for a in advances],
                     [a.advance for a in advances],
                     [a.trigger_done for a in advances],
-                    holder,
                 )
             if decided.cancel:
                 cancelled = await conn.fetch(Q["cancel_overlapping"], list(decided.cancel), holder)
