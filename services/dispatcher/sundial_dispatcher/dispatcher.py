@@ -126,6 +126,8 @@ class DispatchResult:
     missed: int = 0
     #: Scheduled retries moved to their next attempt.
     retried: int = 0
+    #: The pass took only a burst's head (``FairnessConfig.burst_head``): the next one follows at once.
+    again: bool = False
 
 
 @dataclass
@@ -343,10 +345,12 @@ class ShardDispatcher:
         if not claimed:
             return DispatchResult()
         try:
-            return await self._dispatch_claimed(claimed)
+            result = await self._dispatch_claimed(claimed)
         except BaseException:
             await self._put_back(claimed)
             raise
+        result.again = self.fair is not None and self.fair.cut_short
+        return result
 
     def next_look(self) -> datetime | None:
         """The earliest instant the next pass may have work (None: nothing known): the window's earliest member

@@ -223,7 +223,7 @@ def dispatch_work(deps: Dependencies, config: DispatcherConfig, holder: str) -> 
                 log.exception("shard %d: dispatch pass failed; retrying in %.1fs", shard, delay, extra={"shard": shard})
                 await tenure.pause(delay)
                 continue
-            if result.claimed < config.batch_size:
+            if result.claimed < config.batch_size and not result.again:
                 wait = _idle_wait(
                     dispatcher.clock.now(),
                     dispatcher.next_look(),
