@@ -13,6 +13,7 @@ SQL: ``sql/dispatch.sql``.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -27,6 +28,8 @@ from sundial_common.stores.database import Database
 from sundial_common.stores.types import Occurrence, Record, RetryDue
 
 Q = load_file("dispatch.sql")
+#: The shard :meth:`PostgresDispatchStore.warm` writes to, in transactions it rolls back.
+_NO_SHARD = -1
 
 
 class FencedOut(Exception):
@@ -136,6 +139,8 @@ class DispatchStore(Protocol):
     """Fenced writes of a shard's leader, the retries coming due, and the execution outbox."""
 
     async def take_shard(self, shard: int, holder: str) -> int: ...
+
+    async def warm(self, connections: int) -> None: ...
 
     async def dispatch_occurrences(
         self, shard: int, token: int, holder: str, claims: Sequence[Occurrence], plan: Planner
@@ -295,6 +300,45 @@ class PostgresDispatchStore:
             cancel_requested=[row["id"] for row in cancelled if row["state"] == "RUNNING"],
             misplaced=misplaced,
         )
+
+    async def warm(self, connections: int) -> None:
+        """Open ``connections`` of the pool and run the dispatch transaction's two statements once on each, with
+        nothing to dispatch (a shard that does not exist), rolled back.
+
+        A new connection's first dispatch otherwise pays for the connection itself, the statements' preparation
+        and its Postgres backend's first use of the tables, their partitions and the trigger functions (compiled
+        once per backend): in W1 the first start waited for that, on the connections a burst's concurrent passes
+        open at its due instant. Best effort: a dispatcher without it only starts its first burst later.
+        """
+        pool = self._db.pool
+        held: list[asyncpg.pool.PoolConnectionProxy] = []
+        try:
+            for _ in range(connections):  # all held at once: each is a connection of its own
+                held.append(await pool.acquire())
+            await asyncio.gather(*(self._warm(conn) for conn in held))
+        finally:
+            for conn in held:
+                await pool.release(conn)
+
+    async def _warm(self, conn: asyncpg.Connection) -> None:
+        nothing: list[object] = []
+        transaction = conn.transaction()
+        await transaction.start()
+        try:
+            await conn.fetch(Q["lock_due_jobs"], nothing, nothing, _NO_SHARD, 0, "warm-up")
+            await conn.fetch(
+                Q["insert_executions"],
+                *[nothing] * 8,
+                _NO_SHARD,
+                0,
+                nothing,
+                nothing,
+                "warm-up",
+                *[nothing] * 5,
+                *[nothing] * 8,
+            )
+        finally:
+            await transaction.rollback()
 
     async def shard_fences(self) -> list[Record]:
         """Per shard, the highest token that has written (``shard``, ``token``, ``holder``, ``updated_at``)."""
