@@ -328,3 +328,18 @@ async def test_a_pass_whose_transaction_fails_puts_its_claim_back(
     assert await hot_window.size(0) == 3, "the claimed members are back in the hot window at once"
     healed = ShardDispatcher(0, 1, "replica-a", stores.dispatch, hot_window, publisher, DispatcherConfig())
     assert (await healed.run_once()).dispatched == 3
+
+
+async def test_warming_the_dispatch_connections_writes_nothing(stores: Stores, pool: str) -> None:
+    await stores.dispatch.warm(3)
+    assert await stores.database.pool.fetchval("SELECT count(*) FROM shard_fence") == 0
+    assert await stores.database.pool.fetchval("SELECT count(*) FROM executions") == 0
+    assert await stores.database.pool.fetchval("SELECT count(*) FROM audit_log") == 0
+    # And the warmed connections dispatch as any other.
+    job_id = await make_job(stores, datetime.now(UTC) - timedelta(seconds=1), pool)
+    token = await stores.dispatch.take_shard(0, "replica-a")
+    claims = [Occurrence(job_id, _ms(datetime.now(UTC)))]
+    created = await stores.dispatch.dispatch(
+        0, token, "replica-a", claims, lambda jobs: [PlannedExecution(new_id(), j, None, 1, None, None) for j in jobs]
+    )
+    assert [p.job["id"] for p in created] == [job_id]

@@ -162,8 +162,12 @@ async def test_a_burst_is_claimed_before_it_is_due_and_dispatched_when_it_falls_
     assert await hot_window.not_held(0, early) == [], "held: the hydrator's overdue scan leaves them alone"
 
     await asyncio.sleep(max(0.0, (soon - datetime.now(UTC)).total_seconds()))
-    assert (await burst.run_once()).dispatched == 100
+    head = await burst.run_once()
+    assert head.dispatched == 16 and head.again, "the burst's head first (a small transaction), the rest at once"
+    rest = await burst.run_once()
+    assert rest.dispatched == 84 and not rest.again
     assert await dispatched(stores) == {"a": 100} and not burst.fair.early
+    assert await hot_window.not_held(0, early) == early, "dispatched: no longer held"
 
 
 async def test_a_smaller_burst_is_claimed_ahead_over_the_shorter_horizon(
@@ -174,7 +178,8 @@ async def test_a_smaller_burst_is_claimed_ahead_over_the_shorter_horizon(
     soon = (datetime.now(UTC) + timedelta(seconds=3)).replace(microsecond=0)
     await due_jobs(stores, hot_window, "a", 50, pool, due=soon)
     # Far below the long horizon's count; the short horizon's (10 s here, so a loaded machine keeps it ahead).
-    fairness = {"claim_ahead_sec": 10, "claim_ahead_min": 10_000, "burst_ahead_sec": 10}
+    # The whole burst in one pass (no head: the test above has it).
+    fairness = {"claim_ahead_sec": 10, "claim_ahead_min": 10_000, "burst_ahead_sec": 10, "burst_head": 0}
     quiet = dispatcher(stores, hot_window, publisher, batch=100, burst_ahead_min=51, **fairness)
     burst = dispatcher(stores, hot_window, publisher, batch=100, burst_ahead_min=50, **fairness)
 

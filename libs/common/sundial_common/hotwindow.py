@@ -148,10 +148,13 @@ class HotWindow:
         """Jobs a shard leader's fair buffer holds (claimed, not dispatched yet): not lost, so not overdue."""
         return f"{self.prefix}:{{{shard}}}:held"
 
-    async def hold(self, shard: int, job_ids: Sequence[UUID], ttl_sec: float) -> None:
-        """Record ``job_ids`` as held and keep the whole set for ``ttl_sec`` more (the leader renews it each
-        pass; if it dies the set expires and the hydrator's overdue scan recovers what it held)."""
+    async def hold(self, shard: int, job_ids: Sequence[UUID], ttl_sec: float, released: Sequence[UUID] = ()) -> None:
+        """Record ``job_ids`` as held and keep the whole set for ``ttl_sec`` more (the leader renews it while it
+        holds any; if it dies the set expires and the hydrator's overdue scan recovers what it held). ``released``
+        (dispatched meanwhile) leave the set in the same round trip."""
         async with self.redis.pipeline(transaction=False) as pipe:
+            if released:
+                pipe.srem(self.held_key(shard), *(member(j) for j in released))
             for start in range(0, len(job_ids), 5000):
                 pipe.sadd(self.held_key(shard), *(member(j) for j in job_ids[start : start + 5000]))
             pipe.pexpire(self.held_key(shard), int(ttl_sec * 1000))

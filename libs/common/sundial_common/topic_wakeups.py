@@ -13,7 +13,9 @@ that does not announce) costs at most that.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+import math
+import time
+from collections.abc import Callable, Sequence
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
@@ -29,15 +31,32 @@ def topic_wake_channel(topic: str) -> str:
 
 
 class WakingPublisher:
-    """A :class:`~sundial_common.broker.Publisher` that announces the topics of each acknowledged batch."""
+    """A :class:`~sundial_common.broker.Publisher` that announces the topics of each acknowledged batch.
 
-    def __init__(self, inner: Publisher, redis: Redis) -> None:
+    A topic announced less than ``min_interval_sec`` ago is not announced again: a worker woken then fetches for
+    its poll timeout (250 ms) or, once it receives something, stays awake for its idle time (500 ms), so it
+    receives this batch without another wake-up. In a dense stream that is most batches: W3 at 1,500/s published
+    ~80 batches a second per dispatcher, each a Redis round trip and a message every worker read.
+    """
+
+    def __init__(
+        self, inner: Publisher, redis: Redis, min_interval_sec: float = 0.1, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self._inner = inner
         self._redis = redis
+        self._min_interval_sec = min_interval_sec
+        self._clock = clock
+        #: When each topic was last announced (``clock``).
+        self._announced: dict[str, float] = {}
 
     async def publish(self, messages: Sequence[ExecutionMessage]) -> list[Exception | None]:
         errors = await self._inner.publish(messages)
-        topics = {m.topic for m, e in zip(messages, errors, strict=True) if e is None}
+        now = self._clock()
+        topics = {
+            m.topic
+            for m, e in zip(messages, errors, strict=True)
+            if e is None and now - self._announced.get(m.topic, -math.inf) >= self._min_interval_sec
+        }
         if topics:
             try:
                 # One round trip for the batch, however many pools it went to.
@@ -45,6 +64,7 @@ class WakingPublisher:
                     for topic in topics:
                         pipe.publish(topic_wake_channel(topic), b"")
                     await pipe.execute()
+                self._announced.update(dict.fromkeys(topics, now))
             except (RedisError, OSError) as exc:  # the workers' own polls find the messages within a second
                 log.debug("topic wake-ups not sent: %r", exc)
         return errors

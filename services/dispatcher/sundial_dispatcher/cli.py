@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+import asyncpg
 from redis.asyncio import Redis
 from sundial_common.broker import KafkaPublisher
 from sundial_common.hotwindow import HotWindow
@@ -73,7 +74,14 @@ def main(argv: list[str] | None = None) -> int:
     me = settings.instance_id
 
     async def serve(stop: asyncio.Event) -> None:
-        stores = await Stores.connect(settings.database_url, max_size=max(2, config.shards))
+        # Kept open and warmed (PostgresDispatchStore.warm): a burst's first passes would otherwise open them, and
+        # its first starts wait for that.
+        connections = max(2, config.shards)
+        stores = await Stores.connect(settings.database_url, max_size=connections, max_inactive_connection_lifetime=0)
+        try:
+            await stores.dispatch.warm(connections)
+        except (asyncpg.PostgresError, OSError) as exc:
+            log.warning("dispatcher: connections not warmed: %r", exc)
         redis = Redis.from_url(settings.redis_url)
         # The pools' parked workers resume when told their topic has something (sundial_common.topic_wakeups).
         publisher = WakingPublisher(KafkaPublisher(settings.kafka_bootstrap), redis)

@@ -223,7 +223,7 @@ def dispatch_work(deps: Dependencies, config: DispatcherConfig, holder: str) -> 
                 log.exception("shard %d: dispatch pass failed; retrying in %.1fs", shard, delay, extra={"shard": shard})
                 await tenure.pause(delay)
                 continue
-            if result.claimed < config.batch_size:
+            if result.claimed < config.batch_size and not result.again:
                 wait = _idle_wait(
                     dispatcher.clock.now(),
                     dispatcher.next_look(),
@@ -234,8 +234,11 @@ def dispatch_work(deps: Dependencies, config: DispatcherConfig, holder: str) -> 
                 claims.append((started, result.claimed))
                 while claims and claims[0][0] < started - 1.0:
                     claims.popleft()
-                if sum(n for _, n in claims) > config.dense_per_sec:  # dense: batch (DispatcherConfig.dense_per_sec)
-                    wait = max(wait, config.poll_interval_sec - (time.perf_counter() - started))
+                rate = sum(n for _, n in claims)  # members claimed over the last second
+                if rate > config.dense_per_sec:  # dense: batch (DispatcherConfig.dense_per_sec, dense_batch)
+                    spacing = min(config.dense_batch / rate, config.dense_max_interval_sec)
+                    spacing = max(spacing, config.poll_interval_sec)
+                    wait = max(wait, spacing - (time.perf_counter() - started))
                 if alarm is None:
                     await tenure.pause(wait)
                 else:

@@ -98,9 +98,14 @@ class Stores:
         )
 
     @classmethod
-    async def connect(cls, dsn: str, *, min_size: int = 1, max_size: int = 10) -> Stores:
+    async def connect(
+        cls, dsn: str, *, min_size: int = 1, max_size: int = 10, max_inactive_connection_lifetime: float = 300.0
+    ) -> Stores:
         """Open the pool (see :meth:`Database.connect`) and the stores over it."""
-        return cls.over(await Database.connect(dsn, min_size=min_size, max_size=max_size))
+        database = await Database.connect(
+            dsn, min_size=min_size, max_size=max_size, max_inactive_connection_lifetime=max_inactive_connection_lifetime
+        )
+        return cls.over(database)
 
     async def close(self) -> None:
         await self.database.close()

@@ -41,11 +41,15 @@ class Database:
         self.pool = pool
 
     @classmethod
-    async def connect(cls, dsn: str, *, min_size: int = 1, max_size: int = 10) -> Database:
+    async def connect(
+        cls, dsn: str, *, min_size: int = 1, max_size: int = 10, max_inactive_connection_lifetime: float = 300.0
+    ) -> Database:
+        """``max_inactive_connection_lifetime``: seconds an unused connection stays open (0: for good)."""
         pool = await asyncpg.create_pool(
             dsn,
             min_size=min_size,
             max_size=max_size,
+            max_inactive_connection_lifetime=max_inactive_connection_lifetime,
             init=_init_connection,
             reset=_keep_session,
             # JIT compiles, at every execution, any plan whose estimated cost passes a threshold, and the

@@ -13,6 +13,7 @@ SQL: ``sql/dispatch.sql``.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -27,6 +28,8 @@ from sundial_common.stores.database import Database
 from sundial_common.stores.types import Occurrence, Record, RetryDue
 
 Q = load_file("dispatch.sql")
+#: The shard :meth:`PostgresDispatchStore.warm` writes to, in transactions it rolls back.
+_NO_SHARD = -1
 
 
 class FencedOut(Exception):
@@ -137,6 +140,8 @@ class DispatchStore(Protocol):
 
     async def take_shard(self, shard: int, holder: str) -> int: ...
 
+    async def warm(self, connections: int) -> None: ...
+
     async def dispatch_occurrences(
         self, shard: int, token: int, holder: str, claims: Sequence[Occurrence], plan: Planner
     ) -> DispatchOutcome: ...
@@ -211,8 +216,9 @@ class PostgresDispatchStore:
         Raises the shard's fence to ``token`` (or raises :class:`FencedOut`), locks the claimed jobs that
         are due in Postgres (with their open executions, for the overlap policy), lets ``plan`` decide the
         executions and each job's move, inserts the executions (unique per occurrence), advances the jobs
-        with compare-and-set and cancels what CANCEL_RUNNING replaces — a handful of statements per batch,
-        whatever its size. Publishing and Redis writes are the caller's job, after commit.
+        with compare-and-set and cancels what CANCEL_RUNNING replaces. In the common case that is two statements
+        (the fence with the locks, the executions with the jobs' moves) between BEGIN and COMMIT, whatever the
+        batch's size. Publishing and Redis writes are the caller's job, after commit.
 
         ``plan`` may return a plain list (one execution per job, advancing it to ``next_fire_at``).
         """
@@ -224,9 +230,10 @@ class PostgresDispatchStore:
         misplaced: list[Occurrence] = []
         cancelled: list[Record] = []
         async with self._db.pool.acquire() as conn, conn.transaction():
-            if await conn.fetchval(Q["raise_fence"], shard, token, holder) is None:
+            locked = await conn.fetch(Q["lock_due_jobs"], ids, dues, shard, token, holder)
+            if not locked:
                 raise FencedOut(shard, token)
-            due = await with_open_executions(conn, list(await conn.fetch(Q["lock_due_jobs"], ids, dues, shard)))
+            due = await with_open_executions(conn, [row for row in locked if row["id"] is not None])
             if len(due) < len(claims):
                 matched = {row["id"] for row in due}
                 unmatched = [c for c in claims if c.job_id not in matched]
@@ -252,8 +259,9 @@ class PostgresDispatchStore:
                     ],
                 )
             planned = decided.executions
+            advances = decided.advances
             inserted: list[Record] = []
-            if planned:
+            if planned or advances:
                 inserted = await conn.fetch(
                     Q["insert_executions"],
                     [p.execution_id for p in planned],
@@ -274,11 +282,6 @@ class PostgresDispatchStore:
                     [p.triggered for p in planned],
                     [p.note for p in planned],
                     [p.job["priority"] for p in planned],
-                )
-            advances = decided.advances
-            if advances:
-                await conn.execute(
-                    Q["advance_jobs"],
                     [a.job_id for a in advances],
                     [a.prev_fire_at for a in advances],
                     [a.next_fire_at for a in advances],
@@ -287,7 +290,6 @@ class PostgresDispatchStore:
                     [a.missed for a in advances],
                     [a.advance for a in advances],
                     [a.trigger_done for a in advances],
-                    holder,
                 )
             if decided.cancel:
                 cancelled = await conn.fetch(Q["cancel_overlapping"], list(decided.cancel), holder)
@@ -298,6 +300,45 @@ class PostgresDispatchStore:
             cancel_requested=[row["id"] for row in cancelled if row["state"] == "RUNNING"],
             misplaced=misplaced,
         )
+
+    async def warm(self, connections: int) -> None:
+        """Open ``connections`` of the pool and run the dispatch transaction's two statements once on each, with
+        nothing to dispatch (a shard that does not exist), rolled back.
+
+        A new connection's first dispatch otherwise pays for the connection itself, the statements' preparation
+        and its Postgres backend's first use of the tables, their partitions and the trigger functions (compiled
+        once per backend): in W1 the first start waited for that, on the connections a burst's concurrent passes
+        open at its due instant. Best effort: a dispatcher without it only starts its first burst later.
+        """
+        pool = self._db.pool
+        held: list[asyncpg.pool.PoolConnectionProxy] = []
+        try:
+            for _ in range(connections):  # all held at once: each is a connection of its own
+                held.append(await pool.acquire())
+            await asyncio.gather(*(self._warm(conn) for conn in held))
+        finally:
+            for conn in held:
+                await pool.release(conn)
+
+    async def _warm(self, conn: asyncpg.Connection) -> None:
+        nothing: list[object] = []
+        transaction = conn.transaction()
+        await transaction.start()
+        try:
+            await conn.fetch(Q["lock_due_jobs"], nothing, nothing, _NO_SHARD, 0, "warm-up")
+            await conn.fetch(
+                Q["insert_executions"],
+                *[nothing] * 8,
+                _NO_SHARD,
+                0,
+                nothing,
+                nothing,
+                "warm-up",
+                *[nothing] * 5,
+                *[nothing] * 8,
+            )
+        finally:
+            await transaction.rollback()
 
     async def shard_fences(self) -> list[Record]:
         """Per shard, the highest token that has written (``shard``, ``token``, ``holder``, ``updated_at``)."""

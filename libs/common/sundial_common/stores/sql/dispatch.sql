@@ -28,21 +28,33 @@ SELECT shard, token, holder, updated_at FROM shard_fence ORDER BY shard;
 
 -- name: lock_due_jobs
 -- The claimed members that are due in Postgres, locked so nobody moves them while this transaction
--- dispatches them: an active job whose next fire is at or before the claimed score, or a live job with a
--- trigger pending at or before it. A member scored later than the job's next fire (a BUFFER_ONE hold, a
--- re-added member) still dispatches it; one scored earlier (stale) matches nothing.
+-- dispatches them, under the shard's fence raised in the same statement (raise_fence above, DESIGN invariant
+-- 4): the lateral subquery reads the fence's row first, so the fence row is locked before any job's, in the
+-- order a newer term's transaction takes them. No row back = fenced out (a newer term has begun); one row of
+-- NULLs = the fence is ours and nothing is due.
+-- Due: an active job whose next fire is at or before the claimed score, or a live job with a trigger pending
+-- at or before it. A member scored later than the job's next fire (a BUFFER_ONE hold, a re-added member)
+-- still dispatches it; one scored earlier (stale) matches nothing.
 -- The open executions of jobs with an overlap policy other than ALLOW are filled in from
 -- open_executions_of_jobs, asked only when the batch has such jobs: executions is partitioned by day (migration 0018) and a lookup by job
 -- here would plan every partition's index for every dispatch (10 ms a batch with 40 partitions).
-SELECT j.*, c.due AS claimed_due, NULL::uuid[] AS open_execution_ids, NULL::text[] AS open_execution_states
-FROM jobs j
--- Scores are epoch milliseconds; fire times are written at millisecond precision, compared at it too.
-JOIN unnest($1::uuid[], $2::timestamptz[]) AS c (id, due) ON j.id = c.id
-WHERE j.shard = $3
-  AND ((j.state = 'ACTIVE' AND date_trunc('milliseconds', j.next_fire_at) <= c.due)
-       OR (j.state <> 'CANCELLED' AND j.trigger_at <= c.due))
-ORDER BY j.id
-FOR UPDATE OF j;
+WITH fence AS (
+    INSERT INTO shard_fence AS f (shard, token, holder) VALUES ($3, $4, $5)
+    ON CONFLICT (shard) DO UPDATE SET token = excluded.token, holder = excluded.holder, updated_at = now()
+    WHERE f.token <= excluded.token
+    RETURNING token
+)
+SELECT due.* FROM fence LEFT JOIN LATERAL (
+    SELECT j.*, c.due AS claimed_due, NULL::uuid[] AS open_execution_ids, NULL::text[] AS open_execution_states
+    FROM jobs j
+    -- Scores are epoch milliseconds; fire times are written at millisecond precision, compared at it too.
+    JOIN unnest($1::uuid[], $2::timestamptz[]) AS c (id, due) ON j.id = c.id
+    WHERE j.shard = $3 AND fence.token IS NOT NULL
+      AND ((j.state = 'ACTIVE' AND date_trunc('milliseconds', j.next_fire_at) <= c.due)
+           OR (j.state <> 'CANCELLED' AND j.trigger_at <= c.due))
+    ORDER BY j.id
+    FOR UPDATE OF j
+) AS due ON true;
 
 -- name: open_executions_of_jobs
 -- Each job's executions still open (PENDING or RUNNING), oldest first: one probe of executions_job_open_idx
@@ -64,9 +76,13 @@ JOIN unnest($1::uuid[], $2::timestamptz[]) AS c (id, due) ON j.id = c.id
 WHERE j.shard = $3;
 
 -- name: insert_executions
--- One row per occurrence; a SKIPPED one (overlap policy) is terminal at once and never published.
+-- One row per occurrence; a SKIPPED one (overlap policy) is terminal at once and never published. With the
+-- batch's executions, its jobs' moves ($19-$26), in the same statement (data-modifying CTEs: one round trip).
 -- ON CONFLICT without a target: executions is partitioned by id (migration 0018), so the occurrence key
 -- (job_id, scheduled_for) is a unique index of each partition, an arbiter only when no target is named.
+-- Each dispatched job moves to its next occurrence, with compare-and-set on the one it was at; a job with no
+-- next occurrence is COMPLETED. A job only holding a trigger (advance = false) keeps its schedule. Missed
+-- fires (catch-up) and completions are audited.
 WITH inserted AS (
     INSERT INTO executions (id, tenant_id, job_id, scheduled_for, shard, fence_token, pool, handler, state,
                             max_attempts, timeout_sec, trace_id, traceparent, fire_at, triggered, error,
@@ -81,19 +97,7 @@ WITH inserted AS (
                traceparent, fire_at, state, triggered, note, priority)
     ON CONFLICT DO NOTHING
     RETURNING id, tenant_id, state, error
-), audit AS (
-    INSERT INTO audit_log (tenant_id, entity, entity_id, action, to_state, actor, detail)
-    SELECT tenant_id, 'execution', id, CASE WHEN state = 'SKIPPED' THEN 'skip' ELSE 'dispatch' END, state, $13,
-           CASE WHEN error IS NOT NULL THEN jsonb_build_object('reason', error) END
-    FROM inserted
-)
-SELECT id FROM inserted;
-
--- name: advance_jobs
--- Moves each dispatched job to its next occurrence, with compare-and-set on the one it was at; a job with
--- no next occurrence is COMPLETED. A job only holding a trigger (advance = false) keeps its schedule.
--- Missed fires (catch-up) and completions are audited.
-WITH advanced AS (
+), advanced AS (
     UPDATE jobs j
     SET next_fire_at = CASE WHEN a.advance THEN a.next_fire_at ELSE j.next_fire_at END,
         next_nominal_at = CASE WHEN a.advance THEN a.next_nominal_at ELSE j.next_nominal_at END,
@@ -103,20 +107,24 @@ WITH advanced AS (
         trigger_at = CASE WHEN a.trigger_done THEN NULL ELSE j.trigger_at END,
         trigger_execution_id = CASE WHEN a.trigger_done THEN NULL ELSE j.trigger_execution_id END,
         updated_at = now()
-    FROM unnest($1::uuid[], $2::timestamptz[], $3::timestamptz[], $4::timestamptz[], $5::int[], $6::bigint[],
-                $7::bool[], $8::bool[])
+    FROM unnest($19::uuid[], $20::timestamptz[], $21::timestamptz[], $22::timestamptz[], $23::int[],
+                $24::bigint[], $25::bool[], $26::bool[])
          AS a (id, prev, next_fire_at, next_nominal_at, runs, missed, advance, trigger_done)
     WHERE j.id = a.id AND (NOT a.advance OR (j.next_fire_at = a.prev AND j.state = 'ACTIVE'))
     RETURNING j.id, j.tenant_id, j.state, a.advance, a.missed
 ), audit AS (
     INSERT INTO audit_log (tenant_id, entity, entity_id, action, from_state, to_state, actor, detail)
-    SELECT tenant_id, 'job', id, 'complete', 'ACTIVE', 'COMPLETED', $9, NULL FROM advanced
+    SELECT tenant_id, 'execution', id, CASE WHEN state = 'SKIPPED' THEN 'skip' ELSE 'dispatch' END, NULL, state,
+           $13, CASE WHEN error IS NOT NULL THEN jsonb_build_object('reason', error) END
+    FROM inserted
+    UNION ALL
+    SELECT tenant_id, 'job', id, 'complete', 'ACTIVE', 'COMPLETED', $13, NULL FROM advanced
     WHERE advance AND state = 'COMPLETED'
     UNION ALL
-    SELECT tenant_id, 'job', id, 'missed', NULL, NULL, $9, jsonb_build_object('missedFires', missed) FROM advanced
+    SELECT tenant_id, 'job', id, 'missed', NULL, NULL, $13, jsonb_build_object('missedFires', missed) FROM advanced
     WHERE missed > 0
 )
-SELECT id FROM advanced;
+SELECT id FROM inserted;
 
 -- name: cancel_overlapping
 -- Overlap policy CANCEL_RUNNING: the job's open executions are asked to stop. A PENDING one is cancelled
