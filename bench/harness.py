@@ -363,6 +363,8 @@ class Bench:
             "lateness_ms": _percentiles(lateness),
             # Where the first start's lateness went: execution row committed, message produced, start CAS done.
             "first_start_ms": _first_start(rows),
+            # Where every start's lateness went, stage by stage (percentiles of each stage's own duration).
+            "stages_ms": _stages(rows),
             "all_started_after_due_s": round((max(r["started_at"] for r in rows) - last_due).total_seconds(), 2)
             if rows
             else None,
@@ -557,6 +559,20 @@ def _first_start(rows: Sequence[Any]) -> dict[str, float | None] | None:
         k: after_due(first[c])
         for k, c in (("committed", "created_at"), ("produced", "published_at"), ("started", "started_at"))
     }
+
+
+def _stages(rows: Sequence[Any]) -> dict[str, dict[str, float | None]]:
+    """Per stage, its duration's percentiles: due → dispatch transaction began (``created_at``) → message produced
+    (``published_at``: the broker timestamp, the producer's create time) → start CAS began (``started_at``).
+    The last stage holds the linger, the broker's ack, the consumer's fetch and the worker's batching."""
+    stages: dict[str, list[float]] = {"dispatch": [], "produce": [], "consume_start": []}
+    for r in rows:
+        if r["published_at"] is None:
+            continue
+        stages["dispatch"].append((r["created_at"] - r["scheduled_for"]).total_seconds() * 1000)
+        stages["produce"].append((r["published_at"] - r["created_at"]).total_seconds() * 1000)
+        stages["consume_start"].append((r["started_at"] - r["published_at"]).total_seconds() * 1000)
+    return {name: _percentiles(values) for name, values in stages.items()}
 
 
 def _ms(instant: datetime) -> datetime:
