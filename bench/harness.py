@@ -9,6 +9,7 @@ Workloads (seed 002 targets: P95 dispatch latency < 1 s; 1M dispatches/min on a 
               (``--rates 1000,2500,5000,10000``).
 - ``w4``      at rest: N future recurring jobs (bench/at_rest.py); hydrator passes; table and index sizes.
 - ``idle``    the ``make up`` stack doing nothing: CPU per process over 60 s, memory (bench/idle.py).
+- ``idle-floor`` the same servers alone (set up, no Sundial process): the floor under ``idle`` (not in the default).
 - ``ceilings`` the raw parts: Postgres batched inserts, Redis ZADD and claim, broker produce/consume.
 
 Dispatch workloads insert their jobs straight into Postgres (COPY, as a bulk registration would), so
@@ -484,6 +485,10 @@ async def main_async(args: argparse.Namespace) -> None:
         root = args.root.with_name(args.root.name + "-idle")
         machine_at = {k: v for k, v in meta.items() if k != "settings"}  # its shape is make up's, not --shards…
         record({**idle.measure(root, args.port_offset, settle=30.0, seconds=60.0), **machine_at})
+    if "idle-floor" in args.workloads:
+        root = args.root.with_name(args.root.name + "-idle")
+        machine_at = {k: v for k, v in meta.items() if k != "settings"}
+        record({**idle.measure(root, args.port_offset, settle=30.0, seconds=60.0, servers_only=True), **machine_at})
     if "ceilings" in args.workloads:
         # The parts alone, before Sundial's processes compete for the cores.
         bench.stack.start()

@@ -2,6 +2,7 @@
 
     uv run python bench/idle.py --port-offset 700            # settle 30 s, measure 60 s
     uv run python bench/harness.py idle --port-offset 700    # the same, from `make bench BENCH_ARGS=idle`
+    uv run python bench/idle.py --servers-only               # the floor: the servers alone, no Sundial process
 
 It runs the development environment of ``make up`` — ``sundial_infra.supervisor.DevRunner`` with its
 default process table (api, two hydrators, two dispatchers, two sweepers, the replayer, analytics, the two
@@ -13,6 +14,9 @@ utime+stime of every process from ``/proc`` at the start and the end of ``--seco
 line: CPU per process in cores (Postgres with its backends, each process with whatever it forked), the
 total, and the memory of each (PSS, so Postgres' shared buffers count once: "make up memory"). It appends
 the line to ``bench/results/<date>.jsonl``. A measurement, not a test.
+
+``--servers-only`` measures the floor under that figure: the same servers, set up the same way (migrated, the
+demo tenant and pools registered), with no Sundial process at all (Prometheus then has nothing to scrape).
 """
 
 from __future__ import annotations
@@ -49,7 +53,7 @@ def bench_ports(offset: int) -> Ports:
     return Ports(**{f.name: getattr(BENCH_PORTS, f.name) + offset for f in dataclasses.fields(Ports)})
 
 
-def serve(root: Path, offset: int) -> int:
+def serve(root: Path, offset: int, servers_only: bool = False) -> int:
     """The child: ``make up``'s DevRunner on the bench ports, in the foreground until SIGTERM."""
     ports = bench_ports(offset)
     metrics = range(ports.api + METRICS_PORT_GAP, ports.api + METRICS_PORT_GAP + 16)
@@ -58,9 +62,8 @@ def serve(root: Path, offset: int) -> int:
     os.environ["SUNDIAL_ANALYTICS_CHDB_PATH"] = str(root / "analytics" / "chdb")
     os.environ["SUNDIAL_ANALYTICS_PORT"] = str(ports.api + ANALYTICS_PORT_GAP)
     os.environ["SUNDIAL_ANALYTICS_URL"] = f"http://127.0.0.1:{ports.api + ANALYTICS_PORT_GAP}"
-    runner = DevRunner(
-        DevLayout(root), ports=ports, processes=default_processes(ports.api, metrics), announce=lambda _text: None
-    )
+    processes = () if servers_only else default_processes(ports.api, metrics)
+    runner = DevRunner(DevLayout(root), ports=ports, processes=processes, announce=lambda _text: None)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
@@ -109,49 +112,55 @@ class Sampler:
         return {name: round(kib / 1024, 1) for name, kib in total.items()}
 
 
-def _roots(root: Path, ports: Ports, supervisor_pid: int) -> dict[int, str]:
+def _roots(root: Path, ports: Ports, supervisor_pid: int, servers_only: bool = False) -> dict[int, str]:
     roots = {supervisor_pid: "supervisor"}
     for server, pid in LocalStack(root, ports, prometheus=True).status():
         if pid:
             roots[pid] = server.name
-    for spec in default_processes():
+    for spec in () if servers_only else default_processes():
         if (pid := read_pid_file(root / "run" / f"{spec.name}.pid")) is not None:
             roots[pid] = spec.name
     return roots
 
 
-def measure(root: Path, offset: int, settle: float, seconds: float) -> dict[str, Any]:
+def measure(root: Path, offset: int, settle: float, seconds: float, servers_only: bool = False) -> dict[str, Any]:
     ports = bench_ports(offset)
     LocalStack(root, ports, prometheus=True).stop()  # whatever a killed run left
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
     with open(root / "supervisor.out", "ab") as out:
         child = subprocess.Popen(
-            [sys.executable, __file__, "--serve", "--root", str(root), "--port-offset", str(offset)],
+            [sys.executable, __file__, "--serve", "--root", str(root), "--port-offset", str(offset)]
+            + (["--servers-only"] if servers_only else []),
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
         )
     try:
-        ready = f"http://127.0.0.1:{ports.api}/readyz"
-        if not wait_for(lambda: readyz_ok(ready), timeout=180):
-            raise RuntimeError(f"the idle stack's API is not ready; see {root}/logs")
-        # The demo worker consumes its pool's topic; the staging one serves replays only (no consumer).
-        for name, marker in (("worker", "partitions assigned"), ("worker-staging", "serving")):
-            log = root / "logs" / f"{name}.log"
-            if not wait_for(
-                lambda log=log, m=marker: log.exists() and m in log.read_text(errors="replace"), timeout=90
-            ):
-                raise RuntimeError(f"{name} did not start (no {marker!r} in its log); see {log}")
+        if servers_only:  # the setup's last step (the admin token) is written once the servers are up and migrated
+            if not wait_for(lambda: DevLayout(root).admin_token.exists(), timeout=180):
+                raise RuntimeError(f"the idle stack's servers were not set up; see {root}/logs")
+        else:
+            ready = f"http://127.0.0.1:{ports.api}/readyz"
+            if not wait_for(lambda: readyz_ok(ready), timeout=180):
+                raise RuntimeError(f"the idle stack's API is not ready; see {root}/logs")
+            # The demo worker consumes its pool's topic; the staging one serves replays only (no consumer).
+            for name, marker in (("worker", "partitions assigned"), ("worker-staging", "serving")):
+                log = root / "logs" / f"{name}.log"
+                if not wait_for(
+                    lambda log=log, m=marker: log.exists() and m in log.read_text(errors="replace"), timeout=90
+                ):
+                    raise RuntimeError(f"{name} did not start (no {marker!r} in its log); see {log}")
         time.sleep(settle)
-        sampler = Sampler(_roots(root, ports, child.pid))
-        missing = {spec.name for spec in default_processes()} - set(sampler.roots.values())
+        sampler = Sampler(_roots(root, ports, child.pid, servers_only))
+        expected = () if servers_only else default_processes()
+        missing = {spec.name for spec in expected} - set(sampler.roots.values())
         if missing:
             raise RuntimeError(f"not running after the settle time: {sorted(missing)}; see {root}/logs")
         before, started = sampler.ticks(), time.monotonic()
         time.sleep(seconds)
         after, elapsed = sampler.ticks(), time.monotonic() - started
-        restarted = _roots(root, ports, child.pid) != sampler.roots
+        restarted = _roots(root, ports, child.pid, servers_only) != sampler.roots
         hz = os.sysconf("SC_CLK_TCK")
         cores = {name: round((after[name] - before[name]) / hz / elapsed, 4) for name in before}
         memory = sampler.pss_mib()
@@ -164,7 +173,7 @@ def measure(root: Path, offset: int, settle: float, seconds: float) -> dict[str,
             child.wait()
         LocalStack(root, ports, prometheus=True).stop()
     return {
-        "workload": "idle",
+        "workload": "idle servers only" if servers_only else "idle",
         "seconds": round(elapsed, 1),
         "settle_s": settle,
         "total_cores": round(sum(cores.values()), 4),
@@ -182,19 +191,23 @@ def main() -> None:
     parser.add_argument("--settle", type=float, default=30.0, help="Seconds to wait after start-up before it.")
     parser.add_argument("--port-offset", type=int, default=0, help="Added to the bench ports (BENCH_PORTS).")
     parser.add_argument("--root", type=Path, default=REPO / ".sundial" / "bench-idle", help="State directory.")
+    parser.add_argument(
+        "--servers-only", action="store_true", help="The floor: the servers alone, set up, no Sundial process."
+    )
+    parser.add_argument("--results", type=Path, default=RESULTS, help="Directory of the <date>.jsonl files.")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)  # the child that runs the stack
     args = parser.parse_args()
     if args.serve:
-        raise SystemExit(serve(args.root.resolve(), args.port_offset))
+        raise SystemExit(serve(args.root.resolve(), args.port_offset, args.servers_only))
     result = {
-        **measure(args.root.resolve(), args.port_offset, args.settle, args.seconds),
+        **measure(args.root.resolve(), args.port_offset, args.settle, args.seconds, args.servers_only),
         "machine": machine.describe(REPO, cpu_probe=False),
         "at": datetime.now(UTC).isoformat(),
     }
     text = json.dumps(result, default=str)
     print(text, flush=True)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    with (RESULTS / f"{datetime.now(UTC):%Y-%m-%d}.jsonl").open("a") as out:
+    args.results.mkdir(parents=True, exist_ok=True)
+    with (args.results / f"{datetime.now(UTC):%Y-%m-%d}.jsonl").open("a") as out:
         out.write(text + "\n")
 
 

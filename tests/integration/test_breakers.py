@@ -27,7 +27,7 @@ from sundial_common.stores.breakers import BreakerSettings
 from sundial_common.stores.dispatch import PlannedExecution
 from sundial_common.stores.executions import Outcome
 from sundial_common.stores.types import Occurrence, RetryDue
-from sundial_sweeper.breakers import BreakerLoop, BreakerLoopConfig, release
+from sundial_sweeper.breakers import BreakerLoop, BreakerLoopConfig, BreakerPassResult, release
 
 from tests.integration.test_api import Api, api  # noqa: F401  (the `api` fixture)
 from tests.integration.test_reliability import TENANT, dispatcher, make_executions
@@ -137,6 +137,22 @@ async def test_open_holds_retries_across_leaders_half_open_probes_and_close_rele
         ("half_opened", "HALF_OPEN"),
         ("closed", "CLOSED"),
     ]
+
+
+async def test_a_quiet_stack_costs_one_statement_a_pass_and_failures_are_still_judged_on_the_next(
+    stores: Stores, client: Redis, pool: str, kafka_bootstrap: str
+) -> None:
+    ensure_topics(kafka_bootstrap, [pool_topic(pool)])
+    breakers = loop(stores, client)
+    assert await stores.breakers.quiet()
+    await breakers.run_once()  # a term's first pass judges everything (and sets the gauges), quiet or not
+    assert await breakers.run_once() == BreakerPassResult()
+
+    messages = await make_executions(stores, pool, "storm", 30, retry_policy=RETRY)
+    await fail_attempts(stores, [uuid.UUID(m.execution_id) for m in messages], 1)
+    assert not await stores.breakers.quiet()
+    assert (await breakers.run_once()).opened == 1
+    assert not await stores.breakers.quiet()  # an open breaker is not quiet
 
 
 async def test_a_failing_probe_reopens_with_a_longer_cool_down(

@@ -29,6 +29,7 @@ from typing import Any, Protocol, TypeVar
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource  # type: ignore[attr-defined]
 
+from sundial_common.broker import NO_METRICS_PUSH
 from sundial_common.clock import from_ms, to_ms
 from sundial_common.stores.replays import PartitionWindow
 
@@ -82,6 +83,7 @@ class KafkaTopicInspector:
                     "group.id": "sundial.topic-inspector",
                     "enable.auto.commit": False,
                     "enable.auto.offset.store": False,
+                    **NO_METRICS_PUSH,
                 }
             )
         return self._admin, self._consumer

@@ -16,6 +16,7 @@ cursor, and an occurrence committed by the dead one is found taken.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -172,6 +173,9 @@ class BackfillDispatcher:
         self.clock = clock or SystemClock()
         self._next_at = 0.0
         self._interval = self.config.interval_sec
+        #: Set by the process's census (:mod:`sundial_dispatcher.side_work`): once its looks are idle, this
+        #: leader stops looking on its own and the census says when to look (:meth:`look_now`).
+        self.watched = False
 
     async def run_if_due(self) -> BackfillResult | None:
         """:meth:`run_once` if ``interval_sec`` has passed since the last run (the dispatch loop's hook)."""
@@ -183,8 +187,13 @@ class BackfillDispatcher:
             self._interval = self.config.interval_sec
         else:  # no backfill runs here
             self._interval = min(self._interval * 2, self.config.idle_interval_sec)
-        self._next_at = now + self._interval
+        idle = self._interval >= self.config.idle_interval_sec
+        self._next_at = math.inf if idle and self.watched else now + self._interval
         return result
+
+    def look_now(self) -> None:
+        """Run on the next pass (the census found work for this shard)."""
+        self._next_at = 0.0
 
     def next_run_in(self) -> float:
         """Seconds until :meth:`run_if_due` runs again (the pass loop sleeps no longer)."""

@@ -28,6 +28,7 @@ from sundial_dispatcher.dispatcher import DispatcherConfig
 from sundial_dispatcher.fairness import FairnessConfig
 from sundial_dispatcher.settings import DispatcherSettings
 from sundial_dispatcher.shards import CampaignConfig, Dependencies, Placement, ShardCampaign, dispatch_work
+from sundial_dispatcher.side_work import SideWork
 from sundial_dispatcher.topic_metadata import TopicMetadata, TopicMetadataConfig
 from sundial_dispatcher.wakes import WakeListener
 
@@ -87,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
         publisher = WakingPublisher(KafkaPublisher(settings.kafka_bootstrap), redis)
         etcd = etcd_client(settings.etcd_endpoint)
         wakes = WakeListener(redis)
-        deps = Dependencies(stores, HotWindow(redis), publisher, etcd, wakes)
+        side_work = SideWork(stores.dependencies, stores.backfills)
+        deps = Dependencies(stores, HotWindow(redis), publisher, etcd, wakes, side_work)
         registration = ReplicaRegistration(
             etcd, ReplicaRecord.for_this_process("dispatcher", me), ttl_sec=settings.lease_ttl_sec, keys=keys
         )
@@ -133,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
                     "registry": registration.run(stop),
                     "membership": membership.run(campaigns_stop),
                     "wakes": wakes.run(campaigns_stop),
+                    "side-work": side_work.run(campaigns_stop),
                     "topics": TopicMetadata(stores.pools, publisher, TopicMetadataConfig()).run(campaigns_stop),
                     "leave": leave_then_stop_campaigns(),
                     **campaigns,

@@ -52,6 +52,7 @@ from sundial_dispatcher.balance import placement
 from sundial_dispatcher.dispatcher import DispatcherConfig, ShardDispatcher
 from sundial_dispatcher.fairness import FairDispatch, OpenWork
 from sundial_dispatcher.metrics import Leadership, ShardPassMetrics
+from sundial_dispatcher.side_work import SideWork
 from sundial_dispatcher.tenancy import TenantPolicy
 from sundial_dispatcher.triggers import TriggerConfig, TriggerDispatcher
 from sundial_dispatcher.wakes import WakeListener
@@ -84,6 +85,8 @@ class Dependencies:
     etcd: aetcd.Client
     #: Wake-ups for members added to a sleeping leader's window (None: leaders look every poll interval).
     wakes: WakeListener | None = None
+    #: The process's look for dependency triggers and backfills (None: each leader looks on its own).
+    side_work: SideWork | None = None
 
 
 @dataclass(frozen=True)
@@ -199,6 +202,8 @@ def dispatch_work(deps: Dependencies, config: DispatcherConfig, holder: str) -> 
         failures = 0
         metrics = ShardPassMetrics(shard)
         alarm = deps.wakes.alarm(shard) if deps.wakes is not None else None
+        if deps.side_work is not None:  # idle, the process's census looks for them (sundial_dispatcher.side_work)
+            deps.side_work.watch(shard, tenure.active, triggers, backfills, alarm)
         claims: deque[tuple[float, int]] = deque()  # (pass start, members claimed) over the last second
         while tenure.active():
             try:

@@ -29,6 +29,7 @@ Each child execution starts a trace of its own, linked to the trace of every par
 from __future__ import annotations
 
 import logging
+import math
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -213,6 +214,9 @@ class TriggerDispatcher:
         self.clock = clock or SystemClock()
         self._next_at = 0.0
         self._interval = self.config.interval_sec
+        #: Set by the process's census (:mod:`sundial_dispatcher.side_work`): once its looks are idle, this
+        #: leader stops looking on its own and the census says when to look (:meth:`look_now`).
+        self.watched = False
 
     async def run_if_due(self) -> TriggerResult | None:
         """:meth:`run_once` if ``interval_sec`` has passed since the last run (the dispatch loop's hook)."""
@@ -226,8 +230,13 @@ class TriggerDispatcher:
             self._interval = self.config.interval_sec
         else:
             self._interval = min(max(self._interval, self.config.interval_sec) * 2, self.config.idle_interval_sec)
-        self._next_at = now + self._interval
+        idle = self._interval >= self.config.idle_interval_sec
+        self._next_at = math.inf if idle and self.watched else now + self._interval
         return result
+
+    def look_now(self) -> None:
+        """Run on the next pass (the census found work for this shard)."""
+        self._next_at = 0.0
 
     def next_run_in(self) -> float:
         """Seconds until :meth:`run_if_due` runs again (the pass loop sleeps no longer)."""

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
-from sundial_common.broker import ensure_topics
+from sundial_common.broker import NO_METRICS_PUSH, ensure_topics
 
 log = logging.getLogger("sundial.replayer.kafka")
 
@@ -85,6 +85,7 @@ class KafkaReplayKafka:
                 "auto.offset.reset": "earliest",
                 "fetch.wait.max.ms": 50,
                 "queued.max.messages.kbytes": 262144,
+                **NO_METRICS_PUSH,
             }
         )
         self._producer = Producer(
@@ -96,6 +97,7 @@ class KafkaReplayKafka:
                 "batch.num.messages": 10000,
                 "queue.buffering.max.messages": 500000,
                 "message.timeout.ms": int(publish_timeout_sec * 1000),
+                **NO_METRICS_PUSH,
             }
         )
         self._topic: str | None = None

@@ -108,6 +108,8 @@ class BreakerLoop:
         self._state: Children[Gauge] = Children(BREAKER_STATE)
         self._held: Children[Gauge] = Children(BREAKER_HELD)
         self._pruned_at: datetime | None = None
+        #: A whole pass has set the gauges since they were last forgotten: a quiet stack may skip the next ones.
+        self._judged = False
 
     def settings_for(self, tenant_settings: Mapping[str, Mapping[str, Any]], tenant: str) -> BreakerSettings:
         try:
@@ -117,6 +119,8 @@ class BreakerLoop:
             return self.config.defaults
 
     async def run_once(self) -> BreakerPassResult:
+        if self._judged and await self.store.quiet():
+            return BreakerPassResult()  # nothing to judge, move or release: one statement, not four
         now = await self.store.now()
         tenant_settings = await self.store.tenant_settings()
         longest = max(
@@ -194,6 +198,7 @@ class BreakerLoop:
             # per-pass read scans whole.
             await self.store.prune_counts(now - timedelta(seconds=longest + 60))
             self._pruned_at = now
+        self._judged = True
         return BreakerPassResult(opened=opened, half_opened=half_opened, closed=closed, released=released)
 
     def _decide(self, b: Breaker, s: BreakerSettings, attempts: int, failures: int) -> Transition | None:
@@ -250,6 +255,7 @@ class BreakerLoop:
         """A sweeper that stopped leading must not report stale states beside the new leader's."""
         self._state.forget()
         self._held.forget()
+        self._judged = False
 
 
 def _half_open(b: Breaker, s: BreakerSettings, actor: str, event: str) -> Transition:

@@ -43,7 +43,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol, TypeVar
 
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaError, KafkaException, Message, TopicPartition
-from sundial_common.broker import ensure_topics
+from sundial_common.broker import NO_METRICS_PUSH, ensure_topics
 from sundial_common.messages import pool_topic
 
 from sundial_worker.offsets import OffsetTracker, TopicPartitionKey
@@ -161,6 +161,7 @@ class KafkaExecutionConsumer:
             "fetch.wait.max.ms": 10,
             # The broker may come back empty (tansu keeps topics in memory): notice it quickly.
             "topic.metadata.refresh.interval.ms": 10000,
+            **NO_METRICS_PUSH,
             "error_cb": self._on_error,
         }
         self._config.update(overrides or {})

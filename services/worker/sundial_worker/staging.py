@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 from uuid import UUID
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message
-from sundial_common.broker import ensure_topics
+from sundial_common.broker import NO_METRICS_PUSH, ensure_topics
 from sundial_common.encryption import PAYLOAD, TenantCipher, open_keyring
 from sundial_common.messages import ExecutionMessage, pool_topic
 from sundial_common.pool_cache import PoolCache
@@ -135,10 +135,11 @@ class StagingRuntime:
                 "auto.offset.reset": "earliest",
                 "session.timeout.ms": 6000,
                 "heartbeat.interval.ms": 1000,
-                # A staging pool takes replays, not due work: 250 ms fetch waits cost the broker ~0.004 of a core
-                # per idle consumer where 10 ms cost ~0.04 (measured on Tansu; README "Latency"); a replayed
-                # message arrives ~28 ms after its produce at the median instead of ~3 ms.
-                "fetch.wait.max.ms": 250,
+                # A staging pool takes replays, not due work: 1 s fetch waits cost the broker ~0.002 of a core per
+                # idle consumer where 250 ms cost ~0.004 and 10 ms ~0.04 (measured on Tansu; README "Latency"); a
+                # replayed message arrives ~130 ms after its produce at the median (~28 ms at 250, ~3 ms at 10).
+                "fetch.wait.max.ms": 1000,
+                **NO_METRICS_PUSH,
             }
         )
         loop = self._loop  # this runs on the consumer thread: the loop was noted in run_until

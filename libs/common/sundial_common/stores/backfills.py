@@ -88,6 +88,8 @@ class BackfillStore(Protocol):
 
     async def step(self, shard: int, token: int, holder: str, limit: int, plan: BackfillPlanner) -> BackfillOutcome: ...
 
+    async def shards_running(self, shards: Sequence[int]) -> set[int]: ...
+
 
 class PostgresBackfillStore:
     """:class:`BackfillStore` over the shared pool."""
@@ -127,6 +129,10 @@ class PostgresBackfillStore:
     async def existing_occurrences(self, job_id: UUID, start: datetime, end: datetime) -> set[datetime]:
         rows = await self._db.pool.fetch(Q["existing_occurrences"], job_id, start, end)
         return {row["scheduled_for"] for row in rows}
+
+    async def shards_running(self, shards: Sequence[int]) -> set[int]:
+        """Which of ``shards`` have a running backfill (a read: no fence)."""
+        return {row["shard"] for row in await self._db.pool.fetch(Q["shards_running"], list(shards))}
 
     async def step(self, shard: int, token: int, holder: str, limit: int, plan: BackfillPlanner) -> BackfillOutcome:
         """The fenced backfill transaction (see the module docstring). Raises ``FencedOut`` like a dispatch."""

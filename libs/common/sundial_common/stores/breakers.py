@@ -202,6 +202,8 @@ class GateResult:
 class BreakerStore(Protocol):
     async def now(self) -> datetime: ...
 
+    async def quiet(self) -> bool: ...
+
     async def window_counts(self, since: datetime) -> list[WindowBucket]: ...
 
     async def prune_counts(self, before: datetime) -> int: ...
@@ -233,6 +235,10 @@ class PostgresBreakerStore:
 
     async def now(self) -> datetime:
         return cast(datetime, await self._db.pool.fetchval(Q["now"]))
+
+    async def quiet(self) -> bool:
+        """Nothing ended within any window, every breaker is CLOSED with empty counts, nothing is held."""
+        return bool(await self._db.pool.fetchval(Q["quiet"]))
 
     async def window_counts(self, since: datetime) -> list[WindowBucket]:
         rows = await self._db.pool.fetch(Q["window_counts"], since)

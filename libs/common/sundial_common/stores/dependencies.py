@@ -112,6 +112,8 @@ class DependencyStore(Protocol):
         self, shard: int, token: int, holder: str, children: int, triggers: int, plan: TriggerPlanner
     ) -> TriggerOutcome: ...
 
+    async def shards_with_pending(self, shards: Sequence[int]) -> set[int]: ...
+
 
 async def check_parents_on(conn: asyncpg.Connection, tenant_id: str, child_job_id: UUID, edges: Sequence[Edge]) -> None:
     """Refuse (:class:`GraphError`) parents that are unknown, another tenant's, cancelled, repeated, too many,
@@ -220,6 +222,10 @@ class PostgresDependencyStore:
                 r["id"] for r in await conn.fetch(Q["cancel_jobs"], [r["id"] for r in below], tenant_id, actor, job_id)
             }
             return [r for r in below if r["id"] in done]
+
+    async def shards_with_pending(self, shards: Sequence[int]) -> set[int]:
+        """Which of ``shards`` have a trigger of an ACTIVE child waiting (a read: no fence)."""
+        return {row["shard"] for row in await self._db.pool.fetch(Q["shards_with_pending"], list(shards))}
 
     async def fire_triggers(
         self, shard: int, token: int, holder: str, children: int, triggers: int, plan: TriggerPlanner

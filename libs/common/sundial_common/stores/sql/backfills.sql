@@ -42,6 +42,10 @@ SELECT * FROM changed;
 -- Before the fenced transaction (a write): has this shard a running backfill? (backfills_running_idx)
 SELECT EXISTS (SELECT 1 FROM backfills WHERE shard = $1 AND state = 'RUNNING');
 
+-- name: shards_running
+-- Which of these shards have a running backfill (sundial_dispatcher.side_work; backfills_running_idx).
+SELECT DISTINCT shard FROM backfills WHERE shard = ANY($1::int[]) AND state = 'RUNNING';
+
 -- name: running_backfills
 -- The leader's step: this shard's running backfills with their job, locked for the transaction (a cancel
 -- waits for it, and is then final). `open`: its executions still PENDING or RUNNING (BUFFER_ONE waits).

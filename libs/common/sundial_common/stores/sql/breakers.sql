@@ -6,6 +6,14 @@
 -- name: now
 SELECT now();
 
+-- name: quiet
+-- Nothing for the breaker loop to judge: no attempt ended within the longest window a tenant may set (3600 s),
+-- every breaker is CLOSED with empty counts, and no retry is held (executions_held_idx). One statement instead
+-- of a pass's four, while nothing happens.
+SELECT NOT EXISTS (SELECT 1 FROM breaker_counts WHERE bucket >= now() - interval '3600 seconds')
+   AND NOT EXISTS (SELECT 1 FROM breakers WHERE state <> 'CLOSED' OR attempts <> 0 OR failures <> 0)
+   AND NOT EXISTS (SELECT 1 FROM executions WHERE held_by IS NOT NULL);
+
 -- name: window_counts
 -- Finished attempts and failures per handler and second since $1 (the longest window any tenant has).
 SELECT tenant_id, pool, handler, bucket, sum(attempts)::int AS attempts, sum(failures)::int AS failures

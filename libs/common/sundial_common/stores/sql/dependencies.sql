@@ -119,6 +119,12 @@ SELECT EXISTS (
     WHERE t.shard = $1 AND t.consumed_at IS NULL
 );
 
+-- name: shards_with_pending
+-- Which of these shards have a trigger of an ACTIVE child waiting: one look for every shard a dispatcher
+-- process leads (sundial_dispatcher.side_work), instead of an any_pending per shard and second.
+SELECT DISTINCT t.shard FROM job_triggers t JOIN jobs c ON c.id = t.child_job_id AND c.state = 'ACTIVE'
+WHERE t.shard = ANY($1::int[]) AND t.consumed_at IS NULL;
+
 -- name: pending_triggers
 -- The waiting triggers of the locked children, oldest first (at most $2 per pass).
 SELECT id, child_job_id, parent_job_id, parent_execution_id, parent_state, parent_traceparent, created_at
