@@ -5,7 +5,8 @@
 -- Batches travel as parallel arrays through unnest(), so a batch is one round trip.
 --
 -- A batch of executions is found by primary key, never through the index of open states: a state filter
--- is written `e.state || '' = 'RUNNING'`, which no index can serve. Otherwise the planner, which
+-- is written `e.state || '' = 'RUNNING'` (in the batches `texteq(e.state, 'RUNNING')`, see below), which no
+-- index can serve. Otherwise the planner, which
 -- guesses 10 elements for a parameter array and whose statistics lag a table growing by thousands of
 -- rows a second, drove the join from executions_open_idx: every call scanned all PENDING (or
 -- RUNNING) rows, or rescanned the array once per such row. Under a backlog that made one 250-row

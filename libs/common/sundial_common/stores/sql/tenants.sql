@@ -50,9 +50,14 @@ SELECT id, tenant_id, pool, priority FROM jobs WHERE id = ANY($1::uuid[]);
 -- entries and 3,500 heap pages for 3,000 open rows after 100,000 executions, 106-183 ms a call. A plain
 -- index scan marks the entries of dead versions as it passes (LP_DEAD), so each is visited about once, by
 -- the next census after its version died: 209 pages and 3 ms for the same rows (bench/census.py). A
--- sequential scan would read a whole day's partition. The statement is planned at each call (the pool's
--- plan_cache_mode), always in this transaction, so every plan of it keeps to the index.
-SELECT set_config('enable_bitmapscan', 'off', true), set_config('enable_seqscan', 'off', true);
+-- sequential scan would read a whole day's partition. Its plan is made in this transaction, so it keeps to
+-- the index. And it is a generic plan, made once per connection, not at each call as the pool's
+-- plan_cache_mode would: the statement reads every partition (an open execution may be a retry in an old day)
+-- and its parameters only bound the FILTER counts, so a plan for its values prunes nothing and only costs the
+-- planning of every partition's indexes, ~1 ms a call with 8 partitions, 5-17 ms with 38 (W3, bench lines'
+-- plan_ms).
+SELECT set_config('enable_bitmapscan', 'off', true), set_config('enable_seqscan', 'off', true),
+       set_config('plan_cache_mode', 'force_generic_plan', true);
 
 -- name: open_executions
 -- The dispatcher's fair pass (read by each dispatcher process at most every few hundred milliseconds, shared by
