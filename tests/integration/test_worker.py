@@ -400,59 +400,6 @@ async def test_duplicate_and_stale_deliveries_do_not_run_the_handler_again(
     assert (await execution(stores, message))["result"] == 1
 
 
-async def test_a_delivery_arriving_while_its_attempt_is_being_claimed_runs_once_and_is_acknowledged(
-    stores: Stores, publisher: KafkaPublisher, settings: WorkerSettings, pool: str
-) -> None:
-    """Claims overlap (admission): a second delivery of an execution taken while the first one's start CAS is still
-    under way joins that claim — the handler runs once, and neither offset is acknowledged before its outcome is
-    written (a second claim would lose the CAS and acknowledge its offset while the handler still runs)."""
-    calls: list[uuid.UUID] = []
-    running, release = asyncio.Event(), asyncio.Event()
-    worker = Worker(pool=pool)
-
-    @worker.handler("count")
-    async def count(ctx: Context, payload: Any) -> int:
-        calls.append(ctx.execution_id)
-        running.set()
-        await release.wait()
-        return len(calls)
-
-    async with serving(worker, settings) as runtime:
-        executions = runtime.parts.stores.executions
-        start_executions = executions.start_executions
-        claiming = asyncio.Event()
-
-        async def slow_start(*args: Any, **kwargs: Any) -> Any:
-            claiming.set()
-            await asyncio.sleep(0.5)  # a slow start CAS: the loop takes the next batch meanwhile
-            return await start_executions(*args, **kwargs)
-
-        executions.start_executions = slow_start  # type: ignore[method-assign]
-        [message] = await dispatch(stores, pool, "count", [{}])
-        await publish(publisher, [message])
-        await asyncio.wait_for(claiming.wait(), 20)
-        await publish(publisher, [message])  # delivered again while the first delivery is being claimed
-        consumer = runtime.consumer
-        assert isinstance(consumer, KafkaExecutionConsumer)
-
-        async def both_taken() -> bool:
-            return runtime.stats.consumed == 2
-
-        await wait_until(both_taken, "the second delivery to be taken")
-        await asyncio.wait_for(running.wait(), 20)
-        await asyncio.sleep(0.6)  # past the second delivery's own (slow) CAS, had it made one
-        assert consumer.pending() == 2  # both wait for the outcome
-        release.set()
-        await wait_state(stores, message, "SUCCEEDED")
-
-        async def all_acknowledged() -> bool:
-            return runtime.stats.consumed == 2 and consumer.pending() == 0
-
-        await wait_until(all_acknowledged, "both deliveries to be acknowledged")
-    assert calls == [uuid.UUID(message.execution_id)]
-    assert runtime.stats.started == 1 and runtime.stats.duplicates == 1
-
-
 async def test_sync_handler_runs_in_the_thread_pool(
     stores: Stores, publisher: KafkaPublisher, settings: WorkerSettings, pool: str, spans: InMemorySpanExporter
 ) -> None:
