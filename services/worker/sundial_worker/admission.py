@@ -14,13 +14,6 @@ for a handler to end), so it runs back to back until the runtime's ``stopping`` 
 cancelled — cancelling it between the start CAS and launching the handlers would strand RUNNING rows —
 so it checks that event at least every poll timeout, and a claim pass that finds it set leaves its
 messages unacknowledged for the group's next member.
-
-Claims overlap (``max_claims_in_flight``): a batch's claim (its start CAS, a few milliseconds of Postgres, and
-its launch) runs as a task while the loop takes the next batch, so a message that arrives meanwhile is not held
-until the claim before it is done (W2: a claim took 11 ms at the median, and a message waited for it in the
-consumer's queue). Every handler still starts only after its own CAS. A message delivered again while an
-earlier delivery of the same attempt is being claimed joins that claim (it is acknowledged with it), as a
-redelivery of a running one waits for its outcome; the loop returns only once its claims are done.
 """
 
 from __future__ import annotations
@@ -73,11 +66,9 @@ class AdmissionConfig:
     """After this long without a message the consumer parks (no broker fetch) until a publisher wakes it."""
     park_check_sec: float = 1.0
     """A parked consumer still fetches this often (a wake-up lost, a publisher that does not announce)."""
-    max_claims_in_flight: int = 2
-    """Batches claimed at once (each one start CAS): the loop takes the next batch while earlier ones are claimed."""
 
     def __post_init__(self) -> None:
-        check_positive_int(self, "concurrency", "poll_batch", "max_claims_in_flight")
+        check_positive_int(self, "concurrency", "poll_batch")
         check_seconds(self, "poll_timeout_sec", "idle_park_sec", "park_check_sec")
 
 
@@ -86,11 +77,6 @@ class AdmissionResult:
     consumed: int = 0
     started: int = 0
     duplicates: int = 0
-
-    def __add__(self, other: AdmissionResult) -> AdmissionResult:
-        return AdmissionResult(
-            self.consumed + other.consumed, self.started + other.started, self.duplicates + other.duplicates
-        )
 
 
 @dataclass(eq=False, slots=True)
@@ -135,20 +121,10 @@ class Admission:
         self._heartbeats = heartbeats
         self._stats = stats
         self._stopping = stopping
-        #: Claims whose start CAS is under way, by (execution, attempt): a redelivery joins the claim.
-        self._claiming: dict[tuple[UUID, int], _Claim] = {}
-        #: Batches being claimed (:meth:`_admit` tasks) and how many deliveries they hold.
-        self._claims: set[asyncio.Task[AdmissionResult]] = set()
-        self._claimed_messages = 0
 
     async def run(self) -> None:
-        try:
-            while not self._stopping.is_set():
-                await self.run_once()
-        finally:
-            # Never cancelled (see the module docstring): the claims under way launch their handlers first.
-            while self._claims:
-                await self._finish_claim()
+        while not self._stopping.is_set():
+            await self.run_once()
 
     def wake(self) -> None:
         """Cut short a pass waiting for a free slot or parked (so that it notices a stop at once)."""
@@ -160,14 +136,8 @@ class Admission:
         self._published.set()
 
     async def run_once(self) -> AdmissionResult:
-        """Take up to the free slots' worth of messages and claim them in one CAS (as a task: see the module
-        docstring), which starts their handlers. Returns what the claims that ended meanwhile did."""
-        ended = self._reap_claims()
-        if len(self._claims) >= self.config.max_claims_in_flight:
-            return ended + await self._finish_claim()
-        free = self.config.concurrency - len(self._inflight.running) - self._claimed_messages
-        if free <= 0 and self._claims:
-            return ended + await self._finish_claim()  # the claims under way hold the free slots
+        """Take up to the free slots' worth of messages, claim them in one CAS, start their handlers."""
+        free = self.config.concurrency - len(self._inflight.running)
         if free <= 0:
             slot_freed = self._inflight.slot_freed
             slot_freed.clear()
@@ -176,34 +146,15 @@ class Admission:
             except TimeoutError:
                 await self._consumer.keepalive(0)
             self._last_delivery = time.monotonic()  # saturated is not idle
-            return ended
-        # Consume calls stay one at a time (they share the consumer's one thread); the claims overlap them.
+            return AdmissionResult()
+        # One pass at a time: a second pass in flight (to overlap the CAS with consuming) measured no
+        # faster, because consume calls share the consumer's one thread and an idle one blocks it.
         deliveries = await self._take(min(free, self.config.poll_batch))
         if not deliveries:
-            return ended
+            return AdmissionResult()
         self._last_delivery = time.monotonic()
         self._stats.consumed += len(deliveries)
-        claim = asyncio.create_task(self._admit(deliveries), name="sundial-worker-claim")
-        self._claims.add(claim)
-        self._claimed_messages += len(deliveries)
-        claim.add_done_callback(lambda _: self._claim_done(len(deliveries)))
-        return ended
-
-    def _claim_done(self, messages: int) -> None:
-        self._claimed_messages -= messages
-        self._inflight.slot_freed.set()  # a saturated pass counts the claimed messages as busy slots
-
-    async def _finish_claim(self) -> AdmissionResult:
-        """Wait for the oldest claim under way to end (its errors are the loop's: they fail the runtime)."""
-        await asyncio.wait(self._claims, return_when=asyncio.FIRST_COMPLETED)
-        return self._reap_claims()
-
-    def _reap_claims(self) -> AdmissionResult:
-        ended = AdmissionResult()
-        for claim in [c for c in self._claims if c.done()]:
-            self._claims.discard(claim)
-            ended += claim.result()
-        return ended
+        return await self._admit(deliveries)
 
     async def _take(self, most: int) -> list[Delivery]:
         """Poll while work flows. Idle for ``idle_park_sec`` (and wake-ups arriving): park, and wait for a
@@ -240,11 +191,6 @@ class Admission:
                 unsettled.deliveries.append(delivery)
                 duplicates += 1
                 continue
-            claiming = self._claiming.get((execution_id, message.attempt))
-            if claiming is not None:
-                # Delivered again while an earlier delivery's claim is under way: it is that claim's.
-                claiming.deliveries.append(delivery)
-                continue
             claim = claims.get((execution_id, message.attempt))
             if claim is None:
                 claims[(execution_id, message.attempt)] = _Claim(message, execution_id, [delivery])
@@ -255,37 +201,21 @@ class Admission:
             # (or this one, restarted) gets them again.
             self._stats.duplicates += duplicates
             return AdmissionResult(consumed=len(deliveries), duplicates=duplicates)
-        self._claiming.update(claims)
-        try:
-            started, duplicates = await self._claim(claims, duplicates)
-        finally:
-            # Before any other await: from here a redelivery finds its execution unsettled, or acknowledged.
-            for key in claims:
-                self._claiming.pop(key, None)
-        if started is None:  # stopping while the database was unreachable
-            return AdmissionResult(consumed=len(deliveries), duplicates=duplicates)
-        # Liveness keys go out after the handlers have started, so the Redis round trip overlaps them.
-        await self._heartbeats.renew(started)
-        return AdmissionResult(consumed=len(deliveries), started=len(started), duplicates=duplicates)
-
-    async def _claim(self, claims: dict[tuple[UUID, int], _Claim], duplicates: int) -> tuple[list[UUID] | None, int]:
-        """The start CAS of ``claims``; launch the won ones. Returns those launched (None: stopping while the
-        database was unreachable) and the duplicates counted so far."""
         # The data keys of the batch's tenants before the start CAS (a row won must have its handler started):
         # a read only for a tenant this process has not seen yet, else nothing.
         tenants = {c.message.tenant_id for c in claims.values()}
         if any(self._keyring.cached(t) is None for t in tenants):
             loaded = await self._with_db_retry("load data keys", lambda _: self._keyring.ciphers(tenants))
             if loaded is None:
-                return None, duplicates
+                return AdmissionResult(consumed=len(deliveries), duplicates=duplicates)
         rows = await self._with_db_retry(
             "start executions",
             lambda executions: executions.start_executions(
                 self.worker_id, list(claims), [c.deliveries[0].published_at for c in claims.values()]
             ),
         )
-        if rows is None:
-            return None, duplicates
+        if rows is None:  # stopping while the database was unreachable
+            return AdmissionResult(consumed=len(deliveries), duplicates=duplicates)
         won: dict[UUID, Record] = {UUID(str(row["id"])): row for row in rows}
         started: list[UUID] = []
         # One cached registry read per pass (a query only when the entry is older than pool_cache_sec), and one
@@ -319,7 +249,9 @@ class Admission:
             started.append(execution_id)
         self._stats.duplicates += duplicates
         self._stats.started += len(started)
-        return started, duplicates
+        # Liveness keys go out after the handlers have started, so the Redis round trip overlaps them.
+        await self._heartbeats.renew(started)
+        return AdmissionResult(consumed=len(deliveries), started=len(started), duplicates=duplicates)
 
     def _decode(self, delivery: Delivery) -> ExecutionMessage | None:
         try:
