@@ -7,8 +7,8 @@ attempts (the index depth a busy day has), analysed, then measured in ``--rounds
 database goes first so the machine's drifting load falls on both: per round ``--batch`` due jobs are
 dispatched through the dispatcher's fenced transaction (``lock_due_jobs``, which raises the fence, and
 ``insert_executions``, which advances the jobs), started (the worker's ``start_executions``) and finished
-(``finish_attempts``), through the same store calls the services make. Per database: the median wall milliseconds of each call, and from
-pg_stat_statements the mean execution and planning milliseconds of the insert (and the dispatch's
+(``finish_attempts``), through the same store calls the services make. Per database: the median wall
+milliseconds of each call, and from pg_stat_statements the mean execution and planning milliseconds of the insert (and the dispatch's
 ``lock_due_jobs``), start and finish statements.
 
     uv run --frozen python bench/storage.py --port-offset 900
