@@ -5,11 +5,11 @@ One Postgres (the bench's settings, pg_stat_statements), two databases side by s
 30-day retention plus the week made ahead). Each is filled with ``--rows`` finished executions and their
 attempts (the index depth a busy day has), analysed, then measured in ``--rounds`` rounds, alternating which
 database goes first so the machine's drifting load falls on both: per round ``--batch`` due jobs are
-dispatched through the dispatcher's fenced transaction (``lock_due_jobs`` + ``insert_executions`` +
-``advance_jobs``), started (the worker's ``start_executions``) and finished (``finish_attempts``), through the
-same store calls the services make. Per database: the median wall milliseconds of each call, and from
-pg_stat_statements the mean execution and planning milliseconds of the insert (and the dispatch's
-``lock_due_jobs``), start and finish statements.
+dispatched through the dispatcher's fenced transaction (``lock_due_jobs``, which raises the fence, and
+``insert_executions``, which advances the jobs), started (the worker's ``start_executions``) and finished
+(``finish_attempts``), through the same store calls the services make. Per database: the median wall
+milliseconds of each call, and from pg_stat_statements the mean execution and planning milliseconds of the
+insert (and the dispatch's ``lock_due_jobs``), start and finish statements.
 
     uv run --frozen python bench/storage.py --port-offset 900
     uv run --frozen python bench/storage.py --port-offset 900 --rows 1000000 --rounds 60

@@ -36,7 +36,7 @@ Members in the buffer are out of Redis but not dispatched: a term that ends puts
 (:meth:`FairDispatch.release`), a pass whose reads fail puts back what it claimed and had not buffered yet
 (as the dispatch pass does after a failed commit); if the leader dies instead, the jobs are still due in
 Postgres and the hydrator's overdue scan puts them back (DESIGN invariant 1), as for any claimed member. While
-a live leader holds them, a Redis set per shard (renewed each pass, expiring ``held_ttl_sec`` after the last)
+a live leader holds them, a Redis set per shard (renewed every second, expiring ``held_ttl_sec`` after the last)
 tells the overdue scan they are not lost: re-adding a burst's held jobs would refill the hot window ahead of
 other tenants' members (measured: 20,000 re-added every 10 s, B's jobs 85 s late behind A's 100,000).
 Scheduled retries pass straight through: they are executions already, their order is the hot window's.
