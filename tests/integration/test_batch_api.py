@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import uuid
 
+import orjson
+
 from tests.integration.test_api import NOW, Api, api, delayed, one_shot  # noqa: F401  (the `api` fixture)
 
 
@@ -42,3 +44,18 @@ async def test_a_batch_has_a_size_limit_and_needs_a_token(api: Api) -> None:  # 
     assert anonymous.status_code == 401
     assert (await api.counts())["jobs"] == 0
     assert NOW  # the suite's fixed clock is in force
+
+
+async def test_a_batch_body_parses_as_the_standard_library_parses_it(api: Api) -> None:  # noqa: F811
+    # orjson parses the body; what it refuses, json.loads parses or refuses as before.
+    headers = {**api.auth(), "Content-Type": "application/json"}
+    malformed = await api.client.post("/v1/jobs:batch", content=b'{"jobs": [', headers=headers)
+    assert malformed.status_code == 422 and malformed.json()["errors"][0]["field"] == "body"
+    item = delayed(name="big", payload={"n": 0})
+    huge = orjson.dumps({"jobs": [item, delayed(name="fine")]}).replace(
+        b'{"n":0}', b'{"n":123456789012345678901234567890}'
+    )
+    answer = await api.client.post("/v1/jobs:batch", content=huge, headers=headers)
+    assert answer.status_code == 200, answer.text
+    assert [r["status"] for r in answer.json()["results"]] == [422, 201]
+    assert answer.json()["results"][0]["problem"]["errors"][0]["field"] == "payload"

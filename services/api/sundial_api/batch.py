@@ -17,24 +17,27 @@ from pydantic import ValidationError
 from starlette.responses import Response
 from sundial_common import ids, telemetry
 from sundial_common.schedules import fire_at
+from sundial_common.stores.pools import Pool
 from sundial_common.stores.types import Record
 
 from sundial_api import idempotency
 from sundial_api.auth import Authenticated
 from sundial_api.group_commit import HOT_WINDOW_MARGIN, add_near_due
 from sundial_api.jobs import _check_payload, _definition, _resolve, with_tenant_defaults
+from sundial_api.json_body import OrjsonBodyRoute
 from sundial_api.metrics import count_created
 from sundial_api.models.batch import JobBatch
 from sundial_api.models.jobs import JobCreate, JobState, render_job
 from sundial_api.pools import usable_pool, with_pool_defaults
 from sundial_api.problems import ProblemError, describe, problem_body, responses
 from sundial_api.responses import OrjsonResponse
+from sundial_api.schedule import Resolved
 from sundial_api.state import State
 from sundial_api.tenants import QuotaExceededError, rate_limited, take_creates
 
 log = logging.getLogger("sundial.api")
 
-router = APIRouter(prefix="/v1", tags=["jobs"])
+router = APIRouter(prefix="/v1", tags=["jobs"], route_class=OrjsonBodyRoute)
 
 
 @router.post(
@@ -66,12 +69,24 @@ async def create_jobs(
     payloads: dict[int, Any] = {}
     traceparent = telemetry.traceparent()
     cipher = await state.keyring.cipher(principal.tenant)
+    # Items of a batch often share a schedule (a fan-out due at one instant) and a pool: each distinct one is
+    # resolved and checked once. Only successes are kept, so every failing item still gets its own problem.
+    schedules: dict[tuple[Any, ...], Resolved] = {}
+    pools: dict[str, Pool] = {}
     for index, raw in enumerate(body.jobs):
         try:
             job = with_tenant_defaults(JobCreate.model_validate(raw), tenant)
             _check_payload(job.payload, settings.max_payload_bytes)
-            resolved = _resolve(job, state, now)
-            pool = await usable_pool(state, principal.tenant, job.target.pool, "target.pool", item=index)
+            key = _schedule_key(job)
+            resolved = schedules.get(key) if key is not None else None
+            if resolved is None:
+                resolved = _resolve(job, state, now)
+                if key is not None:
+                    schedules[key] = resolved
+            pool = pools.get(job.target.pool)
+            if pool is None:
+                pool = await usable_pool(state, principal.tenant, job.target.pool, "target.pool", item=index)
+                pools[job.target.pool] = pool
             job = with_pool_defaults(job, pool)
         except ValidationError as exc:
             errors = [describe({**e, "loc": ("body", *e["loc"])}, JobCreate) for e in exc.errors()]
@@ -138,3 +153,23 @@ async def create_jobs(
     horizon = state.clock.now() + timedelta(seconds=state.settings.hot_window_sec) + HOT_WINDOW_MARGIN
     await add_near_due(state.hot_window, rows, horizon)
     return OrjsonResponse(answer(rows))
+
+
+def _schedule_key(job: JobCreate) -> tuple[Any, ...] | None:
+    """What ``_resolve`` reads of ``job`` (besides the batch's one ``now``): items with equal keys resolve alike.
+
+    Instants count with their zone and fold, so only identical inputs share a result; RUN_LIST jobs (a list of
+    instants each) are resolved on their own.
+    """
+    if job.run_list is not None:
+        return None
+    return (
+        job.type,
+        job.timezone,
+        job.delay_seconds,
+        job.schedule,
+        job.interval_sec,
+        job.max_runs,
+        job.jitter_sec,
+        *((at, at.tzinfo, at.fold) if at is not None else None for at in (job.run_at, job.start_at, job.end_at)),
+    )
