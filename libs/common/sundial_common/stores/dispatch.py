@@ -263,33 +263,7 @@ class PostgresDispatchStore:
             inserted: list[Record] = []
             if planned or advances:
                 inserted = await conn.fetch(
-                    Q["insert_executions"],
-                    [p.execution_id for p in planned],
-                    [p.job["tenant_id"] for p in planned],
-                    [p.job["id"] for p in planned],
-                    [p.nominal for p in planned],
-                    [p.job["pool"] for p in planned],
-                    [p.job["handler"] for p in planned],
-                    [p.max_attempts for p in planned],
-                    [p.job["timeout_sec"] for p in planned],
-                    shard,
-                    token,
-                    [p.trace_id for p in planned],
-                    [p.traceparent for p in planned],
-                    holder,
-                    [p.due for p in planned],
-                    [p.state for p in planned],
-                    [p.triggered for p in planned],
-                    [p.note for p in planned],
-                    [p.job["priority"] for p in planned],
-                    [a.job_id for a in advances],
-                    [a.prev_fire_at for a in advances],
-                    [a.next_fire_at for a in advances],
-                    [a.next_nominal_at for a in advances],
-                    [a.runs for a in advances],
-                    [a.missed for a in advances],
-                    [a.advance for a in advances],
-                    [a.trigger_done for a in advances],
+                    Q["insert_executions"], *_insert_arguments(planned, advances, shard, token, holder)
                 )
             if decided.cancel:
                 cancelled = await conn.fetch(Q["cancel_overlapping"], list(decided.cancel), holder)
@@ -326,17 +300,7 @@ class PostgresDispatchStore:
         await transaction.start()
         try:
             await conn.fetch(Q["lock_due_jobs"], nothing, nothing, _NO_SHARD, 0, "warm-up")
-            await conn.fetch(
-                Q["insert_executions"],
-                *[nothing] * 8,
-                _NO_SHARD,
-                0,
-                nothing,
-                nothing,
-                "warm-up",
-                *[nothing] * 5,
-                *[nothing] * 8,
-            )
+            await conn.fetch(Q["insert_executions"], *_insert_arguments([], [], _NO_SHARD, 0, "warm-up"))
         finally:
             await transaction.rollback()
 
@@ -412,6 +376,40 @@ class PostgresDispatchStore:
     async def republished(self, execution_ids: Sequence[UUID]) -> None:
         if execution_ids:
             await self._db.pool.execute(Q["republished"], list(execution_ids))
+
+
+def _insert_arguments(
+    planned: Sequence[PlannedExecution], advances: Sequence[JobAdvance], shard: int, token: int, holder: str
+) -> list[object]:
+    """The parameters of ``insert_executions``, in its order: the executions, then the jobs' moves."""
+    return [
+        [p.execution_id for p in planned],
+        [p.job["tenant_id"] for p in planned],
+        [p.job["id"] for p in planned],
+        [p.nominal for p in planned],
+        [p.job["pool"] for p in planned],
+        [p.job["handler"] for p in planned],
+        [p.max_attempts for p in planned],
+        [p.job["timeout_sec"] for p in planned],
+        shard,
+        token,
+        [p.trace_id for p in planned],
+        [p.traceparent for p in planned],
+        holder,
+        [p.due for p in planned],
+        [p.state for p in planned],
+        [p.triggered for p in planned],
+        [p.note for p in planned],
+        [p.job["priority"] for p in planned],
+        [a.job_id for a in advances],
+        [a.prev_fire_at for a in advances],
+        [a.next_fire_at for a in advances],
+        [a.next_nominal_at for a in advances],
+        [a.runs for a in advances],
+        [a.missed for a in advances],
+        [a.advance for a in advances],
+        [a.trigger_done for a in advances],
+    ]
 
 
 async def with_open_executions(conn: asyncpg.Connection, due: list[Record]) -> list[Record]:
