@@ -12,7 +12,8 @@ daily and hourly cron jobs in several time zones and intervals from 5 minutes to
 fire computed by ``sundial_common.schedules`` exactly as the API does. Then it measures:
 
 * Postgres size: the ``jobs`` heap, each of its indexes, the database;
-* the hydrator: one pass from an empty Redis (a rebuild: promotes the whole hot window), then steady
+* the hydrator: one pass from an empty Redis (a rebuild: promotes the whole hot window; and when every shard
+  had its next minute back, ``rebuild_next_minute_ms``), then steady
   passes a second apart (most read only the watermarks; one in each promotion slice scans the slice
   that entered the window), and the overdue scan; plus the plan of one promotion page, to show it is an
   index range scan and never a table scan;
@@ -36,6 +37,7 @@ import shutil
 import sys
 import time
 import uuid
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -50,6 +52,7 @@ from sundial_common.migrate import upgrade
 from sundial_common.schedules import Kind, ScheduleSpec, fire_at, next_fire
 from sundial_common.stores import Stores
 from sundial_common.stores.jobs import Q
+from sundial_common.stores.types import Occurrence, RetryDue
 from sundial_hydrator.hydrator import Hydrator, HydratorConfig
 from sundial_infra.stack import BENCH_PORTS, LocalStack, Ports
 
@@ -189,14 +192,39 @@ async def sizes(dsn: str) -> dict[str, Any]:
     }
 
 
+class _NextMinuteWatch(HotWindow):
+    """The hot window, noting when a rebuild has put back, per shard, every member due within the next minute."""
+
+    def __init__(self, redis: Redis, now: datetime) -> None:
+        super().__init__(redis)
+        self.minute = now + timedelta(minutes=1)
+        self.started = time.perf_counter()
+        self.ready_s: dict[int, float] = {}
+
+    async def hydrate(
+        self,
+        shard: int,
+        expected: int | None,
+        new_watermark: int | None,
+        occurrences: Sequence[Occurrence],
+        retries: Sequence[RetryDue] = (),
+    ) -> bool:
+        ok = await super().hydrate(shard, expected, new_watermark, occurrences, retries)
+        past_minute = new_watermark is not None or bool(occurrences and occurrences[-1].due >= self.minute)
+        if ok and past_minute and shard not in self.ready_s:
+            self.ready_s[shard] = time.perf_counter() - self.started
+        return ok
+
+
 async def hydrate(dsn: str, redis_url: str, shards: int, now: datetime, steady_passes: int) -> dict[str, Any]:
     stores = await Stores.connect(dsn)
     redis = Redis.from_url(redis_url)
     clock = FixedClock(now)
     try:
         await redis.flushall()
-        hydrator = Hydrator(stores, HotWindow(redis), HydratorConfig(shards=shards), clock=clock)
-        started = time.perf_counter()
+        watch = _NextMinuteWatch(redis, now)
+        hydrator = Hydrator(stores, watch, HydratorConfig(shards=shards), clock=clock)
+        started = watch.started = time.perf_counter()
         cold = await hydrator.run_once()  # also runs the overdue scan (first pass)
         cold_s = time.perf_counter() - started
         steady = []
@@ -223,6 +251,9 @@ async def hydrate(dsn: str, redis_url: str, shards: int, now: datetime, steady_p
     return {
         "rebuild_pass_ms": round(cold_s * 1000, 1),
         "rebuild_promoted": cold.promoted,
+        # When every shard had its members due within the next minute back (the latest shard), and each shard.
+        "rebuild_next_minute_ms": round(max(watch.ready_s.values(), default=0) * 1000, 1),
+        "rebuild_next_minute_ms_by_shard": [round(watch.ready_s.get(s, 0) * 1000, 1) for s in range(shards)],
         "steady_pass_ms": {
             "p50": round(steady[len(steady) // 2] * 1000, 2),
             "max": round(steady[-1] * 1000, 2),

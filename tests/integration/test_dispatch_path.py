@@ -10,6 +10,7 @@ import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
@@ -46,7 +47,9 @@ def pool() -> str:
     return f"t-{uuid.uuid4().hex[:10]}"
 
 
-async def make_job(stores: Stores, due: datetime, pool: str, *, traceparent_value: str | None = None) -> uuid.UUID:
+async def make_job(
+    stores: Stores, due: datetime, pool: str, *, traceparent_value: str | None = None, shard: int = 0
+) -> uuid.UUID:
     job_id = new_id()
     await stores.jobs.insert_job(
         {
@@ -59,7 +62,7 @@ async def make_job(stores: Stores, due: datetime, pool: str, *, traceparent_valu
             "handler": "echo",
             "payload": {"n": str(job_id)},
             "timeout_sec": 30,
-            "shard": 0,
+            "shard": shard,
             "next_fire_at": _ms(due),
             "traceparent": traceparent_value,
         },
@@ -146,6 +149,31 @@ async def test_an_idle_hydrator_scans_postgres_once_per_promotion_slice_and_stil
     await hot_window.redis.flushall()
     rebuilt = await hydrator.run_once()  # the very next pass, slice or not
     assert (rebuilt.rebuilt_shards, await hot_window.size(0)) == (2, 1)
+
+
+async def test_a_rebuild_restores_every_shards_next_jobs_before_any_shards_later_ones(
+    stores: Stores, hot_window: HotWindow, pool: str
+) -> None:
+    """After a flush at scale, the last shard's near-due jobs must not wait for the other shards' whole hour."""
+    now = datetime.now(UTC)
+    for shard in range(3):
+        for minute in range(1, 7):
+            await make_job(stores, now + timedelta(minutes=minute), pool, shard=shard)
+    landed: list[tuple[int, datetime]] = []  # (shard, latest due) of each page, in the order Redis got them
+    hydrate = hot_window.hydrate
+
+    async def spy(shard: int, expected: int | None, new: int | None, occurrences: Any, retries: Any = ()) -> bool:
+        if occurrences:
+            landed.append((shard, max(o.due for o in occurrences)))
+        return await hydrate(shard, expected, new, occurrences, retries)
+
+    hot_window.hydrate = spy  # type: ignore[method-assign]
+    result = await Hydrator(stores, hot_window, HydratorConfig(shards=3, batch_size=2)).run_once()
+
+    assert (result.rebuilt_shards, result.promoted) == (3, 18)
+    first_pages = [landed.index(next(page for page in landed if page[0] == shard)) for shard in range(3)]
+    assert max(first_pages) < 3  # each shard's first two minutes were in before any shard's later pages
+    assert all(due <= now + timedelta(minutes=2, seconds=1) for _, due in landed[:3])
 
 
 async def test_hydrator_pages_through_many_jobs_due_at_one_instant(
