@@ -1,6 +1,6 @@
 """What travels on Kafka: topic names and the execution message codec.
 
-A message is keyed by execution id (so redeliveries of one execution stay ordered on one partition)
+A message has no key (a published batch goes to one partition: :class:`~sundial_common.broker.KafkaPublisher`)
 and carries execution id, attempt, fence token, tenant and the W3C ``traceparent`` as headers, so a
 consumer can route, dedupe and continue the trace without decoding the body.
 """
