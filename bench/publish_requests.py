@@ -22,7 +22,7 @@ import json
 import os
 import sys
 import tempfile
-import time
+import threading
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -34,6 +34,8 @@ from sundial_common.ids import new_id
 from sundial_common.messages import ExecutionMessage, pool_topic
 from sundial_infra.servers.broker import BrokerServer
 from sundial_infra.stack import BENCH_PORTS
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -52,15 +54,21 @@ async def measure(bootstrap: str, broker_pid: int, size: int, batches: int) -> d
     topic = pool_topic(pool)
     ensure_topics(bootstrap, [topic], partitions=4, retention_ms=600_000)
     stats: list[str] = []
-    publisher = KafkaPublisher(bootstrap, **{"statistics.interval.ms": 100, "stats_cb": stats.append})
+    reported = threading.Event()
+
+    def on_stats(report: str) -> None:
+        stats.append(report)
+        reported.set()
+
+    publisher = KafkaPublisher(bootstrap, **{"statistics.interval.ms": 100, "stats_cb": on_stats})
     try:
         publisher.warm([topic])
 
         async def produce_requests() -> int:
             # A report made after now: the publisher's poll thread serves the callback at least once a second.
-            seen = len(stats)
-            while len(stats) <= seen + 1:
-                await asyncio.sleep(0.05)
+            for _ in range(2):
+                reported.clear()
+                await asyncio.to_thread(reported.wait, 5)
             report = json.loads(stats[-1])
             return sum(int(broker["req"].get("Produce", 0)) for broker in report["brokers"].values())
 
@@ -90,7 +98,6 @@ async def main() -> None:
     parser.add_argument("--batches", type=int, default=300)
     parser.add_argument("--results", type=Path, default=Path(__file__).parent / "results" / "publish-requests")
     args = parser.parse_args()
-    repo = Path(__file__).resolve().parent.parent
     with tempfile.TemporaryDirectory(prefix="sundial-publish-") as root:
         broker = BrokerServer(Path(root) / "broker", args.port or BENCH_PORTS.broker + args.port_offset)
         broker.start()
@@ -104,7 +111,7 @@ async def main() -> None:
     args.results.mkdir(parents=True, exist_ok=True)
     with (args.results / f"{datetime.now(UTC):%Y-%m-%d}.jsonl").open("a") as sink:
         for line in lines:
-            line = {**line, "machine": machine.describe(repo), "at": datetime.now(UTC).isoformat()}
+            line = {**line, "machine": machine.describe(REPO), "at": datetime.now(UTC).isoformat()}
             print(json.dumps(line))
             sink.write(json.dumps(line) + "\n")
 
