@@ -16,7 +16,7 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from opentelemetry import trace
 from redis.asyncio import Redis
-from sundial_common.broker import KafkaPublisher
+from sundial_common.broker import KafkaPublisher, ensure_topics
 from sundial_common.hotwindow import HotWindow
 from sundial_common.ids import new_id
 from sundial_common.messages import ExecutionMessage, pool_topic
@@ -220,6 +220,33 @@ async def test_dispatch_commits_one_execution_per_occurrence_and_publishes_it(
     again = await dispatcher.run_once()
     assert (again.claimed, again.dispatched) == (1, 0)
     assert await stores.database.pool.fetchval("SELECT count(*) FROM executions") == 5
+
+
+async def test_a_batch_published_at_once_goes_to_one_partition(
+    publisher: KafkaPublisher, pool: str, kafka_bootstrap: str
+) -> None:
+    # One produce request for a dispatch pass's batch, not one per partition (the broker's cost follows requests).
+    topic = pool_topic(pool)
+    await asyncio.to_thread(ensure_topics, kafka_bootstrap, [topic], 4)
+    await asyncio.to_thread(publisher.warm, [topic])  # as a dispatcher does (a cold producer spreads its first batch)
+    batch = [
+        ExecutionMessage(str(new_id()), str(new_id()), "acme", pool, "echo", 1, 1, "2026-01-01T00:00:00+00:00", 0, {})
+        for _ in range(40)
+    ]
+    assert await publisher.publish(batch) == [None] * 40
+    consumer = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": f"probe-{uuid.uuid4().hex}"})
+    try:
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(4)])
+        received: list[Any] = []
+        deadline = datetime.now(UTC) + timedelta(seconds=15)
+        while len(received) < 40 and datetime.now(UTC) < deadline:
+            received += [m for m in consumer.consume(num_messages=40, timeout=0.5) if m.error() is None]
+    finally:
+        consumer.close()
+    assert sorted(ExecutionMessage.decode(m.value()).execution_id for m in received) == sorted(
+        m.execution_id for m in batch
+    )
+    assert len({m.partition() for m in received}) == 1
 
 
 async def test_published_at_is_marked_later_and_only_on_executions_still_waiting(

@@ -87,13 +87,18 @@ class KafkaPublisher:
         return deliveries.errors
 
     def _produce(self, message: ExecutionMessage, callback: Any) -> None:
-        value, key, headers = message.encode(), message.execution_id.encode(), message.headers()
+        # No key: librdkafka's sticky partitioner puts what is produced within ``sticky.partitioning.linger.ms``
+        # (twice the linger) on one partition, so a dispatch pass's batch is one produce request — librdkafka sends
+        # a request per partition, and the broker's cost follows its requests and stored batches. Keyed by execution
+        # id, a batch was spread over every partition. Nothing relies on an execution's messages sharing a partition:
+        # the start compare-and-swap decides which delivery runs, whatever their order.
+        value, headers = message.encode(), message.headers()
         try:
-            self._producer.produce(message.topic, value, key=key, headers=headers, on_delivery=callback)
+            self._producer.produce(message.topic, value, headers=headers, on_delivery=callback)
         except BufferError:
             # Local queue full: let librdkafka drain a little, then try once more.
             self._producer.poll(0.5)
-            self._producer.produce(message.topic, value, key=key, headers=headers, on_delivery=callback)
+            self._producer.produce(message.topic, value, headers=headers, on_delivery=callback)
 
     def warm(self, topics: Sequence[str], timeout: float = 5.0) -> None:
         """Blocking. Fetch the metadata of ``topics`` into the producer's cache, so a first publish to one of them

@@ -179,10 +179,10 @@ class Admission:
         claims: dict[tuple[UUID, int], _Claim] = {}
         duplicates = 0
         for delivery in deliveries:
-            message = self._decode(delivery)
-            if message is None:
+            decoded = self._decode(delivery)
+            if decoded is None:
                 continue
-            execution_id = UUID(message.execution_id)
+            message, execution_id = decoded
             unsettled = self._inflight.unsettled.get(execution_id)
             if unsettled is not None and unsettled.attempt == message.attempt:
                 # Redelivered before its outcome is written (a rebalance handed the partition back):
@@ -216,7 +216,8 @@ class Admission:
         )
         if rows is None:  # stopping while the database was unreachable
             return AdmissionResult(consumed=len(deliveries), duplicates=duplicates)
-        won: dict[UUID, Record] = {UUID(str(row["id"])): row for row in rows}
+        # asyncpg's UUIDs hash and compare as uuid.UUID does: no conversion per row.
+        won: dict[UUID, Record] = {row["id"]: row for row in rows}
         started: list[UUID] = []
         # One cached registry read per pass (a query only when the entry is older than pool_cache_sec), and one
         # fresh read before refusing anything (the entry may predate a tenant admitted since).
@@ -253,13 +254,12 @@ class Admission:
         await self._heartbeats.renew(started)
         return AdmissionResult(consumed=len(deliveries), started=len(started), duplicates=duplicates)
 
-    def _decode(self, delivery: Delivery) -> ExecutionMessage | None:
+    def _decode(self, delivery: Delivery) -> tuple[ExecutionMessage, UUID] | None:
         try:
             if delivery.value is None:
                 raise ValueError("empty message")
             message = ExecutionMessage.decode(delivery.value)
-            UUID(message.execution_id)
-            return message
+            return message, UUID(message.execution_id)
         except (ValueError, TypeError, orjson.JSONDecodeError) as exc:
             # Nothing can ever run it, and it must not block the partition's commits: skip it loudly.
             log.error(

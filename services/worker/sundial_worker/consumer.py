@@ -159,6 +159,11 @@ class KafkaExecutionConsumer:
             # floor of an idle worker's latency: a message produced just after a fetch was parked waited
             # for it. 10 ms costs an idle consumer a few cheap requests a second per broker.
             "fetch.wait.max.ms": 10,
+            # A fetch is skipped while a partition already holds this many fetched messages the worker has not taken
+            # (it is behind), and looked at again after the backoff: fewer, larger fetches exactly when the worker is
+            # saturated, and no change while it keeps up (librdkafka's defaults, 100,000 and 1 s, never skip here).
+            "queued.min.messages": 64,
+            "fetch.queue.backoff.ms": 10,
             # The broker may come back empty (tansu keeps topics in memory): notice it quickly.
             "topic.metadata.refresh.interval.ms": 10000,
             **NO_METRICS_PUSH,

@@ -337,7 +337,8 @@ class HandlerExecutor:
             self._stats.failed += 1
             return outcome("FAILED", error=error)
         timeout = message.timeout_sec if message.timeout_sec and message.timeout_sec > 0 else None
-        ctx.logger.debug("running handler %s", spec.name)
+        if handler_log.isEnabledFor(logging.DEBUG):  # the adapter's own check costs more, once per execution
+            ctx.logger.debug("running handler %s", spec.name)
         # The handler runs as a task of its own, so that a timeout or a cancel can interrupt it and still
         # give it the cancel grace to clean up, while this task decides the outcome.
         try:

@@ -140,6 +140,8 @@ class OutcomeFlusher:
         del buffer[: len(batch)]
         accepted = {f.execution_id: f for f in written}
         rejected = 0
+        # Asked once per batch, not by each attempt's logger adapter.
+        debug = batch[0].logger.isEnabledFor(logging.DEBUG)
         for finished in batch:
             if (record := accepted.get(finished.outcome.execution_id)) is not None:
                 if record.next_attempt_at is not None:
@@ -161,7 +163,7 @@ class OutcomeFlusher:
                     "late write rejected: %s was not recorded, another actor changed the execution first",
                     finished.outcome.state,
                 )
-            else:
+            elif debug:
                 finished.logger.debug("execution finished: %s", finished.outcome.state)
             _trace_write(finished, accepted.get(finished.outcome.execution_id), started_ns, ended_ns)
             self._inflight.settle(finished.outcome.execution_id)
