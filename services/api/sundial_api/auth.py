@@ -21,7 +21,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sundial_common.auth import TENANT, InvalidToken, Principal
 
 from sundial_api.problems import ProblemError
-from sundial_api.state import State
+from sundial_api.state import ApiState, State
 
 _TENANT = re.compile(TENANT)
 
@@ -74,6 +74,12 @@ async def authenticate(
             403, f"tenant {principal.tenant} is suspended: it can read but not change anything", slug="tenant-suspended"
         )
     return principal
+
+
+async def principal_of(request: Request, state: ApiState) -> Principal:
+    """What the ``Authenticated`` dependency gives, for a route that calls its endpoint itself
+    (:mod:`sundial_api.create_route`)."""
+    return await authenticate(request, state, await _bearer(request))
 
 
 Authenticated = Annotated[Principal, Depends(authenticate)]
