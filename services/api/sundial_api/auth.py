@@ -60,7 +60,9 @@ async def authenticate(
         if not _TENANT.match(principal.tenant):
             raise _unauthorized("invalid bearer token: malformed tenant name", "invalid_token")
         state.verified_tokens.put(token, principal)
-    if request.url.path.startswith("/v1/admin"):  # operators' routes: they check the admin claim themselves
+    # Operators' routes check the admin claim themselves. The scope's path, not ``request.url``: building the URL
+    # object was 3% of a create's CPU (py-spy), for the same path.
+    if request.scope["path"].startswith("/v1/admin"):
         return principal
     tenant = await state.tenant_cache.get(principal.tenant)
     if tenant is None:
