@@ -171,6 +171,7 @@ def create_app(settings: ApiSettings | None = None, *, clock: Clock | None = Non
     # Outermost: the request counts and durations include every middleware's answer (a 413, a 500).
     app.add_middleware(RequestMetricsMiddleware)
     app.include_router(batch.router)  # before jobs: `/v1/jobs:batch` must not match `/v1/jobs/{id}`
+    app.include_router(jobs.create_router)
     app.include_router(jobs.router)
     app.include_router(job_list.router)
     app.include_router(jobs.schedules_router)

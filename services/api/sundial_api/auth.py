@@ -21,7 +21,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sundial_common.auth import TENANT, InvalidToken, Principal
 
 from sundial_api.problems import ProblemError
-from sundial_api.state import State
+from sundial_api.state import ApiState, State
 
 _TENANT = re.compile(TENANT)
 
@@ -60,7 +60,9 @@ async def authenticate(
         if not _TENANT.match(principal.tenant):
             raise _unauthorized("invalid bearer token: malformed tenant name", "invalid_token")
         state.verified_tokens.put(token, principal)
-    if request.url.path.startswith("/v1/admin"):  # operators' routes: they check the admin claim themselves
+    # Operators' routes check the admin claim themselves. The scope's path, not ``request.url``: building the URL
+    # object was 3% of a create's CPU (py-spy), for the same path.
+    if request.scope["path"].startswith("/v1/admin"):
         return principal
     tenant = await state.tenant_cache.get(principal.tenant)
     if tenant is None:
@@ -74,6 +76,12 @@ async def authenticate(
             403, f"tenant {principal.tenant} is suspended: it can read but not change anything", slug="tenant-suspended"
         )
     return principal
+
+
+async def principal_of(request: Request, state: ApiState) -> Principal:
+    """What the ``Authenticated`` dependency gives, for a route that calls its endpoint itself
+    (:mod:`sundial_api.create_route`)."""
+    return await authenticate(request, state, await _bearer(request))
 
 
 Authenticated = Annotated[Principal, Depends(authenticate)]

@@ -22,9 +22,9 @@ from sundial_common.stores.types import Record
 
 from sundial_api import idempotency
 from sundial_api.auth import Authenticated
+from sundial_api.create_route import CreateRoute
 from sundial_api.group_commit import HOT_WINDOW_MARGIN, add_near_due
 from sundial_api.jobs import _check_payload, _definition, _resolve, with_tenant_defaults
-from sundial_api.json_body import OrjsonBodyRoute
 from sundial_api.metrics import count_created
 from sundial_api.models.batch import JobBatch
 from sundial_api.models.jobs import JobCreate, JobState, render_job
@@ -37,7 +37,7 @@ from sundial_api.tenants import QuotaExceededError, rate_limited, take_creates
 
 log = logging.getLogger("sundial.api")
 
-router = APIRouter(prefix="/v1", tags=["jobs"], route_class=OrjsonBodyRoute)
+router = APIRouter(prefix="/v1", tags=["jobs"], route_class=CreateRoute)
 
 
 @router.post(

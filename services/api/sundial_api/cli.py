@@ -1,4 +1,4 @@
-"""``sundial api``: run one API replica under uvicorn (uvloop event loop, httptools parser).
+"""``sundial api``: run one API replica under uvicorn (uvloop event loop, httptools parser, one write per response).
 
 Options fall back to ``SUNDIAL_*`` environment variables, then to the defaults in
 :class:`~sundial_api.settings.ApiSettings`. SIGTERM and SIGINT stop it gracefully: uvicorn stops
@@ -24,6 +24,7 @@ from sundial_common.stopsignals import StopSignals
 
 from sundial_api.admin import register_replica
 from sundial_api.app import create_app
+from sundial_api.http_protocol import CoalescingHttpToolsProtocol
 from sundial_api.settings import ApiSettings
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -101,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         host=settings.host,
         port=settings.port,
         loop="uvloop",
-        http="httptools",
+        http=CoalescingHttpToolsProtocol,  # httptools, each response in one write
         lifespan="on",
         log_config=None,  # keep the process's logging setup (text or JSON lines)
         log_level=settings.log_level.lower(),

@@ -37,6 +37,7 @@ from sundial_common.stores.types import Occurrence, Record
 
 from sundial_api import idempotency
 from sundial_api.auth import Authenticated
+from sundial_api.create_route import CreateRoute
 from sundial_api.group_commit import HOT_WINDOW_MARGIN
 from sundial_api.metrics import count_created
 from sundial_api.models.executions import ExecutionPage, render_execution
@@ -67,6 +68,8 @@ from sundial_api.tenants import QuotaExceededError, check_create_rate
 log = logging.getLogger("sundial.api")
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+#: ``POST /v1/jobs`` alone: its endpoint is called directly (:mod:`sundial_api.create_route`).
+create_router = APIRouter(prefix="/v1/jobs", tags=["jobs"], route_class=CreateRoute)
 schedules_router = APIRouter(prefix="/v1", tags=["jobs"])
 
 LATEST_EXECUTIONS = 10
@@ -78,7 +81,7 @@ _NUL_ESCAPE = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")
 JobId = Annotated[str, Path(description="The job's id (a UUID). Unknown, malformed or another tenant's: 404.")]
 
 
-@router.post(
+@create_router.post(
     "",
     status_code=201,
     response_model=Job,

@@ -1,4 +1,4 @@
-"""Request bodies parsed by orjson: a route class for endpoints whose bodies are large (``POST /v1/jobs:batch``).
+"""Request bodies parsed by orjson, for the create routes (:mod:`sundial_api.create_route`).
 
 FastAPI reads a JSON body with Starlette's ``Request.json()``, i.e. the standard library's ``json.loads``:
 about 3% of the API's CPU per batched job. orjson parses the same text to the same Python values several
@@ -12,13 +12,10 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Coroutine
 from typing import Any
 
 import orjson
-from fastapi.routing import APIRoute
 from starlette.requests import Request
-from starlette.responses import Response
 
 _LONG_NUMBER = re.compile(rb"[0-9]{20}")
 
@@ -33,20 +30,10 @@ def loads(body: bytes) -> Any:
         return json.loads(body)
 
 
-class _OrjsonRequest(Request):
+class OrjsonRequest(Request):
+    """A request whose ``json()`` is :func:`loads` (what FastAPI's handler calls to read a JSON body)."""
+
     async def json(self) -> Any:
         if not hasattr(self, "_json"):
             self._json = loads(await self.body())
         return self._json
-
-
-class OrjsonBodyRoute(APIRoute):
-    """An ``APIRoute`` whose request's ``json()`` is orjson's (``APIRouter(route_class=OrjsonBodyRoute)``)."""
-
-    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
-        handler = super().get_route_handler()
-
-        async def route_handler(request: Request) -> Response:
-            return await handler(_OrjsonRequest(request.scope, request.receive))
-
-        return route_handler
