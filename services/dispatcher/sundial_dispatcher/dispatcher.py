@@ -363,11 +363,15 @@ class ShardDispatcher:
 
     def next_look(self) -> datetime | None:
         """The earliest instant the next pass may have work (None: nothing known): the window's earliest member
-        after the last claim, or what the fair buffer holds. Published marks wait for a pass, at most the idle
+        after the last claim, or what the fair buffer holds; one poll interval from now while due work waits in
+        the buffer for room (a pass at once would find none). Published marks wait for a pass, at most the idle
         sleep (:func:`sundial_dispatcher.shards._idle_wait`) later than ``mark_published_after_sec``."""
-        if self.fair is not None:
-            return self.fair.next_look(self.clock.now())
-        return self._window_next
+        if self.fair is None:
+            return self._window_next
+        now = self.clock.now()
+        if self.fair.waiting():
+            return now + timedelta(seconds=self.config.poll_interval_sec)
+        return self.fair.next_look(now)
 
     async def _put_back(self, claimed: Claimed) -> None:
         """A pass that failed after its claim (Postgres down, fenced out, cancelled) returns what it claimed.
