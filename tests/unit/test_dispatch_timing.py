@@ -9,7 +9,9 @@ from uuid import UUID, uuid4
 
 import pytest
 from sundial_common.hotwindow import WAKE_HORIZON_SEC
+from sundial_common.stores.types import Occurrence
 from sundial_dispatcher.dispatcher import DispatcherConfig, ShardDispatcher
+from sundial_dispatcher.fairness import FairDispatch, FairnessConfig, FairQueue, Waiting
 from sundial_dispatcher.shards import _idle_wait
 from sundial_dispatcher.wakes import Alarm
 
@@ -27,9 +29,10 @@ def test_without_wake_ups_a_leader_looks_every_poll_interval() -> None:
     assert _idle_wait(NOW, NOW + timedelta(seconds=5), 10.0, 0.05, False) == 0.05
 
 
-def test_due_work_still_waiting_is_looked_at_every_poll_interval_and_side_work_bounds_the_sleep() -> None:
-    assert _idle_wait(NOW, NOW, 10.0, 0.05, True) == 0.05
-    assert _idle_wait(NOW, NOW - timedelta(seconds=1), 10.0, 0.05, True) == 0.05
+def test_a_member_that_came_due_during_the_pass_is_claimed_at_once_and_side_work_bounds_the_sleep() -> None:
+    assert _idle_wait(NOW, NOW, 10.0, 0.05, True) == 0.0
+    assert _idle_wait(NOW, NOW - timedelta(milliseconds=10), 10.0, 0.05, True) == 0.0
+    assert _idle_wait(NOW, NOW - timedelta(milliseconds=10), 10.0, 0.05, False) == 0.0
     assert _idle_wait(NOW, None, 0.3, 0.05, True) == 0.3
     assert _idle_wait(NOW, None, -1.0, 0.05, True) == 0.0
 
@@ -77,3 +80,20 @@ async def test_published_marks_are_written_together_once_the_oldest_has_waited_a
     now[0] = 101.5
     await leader._mark_published()
     assert written == [passes[0] + passes[1] + passes[2]], "one statement for everything published 1 s ago"
+
+
+def test_due_work_waiting_for_room_in_the_fair_buffer_is_looked_at_every_poll_interval() -> None:
+    class Fixed:
+        def now(self) -> datetime:
+            return NOW
+
+    config = DispatcherConfig(poll_interval_sec=0.05, fairness=FairnessConfig(buffer_cap=10, claim_size=10))
+    fair = FairDispatch(0, None, None, None, None, config.fairness, 100)  # type: ignore[arg-type]
+    leader = ShardDispatcher(0, 1, "a", None, None, None, config, clock=Fixed(), fair=fair)  # type: ignore[arg-type]
+    fair._window_next = NOW + timedelta(milliseconds=300)
+    assert leader.next_look() == NOW + timedelta(milliseconds=300), "nothing waits: the window's next member"
+    fair.queue.add([Waiting(Occurrence(uuid4(), NOW), "a", "p")])
+    assert leader.next_look() == NOW + timedelta(milliseconds=50), "room comes with the next read, not at once"
+    fair.queue = FairQueue()
+    fair.early = [(NOW + timedelta(seconds=1), i, Waiting(Occurrence(uuid4(), NOW), "a", "p")) for i in range(10)]
+    assert leader.next_look() == NOW + timedelta(milliseconds=50), "a full buffer: looked at every poll interval"

@@ -662,6 +662,11 @@ class FairDispatch:
         self._unhold = []
         self._held_renewed = now
 
+    def waiting(self) -> bool:
+        """Due work waits in the buffer (for room in its pool or under its tenant's quota), or the buffer is full:
+        a pass takes more only once room is made."""
+        return bool(len(self.queue)) or len(self.queue) + len(self.early) >= self.config.buffer_cap
+
     def next_look(self, now: datetime) -> datetime | None:
         """The earliest instant a pass may have work: ``now`` while due work waits in the buffer (for room), else
         the earliest of the window's first member and the first occurrence claimed ahead (None: nothing).
