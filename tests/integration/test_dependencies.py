@@ -80,7 +80,8 @@ async def run_parent(
 
 def side_limits(api: Api, stores: Stores, **fairness: Any) -> SideLimits:  # noqa: F811
     """Fair dispatch's limits as a dispatcher process applies them, with the counts and the registry read afresh
-    every pass (the tests change them between passes)."""
+    every pass (the tests change them between passes). A fixed pool cap, as in test_fair_dispatch.py."""
+    fairness.setdefault("pool_queue_min", fairness.get("pool_queue_cap", FairnessConfig.pool_queue_cap))
     config = FairnessConfig(counts_refresh_sec=0, **fairness)
     policy = TenantPolicy(stores.tenants, refresh_sec=0)
     return SideLimits(policy, OpenWork(stores.tenants, config), TokenBuckets(api.redis), shards=1, batch_size=1000)
@@ -425,7 +426,7 @@ async def test_children_stay_within_a_pools_queue_cap_and_their_tenants_dispatch
     a = await make(api, delayed())
     child = await make(api, dependent([a]))
     parents = await run_parent(api, stores, a, ["SUCCEEDED"] * 6)
-    capped = side_limits(api, stores, pool_queue_cap=4, pool_queue_min=4)
+    capped = side_limits(api, stores, pool_queue_cap=4)
     assert await fire_all(stores, publisher, limits=capped) == 4
     assert await fire_all(stores, publisher, limits=capped) == 0, "the pool's queue is full: the rest waits"
     await finish_children(api, child)
