@@ -123,6 +123,21 @@ async def test_a_cancelled_backfill_creates_nothing_more(
     assert await api.db.fetchval("SELECT count(*) FROM executions") == 10
 
 
+async def test_cancelling_the_job_ends_its_running_backfill(
+    api: Api,  # noqa: F811
+    stores: Stores,
+    publisher: KafkaPublisher,
+) -> None:
+    job_id, shard = await interval_job(api)
+    created = (await backfill(api, job_id, **{"from": minutes(0), "to": minutes(100), "ratePerSec": 10})).json()
+    assert await step(stores, publisher, shard) == 10
+    assert (await api.client.delete(f"/v1/jobs/{job_id}", headers=api.auth())).status_code == 200
+    view = (await api.client.get(f"/v1/backfills/{created['backfillId']}", headers=api.auth())).json()
+    assert (view["state"], view["created"]) == ("CANCELLED", 10)
+    assert await step(stores, publisher, shard) == 0
+    assert await api.db.fetchval("SELECT count(*) FROM executions") == 10
+
+
 async def test_bad_ranges_are_refused_naming_the_field_and_nothing_is_written(api: Api) -> None:  # noqa: F811
     job_id, _ = await interval_job(api)
     one_shot = (

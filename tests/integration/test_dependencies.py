@@ -444,3 +444,28 @@ async def test_children_stay_within_a_pools_queue_cap_and_their_tenants_dispatch
     rows = await children_executions(api.db, child)
     assert sorted(r["caused_by"][0] for r in rows) == sorted(parents + more)
     assert await api.db.fetchval("SELECT count(*) FROM job_triggers WHERE consumed_at IS NULL") == 0
+
+
+async def test_cancelling_a_child_drops_the_triggers_it_was_waiting_on(
+    api: Api,  # noqa: F811
+    stores: Stores,
+    publisher: KafkaPublisher,
+) -> None:
+    a = await make(api, delayed())
+    b = await make(api, delayed())
+    fan_in = await make(api, dependent([a, b]))  # waits for B
+    paused = await make(api, dependent([a]))
+    grandchild = await make(api, dependent([paused]))
+    assert (await api.client.post(f"/v1/jobs/{paused}/pause", headers=api.auth())).status_code == 200
+    await run_parent(api, stores, a, ["SUCCEEDED", "SUCCEEDED"])
+    assert await fire_all(stores, publisher) == 0
+    pending = "SELECT count(*) FROM job_triggers WHERE child_job_id = ANY($1::uuid[]) AND consumed_at IS NULL"
+    assert await api.db.fetchval(pending, [fan_in, paused]) == 4
+
+    assert (await api.client.delete(f"/v1/jobs/{fan_in}", headers=api.auth())).status_code == 200
+    assert await api.db.fetchval(pending, [fan_in]) == 0, "the cancel's own statement dropped them"
+    cascade = await api.client.delete(f"/v1/jobs/{paused}", params={"cascade": "true"}, headers=api.auth())
+    assert cascade.status_code == 200, cascade.text
+    assert await api.db.fetchval(pending, [paused, grandchild]) == 0
+    assert await api.db.fetchval("SELECT count(*) FROM job_triggers WHERE consumed_at IS NOT NULL") == 0
+    assert await fire_all(stores, publisher) == 0

@@ -82,11 +82,17 @@ GROUP BY j.id
 ORDER BY depth, j.id;
 
 -- name: cancel_jobs
--- Cascade of a delete: the live descendants are cancelled too, in the same transaction.
+-- Cascade of a delete: the live descendants are cancelled too, in the same transaction; their triggers still
+-- waiting are dropped and their running backfills end, as jobs.sql's cancel_job does for one job.
 WITH job AS (
     UPDATE jobs j SET state = 'CANCELLED', next_fire_at = NULL, version = j.version + 1, updated_at = now()
     WHERE j.id = ANY($1::uuid[]) AND j.tenant_id = $2 AND j.state IN ('ACTIVE', 'PAUSED')
     RETURNING j.id, j.tenant_id
+), triggers AS (
+    DELETE FROM job_triggers t USING job WHERE t.child_job_id = job.id AND t.consumed_at IS NULL
+), backfills AS (
+    UPDATE backfills b SET state = 'CANCELLED', finished_at = now() FROM job
+    WHERE b.job_id = job.id AND b.state = 'RUNNING'
 ), audit AS (
     INSERT INTO audit_log (tenant_id, entity, entity_id, action, to_state, actor, detail)
     SELECT tenant_id, 'job', id, 'cancel', 'CANCELLED', $3, jsonb_build_object('cascadeFrom', $4::uuid) FROM job
