@@ -21,7 +21,6 @@ waits behind the cursor for a later step.
 from __future__ import annotations
 
 import logging
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -47,9 +46,9 @@ from sundial_common.telemetry import (
     tracer,
 )
 
-from sundial_dispatcher.limits import Room, SideLimits, within_grant
+from sundial_dispatcher.limits import Room, SideLimits
 from sundial_dispatcher.metrics import count_dispatched
-from sundial_dispatcher.publishing import end_duplicates, end_failed, publish_committed
+from sundial_dispatcher.publishing import end_duplicates, end_failed, end_rate_limited, publish_committed
 from sundial_dispatcher.side_work import Cadence
 
 log = logging.getLogger(__name__)
@@ -103,22 +102,21 @@ class _Planner:
         plan = self._decide(running)
         if self.limits is None or not plan.executions:
             return plan
-        tenants = [p.backfill["tenant_id"] for p in plan.executions]
-        kept = within_grant(tenants, await self.limits.grant(Counter(tenants)))
+        kept = await self.limits.within_rate([p.backfill["tenant_id"] for p in plan.executions])
         if all(kept):
             return plan
         # A tenant's last occurrences got no token: each backfill keeps its first ones and its cursor stops there.
         executions: list[BackfillExecution] = []
+        dropped: set[UUID] = set()
         cursors: dict[UUID, datetime | None] = {}
         for p, keep in zip(plan.executions, kept, strict=True):
             if keep:
                 executions.append(p)
                 cursors[p.backfill["id"]] = p.scheduled_for
             else:
-                span = self.spans.pop(p.execution_id)
-                span.set_attribute("sundial.rate_limited", True)
-                span.end()
+                dropped.add(p.execution_id)
                 cursors.setdefault(p.backfill["id"], None)
+        end_rate_limited(self.spans, dropped)
         plan.executions = executions
         advances = []
         for advance in plan.advances:

@@ -12,7 +12,7 @@ process-wide counts and buckets:
   from, so children, backfills and scheduled fires share one rate.
 
 A pass plans within the :class:`Room` read before its transaction (per pool and tenant, used up as it plans),
-then takes the rate tokens of what it planned (:meth:`SideLimits.grant`) and drops what got none. What does not
+then takes the rate tokens of what it planned (:meth:`SideLimits.within_rate`) and drops what got none. What does not
 fit waits where it is durable (a trigger stays pending, a backfill's cursor stays put): late, never lost. The
 tenants and pools with no room at all are left out of the pass's scan (:meth:`Room.blocked_tenants`,
 :meth:`Room.blocked_pools`), so a tenant at its quota does not fill the batch ahead of others that have room. What
@@ -29,7 +29,7 @@ from __future__ import annotations
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from redis.exceptions import RedisError
@@ -106,14 +106,15 @@ class SideLimits:
         self._empty_until = {t: until for t, until in self._empty_until.items() if until > now}
         return Room(pools, default_pool, self.open_work.tenant_room(tenants), frozenset(self._empty_until))
 
-    async def grant(self, wanted: Counter[str]) -> dict[str, int]:
-        """Take each tenant's ``maxDispatchPerSec`` tokens for what a pass planned; how many each may create
-        (absent: all it wanted). Redis away: not checked, as in the dispatch pass (whose own calls fail too)."""
-        tenants = await self.policy.tenants()
+    async def within_rate(self, tenants: Sequence[str]) -> list[bool]:
+        """For the executions a pass planned, of ``tenants`` (in order): whether each got a token of its tenant's
+        ``maxDispatchPerSec`` (a tenant's first ones do; one without the quota keeps all). Redis away: not
+        checked, as in the dispatch pass (whose own calls fail too)."""
+        registry = await self.policy.tenants()
         granted: dict[str, int] = {}
-        for tenant, n in wanted.items():
-            quota = tenants[tenant].quotas.max_dispatch_per_sec if tenant in tenants else None
-            if quota is None or n <= 0:
+        for tenant, n in Counter(tenants).items():
+            quota = registry[tenant].quotas.max_dispatch_per_sec if tenant in registry else None
+            if quota is None:
                 continue
             try:
                 grant = await self.buckets.take(f"dispatch:{tenant}", quota, n)
@@ -122,20 +123,14 @@ class SideLimits:
             granted[tenant] = grant.granted
             if grant.granted < n:
                 self._empty_until[tenant] = self.clock() + grant.retry_after_ms / 1000
-        return granted
+        seen: Counter[str] = Counter()
+        kept = []
+        for tenant in tenants:
+            seen[tenant] += 1
+            kept.append(tenant not in granted or seen[tenant] <= granted[tenant])
+        return kept
 
     def took(self, created: Iterable[tuple[str, str]], room: Room) -> None:
         """Count what a pass created ((tenant, pool) each) until the next read has it; note its full pools."""
         self.open_work.took_executions(created)
         self.open_work.limited(room.full_pools)
-
-
-def within_grant(tenants: Iterable[str], granted: dict[str, int]) -> list[bool]:
-    """For planned executions of ``tenants`` (in order): whether each is within its tenant's grant (the first
-    ``granted[tenant]`` of that tenant's; a tenant absent from ``granted`` keeps all)."""
-    seen: Counter[str] = Counter()
-    kept = []
-    for tenant in tenants:
-        seen[tenant] += 1
-        kept.append(tenant not in granted or seen[tenant] <= granted[tenant])
-    return kept

@@ -34,7 +34,7 @@ Each child execution starts a trace of its own, linked to the trace of every par
 from __future__ import annotations
 
 import logging
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -59,9 +59,9 @@ from sundial_common.telemetry import (
     tracer,
 )
 
-from sundial_dispatcher.limits import Room, SideLimits, within_grant
+from sundial_dispatcher.limits import Room, SideLimits
 from sundial_dispatcher.metrics import count_dispatched
-from sundial_dispatcher.publishing import end_duplicates, end_failed, publish_committed
+from sundial_dispatcher.publishing import end_duplicates, end_failed, end_rate_limited, publish_committed
 from sundial_dispatcher.side_work import Cadence
 
 log = logging.getLogger(__name__)
@@ -113,16 +113,12 @@ class _Planner:
         plan = self._decide(children, pending)
         if self.limits is None or not plan.executions:
             return plan
-        tenants = [p.child["tenant_id"] for p in plan.executions]
-        kept = within_grant(tenants, await self.limits.grant(Counter(tenants)))
+        kept = await self.limits.within_rate([p.child["tenant_id"] for p in plan.executions])
         if all(kept):
             return plan
         # A tenant's last fires got no token: they are not made, their triggers wait (a suffix of each child's).
         dropped = {p.execution_id for p, keep in zip(plan.executions, kept, strict=True) if not keep}
-        for execution_id in dropped:
-            span = self.spans.pop(execution_id)
-            span.set_attribute("sundial.rate_limited", True)
-            span.end()
+        end_rate_limited(self.spans, dropped)
         plan.executions = [p for p in plan.executions if p.execution_id not in dropped]
         plan.consumed = [c for c in plan.consumed if c[2] not in dropped]
         return plan
