@@ -29,6 +29,7 @@ import argparse
 import asyncio
 import dataclasses
 import json
+import os
 import sys
 import time
 import uuid
@@ -187,6 +188,7 @@ def main() -> int:
     parser.add_argument("--results", type=Path, default=RESULTS, help="directory of the <date>.jsonl files")
     parser.add_argument("--no-limits", action="store_true", help="without fair dispatch's limits (fairness off)")
     args = parser.parse_args()
+    os.environ.setdefault("SUNDIAL_ENV", "dev")  # the stack's development signing key (as bench/first_start.py)
     ports = Ports(**{f.name: getattr(BENCH_PORTS, f.name) + args.port_offset for f in dataclasses.fields(Ports)})
     stack = LocalStack(REPO / ".sundial" / f"bench-deps-{args.port_offset}", ports, durable=False)
     stack.stop()  # leftovers of an interrupted run
