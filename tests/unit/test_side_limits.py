@@ -72,7 +72,7 @@ async def test_a_tenants_first_executions_get_its_rate_tokens_and_it_is_left_out
     registry = Registry([Tenant("rated", quotas=Quotas(max_dispatch_per_sec=2)), Tenant("free")], [])
     now = [0.0]
     side = limits(registry, Buckets(2), now)
-    kept = await side.within_rate(["rated", "free", "rated", "rated", "free"])
+    kept = await side.within_rate(await side.room(), ["rated", "free", "rated", "rated", "free"])
     assert kept == [True, True, True, False, True]
     assert (await side.room()).blocked_tenants() == ["rated"], "its bucket is empty: not scanned"
     now[0] += 0.3

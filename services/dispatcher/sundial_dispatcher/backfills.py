@@ -102,7 +102,7 @@ class _Planner:
         plan = self._decide(running)
         if self.limits is None or not plan.executions:
             return plan
-        kept = await self.limits.within_rate([p.backfill["tenant_id"] for p in plan.executions])
+        kept = await self.limits.within_rate(self.room, [p.backfill["tenant_id"] for p in plan.executions])
         if all(kept):
             return plan
         # A tenant's last occurrences got no token: each backfill keeps its first ones and its cursor stops there.

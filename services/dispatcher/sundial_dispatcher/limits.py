@@ -50,6 +50,9 @@ class Room:
     tenants: dict[str, int] = field(default_factory=dict)
     #: Tenants whose dispatch-rate bucket was found empty (their work is left out until it refills).
     empty: frozenset[str] = frozenset()
+    #: Per tenant with ``maxDispatchPerSec``: its rate (read with the rest, so that the pass's transaction
+    #: reads nothing more from Postgres).
+    rates: dict[str, float] = field(default_factory=dict)
     #: Pools whose full queue held work back (reported to :meth:`OpenWork.limited`).
     full_pools: set[str] = field(default_factory=set)
 
@@ -104,16 +107,18 @@ class SideLimits:
         pools, default_pool = self.open_work.pool_room(self.shards, self.batch_size)
         now = self.clock()
         self._empty_until = {t: until for t, until in self._empty_until.items() if until > now}
-        return Room(pools, default_pool, self.open_work.tenant_room(tenants), frozenset(self._empty_until))
+        rates = {
+            t.id: t.quotas.max_dispatch_per_sec for t in tenants.values() if t.quotas.max_dispatch_per_sec is not None
+        }
+        return Room(pools, default_pool, self.open_work.tenant_room(tenants), frozenset(self._empty_until), rates)
 
-    async def within_rate(self, tenants: Sequence[str]) -> list[bool]:
-        """For the executions a pass planned, of ``tenants`` (in order): whether each got a token of its tenant's
-        ``maxDispatchPerSec`` (a tenant's first ones do; one without the quota keeps all). Redis away: not
+    async def within_rate(self, room: Room, tenants: Sequence[str]) -> list[bool]:
+        """For the executions a pass planned in ``room``, of ``tenants`` (in order): whether each got a token of its
+        tenant's ``maxDispatchPerSec`` (a tenant's first ones do; one without the quota keeps all). Redis away: not
         checked, as in the dispatch pass (whose own calls fail too)."""
-        registry = await self.policy.tenants()
         granted: dict[str, int] = {}
         for tenant, n in Counter(tenants).items():
-            quota = registry[tenant].quotas.max_dispatch_per_sec if tenant in registry else None
+            quota = room.rates.get(tenant)
             if quota is None:
                 continue
             try:

@@ -113,7 +113,7 @@ class _Planner:
         plan = self._decide(children, pending)
         if self.limits is None or not plan.executions:
             return plan
-        kept = await self.limits.within_rate([p.child["tenant_id"] for p in plan.executions])
+        kept = await self.limits.within_rate(self.room, [p.child["tenant_id"] for p in plan.executions])
         if all(kept):
             return plan
         # A tenant's last fires got no token: they are not made, their triggers wait (a suffix of each child's).
