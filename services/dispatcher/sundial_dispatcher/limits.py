@@ -136,6 +136,8 @@ class SideLimits:
         return kept
 
     def took(self, created: Iterable[tuple[str, str]], room: Room) -> None:
-        """Count what a pass created ((tenant, pool) each) until the next read has it; note its full pools."""
+        """Count what a pass created ((tenant, pool) each) until the next read has it; note its full pools (those it
+        found full, and those left out of its scan for it), so a pool whose workers keep up gets a larger cap at
+        the next read, as when the dispatch pass holds work back."""
         self.open_work.took_executions(created)
-        self.open_work.limited(room.full_pools)
+        self.open_work.limited(room.full_pools | set(room.blocked_pools()))
