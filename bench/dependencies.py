@@ -13,7 +13,11 @@ and the real :class:`~sundial_dispatcher.triggers.TriggerDispatcher`:
   broker, leader passes back to back (in production they run every 0.1 s beside the dispatch passes);
 * **one_child_ms** — P50/P95 over ``--rounds`` of one parent → one child: finish commit → child published
   (the leader's own work; a running dispatcher adds up to its 0.1 s poll). Workers starting the
-  executions are the W3 bench's part, not measured here.
+  executions are the W3 bench's part, not measured here (the fan-out's executions are marked finished
+  before the rounds, so the pool's queue cap does not hold the rounds back).
+
+The leader applies fair dispatch's limits (:mod:`sundial_dispatcher.limits`), as a dispatcher does by default;
+``--no-limits`` leaves them out (a dispatcher with ``SUNDIAL_DISPATCHER_FAIRNESS=false``).
 
 Results are printed and appended as one JSON line to ``bench/results/<date>.jsonl`` with the machine. A
 benchmark never passes or fails on timing.
@@ -25,6 +29,7 @@ import argparse
 import asyncio
 import dataclasses
 import json
+import os
 import sys
 import time
 import uuid
@@ -32,13 +37,18 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from redis.asyncio import Redis
 from sundial_common.broker import KafkaPublisher, ensure_topics
 from sundial_common.ids import new_id
 from sundial_common.messages import pool_topic
 from sundial_common.migrate import upgrade
+from sundial_common.ratelimit import TokenBuckets
 from sundial_common.stores import Stores
 from sundial_common.stores.dependencies import Edge
 from sundial_common.stores.executions import Outcome
+from sundial_dispatcher.fairness import FairnessConfig, OpenWork
+from sundial_dispatcher.limits import SideLimits
+from sundial_dispatcher.tenancy import TenantPolicy
 from sundial_dispatcher.triggers import TriggerConfig, TriggerDispatcher
 from sundial_infra.stack import BENCH_PORTS, LocalStack, Ports
 
@@ -101,10 +111,29 @@ async def run(args: argparse.Namespace, stack: LocalStack) -> dict[str, Any]:
     ensure_topics(stack.kafka_bootstrap, [pool_topic(POOL)])
     stores = await Stores.connect(stack.postgres_dsn)
     publisher = KafkaPublisher(stack.kafka_bootstrap)
+    redis = Redis.from_url(stack.redis_url)
     try:
         token = await stores.dispatch.take_shard(0, "bench")
+        limits = (
+            None
+            if args.no_limits
+            else SideLimits(
+                TenantPolicy(stores.tenants),
+                OpenWork(stores.tenants, FairnessConfig()),
+                TokenBuckets(redis),
+                shards=1,
+                batch_size=1000,
+            )
+        )
         leader = TriggerDispatcher(
-            0, token, "bench", stores.dependencies, stores.dispatch, publisher, TriggerConfig(batch_children=1000)
+            0,
+            token,
+            "bench",
+            stores.dependencies,
+            stores.dispatch,
+            publisher,
+            TriggerConfig(batch_children=1000),
+            limits=limits,
         )
         parent = _job("parent", "INTERVAL")
         parent.update(interval_sec=3600, start_at=datetime.now(UTC))
@@ -118,6 +147,8 @@ async def run(args: argparse.Namespace, stack: LocalStack) -> dict[str, Any]:
         started = time.perf_counter()
         await _drain(leader, args.children)
         fan_out_sec = time.perf_counter() - started
+        # The workers' part: the children ran (their open executions would hold the pool's queue full).
+        await stores.database.pool.execute("UPDATE executions SET state = 'SUCCEEDED' WHERE state = 'PENDING'")
 
         single = _job("single", "INTERVAL")
         single.update(interval_sec=3600, start_at=datetime.now(UTC))
@@ -131,7 +162,11 @@ async def run(args: argparse.Namespace, stack: LocalStack) -> dict[str, Any]:
             started = time.perf_counter()
             await _drain(leader, 1)
             one_child.append((time.perf_counter() - started) * 1000)
+            # A worker's part: the child ran (unstarted, 4 of them fill a pool's rate-following queue cap and
+            # the next child waits for the stalled-pool rule: what the limits are for, not the leader's cost).
+            await stores.database.pool.execute("UPDATE executions SET state = 'SUCCEEDED' WHERE state = 'PENDING'")
     finally:
+        await redis.aclose()
         await publisher.close()
         await stores.close()
     return {
@@ -142,6 +177,7 @@ async def run(args: argparse.Namespace, stack: LocalStack) -> dict[str, Any]:
         "fan_out_per_s": round(args.children / fan_out_sec),
         "one_child_ms": {"p50": round(_percentile(one_child, 0.5), 1), "p95": round(_percentile(one_child, 0.95), 1)},
         "rounds": args.rounds,
+        "limits": not args.no_limits,
         "machine": describe(REPO),
         "at": datetime.now(UTC).isoformat(),
     }
@@ -153,7 +189,9 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=50)
     parser.add_argument("--port-offset", type=int, default=60, help="ports = BENCH_PORTS + this")
     parser.add_argument("--results", type=Path, default=RESULTS, help="directory of the <date>.jsonl files")
+    parser.add_argument("--no-limits", action="store_true", help="without fair dispatch's limits (fairness off)")
     args = parser.parse_args()
+    os.environ.setdefault("SUNDIAL_ENV", "dev")  # the stack's development signing key (as bench/first_start.py)
     ports = Ports(**{f.name: getattr(BENCH_PORTS, f.name) + args.port_offset for f in dataclasses.fields(Ports)})
     stack = LocalStack(REPO / ".sundial" / f"bench-deps-{args.port_offset}", ports, durable=False)
     stack.stop()  # leftovers of an interrupted run

@@ -3,6 +3,7 @@ fenced steps that create exactly the missing executions, at the requested rate, 
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from datetime import timedelta
 from typing import Any
@@ -11,8 +12,11 @@ from sundial_common.broker import KafkaPublisher
 from sundial_common.ids import new_id
 from sundial_common.stores import Stores
 from sundial_dispatcher.backfills import BackfillConfig, BackfillDispatcher
+from sundial_dispatcher.limits import SideLimits
 
-from tests.integration.test_api import NOW, Api, api, error_fields, rfc3339  # noqa: F401  (the `api` fixture)
+from tests.integration.test_api import NOW, TENANT, Api, api, error_fields, rfc3339  # noqa: F401  (the `api` fixture)
+from tests.integration.test_dependencies import side_limits
+from tests.tenants import register_tenant
 
 START = NOW.replace(second=0, microsecond=0) - timedelta(hours=2)
 
@@ -39,11 +43,15 @@ async def backfill(api: Api, job_id: str, **fields: Any) -> Any:  # noqa: F811
     return await api.client.post(f"/v1/jobs/{job_id}:backfill", json=fields, headers=api.auth())
 
 
-async def step(stores: Stores, publisher: KafkaPublisher, shard: int, *, budget_sec: float = 1.0) -> int:
+async def step(
+    stores: Stores, publisher: KafkaPublisher, shard: int, *, budget_sec: float = 1.0, limits: SideLimits | None = None
+) -> int:
     """A new term on the job's shard and one leader step, its rate budget ``budget_sec`` old."""
     await stores.database.pool.execute("UPDATE backfills SET stepped_at = now() - $1 * interval '1 second'", budget_sec)
     token = await stores.dispatch.take_shard(shard, "test")
-    leader = BackfillDispatcher(shard, token, "test", stores.backfills, stores.dispatch, publisher, BackfillConfig())
+    leader = BackfillDispatcher(
+        shard, token, "test", stores.backfills, stores.dispatch, publisher, BackfillConfig(), limits=limits
+    )
     return (await leader.run_once()).created
 
 
@@ -115,6 +123,21 @@ async def test_a_cancelled_backfill_creates_nothing_more(
     assert await api.db.fetchval("SELECT count(*) FROM executions") == 10
 
 
+async def test_cancelling_the_job_ends_its_running_backfill(
+    api: Api,  # noqa: F811
+    stores: Stores,
+    publisher: KafkaPublisher,
+) -> None:
+    job_id, shard = await interval_job(api)
+    created = (await backfill(api, job_id, **{"from": minutes(0), "to": minutes(100), "ratePerSec": 10})).json()
+    assert await step(stores, publisher, shard) == 10
+    assert (await api.client.delete(f"/v1/jobs/{job_id}", headers=api.auth())).status_code == 200
+    view = (await api.client.get(f"/v1/backfills/{created['backfillId']}", headers=api.auth())).json()
+    assert (view["state"], view["created"]) == ("CANCELLED", 10)
+    assert await step(stores, publisher, shard) == 0
+    assert await api.db.fetchval("SELECT count(*) FROM executions") == 10
+
+
 async def test_bad_ranges_are_refused_naming_the_field_and_nothing_is_written(api: Api) -> None:  # noqa: F811
     job_id, _ = await interval_job(api)
     one_shot = (
@@ -137,3 +160,60 @@ async def test_bad_ranges_are_refused_naming_the_field_and_nothing_is_written(ap
     missing = await backfill(api, str(uuid.uuid4()), **{"from": minutes(0), "to": minutes(10)})
     assert missing.status_code == 404
     assert await api.db.fetchval("SELECT count(*) FROM backfills") == 0
+
+
+async def backfilled(api: Api, job_id: str) -> list[Any]:  # noqa: F811
+    """The backfill's executions' nominal times, in order (each once, or the test sees the repeat)."""
+    rows = await api.db.fetch(
+        "SELECT scheduled_for FROM executions WHERE job_id = $1 AND backfill_id IS NOT NULL ORDER BY scheduled_for",
+        uuid.UUID(job_id),
+    )
+    return [r["scheduled_for"] for r in rows]
+
+
+async def test_a_suspended_tenants_backfill_waits_and_resumes_where_it_was(
+    api: Api,  # noqa: F811
+    stores: Stores,
+    publisher: KafkaPublisher,
+) -> None:
+    job_id, shard = await interval_job(api)
+    created = (await backfill(api, job_id, **{"from": minutes(0), "to": minutes(15), "ratePerSec": 10})).json()
+    assert await step(stores, publisher, shard) == 10
+    await register_tenant(api.settings.database_url, TENANT, state="SUSPENDED")
+    assert await step(stores, publisher, shard) == 0
+    assert await step(stores, publisher, shard, limits=side_limits(api, stores)) == 0
+    assert await stores.backfills.shards_running(range(4)) == set(), "the census does not wake for it"
+    view = (await api.client.get(f"/v1/backfills/{created['backfillId']}", headers=api.auth())).json()
+    assert (view["state"], view["created"], view["cursor"]) == ("RUNNING", 10, minutes(9))
+
+    await register_tenant(api.settings.database_url, TENANT, state="ACTIVE")
+    assert await step(stores, publisher, shard) == 5
+    assert await backfilled(api, job_id) == [START + timedelta(minutes=n) for n in range(15)]
+
+
+async def test_a_backfill_stays_within_its_tenants_concurrency_quota_and_dispatch_rate(
+    api: Api,  # noqa: F811
+    stores: Stores,
+    publisher: KafkaPublisher,
+) -> None:
+    job_id, shard = await interval_job(api)
+    await register_tenant(api.settings.database_url, TENANT, max_concurrent_executions=3)
+    created = (await backfill(api, job_id, **{"from": minutes(0), "to": minutes(12), "ratePerSec": 10})).json()
+    limits = side_limits(api, stores)
+    assert await step(stores, publisher, shard, limits=limits) == 3
+    assert await step(stores, publisher, shard, limits=limits) == 0, "at its quota: the range waits behind the cursor"
+    await api.db.execute("UPDATE executions SET state = 'SUCCEEDED', finished_at = now()")
+    assert await step(stores, publisher, shard, limits=limits) == 3
+
+    # The dispatch rate, shared with the tenant's other dispatch: 2 tokens a second, the cursor stops at the last.
+    await register_tenant(api.settings.database_url, TENANT, max_concurrent_executions=None, max_dispatch_per_sec=2)
+    assert await step(stores, publisher, shard, limits=limits) == 2
+    location = f"/v1/backfills/{created['backfillId']}"
+    view = (await api.client.get(location, headers=api.auth())).json()
+    assert (view["created"], view["cursor"]) == (8, minutes(7))
+    for _ in range(100):  # the bucket refills at 2/s: poll with a deadline
+        if (await api.client.get(location, headers=api.auth())).json()["state"] == "DONE":
+            break
+        await asyncio.sleep(0.1)
+        await step(stores, publisher, shard, limits=limits)
+    assert await backfilled(api, job_id) == [START + timedelta(minutes=n) for n in range(12)]

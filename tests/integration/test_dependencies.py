@@ -8,6 +8,7 @@ trigger in the same statement; the leader pass is :class:`sundial_dispatcher.tri
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from datetime import timedelta
 from typing import Any
@@ -16,12 +17,17 @@ import asyncpg
 import pytest
 from sundial_common.broker import KafkaPublisher
 from sundial_common.ids import new_id
+from sundial_common.ratelimit import TokenBuckets
 from sundial_common.stores import Stores
 from sundial_common.stores.dispatch import FencedOut
 from sundial_common.stores.executions import LostAttempt, Outcome
+from sundial_dispatcher.fairness import FairnessConfig, OpenWork
+from sundial_dispatcher.limits import SideLimits
+from sundial_dispatcher.tenancy import TenantPolicy
 from sundial_dispatcher.triggers import TriggerConfig, TriggerDispatcher
 
 from tests.integration.test_api import NOW, TENANT, Api, api, delayed, error_fields  # noqa: F401  (the `api` fixture)
+from tests.tenants import register_tenant
 
 
 def dependent(parents: list[str], on: str = "SUCCEEDED", **overrides: Any) -> dict[str, Any]:
@@ -35,13 +41,21 @@ def dependent(parents: list[str], on: str = "SUCCEEDED", **overrides: Any) -> di
     return body
 
 
-async def make(api: Api, body: dict[str, Any]) -> str:  # noqa: F811
-    response = await api.create(body)
+async def make(api: Api, body: dict[str, Any], tenant: str = TENANT) -> str:  # noqa: F811
+    response = await api.create(body, tenant=tenant)
     assert response.status_code == 201, response.text
     return str(response.json()["jobId"])
 
 
-async def run_parent(api: Api, stores: Stores, job_id: str, outcomes: list[str], *, n: int = 0) -> list[uuid.UUID]:  # noqa: F811
+async def run_parent(
+    api: Api,  # noqa: F811
+    stores: Stores,
+    job_id: str,
+    outcomes: list[str],
+    *,
+    n: int = 0,
+    tenant: str = TENANT,
+) -> list[uuid.UUID]:
     """Executions of ``job_id`` (one per outcome) started and finished by a worker in one batch each."""
     ids = []
     for i, _ in enumerate(outcomes):
@@ -50,7 +64,7 @@ async def run_parent(api: Api, stores: Stores, job_id: str, outcomes: list[str],
             "INSERT INTO executions (id, tenant_id, job_id, scheduled_for, shard, fence_token, pool, handler, state,"
             " timeout_sec, traceparent) VALUES ($1, $2, $3, $4, 0, 1, 'demo', 'echo', 'PENDING', 60, $5)",
             execution_id,
-            TENANT,
+            tenant,
             uuid.UUID(job_id),
             NOW + timedelta(seconds=n * 100 + i),
             f"00-{uuid.uuid4().hex}-{uuid.uuid4().hex[:16]}-01",
@@ -64,19 +78,48 @@ async def run_parent(api: Api, stores: Stores, job_id: str, outcomes: list[str],
     return ids
 
 
-def leader(stores: Stores, publisher: KafkaPublisher, token: int, shard: int) -> TriggerDispatcher:
+def side_limits(api: Api, stores: Stores, **fairness: Any) -> SideLimits:  # noqa: F811
+    """Fair dispatch's limits as a dispatcher process applies them, with the counts and the registry read afresh
+    every pass (the tests change them between passes). A fixed pool cap, as in test_fair_dispatch.py."""
+    fairness.setdefault("pool_queue_min", fairness.get("pool_queue_cap", FairnessConfig.pool_queue_cap))
+    config = FairnessConfig(counts_refresh_sec=0, **fairness)
+    policy = TenantPolicy(stores.tenants, refresh_sec=0)
+    return SideLimits(policy, OpenWork(stores.tenants, config), TokenBuckets(api.redis), shards=1, batch_size=1000)
+
+
+def leader(
+    stores: Stores,
+    publisher: KafkaPublisher,
+    token: int,
+    shard: int,
+    limits: SideLimits | None = None,
+    config: TriggerConfig | None = None,
+) -> TriggerDispatcher:
     return TriggerDispatcher(
-        shard, token, f"leader-{token}", stores.dependencies, stores.dispatch, publisher, TriggerConfig()
+        shard,
+        token,
+        f"leader-{token}",
+        stores.dependencies,
+        stores.dispatch,
+        publisher,
+        config or TriggerConfig(),
+        limits=limits,
     )
 
 
-async def fire_all(stores: Stores, publisher: KafkaPublisher, passes: int = 1) -> int:
+async def fire_all(
+    stores: Stores,
+    publisher: KafkaPublisher,
+    passes: int = 1,
+    limits: SideLimits | None = None,
+    config: TriggerConfig | None = None,
+) -> int:
     """A new term on every shard (the API runs 4), and ``passes`` leader passes in it."""
     fired = 0
     for shard in range(4):
         token = await stores.dispatch.take_shard(shard, "test")
         for _ in range(passes):
-            fired += (await leader(stores, publisher, token, shard).run_once()).fired
+            fired += (await leader(stores, publisher, token, shard, limits, config).run_once()).fired
     return fired
 
 
@@ -309,3 +352,120 @@ async def test_triggers_that_waited_while_the_child_was_paused_follow_its_catch_
     await fire_all(stores, publisher)
     assert len(await children_executions(api.db, child)) == runs
     assert await api.db.fetchval("SELECT count(*) FROM job_triggers WHERE consumed_at IS NULL") == 0
+
+
+# --- suspended tenants and fair dispatch's limits ------------------------------------------------------------
+
+
+async def test_a_suspended_tenants_children_wait_and_go_out_once_on_resume(
+    api: Api,  # noqa: F811
+    stores: Stores,
+    publisher: KafkaPublisher,
+) -> None:
+    a = await make(api, delayed())
+    child = await make(api, dependent([a]))
+    await register_tenant(api.settings.database_url, TENANT, state="SUSPENDED")
+    parents = await run_parent(api, stores, a, ["SUCCEEDED", "SUCCEEDED"])
+
+    assert await fire_all(stores, publisher, limits=side_limits(api, stores)) == 0
+    assert await fire_all(stores, publisher) == 0  # fairness off too: suspension is not a fair-dispatch limit
+    assert await children_executions(api.db, child) == []
+    assert await stores.dependencies.shards_with_pending(range(4)) == set(), "the census does not wake for them"
+    waiting = (await api.client.get(f"/v1/jobs/{child}", headers=api.auth())).json()["parents"]
+    assert waiting[0]["waiting"] == 2, "recorded and kept, not consumed"
+
+    await register_tenant(api.settings.database_url, TENANT, state="ACTIVE")
+    assert await fire_all(stores, publisher, passes=2) == 2
+    assert await fire_all(stores, publisher) == 0
+    rows = await children_executions(api.db, child)
+    assert sorted(r["caused_by"][0] for r in rows) == sorted(parents)
+
+
+async def finish_children(api: Api, job_id: str) -> None:  # noqa: F811
+    await api.db.execute(
+        "UPDATE executions SET state = 'SUCCEEDED', finished_at = now() WHERE job_id = $1 AND state = 'PENDING'",
+        uuid.UUID(job_id),
+    )
+
+
+async def test_children_wait_for_their_tenants_concurrency_quota_without_holding_other_tenants_back(
+    api: Api,  # noqa: F811
+    stores: Stores,
+    publisher: KafkaPublisher,
+) -> None:
+    await register_tenant(api.settings.database_url, TENANT, max_concurrent_executions=2)
+    a = await make(api, delayed())
+    child = await make(api, dependent([a]))
+    theirs = await make(api, delayed(), tenant="globex")
+    their_child = await make(api, dependent([theirs]), tenant="globex")
+    # Both children on one shard, whose pass takes one child at a time.
+    await api.db.execute("UPDATE jobs SET shard = 0 WHERE id = ANY($1::uuid[])", [child, their_child])
+    limits = side_limits(api, stores)
+    one_child = TriggerConfig(batch_children=1, batch_triggers=10)
+
+    parents = await run_parent(api, stores, a, ["SUCCEEDED"] * 5)
+    assert await fire_all(stores, publisher, limits=limits) == 2
+    assert await fire_all(stores, publisher, limits=limits) == 0, "at its quota: the rest waits"
+    # acme's child, first in trigger order, no longer fills the one-child batch ahead of globex's.
+    await run_parent(api, stores, theirs, ["SUCCEEDED"], tenant="globex")
+    assert await fire_all(stores, publisher, limits=limits, config=one_child) == 1
+    assert len(await children_executions(api.db, their_child)) == 1
+
+    for _ in range(3):  # the children finish: the quota frees and the waiting triggers go out, none twice
+        await finish_children(api, child)
+        await fire_all(stores, publisher, limits=limits)
+    rows = await children_executions(api.db, child)
+    assert sorted(r["caused_by"][0] for r in rows) == sorted(parents)
+
+
+async def test_children_stay_within_a_pools_queue_cap_and_their_tenants_dispatch_rate(
+    api: Api,  # noqa: F811
+    stores: Stores,
+    publisher: KafkaPublisher,
+) -> None:
+    a = await make(api, delayed())
+    child = await make(api, dependent([a]))
+    parents = await run_parent(api, stores, a, ["SUCCEEDED"] * 6)
+    capped = side_limits(api, stores, pool_queue_cap=4)
+    assert await fire_all(stores, publisher, limits=capped) == 4
+    assert await fire_all(stores, publisher, limits=capped) == 0, "the pool's queue is full: the rest waits"
+    await finish_children(api, child)
+    assert await fire_all(stores, publisher, limits=capped) == 2
+
+    await register_tenant(api.settings.database_url, TENANT, max_dispatch_per_sec=2)
+    more = await run_parent(api, stores, a, ["SUCCEEDED"] * 5, n=1)
+    rated = side_limits(api, stores)
+    assert await fire_all(stores, publisher, limits=rated) == 2, "a second's worth of tokens"
+    for _ in range(100):  # the bucket refills at 2/s: poll with a deadline
+        if len(await children_executions(api.db, child)) == 11:
+            break
+        await asyncio.sleep(0.1)
+        await fire_all(stores, publisher, limits=rated)
+    rows = await children_executions(api.db, child)
+    assert sorted(r["caused_by"][0] for r in rows) == sorted(parents + more)
+    assert await api.db.fetchval("SELECT count(*) FROM job_triggers WHERE consumed_at IS NULL") == 0
+
+
+async def test_cancelling_a_child_drops_the_triggers_it_was_waiting_on(
+    api: Api,  # noqa: F811
+    stores: Stores,
+    publisher: KafkaPublisher,
+) -> None:
+    a = await make(api, delayed())
+    b = await make(api, delayed())
+    fan_in = await make(api, dependent([a, b]))  # waits for B
+    paused = await make(api, dependent([a]))
+    grandchild = await make(api, dependent([paused]))
+    assert (await api.client.post(f"/v1/jobs/{paused}/pause", headers=api.auth())).status_code == 200
+    await run_parent(api, stores, a, ["SUCCEEDED", "SUCCEEDED"])
+    assert await fire_all(stores, publisher) == 0
+    pending = "SELECT count(*) FROM job_triggers WHERE child_job_id = ANY($1::uuid[]) AND consumed_at IS NULL"
+    assert await api.db.fetchval(pending, [fan_in, paused]) == 4
+
+    assert (await api.client.delete(f"/v1/jobs/{fan_in}", headers=api.auth())).status_code == 200
+    assert await api.db.fetchval(pending, [fan_in]) == 0, "the cancel's own statement dropped them"
+    cascade = await api.client.delete(f"/v1/jobs/{paused}", params={"cascade": "true"}, headers=api.auth())
+    assert cascade.status_code == 200, cascade.text
+    assert await api.db.fetchval(pending, [paused, grandchild]) == 0
+    assert await api.db.fetchval("SELECT count(*) FROM job_triggers WHERE consumed_at IS NOT NULL") == 0
+    assert await fire_all(stores, publisher) == 0

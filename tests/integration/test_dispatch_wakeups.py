@@ -8,7 +8,6 @@ it wrote to, and a worker's subscription calls its wake-up.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
 
@@ -16,11 +15,12 @@ import pytest
 from redis.asyncio import Redis
 from sundial_common.hotwindow import HotWindow
 from sundial_common.ids import new_id
-from sundial_common.messages import ExecutionMessage
 from sundial_common.stores.types import Occurrence
 from sundial_common.topic_wakeups import WakingPublisher
 from sundial_dispatcher.wakes import WakeListener
 from sundial_worker.wakeups import TopicWakes
+
+from tests.messages import execution_message
 
 
 @pytest.fixture
@@ -89,22 +89,10 @@ async def test_a_publisher_wakes_the_workers_of_the_topics_it_wrote_to(redis: Re
     try:
         await _until(lambda: wakes.listening)
         publisher = WakingPublisher(Accepting(), redis)
-        message = ExecutionMessage(
-            execution_id=str(new_id()),
-            job_id=str(new_id()),
-            tenant_id="t",
-            pool="wake-b",
-            handler="echo",
-            attempt=1,
-            fence_token=1,
-            scheduled_for=datetime.now(UTC).isoformat(),
-            timeout_sec=60,
-            payload=None,
-        )
-        await publisher.publish([message])
+        await publisher.publish([execution_message("wake-b")])
         await asyncio.sleep(0.3)
         assert woken == []  # another pool's topic
-        await publisher.publish([dataclasses.replace(message, pool="wake-a")])
+        await publisher.publish([execution_message("wake-a")])
         await _until(lambda: woken == ["a"])
     finally:
         stopping.set()

@@ -7,6 +7,7 @@ import math
 from collections.abc import Sequence
 from typing import Any, cast
 
+from sundial_common.clock import Clock, SystemClock
 from sundial_common.stores.backfills import BackfillStore
 from sundial_common.stores.dependencies import DependencyStore
 from sundial_dispatcher.backfills import BackfillConfig, BackfillDispatcher
@@ -29,32 +30,45 @@ class Census:
         return self.running & set(shards)
 
 
-def _dispatchers(shard: int) -> tuple[TriggerDispatcher, BackfillDispatcher]:
+class _Clock(SystemClock):
+    def __init__(self) -> None:
+        self.at = 0.0
+
+    def monotonic(self) -> float:
+        return self.at
+
+
+def _dispatchers(shard: int, clock: Clock | None = None) -> tuple[TriggerDispatcher, BackfillDispatcher]:
     none = cast(Any, None)
     return (
-        TriggerDispatcher(shard, 1, "me", none, none, none, TriggerConfig()),
-        BackfillDispatcher(shard, 1, "me", none, none, none, BackfillConfig()),
+        TriggerDispatcher(shard, 1, "me", none, none, none, TriggerConfig(), clock=clock),
+        BackfillDispatcher(shard, 1, "me", none, none, none, BackfillConfig(), clock=clock),
     )
 
 
 async def test_an_idle_watched_leader_waits_for_the_census_and_is_woken_by_it() -> None:
     census = Census()
     side_work = SideWork(cast(DependencyStore, census), cast(BackfillStore, census))
-    triggers, backfills = _dispatchers(3)
+    clock = _Clock()
+    triggers, backfills = _dispatchers(3, clock)
     alarm = Alarm()
     leading = [True]
-    side_work.watch(3, lambda: leading[0], triggers, backfills, alarm)
-
-    # Idle looks double the interval; at the idle interval the leader stops looking on its own.
-    triggers._interval = TriggerConfig().idle_interval_sec
-    triggers._next_at = 0.0
+    side_work.watch(3, lambda: leading[0], triggers.cadence, backfills.cadence, alarm)
 
     async def nothing() -> TriggerResult:
         return TriggerResult()
 
     triggers.run_once = nothing
-    await triggers.run_if_due()
-    assert triggers.next_run_in() == math.inf
+    # Idle looks double the interval (0.2, 0.4, 0.8 s); at the idle interval the leader stops looking on its own.
+    waits = []
+    while math.isfinite(wait := triggers.cadence.next_run_in()):
+        clock.at += max(wait, 0.0)
+        assert await triggers.run_if_due() is not None
+        waits.append(round(triggers.cadence.next_run_in(), 3))
+        assert len(waits) < 10
+    assert waits == [0.2, 0.4, 0.8, math.inf]
+    clock.at += 3600
+    assert await triggers.run_if_due() is None
 
     assert await side_work.run_once() == 0
     assert not alarm.ring.is_set()
@@ -62,8 +76,8 @@ async def test_an_idle_watched_leader_waits_for_the_census_and_is_woken_by_it() 
     census.pending.add(3)
     alarm.plan(math.inf)
     assert await side_work.run_once() == 1
-    assert triggers.next_run_in() <= 0  # looks on the next pass
-    assert backfills.next_run_in() <= 0  # never ran: a new leader looks at once on its own
+    assert triggers.cadence.next_run_in() <= 0  # looks on the next pass
+    assert backfills.cadence.next_run_in() <= 0  # never ran: a new leader looks at once on its own
     assert alarm.ring.is_set()
     assert census.asked[-1] == [3]
 
@@ -73,13 +87,18 @@ async def test_an_idle_watched_leader_waits_for_the_census_and_is_woken_by_it() 
     assert len(census.asked) == looks
 
 
-async def test_a_busy_leader_keeps_its_own_cadence() -> None:
+async def test_a_busy_leader_keeps_its_own_cadence_and_looks_again_at_once_after_a_full_batch() -> None:
     triggers, _ = _dispatchers(0)
-    triggers.watched = True
+    triggers.cadence.watched = True
+    fired = [1]
 
-    async def fired() -> TriggerResult:
-        return TriggerResult(fired=1)
+    async def fire() -> TriggerResult:
+        return TriggerResult(fired=fired[0])
 
-    triggers.run_once = fired
+    triggers.run_once = fire
     await triggers.run_if_due()
-    assert 0 < triggers.next_run_in() <= TriggerConfig().interval_sec
+    assert 0 < triggers.cadence.next_run_in() <= TriggerConfig().interval_sec
+    fired[0] = TriggerConfig().batch_children
+    triggers.cadence.look_now()
+    await triggers.run_if_due()
+    assert triggers.cadence.next_run_in() <= 0

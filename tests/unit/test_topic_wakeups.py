@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, cast
 
 from redis.asyncio import Redis
 from sundial_common.messages import ExecutionMessage
 from sundial_common.topic_wakeups import WakingPublisher, topic_wake_channel
+
+from tests.messages import execution_message
 
 
 class _Pipeline:
@@ -50,31 +51,16 @@ class _Acks:
         return None
 
 
-def _message(pool: str) -> ExecutionMessage:
-    return ExecutionMessage(
-        execution_id="e",
-        job_id="j",
-        tenant_id="t",
-        pool=pool,
-        handler="echo",
-        attempt=1,
-        fence_token=1,
-        scheduled_for=datetime.now(UTC).isoformat(),
-        timeout_sec=60,
-        payload=None,
-    )
-
-
 async def test_a_topic_is_announced_at_most_once_per_interval_and_only_for_acknowledged_batches() -> None:
     redis, now = _Redis(), [0.0]
     publisher = WakingPublisher(_Acks(), cast(Redis, cast(Any, redis)), min_interval_sec=0.1, clock=lambda: now[0])
-    a, b = topic_wake_channel(_message("a").topic), topic_wake_channel(_message("b").topic)
+    a, b = topic_wake_channel(execution_message("a").topic), topic_wake_channel(execution_message("b").topic)
 
-    await publisher.publish([_message("a"), _message("a")])
+    await publisher.publish([execution_message("a"), execution_message("a")])
     assert redis.sent == [a]
     now[0] = 0.05  # a was announced 50 ms ago: its woken workers are still fetching
-    await publisher.publish([_message("a"), _message("b"), _message("refused")])
+    await publisher.publish([execution_message("a"), execution_message("b"), execution_message("refused")])
     assert redis.sent == [a, b]
     now[0] = 0.1
-    await publisher.publish([_message("a")])
+    await publisher.publish([execution_message("a")])
     assert redis.sent == [a, b, a]

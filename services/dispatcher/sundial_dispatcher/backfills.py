@@ -11,12 +11,16 @@ published, as any dispatch; a crash before that leaves PENDING rows the sweeper 
 
 A leader killed mid-backfill loses nothing and doubles nothing: the next one continues from the committed
 cursor, and an occurrence committed by the dead one is found taken.
+
+A suspended tenant's backfills are not stepped (their cursor waits for its resume, and the rate budget does not
+pile up: it is capped at ``max_budget_sec``). The others' steps stay within fair dispatch's limits
+(:mod:`sundial_dispatcher.limits`): a step takes at most the room its tenant and pool have, and what does not fit
+waits behind the cursor for a later step.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -42,8 +46,10 @@ from sundial_common.telemetry import (
     tracer,
 )
 
+from sundial_dispatcher.limits import Room, SideLimits
 from sundial_dispatcher.metrics import count_dispatched
-from sundial_dispatcher.publishing import end_duplicates, end_failed, publish_committed
+from sundial_dispatcher.publishing import end_duplicates, end_failed, end_rate_limited, publish_committed
+from sundial_dispatcher.side_work import Cadence
 
 log = logging.getLogger(__name__)
 
@@ -82,17 +88,53 @@ class BackfillResult:
 
 @dataclass
 class _Planner:
+    """Decides, inside the step's transaction, each backfill's next occurrences within its rate budget and ``room``,
+    then takes their dispatch-rate tokens from ``limits`` (None: fair dispatch is off, no limit applies)."""
+
     config: BackfillConfig
+    room: Room
+    limits: SideLimits | None = None
     spans: dict[UUID, Span] = field(default_factory=dict)
     running: int = 0
 
-    def __call__(self, running: Sequence[Record]) -> BackfillPlan:
+    async def __call__(self, running: Sequence[Record]) -> BackfillPlan:
         self.running = len(running)
+        plan = self._decide(running)
+        if self.limits is None or not plan.executions:
+            return plan
+        kept = await self.limits.within_rate(self.room, [p.backfill["tenant_id"] for p in plan.executions])
+        if all(kept):
+            return plan
+        # A tenant's last occurrences got no token: each backfill keeps its first ones and its cursor stops there.
+        executions: list[BackfillExecution] = []
+        dropped: set[UUID] = set()
+        cursors: dict[UUID, datetime | None] = {}
+        for p, keep in zip(plan.executions, kept, strict=True):
+            if keep:
+                executions.append(p)
+                cursors[p.backfill["id"]] = p.scheduled_for
+            else:
+                dropped.add(p.execution_id)
+                cursors.setdefault(p.backfill["id"], None)
+        end_rate_limited(self.spans, dropped)
+        plan.executions = executions
+        advances = []
+        for advance in plan.advances:
+            if advance.backfill_id not in cursors:
+                advances.append(advance)
+            elif (cursor := cursors[advance.backfill_id]) is not None:
+                advances.append(BackfillAdvance(advance.backfill_id, cursor, 0, False))
+            # else nothing of it kept: no step, stepped_at stays and its budget keeps growing
+        plan.advances = advances
+        return plan
+
+    def _decide(self, running: Sequence[Record]) -> BackfillPlan:
         plan = BackfillPlan()
         for backfill in running:
-            budget = self._budget(backfill)
+            room = self.room.available(backfill["tenant_id"], backfill["pool"])
+            budget = min(self._budget(backfill), room)
             if budget < 1:
-                continue  # its budget is not spent: stepped_at stays, the budget keeps growing
+                continue  # its budget is not spent (or no room): stepped_at stays, the budget keeps growing
             after = backfill["cursor_at"] or backfill["range_from"] - _BEFORE
             batch: list[datetime] = []
             done = True
@@ -103,6 +145,7 @@ class _Planner:
                 if len(batch) >= budget:
                     done = False  # the next step finds out whether anything is left
                     break
+            self.room.use(backfill["tenant_id"], backfill["pool"], len(batch))
             plan.executions += [self._execution(backfill, n) for n in batch]
             cursor = batch[-1] if batch else backfill["cursor_at"]
             plan.advances.append(BackfillAdvance(backfill["id"], cursor, 0, done))
@@ -162,6 +205,7 @@ class BackfillDispatcher:
         publisher: Publisher,
         config: BackfillConfig,
         clock: Clock | None = None,
+        limits: SideLimits | None = None,
     ) -> None:
         self.shard = shard
         self.token = token
@@ -171,42 +215,39 @@ class BackfillDispatcher:
         self.publisher = publisher
         self.config = config
         self.clock = clock or SystemClock()
-        self._next_at = 0.0
-        self._interval = self.config.interval_sec
-        #: Set by the process's census (:mod:`sundial_dispatcher.side_work`): once its looks are idle, this
-        #: leader stops looking on its own and the census says when to look (:meth:`look_now`).
-        self.watched = False
+        #: Fair dispatch's limits (None: fairness is off, occurrences go out at the backfill's own rate).
+        self.limits = limits
+        self.cadence = Cadence(config.interval_sec, config.idle_interval_sec, self.clock)
 
     async def run_if_due(self) -> BackfillResult | None:
-        """:meth:`run_once` if ``interval_sec`` has passed since the last run (the dispatch loop's hook)."""
-        now = self.clock.monotonic()
-        if now < self._next_at:
+        """:meth:`run_once` when its :attr:`cadence` says (the dispatch loop's hook)."""
+        if not self.cadence.due():
             return None
         result = await self.run_once()
-        if result.running:
-            self._interval = self.config.interval_sec
-        else:  # no backfill runs here
-            self._interval = min(self._interval * 2, self.config.idle_interval_sec)
-        idle = self._interval >= self.config.idle_interval_sec
-        self._next_at = math.inf if idle and self.watched else now + self._interval
+        self.cadence.looked(found=bool(result.running))
         return result
-
-    def look_now(self) -> None:
-        """Run on the next pass (the census found work for this shard)."""
-        self._next_at = 0.0
-
-    def next_run_in(self) -> float:
-        """Seconds until :meth:`run_if_due` runs again (the pass loop sleeps no longer)."""
-        return self._next_at - self.clock.monotonic()
 
     async def run_once(self) -> BackfillResult:
         """One fenced step of every running backfill, then the publishes. Raises ``FencedOut``."""
-        planner = _Planner(self.config)
+        if not await self.store.has_running(self.shard):
+            return BackfillResult()
+        room = await self.limits.room() if self.limits is not None else Room()
+        planner = _Planner(self.config, room, self.limits)
         try:
-            outcome = await self.store.step(self.shard, self.token, self.holder, self.config.batch_backfills, planner)
+            outcome = await self.store.step(
+                self.shard,
+                self.token,
+                self.holder,
+                self.config.batch_backfills,
+                planner,
+                skip_tenants=room.blocked_tenants(),
+                skip_pools=room.blocked_pools(),
+            )
         except BaseException:
             end_failed(planner.spans, "backfill")
             raise
+        if self.limits is not None:
+            self.limits.took(((p.backfill["tenant_id"], p.backfill["pool"]) for p in outcome.created), room)
         if outcome.created:
             crash_point("backfills.after_commit")  # committed, not published: the sweeper's to send
         # Planned but not created: the occurrence already had an execution.

@@ -325,11 +325,15 @@ class OpenWork:
 
     def took(self, taken: Iterable[Waiting]) -> None:
         """Count what a pass took, until the next read has it."""
-        for item in taken:
-            self.queued[item.pool] = self.queued.get(item.pool, 0) + 1
-            self.fresh[item.pool] = self.fresh.get(item.pool, 0) + 1
-            self._took[item.pool] = self._took.get(item.pool, 0) + 1
-            self.open[item.tenant] = self.open.get(item.tenant, 0) + 1
+        self.took_executions((item.tenant, item.pool) for item in taken)
+
+    def took_executions(self, created: Iterable[tuple[str, str]]) -> None:
+        """Count executions created ((tenant, pool) each; a pass, or children and backfills), until the next read."""
+        for tenant, pool in created:
+            self.queued[pool] = self.queued.get(pool, 0) + 1
+            self.fresh[pool] = self.fresh.get(pool, 0) + 1
+            self._took[pool] = self._took.get(pool, 0) + 1
+            self.open[tenant] = self.open.get(tenant, 0) + 1
 
     def took_unattributed(self, n: int) -> None:
         self.unattributed += n

@@ -47,3 +47,11 @@ def end_duplicates(spans: Mapping[UUID, Span], created: Collection[UUID]) -> Non
         if execution_id not in created:
             span.set_attribute("sundial.duplicate", True)
             span.end()
+
+
+def end_rate_limited(spans: dict[UUID, Span], execution_ids: Collection[UUID]) -> None:
+    """End (and forget) the spans of planned executions left out for want of a dispatch-rate token (they wait)."""
+    for execution_id in execution_ids:
+        span = spans.pop(execution_id)
+        span.set_attribute("sundial.rate_limited", True)
+        span.end()

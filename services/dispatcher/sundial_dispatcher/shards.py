@@ -51,6 +51,7 @@ from sundial_dispatcher.backfills import BackfillConfig, BackfillDispatcher
 from sundial_dispatcher.balance import placement
 from sundial_dispatcher.dispatcher import DispatcherConfig, ShardDispatcher
 from sundial_dispatcher.fairness import FairDispatch, OpenWork
+from sundial_dispatcher.limits import SideLimits
 from sundial_dispatcher.metrics import Leadership, ShardPassMetrics
 from sundial_dispatcher.side_work import SideWork
 from sundial_dispatcher.tenancy import TenantPolicy
@@ -159,6 +160,12 @@ def dispatch_work(deps: Dependencies, config: DispatcherConfig, holder: str) -> 
 
     tenants = TenantPolicy(deps.stores.tenants)  # one registry view for every shard this replica leads
     open_work = OpenWork(deps.stores.tenants, config.fairness)  # and one read of the open executions
+    # The same limits for children and backfills (sundial_dispatcher.limits); none when fairness is off.
+    limits = (
+        SideLimits(tenants, open_work, TokenBuckets(deps.hot_window.redis), config.shards, config.batch_size)
+        if config.fairness.enabled
+        else None
+    )
 
     async def work(tenure: Tenure) -> None:
         shard = tenure.term.shard
@@ -194,16 +201,30 @@ def dispatch_work(deps: Dependencies, config: DispatcherConfig, holder: str) -> 
         )
         # Dependent jobs' fires and backfills (sundial_dispatcher.triggers, .backfills): same term and fence.
         triggers = TriggerDispatcher(
-            shard, token, holder, deps.stores.dependencies, deps.stores.dispatch, deps.publisher, TriggerConfig()
+            shard,
+            token,
+            holder,
+            deps.stores.dependencies,
+            deps.stores.dispatch,
+            deps.publisher,
+            TriggerConfig(),
+            limits=limits,
         )
         backfills = BackfillDispatcher(
-            shard, token, holder, deps.stores.backfills, deps.stores.dispatch, deps.publisher, BackfillConfig()
+            shard,
+            token,
+            holder,
+            deps.stores.backfills,
+            deps.stores.dispatch,
+            deps.publisher,
+            BackfillConfig(),
+            limits=limits,
         )
         failures = 0
         metrics = ShardPassMetrics(shard)
         alarm = deps.wakes.alarm(shard) if deps.wakes is not None else None
         if deps.side_work is not None:  # idle, the process's census looks for them (sundial_dispatcher.side_work)
-            deps.side_work.watch(shard, tenure.active, triggers, backfills, alarm)
+            deps.side_work.watch(shard, tenure.active, triggers.cadence, backfills.cadence, alarm)
         claims: deque[tuple[float, int]] = deque()  # (pass start, members claimed) over the last second
         while tenure.active():
             try:
@@ -233,7 +254,7 @@ def dispatch_work(deps: Dependencies, config: DispatcherConfig, holder: str) -> 
                 wait = _idle_wait(
                     dispatcher.clock.now(),
                     dispatcher.next_look(),
-                    min(triggers.next_run_in(), backfills.next_run_in()),
+                    min(triggers.cadence.next_run_in(), backfills.cadence.next_run_in()),
                     config.poll_interval_sec,
                     deps.wakes is not None and deps.wakes.listening,
                 )

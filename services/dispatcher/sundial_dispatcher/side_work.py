@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from sundial_common.clock import Clock
 from sundial_common.service import sleep_or_stop
 from sundial_common.stores.backfills import BackfillStore
 from sundial_common.stores.dependencies import DependencyStore
@@ -33,11 +34,50 @@ log = logging.getLogger(__name__)
 
 
 class Looker(Protocol):
-    """A shard's triggers or backfills dispatcher, as the census sees it."""
+    """A shard's triggers or backfills cadence, as the census sees it."""
 
     watched: bool
 
     def look_now(self) -> None: ...
+
+
+class Cadence:
+    """When a shard leader's triggers or backfills look next: every ``interval_sec`` while they find work, at once
+    while a look leaves more waiting, doubling up to ``idle_interval_sec`` while they find nothing; once idle and
+    ``watched`` by the census, not on their own at all until it says :meth:`look_now`."""
+
+    def __init__(self, interval_sec: float, idle_interval_sec: float, clock: Clock) -> None:
+        self.interval_sec = interval_sec
+        self.idle_interval_sec = idle_interval_sec
+        self.clock = clock
+        self._next_at = 0.0  # a new leader looks at once
+        self._interval = interval_sec
+        #: Set by the process's census (:class:`SideWork`): once its looks are idle, this leader stops looking
+        #: on its own and the census says when to look (:meth:`look_now`).
+        self.watched = False
+
+    def due(self) -> bool:
+        """Time for the next look."""
+        return self.clock.monotonic() >= self._next_at
+
+    def looked(self, *, found: bool, more: bool = False) -> None:
+        """A look ended: it ``found`` work (and left ``more`` waiting), or nothing."""
+        if more:
+            self._interval = 0.0
+        elif found:
+            self._interval = self.interval_sec
+        else:
+            self._interval = min(max(self._interval, self.interval_sec) * 2, self.idle_interval_sec)
+        idle = self._interval >= self.idle_interval_sec
+        self._next_at = math.inf if idle and self.watched else self.clock.monotonic() + self._interval
+
+    def look_now(self) -> None:
+        """Look on the next pass (the census found work for this shard)."""
+        self._next_at = 0.0
+
+    def next_run_in(self) -> float:
+        """Seconds until the next look (the pass loop sleeps no longer; ``inf``: only when the census says)."""
+        return self._next_at - self.clock.monotonic()
 
 
 @dataclass(frozen=True)

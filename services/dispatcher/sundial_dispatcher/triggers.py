@@ -19,9 +19,14 @@ What a fire is:
 * **Several parents (fan-in)**: one execution once *every* parent has at least one new qualifying execution
   since the child's last fire; it consumes every trigger waiting at that moment. A parent that ran twice
   before another ran once therefore counts once: the child runs once, ``causedBy`` lists all three.
-* **Late triggers** (waiting longer than the child's ``catchupWindowSec``: the child was paused, or no
-  leader ran) follow its catch-up policy, as missed clock fires do: ``FIRE_ALL`` runs one per trigger,
-  ``FIRE_ONCE`` (default) one for all late triggers, ``SKIP`` none (consumed as SKIPPED).
+* **Late triggers** (waiting longer than the child's ``catchupWindowSec``: the child was paused, its tenant
+  suspended or at a quota, or no leader ran) follow its catch-up policy, as missed clock fires do:
+  ``FIRE_ALL`` runs one per trigger, ``FIRE_ONCE`` (default) one for all late triggers, ``SKIP`` none
+  (consumed as SKIPPED).
+
+A suspended tenant's children are not looked at (their triggers wait, unconsumed, for its resume); the others'
+fires are created within fair dispatch's limits (:mod:`sundial_dispatcher.limits`): a fire that does not fit
+leaves its triggers waiting for a later pass.
 
 Each child execution starts a trace of its own, linked to the trace of every parent execution it ran after.
 """
@@ -29,7 +34,6 @@ Each child execution starts a trace of its own, linked to the trace of every par
 from __future__ import annotations
 
 import logging
-import math
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -55,8 +59,10 @@ from sundial_common.telemetry import (
     tracer,
 )
 
+from sundial_dispatcher.limits import Room, SideLimits
 from sundial_dispatcher.metrics import count_dispatched
-from sundial_dispatcher.publishing import end_duplicates, end_failed, publish_committed
+from sundial_dispatcher.publishing import end_duplicates, end_failed, end_rate_limited, publish_committed
+from sundial_dispatcher.side_work import Cadence
 
 log = logging.getLogger(__name__)
 
@@ -96,11 +102,28 @@ class TriggerResult:
 
 @dataclass
 class _Planner:
-    """Decides, inside the trigger transaction, each locked child's fires (see the module docstring)."""
+    """Decides, inside the trigger transaction, each locked child's fires (see the module docstring) within
+    ``room``, then takes their rate tokens from ``limits`` (None: fair dispatch is off, no limit applies)."""
 
+    room: Room
+    limits: SideLimits | None = None
     spans: dict[UUID, Span] = field(default_factory=dict)
 
-    def __call__(self, children: Sequence[Record], pending: Sequence[Record]) -> TriggerPlan:
+    async def __call__(self, children: Sequence[Record], pending: Sequence[Record]) -> TriggerPlan:
+        plan = self._decide(children, pending)
+        if self.limits is None or not plan.executions:
+            return plan
+        kept = await self.limits.within_rate(self.room, [p.child["tenant_id"] for p in plan.executions])
+        if all(kept):
+            return plan
+        # A tenant's last fires got no token: they are not made, their triggers wait (a suffix of each child's).
+        dropped = {p.execution_id for p, keep in zip(plan.executions, kept, strict=True) if not keep}
+        end_rate_limited(self.spans, dropped)
+        plan.executions = [p for p in plan.executions if p.execution_id not in dropped]
+        plan.consumed = [c for c in plan.consumed if c[2] not in dropped]
+        return plan
+
+    def _decide(self, children: Sequence[Record], pending: Sequence[Record]) -> TriggerPlan:
         plan = TriggerPlan()
         waiting: dict[UUID, list[Record]] = defaultdict(list)
         for trigger in pending:
@@ -118,6 +141,9 @@ class _Planner:
                 if skip:
                     plan.consumed += [(t["id"], "SKIPPED", None) for t in group]
                     continue
+                if not self.room.available(child["tenant_id"], child["pool"]):
+                    break  # no room: this fire and the child's later ones wait for a later pass
+                self.room.use(child["tenant_id"], child["pool"], 1)
                 execution = self._execution(child, group, at)
                 at += _TICK
                 plan.executions.append(execution)
@@ -203,6 +229,7 @@ class TriggerDispatcher:
         publisher: Publisher,
         config: TriggerConfig,
         clock: Clock | None = None,
+        limits: SideLimits | None = None,
     ) -> None:
         self.shard = shard
         self.token = token
@@ -212,46 +239,41 @@ class TriggerDispatcher:
         self.publisher = publisher
         self.config = config
         self.clock = clock or SystemClock()
-        self._next_at = 0.0
-        self._interval = self.config.interval_sec
-        #: Set by the process's census (:mod:`sundial_dispatcher.side_work`): once its looks are idle, this
-        #: leader stops looking on its own and the census says when to look (:meth:`look_now`).
-        self.watched = False
+        #: Fair dispatch's limits (None: fairness is off, children go out as they come).
+        self.limits = limits
+        self.cadence = Cadence(config.interval_sec, config.idle_interval_sec, self.clock)
 
     async def run_if_due(self) -> TriggerResult | None:
-        """:meth:`run_once` if ``interval_sec`` has passed since the last run (the dispatch loop's hook)."""
-        now = self.clock.monotonic()
-        if now < self._next_at:
+        """:meth:`run_once` when its :attr:`cadence` says (the dispatch loop's hook)."""
+        if not self.cadence.due():
             return None
         result = await self.run_once()
-        if result.fired + result.skipped >= self.config.batch_children:
-            self._interval = 0.0  # more may be waiting: look again on the next pass
-        elif result.fired + result.skipped:
-            self._interval = self.config.interval_sec
-        else:
-            self._interval = min(max(self._interval, self.config.interval_sec) * 2, self.config.idle_interval_sec)
-        idle = self._interval >= self.config.idle_interval_sec
-        self._next_at = math.inf if idle and self.watched else now + self._interval
+        done = result.fired + result.skipped
+        self.cadence.looked(found=bool(done), more=done >= self.config.batch_children)
         return result
-
-    def look_now(self) -> None:
-        """Run on the next pass (the census found work for this shard)."""
-        self._next_at = 0.0
-
-    def next_run_in(self) -> float:
-        """Seconds until :meth:`run_if_due` runs again (the pass loop sleeps no longer)."""
-        return self._next_at - self.clock.monotonic()
 
     async def run_once(self) -> TriggerResult:
         """One transaction of fires, then their publishes. Raises ``FencedOut`` if a newer leader has written."""
-        planner = _Planner()
+        if not await self.store.has_pending(self.shard):
+            return TriggerResult()
+        room = await self.limits.room() if self.limits is not None else Room()
+        planner = _Planner(room, self.limits)
         try:
             outcome = await self.store.fire_triggers(
-                self.shard, self.token, self.holder, self.config.batch_children, self.config.batch_triggers, planner
+                self.shard,
+                self.token,
+                self.holder,
+                self.config.batch_children,
+                self.config.batch_triggers,
+                planner,
+                skip_tenants=room.blocked_tenants(),
+                skip_pools=room.blocked_pools(),
             )
         except BaseException:
             end_failed(planner.spans, "trigger")
             raise
+        if self.limits is not None:
+            self.limits.took(((p.child["tenant_id"], p.child["pool"]) for p in outcome.created), room)
         if outcome.created:
             crash_point("triggers.after_commit")  # committed, not published: the sweeper's to send
         # Planned but not created: the trigger already had its execution.

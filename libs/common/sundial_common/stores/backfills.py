@@ -14,7 +14,7 @@ SQL: ``sql/backfills.sql``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol, cast
@@ -68,7 +68,7 @@ class BackfillPlan:
 
 
 #: Given the locked running backfills (with their job), the executions to create and how each one moves.
-BackfillPlanner = Callable[[Sequence[Record]], BackfillPlan]
+BackfillPlanner = Callable[[Sequence[Record]], Awaitable[BackfillPlan]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +86,19 @@ class BackfillStore(Protocol):
 
     async def existing_occurrences(self, job_id: UUID, start: datetime, end: datetime) -> set[datetime]: ...
 
-    async def step(self, shard: int, token: int, holder: str, limit: int, plan: BackfillPlanner) -> BackfillOutcome: ...
+    async def has_running(self, shard: int) -> bool: ...
+
+    async def step(
+        self,
+        shard: int,
+        token: int,
+        holder: str,
+        limit: int,
+        plan: BackfillPlanner,
+        *,
+        skip_tenants: Sequence[str] = (),
+        skip_pools: Sequence[str] = (),
+    ) -> BackfillOutcome: ...
 
     async def shards_running(self, shards: Sequence[int]) -> set[int]: ...
 
@@ -134,17 +146,30 @@ class PostgresBackfillStore:
         """Which of ``shards`` have a running backfill (a read: no fence)."""
         return {row["shard"] for row in await self._db.pool.fetch(Q["shards_running"], list(shards))}
 
-    async def step(self, shard: int, token: int, holder: str, limit: int, plan: BackfillPlanner) -> BackfillOutcome:
-        """The fenced backfill transaction (see the module docstring). Raises ``FencedOut`` like a dispatch."""
-        if not await self._db.pool.fetchval(Q["any_running"], shard):
-            return BackfillOutcome([], BackfillPlan())
+    async def has_running(self, shard: int) -> bool:
+        """Before the fenced transaction (a write): has ``shard`` a running backfill of a tenant not SUSPENDED?"""
+        return bool(await self._db.pool.fetchval(Q["any_running"], shard))
+
+    async def step(
+        self,
+        shard: int,
+        token: int,
+        holder: str,
+        limit: int,
+        plan: BackfillPlanner,
+        *,
+        skip_tenants: Sequence[str] = (),
+        skip_pools: Sequence[str] = (),
+    ) -> BackfillOutcome:
+        """The fenced backfill transaction (see the module docstring): not a SUSPENDED tenant's backfills, nor
+        those of ``skip_tenants`` or in ``skip_pools``. Raises ``FencedOut`` like a dispatch."""
         async with self._db.pool.acquire() as conn, conn.transaction():
             if await conn.fetchval(dispatch.Q["raise_fence"], shard, token, holder) is None:
                 raise dispatch.FencedOut(shard, token)
-            running = await conn.fetch(Q["running_backfills"], shard, limit)
+            running = await conn.fetch(Q["running_backfills"], shard, limit, list(skip_tenants), list(skip_pools))
             if not running:
                 return BackfillOutcome([], BackfillPlan())
-            decided = plan(running)
+            decided = await plan(running)
             planned = decided.executions
             inserted: set[UUID] = set()
             if planned:

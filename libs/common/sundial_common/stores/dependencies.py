@@ -15,7 +15,7 @@ SQL: ``sql/dependencies.sql``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol, cast
@@ -80,7 +80,7 @@ class TriggerPlan:
 
 
 #: Given the locked children and their pending triggers (oldest first), the fires to make.
-TriggerPlanner = Callable[[Sequence[Record], Sequence[Record]], TriggerPlan]
+TriggerPlanner = Callable[[Sequence[Record], Sequence[Record]], Awaitable[TriggerPlan]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,8 +108,19 @@ class DependencyStore(Protocol):
 
     async def cancel_with_descendants(self, tenant_id: str, job_id: UUID, actor: str) -> list[Record]: ...
 
+    async def has_pending(self, shard: int) -> bool: ...
+
     async def fire_triggers(
-        self, shard: int, token: int, holder: str, children: int, triggers: int, plan: TriggerPlanner
+        self,
+        shard: int,
+        token: int,
+        holder: str,
+        children: int,
+        triggers: int,
+        plan: TriggerPlanner,
+        *,
+        skip_tenants: Sequence[str] = (),
+        skip_pools: Sequence[str] = (),
     ) -> TriggerOutcome: ...
 
     async def shards_with_pending(self, shards: Sequence[int]) -> set[int]: ...
@@ -227,24 +238,37 @@ class PostgresDependencyStore:
         """Which of ``shards`` have a trigger of an ACTIVE child waiting (a read: no fence)."""
         return {row["shard"] for row in await self._db.pool.fetch(Q["shards_with_pending"], list(shards))}
 
+    async def has_pending(self, shard: int) -> bool:
+        """Before the fenced transaction (a write): has ``shard`` a trigger of an ACTIVE child of a tenant not
+        SUSPENDED waiting?"""
+        return bool(await self._db.pool.fetchval(Q["any_pending"], shard))
+
     async def fire_triggers(
-        self, shard: int, token: int, holder: str, children: int, triggers: int, plan: TriggerPlanner
+        self,
+        shard: int,
+        token: int,
+        holder: str,
+        children: int,
+        triggers: int,
+        plan: TriggerPlanner,
+        *,
+        skip_tenants: Sequence[str] = (),
+        skip_pools: Sequence[str] = (),
     ) -> TriggerOutcome:
         """The fenced trigger transaction: raise the fence to ``token`` (or raise ``FencedOut``), lock up to
-        ``children`` ACTIVE children of ``shard`` with pending triggers and up to ``triggers`` of those, let
-        ``plan`` decide the fires, insert their executions (one per child and trigger), consume the triggers.
-        Publishing is the caller's, after commit: the execution rows are the outbox, as for any dispatch.
+        ``children`` ACTIVE children of ``shard`` with pending triggers (not of a SUSPENDED tenant, nor of
+        ``skip_tenants`` or in ``skip_pools``) and up to ``triggers`` of those, let ``plan`` decide the fires,
+        insert their executions (one per child and trigger), consume the triggers. Publishing is the caller's,
+        after commit: the execution rows are the outbox, as for any dispatch.
         """
-        if not await self._db.pool.fetchval(Q["any_pending"], shard):
-            return TriggerOutcome([], TriggerPlan())
         async with self._db.pool.acquire() as conn, conn.transaction():
             if await conn.fetchval(dispatch.Q["raise_fence"], shard, token, holder) is None:
                 raise dispatch.FencedOut(shard, token)
-            locked = await conn.fetch(Q["pending_children"], shard, children)
+            locked = await conn.fetch(Q["pending_children"], shard, children, list(skip_tenants), list(skip_pools))
             if not locked:
                 return TriggerOutcome([], TriggerPlan())
             pending = await conn.fetch(Q["pending_triggers"], [row["id"] for row in locked], triggers)
-            decided = plan(locked, pending)
+            decided = await plan(locked, pending)
             planned = decided.executions
             inserted: list[Record] = []
             if planned:

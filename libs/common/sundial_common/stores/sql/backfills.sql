@@ -39,16 +39,24 @@ WITH changed AS (
 SELECT * FROM changed;
 
 -- name: any_running
--- Before the fenced transaction (a write): has this shard a running backfill? (backfills_running_idx)
-SELECT EXISTS (SELECT 1 FROM backfills WHERE shard = $1 AND state = 'RUNNING');
+-- Before the fenced transaction (a write): has this shard a running backfill of a tenant not SUSPENDED?
+-- (backfills_running_idx; a suspended tenant's backfill waits for its resume, its cursor where it was.)
+SELECT EXISTS (
+    SELECT 1 FROM backfills b WHERE b.shard = $1 AND b.state = 'RUNNING'
+      AND NOT EXISTS (SELECT 1 FROM tenants s WHERE s.id = b.tenant_id AND s.state = 'SUSPENDED')
+);
 
 -- name: shards_running
--- Which of these shards have a running backfill (sundial_dispatcher.side_work; backfills_running_idx).
-SELECT DISTINCT shard FROM backfills WHERE shard = ANY($1::int[]) AND state = 'RUNNING';
+-- Which of these shards have a running backfill of a tenant not SUSPENDED (sundial_dispatcher.side_work;
+-- backfills_running_idx).
+SELECT DISTINCT b.shard FROM backfills b WHERE b.shard = ANY($1::int[]) AND b.state = 'RUNNING'
+  AND NOT EXISTS (SELECT 1 FROM tenants s WHERE s.id = b.tenant_id AND s.state = 'SUSPENDED');
 
 -- name: running_backfills
 -- The leader's step: this shard's running backfills with their job, locked for the transaction (a cancel
 -- waits for it, and is then final). `open`: its executions still PENDING or RUNNING (BUFFER_ONE waits).
+-- Not a SUSPENDED tenant's (it waits for the resume), nor those of the tenants ($3) or pools ($4) the
+-- fair-dispatch limits hold back this pass (sundial_dispatcher.limits).
 SELECT b.*, now() AS db_now, j.type, j.schedule, j.timezone, j.interval_sec, j.run_list, j.start_at, j.end_at,
        j.run_at, j.next_nominal_at, j.next_fire_at, j.jitter_sec, j.pool, j.handler, j.payload, j.retry_policy,
        j.timeout_sec, j.state AS job_state,
@@ -57,6 +65,8 @@ SELECT b.*, now() AS db_now, j.type, j.schedule, j.timezone, j.interval_sec, j.r
        ELSE 0 END AS open
 FROM backfills b JOIN jobs j ON j.id = b.job_id
 WHERE b.shard = $1 AND b.state = 'RUNNING'
+  AND NOT EXISTS (SELECT 1 FROM tenants s WHERE s.id = b.tenant_id AND s.state = 'SUSPENDED')
+  AND NOT b.tenant_id = ANY($3::text[]) AND NOT j.pool = ANY($4::text[])
 ORDER BY b.id
 LIMIT $2
 FOR UPDATE OF b SKIP LOCKED;

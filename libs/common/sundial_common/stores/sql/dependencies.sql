@@ -82,11 +82,17 @@ GROUP BY j.id
 ORDER BY depth, j.id;
 
 -- name: cancel_jobs
--- Cascade of a delete: the live descendants are cancelled too, in the same transaction.
+-- Cascade of a delete: the live descendants are cancelled too, in the same transaction; their triggers still
+-- waiting are dropped and their running backfills end, as jobs.sql's cancel_job does for one job.
 WITH job AS (
     UPDATE jobs j SET state = 'CANCELLED', next_fire_at = NULL, version = j.version + 1, updated_at = now()
     WHERE j.id = ANY($1::uuid[]) AND j.tenant_id = $2 AND j.state IN ('ACTIVE', 'PAUSED')
     RETURNING j.id, j.tenant_id
+), triggers AS (
+    DELETE FROM job_triggers t USING job WHERE t.child_job_id = job.id AND t.consumed_at IS NULL
+), backfills AS (
+    UPDATE backfills b SET state = 'CANCELLED', finished_at = now() FROM job
+    WHERE b.job_id = job.id AND b.state = 'RUNNING'
 ), audit AS (
     INSERT INTO audit_log (tenant_id, entity, entity_id, action, to_state, actor, detail)
     SELECT tenant_id, 'job', id, 'cancel', 'CANCELLED', $3, jsonb_build_object('cascadeFrom', $4::uuid) FROM job
@@ -95,9 +101,11 @@ SELECT id FROM job;
 
 -- name: pending_children
 -- The leader's scan: children of this shard with triggers waiting, oldest trigger first, locked for this
--- transaction (a concurrent dispatch of the same job, a PATCH or a pause waits). Only ACTIVE children: a
--- paused one keeps its triggers until it is resumed. SKIP LOCKED: a row another transaction holds is
--- looked at on the next pass.
+-- transaction (a concurrent dispatch of the same job, a PATCH or a pause waits). Only ACTIVE children of
+-- tenants that are not SUSPENDED: a paused child, or a suspended tenant's, keeps its triggers until it is
+-- resumed. Nor the children of the tenants ($3) or pools ($4) the fair-dispatch limits hold back this pass
+-- (sundial_dispatcher.limits): left out here, they do not fill the batch ahead of others that have room.
+-- SKIP LOCKED: a row another transaction holds is looked at on the next pass.
 SELECT j.id, j.tenant_id, j.name, j.pool, j.handler, j.payload, j.retry_policy, j.timeout_sec, j.catchup_policy,
        j.catchup_window_sec, j.overlap_policy, now() AS db_now,
        (SELECT array_agg(parent_job_id ORDER BY parent_job_id) FROM job_dependencies WHERE child_job_id = j.id)
@@ -107,23 +115,28 @@ FROM jobs j
 WHERE j.id IN (
     SELECT t.child_job_id FROM job_triggers t JOIN jobs c ON c.id = t.child_job_id AND c.state = 'ACTIVE'
     WHERE t.shard = $1 AND t.consumed_at IS NULL
+      AND NOT EXISTS (SELECT 1 FROM tenants s WHERE s.id = t.tenant_id AND s.state = 'SUSPENDED')
+      AND NOT t.tenant_id = ANY($3::text[]) AND NOT c.pool = ANY($4::text[])
     GROUP BY t.child_job_id ORDER BY min(t.created_at) LIMIT $2
 ) AND j.shard = $1 AND j.state = 'ACTIVE'
 FOR UPDATE OF j SKIP LOCKED;
 
 -- name: any_pending
--- Before the fenced transaction (a write): is any trigger of an ACTIVE child of this shard waiting? An index
--- probe of job_triggers_pending_idx, nearly always empty, so an idle leader writes nothing.
+-- Before the fenced transaction (a write): is any trigger of an ACTIVE child of this shard waiting, its tenant
+-- not SUSPENDED? An index probe of job_triggers_pending_idx, nearly always empty, so an idle leader writes
+-- nothing (nor one whose only triggers wait for their tenant's resume).
 SELECT EXISTS (
     SELECT 1 FROM job_triggers t JOIN jobs c ON c.id = t.child_job_id AND c.state = 'ACTIVE'
     WHERE t.shard = $1 AND t.consumed_at IS NULL
+      AND NOT EXISTS (SELECT 1 FROM tenants s WHERE s.id = t.tenant_id AND s.state = 'SUSPENDED')
 );
 
 -- name: shards_with_pending
--- Which of these shards have a trigger of an ACTIVE child waiting: one look for every shard a dispatcher
--- process leads (sundial_dispatcher.side_work), instead of an any_pending per shard and second.
+-- Which of these shards have a trigger of an ACTIVE child of a tenant not SUSPENDED waiting: one look for
+-- every shard a dispatcher process leads (sundial_dispatcher.side_work), instead of an any_pending per shard.
 SELECT DISTINCT t.shard FROM job_triggers t JOIN jobs c ON c.id = t.child_job_id AND c.state = 'ACTIVE'
-WHERE t.shard = ANY($1::int[]) AND t.consumed_at IS NULL;
+WHERE t.shard = ANY($1::int[]) AND t.consumed_at IS NULL
+  AND NOT EXISTS (SELECT 1 FROM tenants s WHERE s.id = t.tenant_id AND s.state = 'SUSPENDED');
 
 -- name: pending_triggers
 -- The waiting triggers of the locked children, oldest first (at most $2 per pass).

@@ -55,13 +55,20 @@ SELECT * FROM job;
 SELECT * FROM jobs WHERE id = $1 AND tenant_id = $2;
 
 -- name: cancel_job
--- A cancelled job fires no more; executions already dispatched are not touched here.
+-- A cancelled job fires no more; executions already dispatched are not touched here. Its dependency triggers
+-- still waiting are dropped (a cancelled child is never scanned again: left, they would stay in the pending
+-- index every shard leader probes) and its running backfills end CANCELLED, in the same statement.
 WITH previous AS (
     SELECT id, state FROM jobs WHERE id = $1 AND tenant_id = $2 AND state IN ('ACTIVE', 'PAUSED') FOR UPDATE
 ), job AS (
     UPDATE jobs j SET state = 'CANCELLED', next_fire_at = NULL, version = j.version + 1, updated_at = now()
     FROM previous WHERE j.id = previous.id
     RETURNING j.*
+), triggers AS (
+    DELETE FROM job_triggers t USING job WHERE t.child_job_id = job.id AND t.consumed_at IS NULL
+), backfills AS (
+    UPDATE backfills b SET state = 'CANCELLED', finished_at = now() FROM job
+    WHERE b.job_id = job.id AND b.state = 'RUNNING'
 ), audit AS (
     INSERT INTO audit_log (tenant_id, entity, entity_id, action, from_state, to_state, actor)
     SELECT job.tenant_id, 'job', job.id, 'cancel', previous.state, 'CANCELLED', $3 FROM job JOIN previous USING (id)

@@ -1,0 +1,30 @@
+"""How a test builds an execution's Kafka message: ``execution_message("demo")``.
+
+A message of ``pool`` with fresh ids and the fields a first attempt has; any field may be given
+(``execution_message("demo", tenant_id="acme")``). For tests whose subject is the message's route (topic
+wake-ups, publishers), not the execution behind it: nothing is written anywhere.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sundial_common.ids import new_id
+from sundial_common.messages import ExecutionMessage
+
+
+def execution_message(pool: str, **fields: Any) -> ExecutionMessage:
+    values: dict[str, Any] = {
+        "execution_id": str(new_id()),
+        "job_id": str(new_id()),
+        "tenant_id": "t",
+        "pool": pool,
+        "handler": "echo",
+        "attempt": 1,
+        "fence_token": 1,
+        "scheduled_for": datetime.now(UTC).isoformat(),
+        "timeout_sec": 60,
+        "payload": None,
+    }
+    return ExecutionMessage(**{**values, **fields})
