@@ -493,8 +493,8 @@ class ShardDispatcher:
         self._unmarked.append((time.monotonic(), published))
         try:
             await self._mark_published()
-        except Exception as exc:  # dropped, as at a term's end: the sweeper sends those still unstarted again
-            log.warning("shard %d: published marks not written: %r", self.shard, exc)
+        except Exception as exc:  # the next pass marks them (Postgres away: it fails too, and says so)
+            log.warning("shard %d: published marks not written yet: %r", self.shard, exc)
 
     async def _mark_published(self) -> None:
         """Record ``published_at`` for executions published ``mark_published_after_sec`` ago and still PENDING.
