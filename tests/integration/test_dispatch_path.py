@@ -249,41 +249,6 @@ async def test_a_batch_published_at_once_goes_to_one_partition(
     assert len({m.partition() for m in received}) == 1
 
 
-async def test_a_pass_does_not_wait_for_the_previous_passs_acknowledgement_and_the_term_end_waits_for_it(
-    stores: Stores, hot_window: HotWindow, publisher: KafkaPublisher, pool: str, kafka_bootstrap: str
-) -> None:
-    class SlowAcks:
-        """The real broker, its acknowledgements arriving 2 s late (a broker starved of CPU)."""
-
-        async def publish(self, messages: list[ExecutionMessage]) -> list[Exception | None]:
-            errors = await publisher.publish(messages)
-            await asyncio.sleep(2.0)
-            return errors
-
-        async def close(self) -> None:
-            pass
-
-    due = datetime.now(UTC) - timedelta(milliseconds=10)
-    first, second = await make_job(stores, due, pool), await make_job(stores, due, pool)
-    config = DispatcherConfig(mark_published_after_sec=0)
-    dispatcher = ShardDispatcher(0, 42, "replica-a", stores.dispatch, hot_window, SlowAcks(), config)
-    await hot_window.add(0, [Occurrence(first, _ms(due))])
-    one = await asyncio.wait_for(dispatcher.dispatch_once(), 1.5)
-    await hot_window.add(0, [Occurrence(second, _ms(due))])
-    next_pass = asyncio.create_task(dispatcher.dispatch_once())
-    deadline = asyncio.get_running_loop().time() + 1.5
-    while not await stores.database.pool.fetchval("SELECT count(*) FROM executions WHERE job_id = $1", second):
-        assert asyncio.get_running_loop().time() < deadline, "the next pass waited for the acknowledgements"
-        await asyncio.sleep(0.02)
-    assert one.published == 0, "committed while the first publish still awaits its acknowledgements"
-    two = await asyncio.wait_for(next_pass, 10)  # it publishes once the first publish is acknowledged
-    await dispatcher.settle()
-    assert (one.published, two.published) == (1, 1)
-    assert {m.job_id for m in consume(kafka_bootstrap, pool_topic(pool), 2)} == {str(first), str(second)}
-    rows = await stores.database.pool.fetch("SELECT published_at FROM executions")
-    assert len(rows) == 2 and all(r["published_at"] is not None for r in rows)
-
-
 async def test_published_at_is_marked_later_and_only_on_executions_still_waiting(
     stores: Stores, hot_window: HotWindow, publisher: KafkaPublisher, pool: str
 ) -> None:

@@ -342,23 +342,9 @@ class ShardDispatcher:
         self._unmarked: deque[tuple[float, list[UUID]]] = deque()
         #: When the earliest member left in the window after the last claim is due (None: empty).
         self._window_next: datetime | None = None
-        #: The last pass's publish, while its acknowledgements are awaited (:meth:`dispatch_once`).
-        self._publishing: asyncio.Task[None] | None = None
 
     async def run_once(self) -> DispatchResult:
-        """One pass, its publish acknowledged. Raises ``FencedOut`` if a newer leader has written for this shard."""
-        result = await self.dispatch_once()
-        await self.settle()
-        return result
-
-    async def dispatch_once(self) -> DispatchResult:
-        """One pass whose publish goes on after it returns (its counts filled in once acknowledged; ``settle``).
-
-        The pass loop's form: the broker's acknowledgement (the linger, the broker's round trip, the producer's
-        thread; W2: 7 ms of a 25 ms pass at the median, 32 ms at P95) no longer holds back the shard's next claim
-        and transaction. At most one publish is in flight: the next pass waits for it before it publishes.
-        Raises ``FencedOut`` if a newer leader has written for this shard.
-        """
+        """One pass. Raises ``FencedOut`` if a newer leader has written for this shard."""
         await self._mark_published()
         if self.fair is not None:
             claimed = await self.fair.claim(self.clock.now())
@@ -374,12 +360,6 @@ class ShardDispatcher:
             raise
         result.again = self.fair is not None and self.fair.cut_short
         return result
-
-    async def settle(self) -> None:
-        """Wait for the publish in flight, if any (the term ends; a test looks at what was published)."""
-        if self._publishing is not None:
-            await self._publishing
-            self._publishing = None
 
     def next_look(self) -> datetime | None:
         """The earliest instant the next pass may have work (None: nothing known): the window's earliest member
@@ -449,32 +429,10 @@ class ShardDispatcher:
         await self._flag_cancellations(outcome.cancel_requested)
         if not planned:
             return result
-        await self.settle()  # one publish in flight at a time
-        messages = [self._message(p) for p in planned]
-        self._publishing = asyncio.create_task(
-            self._publish(messages, planned, planner.spans, result), name=f"sundial-shard-{self.shard}-publish"
-        )
-        return result
-
-    async def _publish(
-        self,
-        messages: list[ExecutionMessage],
-        planned: list[PlannedExecution],
-        spans: dict[UUID, Span],
-        result: DispatchResult,
-    ) -> None:
-        """Publish a committed pass's executions, end their spans, count them in ``result`` and queue their marks.
-
-        Never raises: a publish that fails leaves its executions PENDING and unpublished, and the sweeper sends
-        them again (the execution row is the outbox).
-        """
-        try:
-            errors = await self.publisher.publish(messages)
-        except Exception as exc:
-            errors = [exc] * len(messages)
+        errors = await self.publisher.publish([self._message(p) for p in planned])
         published: list[UUID] = []
         for p, error in zip(planned, errors, strict=True):
-            span = spans[p.execution_id]
+            span = planner.spans[p.execution_id]
             if error is None:
                 published.append(p.execution_id)
             else:
@@ -491,10 +449,8 @@ class ShardDispatcher:
                 next(e for e in errors if e),
             )
         self._unmarked.append((time.monotonic(), published))
-        try:
-            await self._mark_published()
-        except Exception as exc:  # the next pass marks them (Postgres away: it fails too, and says so)
-            log.warning("shard %d: published marks not written yet: %r", self.shard, exc)
+        await self._mark_published()
+        return result
 
     async def _mark_published(self) -> None:
         """Record ``published_at`` for executions published ``mark_published_after_sec`` ago and still PENDING.

@@ -231,13 +231,12 @@ def dispatch_work(deps: Dependencies, config: DispatcherConfig, holder: str) -> 
                 if alarm is not None:
                     alarm.awake()  # from here on, any member announced for this shard wakes the next pause
                 started = time.perf_counter()
-                result = await dispatcher.dispatch_once()  # its publish goes on meanwhile
+                result = await dispatcher.run_once()
                 metrics.passed(time.perf_counter() - started, result.claimed)
                 await triggers.run_if_due()
                 await backfills.run_if_due()
                 failures = 0
             except FencedOut:
-                await dispatcher.settle()  # what earlier passes committed under the fence still goes out
                 if fair is not None:  # its buffer is the next leader's to claim again (the overdue scan)
                     fair.forget()
                 raise
@@ -271,7 +270,6 @@ def dispatch_work(deps: Dependencies, config: DispatcherConfig, holder: str) -> 
                 else:
                     alarm.plan(time.time() * 1000 + wait * 1000)
                     await tenure.pause(wait, alarm.ring)
-        await dispatcher.settle()  # the last pass's publish: finished before the term is let go
         if fair is not None:  # the term ended: what it claimed and did not dispatch goes back for the next leader
             with contextlib.suppress(Exception):  # best effort: the hydrator's overdue scan recovers them anyway
                 await fair.release()
