@@ -28,6 +28,8 @@ from sundial_dispatcher.dispatcher import DispatcherConfig, ShardDispatcher
 from sundial_hydrator.hydrator import Hydrator, HydratorConfig
 from sundial_sweeper.sweeper import Sweeper, SweeperConfig
 
+from tests.messages import execution_message
+
 
 def _ms(instant: datetime) -> datetime:
     """Fire times are stored at millisecond precision, as the API writes them."""
@@ -229,10 +231,7 @@ async def test_a_batch_published_at_once_goes_to_one_partition(
     topic = pool_topic(pool)
     await asyncio.to_thread(ensure_topics, kafka_bootstrap, [topic], 4)
     await asyncio.to_thread(publisher.warm, [topic])  # as a dispatcher does (a cold producer spreads its first batch)
-    batch = [
-        ExecutionMessage(str(new_id()), str(new_id()), "acme", pool, "echo", 1, 1, "2026-01-01T00:00:00+00:00", 0, {})
-        for _ in range(40)
-    ]
+    batch = [execution_message(pool) for _ in range(40)]
     assert await publisher.publish(batch) == [None] * 40
     consumer = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": f"probe-{uuid.uuid4().hex}"})
     try:

@@ -21,7 +21,6 @@ import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
 
 from sundial_common.clock import Clock
 from sundial_common.service import sleep_or_stop
@@ -31,14 +30,6 @@ from sundial_common.stores.dependencies import DependencyStore
 from sundial_dispatcher.wakes import Alarm
 
 log = logging.getLogger(__name__)
-
-
-class Looker(Protocol):
-    """A shard's triggers or backfills cadence, as the census sees it."""
-
-    watched: bool
-
-    def look_now(self) -> None: ...
 
 
 class Cadence:
@@ -84,8 +75,8 @@ class Cadence:
 class _Watched:
     #: The term is still on (the census forgets a shard whose term ended).
     active: Callable[[], bool]
-    triggers: Looker
-    backfills: Looker
+    triggers: Cadence
+    backfills: Cadence
     #: Wakes the shard's pass loop, so the look happens now rather than at its next wake (None: it polls).
     alarm: Alarm | None
 
@@ -102,7 +93,7 @@ class SideWork:
         self._shards: dict[int, _Watched] = {}
 
     def watch(
-        self, shard: int, active: Callable[[], bool], triggers: Looker, backfills: Looker, alarm: Alarm | None
+        self, shard: int, active: Callable[[], bool], triggers: Cadence, backfills: Cadence, alarm: Alarm | None
     ) -> None:
         """From now on ``shard``'s leader (its term ``active``) relies on the census while its own looks are idle."""
         triggers.watched = backfills.watched = True
