@@ -46,7 +46,7 @@ from sundial_common.telemetry import (
     tracer,
 )
 
-from sundial_dispatcher.limits import Room, SideLimits
+from sundial_dispatcher.limits import Limits, NoLimits, Room
 from sundial_dispatcher.metrics import count_dispatched
 from sundial_dispatcher.publishing import end_duplicates, end_failed, end_rate_limited, publish_committed
 from sundial_dispatcher.side_work import Cadence
@@ -89,18 +89,18 @@ class BackfillResult:
 @dataclass
 class _Planner:
     """Decides, inside the step's transaction, each backfill's next occurrences within its rate budget and ``room``,
-    then takes their dispatch-rate tokens from ``limits`` (None: fair dispatch is off, no limit applies)."""
+    then takes their dispatch-rate tokens from ``limits``."""
 
     config: BackfillConfig
     room: Room
-    limits: SideLimits | None = None
+    limits: Limits
     spans: dict[UUID, Span] = field(default_factory=dict)
     running: int = 0
 
     async def __call__(self, running: Sequence[Record]) -> BackfillPlan:
         self.running = len(running)
         plan = self._decide(running)
-        if self.limits is None or not plan.executions:
+        if not plan.executions:
             return plan
         kept = await self.limits.within_rate(self.room, [p.backfill["tenant_id"] for p in plan.executions])
         if all(kept):
@@ -205,7 +205,7 @@ class BackfillDispatcher:
         publisher: Publisher,
         config: BackfillConfig,
         clock: Clock | None = None,
-        limits: SideLimits | None = None,
+        limits: Limits | None = None,
     ) -> None:
         self.shard = shard
         self.token = token
@@ -215,8 +215,8 @@ class BackfillDispatcher:
         self.publisher = publisher
         self.config = config
         self.clock = clock or SystemClock()
-        #: Fair dispatch's limits (None: fairness is off, occurrences go out at the backfill's own rate).
-        self.limits = limits
+        #: Fair dispatch's limits (none when fairness is off: occurrences go out at the backfill's own rate).
+        self.limits = limits or NoLimits()
         self.cadence = Cadence(config.interval_sec, config.idle_interval_sec, self.clock)
 
     async def run_if_due(self) -> BackfillResult | None:
@@ -231,7 +231,7 @@ class BackfillDispatcher:
         """One fenced step of every running backfill, then the publishes. Raises ``FencedOut``."""
         if not await self.store.has_running(self.shard):
             return BackfillResult()
-        room = await self.limits.room() if self.limits is not None else Room()
+        room = await self.limits.room()
         planner = _Planner(self.config, room, self.limits)
         try:
             outcome = await self.store.step(
@@ -246,8 +246,7 @@ class BackfillDispatcher:
         except BaseException:
             end_failed(planner.spans, "backfill")
             raise
-        if self.limits is not None:
-            self.limits.took(((p.backfill["tenant_id"], p.backfill["pool"]) for p in outcome.created), room)
+        self.limits.took(((p.backfill["tenant_id"], p.backfill["pool"]) for p in outcome.created), room)
         if outcome.created:
             crash_point("backfills.after_commit")  # committed, not published: the sweeper's to send
         # Planned but not created: the occurrence already had an execution.

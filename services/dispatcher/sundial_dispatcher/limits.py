@@ -141,3 +141,21 @@ class SideLimits:
         the next read, as when the dispatch pass holds work back."""
         self.open_work.took_executions(created)
         self.open_work.limited(room.full_pools | set(room.blocked_pools()))
+
+
+class NoLimits:
+    """Fair dispatch off: every child and backfill occurrence goes out as it comes (the :class:`SideLimits` calls,
+    limiting nothing)."""
+
+    async def room(self) -> Room:
+        return Room()
+
+    async def within_rate(self, room: Room, tenants: Sequence[str]) -> list[bool]:
+        return [True] * len(tenants)
+
+    def took(self, created: Iterable[tuple[str, str]], room: Room) -> None:
+        pass
+
+
+#: What a children or backfills pass runs within: the process's limits, or none.
+Limits = SideLimits | NoLimits

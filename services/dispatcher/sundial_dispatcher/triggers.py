@@ -59,7 +59,7 @@ from sundial_common.telemetry import (
     tracer,
 )
 
-from sundial_dispatcher.limits import Room, SideLimits
+from sundial_dispatcher.limits import Limits, NoLimits, Room
 from sundial_dispatcher.metrics import count_dispatched
 from sundial_dispatcher.publishing import end_duplicates, end_failed, end_rate_limited, publish_committed
 from sundial_dispatcher.side_work import Cadence
@@ -103,15 +103,15 @@ class TriggerResult:
 @dataclass
 class _Planner:
     """Decides, inside the trigger transaction, each locked child's fires (see the module docstring) within
-    ``room``, then takes their rate tokens from ``limits`` (None: fair dispatch is off, no limit applies)."""
+    ``room``, then takes their rate tokens from ``limits``."""
 
     room: Room
-    limits: SideLimits | None = None
+    limits: Limits
     spans: dict[UUID, Span] = field(default_factory=dict)
 
     async def __call__(self, children: Sequence[Record], pending: Sequence[Record]) -> TriggerPlan:
         plan = self._decide(children, pending)
-        if self.limits is None or not plan.executions:
+        if not plan.executions:
             return plan
         kept = await self.limits.within_rate(self.room, [p.child["tenant_id"] for p in plan.executions])
         if all(kept):
@@ -229,7 +229,7 @@ class TriggerDispatcher:
         publisher: Publisher,
         config: TriggerConfig,
         clock: Clock | None = None,
-        limits: SideLimits | None = None,
+        limits: Limits | None = None,
     ) -> None:
         self.shard = shard
         self.token = token
@@ -239,8 +239,8 @@ class TriggerDispatcher:
         self.publisher = publisher
         self.config = config
         self.clock = clock or SystemClock()
-        #: Fair dispatch's limits (None: fairness is off, children go out as they come).
-        self.limits = limits
+        #: Fair dispatch's limits (none when fairness is off: children go out as they come).
+        self.limits = limits or NoLimits()
         self.cadence = Cadence(config.interval_sec, config.idle_interval_sec, self.clock)
 
     async def run_if_due(self) -> TriggerResult | None:
@@ -256,7 +256,7 @@ class TriggerDispatcher:
         """One transaction of fires, then their publishes. Raises ``FencedOut`` if a newer leader has written."""
         if not await self.store.has_pending(self.shard):
             return TriggerResult()
-        room = await self.limits.room() if self.limits is not None else Room()
+        room = await self.limits.room()
         planner = _Planner(room, self.limits)
         try:
             outcome = await self.store.fire_triggers(
@@ -272,8 +272,7 @@ class TriggerDispatcher:
         except BaseException:
             end_failed(planner.spans, "trigger")
             raise
-        if self.limits is not None:
-            self.limits.took(((p.child["tenant_id"], p.child["pool"]) for p in outcome.created), room)
+        self.limits.took(((p.child["tenant_id"], p.child["pool"]) for p in outcome.created), room)
         if outcome.created:
             crash_point("triggers.after_commit")  # committed, not published: the sweeper's to send
         # Planned but not created: the trigger already had its execution.
