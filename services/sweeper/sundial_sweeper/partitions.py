@@ -1,5 +1,6 @@
 """The partition loop: keeps the daily partitions of ``executions`` and ``execution_attempts`` a few days ahead of
-the clock, and drops each day once it is past ``SUNDIAL_EXECUTION_RETENTION_DAYS``.
+the clock, and drops each day once it is past ``SUNDIAL_EXECUTION_RETENTION_DAYS``; the same for ``audit_log``'s
+days and ``SUNDIAL_AUDIT_RETENTION_DAYS``.
 
 The active sweeper runs it (``partitions``) beside its sweep. Each pass:
 
@@ -14,6 +15,10 @@ The active sweeper runs it (``partitions``) beside its sweep. Each pass:
    yet. Such a day is kept and tried again next pass. What else names an execution (a job's triggers, a
    replay's runs, the audit log, ClickHouse's copy) keeps its own copy of what it needs and no foreign key.
 
+``audit_log`` (migration 0020) is ranged on the time each row was written, one partition per UTC day: the same pass
+makes its days ahead and drops each day once it ended ``audit_retention_days`` ago. Nothing else must outlive an
+audit row, so an expired day always goes (the log stays append-only: no row is updated or deleted).
+
 Creating or dropping a partition takes its parent table exclusively, so each runs with a short
 ``lock_timeout``: a pass that would wait behind busy writers gives up (counted as ``busy``) and the next one
 tries again, instead of queueing every execution write behind it.
@@ -21,12 +26,14 @@ tries again, instead of queueing every execution write behind it.
 
 from __future__ import annotations
 
+import itertools
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from sundial_common.clock import Clock, SystemClock
-from sundial_common.stores.partitions import PartitionStore
+from sundial_common.stores.partitions import Partition, PartitionStore
 
 log = logging.getLogger("sundial.partitions")
 
@@ -35,6 +42,8 @@ log = logging.getLogger("sundial.partitions")
 class PartitionLoopConfig:
     #: Days a finished execution is kept (counted from the end of the UTC day it was created); 0 = forever.
     retention_days: float = 30.0
+    #: Days an audit row is kept (counted from the end of the UTC day it was written); 0 = forever.
+    audit_retention_days: float = 90.0
     #: Partitions made ahead of today, in days.
     ahead_days: int = 7
     #: Seconds between passes.
@@ -43,8 +52,10 @@ class PartitionLoopConfig:
     lock_timeout_ms: int = 200
 
     def __post_init__(self) -> None:
-        if self.retention_days < 0:
-            raise ValueError("PartitionLoopConfig.retention_days must be 0 (keep forever) or positive")
+        retentions = {"retention_days": self.retention_days, "audit_retention_days": self.audit_retention_days}
+        for name, days in retentions.items():
+            if days < 0:
+                raise ValueError(f"PartitionLoopConfig.{name} must be 0 (keep forever) or positive")
         for name, value in (("ahead_days", self.ahead_days), ("interval_sec", self.interval_sec)):
             if not value > 0:
                 raise ValueError(f"PartitionLoopConfig.{name} must be positive")
@@ -60,6 +71,9 @@ class PartitionPass:
     kept: int = 0
     #: Creations or drops that gave up waiting for the lock (tried again next pass).
     busy: int = 0
+    #: Days of ``audit_log`` made and dropped.
+    audit_created: int = 0
+    audit_dropped: int = 0
 
 
 class PartitionLoop:
@@ -77,17 +91,43 @@ class PartitionLoop:
         made = await self._store.add_partitions(now.date(), self.config.ahead_days + 1, self.config.lock_timeout_ms)
         if made is None:
             busy += 1
-        if self.config.retention_days > 0:
-            horizon = now - timedelta(days=self.config.retention_days)
-            for partition in await self._store.partitions():
-                if partition.ends_at > horizon:
-                    break  # oldest first: the rest are younger
-                went = await self._store.drop_partition(partition.name, self.config.lock_timeout_ms)
-                if went is None:
-                    busy += 1
-                elif went:
-                    dropped += 1
-                    log.info("dropped %s: executions created before %s", partition.name, partition.ends_at.isoformat())
-                else:
-                    kept += 1
-        return PartitionPass(created=made or 0, dropped=dropped, kept=kept, busy=busy)
+        for partition in await self._expired(self._store.partitions, self.config.retention_days, now):
+            went = await self._store.drop_partition(partition.name, self.config.lock_timeout_ms)
+            if went is None:
+                busy += 1
+            elif went:
+                dropped += 1
+                log.info("dropped %s: executions created before %s", partition.name, partition.ends_at.isoformat())
+            else:
+                kept += 1
+        audit_made = await self._store.add_audit_partitions(
+            now.date(), self.config.ahead_days + 1, self.config.lock_timeout_ms
+        )
+        if audit_made is None:
+            busy += 1
+        audit_dropped = 0
+        for partition in await self._expired(self._store.audit_partitions, self.config.audit_retention_days, now):
+            went = await self._store.drop_audit_partition(partition.name, self.config.lock_timeout_ms)
+            if went is None:
+                busy += 1
+            elif went:
+                audit_dropped += 1
+                log.info("dropped %s: audit rows written before %s", partition.name, partition.ends_at.isoformat())
+        return PartitionPass(
+            created=made or 0,
+            dropped=dropped,
+            kept=kept,
+            busy=busy,
+            audit_created=audit_made or 0,
+            audit_dropped=audit_dropped,
+        )
+
+    @staticmethod
+    async def _expired(
+        listed: Callable[[], Awaitable[list[Partition]]], retention_days: float, now: datetime
+    ) -> list[Partition]:
+        """The partitions (``listed`` oldest first) whose range ended more than ``retention_days`` before ``now``."""
+        if retention_days <= 0:
+            return []
+        horizon = now - timedelta(days=retention_days)
+        return list(itertools.takewhile(lambda p: p.ends_at <= horizon, await listed()))

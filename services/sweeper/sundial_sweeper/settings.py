@@ -55,17 +55,24 @@ class SweeperSettings(CommonSettings):
         _B.release_spread_sec, ge=0, description="A closing breaker releases its held retries over this many seconds."
     )
 
-    # The daily partitions of executions and attempts (retention: SUNDIAL_EXECUTION_RETENTION_DAYS).
+    # The daily partitions of executions and attempts (retention: SUNDIAL_EXECUTION_RETENTION_DAYS) and audit_log.
     partitions_interval_sec: float = Field(
         600.0, gt=0, description="Seconds between passes of the partition loop (make days ahead, drop expired days)."
     )
     partitions_ahead_days: int = Field(
         7, ge=1, le=366, description="Days of execution partitions made ahead: how long dispatch survives no sweeper."
     )
+    audit_retention_days: float = Field(
+        90.0,
+        ge=0,
+        description="Days of audit_log kept: the partition loop drops each day of it once the day ended this long "
+        "ago (GET .../audit then has no rows from it). 0 = kept forever.",
+    )
 
     def partition_config(self) -> PartitionLoopConfig:
         return PartitionLoopConfig(
             retention_days=self.execution_retention_days,
+            audit_retention_days=self.audit_retention_days,
             ahead_days=self.partitions_ahead_days,
             interval_sec=self.partitions_interval_sec,
         )

@@ -1,18 +1,22 @@
-"""The partition store: the daily partitions of ``executions`` and ``execution_attempts`` — which exist, making
-the coming days' ahead of time, and dropping a day past retention once nothing in it must stay.
+"""The partition store: the daily partitions of ``executions`` and ``execution_attempts``, and of ``audit_log`` —
+which exist, making the coming days' ahead of time, and dropping a day past retention once nothing in it must stay.
 
 Both tables are ranged on the execution id (a UUIDv7, so on the instant the execution was created), one
 partition per UTC day, ``executions_pYYYYMMDD`` and ``execution_attempts_pYYYYMMDD`` (migration 0018; the
 tables an older database had became the ``_legacy`` partitions). The DDL runs in that migration's SQL
 functions; SQL: ``sql/partitions.sql``. The sweeper's partition loop drives it
 (:mod:`sundial_sweeper.partitions`).
+
+``audit_log`` is ranged on ``at`` by UTC day, ``audit_log_pYYYYMMDD`` (migration 0020, with an ``audit_log_legacy``
+partition likewise); nothing else refers to its rows, so a day past its retention simply goes.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import date, datetime
-from typing import Protocol
+from typing import Any, Protocol, TypeVar
 
 import asyncpg
 
@@ -21,11 +25,12 @@ from sundial_common.queries import load_file
 from sundial_common.stores.database import Database
 
 Q = load_file("partitions.sql")
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
 class Partition:
-    """One partition of ``executions`` (its attempts' partition has the same suffix)."""
+    """One partition of ``executions`` (its attempts' partition has the same suffix), or of ``audit_log``."""
 
     name: str
     #: Where its range ends: every execution in it was created before this instant.
@@ -51,6 +56,18 @@ class PartitionStore(Protocol):
         """
         ...
 
+    async def audit_partitions(self) -> list[Partition]:
+        """Every partition of ``audit_log``, oldest first."""
+        ...
+
+    async def add_audit_partitions(self, first_day: date, days: int, lock_timeout_ms: int) -> int | None:
+        """:meth:`add_partitions` for ``audit_log``."""
+        ...
+
+    async def drop_audit_partition(self, name: str, lock_timeout_ms: int) -> bool | None:
+        """Drop one partition of ``audit_log``; False if it is none. None: its lock was not had in time."""
+        ...
+
 
 class PostgresPartitionStore:
     """:class:`PartitionStore` over the shared pool; each change is its own short transaction."""
@@ -68,17 +85,27 @@ class PostgresPartitionStore:
         return found
 
     async def add_partitions(self, first_day: date, days: int, lock_timeout_ms: int) -> int | None:
-        try:
-            async with self._db.pool.acquire() as conn, conn.transaction():
-                await conn.execute(Q["lock_timeout"], f"{lock_timeout_ms}ms")
-                return int(await conn.fetchval(Q["add_partitions"], first_day, days))
-        except asyncpg.LockNotAvailableError:
-            return None
+        return await self._locked(int, Q["add_partitions"], lock_timeout_ms, first_day, days)
 
     async def drop_partition(self, name: str, lock_timeout_ms: int) -> bool | None:
+        return await self._locked(bool, Q["drop_partition"], lock_timeout_ms, name)
+
+    async def audit_partitions(self) -> list[Partition]:
+        rows = await self._db.pool.fetch(Q["audit_partitions"])
+        return [Partition(name=row["name"], ends_at=row["ends_at"]) for row in rows]
+
+    async def add_audit_partitions(self, first_day: date, days: int, lock_timeout_ms: int) -> int | None:
+        return await self._locked(int, Q["add_audit_partitions"], lock_timeout_ms, first_day, days)
+
+    async def drop_audit_partition(self, name: str, lock_timeout_ms: int) -> bool | None:
+        return await self._locked(bool, Q["drop_audit_partition"], lock_timeout_ms, name)
+
+    async def _locked(self, result: Callable[[Any], T], query: str, lock_timeout_ms: int, *args: object) -> T | None:
+        """One DDL function's call (its value as ``result``) in a transaction that waits at most
+        ``lock_timeout_ms`` for a lock; None if it did not get it (nothing changed)."""
         try:
             async with self._db.pool.acquire() as conn, conn.transaction():
                 await conn.execute(Q["lock_timeout"], f"{lock_timeout_ms}ms")
-                return bool(await conn.fetchval(Q["drop_partition"], name))
+                return result(await conn.fetchval(query, *args))
         except asyncpg.LockNotAvailableError:
             return None

@@ -24,3 +24,19 @@ SELECT sundial_drop_execution_partition($1::text);
 -- A partition's creation and drop take its parent exclusively: waiting long would queue every execution
 -- write behind them. Set for the transaction only; a pass that times out tries again next time.
 SELECT set_config('lock_timeout', $1::text, true);
+
+-- name: audit_partitions
+-- Every partition of audit_log with where its range ends (migration 0020: by day of `at`).
+SELECT c.relname AS name,
+       substring(pg_get_expr(c.relpartbound, c.oid) FROM 'TO \(''([^'']+)''\)')::timestamptz AS ends_at
+FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+WHERE i.inhparent = 'audit_log'::regclass
+ORDER BY ends_at;
+
+-- name: add_audit_partitions
+-- The partitions of audit_log of $2 UTC days from $1 that do not exist yet; how many were made.
+SELECT sundial_add_audit_partitions($1::date, $2::int);
+
+-- name: drop_audit_partition
+-- One expired day of audit_log; true if it went.
+SELECT sundial_drop_audit_partition($1::text);
