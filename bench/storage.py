@@ -14,6 +14,11 @@ insert (and the dispatch's ``lock_due_jobs``), start and finish statements.
     uv run --frozen python bench/storage.py --port-offset 900
     uv run --frozen python bench/storage.py --port-offset 900 --rows 1000000 --rounds 60
 
+``--flat 0019`` measures the audit log's partitions instead (migration 0020): ``flat`` is then 0019 (executions
+already partitioned, ``audit_log`` one table) and the head has ``--audit-days`` daily partitions of ``audit_log``
+(98: the default 90-day retention plus the week ahead); each filled execution has its three audit rows
+(dispatch, start, finish) in both.
+
 A measurement, never a pass/fail. Appends one JSON line to ``bench/results/<date>.jsonl``.
 """
 
@@ -50,14 +55,16 @@ STATEMENTS = {
 }
 
 
-async def prepare(server: PostgresServer, name: str, revision: str, rows: int, days: int) -> str:
+async def prepare(server: PostgresServer, name: str, revision: str, rows: int, days: int, audit_days: int) -> str:
     # Planning is where partitions cost (every partition a statement may touch is planned): count it too.
     dsn = await fresh_database(server, name, revision, track_planning=True)
     conn = await asyncpg.connect(dsn)
     try:
-        if revision == "head":
-            today = datetime.now(UTC).date()
+        today = datetime.now(UTC).date()
+        if revision != "0017":
             await conn.fetchval("SELECT sundial_add_execution_partitions($1::date, $2::int)", today, days)
+        if revision == "head":
+            await conn.fetchval("SELECT sundial_add_audit_partitions($1::date, $2::int)", today, audit_days)
         await conn.execute("INSERT INTO tenants (id) VALUES ($1)", TENANT)
         job = new_id()
         await conn.execute(
@@ -87,6 +94,14 @@ async def prepare(server: PostgresServer, name: str, revision: str, rows: int, d
                 ids,
                 TENANT,
             )
+            if audit_days:
+                await conn.execute(
+                    "INSERT INTO audit_log (tenant_id, entity, entity_id, action, actor)"
+                    " SELECT $2, 'execution', id, a, 'w' FROM unnest($1::uuid[]) AS u (id),"
+                    " unnest(ARRAY['dispatch', 'start', 'finish']) AS x (a)",
+                    ids,
+                    TENANT,
+                )
         # The analytics service would have drained these; autovacuum would have analysed the tables.
         await conn.execute("DELETE FROM execution_events")
         await conn.execute("VACUUM ANALYZE")
@@ -152,10 +167,11 @@ async def main_async(args: argparse.Namespace) -> None:
     shutil.rmtree(root, ignore_errors=True)
     server = PostgresServer(root / "postgres", BENCH_PORTS.postgres + args.port_offset, settings=POSTGRES_SETTINGS)
     server.start()
+    audit_days = args.audit_days if args.flat == "0019" else 0
     try:
         modes = {
-            "flat": await prepare(server, "storage_flat", "0017", args.rows, args.days),
-            "partitioned": await prepare(server, "storage_partitioned", "head", args.rows, args.days),
+            "flat": await prepare(server, "storage_flat", args.flat, args.rows, args.days, audit_days),
+            "partitioned": await prepare(server, "storage_partitioned", "head", args.rows, args.days, audit_days),
         }
         stores = {mode: await Stores.connect(dsn, min_size=1, max_size=2) for mode, dsn in modes.items()}
         try:
@@ -175,8 +191,12 @@ async def main_async(args: argparse.Namespace) -> None:
                     partitions = await conn.fetchval(
                         "SELECT count(*) FROM pg_inherits WHERE inhparent = 'executions'::regclass"
                     )
+                    audit_partitions = await conn.fetchval(
+                        "SELECT count(*) FROM pg_inherits WHERE inhparent = 'audit_log'::regclass"
+                    )
                 result[mode] = {
                     "partitions": partitions,
+                    "audit_partitions": audit_partitions,
                     "median_ms": {call: round(statistics.median(v), 2) for call, v in timings[mode].items()},
                     "statements": means,
                 }
@@ -191,6 +211,8 @@ async def main_async(args: argparse.Namespace) -> None:
         "batch": args.batch,
         "rounds": args.rounds,
         "days": args.days,
+        "flat": args.flat,
+        "audit_days": audit_days,
         **result,
         "machine": machine.describe(REPO),
         "at": datetime.now(UTC).isoformat(),
@@ -205,6 +227,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--rows", type=int, default=300_000, help="finished executions in each database first")
     parser.add_argument("--days", type=int, default=40, help="daily partitions of the partitioned database")
+    parser.add_argument(
+        "--flat", choices=("0017", "0019"), default="0017", help="the revision to compare the head with (see above)"
+    )
+    parser.add_argument("--audit-days", type=int, default=98, help="with --flat 0019: daily partitions of audit_log")
     parser.add_argument("--batch", type=int, default=250, help="executions per dispatch, start and finish")
     parser.add_argument("--rounds", type=int, default=40, help="measured rounds per database")
     parser.add_argument("--results", type=Path, default=RESULTS)
