@@ -37,7 +37,8 @@ def main(argv: list[str] | None = None) -> int:
         "that ran past their timeout (ended and retried by the job's policy), executions never published or "
         "published and never started (published again), dead letters (to sundial.dlq); and it moves the retry "
         "circuit breakers (SUNDIAL_BREAKER_*, sundial_sweeper.breakers); it makes the daily partitions of "
-        "executions ahead and drops those past SUNDIAL_EXECUTION_RETENTION_DAYS. Run several replicas: one "
+        "executions and of the audit log ahead and drops those past SUNDIAL_EXECUTION_RETENTION_DAYS and "
+        "SUNDIAL_AUDIT_RETENTION_DAYS. Run several replicas: one "
         "is active (elected through etcd), the others stand by and take over within a lease TTL "
         "(env SUNDIAL_LEASE_TTL_SEC).",
     )
