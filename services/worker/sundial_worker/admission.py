@@ -10,10 +10,14 @@ a duplicate delivery, an attempt that is no longer current — is acknowledged w
 (the Redis round trip overlaps the handlers' start).
 
 The loop is not on a timer: a pass waits for messages up to ``poll_timeout_sec`` (or, with no slot free,
-for a handler to end), so it runs back to back until the runtime's ``stopping`` event is set. It is never
-cancelled — cancelling it between the start CAS and launching the handlers would strand RUNNING rows —
-so it checks that event at least every poll timeout, and a claim pass that finds it set leaves its
-messages unacknowledged for the group's next member.
+for a handler to end), so it runs back to back until the runtime's ``stopping`` event is set. A batch's claim
+(CAS, launch, liveness write) runs as a task of its own while the loop takes the next batch, at most two at once:
+in W2 a message that reached the worker while the loop waited for a claim's round trip came ~3 ms later (P50)
+than one the loop was already waiting for. A message taken while an earlier claim of its execution is in flight
+joins that claim. A slot is free when neither a handler nor a claim in flight holds it. Neither the loop nor a
+claim is ever cancelled — cancelling one between the start CAS and launching the handlers would strand RUNNING
+rows — so the loop checks that event at least every poll timeout and, stopping, waits for its claims; a claim
+that finds it set leaves its messages unacknowledged for the group's next member.
 """
 
 from __future__ import annotations
@@ -47,6 +51,9 @@ log = logging.getLogger("sundial.worker")
 _BACKOFF_MAX_SEC = 0.5
 #: How long a parked consumer's periodic look waits: a few broker fetches.
 _PARK_CHECK_WAIT_SEC = 0.03
+#: Claims (start CAS, launch, liveness write) in flight at once: while one waits for Postgres the loop takes the
+#: next batch, so what arrives meanwhile does not wait for that round trip.
+_CLAIMS_IN_FLIGHT = 2
 
 
 _R = TypeVar("_R")
@@ -121,10 +128,35 @@ class Admission:
         self._heartbeats = heartbeats
         self._stats = stats
         self._stopping = stopping
+        #: The executions whose start CAS is in flight (each holds a slot until it is launched or lost).
+        self._claiming: dict[tuple[UUID, int], _Claim] = {}
 
     async def run(self) -> None:
-        while not self._stopping.is_set():
-            await self.run_once()
+        """Take and claim until stopping, a batch's claim overlapping the next take (at most
+        ``_CLAIMS_IN_FLIGHT`` at once). Claims are never cancelled: a stop waits for them."""
+        claims: set[asyncio.Task[AdmissionResult]] = set()
+        try:
+            while not self._stopping.is_set():
+                deliveries = await self._next()
+                batch, duplicates = self._collect(deliveries)
+                if batch:
+                    claim = self._claim(batch, len(deliveries), duplicates)
+                    claims.add(asyncio.create_task(claim, name="sundial-worker-claim"))
+                if len(claims) >= _CLAIMS_IN_FLIGHT:
+                    await asyncio.wait(claims, return_when=asyncio.FIRST_COMPLETED)
+                claims = self._reap(claims)
+        finally:
+            if claims:
+                await asyncio.wait(claims)
+            self._reap(claims)
+
+    @staticmethod
+    def _reap(claims: set[asyncio.Task[AdmissionResult]]) -> set[asyncio.Task[AdmissionResult]]:
+        """The claims still in flight; a finished one's exception (a bug, or Postgres down for good) is raised."""
+        for task in claims:
+            if task.done():
+                task.result()
+        return {task for task in claims if not task.done()}
 
     def wake(self) -> None:
         """Cut short a pass waiting for a free slot or parked (so that it notices a stop at once)."""
@@ -137,7 +169,13 @@ class Admission:
 
     async def run_once(self) -> AdmissionResult:
         """Take up to the free slots' worth of messages, claim them in one CAS, start their handlers."""
-        free = self.config.concurrency - len(self._inflight.running)
+        deliveries = await self._next()
+        return await self._admit(deliveries) if deliveries else AdmissionResult()
+
+    async def _next(self) -> list[Delivery]:
+        """Up to the free slots' worth of messages (a slot is free if no handler holds it and no claim in flight
+        may give it one); none when every slot is taken (the group served meanwhile) or nothing came."""
+        free = self.config.concurrency - len(self._inflight.running) - len(self._claiming)
         if free <= 0:
             slot_freed = self._inflight.slot_freed
             slot_freed.clear()
@@ -146,15 +184,12 @@ class Admission:
             except TimeoutError:
                 await self._consumer.keepalive(0)
             self._last_delivery = time.monotonic()  # saturated is not idle
-            return AdmissionResult()
-        # One pass at a time: a second pass in flight (to overlap the CAS with consuming) measured no
-        # faster, because consume calls share the consumer's one thread and an idle one blocks it.
+            return []
         deliveries = await self._take(min(free, self.config.poll_batch))
-        if not deliveries:
-            return AdmissionResult()
-        self._last_delivery = time.monotonic()
-        self._stats.consumed += len(deliveries)
-        return await self._admit(deliveries)
+        if deliveries:
+            self._last_delivery = time.monotonic()
+            self._stats.consumed += len(deliveries)
+        return deliveries
 
     async def _take(self, most: int) -> list[Delivery]:
         """Poll while work flows. Idle for ``idle_park_sec`` (and wake-ups arriving): park, and wait for a
@@ -176,6 +211,16 @@ class Admission:
         return []
 
     async def _admit(self, deliveries: Sequence[Delivery]) -> AdmissionResult:
+        claims, duplicates = self._collect(deliveries)
+        if not claims:
+            return AdmissionResult(consumed=len(deliveries), duplicates=duplicates)
+        return await self._claim(claims, len(deliveries), duplicates)
+
+    def _collect(self, deliveries: Sequence[Delivery]) -> tuple[dict[tuple[UUID, int], _Claim], int]:
+        """The batch's claims, held in :attr:`_claiming` (their slots taken) from now on, and its duplicates so far.
+
+        No claims if stopping, or if every delivery was undecodable or a duplicate. Synchronous, so that the loop's
+        next pass counts these claims' slots as taken."""
         claims: dict[tuple[UUID, int], _Claim] = {}
         duplicates = 0
         for delivery in deliveries:
@@ -191,23 +236,39 @@ class Admission:
                 unsettled.deliveries.append(delivery)
                 duplicates += 1
                 continue
-            claim = claims.get((execution_id, message.attempt))
+            key = (execution_id, message.attempt)
+            # Also one in another claim still in flight: it goes with that claim (acknowledged with its outcome, or
+            # at once if that CAS loses), counted as a duplicate once that CAS has decided.
+            claim = claims.get(key) or self._claiming.get(key)
             if claim is None:
-                claims[(execution_id, message.attempt)] = _Claim(message, execution_id, [delivery])
+                claims[key] = _Claim(message, execution_id, [delivery])
             else:
-                claim.deliveries.append(delivery)  # counted as a duplicate once the CAS has decided
+                claim.deliveries.append(delivery)
         if not claims or self._stopping.is_set():
             # Stopping: leave these unacknowledged; their offsets stay uncommitted and another member
             # (or this one, restarted) gets them again.
             self._stats.duplicates += duplicates
-            return AdmissionResult(consumed=len(deliveries), duplicates=duplicates)
+            return {}, duplicates
+        self._claiming.update(claims)
+        return claims, duplicates
+
+    async def _claim(self, claims: dict[tuple[UUID, int], _Claim], consumed: int, duplicates: int) -> AdmissionResult:
+        """The start CAS of the claims :meth:`_collect` made, then their handlers' launch (or their acknowledgement,
+        if lost)."""
+        try:
+            return await self._decide(claims, consumed, duplicates)
+        finally:
+            if any(self._claiming.pop(key, None) for key in claims):  # ended before deciding (stopping, an error)
+                self._inflight.slot_freed.set()
+
+    async def _decide(self, claims: dict[tuple[UUID, int], _Claim], consumed: int, duplicates: int) -> AdmissionResult:
         # The data keys of the batch's tenants before the start CAS (a row won must have its handler started):
         # a read only for a tenant this process has not seen yet, else nothing.
         tenants = {c.message.tenant_id for c in claims.values()}
         if any(self._keyring.cached(t) is None for t in tenants):
             loaded = await self._with_db_retry("load data keys", lambda _: self._keyring.ciphers(tenants))
             if loaded is None:
-                return AdmissionResult(consumed=len(deliveries), duplicates=duplicates)
+                return AdmissionResult(consumed=consumed, duplicates=duplicates)
         rows = await self._with_db_retry(
             "start executions",
             lambda executions: executions.start_executions(
@@ -215,7 +276,7 @@ class Admission:
             ),
         )
         if rows is None:  # stopping while the database was unreachable
-            return AdmissionResult(consumed=len(deliveries), duplicates=duplicates)
+            return AdmissionResult(consumed=consumed, duplicates=duplicates)
         # asyncpg's UUIDs hash and compare as uuid.UUID does: no conversion per row.
         won: dict[UUID, Record] = {row["id"]: row for row in rows}
         started: list[UUID] = []
@@ -228,6 +289,11 @@ class Admission:
             if (i, r["attempt"]) in claims
         ):
             pool = await self.guard.fresh_entry()
+        # From here on nothing awaits until every claim is launched or acknowledged: a redelivery taken meanwhile
+        # finds its execution unsettled (launched) or claims it anew (acknowledged), never a decided claim.
+        for key in claims:
+            self._claiming.pop(key, None)
+        self._inflight.slot_freed.set()  # a lost claim's slot is free; a won one's is its handler's now
         for (execution_id, attempt), claim in claims.items():
             row = won.get(execution_id)
             if row is None or row["attempt"] != attempt:
@@ -252,7 +318,7 @@ class Admission:
         self._stats.started += len(started)
         # Liveness keys go out after the handlers have started, so the Redis round trip overlaps them.
         await self._heartbeats.renew(started)
-        return AdmissionResult(consumed=len(deliveries), started=len(started), duplicates=duplicates)
+        return AdmissionResult(consumed=consumed, started=len(started), duplicates=duplicates)
 
     def _decode(self, delivery: Delivery) -> tuple[ExecutionMessage, UUID] | None:
         try:
