@@ -51,6 +51,7 @@ from sundial_dispatcher.backfills import BackfillConfig, BackfillDispatcher
 from sundial_dispatcher.balance import placement
 from sundial_dispatcher.dispatcher import DispatcherConfig, ShardDispatcher
 from sundial_dispatcher.fairness import FairDispatch, OpenWork
+from sundial_dispatcher.group_commit import GroupCommit
 from sundial_dispatcher.limits import SideLimits
 from sundial_dispatcher.metrics import Leadership, ShardPassMetrics
 from sundial_dispatcher.side_work import SideWork
@@ -160,6 +161,7 @@ def dispatch_work(deps: Dependencies, config: DispatcherConfig, holder: str) -> 
 
     tenants = TenantPolicy(deps.stores.tenants)  # one registry view for every shard this replica leads
     open_work = OpenWork(deps.stores.tenants, config.fairness)  # and one read of the open executions
+    commits = GroupCommit(deps.stores.dispatch)  # and one dispatch transaction for the passes that coincide
     # The same limits for children and backfills (sundial_dispatcher.limits); none when fairness is off.
     limits = (
         SideLimits(tenants, open_work, TokenBuckets(deps.hot_window.redis), config.shards, config.batch_size)
@@ -198,6 +200,7 @@ def dispatch_work(deps: Dependencies, config: DispatcherConfig, holder: str) -> 
             config,
             tenants=tenants,
             fair=fair,
+            commit=commits,
         )
         # Dependent jobs' fires and backfills (sundial_dispatcher.triggers, .backfills): same term and fence.
         triggers = TriggerDispatcher(
