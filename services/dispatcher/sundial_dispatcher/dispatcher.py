@@ -343,8 +343,8 @@ class ShardDispatcher:
         #: None: a pass takes the earliest due members, whoever they belong to.
         self.fair = fair
         #: Where a pass commits its claims: with the other shards' passes of this process (a GroupCommit), or
-        #: in a transaction of its own (the store).
-        self.commit: OccurrenceCommit = commit if commit is not None else store
+        #: (None) in a transaction of its own, through the store.
+        self.commit = commit
         #: Published executions not yet marked in Postgres: (monotonic time of the publish, ids).
         self._unmarked: deque[tuple[float, list[UUID]]] = deque()
         #: When the earliest member left in the window after the last claim is due (None: empty).
@@ -409,7 +409,8 @@ class ShardDispatcher:
         suspended = await self.tenants.suspended() if self.tenants is not None else frozenset[str]()
         planner = _Planner(now=self.clock.now(), config=self.config, suspended=suspended)
         try:
-            outcome = await self.commit.dispatch_occurrences(self.shard, self.token, self.holder, claims, planner)
+            commit: OccurrenceCommit = self.commit if self.commit is not None else self.store
+            outcome = await commit.dispatch_occurrences(self.shard, self.token, self.holder, claims, planner)
         except BaseException:
             for span in planner.spans.values():
                 span.set_status(Status(StatusCode.ERROR, "dispatch transaction failed"))
