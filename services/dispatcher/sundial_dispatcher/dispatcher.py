@@ -21,6 +21,7 @@ Leader-only: a :class:`ShardDispatcher` exists only while its process holds the 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import time
@@ -54,7 +55,7 @@ from sundial_common.telemetry import (
 )
 
 from sundial_dispatcher.fairness import FairDispatch, FairnessConfig
-from sundial_dispatcher.group_commit import OccurrenceCommit
+from sundial_dispatcher.group_commit import GroupCommit, OccurrenceCommit
 from sundial_dispatcher.metrics import count_dispatched, count_missed
 from sundial_dispatcher.planning import Catchup, Overlap, Policies, decide
 from sundial_dispatcher.retries import RetryDispatcher
@@ -329,7 +330,7 @@ class ShardDispatcher:
         clock: Clock | None = None,
         tenants: TenantPolicy | None = None,
         fair: FairDispatch | None = None,
-        commit: OccurrenceCommit | None = None,
+        commit: GroupCommit | None = None,
     ) -> None:
         self.shard = shard
         self.token = token
@@ -353,11 +354,12 @@ class ShardDispatcher:
     async def run_once(self) -> DispatchResult:
         """One pass. Raises ``FencedOut`` if a newer leader has written for this shard."""
         await self._mark_published()
-        if self.fair is not None:
-            claimed = await self.fair.claim(self.clock.now())
-        else:
-            claimed = await self.hot_window.claim_due(self.shard, self.clock.now(), self.config.batch_size)
-            self._window_next = claimed.next_due
+        with self.commit.claiming() if self.commit is not None else contextlib.nullcontext():
+            if self.fair is not None:
+                claimed = await self.fair.claim(self.clock.now())
+            else:
+                claimed = await self.hot_window.claim_due(self.shard, self.clock.now(), self.config.batch_size)
+                self._window_next = claimed.next_due
         if not claimed:
             return DispatchResult()
         try:

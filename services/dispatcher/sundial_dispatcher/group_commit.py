@@ -4,9 +4,11 @@ Each shard a process leads runs its own pass loop (:mod:`sundial_dispatcher.shar
 claims in a fenced transaction. Committed one by one, a process leading four shards paid four times a pass's
 fixed costs in Postgres and here — BEGIN, two statements planned and sent, COMMIT and its WAL flush — for ~30
 executions each in W3. :class:`GroupCommit` is what the shards' passes commit through instead: a pass that finds
-no transaction in flight starts one at once (no wait is added); passes that come while one is in flight wait for
-it and then go together, in one transaction (:meth:`~sundial_common.stores.dispatch.PostgresDispatchStore.
-dispatch_shards`). So the busier the process, the more shards share each commit.
+no transaction in flight starts one at once, except that it waits for the passes claiming their members at that
+moment (a Redis round trip, at most :data:`GATHER_SEC`); passes that come while one is in flight wait for it and
+then go together, in one transaction (:meth:`~sundial_common.stores.dispatch.PostgresDispatchStore.
+dispatch_shards`). A dense shard passes on a grid its process's shards share (:mod:`sundial_dispatcher.shards`),
+so they claim together and commit together: one transaction a tick rather than one a shard.
 
 The invariants hold per shard, as in a transaction of its own: each shard's fence is raised in the shared
 transaction by the statement that locks its jobs; a shard that turns out fenced out gets :class:`FencedOut`
@@ -20,14 +22,19 @@ past the commit, and match nothing).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from sundial_common.stores.dispatch import DispatchOutcome, DispatchStore, FencedOut, Planner, ShardClaims
 from sundial_common.stores.types import Occurrence
 
-__all__ = ["GroupCommit", "OccurrenceCommit"]
+__all__ = ["GATHER_SEC", "GroupCommit", "OccurrenceCommit"]
+
+#: Longest a transaction about to start waits for the passes still claiming their members (a Redis round trip):
+#: passes that woke together (the dense shards' shared grid, ``sundial_dispatcher.shards``) then commit together.
+GATHER_SEC = 0.005
 
 
 class OccurrenceCommit(Protocol):
@@ -52,6 +59,9 @@ class GroupCommit:
         self._store = store
         self._waiting: list[_Waiting] = []
         self._running: asyncio.Task[None] | None = None
+        #: Passes between the start of their claim and its end (see :meth:`claiming`).
+        self._claiming = 0
+        self._settled = asyncio.Event()
         #: Transactions run and passes they carried (for the bench and tests: how much was shared).
         self.transactions = 0
         self.passes = 0
@@ -67,10 +77,28 @@ class GroupCommit:
             self._running = asyncio.create_task(self._drain(), name="sundial-dispatch-group-commit")
         return await answer
 
+    @contextlib.contextmanager
+    def claiming(self) -> Iterator[None]:
+        """Around a pass's claim: a transaction about to start waits for it (up to :data:`GATHER_SEC`), as its
+        members will likely join."""
+        self._claiming += 1
+        try:
+            yield
+        finally:
+            self._claiming -= 1
+            if not self._claiming:
+                self._settled.set()
+
     async def _drain(self) -> None:
         """Run transactions until nobody waits: each takes every waiting pass it can (one per shard)."""
         try:
             while self._waiting:
+                if self._claiming:
+                    self._settled.clear()
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(GATHER_SEC):
+                            await self._settled.wait()
+                    await asyncio.sleep(0)  # the passes whose claim just ended submit theirs
                 group = self._next_group()
                 if group:
                     await self._commit(group)

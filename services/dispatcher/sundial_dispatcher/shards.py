@@ -265,9 +265,7 @@ def dispatch_work(deps: Dependencies, config: DispatcherConfig, holder: str) -> 
                     claims.popleft()
                 rate = sum(n for _, n in claims)  # members claimed over the last second
                 if rate > config.dense_per_sec:  # dense: batch (DispatcherConfig.dense_per_sec, dense_batch)
-                    spacing = min(config.dense_batch / rate, config.dense_max_interval_sec)
-                    spacing = max(spacing, config.poll_interval_sec)
-                    wait = max(wait, spacing - (time.perf_counter() - started))
+                    wait = max(wait, _dense_wait(rate, started, time.perf_counter(), config))
                 if alarm is None:
                     await tenure.pause(wait)
                 else:
@@ -304,6 +302,23 @@ def _idle_wait(
         # +1 ms: a claim takes members scored at or before now in whole milliseconds.
         wait = min(wait, until + 0.001 if until > 0 else 0.0)
     return wait
+
+
+def _dense_wait(rate: float, started: float, now: float, config: DispatcherConfig) -> float:
+    """Seconds a dense shard's pass (started at ``started``, ``rate`` members claimed a second) waits for the next.
+
+    Its passes are spaced to take about ``dense_batch`` members each, ``poll_interval_sec`` to
+    ``dense_max_interval_sec`` (if longer) apart, in whole poll intervals and on the grid of the process's
+    monotonic clock: the dense shards of one process then pass at the same instants and their claims share one
+    transaction (:mod:`sundial_dispatcher.group_commit`). A pass that took longer than the spacing is followed at
+    once, not at the next grid point.
+    """
+    poll = config.poll_interval_sec
+    spacing = min(config.dense_batch / rate, config.dense_max_interval_sec)
+    spacing = max(round(spacing / poll), 1) * poll
+    if now - started >= spacing:
+        return 0.0
+    return spacing - now % spacing
 
 
 async def _take_shard(deps: Dependencies, tenure: Tenure, holder: str) -> int | None:
