@@ -62,7 +62,7 @@ class GroupCommit:
         #: Passes between the start of their claim and its end (see :meth:`claiming`).
         self._claiming = 0
         self._settled = asyncio.Event()
-        #: Transactions run and passes they carried (for the bench and tests: how much was shared).
+        #: Transactions run and the passes they carried: how much the shards shared.
         self.transactions = 0
         self.passes = 0
 
