@@ -15,8 +15,9 @@ transaction by the statement that locks its jobs; a shard that turns out fenced 
 and nothing of it is written (its part is dropped before planning), while the others commit; any other failure
 fails every pass of the group, and each puts back what it claimed (``ShardDispatcher.run_once``). Publishing
 stays each pass's own, after the commit. The transaction runs in a task of its own, so a pass cancelled while
-it waits is left out (or, already in flight, only loses its answer: its claims go back, as after any failure
-past the commit, and match nothing).
+it waits is left out; one cancelled with its transaction in flight only loses the answer: its claims go back
+(and match nothing if the transaction commits), and what it committed is the sweeper's to send, as after a crash
+between commit and publish.
 """
 
 from __future__ import annotations
