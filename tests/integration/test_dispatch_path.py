@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -25,7 +25,8 @@ from sundial_common.stores import Stores
 from sundial_common.stores.dispatch import FencedOut, PlannedExecution
 from sundial_common.stores.types import Occurrence
 from sundial_common.telemetry import traceparent, tracer
-from sundial_dispatcher.dispatcher import DispatcherConfig, ShardDispatcher
+from sundial_dispatcher.dispatcher import DispatcherConfig, DispatchResult, ShardDispatcher
+from sundial_dispatcher.group_commit import GroupCommit
 from sundial_hydrator.hydrator import Hydrator, HydratorConfig
 from sundial_sweeper.sweeper import Sweeper, SweeperConfig
 
@@ -401,3 +402,57 @@ async def test_warming_the_dispatch_connections_writes_nothing(stores: Stores, p
         0, token, "replica-a", claims, lambda jobs: [PlannedExecution(new_id(), j, None, 1, None, None) for j in jobs]
     )
     assert [p.job["id"] for p in created] == [job_id]
+
+
+async def test_passes_of_several_shards_commit_in_one_transaction_each_under_its_own_fence(
+    stores: Stores, hot_window: HotWindow, pool: str
+) -> None:
+    due = datetime.now(UTC) - timedelta(milliseconds=10)
+    jobs = {shard: [await make_job(stores, due, pool, shard=shard) for _ in range(2)] for shard in (0, 1)}
+    tokens = {shard: await stores.dispatch.take_shard(shard, "replica-a") for shard in (0, 1)}
+    commits = GroupCommit(stores.dispatch)
+
+    def plan(rows: Sequence[Any]) -> list[PlannedExecution]:
+        return [PlannedExecution(new_id(), row, None, 1, None, None) for row in rows]
+
+    outcomes = await asyncio.gather(
+        *(
+            commits.dispatch_occurrences(
+                shard, tokens[shard], "replica-a", [Occurrence(j, _ms(due)) for j in jobs[shard]], plan
+            )
+            for shard in (0, 1)
+        )
+    )
+
+    assert (commits.transactions, commits.passes) == (1, 2), "the two passes came together: one transaction"
+    assert [sorted(p.job["id"] for p in o.created) for o in outcomes] == [sorted(jobs[0]), sorted(jobs[1])]
+    rows = await stores.database.pool.fetch("SELECT job_id, shard, fence_token FROM executions")
+    assert {(r["job_id"], r["shard"], r["fence_token"]) for r in rows} == {
+        (j, shard, tokens[shard]) for shard in (0, 1) for j in jobs[shard]
+    }
+
+
+async def test_a_fenced_out_shard_writes_nothing_in_a_shared_transaction_and_the_others_commit(
+    stores: Stores, hot_window: HotWindow, publisher: KafkaPublisher, pool: str
+) -> None:
+    due = datetime.now(UTC) - timedelta(milliseconds=10)
+    led, lost = await make_job(stores, due, pool, shard=0), await make_job(stores, due, pool, shard=1)
+    led_token = await stores.dispatch.take_shard(0, "replica-a")
+    stale_token = await stores.dispatch.take_shard(1, "replica-a")
+    newer_token = await stores.dispatch.take_shard(1, "replica-b")  # another replica has taken shard 1 since
+    commits = GroupCommit(stores.dispatch)
+    config = DispatcherConfig(shards=2)
+    leader = ShardDispatcher(0, led_token, "replica-a", stores.dispatch, hot_window, publisher, config, commit=commits)
+    stale = ShardDispatcher(1, stale_token, "replica-a", stores.dispatch, hot_window, publisher, config, commit=commits)
+    await hot_window.add(0, [Occurrence(led, _ms(due))])
+    await hot_window.add(1, [Occurrence(lost, _ms(due))])
+
+    led_pass, stale_pass = await asyncio.gather(leader.run_once(), stale.run_once(), return_exceptions=True)
+
+    assert isinstance(led_pass, DispatchResult) and led_pass.dispatched == 1
+    assert isinstance(stale_pass, FencedOut)
+    rows = await stores.database.pool.fetch("SELECT job_id, fence_token FROM executions")
+    assert [(r["job_id"], r["fence_token"]) for r in rows] == [(led, led_token)]
+    assert await stores.database.pool.fetchval("SELECT state FROM jobs WHERE id = $1", lost) == "ACTIVE"
+    assert await stores.database.pool.fetchval("SELECT token FROM shard_fence WHERE shard = 1") == newer_token
+    assert await hot_window.size(1) == 1, "the fenced-out pass gave its claim back for the shard's leader"

@@ -12,7 +12,7 @@ from sundial_common.hotwindow import WAKE_HORIZON_SEC
 from sundial_common.stores.types import Occurrence
 from sundial_dispatcher.dispatcher import DispatcherConfig, ShardDispatcher
 from sundial_dispatcher.fairness import FairDispatch, FairnessConfig, FairQueue, Waiting
-from sundial_dispatcher.shards import _idle_wait
+from sundial_dispatcher.shards import _dense_wait, _idle_wait
 from sundial_dispatcher.wakes import Alarm
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
@@ -35,6 +35,16 @@ def test_a_member_that_came_due_during_the_pass_is_claimed_at_once_and_side_work
     assert _idle_wait(NOW, NOW - timedelta(milliseconds=10), 10.0, 0.05, False) == 0.0
     assert _idle_wait(NOW, None, 0.3, 0.05, True) == 0.3
     assert _idle_wait(NOW, None, -1.0, 0.05, True) == 0.0
+
+
+def test_dense_shards_of_a_process_pass_at_the_same_instants_and_an_overrun_pass_is_followed_at_once() -> None:
+    config = DispatcherConfig()  # 50 ms polls; dense passes take ~32 members, at most 100 ms apart
+    # 312 members a second (W3 at 2,500/s over 8 shards): every 100 ms, on the grid, whenever each pass began.
+    ends = [start + 0.004 + _dense_wait(312.0, start, start + 0.004, config) for start in (10.003, 10.041, 10.077)]
+    assert ends == [pytest.approx(10.1)] * 3
+    # 625 a second: every 50 ms (32 / 625 = 51 ms, in whole poll intervals).
+    assert 20.012 + _dense_wait(625.0, 20.01, 20.012, config) == pytest.approx(20.05)
+    assert _dense_wait(312.0, 30.0, 30.15, config) == 0.0, "a pass longer than the spacing: the next at once"
 
 
 async def test_an_alarm_rings_for_members_due_before_the_planned_look_only() -> None:

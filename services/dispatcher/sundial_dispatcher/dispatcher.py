@@ -8,7 +8,9 @@ The order is what makes dispatch safe (DESIGN invariants 1, 2 and 4):
    back.
 2. **Commit** one Postgres transaction: raise the shard fence to our token (or learn we are fenced
    out and stop), lock the jobs that still match, insert one execution per occurrence (unique, so a
-   repeated claim creates nothing), advance each job's next fire with compare-and-set.
+   repeated claim creates nothing), advance each job's next fire with compare-and-set. The passes of the
+   shards one process leads share their transactions when they coincide
+   (:mod:`sundial_dispatcher.group_commit`); the fence is still raised, and checked, per shard.
 3. **Publish** the created executions to their pools' topics, then mark them published. If the
    process dies before publishing, the execution rows are the outbox: the sweeper republishes
    PENDING executions that were never published.
@@ -19,6 +21,7 @@ Leader-only: a :class:`ShardDispatcher` exists only while its process holds the 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import time
@@ -52,6 +55,7 @@ from sundial_common.telemetry import (
 )
 
 from sundial_dispatcher.fairness import FairDispatch, FairnessConfig
+from sundial_dispatcher.group_commit import GroupCommit, OccurrenceCommit
 from sundial_dispatcher.metrics import count_dispatched, count_missed
 from sundial_dispatcher.planning import Catchup, Overlap, Policies, decide
 from sundial_dispatcher.retries import RetryDispatcher
@@ -326,6 +330,7 @@ class ShardDispatcher:
         clock: Clock | None = None,
         tenants: TenantPolicy | None = None,
         fair: FairDispatch | None = None,
+        commit: GroupCommit | None = None,
     ) -> None:
         self.shard = shard
         self.token = token
@@ -338,6 +343,9 @@ class ShardDispatcher:
         self.tenants = tenants
         #: None: a pass takes the earliest due members, whoever they belong to.
         self.fair = fair
+        #: Where a pass commits its claims: with the other shards' passes of this process (a GroupCommit), or
+        #: (None) in a transaction of its own, through the store.
+        self.commit = commit
         #: Published executions not yet marked in Postgres: (monotonic time of the publish, ids).
         self._unmarked: deque[tuple[float, list[UUID]]] = deque()
         #: When the earliest member left in the window after the last claim is due (None: empty).
@@ -346,11 +354,12 @@ class ShardDispatcher:
     async def run_once(self) -> DispatchResult:
         """One pass. Raises ``FencedOut`` if a newer leader has written for this shard."""
         await self._mark_published()
-        if self.fair is not None:
-            claimed = await self.fair.claim(self.clock.now())
-        else:
-            claimed = await self.hot_window.claim_due(self.shard, self.clock.now(), self.config.batch_size)
-            self._window_next = claimed.next_due
+        with self.commit.claiming() if self.commit is not None else contextlib.nullcontext():
+            if self.fair is not None:
+                claimed = await self.fair.claim(self.clock.now())
+            else:
+                claimed = await self.hot_window.claim_due(self.shard, self.clock.now(), self.config.batch_size)
+                self._window_next = claimed.next_due
         if not claimed:
             return DispatchResult()
         try:
@@ -402,7 +411,8 @@ class ShardDispatcher:
         suspended = await self.tenants.suspended() if self.tenants is not None else frozenset[str]()
         planner = _Planner(now=self.clock.now(), config=self.config, suspended=suspended)
         try:
-            outcome = await self.store.dispatch_occurrences(self.shard, self.token, self.holder, claims, planner)
+            commit: OccurrenceCommit = self.commit if self.commit is not None else self.store
+            outcome = await commit.dispatch_occurrences(self.shard, self.token, self.holder, claims, planner)
         except BaseException:
             for span in planner.spans.values():
                 span.set_status(Status(StatusCode.ERROR, "dispatch transaction failed"))

@@ -51,6 +51,7 @@ from sundial_dispatcher.backfills import BackfillConfig, BackfillDispatcher
 from sundial_dispatcher.balance import placement
 from sundial_dispatcher.dispatcher import DispatcherConfig, ShardDispatcher
 from sundial_dispatcher.fairness import FairDispatch, OpenWork
+from sundial_dispatcher.group_commit import GroupCommit
 from sundial_dispatcher.limits import SideLimits
 from sundial_dispatcher.metrics import Leadership, ShardPassMetrics
 from sundial_dispatcher.side_work import SideWork
@@ -160,6 +161,7 @@ def dispatch_work(deps: Dependencies, config: DispatcherConfig, holder: str) -> 
 
     tenants = TenantPolicy(deps.stores.tenants)  # one registry view for every shard this replica leads
     open_work = OpenWork(deps.stores.tenants, config.fairness)  # and one read of the open executions
+    commits = GroupCommit(deps.stores.dispatch)  # and one dispatch transaction for the passes that coincide
     # The same limits for children and backfills (sundial_dispatcher.limits); none when fairness is off.
     limits = (
         SideLimits(tenants, open_work, TokenBuckets(deps.hot_window.redis), config.shards, config.batch_size)
@@ -198,6 +200,7 @@ def dispatch_work(deps: Dependencies, config: DispatcherConfig, holder: str) -> 
             config,
             tenants=tenants,
             fair=fair,
+            commit=commits,
         )
         # Dependent jobs' fires and backfills (sundial_dispatcher.triggers, .backfills): same term and fence.
         triggers = TriggerDispatcher(
@@ -262,9 +265,7 @@ def dispatch_work(deps: Dependencies, config: DispatcherConfig, holder: str) -> 
                     claims.popleft()
                 rate = sum(n for _, n in claims)  # members claimed over the last second
                 if rate > config.dense_per_sec:  # dense: batch (DispatcherConfig.dense_per_sec, dense_batch)
-                    spacing = min(config.dense_batch / rate, config.dense_max_interval_sec)
-                    spacing = max(spacing, config.poll_interval_sec)
-                    wait = max(wait, spacing - (time.perf_counter() - started))
+                    wait = max(wait, _dense_wait(rate, started, time.perf_counter(), config))
                 if alarm is None:
                     await tenure.pause(wait)
                 else:
@@ -301,6 +302,23 @@ def _idle_wait(
         # +1 ms: a claim takes members scored at or before now in whole milliseconds.
         wait = min(wait, until + 0.001 if until > 0 else 0.0)
     return wait
+
+
+def _dense_wait(rate: float, started: float, now: float, config: DispatcherConfig) -> float:
+    """Seconds a dense shard's pass (started at ``started``, ``rate`` members claimed a second) waits for the next.
+
+    Its passes are spaced to take about ``dense_batch`` members each, ``poll_interval_sec`` to
+    ``dense_max_interval_sec`` (if longer) apart, in whole poll intervals and on the grid of the process's
+    monotonic clock: the dense shards of one process then pass at the same instants and their claims share one
+    transaction (:mod:`sundial_dispatcher.group_commit`). A pass that took longer than the spacing is followed at
+    once, not at the next grid point.
+    """
+    poll = config.poll_interval_sec
+    spacing = min(config.dense_batch / rate, config.dense_max_interval_sec)
+    spacing = max(round(spacing / poll), 1) * poll
+    if now - started >= spacing:
+        return 0.0
+    return spacing - now % spacing
 
 
 async def _take_shard(deps: Dependencies, tenure: Tenure, holder: str) -> int | None:

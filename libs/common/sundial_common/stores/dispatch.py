@@ -14,7 +14,7 @@ SQL: ``sql/dispatch.sql``.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol, cast
@@ -135,6 +135,16 @@ class RetryDispatch:
 Planner = Callable[[Sequence[Record]], list[PlannedExecution] | DispatchPlan]
 
 
+@dataclass(frozen=True, slots=True)
+class ShardClaims:
+    """One shard's part of a dispatch transaction: its term's token, the members its pass claimed, its planner."""
+
+    shard: int
+    token: int
+    claims: Sequence[Occurrence]
+    plan: Planner
+
+
 class DispatchStore(Protocol):
     """Fenced writes of a shard's leader, the retries coming due, and the execution outbox."""
 
@@ -149,6 +159,8 @@ class DispatchStore(Protocol):
     async def dispatch(
         self, shard: int, token: int, holder: str, claims: Sequence[Occurrence], plan: Planner
     ) -> list[PlannedExecution]: ...
+
+    async def dispatch_shards(self, holder: str, parts: Sequence[ShardClaims]) -> list[DispatchOutcome | FencedOut]: ...
 
     async def dispatch_retries(
         self, shard: int, token: int, holder: str, claims: Sequence[RetryDue]
@@ -211,69 +223,100 @@ class PostgresDispatchStore:
         claims: Sequence[Occurrence],
         plan: Planner,
     ) -> DispatchOutcome:
-        """The fenced dispatch transaction (DESIGN invariants 2 and 4).
+        """The fenced dispatch transaction of one shard (:meth:`dispatch_shards` with one part): its outcome, or
+        :class:`FencedOut`."""
+        (outcome,) = await self.dispatch_shards(holder, [ShardClaims(shard, token, claims, plan)])
+        if isinstance(outcome, FencedOut):
+            raise outcome
+        return outcome
 
-        Raises the shard's fence to ``token`` (or raises :class:`FencedOut`), locks the claimed jobs that
-        are due in Postgres (with their open executions, for the overlap policy), lets ``plan`` decide the
-        executions and each job's move, inserts the executions (unique per occurrence), advances the jobs
-        with compare-and-set and cancels what CANCEL_RUNNING replaces. In the common case that is two statements
-        (the fence with the locks, the executions with the jobs' moves) between BEGIN and COMMIT, whatever the
-        batch's size. Publishing and Redis writes are the caller's job, after commit.
+    async def dispatch_shards(self, holder: str, parts: Sequence[ShardClaims]) -> list[DispatchOutcome | FencedOut]:
+        """The fenced dispatch transaction (DESIGN invariants 2 and 4) of one or more shards led by ``holder``.
+
+        Raises each part's shard fence to its token, locks the claimed jobs that are due in Postgres (with their
+        open executions, for the overlap policy), lets each part's ``plan`` decide its executions and each job's
+        move, inserts the executions (unique per occurrence), advances the jobs with compare-and-set and cancels
+        what CANCEL_RUNNING replaces. In the common case that is two statements (the fences with the locks, the
+        executions with the jobs' moves) between BEGIN and COMMIT, whatever the number of shards and claims.
+        Publishing and Redis writes are the caller's job, after commit.
+
+        Per part, in order: its :class:`DispatchOutcome`, or :class:`FencedOut` when a newer term has taken its
+        shard. A fenced-out part's fence is checked by the first statement, before anything of it is locked or
+        planned, so nothing of it is written; the other parts commit. Anything else that fails fails every part
+        (the transaction rolls back). Parts must be of distinct shards.
 
         ``plan`` may return a plain list (one execution per job, advancing it to ``next_fire_at``).
         """
         empty = DispatchPlan([], [])
-        if not claims:
-            return DispatchOutcome([], empty, [], [])
-        ids = [c.job_id for c in claims]
-        dues = [c.due for c in claims]
-        misplaced: list[Occurrence] = []
+        results: list[DispatchOutcome | FencedOut] = [DispatchOutcome([], empty, [], []) for _ in parts]
+        live = [i for i, part in enumerate(parts) if part.claims]
+        if not live:
+            return results
+        claims = [(c, parts[i].shard) for i in live for c in parts[i].claims]
+        shards = [parts[i].shard for i in live]
+        if len(set(shards)) < len(shards):
+            raise ValueError(f"one dispatch transaction per shard at a time, got shards {shards}")
+        planned: list[tuple[int, PlannedExecution]] = []  # (shard, execution)
+        advances: list[JobAdvance] = []
+        decisions: dict[int, DispatchPlan] = {}
+        misplaced: dict[int, list[Occurrence]] = {i: [] for i in live}
         cancelled: list[Record] = []
         async with self._db.pool.acquire() as conn, conn.transaction():
-            locked = await conn.fetch(Q["lock_due_jobs"], ids, dues, shard, token, holder)
-            if not locked:
-                raise FencedOut(shard, token)
-            due = await with_open_executions(conn, [row for row in locked if row["id"] is not None])
-            if len(due) < len(claims):
-                matched = {row["id"] for row in due}
-                unmatched = [c for c in claims if c.job_id not in matched]
-                rows = await conn.fetch(
-                    Q["claimed_but_not_due"], [c.job_id for c in unmatched], [c.due for c in unmatched], shard
-                )
-                misplaced = [
-                    Occurrence(row["id"], row["belongs_at"])
-                    for row in rows
-                    if row["belongs_at"] is not None and row["belongs_at"] > row["claimed_due"]
-                ]
+            locked = await conn.fetch(
+                Q["lock_due_jobs"],
+                [c.job_id for c, _ in claims],
+                [c.due for c, _ in claims],
+                shards,
+                [parts[i].token for i in live],
+                holder,
+                [shard for _, shard in claims],
+            )
+            raised = {row["raised_shard"] for row in locked}
+            due_all = await with_open_executions(conn, [row for row in locked if row["id"] is not None])
             # Jobs that chose to hold their first fires while their handler's breaker is open fire later.
-            if held := await hold_first_fires(conn, due):
-                due = [row for row in due if row["id"] not in held]
-                misplaced += [Occurrence(job_id, at) for job_id, at in held.items()]
-            decided = plan(due) if due else empty
-            if isinstance(decided, list):
-                decided = DispatchPlan(
-                    decided,
-                    [
-                        JobAdvance(p.job["id"], p.job["next_fire_at"], p.next_fire_at, p.next_fire_at, runs=1)
-                        for p in decided
-                    ],
-                )
-            planned = decided.executions
-            advances = decided.advances
+            held = await hold_first_fires(conn, due_all)
+            for i in live:
+                part = parts[i]
+                if part.shard not in raised:
+                    results[i] = FencedOut(part.shard, part.token)
+                    continue
+                due = [row for row in due_all if row["shard"] == part.shard]
+                if len(due) < len(part.claims):
+                    misplaced[i] = await _not_due(conn, part, {row["id"] for row in due})
+                if held:
+                    misplaced[i] += [Occurrence(row["id"], held[row["id"]]) for row in due if row["id"] in held]
+                    due = [row for row in due if row["id"] not in held]
+                decided = part.plan(due) if due else empty
+                if isinstance(decided, list):
+                    decided = DispatchPlan(
+                        decided,
+                        [
+                            JobAdvance(p.job["id"], p.job["next_fire_at"], p.next_fire_at, p.next_fire_at, runs=1)
+                            for p in decided
+                        ],
+                    )
+                decisions[i] = decided
+                planned += [(part.shard, p) for p in decided.executions]
+                advances += decided.advances
             inserted: list[Record] = []
             if planned or advances:
+                tokens = {parts[i].shard: parts[i].token for i in live}
                 inserted = await conn.fetch(
-                    Q["insert_executions"], *_insert_arguments(planned, advances, shard, token, holder)
+                    Q["insert_executions"], *_insert_arguments(planned, advances, tokens, holder)
                 )
-            if decided.cancel:
-                cancelled = await conn.fetch(Q["cancel_overlapping"], list(decided.cancel), holder)
+            cancel = [execution_id for decided in decisions.values() for execution_id in decided.cancel]
+            if cancel:
+                cancelled = await conn.fetch(Q["cancel_overlapping"], cancel, holder)
         created_ids = {row["id"] for row in inserted}
-        return DispatchOutcome(
-            created=[p for p in planned if p.execution_id in created_ids],
-            plan=decided,
-            cancel_requested=[row["id"] for row in cancelled if row["state"] == "RUNNING"],
-            misplaced=misplaced,
-        )
+        running = {row["id"] for row in cancelled if row["state"] == "RUNNING"}
+        for i, decided in decisions.items():
+            results[i] = DispatchOutcome(
+                created=[p for p in decided.executions if p.execution_id in created_ids],
+                plan=decided,
+                cancel_requested=[execution_id for execution_id in decided.cancel if execution_id in running],
+                misplaced=misplaced[i],
+            )
+        return results
 
     async def warm(self, connections: int) -> None:
         """Open ``connections`` of the pool and run the dispatch transaction's two statements once on each, with
@@ -299,8 +342,8 @@ class PostgresDispatchStore:
         transaction = conn.transaction()
         await transaction.start()
         try:
-            await conn.fetch(Q["lock_due_jobs"], nothing, nothing, _NO_SHARD, 0, "warm-up")
-            await conn.fetch(Q["insert_executions"], *_insert_arguments([], [], _NO_SHARD, 0, "warm-up"))
+            await conn.fetch(Q["lock_due_jobs"], nothing, nothing, [_NO_SHARD], [0], "warm-up", nothing)
+            await conn.fetch(Q["insert_executions"], *_insert_arguments([], [], {}, "warm-up"))
         finally:
             await transaction.rollback()
 
@@ -379,28 +422,32 @@ class PostgresDispatchStore:
 
 
 def _insert_arguments(
-    planned: Sequence[PlannedExecution], advances: Sequence[JobAdvance], shard: int, token: int, holder: str
+    planned: Sequence[tuple[int, PlannedExecution]],
+    advances: Sequence[JobAdvance],
+    tokens: Mapping[int, int],
+    holder: str,
 ) -> list[object]:
-    """The parameters of ``insert_executions``, in its order: the executions, then the jobs' moves."""
+    """The parameters of ``insert_executions``, in its order: the executions (each with its shard and that shard's
+    token), then the jobs' moves."""
     return [
-        [p.execution_id for p in planned],
-        [p.job["tenant_id"] for p in planned],
-        [p.job["id"] for p in planned],
-        [p.nominal for p in planned],
-        [p.job["pool"] for p in planned],
-        [p.job["handler"] for p in planned],
-        [p.max_attempts for p in planned],
-        [p.job["timeout_sec"] for p in planned],
-        shard,
-        token,
-        [p.trace_id for p in planned],
-        [p.traceparent for p in planned],
+        [p.execution_id for _, p in planned],
+        [p.job["tenant_id"] for _, p in planned],
+        [p.job["id"] for _, p in planned],
+        [p.nominal for _, p in planned],
+        [p.job["pool"] for _, p in planned],
+        [p.job["handler"] for _, p in planned],
+        [p.max_attempts for _, p in planned],
+        [p.job["timeout_sec"] for _, p in planned],
+        [shard for shard, _ in planned],
+        [tokens[shard] for shard, _ in planned],
+        [p.trace_id for _, p in planned],
+        [p.traceparent for _, p in planned],
         holder,
-        [p.due for p in planned],
-        [p.state for p in planned],
-        [p.triggered for p in planned],
-        [p.note for p in planned],
-        [p.job["priority"] for p in planned],
+        [p.due for _, p in planned],
+        [p.state for _, p in planned],
+        [p.triggered for _, p in planned],
+        [p.note for _, p in planned],
+        [p.job["priority"] for _, p in planned],
         [a.job_id for a in advances],
         [a.prev_fire_at for a in advances],
         [a.next_fire_at for a in advances],
@@ -409,6 +456,20 @@ def _insert_arguments(
         [a.missed for a in advances],
         [a.advance for a in advances],
         [a.trigger_done for a in advances],
+    ]
+
+
+async def _not_due(conn: asyncpg.Connection, part: ShardClaims, matched: set[UUID]) -> list[Occurrence]:
+    """The part's claimed members that matched no due job and belong later: where their job's member belongs now
+    (a member that raced ahead of a re-schedule goes back at the right score, not after the overdue scan)."""
+    unmatched = [c for c in part.claims if c.job_id not in matched]
+    rows = await conn.fetch(
+        Q["claimed_but_not_due"], [c.job_id for c in unmatched], [c.due for c in unmatched], part.shard
+    )
+    return [
+        Occurrence(row["id"], row["belongs_at"])
+        for row in rows
+        if row["belongs_at"] is not None and row["belongs_at"] > row["claimed_due"]
     ]
 
 

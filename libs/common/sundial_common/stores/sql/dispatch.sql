@@ -28,10 +28,15 @@ SELECT shard, token, holder, updated_at FROM shard_fence ORDER BY shard;
 
 -- name: lock_due_jobs
 -- The claimed members that are due in Postgres, locked so nobody moves them while this transaction
--- dispatches them, under the shard's fence raised in the same statement (raise_fence above, DESIGN invariant
--- 4): the lateral subquery reads the fence's row first, so the fence row is locked before any job's, in the
--- order a newer term's transaction takes them. No row back = fenced out (a newer term has begun); one row of
--- NULLs = the fence is ours and nothing is due.
+-- dispatches them, under the fences of their shards raised in the same statement (raise_fence above, DESIGN
+-- invariant 4). One statement serves every shard of the transaction (a dispatcher process commits the passes of
+-- the shards it leads together: sundial_dispatcher.group_commit): $3/$4 are the shards and their terms' tokens,
+-- $6 each claim's shard. The fences are raised in shard order, so two transactions that share shards take their
+-- rows in the same order. The lateral subquery reads a fence's row before any of its shard's jobs, so a fence
+-- row is locked before its jobs', in the order a newer term's transaction takes them.
+-- A row per raised fence (raised_shard) and its shard's due jobs; a shard without any row is fenced out (a
+-- newer term has begun: nothing of it may be written); a row of NULL job columns = the fence is ours and
+-- nothing is due.
 -- Due: an active job whose next fire is at or before the claimed score, or a live job with a trigger pending
 -- at or before it. A member scored later than the job's next fire (a BUFFER_ONE hold, a re-added member)
 -- still dispatches it; one scored earlier (stale) matches nothing.
@@ -39,17 +44,18 @@ SELECT shard, token, holder, updated_at FROM shard_fence ORDER BY shard;
 -- open_executions_of_jobs, asked only when the batch has such jobs: executions is partitioned by day (migration 0018) and a lookup by job
 -- here would plan every partition's index for every dispatch (10 ms a batch with 40 partitions).
 WITH fence AS (
-    INSERT INTO shard_fence AS f (shard, token, holder) VALUES ($3, $4, $5)
+    INSERT INTO shard_fence AS f (shard, token, holder)
+    SELECT s.shard, s.token, $5 FROM unnest($3::int[], $4::bigint[]) AS s (shard, token) ORDER BY s.shard
     ON CONFLICT (shard) DO UPDATE SET token = excluded.token, holder = excluded.holder, updated_at = now()
     WHERE f.token <= excluded.token
-    RETURNING token
+    RETURNING shard
 )
-SELECT due.* FROM fence LEFT JOIN LATERAL (
+SELECT fence.shard AS raised_shard, due.* FROM fence LEFT JOIN LATERAL (
     SELECT j.*, c.due AS claimed_due, NULL::uuid[] AS open_execution_ids, NULL::text[] AS open_execution_states
     FROM jobs j
     -- Scores are epoch milliseconds; fire times are written at millisecond precision, compared at it too.
-    JOIN unnest($1::uuid[], $2::timestamptz[]) AS c (id, due) ON j.id = c.id
-    WHERE j.shard = $3 AND fence.token IS NOT NULL
+    JOIN unnest($1::uuid[], $2::timestamptz[], $6::int[]) AS c (id, due, shard) ON j.id = c.id
+    WHERE c.shard = fence.shard AND j.shard = fence.shard
       AND ((j.state = 'ACTIVE' AND date_trunc('milliseconds', j.next_fire_at) <= c.due)
            OR (j.state <> 'CANCELLED' AND j.trigger_at <= c.due))
     ORDER BY j.id
@@ -78,6 +84,8 @@ WHERE j.shard = $3;
 -- name: insert_executions
 -- One row per occurrence; a SKIPPED one (overlap policy) is terminal at once and never published. With the
 -- batch's executions, its jobs' moves ($19-$26), in the same statement (data-modifying CTEs: one round trip).
+-- Each execution carries its shard and its term's token ($9, $10): one statement for every shard of the
+-- transaction (lock_due_jobs above).
 -- ON CONFLICT without a target: executions is partitioned by id (migration 0018), so the occurrence key
 -- (job_id, scheduled_for) is a unique index of each partition, an arbiter only when no target is named.
 -- Each dispatched job moves to its next occurrence, with compare-and-set on the one it was at; a job with no
@@ -87,14 +95,14 @@ WITH inserted AS (
     INSERT INTO executions (id, tenant_id, job_id, scheduled_for, shard, fence_token, pool, handler, state,
                             max_attempts, timeout_sec, trace_id, traceparent, fire_at, triggered, error,
                             finished_at, priority)
-    SELECT e.id, e.tenant_id, e.job_id, e.scheduled_for, $9, $10, e.pool, e.handler, e.state,
+    SELECT e.id, e.tenant_id, e.job_id, e.scheduled_for, e.shard, e.fence_token, e.pool, e.handler, e.state,
            e.max_attempts, e.timeout_sec, e.trace_id, e.traceparent, e.fire_at, e.triggered, e.note,
            CASE WHEN e.state = 'SKIPPED' THEN now() END, e.priority
     FROM unnest($1::uuid[], $2::text[], $3::uuid[], $4::timestamptz[], $5::text[], $6::text[],
-                $7::int[], $8::int[], $11::text[], $12::text[], $14::timestamptz[], $15::text[], $16::bool[],
-                $17::text[], $18::text[])
-         AS e (id, tenant_id, job_id, scheduled_for, pool, handler, max_attempts, timeout_sec, trace_id,
-               traceparent, fire_at, state, triggered, note, priority)
+                $7::int[], $8::int[], $9::int[], $10::bigint[], $11::text[], $12::text[], $14::timestamptz[],
+                $15::text[], $16::bool[], $17::text[], $18::text[])
+         AS e (id, tenant_id, job_id, scheduled_for, pool, handler, max_attempts, timeout_sec, shard, fence_token,
+               trace_id, traceparent, fire_at, state, triggered, note, priority)
     ON CONFLICT DO NOTHING
     RETURNING id, tenant_id, state, error
 ), advanced AS (
