@@ -135,3 +135,30 @@ async def test_work_stuck_with_a_stopped_worker_does_not_hold_the_live_workers_b
     counts.rows = [OpenExecutions("a", "p", queued=36, pending=36, running=8, open=44, fresh=0)]
     await work.refresh()
     assert work.pool_room(shards=1, batch_size=500)[0]["p"] == 4, "the live workers get work again"
+
+
+async def test_a_pool_first_seen_starting_work_gets_the_cap_of_its_start_rate_not_the_floor() -> None:
+    counts, clock = Counts(), Clock()
+    work = open_work(counts, clock, pool_queue_min=4)
+    counts.rows = [pending("p", 0, running=0)]
+    await work.refresh()
+    # Uncontended passes publish 80 in 0.25 s without looking up whose they are (one pool has work: it is its).
+    work.took_unattributed(80)
+    counts.rows = [pending("p", 5, running=3)]
+    clock.now += 0.25
+    await work.refresh()
+    assert work.cap("p") == 150  # 75 started in 0.25 s (300/s): half a second of them, at once
+    room = work.pool_room(shards=1, batch_size=500)[0]["p"]
+    assert room == 145, "the stream goes on without waiting for the cap to grow"
+
+
+async def test_takes_not_attributed_count_for_no_pool_while_several_have_work() -> None:
+    counts, clock = Counts(), Clock()
+    work = open_work(counts, clock, pool_queue_min=4)
+    counts.rows = [pending("p", 0, running=0), pending("q", 0, running=0)]
+    await work.refresh()
+    work.took_unattributed(80)  # whose is not known: the caps err short
+    counts.rows = [pending("p", 5, running=3), pending("q", 5, running=3)]
+    clock.now += 0.25
+    await work.refresh()
+    assert work.cap("p") == 4 and work.cap("q") == 4

@@ -243,7 +243,7 @@ class OpenWork:
             was_stalled = {pool for pool in self._flowing_at if self.stalled(pool)}
             self.started_work.update(pool for pool, n in running.items() if n)
             if self._read_at is not None and now > self._read_at:
-                self._adapt_caps(queued, pending, now - self._read_at)
+                self._adapt_caps(queued, pending, {pool for pool, n in running.items() if n}, now - self._read_at)
             self._pending, self._took, self._limited = pending, {}, set()
             self.queued, self.fresh, self.open, self.unattributed = queued, fresh, opened, 0
             self._flowing_at = flowing_at
@@ -260,17 +260,22 @@ class OpenWork:
                         self.config.stalled_pool_sec,
                     )
 
-    def _adapt_caps(self, queued: dict[str, int], pending: dict[str, int], elapsed: float) -> None:
+    def _adapt_caps(self, queued: dict[str, int], pending: dict[str, int], running: set[str], elapsed: float) -> None:
         """Each pool's cap from its drain since the last read (see the class docstring)."""
         cfg = self.config
-        for pool in self._pending.keys() | self._took.keys() | pending.keys():
-            drained = self._pending.get(pool, 0) + self._took.get(pool, 0) - pending.get(pool, 0)
+        pools = self._pending.keys() | self._took.keys() | pending.keys()
+        # What uncontended passes took went to pools nobody looked up; with open work in one pool alone, to it.
+        unattributed = self.unattributed if len(pools | running) == 1 else 0
+        for pool in pools:
+            drained = self._pending.get(pool, 0) + self._took.get(pool, 0) + unattributed - pending.get(pool, 0)
             if drained > 0:
                 self.started_work.add(pool)
             if pool not in self.started_work:
                 continue
-            cap = self.caps.get(pool, cfg.pool_queue_min)
-            if 2 * queued.get(pool, 0) >= cap:  # backlogged: the workers set the pace
+            cap = self.caps.get(pool)
+            if cap is None:  # first seen starting work: what it started since the last read, not the floor
+                cap = round(drained / elapsed * cfg.pool_queue_sec)
+            elif 2 * queued.get(pool, 0) >= cap:  # backlogged: the workers set the pace
                 cap = round(drained / elapsed * cfg.pool_queue_sec) if drained > 0 else 0
             elif pool in self._limited:  # the workers keep up with what the cap lets through
                 cap *= 2
