@@ -85,9 +85,8 @@ class FairnessConfig:
     #: behind it (a tenant's ``HIGH`` work, another tenant's) waits at most about that long in the topic.
     #: Twice ``counts_refresh_sec``, so the workers never run dry between two reads of the counts.
     pool_queue_sec: float = 0.5
-    #: The smallest cap of a pool (and where a pool starts once seen starting work): the cap doubles at each
-    #: read while the workers drain what it lets through, so a pool that keeps up reaches ``pool_queue_cap`` in
-    #: ~2 s.
+    #: The smallest cap of a pool. A pool first seen starting work gets the cap of the start rate measured at
+    #: that read (not this floor: doubling from 4 held W2's first 1.5-2 s back), then follows its workers.
     #: Small: it is what a slow pool's queue holds (8 slots of 1 s handlers: 4 queued is half a second).
     pool_queue_min: int = 4
     #: Most claimed occurrences one shard leader holds waiting for their turn.
