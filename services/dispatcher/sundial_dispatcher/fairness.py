@@ -276,7 +276,8 @@ class OpenWork:
         cfg = self.config
         pools = self._pending.keys() | self._took.keys() | pending.keys()
         unattributed = self.unattributed if len(pools | running) == 1 else 0
-        everyone = max(1.0, self._shards / max(1, len(self.queues)))  # the other processes published as much
+        # The other processes published about as much for the shards they lead (none led here: count as is).
+        everyone = max(1.0, self._shards / len(self.queues)) if self.queues else 1.0
         for pool in pools:
             published = round((self._took.get(pool, 0) + unattributed) * everyone)
             drained = self._pending.get(pool, 0) + published - pending.get(pool, 0)
