@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 
 from sundial_common.stores.tenants import OpenExecutions
 from sundial_common.stores.types import Occurrence
-from sundial_dispatcher.fairness import FairnessConfig, OpenWork, Waiting
+from sundial_dispatcher.fairness import FairnessConfig, FairQueue, OpenWork, Waiting
 
 DUE = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -135,3 +135,63 @@ async def test_work_stuck_with_a_stopped_worker_does_not_hold_the_live_workers_b
     counts.rows = [OpenExecutions("a", "p", queued=36, pending=36, running=8, open=44, fresh=0)]
     await work.refresh()
     assert work.pool_room(shards=1, batch_size=500)[0]["p"] == 4, "the live workers get work again"
+
+
+async def test_a_pool_first_seen_starting_work_gets_the_cap_of_its_start_rate_not_the_floor() -> None:
+    counts, clock = Counts(), Clock()
+    work = open_work(counts, clock, pool_queue_min=4)
+    counts.rows = [pending("p", 0, running=0)]
+    await work.refresh()
+    # Uncontended passes publish 80 in 0.25 s without looking up whose they are (one pool has work: it is its).
+    work.took_unattributed(80)
+    counts.rows = [pending("p", 5, running=3)]
+    clock.now += 0.25
+    await work.refresh()
+    assert work.cap("p") == 150  # 75 started in 0.25 s (300/s): half a second of them, at once
+    room = work.pool_room(shards=1, batch_size=500)[0]["p"]
+    assert room == 145, "the stream goes on without waiting for the cap to grow"
+
+
+async def test_takes_not_attributed_count_for_no_pool_while_several_have_work() -> None:
+    counts, clock = Counts(), Clock()
+    work = open_work(counts, clock, pool_queue_min=4)
+    counts.rows = [pending("p", 0, running=0), pending("q", 0, running=0)]
+    await work.refresh()
+    work.took_unattributed(80)  # whose is not known: the caps err short
+    counts.rows = [pending("p", 5, running=3), pending("q", 5, running=3)]
+    clock.now += 0.25
+    await work.refresh()
+    assert work.cap("p") == 4 and work.cap("q") == 4
+
+
+async def test_a_pool_whose_workers_empty_its_queue_gets_the_cap_of_their_rate_not_just_twice_its_own() -> None:
+    counts, clock = Counts(), Clock()
+    work = open_work(counts, clock, pool_queue_min=4)
+    counts.rows = [pending("p", 0)]
+    await work.refresh()
+    clock.now += 0.25
+    await work.refresh()
+    assert work.cap("p") == 4
+    # 500 waited (published before the cap was measured), and all started within 0.25 s while work was held back.
+    counts.rows = [pending("p", 500)]
+    clock.now += 0.25
+    await work.refresh()
+    work.limited(["p"])
+    counts.rows = [pending("p", 0)]
+    clock.now += 0.25
+    await work.refresh()
+    assert work.cap("p") == 1000  # 2,000/s: a second of them (its ceiling), not 8
+
+
+async def test_the_drain_counts_what_the_other_dispatchers_published_for_their_shards() -> None:
+    counts, clock = Counts(), Clock()
+    work = open_work(counts, clock, pool_queue_min=4)
+    work.queues = {0: FairQueue(), 1: FairQueue()}  # this process leads 2 of the 4 shards
+    counts.rows = [pending("p", 200)]
+    await work.refresh()
+    work.pool_room(shards=4, batch_size=500)
+    # This process published 100 in 0.25 s; the other, leading the other two shards, as many: the queue held.
+    work.took([Waiting(Occurrence(uuid.uuid4(), DUE), "a", "p") for _ in range(100)])
+    clock.now += 0.25
+    await work.refresh()
+    assert work.cap("p") == 400  # 200 started in 0.25 s (800/s), not the 100 this process's count alone says

@@ -85,9 +85,8 @@ class FairnessConfig:
     #: behind it (a tenant's ``HIGH`` work, another tenant's) waits at most about that long in the topic.
     #: Twice ``counts_refresh_sec``, so the workers never run dry between two reads of the counts.
     pool_queue_sec: float = 0.5
-    #: The smallest cap of a pool (and where a pool starts once seen starting work): the cap doubles at each
-    #: read while the workers drain what it lets through, so a pool that keeps up reaches ``pool_queue_cap`` in
-    #: ~2 s.
+    #: The smallest cap of a pool. A pool first seen starting work gets the cap of the start rate measured at
+    #: that read (not this floor: doubling from 4 held W2's first 1.5-2 s back), then follows its workers.
     #: Small: it is what a slow pool's queue holds (8 slots of 1 s handlers: 4 queued is half a second).
     pool_queue_min: int = 4
     #: Most claimed occurrences one shard leader holds waiting for their turn.
@@ -172,13 +171,23 @@ class OpenWork:
     everything ahead of it. So a backlogged pool's queue is kept to ``pool_queue_sec`` of its starts: at each
     read, a pool whose queue is at least half full has its cap set from how fast its workers drained it since
     the last read (PENDING then + published since − PENDING now); one whose workers emptied more than half of
-    it while the passes held its work back (the cap, not the workers, was the limit) doubles it. Between
+    it while the passes held its work back (the cap, not the workers, was the limit) doubles it, or takes the
+    drain's rate if that is more (W3: a queue emptied at 2,000/s while its cap was 8). Between
     ``pool_queue_min`` and ``pool_queue_cap``. A pool nobody publishes to keeps its cap. A pool this process
     has not seen start anything (no worker yet, or this dispatcher just started and the pool is idle) has
-    ``pool_queue_cap``, as before priority: its first burst goes out at once. Ordering the work
+    ``pool_queue_cap``, as before priority: its first burst goes out at once; at the first read that sees it
+    start work its cap is set from that drain too, not from ``pool_queue_min`` (W2: doubling from 4 to the
+    ~166 it needed held its work back for its first 1.5-2 s). Ordering the work
     (priority inside a tenant, the round robin across tenants) therefore happens in the buffer, not behind a
     long queue, with one topic per pool: no priority lanes in Kafka (README "Priority" gives the figures).
-    Measured drains undercount what other dispatcher processes published meanwhile: the cap errs short.
+
+    *What was published since the last read* is this process's count: what its passes took for the pool, and,
+    while one pool alone has open work, what its uncontended passes took without looking up whose it was (the
+    pool is not known there; with several pools those count for none, and the cap errs short). The other
+    dispatcher processes publish for the shards they lead, and a pool's jobs hash evenly over the shards, so
+    that count is scaled by all shards over the shards this process leads. Without the scaling, two processes
+    each measured half the drain, and a backlog's cap fell to ``pool_queue_min`` (the other's publishes outgrew
+    the starts it saw) and doubled back, again and again: W3 at 2,500/s held its work back for seconds at a time.
 
     This is the one place that says how much each pool may take in a pass.
     """
@@ -213,6 +222,8 @@ class OpenWork:
         self._pending: dict[str, int] = {}
         self._took: dict[str, int] = {}
         self._limited: set[str] = set()
+        #: All the shards (each pass says, :meth:`pool_room`); ``queues`` holds those this process leads.
+        self._shards = 1
 
     async def refresh(self) -> None:
         """Read the counts again if they are older than ``counts_refresh_sec`` (one reader at a time)."""
@@ -243,7 +254,7 @@ class OpenWork:
             was_stalled = {pool for pool in self._flowing_at if self.stalled(pool)}
             self.started_work.update(pool for pool, n in running.items() if n)
             if self._read_at is not None and now > self._read_at:
-                self._adapt_caps(queued, pending, now - self._read_at)
+                self._adapt_caps(queued, pending, {pool for pool, n in running.items() if n}, now - self._read_at)
             self._pending, self._took, self._limited = pending, {}, set()
             self.queued, self.fresh, self.open, self.unattributed = queued, fresh, opened, 0
             self._flowing_at = flowing_at
@@ -260,20 +271,28 @@ class OpenWork:
                         self.config.stalled_pool_sec,
                     )
 
-    def _adapt_caps(self, queued: dict[str, int], pending: dict[str, int], elapsed: float) -> None:
+    def _adapt_caps(self, queued: dict[str, int], pending: dict[str, int], running: set[str], elapsed: float) -> None:
         """Each pool's cap from its drain since the last read (see the class docstring)."""
         cfg = self.config
-        for pool in self._pending.keys() | self._took.keys() | pending.keys():
-            drained = self._pending.get(pool, 0) + self._took.get(pool, 0) - pending.get(pool, 0)
+        pools = self._pending.keys() | self._took.keys() | pending.keys()
+        unattributed = self.unattributed if len(pools | running) == 1 else 0
+        # The other processes published about as much for the shards they lead (none led here: count as is).
+        everyone = max(1.0, self._shards / len(self.queues)) if self.queues else 1.0
+        for pool in pools:
+            published = round((self._took.get(pool, 0) + unattributed) * everyone)
+            drained = self._pending.get(pool, 0) + published - pending.get(pool, 0)
             if drained > 0:
                 self.started_work.add(pool)
             if pool not in self.started_work:
                 continue
-            cap = self.caps.get(pool, cfg.pool_queue_min)
-            if 2 * queued.get(pool, 0) >= cap:  # backlogged: the workers set the pace
-                cap = round(drained / elapsed * cfg.pool_queue_sec) if drained > 0 else 0
+            rate_cap = round(drained / elapsed * cfg.pool_queue_sec) if drained > 0 else 0
+            cap = self.caps.get(pool)
+            if cap is None:  # first seen starting work: what it started since the last read, not the floor
+                cap = rate_cap
+            elif 2 * queued.get(pool, 0) >= cap:  # backlogged: the workers set the pace
+                cap = rate_cap
             elif pool in self._limited:  # the workers keep up with what the cap lets through
-                cap *= 2
+                cap = max(2 * cap, rate_cap)
             self.caps[pool] = min(cfg.pool_queue_cap, max(cfg.pool_queue_min, cap))
 
     def best_lane_elsewhere(self, shard: int) -> Callable[[str, str], int]:
@@ -301,6 +320,7 @@ class OpenWork:
 
     def pool_room(self, shards: int, batch_size: int) -> tuple[dict[str, int], int]:
         """Room of this shard's pass per pool seen, and for a pool not seen (nothing queued there)."""
+        self._shards = shards
 
         def share(cap: int, queued: int) -> int:
             return -(-max(0, cap - queued - self.unattributed) // shards)
