@@ -29,8 +29,8 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from datetime import datetime, timedelta
+from dataclasses import dataclass, replace
+from datetime import date, datetime, timedelta
 
 from sundial_common.clock import Clock, SystemClock
 from sundial_common.stores.partitions import Partition, PartitionStore
@@ -85,42 +85,45 @@ class PartitionLoop:
         self._clock = clock or SystemClock()
 
     async def run_once(self) -> PartitionPass:
-        now = self._clock.now()
-        busy = dropped = kept = 0
         # Days are UTC days (the partitions' ranges); the clock is timezone-aware UTC.
-        made = await self._store.add_partitions(now.date(), self.config.ahead_days + 1, self.config.lock_timeout_ms)
-        if made is None:
-            busy += 1
-        for partition in await self._expired(self._store.partitions, self.config.retention_days, now):
-            went = await self._store.drop_partition(partition.name, self.config.lock_timeout_ms)
+        now, store = self._clock.now(), self._store
+        executions = await self._days(
+            now, self.config.retention_days, store.add_partitions, store.partitions, store.drop_partition
+        )
+        audit = await self._days(
+            now,
+            self.config.audit_retention_days,
+            store.add_audit_partitions,
+            store.audit_partitions,
+            store.drop_audit_partition,
+        )
+        return replace(
+            executions, busy=executions.busy + audit.busy, audit_created=audit.created, audit_dropped=audit.dropped
+        )
+
+    async def _days(
+        self,
+        now: datetime,
+        retention_days: float,
+        add: Callable[[date, int, int], Awaitable[int | None]],
+        listed: Callable[[], Awaitable[list[Partition]]],
+        drop: Callable[[str, int], Awaitable[bool | None]],
+    ) -> PartitionPass:
+        """One table's days: the coming ones made, the expired ones dropped (or kept, if the drop says so)."""
+        lock_timeout_ms = self.config.lock_timeout_ms
+        made = await add(now.date(), self.config.ahead_days + 1, lock_timeout_ms)
+        busy = int(made is None)
+        dropped = kept = 0
+        for partition in await self._expired(listed, retention_days, now):
+            went = await drop(partition.name, lock_timeout_ms)
             if went is None:
                 busy += 1
             elif went:
                 dropped += 1
-                log.info("dropped %s: executions created before %s", partition.name, partition.ends_at.isoformat())
+                log.info("dropped %s: its rows were written before %s", partition.name, partition.ends_at.isoformat())
             else:
                 kept += 1
-        audit_made = await self._store.add_audit_partitions(
-            now.date(), self.config.ahead_days + 1, self.config.lock_timeout_ms
-        )
-        if audit_made is None:
-            busy += 1
-        audit_dropped = 0
-        for partition in await self._expired(self._store.audit_partitions, self.config.audit_retention_days, now):
-            went = await self._store.drop_audit_partition(partition.name, self.config.lock_timeout_ms)
-            if went is None:
-                busy += 1
-            elif went:
-                audit_dropped += 1
-                log.info("dropped %s: audit rows written before %s", partition.name, partition.ends_at.isoformat())
-        return PartitionPass(
-            created=made or 0,
-            dropped=dropped,
-            kept=kept,
-            busy=busy,
-            audit_created=audit_made or 0,
-            audit_dropped=audit_dropped,
-        )
+        return PartitionPass(created=made or 0, dropped=dropped, kept=kept, busy=busy)
 
     @staticmethod
     async def _expired(
