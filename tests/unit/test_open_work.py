@@ -195,3 +195,19 @@ async def test_the_drain_counts_what_the_other_dispatchers_published_for_their_s
     clock.now += 0.25
     await work.refresh()
     assert work.cap("p") == 400  # 200 started in 0.25 s (800/s), not the 100 this process's count alone says
+
+
+async def test_a_pool_with_no_worker_is_not_taken_for_one_draining_when_the_other_dispatcher_publishes_less() -> None:
+    counts, clock = Counts(), Clock()
+    work = open_work(counts, clock, pool_queue_min=4)
+    work.queues = {0: FairQueue(), 1: FairQueue()}  # this process leads 2 of the 4 shards
+    counts.rows = [pending("p", 200, running=0)]
+    await work.refresh()
+    work.pool_room(shards=4, batch_size=500)
+    # This process published 100; the other one, handing its shards over, only 20: nothing started at all.
+    work.took([Waiting(Occurrence(uuid.uuid4(), DUE), "a", "p") for _ in range(100)])
+    counts.rows = [pending("p", 320, running=0)]
+    clock.now += 0.25
+    await work.refresh()
+    assert "p" not in work.started_work
+    assert work.pool_room(shards=4, batch_size=500)[0]["p"] == 170  # its share of pool_queue_cap, not of a tiny cap

@@ -279,10 +279,13 @@ class OpenWork:
         # The other processes published about as much for the shards they lead (none led here: count as is).
         everyone = max(1.0, self._shards / len(self.queues)) if self.queues else 1.0
         for pool in pools:
-            published = round((self._took.get(pool, 0) + unattributed) * everyone)
-            drained = self._pending.get(pool, 0) + published - pending.get(pool, 0)
-            if drained > 0:
+            took = self._took.get(pool, 0) + unattributed
+            # Started work only if this process's own publishes show it (a lower bound of everyone's): the
+            # scaled estimate errs high while shards move between processes, and would take a pool with no worker
+            # for one with workers draining it (its cap then holds dispatch until the stalled-pool rule lifts it).
+            if self._pending.get(pool, 0) + took - pending.get(pool, 0) > 0:
                 self.started_work.add(pool)
+            drained = self._pending.get(pool, 0) + round(took * everyone) - pending.get(pool, 0)
             if pool not in self.started_work:
                 continue
             rate_cap = round(drained / elapsed * cfg.pool_queue_sec) if drained > 0 else 0
