@@ -167,11 +167,6 @@ class Admission:
         """A publisher announced this pool's topic (sundial_worker.wakeups): a parked consumer fetches now."""
         self._published.set()
 
-    async def run_once(self) -> AdmissionResult:
-        """Take up to the free slots' worth of messages, claim them in one CAS, start their handlers."""
-        deliveries = await self._next()
-        return await self._admit(deliveries) if deliveries else AdmissionResult()
-
     async def _next(self) -> list[Delivery]:
         """Up to the free slots' worth of messages (a slot is free if no handler holds it and no claim in flight
         may give it one); none when every slot is taken (the group served meanwhile) or nothing came."""
@@ -209,12 +204,6 @@ class Admission:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._published.wait(), self.config.poll_timeout_sec)
         return []
-
-    async def _admit(self, deliveries: Sequence[Delivery]) -> AdmissionResult:
-        claims, duplicates = self._collect(deliveries)
-        if not claims:
-            return AdmissionResult(consumed=len(deliveries), duplicates=duplicates)
-        return await self._claim(claims, len(deliveries), duplicates)
 
     def _collect(self, deliveries: Sequence[Delivery]) -> tuple[dict[tuple[UUID, int], _Claim], int]:
         """The batch's claims, held in :attr:`_claiming` (their slots taken) from now on, and its duplicates so far.
