@@ -36,6 +36,7 @@ from sundial_common.messages import ExecutionMessage, pool_topic
 from sundial_common.signals import heartbeat_key
 from sundial_common.stores import Stores
 from sundial_common.stores.dispatch import PlannedExecution
+from sundial_common.stores.executions import PostgresExecutionStore
 from sundial_common.stores.types import Occurrence, Record
 from sundial_common.telemetry import trace_id_hex, traceparent, tracer
 from sundial_common.topic_wakeups import WakingPublisher
@@ -398,6 +399,57 @@ async def test_duplicate_and_stale_deliveries_do_not_run_the_handler_again(
     assert calls == [uuid.UUID(message.execution_id)]
     assert runtime.stats.started == 1 and runtime.stats.duplicates == 3
     assert (await execution(stores, message))["result"] == 1
+
+
+async def test_a_redelivery_while_its_claim_is_in_flight_is_acknowledged_only_with_the_outcome(
+    stores: Stores,
+    settings: WorkerSettings,
+    pool: str,
+    kafka_bootstrap: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The same message on two partitions (a rebalance's redelivery): the second arrives while the first's start CAS
+    # is still waiting for Postgres. It must run once, and its offset must not be committed while the handler runs
+    # (acknowledged at once, a crash then would leave nothing to redeliver the running execution).
+    cas_entered, cas_release, handler_release = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    real_start = PostgresExecutionStore.start_executions
+
+    async def slow_start(self: PostgresExecutionStore, *args: Any, **kwargs: Any) -> list[Record]:
+        cas_entered.set()
+        await cas_release.wait()
+        return await real_start(self, *args, **kwargs)
+
+    monkeypatch.setattr(PostgresExecutionStore, "start_executions", slow_start)
+    calls: list[uuid.UUID] = []
+    worker = Worker(pool=pool)
+
+    @worker.handler("held")
+    async def held(ctx: Context, payload: Any) -> None:
+        calls.append(ctx.execution_id)
+        await handler_release.wait()
+
+    async with serving(worker, settings) as runtime:
+        [message] = await dispatch(stores, pool, "held", [{}])
+        await asyncio.to_thread(produce_to, kafka_bootstrap, 0, [message])
+        await asyncio.wait_for(cas_entered.wait(), 20)
+        await asyncio.to_thread(produce_to, kafka_bootstrap, 1, [message])
+
+        async def both_taken() -> bool:
+            return runtime.stats.consumed == 2
+
+        await wait_until(both_taken, "the redelivery to be taken while the claim is in flight")
+        cas_release.set()
+        await wait_state(stores, message, "RUNNING")
+        await asyncio.sleep(10 * FAST.commit_interval_sec)  # commits run meanwhile
+        assert await asyncio.to_thread(committed, kafka_bootstrap, pool, [0, 1]) == {
+            0: OFFSET_INVALID,
+            1: OFFSET_INVALID,
+        }
+        handler_release.set()
+        await wait_state(stores, message, "SUCCEEDED")
+    assert calls == [uuid.UUID(message.execution_id)]
+    assert runtime.stats.started == 1 and runtime.stats.duplicates == 1
+    assert await asyncio.to_thread(committed, kafka_bootstrap, pool, [0, 1]) == {0: 1, 1: 1}
 
 
 async def test_sync_handler_runs_in_the_thread_pool(
