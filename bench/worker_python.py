@@ -4,7 +4,8 @@ the flusher writes from — what a W3 worker does per execution besides its Kafk
 
 What a W3 run cannot tell apart on a shared 2-core machine (its neighbours move a worker's CPU per execution by
 ±20 % between two runs of the same code): this is one process on uvloop, no servers. Tracing as a process without
-an exporter sets it up; the payload and the outcome are sealed with a real tenant key.
+an exporter sets it up; the payload and the outcome are sealed with a real tenant key; the collector is set up as
+``sundial worker`` sets it up (what startup built frozen; its young-generation threshold, if the CLI sets one).
 
     uv run --frozen python bench/worker_python.py [--batch 40] [--passes 2000]
 
@@ -14,6 +15,7 @@ Prints one JSON line (appended to ``bench/results/worker-python/<date>.jsonl``).
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import sys
 import time
@@ -30,7 +32,9 @@ import machine
 from sundial_common.encryption import PAYLOAD, TenantCipher
 from sundial_common.ids import new_id
 from sundial_common.messages import ExecutionMessage
+from sundial_common.service import freeze_startup_heap
 from sundial_common.telemetry import setup_tracing
+from sundial_worker import cli
 from sundial_worker.consumer import Delivery
 from sundial_worker.demo import worker
 from sundial_worker.execution import ExecutionConfig, HandlerExecutor
@@ -134,10 +138,15 @@ def main() -> int:
     parser.add_argument("--results", type=Path, default=harness.RESULTS / "worker-python")
     args = parser.parse_args()
     setup_tracing("bench", None)  # as a process without SUNDIAL_OTLP_ENDPOINT
+    freeze_startup_heap()
+    young = getattr(cli, "GC_THRESHOLD", None)
+    if young is not None:
+        gc.set_threshold(young, *gc.get_threshold()[1:])
     line = {
         "workload": "worker_python",
         "batch": args.batch,
         "passes": args.passes,
+        "gc_threshold": gc.get_threshold()[0],
         "us_per_execution": round(uvloop.run(measure(args.batch, args.passes)), 1),
     }
     harness._record({**line, "machine": machine.describe(harness.REPO)}, results=args.results)
