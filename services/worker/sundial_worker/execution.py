@@ -300,7 +300,7 @@ class HandlerExecutor:
             _sink=self._heartbeats,
         )
         running.ctx = ctx
-        if running.cancel.is_set():  # asked to stop before it even started
+        if running.cancel_requested:  # asked to stop before it even started
             ctx.request_cancel()
         try:
             if traced:
@@ -399,7 +399,7 @@ class HandlerExecutor:
         (:meth:`~sundial_worker.inflight.InFlight.request_cancel`) — rather than ``asyncio.wait`` on a task
         waiting for the cancel event: that task was a tenth of a worker's CPU per execution (py-spy, W3).
         """
-        if running.cancel.is_set():
+        if running.cancel_requested:
             return "cancel"
         loop = work.get_loop()
         woken: asyncio.Future[None] = loop.create_future()
@@ -420,7 +420,7 @@ class HandlerExecutor:
                 timer.cancel()
         if work.done():
             return None
-        return "cancel" if running.cancel.is_set() else "timeout"
+        return "cancel" if running.cancel_requested else "timeout"
 
     async def _interrupt(
         self,
