@@ -4,7 +4,9 @@ insert's and the jobs' advance arrays, the Kafka messages (body and headers) and
 
 What a W3 run cannot tell apart on a shared 2-core machine (its neighbours move the dispatchers' CPU per execution
 by ±20 % between two runs of the same code): this is one process, no servers, the figure moves only with the
-machine's speed (the pure-Python probe is recorded beside it). Tracing as a process without an exporter sets it up.
+machine's speed (the pure-Python probe is recorded beside it). Tracing as a process without an exporter sets it up;
+the collector as ``sundial dispatcher`` sets it up (what startup built frozen; its young-generation threshold, if the
+CLI sets one).
 
     uv run --frozen python bench/dispatch_python.py [--batch 40] [--passes 2000]
 
@@ -14,6 +16,7 @@ Prints one JSON line (appended to ``bench/results/dispatch-python/<date>.jsonl``
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 import time
 from datetime import UTC, datetime, timedelta
@@ -24,7 +27,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 import harness
 import machine
 from sundial_common.ids import new_id
+from sundial_common.service import freeze_startup_heap
 from sundial_common.telemetry import setup_tracing
+from sundial_dispatcher import cli
 from sundial_dispatcher.dispatcher import DispatcherConfig, ShardDispatcher, _Planner
 
 
@@ -103,10 +108,15 @@ def main() -> int:
     parser.add_argument("--results", type=Path, default=harness.RESULTS / "dispatch-python")
     args = parser.parse_args()
     setup_tracing("bench", None)  # as a process without SUNDIAL_OTLP_ENDPOINT
+    freeze_startup_heap()
+    young = getattr(cli, "GC_THRESHOLD", None)
+    if young is not None:
+        gc.set_threshold(young, *gc.get_threshold()[1:])
     line = {
         "workload": "dispatch_python",
         "batch": args.batch,
         "passes": args.passes,
+        "gc_threshold": gc.get_threshold()[0],
         "us_per_execution": round(measure(args.batch, args.passes), 1),
     }
     harness._record({**line, "machine": machine.describe(harness.REPO)}, results=args.results)

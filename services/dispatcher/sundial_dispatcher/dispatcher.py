@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 import time
 from collections import deque
@@ -143,6 +144,13 @@ class DispatchResult:
     again: bool = False
 
 
+@functools.lru_cache(maxsize=256)
+def _policies(overlap: str, catchup: str, catchup_window_sec: int, fire_all_cap: int) -> Policies:
+    """A job's policies (frozen), built once per distinct combination (a handful in practice), not per execution:
+    two enum lookups and a frozen dataclass were ~1.4 µs of each planned one."""
+    return Policies(Overlap(overlap), Catchup(catchup), catchup_window_sec, fire_all_cap)
+
+
 @dataclass
 class _Planner:
     """Decides, inside the dispatch transaction, each locked job's executions and its move.
@@ -218,11 +226,8 @@ class _Planner:
             nominal,
             self.now,
             runs_so_far=job["fire_count"],
-            policies=Policies(
-                overlap=Overlap(job["overlap_policy"]),
-                catchup=Catchup(job["catchup_policy"]),
-                catchup_window_sec=job["catchup_window_sec"],
-                fire_all_cap=self.config.fire_all_cap,
+            policies=_policies(
+                job["overlap_policy"], job["catchup_policy"], job["catchup_window_sec"], self.config.fire_all_cap
             ),
             open_executions=job["open_execution_ids"] or (),
         )

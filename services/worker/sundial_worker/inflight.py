@@ -17,7 +17,7 @@ import asyncio
 import logging
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from uuid import UUID
 
@@ -64,8 +64,9 @@ class Running:
     deliveries: list[Delivery]
     task: asyncio.Task[None] | None = None
     ctx: Context | None = None
-    #: Set when the execution's cancel is requested: the handler is interrupted.
-    cancel: asyncio.Event = field(default_factory=asyncio.Event)
+    #: True once the execution's cancel is requested: the handler is interrupted. A flag, not an event: nothing
+    #: waits for it (:attr:`wake` wakes the executor), and an event per execution was an allocation for nothing.
+    cancel_requested: bool = False
     #: Wakes the executor waiting for the handler (set while it waits): a cancel request calls it.
     wake: Callable[[], None] | None = None
     #: When the occurrence was due (its fire time): the start of its dispatch lateness.
@@ -113,18 +114,18 @@ class InFlight:
 
     def not_cancelled(self) -> list[UUID]:
         """Running executions whose cancel has not been requested yet."""
-        return [r.execution_id for r in self.running.values() if not r.cancel.is_set()]
+        return [r.execution_id for r in self.running.values() if not r.cancel_requested]
 
     def request_cancel(self, execution_ids: Sequence[UUID]) -> int:
         """Interrupt the handlers of these executions (``ctx.cancelled``, then their task is cancelled)."""
         for execution_id in execution_ids:
             running = self.running.get(execution_id)
-            if running is None or running.cancel.is_set():
+            if running is None or running.cancel_requested:
                 continue
             if running.ctx is not None:
                 running.ctx.request_cancel()
                 running.ctx.logger.info("cancel requested: interrupting the handler")
-            running.cancel.set()
+            running.cancel_requested = True
             if running.wake is not None:
                 running.wake()
         return len(execution_ids)
