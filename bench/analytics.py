@@ -147,7 +147,7 @@ async def bench_freshness(dsn: str, replica: ClickHouseReplica, rate: int, durat
     stores = await Stores.connect(dsn, max_size=4)
     conn = await asyncpg.connect(dsn)
     stop = asyncio.Event()
-    ingester = Ingester(stores.analytics, Timed(), IngestConfig())  # type: ignore[arg-type]
+    ingester = Ingester(stores.analytics, Timed(), IngestConfig())
 
     async def ingest() -> None:
         config = ingester.config
