@@ -19,9 +19,10 @@ from typing import Any
 import asyncpg
 import httpx
 import pytest
+from prometheus_client import REGISTRY
 from sundial_analytics.cli import serve_stats
 from sundial_analytics.http import create_app
-from sundial_analytics.ingest import IngestConfig, Ingester
+from sundial_analytics.ingest import FINAL_KINDS, IngestConfig, Ingester
 from sundial_analytics.replica import EVENT_COLUMNS, ClickHouseReplica, ReplicaConfig
 from sundial_analytics.settings import AnalyticsSettings
 from sundial_common.stores import Stores
@@ -261,8 +262,12 @@ async def test_the_replica_holds_each_events_values_as_postgres_had_them(
             "SELECT execution_id, started_at FROM execution_attempts WHERE attempt = 1"
         )
     }
+    observed = REGISTRY.get_sample_value("sundial_analytics_replication_lag_seconds_count") or 0.0
     while (await Ingester(stores.analytics, replica, IngestConfig(batch_size=7)).run_once()).events:
         pass
+    # The replication lag is observed once per final event.
+    finals = sum(e["kind"] in FINAL_KINDS for e in events)
+    assert REGISTRY.get_sample_value("sundial_analytics_replication_lag_seconds_count") == observed + finals
     columns = ", ".join(EVENT_COLUMNS)
     rows = await replica._rows(
         f"SELECT {columns} FROM {replica.config.database}.execution_events ORDER BY event_id", {}

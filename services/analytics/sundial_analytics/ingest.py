@@ -14,6 +14,8 @@ never a day whose events are still in the outbox: from then on their history is 
 from __future__ import annotations
 
 import logging
+import re
+from collections import Counter
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -36,7 +38,8 @@ REPLICATION_LAG = Histogram(
 )
 OUTBOX_ROWS = Gauge("sundial_analytics_outbox_rows", "Events read by the last ingest pass (a full batch: backlog).")
 
-_FINAL_BYTES = frozenset(kind.encode() for kind in FINAL_KINDS)
+#: A final event's ``at`` in a batch of replica rows (``event_id``, ``at``, ``kind`` lead each line).
+_FINAL_AT = re.compile(rb"^\d+\t([^\t]*)\t(?:%s)\t" % b"|".join(k.encode() for k in sorted(FINAL_KINDS)), re.M)
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,10 +93,11 @@ class Ingester:
         self._observe_lag(rows)
 
     def _observe_lag(self, rows: bytes) -> None:
-        """The replication lag of each final event in this batch: only these rows' ``at`` is parsed."""
+        """The replication lag of each final event in this batch. Only the final rows are looked at (a regex
+        over the whole batch), and a transaction's events share its ``at``: each distinct one is parsed once."""
         now = self._clock.now()
-        for row in rows.splitlines():
-            _event_id, at, kind, _rest = row.split(b"\t", 3)
-            if kind in _FINAL_BYTES:
-                committed = datetime.fromisoformat(at.decode()).replace(tzinfo=UTC)
-                REPLICATION_LAG.observe(max(0.0, (now - committed).total_seconds()))
+        for at, events in Counter(_FINAL_AT.findall(rows)).items():
+            committed = datetime.fromisoformat(at.decode()).replace(tzinfo=UTC)
+            lag = max(0.0, (now - committed).total_seconds())
+            for _ in range(events):
+                REPLICATION_LAG.observe(lag)
