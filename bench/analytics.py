@@ -99,7 +99,7 @@ async def bench_ingest(dsn: str, replica: ClickHouseReplica, events: int) -> dic
         in_clickhouse = 0.0
 
         class Timed:
-            async def insert(self, rows: Any) -> None:
+            async def insert(self, rows: bytes) -> None:
                 nonlocal in_clickhouse
                 t = time.perf_counter()
                 await replica.insert(rows)
@@ -133,12 +133,13 @@ async def bench_freshness(dsn: str, replica: ClickHouseReplica, rate: int, durat
     inserted: dict[uuid.UUID, float] = {}
 
     class Timed:
-        async def insert(self, rows: Any) -> None:
+        async def insert(self, rows: bytes) -> None:
             await replica.insert(rows)
             now = time.perf_counter()
-            for row in rows:
-                if row[2] == "finished" or row[2] == "dead_lettered":
-                    inserted.setdefault(row[5], now)
+            for row in rows.splitlines():
+                fields = row.split(b"\t", 6)  # EVENT_COLUMNS: kind third, execution_id sixth
+                if fields[2] in (b"finished", b"dead_lettered"):
+                    inserted.setdefault(uuid.UUID(fields[5].decode()), now)
 
         def __getattr__(self, name: str) -> Any:
             return getattr(replica, name)
@@ -146,7 +147,7 @@ async def bench_freshness(dsn: str, replica: ClickHouseReplica, rate: int, durat
     stores = await Stores.connect(dsn, max_size=4)
     conn = await asyncpg.connect(dsn)
     stop = asyncio.Event()
-    ingester = Ingester(stores.analytics, Timed(), IngestConfig())  # type: ignore[arg-type]
+    ingester = Ingester(stores.analytics, Timed(), IngestConfig())
 
     async def ingest() -> None:
         config = ingester.config

@@ -8,6 +8,7 @@ ClickHouse database of its own.
 from __future__ import annotations
 
 import asyncio
+import re
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
@@ -15,12 +16,14 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import httpx
 import pytest
+from prometheus_client import REGISTRY
 from sundial_analytics.cli import serve_stats
 from sundial_analytics.http import create_app
-from sundial_analytics.ingest import IngestConfig, Ingester, error_class, replica_row
-from sundial_analytics.replica import ClickHouseReplica, ReplicaConfig
+from sundial_analytics.ingest import FINAL_KINDS, IngestConfig, Ingester
+from sundial_analytics.replica import EVENT_COLUMNS, ClickHouseReplica, ReplicaConfig
 from sundial_analytics.settings import AnalyticsSettings
 from sundial_common.stores import Stores
 from sundial_common.stores.executions import Outcome
@@ -115,9 +118,18 @@ async def test_the_replica_converges_to_postgres_and_a_resent_batch_changes_no_c
 ) -> None:
     await run_lifecycle(stores)
     ingester = Ingester(stores.analytics, replica, IngestConfig(batch_size=4))
-    # An ingester killed between its insert and its delete: the same batch goes in twice.
-    events = await stores.analytics.oldest_events(100)
-    await replica.insert([replica_row(e, None) for e in events])
+
+    # An ingester killed between its insert and its commit: the batch stays queued and goes in again.
+    class Killed(Exception):
+        pass
+
+    async def insert_then_die(rows: bytes) -> None:
+        await replica.insert(rows)
+        raise Killed
+
+    with pytest.raises(Killed):
+        await stores.analytics.take_events(100, insert_then_die)
+    assert await stores.analytics.pending_events() == 13
     passes = 0
     while (await ingester.run_once()).events:
         passes += 1
@@ -159,12 +171,111 @@ async def test_stats_answer_counts_failure_rate_and_percentiles_per_group(
     assert (found["state"], found["attempt"]) == ("DEAD", 2)
 
 
-def test_error_class_is_the_exception_name_or_a_generic_one() -> None:
-    assert error_class("ValueError: boom") == "ValueError"
-    assert error_class("requests.exceptions.Timeout: read") == "requests.exceptions.Timeout"
-    assert error_class("cancelled: a newer occurrence started") == "cancelled"
-    assert error_class("the handler vanished") == "Error"
-    assert error_class(None) == ""
+_ERROR_CLASS = re.compile(r"^([A-Za-z_][\w.]{0,99})(?::|$)")
+
+
+def _ms(later: datetime | None, earlier: datetime | None) -> int | None:
+    if later is None or earlier is None:
+        return None
+    return max(0, int((later - earlier).total_seconds() * 1000))
+
+
+def expected_row(event: asyncpg.Record, first_start: datetime | None) -> tuple[Any, ...]:
+    """What the replica must hold for one outbox row, computed in Python from the row as Postgres has it."""
+    fire_at = event["fire_at"] or event["scheduled_for"]
+    started = first_start if event["attempt"] > 1 else event["started_at"]
+    error = event["error"]
+    match = _ERROR_CLASS.match(error) if error else None
+    return (
+        event["id"],
+        event["at"],
+        event["kind"],
+        event["tenant_id"],
+        event["job_id"],
+        event["execution_id"],
+        event["attempt"],
+        event["state"],
+        event["pool"],
+        event["handler"],
+        event["scheduled_for"],
+        fire_at,
+        event["created_at"],
+        event["started_at"],
+        event["finished_at"],
+        _ms(started, fire_at),
+        _ms(event["finished_at"], event["started_at"]),
+        event["worker_id"] or "",
+        (match.group(1) if match else "Error") if error else "",
+    )
+
+
+def _to_ms(value: Any) -> Any:
+    """ClickHouse keeps milliseconds (DateTime64(3)): a Postgres time truncated to them."""
+    if isinstance(value, datetime):
+        return value.replace(microsecond=value.microsecond // 1000 * 1000).astimezone(UTC)
+    return value
+
+
+async def test_the_replica_holds_each_events_values_as_postgres_had_them(
+    stores: Stores, replica: ClickHouseReplica
+) -> None:
+    lifecycle = await run_lifecycle(stores)
+    # Edge cases beside the lifecycle's own events: error texts, a time whose milliseconds a float loses
+    # (1.001 s), microseconds to truncate, no fire time, no worker, a tab and a newline in a text.
+    base = datetime(2026, 11, 26, 12, 0, 0, 123999, tzinfo=UTC)
+    errors = [
+        "ValueError: boom",
+        "requests.exceptions.Timeout: read",
+        "cancelled: a newer occurrence started",
+        "the handler vanished",
+        "Bare",
+        "Trailing\n",
+        "Trailing\nmore",
+        "_private.Name: x",
+        "9Lives: x",
+        "x" * 100 + ": too long",
+        "y" * 99 + ": long enough",
+        "",
+        None,
+    ]
+    for i, error in enumerate(errors):
+        await stores.database.pool.execute(
+            "INSERT INTO execution_events (kind, execution_id, tenant_id, job_id, attempt, state, pool, handler,"
+            " scheduled_for, fire_at, created_at, started_at, finished_at, worker_id, error)"
+            " VALUES ('finished', $1, $2, $3, 1, 'FAILED', $4, $5, $6, $7, $6, $8, $9, $10, $11)",
+            uuid.uuid4(),
+            TENANT,
+            uuid.uuid4(),
+            lifecycle["pool"],
+            "h\tandler" if i == 0 else "work",
+            base,
+            None if i % 2 else base + timedelta(milliseconds=i),
+            base + timedelta(milliseconds=1001 + i),
+            base + timedelta(seconds=i, microseconds=290_001),
+            None if i == 1 else f"worker-{i}",
+            error,
+        )
+    events = await stores.database.pool.fetch("SELECT * FROM execution_events ORDER BY id")
+    first_starts = {
+        r["execution_id"]: r["started_at"]
+        for r in await stores.database.pool.fetch(
+            "SELECT execution_id, started_at FROM execution_attempts WHERE attempt = 1"
+        )
+    }
+    observed = REGISTRY.get_sample_value("sundial_analytics_replication_lag_seconds_count") or 0.0
+    while (await Ingester(stores.analytics, replica, IngestConfig(batch_size=7)).run_once()).events:
+        pass
+    # The replication lag is observed once per final event.
+    finals = sum(e["kind"] in FINAL_KINDS for e in events)
+    assert REGISTRY.get_sample_value("sundial_analytics_replication_lag_seconds_count") == observed + finals
+    columns = ", ".join(EVENT_COLUMNS)
+    rows = await replica._rows(
+        f"SELECT {columns} FROM {replica.config.database}.execution_events ORDER BY event_id", {}
+    )
+    got = [tuple(_to_ms(row[c]) for c in EVENT_COLUMNS) for row in rows]
+    want = [tuple(_to_ms(v) for v in expected_row(e, first_starts.get(e["execution_id"]))) for e in events]
+    assert got == want
+    assert {row[-1] for row in got} >= {"ValueError", "requests.exceptions.Timeout", "Error", "Bare", "Trailing", ""}
 
 
 # --- the API's /v1/stats and the 410 of an execution gone from Postgres ------------------------------
