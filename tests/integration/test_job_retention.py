@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import uuid
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 from sundial_common.ids import new_id
 from sundial_common.stores import Stores
@@ -16,8 +15,11 @@ from tests.pools import admit_async
 TENANT = "acme"
 
 
-async def job(stores: Stores, type_: str, state: str, ended_at: datetime, **values: Any) -> uuid.UUID:
-    """A job of ``type_`` that reached ``state`` at ``ended_at`` (its last change)."""
+async def job(
+    stores: Stores, type_: str, state: str, ended_at: datetime, trigger_at: datetime | None = None
+) -> uuid.UUID:
+    """A job of ``type_`` that reached ``state`` at ``ended_at`` (its last change), a manual run at ``trigger_at``
+    pending if given."""
     job_id = new_id()
     recurring = type_ in ("CRON", "INTERVAL")
     await stores.jobs.insert_job(
@@ -34,12 +36,15 @@ async def job(stores: Stores, type_: str, state: str, ended_at: datetime, **valu
             "timeout_sec": 30,
             "shard": 0,
             "next_fire_at": ended_at,
-            **values,
         },
         actor="test",
     )
     await stores.database.pool.execute(
-        "UPDATE jobs SET state = $2, next_fire_at = NULL, updated_at = $3 WHERE id = $1", job_id, state, ended_at
+        "UPDATE jobs SET state = $2, next_fire_at = NULL, updated_at = $3, trigger_at = $4 WHERE id = $1",
+        job_id,
+        state,
+        ended_at,
+        trigger_at,
     )
     return job_id
 
@@ -75,6 +80,7 @@ async def test_one_shot_jobs_that_ended_before_their_executions_days_go_and_ever
         await job(stores, "ONE_SHOT", "ACTIVE", long_ago),
         await job(stores, "ONE_SHOT", "PAUSED", long_ago),
         await job(stores, "CRON", "CANCELLED", long_ago),
+        await job(stores, "ONE_SHOT", "COMPLETED", long_ago, trigger_at=long_ago),  # a manual run still pending
         parent,  # named by a dependency
         child,
     ]

@@ -193,11 +193,13 @@ LIMIT $8;
 -- name: prune_ended_jobs
 -- The sweeper's job retention: at most $2 one-shot jobs that ended (fired or cancelled) before $1, oldest first,
 -- deleted; how many. $1 is before every execution that is left, so none of theirs remains (the worker's start
--- joins its job). A job named by a dependency (a parent of a DEPENDENT job) is kept: the edge refers to it.
+-- joins its job). A job named by a dependency (a parent of a DEPENDENT job) is kept: the edge refers to it; so is
+-- one with a manual run pending.
 -- SKIP LOCKED: a job some request holds (a trigger, a read for update) waits for the next pass.
 WITH ended AS (
     SELECT j.id FROM jobs j
     WHERE j.state IN ('COMPLETED', 'CANCELLED') AND j.type IN ('ONE_SHOT', 'DELAYED') AND j.updated_at < $1
+      AND j.trigger_at IS NULL  -- a manual run still waiting (a suspended tenant's) will make an execution
       AND NOT EXISTS (SELECT 1 FROM job_dependencies d WHERE d.parent_job_id = j.id)
       AND NOT EXISTS (SELECT 1 FROM job_dependencies d WHERE d.child_job_id = j.id)
     ORDER BY j.updated_at
