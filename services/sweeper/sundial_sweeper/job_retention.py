@@ -10,7 +10,8 @@ joins the job, can never meet it. A day the partition loop keeps (an open execut
 events not replicated) holds the horizon back, so its jobs stay too. The retention is therefore
 ``SUNDIAL_EXECUTION_RETENTION_DAYS`` (+ about a day); with 0 (keep forever) no day is dropped and no job goes.
 
-Kept whatever their age: recurring and DEPENDENT jobs (one row per schedule), jobs named by a dependency, and
+Kept whatever their age: recurring and DEPENDENT jobs (one row per schedule), jobs named by a dependency, a job
+with a manual run pending, and
 any job of a database whose executions still have the legacy partition of an upgrade (it has no lower bound).
 A pruned job's ``GET`` is a 404, like a job that never existed; its audit trail stays until its own retention.
 A pass deletes in batches of ``batch_size`` (one short transaction each) and at most ``max_batches`` of them,
