@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 from sundial_common.ids import new_id
 from sundial_common.stores import Stores
-from sundial_sweeper.job_retention import JobRetention, JobRetentionConfig
+from sundial_sweeper.job_retention import JobRetention, JobRetentionConfig, JobRetentionPass
 
 from tests.pools import admit_async
 
@@ -84,12 +84,12 @@ async def test_one_shot_jobs_that_ended_before_their_executions_days_go_and_ever
         parent,  # named by a dependency
         child,
     ]
-    retention = JobRetention(stores.jobs, stores.partitions, JobRetentionConfig(batch_size=2))
+    retention = JobRetention(stores.jobs, stores.dependencies, stores.partitions, JobRetentionConfig(batch_size=2))
 
-    assert await retention.run_once() == len(gone)  # in two batches of at most two
+    assert (await retention.run_once()).jobs == len(gone)  # in two batches of at most two
     assert await existing(stores, gone + kept) == set(kept)
     assert await stores.jobs.get_job(TENANT, gone[0]) is None  # the API's GET: 404
-    assert await retention.run_once() == 0
+    assert (await retention.run_once()).jobs == 0
 
 
 async def test_a_pass_deletes_at_most_its_batches_and_the_next_pass_goes_on(stores: Stores, database_url: str) -> None:
@@ -97,12 +97,14 @@ async def test_a_pass_deletes_at_most_its_batches_and_the_next_pass_goes_on(stor
     begin = await stores.partitions.executions_begin()
     assert begin is not None
     ended = [await job(stores, "ONE_SHOT", "COMPLETED", begin - timedelta(days=3, seconds=i)) for i in range(5)]
-    retention = JobRetention(stores.jobs, stores.partitions, JobRetentionConfig(batch_size=2, max_batches=1))
+    retention = JobRetention(
+        stores.jobs, stores.dependencies, stores.partitions, JobRetentionConfig(batch_size=2, max_batches=1)
+    )
 
-    assert await retention.run_once() == 2
+    assert (await retention.run_once()).jobs == 2
     assert await existing(stores, ended) == set(ended[:3])  # the oldest first
-    assert await retention.run_once() == 2
-    assert await retention.run_once() == 1
+    assert (await retention.run_once()).jobs == 2
+    assert (await retention.run_once()).jobs == 1
 
 
 async def test_nothing_goes_while_a_partition_has_no_lower_bound(stores: Stores, database_url: str) -> None:
@@ -117,5 +119,35 @@ async def test_nothing_goes_while_a_partition_has_no_lower_bound(stores: Stores,
         "('00000000-0000-7000-8000-000000000000')"
     )
     assert await stores.partitions.executions_begin() is None
-    assert await JobRetention(stores.jobs, stores.partitions, JobRetentionConfig()).run_once() == 0
+    retention = JobRetention(stores.jobs, stores.dependencies, stores.partitions, JobRetentionConfig())
+    assert await retention.run_once() == JobRetentionPass()
     assert await existing(stores, [ended]) == {ended}
+
+
+async def test_triggers_consumed_before_the_horizon_go_and_pending_or_recent_ones_stay(
+    stores: Stores, database_url: str
+) -> None:
+    await admit_async(database_url, "p", TENANT)
+    begin = await stores.partitions.executions_begin()
+    assert begin is not None
+    child = await job(stores, "ONE_SHOT", "ACTIVE", begin)  # any job: the rows only need one to name
+
+    async def trigger(consumed_at: datetime | None) -> uuid.UUID:
+        return await stores.database.pool.fetchval(  # type: ignore[no-any-return]
+            "INSERT INTO job_triggers (tenant_id, child_job_id, shard, parent_job_id, parent_execution_id,"
+            " parent_state, created_at, consumed_at, outcome)"
+            " VALUES ($1, $2, 0, $2, $3, 'SUCCEEDED', coalesce($4, now()), $4,"
+            "  CASE WHEN $4::timestamptz IS NOT NULL THEN 'FIRED' END) RETURNING id",
+            TENANT,
+            child,
+            new_id(),
+            consumed_at,
+        )
+
+    gone = [await trigger(begin - timedelta(days=3)), await trigger(begin - timedelta(days=40))]
+    kept = [await trigger(begin - timedelta(hours=12)), await trigger(None)]
+    retention = JobRetention(stores.jobs, stores.dependencies, stores.partitions, JobRetentionConfig())
+
+    assert await retention.run_once() == JobRetentionPass(jobs=0, triggers=2)
+    rows = await stores.database.pool.fetch("SELECT id FROM job_triggers WHERE id = ANY($1::uuid[])", gone + kept)
+    assert {row["id"] for row in rows} == set(kept)

@@ -70,7 +70,9 @@ def main(argv: list[str] | None = None) -> int:
             breakers = BreakerLoop(stores.breakers, sweeper.hot_window, breaker_config)
             partition_config = settings.partition_config()
             partitions = PartitionLoop(stores.partitions, partition_config)
-            retention = JobRetention(stores.jobs, stores.partitions, settings.job_retention_config())
+            retention = JobRetention(
+                stores.jobs, stores.dependencies, stores.partitions, settings.job_retention_config()
+            )
             log.info("sweeper started")
 
             async def sweep_while_leading(until: asyncio.Event) -> None:

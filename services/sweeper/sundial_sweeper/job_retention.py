@@ -14,6 +14,8 @@ Kept whatever their age: recurring and DEPENDENT jobs (one row per schedule), jo
 with a manual run pending, and
 any job of a database whose executions still have the legacy partition of an upgrade (it has no lower bound).
 A pruned job's ``GET`` is a 404, like a job that never existed; its audit trail stays until its own retention.
+The triggers a DEPENDENT job consumed (``job_triggers``, one per parent execution that fired it) go by the same
+horizon: the parent execution that made one, and the execution it fired, are gone by then.
 A pass deletes in batches of ``batch_size`` (one short transaction each) and at most ``max_batches`` of them,
 so a first pass over a large backlog spreads over several intervals instead of holding Postgres busy.
 """
@@ -21,9 +23,11 @@ so a first pass over a large backlog spreads over several intervals instead of h
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 
+from sundial_common.stores.dependencies import DependencyStore
 from sundial_common.stores.jobs import JobStore
 from sundial_common.stores.partitions import PartitionStore
 
@@ -49,25 +53,48 @@ class JobRetentionConfig:
             raise ValueError("JobRetentionConfig.margin_days must not be negative")
 
 
-class JobRetention:
-    """One pass (:meth:`run_once`) deletes the one-shot jobs that ended before the horizon; returns how many."""
+@dataclass(frozen=True, slots=True)
+class JobRetentionPass:
+    jobs: int = 0
+    triggers: int = 0
 
-    def __init__(self, jobs: JobStore, partitions: PartitionStore, config: JobRetentionConfig) -> None:
+
+class JobRetention:
+    """One pass (:meth:`run_once`) deletes the one-shot jobs that ended, and the triggers consumed, before the
+    horizon."""
+
+    def __init__(
+        self, jobs: JobStore, dependencies: DependencyStore, partitions: PartitionStore, config: JobRetentionConfig
+    ) -> None:
         self._jobs = jobs
+        self._dependencies = dependencies
         self._partitions = partitions
         self.config = config
 
-    async def run_once(self) -> int:
+    async def run_once(self) -> JobRetentionPass:
         begin = await self._partitions.executions_begin()
         if begin is None:
-            return 0
+            return JobRetentionPass()
         before = begin - timedelta(days=self.config.margin_days)
+        done = JobRetentionPass(
+            jobs=await self._batches(self._jobs.prune_ended_jobs, before),
+            triggers=await self._batches(self._dependencies.prune_consumed_triggers, before),
+        )
+        if done.jobs or done.triggers:
+            log.info(
+                "deleted %d one-shot jobs that ended and %d triggers consumed before %s",
+                done.jobs,
+                done.triggers,
+                before.isoformat(),
+            )
+        return done
+
+    async def _batches(self, prune: Callable[[datetime, int], Awaitable[int]], before: datetime) -> int:
+        """``prune`` in batches until one comes back short, ``max_batches`` at most; how many went."""
         pruned = 0
         for _ in range(self.config.max_batches):
-            went = await self._jobs.prune_ended_jobs(before, self.config.batch_size)
+            went = await prune(before, self.config.batch_size)
             pruned += went
             if went < self.config.batch_size:
                 break
-        if pruned:
-            log.info("deleted %d one-shot jobs that ended before %s", pruned, before.isoformat())
         return pruned

@@ -1,4 +1,4 @@
-"""jobs_ended_idx: the sweeper's job retention finds the one-shot jobs that ended long ago through an index.
+"""jobs_ended_idx, job_triggers_consumed_idx: the sweeper's job retention finds what it deletes through indexes.
 
 Revision ID: 0021
 Revises: 0020
@@ -11,9 +11,10 @@ executions can remain (it ended before the oldest day of ``executions`` that is 
 exactly those jobs, by when they ended (``updated_at``, set by the change that ended them), so a pass reads the
 oldest first without scanning the table; a job enters it when it ends (an update that already changes an
 indexed predicate: never a heap-only one) and leaves it when it is deleted. Recurring jobs and DEPENDENT ones
-are not in it: they are one row per schedule, not per occurrence.
+are not in it: they are one row per schedule, not per occurrence. ``job_triggers_consumed_idx`` does the same for
+the triggers a DEPENDENT job consumed (one per parent execution that fired it, kept forever until now).
 
-**Down**: the index goes.
+**Down**: the indexes go.
 """
 
 from sundial_common.migrate import run_sql_script
@@ -28,8 +29,9 @@ def upgrade() -> None:
     run_sql_script(
         "CREATE INDEX jobs_ended_idx ON jobs (updated_at)"
         " WHERE state IN ('COMPLETED', 'CANCELLED') AND type IN ('ONE_SHOT', 'DELAYED');"
+        " CREATE INDEX job_triggers_consumed_idx ON job_triggers (consumed_at) WHERE consumed_at IS NOT NULL;"
     )
 
 
 def downgrade() -> None:
-    run_sql_script("DROP INDEX jobs_ended_idx;")
+    run_sql_script("DROP INDEX jobs_ended_idx; DROP INDEX job_triggers_consumed_idx;")
