@@ -1,6 +1,7 @@
 """`sundial sweeper`: end attempts whose worker was lost, republish executions whose messages were lost,
-move the retry circuit breakers (:mod:`sundial_sweeper.breakers`), and keep the daily partitions of executions
-(made ahead, dropped past retention: :mod:`sundial_sweeper.partitions`).
+move the retry circuit breakers (:mod:`sundial_sweeper.breakers`), keep the daily partitions of executions
+(made ahead, dropped past retention: :mod:`sundial_sweeper.partitions`), and delete one-shot jobs once their
+executions are gone (:mod:`sundial_sweeper.job_retention`).
 
 Run several replicas: one is active (elected in etcd, see ``sundial_common.singleton``), the others stand by
 and take over within a lease TTL.
@@ -22,6 +23,7 @@ from sundial_common.stores import Stores
 
 from sundial_sweeper.breakers import BreakerLoop
 from sundial_sweeper.broker_restart import BrokerRestartRepublisher
+from sundial_sweeper.job_retention import JobRetention
 from sundial_sweeper.partitions import PartitionLoop
 from sundial_sweeper.settings import SweeperSettings
 from sundial_sweeper.sweeper import Sweeper
@@ -38,7 +40,8 @@ def main(argv: list[str] | None = None) -> int:
         "published and never started (published again), dead letters (to sundial.dlq); and it moves the retry "
         "circuit breakers (SUNDIAL_BREAKER_*, sundial_sweeper.breakers); it makes the daily partitions of "
         "executions and of the audit log ahead and drops those past SUNDIAL_EXECUTION_RETENTION_DAYS and "
-        "SUNDIAL_AUDIT_RETENTION_DAYS. Run several replicas: one "
+        "SUNDIAL_AUDIT_RETENTION_DAYS; it deletes one-shot jobs that ended once their executions' days are gone. "
+        "Run several replicas: one "
         "is active (elected through etcd), the others stand by and take over within a lease TTL "
         "(env SUNDIAL_LEASE_TTL_SEC).",
     )
@@ -67,6 +70,9 @@ def main(argv: list[str] | None = None) -> int:
             breakers = BreakerLoop(stores.breakers, sweeper.hot_window, breaker_config)
             partition_config = settings.partition_config()
             partitions = PartitionLoop(stores.partitions, partition_config)
+            retention = JobRetention(
+                stores.jobs, stores.dependencies, stores.partitions, settings.job_retention_config()
+            )
             log.info("sweeper started")
 
             async def sweep_while_leading(until: asyncio.Event) -> None:
@@ -83,6 +89,10 @@ def main(argv: list[str] | None = None) -> int:
                         loops.create_task(
                             every(until, partition_config.interval_sec, partitions.run_once, name="partitions"),
                             name="partitions",
+                        )
+                        loops.create_task(
+                            every(until, retention.config.interval_sec, retention.run_once, name="job-retention"),
+                            name="job-retention",
                         )
                 finally:
                     sweeper.forget_gauges()

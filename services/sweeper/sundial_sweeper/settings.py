@@ -7,6 +7,7 @@ from sundial_common.settings import CommonSettings
 from sundial_common.stores.breakers import BreakerSettings
 
 from sundial_sweeper.breakers import BreakerLoopConfig
+from sundial_sweeper.job_retention import JobRetentionConfig
 from sundial_sweeper.partitions import PartitionLoopConfig
 from sundial_sweeper.sweeper import SweeperConfig
 
@@ -76,6 +77,10 @@ class SweeperSettings(CommonSettings):
             ahead_days=self.partitions_ahead_days,
             interval_sec=self.partitions_interval_sec,
         )
+
+    def job_retention_config(self) -> JobRetentionConfig:
+        # Its horizon is the partition loop's oldest day left: it passes as often.
+        return JobRetentionConfig(interval_sec=self.partitions_interval_sec)
 
     def breaker_config(self) -> BreakerLoopConfig:
         return BreakerLoopConfig(

@@ -125,6 +125,8 @@ class DependencyStore(Protocol):
 
     async def shards_with_pending(self, shards: Sequence[int]) -> set[int]: ...
 
+    async def prune_consumed_triggers(self, before: datetime, limit: int) -> int: ...
+
 
 async def check_parents_on(conn: asyncpg.Connection, tenant_id: str, child_job_id: UUID, edges: Sequence[Edge]) -> None:
     """Refuse (:class:`GraphError`) parents that are unknown, another tenant's, cancelled, repeated, too many,
@@ -237,6 +239,11 @@ class PostgresDependencyStore:
     async def shards_with_pending(self, shards: Sequence[int]) -> set[int]:
         """Which of ``shards`` have a trigger of an ACTIVE child waiting (a read: no fence)."""
         return {row["shard"] for row in await self._db.pool.fetch(Q["shards_with_pending"], list(shards))}
+
+    async def prune_consumed_triggers(self, before: datetime, limit: int) -> int:
+        """Delete up to ``limit`` triggers consumed before ``before``, oldest first (the sweeper's job retention:
+        ``before`` precedes every execution left, so their parent's and their own executions are gone); how many."""
+        return int(await self._db.pool.fetchval(Q["prune_consumed_triggers"], before, limit))
 
     async def has_pending(self, shard: int) -> bool:
         """Before the fenced transaction (a write): has ``shard`` a trigger of an ACTIVE child of a tenant not

@@ -98,6 +98,8 @@ class JobStore(Protocol):
 
     async def count_jobs(self) -> dict[tuple[str, str], int]: ...
 
+    async def prune_ended_jobs(self, before: datetime, limit: int) -> int: ...
+
 
 class PostgresJobStore:
     """:class:`JobStore` over the shared pool."""
@@ -230,6 +232,11 @@ class PostgresJobStore:
         """How many jobs each (tenant, state) has (the sweeper's sampled gauge)."""
         rows = await self._db.pool.fetch(Q["count_jobs"])
         return {(row["tenant_id"], row["state"]): row["jobs"] for row in rows}
+
+    async def prune_ended_jobs(self, before: datetime, limit: int) -> int:
+        """Delete up to ``limit`` one-shot jobs that ended before ``before``, oldest first (the sweeper's job
+        retention: ``before`` precedes every execution left); how many went."""
+        return int(await self._db.pool.fetchval(Q["prune_ended_jobs"], before, limit))
 
     async def list_jobs(self, tenant_id: str, where: JobFilter, before: UUID | None, limit: int) -> list[Record]:
         """Up to ``limit`` of the tenant's jobs matching ``where``, newest first, with ids below ``before``."""

@@ -42,6 +42,11 @@ class PartitionStore(Protocol):
         """Every partition of ``executions``, oldest first."""
         ...
 
+    async def executions_begin(self) -> datetime | None:
+        """When the oldest partition of ``executions`` left begins: no execution created before it remains.
+        None if a partition has no lower bound (an upgraded database's legacy partition)."""
+        ...
+
     async def add_partitions(self, first_day: date, days: int, lock_timeout_ms: int) -> int | None:
         """Make the partitions of ``days`` UTC days from ``first_day`` that do not exist; how many were made.
 
@@ -83,6 +88,10 @@ class PostgresPartitionStore:
             if ends_at is not None:
                 found.append(Partition(name=row["name"], ends_at=ends_at))
         return found
+
+    async def executions_begin(self) -> datetime | None:
+        lower_id = await self._db.pool.fetchval(Q["executions_begin"])
+        return id_time(lower_id) if lower_id is not None else None
 
     async def add_partitions(self, first_day: date, days: int, lock_timeout_ms: int) -> int | None:
         return await self._locked(int, Q["add_partitions"], lock_timeout_ms, first_day, days)

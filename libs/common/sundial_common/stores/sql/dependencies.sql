@@ -184,3 +184,14 @@ WHERE t.id = c.id AND t.consumed_at IS NULL;
 SELECT parent_job_id, count(*) AS waiting FROM job_triggers
 WHERE child_job_id = $1 AND consumed_at IS NULL
 GROUP BY parent_job_id;
+
+-- name: prune_consumed_triggers
+-- The sweeper's job retention: at most $2 triggers consumed before $1, oldest first, deleted; how many. $1 is
+-- before every execution left: the parent execution that made a trigger and the one it fired are gone, so
+-- nothing can fire it again (job_triggers_once would have refused) or read it.
+WITH consumed AS (
+    SELECT id FROM job_triggers WHERE consumed_at < $1 ORDER BY consumed_at LIMIT $2
+), gone AS (
+    DELETE FROM job_triggers t USING consumed WHERE t.id = consumed.id RETURNING 1
+)
+SELECT count(*) FROM gone;

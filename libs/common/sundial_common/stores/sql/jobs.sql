@@ -189,3 +189,23 @@ WHERE tenant_id = $1
   AND ($13::timestamptz IS NULL OR next_fire_at < $13)
 ORDER BY id DESC
 LIMIT $8;
+
+-- name: prune_ended_jobs
+-- The sweeper's job retention: at most $2 one-shot jobs that ended (fired or cancelled) before $1, oldest first,
+-- deleted; how many. $1 is before every execution that is left, so none of theirs remains (the worker's start
+-- joins its job). A job named by a dependency (a parent of a DEPENDENT job) is kept: the edge refers to it; so is
+-- one with a manual run pending.
+-- SKIP LOCKED: a job some request holds (a trigger, a read for update) waits for the next pass.
+WITH ended AS (
+    SELECT j.id FROM jobs j
+    WHERE j.state IN ('COMPLETED', 'CANCELLED') AND j.type IN ('ONE_SHOT', 'DELAYED') AND j.updated_at < $1
+      AND j.trigger_at IS NULL  -- a manual run still waiting (a suspended tenant's) will make an execution
+      AND NOT EXISTS (SELECT 1 FROM job_dependencies d WHERE d.parent_job_id = j.id)
+      AND NOT EXISTS (SELECT 1 FROM job_dependencies d WHERE d.child_job_id = j.id)
+    ORDER BY j.updated_at
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+), gone AS (
+    DELETE FROM jobs j USING ended WHERE j.id = ended.id RETURNING 1
+)
+SELECT count(*) FROM gone;

@@ -40,3 +40,12 @@ SELECT sundial_add_audit_partitions($1::date, $2::int);
 -- name: drop_audit_partition
 -- One expired day of audit_log; true if it went.
 SELECT sundial_drop_audit_partition($1::text);
+
+-- name: executions_begin
+-- Where the oldest partition of executions that is left begins: every execution there is was created at or after
+-- it. NULL if one begins at MINVALUE (an upgraded database's legacy partition: anything may be in it).
+SELECT substring(pg_get_expr(c.relpartbound, c.oid) FROM 'FROM \(''([0-9a-f-]+)''\)')::uuid AS lower_id
+FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+WHERE i.inhparent = 'executions'::regclass
+ORDER BY lower_id NULLS FIRST
+LIMIT 1;
