@@ -1,7 +1,7 @@
 """jobs_ended_idx, job_triggers_consumed_idx: the sweeper's job retention finds what it deletes through indexes.
 
-Revision ID: 0021
-Revises: 0020
+Revision ID: 0022
+Revises: 0021
 Create Date: 2026-11-26
 
 A one-shot job (ONE_SHOT, DELAYED) is a row per occurrence: once it is COMPLETED (fired) or CANCELLED, nothing
@@ -19,8 +19,8 @@ the triggers a DEPENDENT job consumed (one per parent execution that fired it, k
 
 from sundial_common.migrate import run_sql_script
 
-revision = "0021"
-down_revision = "0020"
+revision = "0022"
+down_revision = "0021"
 branch_labels = None
 depends_on = None
 
