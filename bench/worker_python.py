@@ -139,9 +139,7 @@ def main() -> int:
     args = parser.parse_args()
     setup_tracing("bench", None)  # as a process without SUNDIAL_OTLP_ENDPOINT
     freeze_startup_heap()
-    young = getattr(cli, "GC_THRESHOLD", None)
-    if young is not None:
-        gc.set_threshold(young, *gc.get_threshold()[1:])
+    gc.set_threshold(cli.GC_THRESHOLD, *gc.get_threshold()[1:])  # as the service's CLI runs it
     line = {
         "workload": "worker_python",
         "batch": args.batch,
