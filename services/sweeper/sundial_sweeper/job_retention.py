@@ -11,8 +11,8 @@ events not replicated) holds the horizon back, so its jobs stay too. The retenti
 ``SUNDIAL_EXECUTION_RETENTION_DAYS`` (+ about a day); with 0 (keep forever) no day is dropped and no job goes.
 
 Kept whatever their age: recurring and DEPENDENT jobs (one row per schedule), jobs named by a dependency, a job
-with a manual run pending, and
-any job of a database whose executions still have the legacy partition of an upgrade (it has no lower bound).
+with a manual run pending, and any job of a database whose executions still have the legacy partition of an
+upgrade (it has no lower bound).
 A pruned job's ``GET`` is a 404, like a job that never existed; its audit trail stays until its own retention.
 The triggers a DEPENDENT job consumed (``job_triggers``, one per parent execution that fired it) go by the same
 horizon: the parent execution that made one, and the execution it fired, are gone by then.
