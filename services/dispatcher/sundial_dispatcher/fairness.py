@@ -252,9 +252,10 @@ class OpenWork:
                     # oldest wait says since when at the latest, so a new leader does not wait afresh.
                     flowing_at[pool] = now if running.get(pool) else self._flowing_at.get(pool, now - waited[pool])
             was_stalled = {pool for pool in self._flowing_at if self.stalled(pool)}
-            self.started_work.update(pool for pool, n in running.items() if n)
+            busy = {pool for pool, n in running.items() if n}
+            self.started_work.update(busy)
             if self._read_at is not None and now > self._read_at:
-                self._adapt_caps(queued, pending, {pool for pool, n in running.items() if n}, now - self._read_at)
+                self._adapt_caps(queued, pending, busy, now - self._read_at)
             self._pending, self._took, self._limited = pending, {}, set()
             self.queued, self.fresh, self.open, self.unattributed = queued, fresh, opened, 0
             self._flowing_at = flowing_at
@@ -290,9 +291,9 @@ class OpenWork:
                 continue
             rate_cap = round(drained / elapsed * cfg.pool_queue_sec) if drained > 0 else 0
             cap = self.caps.get(pool)
-            if cap is None:  # first seen starting work: what it started since the last read, not the floor
-                cap = rate_cap
-            elif 2 * queued.get(pool, 0) >= cap:  # backlogged: the workers set the pace
+            # First seen starting work (what it started since the last read, not the floor), or backlogged (the
+            # workers set the pace): the drain's rate.
+            if cap is None or 2 * queued.get(pool, 0) >= cap:
                 cap = rate_cap
             elif pool in self._limited:  # the workers keep up with what the cap lets through
                 cap = max(2 * cap, rate_cap)
