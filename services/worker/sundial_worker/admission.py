@@ -79,13 +79,6 @@ class AdmissionConfig:
         check_seconds(self, "poll_timeout_sec", "idle_park_sec", "park_check_sec")
 
 
-@dataclass(frozen=True, slots=True)
-class AdmissionResult:
-    consumed: int = 0
-    started: int = 0
-    duplicates: int = 0
-
-
 @dataclass(eq=False, slots=True)
 class _Claim:
     message: ExecutionMessage
@@ -134,13 +127,13 @@ class Admission:
     async def run(self) -> None:
         """Take and claim until stopping, a batch's claim overlapping the next take (at most
         ``_CLAIMS_IN_FLIGHT`` at once). Claims are never cancelled: a stop waits for them."""
-        claims: set[asyncio.Task[AdmissionResult]] = set()
+        claims: set[asyncio.Task[None]] = set()
         try:
             while not self._stopping.is_set():
                 deliveries = await self._next()
                 batch, duplicates = self._collect(deliveries)
                 if batch:
-                    claim = self._claim(batch, len(deliveries), duplicates)
+                    claim = self._claim(batch, duplicates)
                     claims.add(asyncio.create_task(claim, name="sundial-worker-claim"))
                 if len(claims) >= _CLAIMS_IN_FLIGHT:
                     await asyncio.wait(claims, return_when=asyncio.FIRST_COMPLETED)
@@ -151,7 +144,7 @@ class Admission:
             self._reap(claims)
 
     @staticmethod
-    def _reap(claims: set[asyncio.Task[AdmissionResult]]) -> set[asyncio.Task[AdmissionResult]]:
+    def _reap(claims: set[asyncio.Task[None]]) -> set[asyncio.Task[None]]:
         """The claims still in flight; a finished one's exception (a bug, or Postgres down for good) is raised."""
         for task in claims:
             if task.done():
@@ -241,23 +234,23 @@ class Admission:
         self._claiming.update(claims)
         return claims, duplicates
 
-    async def _claim(self, claims: dict[tuple[UUID, int], _Claim], consumed: int, duplicates: int) -> AdmissionResult:
+    async def _claim(self, claims: dict[tuple[UUID, int], _Claim], duplicates: int) -> None:
         """The start CAS of the claims :meth:`_collect` made, then their handlers' launch (or their acknowledgement,
         if lost)."""
         try:
-            return await self._decide(claims, consumed, duplicates)
+            await self._decide(claims, duplicates)
         finally:
             if any(self._claiming.pop(key, None) for key in claims):  # ended before deciding (stopping, an error)
                 self._inflight.slot_freed.set()
 
-    async def _decide(self, claims: dict[tuple[UUID, int], _Claim], consumed: int, duplicates: int) -> AdmissionResult:
+    async def _decide(self, claims: dict[tuple[UUID, int], _Claim], duplicates: int) -> None:
         # The data keys of the batch's tenants before the start CAS (a row won must have its handler started):
         # a read only for a tenant this process has not seen yet, else nothing.
         tenants = {c.message.tenant_id for c in claims.values()}
         if any(self._keyring.cached(t) is None for t in tenants):
             loaded = await self._with_db_retry("load data keys", lambda _: self._keyring.ciphers(tenants))
             if loaded is None:
-                return AdmissionResult(consumed=consumed, duplicates=duplicates)
+                return
         rows = await self._with_db_retry(
             "start executions",
             lambda executions: executions.start_executions(
@@ -265,7 +258,7 @@ class Admission:
             ),
         )
         if rows is None:  # stopping while the database was unreachable
-            return AdmissionResult(consumed=consumed, duplicates=duplicates)
+            return
         # asyncpg's UUIDs hash and compare as uuid.UUID does: no conversion per row.
         won: dict[UUID, Record] = {row["id"]: row for row in rows}
         started: list[UUID] = []
@@ -307,7 +300,6 @@ class Admission:
         self._stats.started += len(started)
         # Liveness keys go out after the handlers have started, so the Redis round trip overlaps them.
         await self._heartbeats.renew(started)
-        return AdmissionResult(consumed=consumed, started=len(started), duplicates=duplicates)
 
     def _decode(self, delivery: Delivery) -> tuple[ExecutionMessage, UUID] | None:
         try:
