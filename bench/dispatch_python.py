@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import harness
 import machine
 from sundial_common.ids import new_id
-from sundial_common.service import freeze_startup_heap
+from sundial_common.service import prepare_collector
 from sundial_common.telemetry import setup_tracing
 from sundial_dispatcher import cli
 from sundial_dispatcher.dispatcher import DispatcherConfig, ShardDispatcher, _Planner
@@ -108,8 +108,7 @@ def main() -> int:
     parser.add_argument("--results", type=Path, default=harness.RESULTS / "dispatch-python")
     args = parser.parse_args()
     setup_tracing("bench", None)  # as a process without SUNDIAL_OTLP_ENDPOINT
-    freeze_startup_heap()
-    gc.set_threshold(cli.GC_THRESHOLD, *gc.get_threshold()[1:])  # as the service's CLI runs it
+    prepare_collector(cli.GC_THRESHOLD)  # as the service's CLI runs it
     line = {
         "workload": "dispatch_python",
         "batch": args.batch,

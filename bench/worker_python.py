@@ -32,7 +32,7 @@ import machine
 from sundial_common.encryption import PAYLOAD, TenantCipher
 from sundial_common.ids import new_id
 from sundial_common.messages import ExecutionMessage
-from sundial_common.service import freeze_startup_heap
+from sundial_common.service import prepare_collector
 from sundial_common.telemetry import setup_tracing
 from sundial_worker import cli
 from sundial_worker.consumer import Delivery
@@ -138,8 +138,7 @@ def main() -> int:
     parser.add_argument("--results", type=Path, default=harness.RESULTS / "worker-python")
     args = parser.parse_args()
     setup_tracing("bench", None)  # as a process without SUNDIAL_OTLP_ENDPOINT
-    freeze_startup_heap()
-    gc.set_threshold(cli.GC_THRESHOLD, *gc.get_threshold()[1:])  # as the service's CLI runs it
+    prepare_collector(cli.GC_THRESHOLD)  # as the service's CLI runs it
     line = {
         "workload": "worker_python",
         "batch": args.batch,

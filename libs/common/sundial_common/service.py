@@ -38,6 +38,16 @@ def freeze_startup_heap() -> None:
     gc.freeze()
 
 
+def prepare_collector(young_collection_every: int | None = None) -> None:
+    """The collector as a service runs under: the startup heap frozen (:func:`freeze_startup_heap`) and, if given,
+    ``young_collection_every`` allocations between young-generation passes (CPython's default: 700) — for a
+    process whose work per item allocates many short-lived objects that are almost never in cycles."""
+    freeze_startup_heap()
+    if young_collection_every is not None:
+        _threshold, older, oldest = gc.get_threshold()
+        gc.set_threshold(young_collection_every, older, oldest)
+
+
 def run(
     main: Callable[[asyncio.Event], Coroutine[Any, Any, None]],
     *,
@@ -46,8 +56,7 @@ def run(
 ) -> int:
     """Run ``main(stop)`` on uvloop until it returns; SIGTERM/SIGINT set ``stop`` for a graceful shutdown.
 
-    ``young_collection_every``: allocations between the collector's young-generation passes (CPython's default:
-    700), for a process whose work per item allocates many short-lived objects that are almost never in cycles.
+    ``young_collection_every``: see :func:`prepare_collector`.
 
     Signals go through :class:`~sundial_common.stopsignals.StopSignals`: copies of the first signal (one
     Ctrl-C under ``uv run`` arrives twice) change nothing; a deliberate later one forces — ``on_force`` if
@@ -68,10 +77,7 @@ def run(
         StopSignals(stop.set, force).install_on(asyncio.get_running_loop())
         await main(stop)
 
-    freeze_startup_heap()
-    if young_collection_every is not None:
-        _threshold, older, oldest = gc.get_threshold()
-        gc.set_threshold(young_collection_every, older, oldest)
+    prepare_collector(young_collection_every)
     try:
         uvloop.run(wrapper())
     except asyncio.CancelledError:
