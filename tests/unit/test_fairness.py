@@ -106,6 +106,17 @@ def test_a_full_pool_is_reported_so_its_cap_can_grow() -> None:
     assert queue.full_pools == {"busy"}
 
 
+def test_high_work_may_fill_a_full_pools_queue_up_to_its_own_room_and_low_work_may_not() -> None:
+    queue = FairQueue()
+    queue.add(items("a", 10, priority="LOW") + items("a", 5, priority="HIGH"))
+    pool_room, high_room = {"p": 0}, {"p": 3}
+    taken = queue.take(100, {}, pool_room, {}, default_pool_room=1000, high_room=high_room)
+    assert [w.priority for w in taken] == ["HIGH"] * 3 and high_room["p"] == 0
+    assert queue.full_pools == {"p"}, "the LOW backlog is still held back by the cap"
+    taken = queue.take(100, {}, {"p": 2}, {}, default_pool_room=1000, high_room={"p": 0})
+    assert [w.priority for w in taken] == ["HIGH", "HIGH"], "within the cap HIGH still goes first"
+
+
 def test_a_tenants_low_work_yields_the_pool_to_its_high_work_waiting_in_another_shards_queue() -> None:
     here, there = FairQueue(), FairQueue()
     here.add(items("a", 20, priority="LOW") + items("b", 20))

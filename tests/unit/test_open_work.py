@@ -111,6 +111,7 @@ async def test_a_backlogged_pools_cap_follows_its_start_rate_and_grows_while_its
     await work.refresh()
     assert work.cap("p") == 80
     assert work.pool_room(shards=1, batch_size=500)[0]["p"] == 0  # 88 queued: nothing more until it drains
+    assert work.high_room()["p"] == 72, "a tenant's HIGH work may fill it to twice the cap"
     # Slow 1 s handlers on 8 slots (8 starts/s): the cap drops to its floor; nobody publishing keeps it there.
     counts.rows = [pending("p", 86)]
     clock.now += 0.25

@@ -325,19 +325,29 @@ class OpenWork:
     def pool_room(self, shards: int, batch_size: int) -> tuple[dict[str, int], int]:
         """Room of this shard's pass per pool seen, and for a pool not seen (nothing queued there)."""
         self._shards = shards
-
-        def share(cap: int, queued: int) -> int:
-            return -(-max(0, cap - queued - self.unattributed) // shards)
-
-        def room_of(pool: str) -> int:
-            queued = self.queued.get(pool, 0)
-            fresh = self.fresh.get(pool, queued)
-            return min(share(self.cap(pool), fresh), share(self.config.pool_queue_cap, queued))
-
-        room = {pool: room_of(pool) for pool in self.queued.keys() | self.started_work}
+        room = {pool: self._room(pool, 1) for pool in self.queued.keys() | self.started_work}
         room.update({pool: batch_size for pool in self._flowing_at if self.stalled(pool)})
         room[_NOBODY] = batch_size  # jobs gone meanwhile: nothing will be published for them
-        return room, share(self.config.pool_queue_cap, 0)
+        return room, self._share(self.config.pool_queue_cap, 0)
+
+    def high_room(self) -> dict[str, int]:
+        """Room of this shard's pass per pool for a tenant's ``HIGH`` work: up to twice the rate-following cap.
+
+        What a pool's queue holds is about ``pool_queue_sec`` of its starts, mostly the backlog's. ``HIGH`` work
+        that waited for room in the buffer as well waited twice: for a census to show a start (every
+        ``counts_refresh_sec``), once per job of its wave, then behind the queue. So it may fill the queue to
+        twice the cap: it waits behind one cap's worth at most, and a flood of it is still held back (in the
+        buffer, in priority order) beyond that. Call after :meth:`pool_room` (it records the shards)."""
+        return {pool: self._room(pool, 2) for pool in self.queued.keys() | self.started_work}
+
+    def _room(self, pool: str, cap_times: int) -> int:
+        queued = self.queued.get(pool, 0)
+        fresh = self.fresh.get(pool, queued)
+        return min(self._share(cap_times * self.cap(pool), fresh), self._share(self.config.pool_queue_cap, queued))
+
+    def _share(self, cap: int, queued: int) -> int:
+        """This shard's share of the room left under ``cap`` (rounded up: every shard may take one)."""
+        return -(-max(0, cap - queued - self.unattributed) // self._shards)
 
     def tenant_room(self, tenants: dict[str, Tenant]) -> dict[str, int]:
         """Room under ``maxConcurrentExecutions`` for the tenants that have the quota (others: absent)."""
@@ -490,6 +500,7 @@ class FairQueue:
         tenant_room: dict[str, int],
         default_pool_room: int,
         elsewhere: Callable[[str, str], int] | None = None,
+        high_room: dict[str, int] | None = None,
     ) -> list[Waiting]:
         """Up to ``budget`` items by weighted round robin; ``pool_room``/``tenant_room`` are used up as taken.
 
@@ -497,9 +508,11 @@ class FairQueue:
         ``elsewhere(tenant, pool)``: the best lane the tenant has waiting for the pool in the other queues of
         this process (the other shards it leads); a priority pick of a lower lane yields to it this pass, so
         the pool's room goes to the tenant's higher-priority work whichever shard holds it (the turn of the
-        oldest never yields: that is the no-starvation share).
+        oldest never yields: that is the no-starvation share). ``high_room``: per pool, the room ``HIGH`` work
+        has beyond a full pool (:meth:`OpenWork.high_room`), used up by every ``HIGH`` item taken.
         """
         self.full_pools = set()
+        high_room = {} if high_room is None else high_room
         tenants = [t for t, q in self.queues.items() if q]
         if not tenants:
             return []
@@ -519,7 +532,10 @@ class FairQueue:
                     head = queue.head()
                     if tenant_room.get(tenant, budget) <= 0:
                         break
-                    if pool_room.get(head.pool, default_pool_room) <= 0:
+                    high = head.priority == PRIORITIES[0]
+                    if pool_room.get(head.pool, default_pool_room) <= 0 and not (
+                        high and high_room.get(head.pool, 0) > 0
+                    ):
                         self.full_pools.add(head.pool)
                         break
                     if (
@@ -535,6 +551,8 @@ class FairQueue:
                     taken.append(head)
                     self.deficits[tenant] -= 1
                     pool_room[head.pool] = pool_room.get(head.pool, default_pool_room) - 1
+                    if high and head.pool in high_room:
+                        high_room[head.pool] -= 1
                     if tenant in tenant_room:
                         tenant_room[tenant] -= 1
                 if not queue:
@@ -658,6 +676,7 @@ class FairDispatch:
                 tenant_room=self.open_work.tenant_room(tenants),
                 default_pool_room=default_room,
                 elsewhere=self.open_work.best_lane_elsewhere(self.shard) if len(self.open_work.queues) > 1 else None,
+                high_room=self.open_work.high_room(),
             )
             self.open_work.limited(self.queue.full_pools)
             taken = await self._rate_limited(taken, tenants)
