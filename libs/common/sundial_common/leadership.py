@@ -89,8 +89,8 @@ T = TypeVar("T")
 MIN_TTL_SEC = 2.0
 """etcd (3.4 defaults) rounds shorter leases up to about 2 s; a shorter ttl would make our trust window a lie."""
 
-# A standby re-reads the key this often even without a watch event: a watch stream can die silently
-# (a network partition without a reset), and a standby must not wait forever on it.
+# A standby, and a leader's key guard, re-read the key this often even without a watch event: a watch
+# stream can die silently (a network partition without a reset), and neither must wait forever on it.
 _STANDBY_RECHECK_SEC = 10.0
 
 # Longest wait for etcd to take a watch's cancel request (see cancel_watch).
