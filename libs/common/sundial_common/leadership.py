@@ -20,9 +20,10 @@ key must be free: our lease expired or was revoked), and it takes the shard befo
 that moment the old term's writes fail. Postgres serializes the two (the take waits for a write in flight
 on the fence row), so per shard the writes are ordered by token, whatever either leader believes.
 
-**Renew only our own term.** The keepalive task refreshes the lease this holder was granted and checks
-that the key still carries this term's create revision. It never touches anybody else's lease or key:
-if the key changed hands, our term is over, whatever our lease says.
+**Renew only our own term.** The keepalive task refreshes the lease this holder was granted, and a watch
+of the key from the term's create revision ends the term the moment anything else writes or deletes it
+(re-reading the key every ``_STANDBY_RECHECK_SEC`` in case the watch died silently). It never touches
+anybody else's lease or key: if the key changed hands, our term is over, whatever our lease says.
 
 **The trust window** (unfenced holders: the hydrator's and the sweeper's terms). etcd deletes the key when
 the lease has gone ``ttl`` seconds without a renewal, counted from when etcd *received* the renewal. We only
@@ -88,8 +89,8 @@ T = TypeVar("T")
 MIN_TTL_SEC = 2.0
 """etcd (3.4 defaults) rounds shorter leases up to about 2 s; a shorter ttl would make our trust window a lie."""
 
-# A standby re-reads the key this often even without a watch event: a watch stream can die silently
-# (a network partition without a reset), and a standby must not wait forever on it.
+# A standby, and a leader's key guard, re-read the key this often even without a watch event: a watch
+# stream can die silently (a network partition without a reset), and neither must wait forever on it.
 _STANDBY_RECHECK_SEC = 10.0
 
 # Longest wait for etcd to take a watch's cancel request (see cancel_watch).
@@ -388,22 +389,40 @@ class ShardLeadership:
         return term
 
     async def _await_vacancy(self, seen_revision: int) -> int | None:
-        """Return when the key may be free: a DELETE after ``seen_revision``, a broken watch, or a recheck.
+        """Return a revision at which the key was absent: a DELETE after ``seen_revision``, or a periodic
+        re-read that finds it gone; None if the watch broke or was cancelled (the caller re-reads and watches anew).
 
-        Returns the DELETE's revision when one arrived, else None (the caller re-reads the key).
+        One watch serves the whole wait: every ``_STANDBY_RECHECK_SEC`` the key is re-read (a watch can die
+        silently) but the watch stays. Cancelling it and watching anew at each recheck cost etcd a watch
+        create and a cancel per standby every 10 s — 3.6 of its 25 requests a second in an idle ``make up``
+        (18 standbys and handover watches) — for the same bound: a vacancy is seen within one recheck.
         """
         watch = await self._client.watch(self._key, start_revision=seen_revision + 1, kind=aetcd.EventKind.DELETE)
         self._watch = watch
+        next_event: asyncio.Future[Any] | None = None
         try:
-            if not self._stopped:  # stop() may have run while the watch was being created
-                event = await self._within(anext(aiter(watch)), _STANDBY_RECHECK_SEC)
-                return int(event.kv.mod_revision)
-        except (StopAsyncIteration, TimeoutError):
-            pass  # stop() cancelled the watch, or it is time for the periodic re-read
+            while not self._stopped:  # stop() may have run while the watch was being created
+                if next_event is None:
+                    next_event = asyncio.ensure_future(anext(aiter(watch)))
+                timer = asyncio.ensure_future(self._clock.sleep(_STANDBY_RECHECK_SEC))
+                try:
+                    await asyncio.wait({next_event, timer}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    timer.cancel()
+                if next_event.done():
+                    return int(next_event.result().kv.mod_revision)
+                # Quiet for a while: re-read, so a watch that died silently costs at most this long.
+                found = await self._client.get_range(self._key, self._key + b"\0")
+                if not found:
+                    return int(found.header.revision)
+        except StopAsyncIteration:
+            pass  # stop() cancelled the watch
         except aetcd.RevisionCompactedError:
             log.info("shard %d: watch history compacted; re-reading the leader key", self._shard)
         finally:
             self._watch = None
+            if next_event is not None and not next_event.done():
+                next_event.cancel()
             await self._cancel_watch(watch)
         return None
 
@@ -417,10 +436,15 @@ class ShardLeadership:
         interval = self._config.renew_interval_sec
         fenced = self._config.fenced
         next_renewal = self._renewed_at + interval
+        guard = asyncio.create_task(
+            self._guard_key(term), name=f"sundial-leadership-key-guard-shard-{self._shard}-{self._holder}"
+        )
         try:
             while True:
                 wake = next_renewal if fenced else min(next_renewal, self._trust_deadline())
-                await self._clock.sleep(wake - self._clock.monotonic())
+                await first_of(self._clock.sleep(wake - self._clock.monotonic()), self.lost)
+                if self.lost.is_set():
+                    break  # the key guard saw the key change hands (and said so)
                 if not self.trusted():
                     self._mark_lost(term, "trust window ended before a renewal succeeded")
                     break
@@ -465,6 +489,9 @@ class ShardLeadership:
         except Exception as exc:
             log.exception("shard %d: keepalive task crashed; giving up the term", self._shard)
             self._mark_lost(term, f"keepalive task crashed: {exc!r}")
+        finally:
+            guard.cancel()
+            await asyncio.wait({guard})
         # Free the key now rather than after the TTL, so a standby (or we) can take over at once.
         await self._revoke_quietly(term.lease_id)
 
@@ -480,12 +507,83 @@ class ShardLeadership:
             )
 
     async def _renew(self, term: Term) -> bool:
-        """Refresh our lease; True if it is alive and the key is still the one this term created."""
+        """Refresh our lease; True if it is alive (the key guard watches that the key is still ours)."""
         reply = await self._client.refresh_lease(term.lease_id)
-        if reply is None or reply.TTL <= 0:  # aetcd reports an expired/unknown lease as TTL 0, not an error
-            return False
-        current = await self._client.get(self._key)
-        return current is not None and current.create_revision == term.revision and current.lease == term.lease_id
+        # aetcd reports an expired/unknown lease as TTL 0, not an error.
+        return reply is not None and reply.TTL > 0
+
+    async def _guard_key(self, term: Term) -> None:
+        """Mark ``term`` lost as soon as its key is written or deleted by anyone else while our lease lives.
+
+        Nothing of ours writes the key during a term (renewals touch only the lease), so any event on a watch
+        from the term's create revision means it changed hands: an operator deleted it, and maybe a successor
+        created it. Every ``_STANDBY_RECHECK_SEC`` without an event the key is re-read, so a watch that died
+        silently costs at most that long. Reading the key after every renewal instead cost etcd a range read
+        per term every ``ttl / 3``: 7.2 of its 25 requests a second in an idle ``make up`` (12 terms).
+        """
+        seen = term.revision
+        try:
+            while True:
+                try:
+                    await self._watch_key(term, seen)
+                    return  # the key changed hands; the term is marked lost
+                except StopAsyncIteration:
+                    pass  # the watch was cancelled under us
+                except aetcd.RevisionCompactedError:
+                    log.info("shard %d: watch history compacted; re-reading the leader key", self._shard)
+                except _PERMANENT_ERRORS:
+                    raise
+                except aetcd.ClientError as exc:
+                    # etcd unreachable: the keepalive decides what that does to the term; read again later.
+                    log.debug("shard %d: cannot watch the leader key, retrying: %r", self._shard, exc)
+                    await self._clock.sleep(self._config.renew_interval_sec)
+                try:
+                    read_at = await self._holds(term)
+                except _PERMANENT_ERRORS:
+                    raise
+                except aetcd.ClientError:
+                    continue  # watch again from what we last saw; the next failure waits a renewal interval
+                if read_at is None:
+                    self._mark_lost(term, "lease expired or the leader key changed hands")
+                    return
+                seen = read_at
+        except Exception as exc:
+            log.exception("shard %d: leader key guard crashed; giving up the term", self._shard)
+            self._mark_lost(term, f"leader key guard crashed: {exc!r}")
+
+    async def _watch_key(self, term: Term, seen: int) -> None:
+        """Watch the key after revision ``seen`` (when it was still ours) until it changes hands; then mark it."""
+        watch = await self._client.watch(self._key, start_revision=seen + 1)
+        next_event: asyncio.Future[Any] | None = None
+        try:
+            while True:
+                if next_event is None:
+                    next_event = asyncio.ensure_future(anext(aiter(watch)))
+                timer = asyncio.ensure_future(self._clock.sleep(_STANDBY_RECHECK_SEC))
+                try:
+                    await asyncio.wait({next_event, timer}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    timer.cancel()
+                if next_event.done():
+                    next_event.result()  # an event (or the watch's error): the key was written or deleted
+                    break
+                if await self._holds(term) is None:  # quiet for a while: a watch can die silently
+                    break
+        finally:
+            if next_event is not None and not next_event.done():
+                next_event.cancel()
+            await self._cancel_watch(watch)
+        self._mark_lost(term, "lease expired or the leader key changed hands")
+
+    async def _holds(self, term: Term) -> int | None:
+        """The revision of a read that found the key still ``term``'s (its create revision and lease), or None."""
+        found = await self._client.get_range(self._key, self._key + b"\0")
+        if not found:
+            return None
+        current = found[0]
+        if current.create_revision != term.revision or current.lease != term.lease_id:
+            return None
+        return int(found.header.revision)
 
     def _mark_lost(self, term: Term, reason: str) -> None:
         if self._term is term and not self.lost.is_set():

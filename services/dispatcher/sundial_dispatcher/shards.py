@@ -37,6 +37,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 import aetcd
 from sundial_common.broker import Publisher
@@ -517,35 +518,52 @@ class ShardCampaign:
         step_down.set()
 
     async def _await_handover_request(self, term: Term, handover: asyncio.Event) -> None:
-        """Set ``handover`` once the shard's owner, another live replica, asks for it during this term."""
+        """Set ``handover`` once the shard's owner, another live replica, asks for it during this term.
+
+        The request key is read, then watched from that read; it is read again on every watch event, on every
+        membership change and every ``_RECHECK_SEC`` (a watch can die silently), while the watch stays open:
+        watching anew at each recheck cost etcd a watch create and a cancel per led shard every 10 s.
+        """
         key = self._successor_key
         while True:
-            changed = self._membership.changed()
             try:
                 found = await self._etcd.get_range(key, key + b"\0")
-                if found:
-                    request = found[0]
-                    successor = request.value.decode(errors="replace")
-                    if (
-                        successor != self.me
-                        and request.mod_revision > term.revision
-                        and self._placement.owner(self.shard) == successor
-                    ):
-                        handover.set()
-                        return
                 watch = await self._etcd.watch(
                     key, start_revision=int(found.header.revision) + 1, kind=aetcd.EventKind.PUT
                 )
-                # A timer event rather than wait_for() around first_of(): a handover watch cancelled while
-                # in wait_for() was seen stuck "cancelling" for good, and the replica could not step down.
-                recheck = asyncio.Event()
-                timer = asyncio.get_running_loop().call_later(_RECHECK_SEC, recheck.set)
                 try:
-                    with contextlib.suppress(StopAsyncIteration):
-                        await first_of(anext(aiter(watch)), changed, recheck)
+                    while True:
+                        changed = self._membership.changed()
+                        if self._asks_for_handover(found, term):
+                            handover.set()
+                            return
+                        # A timer event rather than wait_for() around first_of(): a handover watch cancelled
+                        # while in wait_for() was seen stuck "cancelling" for good, and the replica could not
+                        # step down.
+                        recheck = asyncio.Event()
+                        timer = asyncio.get_running_loop().call_later(_RECHECK_SEC, recheck.set)
+                        try:
+                            # A wait that loses to the others leaves the watch's events queued for the next.
+                            await first_of(anext(aiter(watch)), changed, recheck)
+                        finally:
+                            timer.cancel()
+                        found = await self._etcd.get_range(key, key + b"\0")
+                except StopAsyncIteration:
+                    pass  # the watch was cancelled under us: read and watch anew
                 finally:
-                    timer.cancel()
                     await cancel_watch(watch)
             except aetcd.ClientError as exc:
                 log.warning("shard %d: cannot watch for handover requests: %r", self.shard, exc, extra=self._extra)
                 await asyncio.sleep(_RETRY_SEC)
+
+    def _asks_for_handover(self, found: Any, term: Term) -> bool:
+        """The request read in ``found`` comes from the shard's owner, another replica, after ``term`` began."""
+        if not found:
+            return False
+        request = found[0]
+        successor = request.value.decode(errors="replace")
+        return bool(
+            successor != self.me
+            and request.mod_revision > term.revision
+            and self._placement.owner(self.shard) == successor
+        )
