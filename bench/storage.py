@@ -19,6 +19,10 @@ already partitioned, ``audit_log`` one table) and the head has ``--audit-days`` 
 (98: the default 90-day retention plus the week ahead); each filled execution has its three audit rows
 (dispatch, start, finish) in both.
 
+``--flat 0022`` measures migration 0023 (no index names ``state``, so a start is a heap-only update): ``flat`` is
+then 0022 (the same partitions, the indexes on ``state``); the line also has, per database, the updates of
+``executions`` in the measured rounds and how many of them were heap-only (``pg_stat_user_tables``).
+
 A measurement, never a pass/fail. Appends one JSON line to ``bench/results/<date>.jsonl``.
 """
 
@@ -63,7 +67,7 @@ async def prepare(server: PostgresServer, name: str, revision: str, rows: int, d
         today = datetime.now(UTC).date()
         if revision != "0017":
             await conn.fetchval("SELECT sundial_add_execution_partitions($1::date, $2::int)", today, days)
-        if revision == "head":
+        if revision not in ("0017", "0019"):
             await conn.fetchval("SELECT sundial_add_audit_partitions($1::date, $2::int)", today, audit_days)
         await conn.execute("INSERT INTO tenants (id) VALUES ($1)", TENANT)
         job = new_id()
@@ -162,6 +166,17 @@ async def statement_means(conn: asyncpg.Connection) -> dict[str, dict[str, float
     return found
 
 
+async def updated(conn: asyncpg.Connection) -> dict[str, int]:
+    """Updates of executions' partitions since the stats were reset, and how many were heap-only (no index
+    entry written). The counters reach the view from each backend's stats at its transactions' ends."""
+    await asyncio.sleep(1)
+    row = await conn.fetchrow(
+        "SELECT coalesce(sum(n_tup_upd), 0) AS upd, coalesce(sum(n_tup_hot_upd), 0) AS hot FROM pg_stat_user_tables"
+        " WHERE relid IN (SELECT inhrelid FROM pg_inherits WHERE inhparent = 'executions'::regclass)"
+    )
+    return {"updates": int(row["upd"]), "heap_only": int(row["hot"])}
+
+
 async def main_async(args: argparse.Namespace) -> None:
     root = args.root.resolve()
     shutil.rmtree(root, ignore_errors=True)
@@ -177,7 +192,7 @@ async def main_async(args: argparse.Namespace) -> None:
         try:
             for mode in modes:
                 await one_round(stores[mode], args.batch, "warm")  # plans cached, buffers warm
-                await stores[mode].database.pool.execute("SELECT pg_stat_statements_reset()")
+                await stores[mode].database.pool.execute("SELECT pg_stat_statements_reset(), pg_stat_reset()")
             timings: dict[str, dict[str, list[float]]] = {m: {} for m in modes}
             order = list(modes)
             for r in range(args.rounds):
@@ -194,11 +209,13 @@ async def main_async(args: argparse.Namespace) -> None:
                     audit_partitions = await conn.fetchval(
                         "SELECT count(*) FROM pg_inherits WHERE inhparent = 'audit_log'::regclass"
                     )
+                    updates = await updated(conn)
                 result[mode] = {
                     "partitions": partitions,
                     "audit_partitions": audit_partitions,
                     "median_ms": {call: round(statistics.median(v), 2) for call, v in timings[mode].items()},
                     "statements": means,
+                    "executions_updates": updates,
                 }
         finally:
             for s in stores.values():
@@ -228,7 +245,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=300_000, help="finished executions in each database first")
     parser.add_argument("--days", type=int, default=40, help="daily partitions of the partitioned database")
     parser.add_argument(
-        "--flat", choices=("0017", "0019"), default="0017", help="the revision to compare the head with (see above)"
+        "--flat",
+        choices=("0017", "0019", "0022"),
+        default="0017",
+        help="the revision to compare the head with (see above)",
     )
     parser.add_argument("--audit-days", type=int, default=98, help="with --flat 0019: daily partitions of audit_log")
     parser.add_argument("--batch", type=int, default=250, help="executions per dispatch, start and finish")
