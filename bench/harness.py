@@ -309,6 +309,7 @@ class Bench:
         cpu_before = self.cpu()
         conn = await asyncpg.connect(self.stack.postgres_dsn)
         await conn.execute("SELECT pg_stat_statements_reset()")
+        wal_before = await conn.fetchval("SELECT pg_current_wal_lsn()")
         profilers = self._profile(f"{workload}-{len(due)}", (max(due) - inserted_at).total_seconds() + 5)
         try:
             last_due = max(due)
@@ -338,6 +339,14 @@ class Bench:
             # for 75,000 rows, a sixth of what a 30 s W3 run's Postgres line used to report).
             cpu_after = self.cpu()
             statements = await _top_statements(conn)
+            wal_bytes = await conn.fetchval("SELECT pg_current_wal_lsn() - $1::pg_lsn", wal_before)
+            # The updates of executions since the stack started, and how many were heap-only (no index entry
+            # written; migration 0023). An idle backend reports its counts within 10 s: the last may be missing.
+            updates = await conn.fetchrow(
+                "SELECT coalesce(sum(n_tup_upd), 0) AS updates, coalesce(sum(n_tup_hot_upd), 0) AS heap_only"
+                " FROM pg_stat_user_tables"
+                " WHERE relid IN (SELECT inhrelid FROM pg_inherits WHERE inhparent = 'executions'::regclass)"
+            )
             rows = await conn.fetch(
                 """SELECT e.scheduled_for, e.started_at, e.finished_at, e.created_at, e.published_at,
                           (SELECT count(*) FROM execution_attempts a WHERE a.execution_id = e.id) AS starts
@@ -377,6 +386,8 @@ class Bench:
             "completion_per_s": round(len(finished) / span) if span else None,
             "cpu_s": {k: round(cpu_after.get(k, 0) - v, 1) for k, v in cpu_before.items()},
             "postgres_statements": statements,
+            "postgres_wal_bytes": int(wal_bytes),
+            "execution_updates": {k: int(v) for k, v in updates.items()},
             "execution_partitions": partitions,
         }
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import shutil
 import statistics
 import time
@@ -114,6 +115,13 @@ async def prepare(server: PostgresServer, name: str, revision: str, rows: int, d
     return dsn
 
 
+#: The backends of this database's pool (all its connections are open: min_size = max_size).
+PIDS = (
+    "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND backend_type = 'client backend'"
+    " ORDER BY backend_start DESC LIMIT $1"
+)
+
+
 async def one_round(stores: Stores, batch: int, worker: str) -> dict[str, float]:
     """``batch`` due jobs: dispatched, started, finished; wall milliseconds of each call."""
     pool = stores.database.pool
@@ -145,6 +153,15 @@ async def one_round(stores: Stores, batch: int, worker: str) -> dict[str, float]
     return took
 
 
+def backend_ticks(pids: list[int]) -> int:
+    """utime + stime clock ticks of the given Postgres backends so far (/proc)."""
+    total = 0
+    for pid in pids:
+        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])
+    return total
+
+
 async def statement_means(conn: asyncpg.Connection) -> dict[str, dict[str, float]]:
     found = {}
     for name, pattern in STATEMENTS.items():
@@ -168,8 +185,7 @@ async def statement_means(conn: asyncpg.Connection) -> dict[str, dict[str, float
 
 async def updated(conn: asyncpg.Connection) -> dict[str, int]:
     """Updates of executions' partitions since the stats were reset, and how many were heap-only (no index
-    entry written). The counters reach the view from each backend's stats at its transactions' ends."""
-    await asyncio.sleep(1)
+    entry written). An idle backend reports its counters within 10 s (PostgreSQL 15's idle stats interval)."""
     row = await conn.fetchrow(
         "SELECT coalesce(sum(n_tup_upd), 0) AS upd, coalesce(sum(n_tup_hot_upd), 0) AS hot FROM pg_stat_user_tables"
         " WHERE relid IN (SELECT inhrelid FROM pg_inherits WHERE inhparent = 'executions'::regclass)"
@@ -188,18 +204,31 @@ async def main_async(args: argparse.Namespace) -> None:
             "flat": await prepare(server, "storage_flat", args.flat, args.rows, args.days, audit_days),
             "partitioned": await prepare(server, "storage_partitioned", "head", args.rows, args.days, audit_days),
         }
-        stores = {mode: await Stores.connect(dsn, min_size=1, max_size=2) for mode, dsn in modes.items()}
+        stores = {mode: await Stores.connect(dsn, min_size=2, max_size=2) for mode, dsn in modes.items()}
         try:
             for mode in modes:
                 await one_round(stores[mode], args.batch, "warm")  # plans cached, buffers warm
                 await stores[mode].database.pool.execute("SELECT pg_stat_statements_reset(), pg_stat_reset()")
             timings: dict[str, dict[str, list[float]]] = {m: {} for m in modes}
+            # Each database's backends (its pool's two connections) and the WAL its rounds wrote: one database
+            # runs at a time, so the server's WAL position moves for that one only (autovacuum aside).
+            backends = {
+                mode: [r["pid"] for r in await s.database.pool.fetch(PIDS, s.database.pool.get_size())]
+                for mode, s in stores.items()
+            }
+            ticks = dict.fromkeys(modes, 0)
+            wal = dict.fromkeys(modes, 0)
             order = list(modes)
             for r in range(args.rounds):
                 for mode in order if r % 2 == 0 else reversed(order):
+                    pool = stores[mode].database.pool
+                    lsn, before = await pool.fetchval("SELECT pg_current_wal_lsn()"), backend_ticks(backends[mode])
                     for call, ms in (await one_round(stores[mode], args.batch, f"w{r}")).items():
                         timings[mode].setdefault(call, []).append(ms)
+                    ticks[mode] += backend_ticks(backends[mode]) - before
+                    wal[mode] += await pool.fetchval("SELECT pg_current_wal_lsn() - $1::pg_lsn", lsn)
             result: dict[str, Any] = {}
+            await asyncio.sleep(11)
             for mode in modes:
                 async with stores[mode].database.pool.acquire() as conn:
                     means = await statement_means(conn)
@@ -215,6 +244,10 @@ async def main_async(args: argparse.Namespace) -> None:
                     "audit_partitions": audit_partitions,
                     "median_ms": {call: round(statistics.median(v), 2) for call, v in timings[mode].items()},
                     "statements": means,
+                    "backend_cpu_ms_per_execution": round(
+                        ticks[mode] / os.sysconf("SC_CLK_TCK") * 1000 / (args.rounds * args.batch), 4
+                    ),
+                    "wal_bytes_per_execution": round(float(wal[mode]) / (args.rounds * args.batch)),
                     "executions_updates": updates,
                 }
         finally:

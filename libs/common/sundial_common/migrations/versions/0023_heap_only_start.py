@@ -15,14 +15,14 @@ No reader needs an index to tell PENDING from RUNNING: the dispatcher's census a
 open row and tell them apart on the heap, an open listing is short. So the indexes name a generated column
 instead: ``phase`` is ``'OPEN'`` while the execution is PENDING or RUNNING, its state otherwise. A start leaves
 ``phase`` (and every other indexed column) as it was, so PostgreSQL writes the new version on the same heap page
-without touching an index (HOT), if the page has room: the partitions are filled to ``fillfactor`` 50 by inserts,
+without touching an index (HOT), if the page has room: the partitions are filled to ``fillfactor`` 70 by inserts,
 which leaves each row's started version a place beside it. A finish still changes ``phase`` (the row leaves the
 open indexes) and adds its four entries. An execution now writes 10 index entries instead of 16, and the open
 indexes keep no dead entry of a start for the census to step over (tenants.sql, ``open_executions_plan``).
 
 Each index keeps its name and its readers, with ``phase`` where it had ``state``:
 
-* ``executions_open_idx (created_at, id) WHERE phase = 'OPEN'``: the census, the sweeper's RUNNING keyset
+* ``executions_open_idx (created_at) WHERE phase = 'OPEN'``: the census, the sweeper's RUNNING keyset
   (``running_executions``), the stale and republished PENDING scans, a restarted worker's orphans.
 * ``executions_job_open_idx (job_id) WHERE phase = 'OPEN'``: a job's open executions (overlap policies).
 * ``executions_tenant_phase_idx (tenant_id, phase, id)`` (was ``tenant_state_idx``): the API's listing by state,
@@ -46,7 +46,7 @@ branch_labels = None
 depends_on = None
 
 #: Heap pages of a partition are filled to this by inserts; the rest is room for the rows' started versions.
-FILLFACTOR = 50
+FILLFACTOR = 70
 
 # 0018's function, with a storage clause for the new executions partitions.
 _ADD_PARTITIONS = """
@@ -104,7 +104,7 @@ _STATE_INDEXES = """
 """
 
 _PHASE_INDEXES = """
-    CREATE INDEX executions_open_idx ON executions (created_at, id) WHERE phase = 'OPEN';
+    CREATE INDEX executions_open_idx ON executions (created_at) WHERE phase = 'OPEN';
     CREATE INDEX executions_job_open_idx ON executions (job_id) WHERE phase = 'OPEN';
     CREATE INDEX executions_tenant_phase_idx ON executions (tenant_id, phase, id);
     CREATE INDEX executions_dlq_outbox_idx ON executions (finished_at)
