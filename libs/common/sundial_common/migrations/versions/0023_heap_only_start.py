@@ -15,7 +15,7 @@ No reader needs an index to tell PENDING from RUNNING: the dispatcher's census a
 open row and tell them apart on the heap, an open listing is short. So the indexes name a generated column
 instead: ``phase`` is ``'OPEN'`` while the execution is PENDING or RUNNING, its state otherwise. A start leaves
 ``phase`` (and every other indexed column) as it was, so PostgreSQL writes the new version on the same heap page
-without touching an index (HOT), if the page has room: the partitions are filled to ``fillfactor`` 70 by inserts,
+without touching an index (HOT), if the page has room: the partitions are filled to ``fillfactor`` 50 by inserts,
 which leaves each row's started version a place beside it. A finish still changes ``phase`` (the row leaves the
 open indexes) and adds its four entries. An execution now writes 10 index entries instead of 16, and the open
 indexes keep no dead entry of a start for the census to step over (tenants.sql, ``open_executions_plan``).
@@ -46,7 +46,7 @@ branch_labels = None
 depends_on = None
 
 #: Heap pages of a partition are filled to this by inserts; the rest is room for the rows' started versions.
-FILLFACTOR = 70
+FILLFACTOR = 50
 
 # 0018's function, with a storage clause for the new executions partitions.
 _ADD_PARTITIONS = """
