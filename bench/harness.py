@@ -67,10 +67,17 @@ RESULTS = REPO / "bench" / "results"
 #: W4 (at_rest.py) runs on the bench ports + the run's offset + this, so it never meets a stack the run left.
 AT_REST_PORT_OFFSET = 10
 POOL = "demo"
-#: The bench's progress poll: a tenant's jobs not fired yet and its open executions (partial indexes of open rows).
+#: The bench's progress poll: a tenant's jobs not fired yet and its open executions (a partial index of open jobs,
+#: the range of the tenant's OPEN phase in executions_tenant_phase_idx).
 REMAINING = """SELECT (SELECT count(*) FROM jobs WHERE tenant_id = $1 AND state = 'ACTIVE')
-     + (SELECT count(*) FROM executions WHERE tenant_id = $1 AND state IN ('PENDING', 'RUNNING'))"""
-SUCCEEDED = "SELECT count(*) FROM executions WHERE tenant_id = $1 AND state = 'SUCCEEDED'"
+     + (SELECT count(*) FROM executions WHERE tenant_id = $1 AND phase = 'OPEN')"""
+SUCCEEDED = "SELECT count(*) FROM executions WHERE tenant_id = $1 AND phase = 'SUCCEEDED'"
+#: How often the run read each index of executions (the partitions' scans, by the index's name without the day).
+INDEX_SCANS = """
+SELECT regexp_replace(indexrelname, '^executions_(p[0-9]{8}|legacy)_', '') AS index, sum(idx_scan)::bigint
+FROM pg_stat_user_indexes
+WHERE relid IN (SELECT inhrelid FROM pg_inherits WHERE inhparent = 'executions'::regclass)
+GROUP BY 1 ORDER BY 1"""
 #: Make the pool admit one more tenant (shared among every bench tenant; registered by `migrate --pool`).
 ADMIT = """
 UPDATE pools SET owner = NULL,
@@ -356,6 +363,7 @@ class Bench:
             partitions = await conn.fetchval(
                 "SELECT count(*) FROM pg_inherits WHERE inhparent = 'executions'::regclass"
             )
+            index_scans = dict(await conn.fetch(INDEX_SCANS))
         finally:
             await conn.close()
             for profiler in profilers:
@@ -389,6 +397,7 @@ class Bench:
             "postgres_wal_bytes": int(wal_bytes),
             "execution_updates": {k: int(v) for k, v in updates.items()},
             "execution_partitions": partitions,
+            "execution_index_scans": index_scans,
         }
 
     def _profile(self, label: str, seconds: float) -> list[subprocess.Popen[bytes]]:
