@@ -8,8 +8,9 @@ database goes first so the machine's drifting load falls on both: per round ``--
 dispatched through the dispatcher's fenced transaction (``lock_due_jobs``, which raises the fence, and
 ``insert_executions``, which advances the jobs), started (the worker's ``start_executions``) and finished
 (``finish_attempts``), through the same store calls the services make. Per database: the median wall
-milliseconds of each call, and from pg_stat_statements the mean execution and planning milliseconds of the
-insert (and the dispatch's ``lock_due_jobs``), start and finish statements.
+milliseconds of each call, from pg_stat_statements the mean execution and planning milliseconds of the
+insert (and the dispatch's ``lock_due_jobs``), start and finish statements, and per execution the CPU of the
+database's backends (/proc) and the WAL its rounds wrote.
 
     uv run --frozen python bench/storage.py --port-offset 900
     uv run --frozen python bench/storage.py --port-offset 900 --rows 1000000 --rounds 60
