@@ -67,10 +67,17 @@ RESULTS = REPO / "bench" / "results"
 #: W4 (at_rest.py) runs on the bench ports + the run's offset + this, so it never meets a stack the run left.
 AT_REST_PORT_OFFSET = 10
 POOL = "demo"
-#: The bench's progress poll: a tenant's jobs not fired yet and its open executions (partial indexes of open rows).
+#: The bench's progress poll: a tenant's jobs not fired yet and its open executions (a partial index of open jobs,
+#: the range of the tenant's OPEN phase in executions_tenant_phase_idx).
 REMAINING = """SELECT (SELECT count(*) FROM jobs WHERE tenant_id = $1 AND state = 'ACTIVE')
-     + (SELECT count(*) FROM executions WHERE tenant_id = $1 AND state IN ('PENDING', 'RUNNING'))"""
-SUCCEEDED = "SELECT count(*) FROM executions WHERE tenant_id = $1 AND state = 'SUCCEEDED'"
+     + (SELECT count(*) FROM executions WHERE tenant_id = $1 AND phase = 'OPEN')"""
+SUCCEEDED = "SELECT count(*) FROM executions WHERE tenant_id = $1 AND phase = 'SUCCEEDED'"
+#: How often the run read each index of executions (the partitions' scans, by the index's name without the day).
+INDEX_SCANS = """
+SELECT regexp_replace(indexrelname, '^executions_(p[0-9]{8}|legacy)_', '') AS index, sum(idx_scan)::bigint
+FROM pg_stat_user_indexes
+WHERE relid IN (SELECT inhrelid FROM pg_inherits WHERE inhparent = 'executions'::regclass)
+GROUP BY 1 ORDER BY 1"""
 #: Make the pool admit one more tenant (shared among every bench tenant; registered by `migrate --pool`).
 ADMIT = """
 UPDATE pools SET owner = NULL,
@@ -309,6 +316,7 @@ class Bench:
         cpu_before = self.cpu()
         conn = await asyncpg.connect(self.stack.postgres_dsn)
         await conn.execute("SELECT pg_stat_statements_reset()")
+        wal_before = await conn.fetchval("SELECT pg_current_wal_lsn()")
         profilers = self._profile(f"{workload}-{len(due)}", (max(due) - inserted_at).total_seconds() + 5)
         try:
             last_due = max(due)
@@ -338,6 +346,14 @@ class Bench:
             # for 75,000 rows, a sixth of what a 30 s W3 run's Postgres line used to report).
             cpu_after = self.cpu()
             statements = await _top_statements(conn)
+            wal_bytes = await conn.fetchval("SELECT pg_current_wal_lsn() - $1::pg_lsn", wal_before)
+            # The updates of executions since the stack started, and how many were heap-only (no index entry
+            # written; migration 0023). An idle backend reports its counts within 10 s: the last may be missing.
+            updates = await conn.fetchrow(
+                "SELECT coalesce(sum(n_tup_upd), 0) AS updates, coalesce(sum(n_tup_hot_upd), 0) AS heap_only"
+                " FROM pg_stat_user_tables"
+                " WHERE relid IN (SELECT inhrelid FROM pg_inherits WHERE inhparent = 'executions'::regclass)"
+            )
             rows = await conn.fetch(
                 """SELECT e.scheduled_for, e.started_at, e.finished_at, e.created_at, e.published_at,
                           (SELECT count(*) FROM execution_attempts a WHERE a.execution_id = e.id) AS starts
@@ -347,6 +363,7 @@ class Bench:
             partitions = await conn.fetchval(
                 "SELECT count(*) FROM pg_inherits WHERE inhparent = 'executions'::regclass"
             )
+            index_scans = dict(await conn.fetch(INDEX_SCANS))
         finally:
             await conn.close()
             for profiler in profilers:
@@ -377,7 +394,10 @@ class Bench:
             "completion_per_s": round(len(finished) / span) if span else None,
             "cpu_s": {k: round(cpu_after.get(k, 0) - v, 1) for k, v in cpu_before.items()},
             "postgres_statements": statements,
+            "postgres_wal_bytes": int(wal_bytes),
+            "execution_updates": {k: int(v) for k, v in updates.items()},
             "execution_partitions": partitions,
+            "execution_index_scans": index_scans,
         }
 
     def _profile(self, label: str, seconds: float) -> list[subprocess.Popen[bytes]]:

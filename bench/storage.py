@@ -8,8 +8,9 @@ database goes first so the machine's drifting load falls on both: per round ``--
 dispatched through the dispatcher's fenced transaction (``lock_due_jobs``, which raises the fence, and
 ``insert_executions``, which advances the jobs), started (the worker's ``start_executions``) and finished
 (``finish_attempts``), through the same store calls the services make. Per database: the median wall
-milliseconds of each call, and from pg_stat_statements the mean execution and planning milliseconds of the
-insert (and the dispatch's ``lock_due_jobs``), start and finish statements.
+milliseconds of each call, from pg_stat_statements the mean execution and planning milliseconds of the
+insert (and the dispatch's ``lock_due_jobs``), start and finish statements, and per execution the CPU of the
+database's backends (/proc) and the WAL its rounds wrote.
 
     uv run --frozen python bench/storage.py --port-offset 900
     uv run --frozen python bench/storage.py --port-offset 900 --rows 1000000 --rounds 60
@@ -19,6 +20,10 @@ already partitioned, ``audit_log`` one table) and the head has ``--audit-days`` 
 (98: the default 90-day retention plus the week ahead); each filled execution has its three audit rows
 (dispatch, start, finish) in both.
 
+``--flat 0022`` measures migration 0023 (no index names ``state``, so a start is a heap-only update): ``flat`` is
+then 0022 (the same partitions, the indexes on ``state``); the line also has, per database, the updates of
+``executions`` in the measured rounds and how many of them were heap-only (``pg_stat_user_tables``).
+
 A measurement, never a pass/fail. Appends one JSON line to ``bench/results/<date>.jsonl``.
 """
 
@@ -26,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import shutil
 import statistics
 import time
@@ -63,7 +69,7 @@ async def prepare(server: PostgresServer, name: str, revision: str, rows: int, d
         today = datetime.now(UTC).date()
         if revision != "0017":
             await conn.fetchval("SELECT sundial_add_execution_partitions($1::date, $2::int)", today, days)
-        if revision == "head":
+        if revision not in ("0017", "0019"):
             await conn.fetchval("SELECT sundial_add_audit_partitions($1::date, $2::int)", today, audit_days)
         await conn.execute("INSERT INTO tenants (id) VALUES ($1)", TENANT)
         job = new_id()
@@ -110,6 +116,13 @@ async def prepare(server: PostgresServer, name: str, revision: str, rows: int, d
     return dsn
 
 
+#: The backends of this database's pool (all its connections are open: min_size = max_size).
+PIDS = (
+    "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND backend_type = 'client backend'"
+    " ORDER BY backend_start DESC LIMIT $1"
+)
+
+
 async def one_round(stores: Stores, batch: int, worker: str) -> dict[str, float]:
     """``batch`` due jobs: dispatched, started, finished; wall milliseconds of each call."""
     pool = stores.database.pool
@@ -141,6 +154,15 @@ async def one_round(stores: Stores, batch: int, worker: str) -> dict[str, float]
     return took
 
 
+def backend_ticks(pids: list[int]) -> int:
+    """utime + stime clock ticks of the given Postgres backends so far (/proc)."""
+    total = 0
+    for pid in pids:
+        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])
+    return total
+
+
 async def statement_means(conn: asyncpg.Connection) -> dict[str, dict[str, float]]:
     found = {}
     for name, pattern in STATEMENTS.items():
@@ -162,6 +184,16 @@ async def statement_means(conn: asyncpg.Connection) -> dict[str, dict[str, float
     return found
 
 
+async def updated(conn: asyncpg.Connection) -> dict[str, int]:
+    """Updates of executions' partitions since the stats were reset, and how many were heap-only (no index
+    entry written). An idle backend reports its counters within 10 s (PostgreSQL 15's idle stats interval)."""
+    row = await conn.fetchrow(
+        "SELECT coalesce(sum(n_tup_upd), 0) AS upd, coalesce(sum(n_tup_hot_upd), 0) AS hot FROM pg_stat_user_tables"
+        " WHERE relid IN (SELECT inhrelid FROM pg_inherits WHERE inhparent = 'executions'::regclass)"
+    )
+    return {"updates": int(row["upd"]), "heap_only": int(row["hot"])}
+
+
 async def main_async(args: argparse.Namespace) -> None:
     root = args.root.resolve()
     shutil.rmtree(root, ignore_errors=True)
@@ -173,18 +205,31 @@ async def main_async(args: argparse.Namespace) -> None:
             "flat": await prepare(server, "storage_flat", args.flat, args.rows, args.days, audit_days),
             "partitioned": await prepare(server, "storage_partitioned", "head", args.rows, args.days, audit_days),
         }
-        stores = {mode: await Stores.connect(dsn, min_size=1, max_size=2) for mode, dsn in modes.items()}
+        stores = {mode: await Stores.connect(dsn, min_size=2, max_size=2) for mode, dsn in modes.items()}
         try:
             for mode in modes:
                 await one_round(stores[mode], args.batch, "warm")  # plans cached, buffers warm
-                await stores[mode].database.pool.execute("SELECT pg_stat_statements_reset()")
+                await stores[mode].database.pool.execute("SELECT pg_stat_statements_reset(), pg_stat_reset()")
             timings: dict[str, dict[str, list[float]]] = {m: {} for m in modes}
+            # Each database's backends (its pool's two connections) and the WAL its rounds wrote: one database
+            # runs at a time, so the server's WAL position moves for that one only (autovacuum aside).
+            backends = {
+                mode: [r["pid"] for r in await s.database.pool.fetch(PIDS, s.database.pool.get_size())]
+                for mode, s in stores.items()
+            }
+            ticks = dict.fromkeys(modes, 0)
+            wal = dict.fromkeys(modes, 0)
             order = list(modes)
             for r in range(args.rounds):
                 for mode in order if r % 2 == 0 else reversed(order):
+                    pool = stores[mode].database.pool
+                    lsn, before = await pool.fetchval("SELECT pg_current_wal_lsn()"), backend_ticks(backends[mode])
                     for call, ms in (await one_round(stores[mode], args.batch, f"w{r}")).items():
                         timings[mode].setdefault(call, []).append(ms)
+                    ticks[mode] += backend_ticks(backends[mode]) - before
+                    wal[mode] += await pool.fetchval("SELECT pg_current_wal_lsn() - $1::pg_lsn", lsn)
             result: dict[str, Any] = {}
+            await asyncio.sleep(11)
             for mode in modes:
                 async with stores[mode].database.pool.acquire() as conn:
                     means = await statement_means(conn)
@@ -194,11 +239,17 @@ async def main_async(args: argparse.Namespace) -> None:
                     audit_partitions = await conn.fetchval(
                         "SELECT count(*) FROM pg_inherits WHERE inhparent = 'audit_log'::regclass"
                     )
+                    updates = await updated(conn)
                 result[mode] = {
                     "partitions": partitions,
                     "audit_partitions": audit_partitions,
                     "median_ms": {call: round(statistics.median(v), 2) for call, v in timings[mode].items()},
                     "statements": means,
+                    "backend_cpu_ms_per_execution": round(
+                        ticks[mode] / os.sysconf("SC_CLK_TCK") * 1000 / (args.rounds * args.batch), 4
+                    ),
+                    "wal_bytes_per_execution": round(float(wal[mode]) / (args.rounds * args.batch)),
+                    "executions_updates": updates,
                 }
         finally:
             for s in stores.values():
@@ -228,7 +279,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=300_000, help="finished executions in each database first")
     parser.add_argument("--days", type=int, default=40, help="daily partitions of the partitioned database")
     parser.add_argument(
-        "--flat", choices=("0017", "0019"), default="0017", help="the revision to compare the head with (see above)"
+        "--flat",
+        choices=("0017", "0019", "0022"),
+        default="0017",
+        help="the revision to compare the head with (see above)",
     )
     parser.add_argument("--audit-days", type=int, default=98, help="with --flat 0019: daily partitions of audit_log")
     parser.add_argument("--batch", type=int, default=250, help="executions per dispatch, start and finish")

@@ -120,6 +120,27 @@ async def test_dead_executions_are_listed_newest_first_page_by_page(api: Api) ->
     assert other.json()["items"] == []
 
 
+async def test_pending_and_running_executions_are_listed_apart_though_one_index_range_holds_both(api: Api) -> None:
+    # executions_tenant_phase_idx has PENDING and RUNNING as one phase, OPEN (migration 0023).
+    job_id = await a_job(api)
+    base = id_floor(datetime.now(UTC)).int
+    pending, running, done = [
+        await insert_execution(api, job_id, NOW + timedelta(seconds=i), state=s, id=uuid.UUID(int=base + i))
+        for i, s in enumerate(("PENDING", "RUNNING", "SUCCEEDED"))
+    ]
+
+    async def listed(*states: str) -> list[str]:
+        params = {"state": list(states), "jobId": job_id}
+        response = await api.client.get("/v1/executions", params=params, headers=api.auth())
+        assert response.status_code == 200, response.text
+        return [item.execution_id for item in ExecutionList.model_validate(response.json()).items]
+
+    assert await listed("PENDING") == [str(pending)]
+    assert await listed("RUNNING") == [str(running)]
+    assert await listed("RUNNING", "PENDING", "SUCCEEDED") == [str(done), str(running), str(pending)]
+    assert await listed() == [str(done), str(running), str(pending)]
+
+
 async def test_the_execution_of_a_trace_is_found_by_its_trace_id_for_its_tenant_only(api: Api) -> None:
     job_id = await a_job(api)
     trace_id = uuid.uuid4().hex

@@ -114,7 +114,8 @@ async def test_nothing_goes_while_a_partition_has_no_lower_bound(stores: Stores,
     assert begin is not None
     ended = await job(stores, "ONE_SHOT", "COMPLETED", begin - timedelta(days=40))
     await stores.database.pool.execute(
-        "CREATE TABLE executions_legacy (LIKE executions INCLUDING DEFAULTS INCLUDING CONSTRAINTS);"
+        "CREATE TABLE executions_legacy"
+        " (LIKE executions INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING GENERATED);"
         " ALTER TABLE executions ATTACH PARTITION executions_legacy FOR VALUES FROM (MINVALUE) TO "
         "('00000000-0000-7000-8000-000000000000')"
     )

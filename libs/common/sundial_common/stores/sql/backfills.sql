@@ -20,7 +20,7 @@ SELECT * FROM backfill;
 -- With `finished`: its executions that reached a final state (executions_backfill_idx).
 SELECT b.*,
        (SELECT count(*) FROM executions e
-        WHERE e.backfill_id = b.id AND e.state IN ('SUCCEEDED', 'DEAD', 'CANCELLED')) AS finished
+        WHERE e.backfill_id = b.id AND e.phase IN ('SUCCEEDED', 'DEAD', 'CANCELLED')) AS finished
 FROM backfills b WHERE b.id = $1 AND b.tenant_id = $2;
 
 -- name: existing_occurrences
@@ -61,7 +61,7 @@ SELECT b.*, now() AS db_now, j.type, j.schedule, j.timezone, j.interval_sec, j.r
        j.run_at, j.next_nominal_at, j.next_fire_at, j.jitter_sec, j.pool, j.handler, j.payload, j.retry_policy,
        j.timeout_sec, j.state AS job_state,
        CASE WHEN b.overlap_policy = 'BUFFER_ONE' THEN
-           (SELECT count(*) FROM executions e WHERE e.backfill_id = b.id AND e.state IN ('PENDING', 'RUNNING'))
+           (SELECT count(*) FROM executions e WHERE e.backfill_id = b.id AND e.phase = 'OPEN')
        ELSE 0 END AS open
 FROM backfills b JOIN jobs j ON j.id = b.job_id
 WHERE b.shard = $1 AND b.state = 'RUNNING'

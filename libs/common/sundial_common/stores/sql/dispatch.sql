@@ -67,7 +67,7 @@ SELECT fence.shard AS raised_shard, due.* FROM fence LEFT JOIN LATERAL (
 -- per job and partition.
 SELECT e.job_id, array_agg(e.id ORDER BY e.scheduled_for) AS ids, array_agg(e.state ORDER BY e.scheduled_for) AS states
 FROM executions e
-WHERE e.job_id = ANY($1::uuid[]) AND e.state IN ('PENDING', 'RUNNING')
+WHERE e.job_id = ANY($1::uuid[]) AND e.phase = 'OPEN'
 GROUP BY e.job_id;
 
 -- name: claimed_but_not_due
@@ -168,7 +168,7 @@ WHERE id = ANY($1::uuid[]) AND published_at IS NULL AND state || '' = 'PENDING';
 SELECT e.id, e.tenant_id, e.job_id, e.scheduled_for, e.shard, e.fence_token, e.pool, e.handler,
        e.attempt, e.timeout_sec, e.traceparent, j.payload
 FROM executions e JOIN jobs j ON j.id = e.job_id
-WHERE e.state = 'PENDING'
+WHERE e.phase = 'OPEN' AND e.state = 'PENDING'
   AND ((e.published_at IS NULL AND coalesce(e.pending_since, e.created_at) < $1) OR e.published_at < $2)
 ORDER BY e.created_at
 LIMIT $3;
@@ -179,7 +179,7 @@ LIMIT $3;
 SELECT e.id, e.tenant_id, e.job_id, e.scheduled_for, e.shard, e.fence_token, e.pool, e.handler,
        e.attempt, e.timeout_sec, e.traceparent, j.payload
 FROM executions e JOIN jobs j ON j.id = e.job_id
-WHERE e.state = 'PENDING' AND e.id > $1
+WHERE e.phase = 'OPEN' AND e.state = 'PENDING' AND e.id > $1
 ORDER BY e.id
 LIMIT $2;
 

@@ -55,13 +55,16 @@ LIMIT $4;
 
 -- name: list_executions
 -- GET /v1/executions: one tenant's executions, newest first, keyset on the id (UUIDv7). One index range per
--- state asked for ($2, every state when no filter) on executions_tenant_state_idx, merged: a listing of all of
--- a tenant's executions needs no index of its own (which every execution write would pay for). Optional
--- filters: job ($5), pool ($6), handler ($7), scheduled_for in [$8, $9).
+-- state asked for ($2, every state when no filter) on executions_tenant_phase_idx, merged: a listing of all of
+-- a tenant's executions needs no index of its own (which every execution write would pay for). The index has
+-- the phase (migration 0023: OPEN for PENDING and RUNNING, so a start changes no index), the state is read on
+-- the heap: PENDING's range and RUNNING's are both the tenant's open rows. Optional filters: job ($5), pool
+-- ($6), handler ($7), scheduled_for in [$8, $9).
 SELECT e.* FROM unnest($2::text[]) AS s (state)
 CROSS JOIN LATERAL (
     SELECT * FROM executions x
-    WHERE x.tenant_id = $1 AND x.state = s.state AND ($3::uuid IS NULL OR x.id < $3)
+    WHERE x.tenant_id = $1 AND x.phase = CASE WHEN s.state IN ('PENDING', 'RUNNING') THEN 'OPEN' ELSE s.state END
+      AND x.state = s.state AND ($3::uuid IS NULL OR x.id < $3)
       AND ($5::uuid IS NULL OR x.job_id = $5)
       AND ($6::text IS NULL OR x.pool = $6)
       AND ($7::text IS NULL OR x.handler = $7)
@@ -198,12 +201,13 @@ WITH changed AS (
 SELECT * FROM changed;
 
 -- name: running_executions
--- The sweeper's view of RUNNING executions, oldest first, keyset-paged on executions_open_idx: who runs each
--- attempt, since when, its timeout, and the job's retry policy (for the backoff of a lost attempt).
+-- The sweeper's view of RUNNING executions, oldest first, keyset-paged on executions_open_idx (every open row,
+-- the PENDING ones skipped on the heap; migration 0023): who runs each attempt, since when, its timeout, and
+-- the job's retry policy (for the backoff of a lost attempt).
 SELECT e.id, e.tenant_id, e.job_id, e.shard, e.worker_id, e.attempt, e.max_attempts, e.created_at, e.started_at,
        e.timeout_sec, e.cancel_requested_at, e.traceparent, j.retry_policy, now() AS db_now
 FROM executions e JOIN jobs j ON j.id = e.job_id
-WHERE e.state = 'RUNNING' AND (e.created_at, e.id) > ($1, $2::uuid)
+WHERE e.phase = 'OPEN' AND e.state = 'RUNNING' AND (e.created_at, e.id) > ($1, $2::uuid)
 ORDER BY e.created_at, e.id
 LIMIT $3;
 
@@ -250,7 +254,7 @@ SELECT id, attempt, tenant_id, pool, state, attempt_state, shard, next_attempt_a
 SELECT e.id, e.tenant_id, e.job_id, e.scheduled_for, e.pool, e.handler, e.attempt, e.max_attempts, e.error,
        e.finished_at, e.trace_id, e.traceparent, j.name AS job_name, j.payload
 FROM executions e JOIN jobs j ON j.id = e.job_id
-WHERE e.state = 'DEAD' AND e.dlq_published_at IS NULL
+WHERE e.phase = 'DEAD' AND e.dlq_published_at IS NULL
 ORDER BY e.finished_at
 LIMIT $1;
 
@@ -259,7 +263,7 @@ UPDATE executions SET dlq_published_at = now() WHERE id = ANY($1::uuid[]) AND st
 
 -- name: count_dead
 -- The sweeper's sample of sundial_dead_letter_queue_size{tenant}: DEAD executions per tenant, one range of
--- executions_tenant_state_idx per tenant that has jobs (not a scan of every execution).
+-- executions_tenant_phase_idx per tenant that has jobs (not a scan of every execution).
 SELECT t.tenant_id,
-       (SELECT count(*) FROM executions e WHERE e.tenant_id = t.tenant_id AND e.state = 'DEAD') AS dead
+       (SELECT count(*) FROM executions e WHERE e.tenant_id = t.tenant_id AND e.phase = 'DEAD') AS dead
 FROM (SELECT DISTINCT tenant_id FROM jobs) t;

@@ -44,9 +44,10 @@ SELECT id, tenant_id, pool, priority FROM jobs WHERE id = ANY($1::uuid[]);
 
 -- name: open_executions_plan
 -- Before open_executions, in its transaction: read the open rows through an index scan only. The partial
--- indexes of the open states keep an entry for every version a row had while PENDING or RUNNING (each start
--- and each finish leaves one behind, ~2 a execution) until vacuum; a bitmap scan, which the planner picked
--- (on executions_job_open_idx), visits every one of them and their heap pages, call after call: 175,000
+-- indexes of the open phase keep an entry for every version a row had while open that no heap-only update
+-- made (each finish leaves one behind; before migration 0023 each start too) until vacuum; a bitmap scan, which
+-- the planner picked (on executions_job_open_idx), visits every one of them and their heap pages, call after
+-- call: 175,000
 -- entries and 3,500 heap pages for 3,000 open rows after 100,000 executions, 106-183 ms a call. A plain
 -- index scan marks the entries of dead versions as it passes (LP_DEAD), so each is visited about once, by
 -- the next census after its version died: 209 pages and 3 ms for the same rows (bench/census.py). A
@@ -66,7 +67,7 @@ SELECT set_config('enable_bitmapscan', 'off', true), set_config('enable_seqscan'
 -- ones (a pool with work waiting and none running has no worker starting it), those dispatched within the last
 -- $2 seconds (the rate-following cap's count) and open ones (PENDING or
 -- RUNNING), and how long the oldest PENDING one has waited. An index scan of a partial index over the open rows
--- only (see open_executions_plan).
+-- only (phase OPEN, migration 0023: PENDING and RUNNING told apart on the heap; see open_executions_plan).
 SELECT tenant_id, pool,
        count(*) FILTER (WHERE state = 'PENDING' AND created_at > now() - make_interval(secs => $1)) AS queued,
        count(*) FILTER (WHERE state = 'PENDING' AND created_at > now() - make_interval(secs => $2)) AS fresh,
@@ -75,5 +76,5 @@ SELECT tenant_id, pool,
        count(*) AS open,
        extract(epoch FROM now() - min(coalesce(pending_since, created_at)) FILTER (WHERE state = 'PENDING'))
            AS waited_sec
-FROM executions WHERE state IN ('PENDING', 'RUNNING')
+FROM executions WHERE phase = 'OPEN'
 GROUP BY tenant_id, pool;

@@ -14,6 +14,6 @@ RETURNING worker_id, incarnation, started_at;
 -- whose handlers died with it. With the job's retry policy (the backoff of the lost attempt).
 SELECT e.id, e.tenant_id, e.job_id, e.shard, e.worker_id, e.attempt, e.started_at, e.traceparent, j.retry_policy
 FROM executions e JOIN jobs j ON j.id = e.job_id
-WHERE e.state = 'RUNNING' AND e.worker_id = $1 AND e.started_at < $2
+WHERE e.phase = 'OPEN' AND e.state = 'RUNNING' AND e.worker_id = $1 AND e.started_at < $2
 ORDER BY e.started_at
 LIMIT $3;
