@@ -404,12 +404,7 @@ class ShardLeadership:
             while not self._stopped:  # stop() may have run while the watch was being created
                 if next_event is None:
                     next_event = asyncio.ensure_future(anext(aiter(watch)))
-                timer = asyncio.ensure_future(self._clock.sleep(_STANDBY_RECHECK_SEC))
-                try:
-                    await asyncio.wait({next_event, timer}, return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    timer.cancel()
-                if next_event.done():
+                if await self._event_or_quiet(next_event):
                     return int(next_event.result().kv.mod_revision)
                 # Quiet for a while: re-read, so a watch that died silently costs at most this long.
                 found = await self._client.get_range(self._key, self._key + b"\0")
@@ -559,12 +554,7 @@ class ShardLeadership:
             while True:
                 if next_event is None:
                     next_event = asyncio.ensure_future(anext(aiter(watch)))
-                timer = asyncio.ensure_future(self._clock.sleep(_STANDBY_RECHECK_SEC))
-                try:
-                    await asyncio.wait({next_event, timer}, return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    timer.cancel()
-                if next_event.done():
+                if await self._event_or_quiet(next_event):
                     next_event.result()  # an event (or the watch's error): the key was written or deleted
                     break
                 if await self._holds(term) is None:  # quiet for a while: a watch can die silently
@@ -574,6 +564,16 @@ class ShardLeadership:
                 next_event.cancel()
             await self._cancel_watch(watch)
         self._mark_lost(term, "lease expired or the leader key changed hands")
+
+    async def _event_or_quiet(self, next_event: asyncio.Future[Any]) -> bool:
+        """Wait for a watch's next event, or ``_STANDBY_RECHECK_SEC`` of quiet (then the caller re-reads the key:
+        a watch can die silently); True if the event came."""
+        timer = asyncio.ensure_future(self._clock.sleep(_STANDBY_RECHECK_SEC))
+        try:
+            await asyncio.wait({next_event, timer}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            timer.cancel()
+        return next_event.done()
 
     async def _holds(self, term: Term) -> int | None:
         """The revision of a read that found the key still ``term``'s (its create revision and lease), or None."""
