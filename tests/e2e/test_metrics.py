@@ -123,9 +123,13 @@ async def test_each_process_serves_its_catalogue_series_per_tenant(processes: Pr
         await asyncio.sleep(0.3)
     assert series(worker, "sundial_dispatch_lateness_seconds_count", tenant=b, pool="demo")[0].value == 1
 
-    # The sweeper samples the job gauges (DELAYED jobs are COMPLETED once fired) and counts recoveries.
+    # The sweeper samples the job gauges (DELAYED jobs are COMPLETED once fired) and counts recoveries. A sample
+    # may come between the jobs' completion and the worker's batched write of the DEAD outcome: wait for one
+    # that has the dead letter (a later sample within 30 s).
     deadline = asyncio.get_running_loop().time() + 30
-    while not series(sweeper := scrape(ports["sweeper"]), "sundial_jobs", tenant=a, state="COMPLETED"):
+    while not series(sweeper := scrape(ports["sweeper"]), "sundial_jobs", tenant=a, state="COMPLETED") or not any(
+        s.value for s in series(sweeper, "sundial_dead_letter_queue_size", tenant=a)
+    ):
         assert asyncio.get_running_loop().time() < deadline, processes.log("sweeper")[-3000:]
         await asyncio.sleep(0.3)
     assert series(sweeper, "sundial_jobs", tenant=a, state="COMPLETED")[0].value == 3
