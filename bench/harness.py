@@ -78,6 +78,11 @@ SELECT regexp_replace(indexrelname, '^executions_(p[0-9]{8}|legacy)_', '') AS in
 FROM pg_stat_user_indexes
 WHERE relid IN (SELECT inhrelid FROM pg_inherits WHERE inhparent = 'executions'::regclass)
 GROUP BY 1 ORDER BY 1"""
+#: Updates of executions' partitions since the stats were reset, and how many were heap-only (no index entry).
+EXECUTION_UPDATES = """
+SELECT coalesce(sum(n_tup_upd), 0) AS updates, coalesce(sum(n_tup_hot_upd), 0) AS heap_only
+FROM pg_stat_user_tables
+WHERE relid IN (SELECT inhrelid FROM pg_inherits WHERE inhparent = 'executions'::regclass)"""
 #: Make the pool admit one more tenant (shared among every bench tenant; registered by `migrate --pool`).
 ADMIT = """
 UPDATE pools SET owner = NULL,
@@ -349,11 +354,7 @@ class Bench:
             wal_bytes = await conn.fetchval("SELECT pg_current_wal_lsn() - $1::pg_lsn", wal_before)
             # The updates of executions since the stack started, and how many were heap-only (no index entry
             # written; migration 0023). An idle backend reports its counts within 10 s: the last may be missing.
-            updates = await conn.fetchrow(
-                "SELECT coalesce(sum(n_tup_upd), 0) AS updates, coalesce(sum(n_tup_hot_upd), 0) AS heap_only"
-                " FROM pg_stat_user_tables"
-                " WHERE relid IN (SELECT inhrelid FROM pg_inherits WHERE inhparent = 'executions'::regclass)"
-            )
+            updates = await conn.fetchrow(EXECUTION_UPDATES)
             rows = await conn.fetch(
                 """SELECT e.scheduled_for, e.started_at, e.finished_at, e.created_at, e.published_at,
                           (SELECT count(*) FROM execution_attempts a WHERE a.execution_id = e.id) AS starts

@@ -50,6 +50,12 @@ def describe(repo: Path, *, cpu_probe: bool = True) -> dict[str, Any]:
     }
 
 
+def cpu_ticks(pid: int) -> int:
+    """utime + stime clock ticks of one process so far (its own, not its reaped children's)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
 def proc_table() -> tuple[dict[int, int], dict[int, int]]:
     """(parent of each pid, utime+stime ticks of each pid including its reaped children) from /proc."""
     parents: dict[int, int] = {}

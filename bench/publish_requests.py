@@ -39,8 +39,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return machine.cpu_ticks(pid) / os.sysconf("SC_CLK_TCK")
 
 
 def _message(pool: str) -> ExecutionMessage:

@@ -41,7 +41,7 @@ from typing import Any
 
 import asyncpg
 import machine  # bench/ is on sys.path: run as a script
-from harness import POSTGRES_SETTINGS, REPO, RESULTS, _record, fresh_database
+from harness import EXECUTION_UPDATES, POSTGRES_SETTINGS, REPO, RESULTS, _record, fresh_database
 from sundial_common.clock import from_ms, to_ms
 from sundial_common.ids import new_id
 from sundial_common.stores import Stores
@@ -156,11 +156,7 @@ async def one_round(stores: Stores, batch: int, worker: str) -> dict[str, float]
 
 def backend_ticks(pids: list[int]) -> int:
     """utime + stime clock ticks of the given Postgres backends so far (/proc)."""
-    total = 0
-    for pid in pids:
-        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-        total += int(fields[11]) + int(fields[12])
-    return total
+    return sum(machine.cpu_ticks(pid) for pid in pids)
 
 
 async def statement_means(conn: asyncpg.Connection) -> dict[str, dict[str, float]]:
@@ -185,13 +181,10 @@ async def statement_means(conn: asyncpg.Connection) -> dict[str, dict[str, float
 
 
 async def updated(conn: asyncpg.Connection) -> dict[str, int]:
-    """Updates of executions' partitions since the stats were reset, and how many were heap-only (no index
-    entry written). An idle backend reports its counters within 10 s (PostgreSQL 15's idle stats interval)."""
-    row = await conn.fetchrow(
-        "SELECT coalesce(sum(n_tup_upd), 0) AS upd, coalesce(sum(n_tup_hot_upd), 0) AS hot FROM pg_stat_user_tables"
-        " WHERE relid IN (SELECT inhrelid FROM pg_inherits WHERE inhparent = 'executions'::regclass)"
-    )
-    return {"updates": int(row["upd"]), "heap_only": int(row["hot"])}
+    """Updates of executions' partitions since the stats were reset, and how many were heap-only. An idle backend
+    reports its counters within 10 s (PostgreSQL 15's idle stats interval)."""
+    row = await conn.fetchrow(EXECUTION_UPDATES)
+    return {"updates": int(row["updates"]), "heap_only": int(row["heap_only"])}
 
 
 async def main_async(args: argparse.Namespace) -> None:
