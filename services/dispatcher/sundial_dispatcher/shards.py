@@ -254,7 +254,7 @@ def dispatch_work(deps: Dependencies, config: DispatcherConfig, holder: str) -> 
                 continue
             if result.claimed < config.batch_size and not result.again:
                 wait = _idle_wait(
-                    dispatcher.clock.now(),
+                    dispatcher.due_by(),
                     dispatcher.next_look(),
                     min(triggers.cadence.next_run_in(), backfills.cadence.next_run_in()),
                     config.poll_interval_sec,
@@ -269,7 +269,8 @@ def dispatch_work(deps: Dependencies, config: DispatcherConfig, holder: str) -> 
                 if alarm is None:
                     await tenure.pause(wait)
                 else:
-                    alarm.plan(time.time() * 1000 + wait * 1000)
+                    # In due instants, as members are announced: the pass comes the publish lead before them.
+                    alarm.plan((time.time() + config.publish_lead_sec + wait) * 1000)
                     await tenure.pause(wait, alarm.ring)
         if fair is not None:  # the term ended: what it claimed and did not dispatch goes back for the next leader
             with contextlib.suppress(Exception):  # best effort: the hydrator's overdue scan recovers them anyway
