@@ -9,6 +9,10 @@ a duplicate delivery, an attempt that is no longer current — is acknowledged w
 :class:`~sundial_worker.execution.HandlerExecutor`, and then the won executions' liveness keys are renewed
 (the Redis round trip overlaps the handlers' start).
 
+A message published ahead of its due instant (it carries ``due_at``) is not claimed on receipt: it waits in
+:mod:`~sundial_worker.holding`, outside the slots and unacknowledged, and is claimed when that instant comes (before
+the loop takes more from Kafka, if slots are short).
+
 The loop is not on a timer: a pass waits for messages up to ``poll_timeout_sec`` (or, with no slot free,
 for a handler to end), so it runs back to back until the runtime's ``stopping`` event is set. A batch's claim
 (CAS, launch, liveness write) runs as a task of its own while the loop takes the next batch, at most two at once:
@@ -147,9 +151,11 @@ class Admission:
                 if len(self._claims) >= _CLAIMS_IN_FLIGHT:
                     await asyncio.wait(self._claims, return_when=asyncio.FIRST_COMPLETED)
                 self._claims = self._reap(self._claims)
+                if holding.done():  # the holding timer ends only with a stop, or by a bug: raise it
+                    holding.result()
         finally:
-            self._holding.wake()
-            await holding
+            holding.cancel()  # between two releases: each is synchronous, and what it claimed is in _claims
+            await asyncio.wait([holding])
             self._holding.drain()  # unacknowledged: the group's next member gets them
             if self._claims:
                 await asyncio.wait(self._claims)
