@@ -595,8 +595,12 @@ class FairDispatch:
         #: The hot window's earliest member after the last claim (the pass loop sleeps until then).
         self._window_next: datetime | None = None
 
-    async def claim(self, now: datetime) -> Claimed:
+    async def claim(self, now: datetime, lead: timedelta = timedelta(0)) -> Claimed:
         """This pass's work: scheduled retries as claimed, and up to ``batch_size`` occurrences taken fairly.
+
+        ``lead``: members due within it are taken as due (a sparse shard publishes them ahead, their workers hold
+        them until due: ``DispatcherConfig.publish_lead_sec``); what a burst's claim put in ``early`` still goes
+        to the round robin at its instant.
 
         If a read fails after the claim (Postgres away), what is not in the buffer yet goes back to the hot
         window at once (as a failed pass puts back what it claimed), so it is claimed again as soon as the
@@ -606,10 +610,11 @@ class FairDispatch:
         claimed = Claimed()
         self.cut_short = False
         self._window_next = now  # the buffer is full: look again on the poll interval
+        due_by = now + lead
         if room > 0:
             claimed = await self.hot_window.claim_due(
                 self.shard,
-                now,
+                due_by,
                 min(self.config.claim_size, room),
                 ahead=now + timedelta(seconds=self.config.claim_ahead_sec),
                 ahead_min=self.config.claim_ahead_min,
@@ -624,7 +629,7 @@ class FairDispatch:
             tenants = await self.policy.tenants()
             await self.open_work.refresh()
             pool_room, default_room = self.open_work.pool_room(self.shards, self.batch_size)
-            if self._uncontended(claimed, now, tenants, pool_room, default_room):
+            if self._uncontended(claimed, due_by, tenants, pool_room, default_room):
                 # Everything claimed goes out in this pass whoever it belongs to: the order within one pass
                 # changes nothing, so the owners' lookup is skipped (the common case below saturation).
                 self.open_work.took_unattributed(len(claimed.jobs))
@@ -635,9 +640,9 @@ class FairDispatch:
             if claimed.jobs:
                 owners = await self.store.job_owners([o.job_id for o in claimed.jobs])
                 waiting = [Waiting(o, *owners.get(o.job_id, (_NOBODY, _NOBODY, "NORMAL"))) for o in claimed.jobs]
-                self.queue.add(w for w in waiting if w.occurrence.due <= now)
+                self.queue.add(w for w in waiting if w.occurrence.due <= due_by)
                 for w in waiting:
-                    if w.occurrence.due > now:
+                    if w.occurrence.due > due_by:
                         heapq.heappush(self.early, (w.occurrence.due, next(self._arrivals), w))
             buffered = True
             await self._hold([o.job_id for o in claimed.jobs])
@@ -695,18 +700,19 @@ class FairDispatch:
         a pass takes more only once room is made."""
         return bool(len(self.queue)) or len(self.queue) + len(self.early) >= self.config.buffer_cap
 
-    def next_look(self, now: datetime) -> datetime | None:
+    def next_look(self, now: datetime, lead: timedelta = timedelta(0)) -> datetime | None:
         """The earliest instant a pass may have work: ``now`` while due work waits in the buffer (for room), else
-        the earliest of the window's first member and the first occurrence claimed ahead (None: nothing).
+        the earliest of the window's first member (``lead`` before it is due: see :meth:`claim`) and the first
+        occurrence claimed ahead (None: nothing).
 
         A window member further away than ``burst_ahead_sec`` is looked at that long before it is due, once: if a
         burst is due with it, that pass claims it ahead; if not, the next look is at the member's instant."""
         if len(self.queue):
             return now
-        window = self._window_next
-        lead = timedelta(seconds=self.config.burst_ahead_sec)
-        if window is not None and self.config.burst_ahead_min > 0 and window - now > lead:
-            window -= lead
+        window = None if self._window_next is None else self._window_next - lead
+        burst = timedelta(seconds=self.config.burst_ahead_sec)
+        if window is not None and self.config.burst_ahead_min > 0 and window - now > burst:
+            window -= burst
         candidates = [t for t in (window, self.early[0][0] if self.early else None) if t is not None]
         return min(candidates, default=None)
 
