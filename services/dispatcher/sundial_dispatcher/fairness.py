@@ -598,9 +598,11 @@ class FairDispatch:
     async def claim(self, now: datetime, lead: timedelta = timedelta(0)) -> Claimed:
         """This pass's work: scheduled retries as claimed, and up to ``batch_size`` occurrences taken fairly.
 
-        ``lead``: members due within it are taken as due (a sparse shard publishes them ahead, their workers hold
-        them until due: ``DispatcherConfig.publish_lead_sec``); what a burst's claim put in ``early`` still goes
-        to the round robin at its instant.
+        ``lead``: members due within it are claimed too, and sent ahead if the pass is uncontended (all it claimed
+        fits the pools' room, no quota: a sparse stream; their workers hold them until due,
+        ``DispatcherConfig.publish_lead_sec``). Otherwise they wait in ``early`` for their instant like a burst claimed
+        ahead: what goes out ahead is never more than the pools' room, whose census does not count it (it waits in a
+        worker, not in the topic).
 
         If a read fails after the claim (Postgres away), what is not in the buffer yet goes back to the hot
         window at once (as a failed pass puts back what it claimed), so it is claimed again as soon as the
@@ -640,9 +642,9 @@ class FairDispatch:
             if claimed.jobs:
                 owners = await self.store.job_owners([o.job_id for o in claimed.jobs])
                 waiting = [Waiting(o, *owners.get(o.job_id, (_NOBODY, _NOBODY, "NORMAL"))) for o in claimed.jobs]
-                self.queue.add(w for w in waiting if w.occurrence.due <= due_by)
+                self.queue.add(w for w in waiting if w.occurrence.due <= now)
                 for w in waiting:
-                    if w.occurrence.due > due_by:
+                    if w.occurrence.due > now:
                         heapq.heappush(self.early, (w.occurrence.due, next(self._arrivals), w))
             buffered = True
             await self._hold([o.job_id for o in claimed.jobs])
