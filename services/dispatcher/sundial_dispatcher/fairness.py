@@ -631,7 +631,7 @@ class FairDispatch:
             tenants = await self.policy.tenants()
             await self.open_work.refresh()
             pool_room, default_room = self.open_work.pool_room(self.shards, self.batch_size)
-            if self._uncontended(claimed, due_by, tenants, pool_room, default_room):
+            if self._uncontended(claimed, now, due_by, tenants, pool_room, default_room):
                 # Everything claimed goes out in this pass whoever it belongs to: the order within one pass
                 # changes nothing, so the owners' lookup is skipped (the common case below saturation).
                 self.open_work.took_unattributed(len(claimed.jobs))
@@ -719,15 +719,23 @@ class FairDispatch:
         return min(candidates, default=None)
 
     def _uncontended(
-        self, claimed: Claimed, now: datetime, tenants: dict[str, Tenant], pool_room: dict[str, int], default_room: int
+        self,
+        claimed: Claimed,
+        now: datetime,
+        due_by: datetime,
+        tenants: dict[str, Tenant],
+        pool_room: dict[str, int],
+        default_room: int,
     ) -> bool:
-        """Nothing waits in the buffer, and all that was claimed is due and fits this pass in any pool, under no
-        quota."""
+        """Nothing due waits in the buffer, and all that was claimed is due by ``due_by`` (now plus the publish lead)
+        and fits this pass in any pool, under no quota. What waits in ``early`` for an instant still to come (a burst
+        claimed ahead, or members a contended pass claimed within the lead) does not make a pass contended: it would
+        keep every later pass of a steady stream from sending ahead."""
         n = len(claimed.jobs)
         return (
             not len(self.queue)
-            and not self.early
-            and all(o.due <= now for o in claimed.jobs)
+            and not (self.early and self.early[0][0] <= now)
+            and all(o.due <= due_by for o in claimed.jobs)
             and n <= self.batch_size
             and n <= min(default_room, *pool_room.values())
             and not any(
