@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -81,11 +81,14 @@ async def test_a_pass_dispatches_what_falls_due_within_the_lead_and_its_message_
 async def test_pausing_or_cancelling_a_job_withdraws_its_execution_dispatched_ahead_not_one_already_due(
     stores: Stores, hot_window: HotWindow, ahead: ShardDispatcher, clock: MovableClock, pool: str, operation: str
 ) -> None:
-    past = T0 - 5 * MINUTE  # due before Postgres's now(): dispatched at its instant, as without a lead
-    ahead_job = await make_job(stores, hot_window, pool)
+    # Due after Postgres's now() whenever this runs (the module's T0 is two minutes after collection, and the
+    # suite may reach this test later than that): the withdrawal compares the due instant with now().
+    t0 = datetime.now(UTC).replace(second=0, microsecond=0) + 2 * MINUTE
+    past = t0 - 5 * MINUTE  # due before Postgres's now(): dispatched at its instant, as without a lead
+    ahead_job = await make_job(stores, hot_window, pool, first=t0)
     due_job = await make_job(stores, hot_window, pool, first=past, schedule="0 0 1 1 *")  # its next: far off
     assert (await at(clock, ahead, past)).dispatched == 1
-    assert (await at(clock, ahead, T0 - timedelta(milliseconds=100))).dispatched == 1
+    assert (await at(clock, ahead, t0 - timedelta(milliseconds=100))).dispatched == 1
     [early] = await executions(stores, ahead_job)
     [due] = await executions(stores, due_job)
 
