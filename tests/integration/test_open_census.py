@@ -43,3 +43,16 @@ async def test_the_census_reads_the_open_rows_by_index_scan_only(stores: Stores)
 
     found = [s for s in scans(plan[0]["Plan"]) if "Scan" in s]
     assert found and set(found) <= {"Index Scan", "Index Only Scan"}, found
+
+
+async def test_an_execution_published_ahead_of_its_due_instant_is_open_but_not_waiting(stores: Stores) -> None:
+    # Dispatched ahead (SUNDIAL_DISPATCHER_PUBLISH_LEAD_MS), it waits in a worker for its instant, not in the pool's
+    # queue: its pool's cap and stall count only due work, its tenant's concurrency counts it.
+    messages = await make_executions(stores, "census-ahead", "h", count=3)
+    ahead = UUID(messages[0].execution_id)
+    await stores.database.pool.execute(
+        "UPDATE executions SET fire_at = now() + interval '1 hour' WHERE id = $1 AND id = $1", ahead
+    )
+
+    (row,) = [r for r in await stores.tenants.open_executions(3600.0, 3600.0) if r.pool == "census-ahead"]
+    assert (row.pending, row.queued, row.fresh, row.open) == (2, 2, 2, 3)

@@ -35,6 +35,10 @@ class ExecutionMessage:
     timeout_sec: int
     payload: Any
     traceparent: str | None = None
+    #: Published ahead of its due instant (ISO 8601 UTC): the worker holds it until then (sundial_worker.holding).
+    #: None: due already. A worker older than this field ignores it and starts the message on receipt, so workers
+    #: are upgraded before dispatchers publish ahead (``SUNDIAL_DISPATCHER_PUBLISH_LEAD_MS``).
+    due_at: str | None = None
 
     @property
     def topic(self) -> str:

@@ -613,8 +613,14 @@ class FairDispatch:
         #: The hot window's earliest member after the last claim (the pass loop sleeps until then).
         self._window_next: datetime | None = None
 
-    async def claim(self, now: datetime) -> Claimed:
+    async def claim(self, now: datetime, lead: timedelta = timedelta(0)) -> Claimed:
         """This pass's work: scheduled retries as claimed, and up to ``batch_size`` occurrences taken fairly.
+
+        ``lead``: members due within it are claimed too, and sent ahead if the pass is uncontended (all it claimed
+        fits the pools' room, no quota: a sparse stream; their workers hold them until due,
+        ``DispatcherConfig.publish_lead_sec``). Otherwise they wait in ``early`` for their instant like a burst claimed
+        ahead: what goes out ahead is never more than the pools' room, whose census does not count it (it waits in a
+        worker, not in the topic).
 
         If a read fails after the claim (Postgres away), what is not in the buffer yet goes back to the hot
         window at once (as a failed pass puts back what it claimed), so it is claimed again as soon as the
@@ -624,10 +630,11 @@ class FairDispatch:
         claimed = Claimed()
         self.cut_short = False
         self._window_next = now  # the buffer is full: look again on the poll interval
+        due_by = now + lead
         if room > 0:
             claimed = await self.hot_window.claim_due(
                 self.shard,
-                now,
+                due_by,
                 min(self.config.claim_size, room),
                 ahead=now + timedelta(seconds=self.config.claim_ahead_sec),
                 ahead_min=self.config.claim_ahead_min,
@@ -642,7 +649,7 @@ class FairDispatch:
             tenants = await self.policy.tenants()
             await self.open_work.refresh()
             pool_room, default_room = self.open_work.pool_room(self.shards, self.batch_size)
-            if self._uncontended(claimed, now, tenants, pool_room, default_room):
+            if self._uncontended(claimed, now, due_by, tenants, pool_room, default_room):
                 # Everything claimed goes out in this pass whoever it belongs to: the order within one pass
                 # changes nothing, so the owners' lookup is skipped (the common case below saturation).
                 self.open_work.took_unattributed(len(claimed.jobs))
@@ -714,31 +721,40 @@ class FairDispatch:
         a pass takes more only once room is made."""
         return bool(len(self.queue)) or len(self.queue) + len(self.early) >= self.config.buffer_cap
 
-    def next_look(self, now: datetime) -> datetime | None:
+    def next_look(self, now: datetime, lead: timedelta = timedelta(0)) -> datetime | None:
         """The earliest instant a pass may have work: ``now`` while due work waits in the buffer (for room), else
-        the earliest of the window's first member and the first occurrence claimed ahead (None: nothing).
+        the earliest of the window's first member (``lead`` before it is due: see :meth:`claim`) and the first
+        occurrence claimed ahead (None: nothing).
 
         A window member further away than ``burst_ahead_sec`` is looked at that long before it is due, once: if a
         burst is due with it, that pass claims it ahead; if not, the next look is at the member's instant."""
         if len(self.queue):
             return now
-        window = self._window_next
-        lead = timedelta(seconds=self.config.burst_ahead_sec)
-        if window is not None and self.config.burst_ahead_min > 0 and window - now > lead:
-            window -= lead
+        window = None if self._window_next is None else self._window_next - lead
+        burst = timedelta(seconds=self.config.burst_ahead_sec)
+        if window is not None and self.config.burst_ahead_min > 0 and window - now > burst:
+            window -= burst
         candidates = [t for t in (window, self.early[0][0] if self.early else None) if t is not None]
         return min(candidates, default=None)
 
     def _uncontended(
-        self, claimed: Claimed, now: datetime, tenants: dict[str, Tenant], pool_room: dict[str, int], default_room: int
+        self,
+        claimed: Claimed,
+        now: datetime,
+        due_by: datetime,
+        tenants: dict[str, Tenant],
+        pool_room: dict[str, int],
+        default_room: int,
     ) -> bool:
-        """Nothing waits in the buffer, and all that was claimed is due and fits this pass in any pool, under no
-        quota."""
+        """Nothing due waits in the buffer, and all that was claimed is due by ``due_by`` (now plus the publish lead)
+        and fits this pass in any pool, under no quota. What waits in ``early`` for an instant still to come (a burst
+        claimed ahead, or members a contended pass claimed within the lead) does not make a pass contended: it would
+        keep every later pass of a steady stream from sending ahead."""
         n = len(claimed.jobs)
         return (
             not len(self.queue)
-            and not self.early
-            and all(o.due <= now for o in claimed.jobs)
+            and not (self.early and self.early[0][0] <= now)
+            and all(o.due <= due_by for o in claimed.jobs)
             and n <= self.batch_size
             and n <= min(default_room, *pool_room.values())
             and not any(

@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from sundial_common.broker import Publisher
@@ -74,6 +74,8 @@ class RetryDispatcher:
         publisher: Publisher,
         clock: Clock,
         hot_window_sec: int,
+        *,
+        ahead: bool = False,
     ) -> None:
         self.shard = shard
         self.token = token
@@ -83,6 +85,8 @@ class RetryDispatcher:
         self.publisher = publisher
         self.clock = clock
         self.hot_window_sec = hot_window_sec
+        #: Retries are claimed up to the publish lead before they are due: their messages carry the due instant.
+        self.ahead = ahead
 
     async def dispatch(self, claims: Sequence[RetryDue]) -> RetryResult:
         """Commit (fenced) and publish the next attempt of each due retry. Raises ``FencedOut`` like a dispatch."""
@@ -102,6 +106,8 @@ class RetryDispatcher:
         count_dispatched((row["tenant_id"], row["pool"]) for row in outcome.dispatched)
         messages: list[ExecutionMessage] = []
         spans: list[Span] = []
+        now = self.clock.now()
+        due = {c.execution_id: c.due for c in claims if self.ahead and c.due > now}
         for row in outcome.dispatched:
             # Each attempt gets a dispatch span in the execution's own trace, as the first one did, and the
             # handler's span continues it: every attempt of one occurrence is one story.
@@ -124,7 +130,7 @@ class RetryDispatcher:
                 },
             )
             spans.append(span)
-            messages.append(self._message(row, traceparent(span) or row["traceparent"]))
+            messages.append(self._message(row, traceparent(span) or row["traceparent"], due.get(row["id"])))
         errors = await self.publisher.publish(messages)
         for span, error in zip(spans, errors, strict=True):
             if error is not None:
@@ -140,7 +146,7 @@ class RetryDispatcher:
             retried=len(messages), published=len(sent), publish_failed=failed, held=outcome.held, probes=outcome.probes
         )
 
-    def _message(self, row: Record, parent: str | None) -> ExecutionMessage:
+    def _message(self, row: Record, parent: str | None, due: datetime | None) -> ExecutionMessage:
         return ExecutionMessage(
             execution_id=str(row["id"]),
             job_id=str(row["job_id"]),
@@ -153,4 +159,5 @@ class RetryDispatcher:
             timeout_sec=row["timeout_sec"],
             payload=row["payload"],
             traceparent=parent,
+            due_at=due.isoformat() if due is not None else None,
         )

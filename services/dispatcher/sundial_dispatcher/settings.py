@@ -21,6 +21,14 @@ class DispatcherSettings(CommonSettings):
         description="Most executions of one pool waiting in its Kafka topic (published, not started) before the "
         "dispatcher holds the rest back, where fairness can still order them.",
     )
+    dispatcher_publish_lead_ms: int = Field(
+        200,
+        ge=0,
+        le=1000,
+        description="Executions are committed and published up to this long before they are due, and each worker "
+        "holds the message until its due instant: the dispatch pass, the produce and the fetch are then done "
+        "before it (0: published at the due instant). Upgrade workers before dispatchers.",
+    )
     dispatcher_orphan_grace_sec: float = Field(
         1.0,
         gt=0,

@@ -265,12 +265,15 @@ def dispatch_work(deps: Dependencies, config: DispatcherConfig, holder: str) -> 
                 while claims and claims[0][0] < started - 1.0:
                     claims.popleft()
                 rate = sum(n for _, n in claims)  # members claimed over the last second
-                if rate > config.dense_per_sec:  # dense: batch (DispatcherConfig.dense_per_sec, dense_batch)
+                dense = rate > config.dense_per_sec
+                if dense:  # dense: batch (DispatcherConfig.dense_per_sec, dense_batch)
                     wait = max(wait, _dense_wait(rate, started, time.perf_counter(), config))
+                dispatcher.sparse(not dense)  # a sparse shard's passes take members ahead (publish_lead_sec)
                 if alarm is None:
                     await tenure.pause(wait)
                 else:
-                    alarm.plan(time.time() * 1000 + wait * 1000)
+                    # In due instants, as members are announced: the pass comes the publish lead before them.
+                    alarm.plan((time.time() + dispatcher.lead.total_seconds() + wait) * 1000)
                     await tenure.pause(wait, alarm.ring)
         if fair is not None:  # the term ended: what it claimed and did not dispatch goes back for the next leader
             with contextlib.suppress(Exception):  # best effort: the hydrator's overdue scan recovers them anyway

@@ -42,7 +42,7 @@ import time
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
@@ -207,6 +207,10 @@ def _trace_recovery(row: Record, ended: Finished, started_ns: int) -> None:
 
 
 def _message(row: Record, parent: str | None) -> ExecutionMessage:
+    # Sent again before its due instant (a broker restart right after a publish ahead): the worker still holds it.
+    due: datetime | None = row["fire_at"]
+    if due is not None and due <= datetime.now(UTC):
+        due = None
     return ExecutionMessage(
         execution_id=str(row["id"]),
         job_id=str(row["job_id"]),
@@ -219,6 +223,7 @@ def _message(row: Record, parent: str | None) -> ExecutionMessage:
         timeout_sec=row["timeout_sec"],
         payload=row["payload"],
         traceparent=parent,
+        due_at=due.isoformat() if due is not None else None,
     )
 
 

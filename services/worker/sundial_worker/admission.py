@@ -9,6 +9,10 @@ a duplicate delivery, an attempt that is no longer current — is acknowledged w
 :class:`~sundial_worker.execution.HandlerExecutor`, and then the won executions' liveness keys are renewed
 (the Redis round trip overlaps the handlers' start).
 
+A message published ahead of its due instant (it carries ``due_at``) is not claimed on receipt: it waits in
+:mod:`~sundial_worker.holding`, outside the slots and unacknowledged, and is claimed when that instant comes (before
+the loop takes more from Kafka, if slots are short).
+
 The loop is not on a timer: a pass waits for messages up to ``poll_timeout_sec`` (or, with no slot free,
 for a handler to end), so it runs back to back until the runtime's ``stopping`` event is set. A batch's claim
 (CAS, launch, liveness write) runs as a task of its own while the loop takes the next batch, at most two at once:
@@ -28,6 +32,7 @@ import logging
 import time
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, TypeVar
 from uuid import UUID
 
@@ -41,6 +46,7 @@ from sundial_worker.consumer import Delivery, ExecutionConsumer
 from sundial_worker.errors import TRANSIENT_DB_ERRORS, check_positive_int, check_seconds
 from sundial_worker.execution import HandlerExecutor
 from sundial_worker.heartbeats import Heartbeats
+from sundial_worker.holding import Holding
 from sundial_worker.inflight import InFlight, WorkerStats
 from sundial_worker.pool_guard import PoolGuard
 
@@ -54,6 +60,8 @@ _PARK_CHECK_WAIT_SEC = 0.03
 #: Claims (start CAS, launch, liveness write) in flight at once: while one waits for Postgres the loop takes the
 #: next batch, so what arrives meanwhile does not wait for that round trip.
 _CLAIMS_IN_FLIGHT = 2
+#: Messages held for their due instant (sundial_worker.holding), in poll batches: beyond it, the loop takes no more.
+_HELD_BATCHES = 4
 
 
 _R = TypeVar("_R")
@@ -77,6 +85,10 @@ class AdmissionConfig:
     def __post_init__(self) -> None:
         check_positive_int(self, "concurrency", "poll_batch")
         check_seconds(self, "poll_timeout_sec", "idle_park_sec", "park_check_sec")
+
+
+#: A decoded message: its delivery, body, execution id and due instant (epoch seconds; None: due now).
+_Decoded = tuple[Delivery, ExecutionMessage, UUID, float | None]
 
 
 @dataclass(eq=False, slots=True)
@@ -123,25 +135,46 @@ class Admission:
         self._stopping = stopping
         #: The executions whose start CAS is in flight (each holds a slot until it is launched or lost).
         self._claiming: dict[tuple[UUID, int], _Claim] = {}
+        #: The claims' tasks in flight.
+        self._claims: set[asyncio.Task[None]] = set()
+        #: Messages published ahead of their due instant, waiting for it outside the handler slots.
+        self._holding: Holding[_Decoded] = Holding(_HELD_BATCHES * config.poll_batch, self._release_held)
 
     async def run(self) -> None:
         """Take and claim until stopping, a batch's claim overlapping the next take (at most
         ``_CLAIMS_IN_FLIGHT`` at once). Claims are never cancelled: a stop waits for them."""
-        claims: set[asyncio.Task[None]] = set()
+        holding = asyncio.create_task(self._holding.run(self._stopping), name="sundial-worker-holding")
         try:
             while not self._stopping.is_set():
                 deliveries = await self._next()
-                batch, duplicates = self._collect(deliveries)
-                if batch:
-                    claim = self._claim(batch, duplicates)
-                    claims.add(asyncio.create_task(claim, name="sundial-worker-claim"))
-                if len(claims) >= _CLAIMS_IN_FLIGHT:
-                    await asyncio.wait(claims, return_when=asyncio.FIRST_COMPLETED)
-                claims = self._reap(claims)
+                self._start_claim(*self._collect(deliveries))
+                if len(self._claims) >= _CLAIMS_IN_FLIGHT:
+                    await asyncio.wait(self._claims, return_when=asyncio.FIRST_COMPLETED)
+                self._claims = self._reap(self._claims)
+                if holding.done():  # the holding timer ends only with a stop, or by a bug: raise it
+                    holding.result()
         finally:
-            if claims:
-                await asyncio.wait(claims)
-            self._reap(claims)
+            holding.cancel()  # between two releases: each is synchronous, and what it claimed is in _claims
+            await asyncio.wait([holding])
+            self._holding.drain()  # unacknowledged: the group's next member gets them
+            if self._claims:
+                await asyncio.wait(self._claims)
+            self._reap(self._claims)
+
+    def _start_claim(self, batch: dict[tuple[UUID, int], _Claim], duplicates: int) -> None:
+        if batch:
+            self._claims.add(asyncio.create_task(self._claim(batch, duplicates), name="sundial-worker-claim"))
+
+    def _free(self) -> int:
+        """Handler slots neither a handler nor a claim in flight holds."""
+        return self.config.concurrency - len(self._inflight.running) - len(self._claiming)
+
+    def _release_held(self) -> None:
+        """Claim the held messages whose instant has come, as many as there are free slots (the rest are taken first
+        as slots free: :meth:`_next`). Synchronous, like :meth:`_collect`, so the slots are counted at once."""
+        free = self._free()
+        if free > 0 and not self._stopping.is_set():
+            self._start_claim(*self._gather(self._holding.due(free)))
 
     @staticmethod
     def _reap(claims: set[asyncio.Task[None]]) -> set[asyncio.Task[None]]:
@@ -155,6 +188,7 @@ class Admission:
         """Cut short a pass waiting for a free slot or parked (so that it notices a stop at once)."""
         self._inflight.slot_freed.set()
         self._published.set()
+        self._holding.wake()
 
     def published(self) -> None:
         """A publisher announced this pool's topic (sundial_worker.wakeups): a parked consumer fetches now."""
@@ -163,8 +197,10 @@ class Admission:
     async def _next(self) -> list[Delivery]:
         """Up to the free slots' worth of messages (a slot is free if no handler holds it and no claim in flight
         may give it one); none when every slot is taken (the group served meanwhile) or nothing came."""
-        free = self.config.concurrency - len(self._inflight.running) - len(self._claiming)
-        if free <= 0:
+        if self._holding.waiting():  # held messages now due take the free slots first
+            self._release_held()
+        free = self._free()
+        if free <= 0 or self._holding.full():
             slot_freed = self._inflight.slot_freed
             slot_freed.clear()
             try:
@@ -199,17 +235,29 @@ class Admission:
         return []
 
     def _collect(self, deliveries: Sequence[Delivery]) -> tuple[dict[tuple[UUID, int], _Claim], int]:
+        """The batch's claims (:meth:`_gather`), after setting aside the messages published ahead of their due
+        instant (held until it comes: :mod:`sundial_worker.holding`)."""
+        now = time.time()
+        due: list[_Decoded] = []
+        for delivery in deliveries:
+            decoded = self._decode(delivery)
+            if decoded is None:
+                continue
+            instant = decoded[3]
+            if instant is not None and instant > now:
+                self._holding.hold(instant, decoded)
+            else:
+                due.append(decoded)
+        return self._gather(due)
+
+    def _gather(self, decoded: Sequence[_Decoded]) -> tuple[dict[tuple[UUID, int], _Claim], int]:
         """The batch's claims, held in :attr:`_claiming` (their slots taken) from now on, and its duplicates so far.
 
         No claims if stopping, or if every delivery was undecodable or a duplicate. Synchronous, so that the loop's
         next pass counts these claims' slots as taken."""
         claims: dict[tuple[UUID, int], _Claim] = {}
         duplicates = 0
-        for delivery in deliveries:
-            decoded = self._decode(delivery)
-            if decoded is None:
-                continue
-            message, execution_id = decoded
+        for delivery, message, execution_id, _ in decoded:
             unsettled = self._inflight.unsettled.get(execution_id)
             if unsettled is not None and unsettled.attempt == message.attempt:
                 # Redelivered before its outcome is written (a rebalance handed the partition back):
@@ -301,12 +349,13 @@ class Admission:
         # Liveness keys go out after the handlers have started, so the Redis round trip overlaps them.
         await self._heartbeats.renew(started)
 
-    def _decode(self, delivery: Delivery) -> tuple[ExecutionMessage, UUID] | None:
+    def _decode(self, delivery: Delivery) -> _Decoded | None:
         try:
             if delivery.value is None:
                 raise ValueError("empty message")
             message = ExecutionMessage.decode(delivery.value)
-            return message, UUID(message.execution_id)
+            due = None if message.due_at is None else datetime.fromisoformat(message.due_at).timestamp()
+            return delivery, message, UUID(message.execution_id), due
         except (ValueError, TypeError, orjson.JSONDecodeError) as exc:
             # Nothing can ever run it, and it must not block the partition's commits: skip it loudly.
             log.error(

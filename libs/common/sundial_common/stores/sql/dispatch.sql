@@ -166,7 +166,7 @@ WHERE id = ANY($1::uuid[]) AND published_at IS NULL AND state || '' = 'PENDING';
 -- PENDING executions whose message was never published, or was published and never picked up
 -- (the broker may have lost it): the execution row is the outbox, so they can be sent again.
 SELECT e.id, e.tenant_id, e.job_id, e.scheduled_for, e.shard, e.fence_token, e.pool, e.handler,
-       e.attempt, e.timeout_sec, e.traceparent, j.payload
+       e.attempt, e.timeout_sec, e.traceparent, e.fire_at, j.payload
 FROM executions e JOIN jobs j ON j.id = e.job_id
 WHERE e.phase = 'OPEN' AND e.state = 'PENDING'
   AND ((e.published_at IS NULL AND coalesce(e.pending_since, e.created_at) < $1) OR e.published_at < $2)
@@ -177,7 +177,7 @@ LIMIT $3;
 -- Every PENDING execution, a page at a time in id order after $1: the broker restarted empty and lost every
 -- message it held, so each PENDING execution's message may be gone (the sweeper sends them all again).
 SELECT e.id, e.tenant_id, e.job_id, e.scheduled_for, e.shard, e.fence_token, e.pool, e.handler,
-       e.attempt, e.timeout_sec, e.traceparent, j.payload
+       e.attempt, e.timeout_sec, e.traceparent, e.fire_at, j.payload
 FROM executions e JOIN jobs j ON j.id = e.job_id
 WHERE e.phase = 'OPEN' AND e.state = 'PENDING' AND e.id > $1
 ORDER BY e.id
@@ -187,7 +187,7 @@ LIMIT $2;
 -- Those of the given executions still PENDING, with their payloads: a republish after a broker restart that
 -- failed for them is tried again at the next pass.
 SELECT e.id, e.tenant_id, e.job_id, e.scheduled_for, e.shard, e.fence_token, e.pool, e.handler,
-       e.attempt, e.timeout_sec, e.traceparent, j.payload
+       e.attempt, e.timeout_sec, e.traceparent, e.fire_at, j.payload
 FROM executions e JOIN jobs j ON j.id = e.job_id
 WHERE e.id = ANY($1::uuid[]) AND e.state = 'PENDING'
 ORDER BY e.id;

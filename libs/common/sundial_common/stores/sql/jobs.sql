@@ -55,7 +55,8 @@ SELECT * FROM job;
 SELECT * FROM jobs WHERE id = $1 AND tenant_id = $2;
 
 -- name: cancel_job
--- A cancelled job fires no more; executions already dispatched are not touched here. Its dependency triggers
+-- A cancelled job fires no more; executions already dispatched are not touched here, except one dispatched ahead
+-- of its due instant and not yet due (withdrawn below). Its dependency triggers
 -- still waiting are dropped (a cancelled child is never scanned again: left, they would stay in the pending
 -- index every shard leader probes) and its running backfills end CANCELLED, in the same statement.
 WITH previous AS (
@@ -72,11 +73,22 @@ WITH previous AS (
 ), audit AS (
     INSERT INTO audit_log (tenant_id, entity, entity_id, action, from_state, to_state, actor)
     SELECT job.tenant_id, 'job', job.id, 'cancel', previous.state, 'CANCELLED', $3 FROM job JOIN previous USING (id)
+), withdrawn AS (
+    -- An execution dispatched ahead of its due instant (SUNDIAL_DISPATCHER_PUBLISH_LEAD_MS) and not yet due is
+    -- withdrawn with the job: CANCELLED, so its worker's start CAS loses. It would not exist yet without the lead.
+    UPDATE executions e
+    SET state = 'CANCELLED', cancel_requested_at = now(), finished_at = now(), error = 'job cancelled before the execution was due'
+    FROM job WHERE e.job_id = job.id AND e.state = 'PENDING' AND e.fire_at > now()
+    RETURNING e.id, e.tenant_id
+), withdrawn_audit AS (
+    INSERT INTO audit_log (tenant_id, entity, entity_id, action, from_state, to_state, actor)
+    SELECT tenant_id, 'execution', id, 'cancel', 'PENDING', 'CANCELLED', $3 FROM withdrawn
 )
 SELECT * FROM job;
 
 -- name: pause_job
--- ACTIVE -> PAUSED. The job keeps its next occurrence; resuming hands it to the catch-up policy.
+-- ACTIVE -> PAUSED. The job keeps its next occurrence; resuming hands it to the catch-up policy. An execution
+-- dispatched ahead of its due instant and not yet due is withdrawn (CANCELLED): a resume does not bring it back.
 WITH previous AS (
     SELECT id FROM jobs WHERE id = $1 AND tenant_id = $2 AND state = 'ACTIVE' FOR UPDATE
 ), job AS (
@@ -86,6 +98,16 @@ WITH previous AS (
 ), audit AS (
     INSERT INTO audit_log (tenant_id, entity, entity_id, action, from_state, to_state, actor)
     SELECT tenant_id, 'job', id, 'pause', 'ACTIVE', 'PAUSED', $3 FROM job
+), withdrawn AS (
+    -- An execution dispatched ahead of its due instant (SUNDIAL_DISPATCHER_PUBLISH_LEAD_MS) and not yet due is
+    -- withdrawn with the job: CANCELLED, so its worker's start CAS loses. It would not exist yet without the lead.
+    UPDATE executions e
+    SET state = 'CANCELLED', cancel_requested_at = now(), finished_at = now(), error = 'job paused before the execution was due'
+    FROM job WHERE e.job_id = job.id AND e.state = 'PENDING' AND e.fire_at > now()
+    RETURNING e.id, e.tenant_id
+), withdrawn_audit AS (
+    INSERT INTO audit_log (tenant_id, entity, entity_id, action, from_state, to_state, actor)
+    SELECT tenant_id, 'execution', id, 'cancel', 'PENDING', 'CANCELLED', $3 FROM withdrawn
 )
 SELECT * FROM job;
 
