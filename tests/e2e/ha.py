@@ -269,6 +269,16 @@ class HaCluster:
             previous[shard] = at
         return gaps
 
+    async def dispatch_lateness(self, since: datetime) -> dict[int, float]:
+        """Per shard, the longest a job due from ``since`` waited past its due instant for its dispatch transaction
+        (negative: every one was dispatched ahead, SUNDIAL_DISPATCHER_PUBLISH_LEAD_MS)."""
+        rows = await self.fetch(
+            "SELECT shard, extract(epoch FROM max(created_at - scheduled_for))::float8 AS late FROM executions "
+            "WHERE scheduled_for >= $1 GROUP BY shard",
+            since,
+        )
+        return {row["shard"]: row["late"] for row in rows}
+
     async def check_invariants(self, job_ids: Sequence[uuid.UUID]) -> dict[str, int]:
         """Nothing lost, nothing doubled, no stale-token write. Returns counts for the report."""
         executions = await self.fetch("SELECT job_id, scheduled_for, shard, fence_token FROM executions")

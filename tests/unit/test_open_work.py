@@ -212,3 +212,22 @@ async def test_a_pool_with_no_worker_is_not_taken_for_one_draining_when_the_othe
     await work.refresh()
     assert "p" not in work.started_work
     assert work.pool_room(shards=4, batch_size=500)[0]["p"] == 170  # its share of pool_queue_cap, not of a tiny cap
+
+
+async def test_work_published_ahead_and_held_by_a_worker_is_not_taken_for_a_start() -> None:
+    # A sparse shard publishes ahead of the due instant (the worker holds the message until then): at the next
+    # read the execution is neither started nor due. Counted as drained, a pool with no worker at all would look
+    # like one starting work, get a short cap, and stop dispatching until the stalled-pool rule lifted it.
+    counts, clock = Counts(), Clock()
+    work = open_work(counts, clock, pool_queue_min=16)
+    counts.rows = [OpenExecutions("a", "p", queued=0, pending=0, running=0, open=0)]
+    await work.refresh()
+    work.took([Waiting(Occurrence(uuid.uuid4(), DUE), "a", "p") for _ in range(3)])
+    counts.rows = [OpenExecutions("a", "p", queued=0, pending=0, running=0, open=3, ahead=3)]
+    clock.now += 0.25
+    await work.refresh()
+    assert "p" not in work.started_work and work.cap("p") == 1000  # nothing started: the fixed cap still
+    counts.rows = [OpenExecutions("a", "p", queued=2, pending=2, running=0, open=3, ahead=1)]
+    clock.now += 0.25
+    await work.refresh()
+    assert "p" not in work.started_work  # two came due, none started

@@ -219,7 +219,7 @@ class OpenWork:
         self.started_work: set[str] = set()
         #: The fair queues of the shards this process leads (see :meth:`best_lane_elsewhere`).
         self.queues: dict[int, FairQueue] = {}
-        self._pending: dict[str, int] = {}
+        self._unstarted: dict[str, int] = {}
         self._took: dict[str, int] = {}
         self._limited: set[str] = set()
         #: All the shards (each pass says, :meth:`pool_room`); ``queues`` holds those this process leads.
@@ -235,6 +235,7 @@ class OpenWork:
             queued: dict[str, int] = {}
             fresh: dict[str, int] = {}
             pending: dict[str, int] = {}
+            unstarted: dict[str, int] = {}  # pending and those published ahead (the drain's count)
             running: dict[str, int] = {}
             opened: dict[str, int] = {}
             waited: dict[str, float] = {}
@@ -243,6 +244,7 @@ class OpenWork:
                 queued[row.pool] = queued.get(row.pool, 0) + row.queued
                 fresh[row.pool] = fresh.get(row.pool, 0) + (row.queued if row.fresh is None else row.fresh)
                 pending[row.pool] = pending.get(row.pool, 0) + row.pending
+                unstarted[row.pool] = unstarted.get(row.pool, 0) + row.pending + row.ahead
                 running[row.pool] = running.get(row.pool, 0) + row.running
                 opened[row.tenant_id] = opened.get(row.tenant_id, 0) + row.open
             flowing_at = {}
@@ -255,8 +257,8 @@ class OpenWork:
             busy = {pool for pool, n in running.items() if n}
             self.started_work.update(busy)
             if self._read_at is not None and now > self._read_at:
-                self._adapt_caps(queued, pending, busy, now - self._read_at)
-            self._pending, self._took, self._limited = pending, {}, set()
+                self._adapt_caps(queued, unstarted, busy, now - self._read_at)
+            self._unstarted, self._took, self._limited = unstarted, {}, set()
             self.queued, self.fresh, self.open, self.unattributed = queued, fresh, opened, 0
             self._flowing_at = flowing_at
             self._read_at = now
@@ -272,10 +274,13 @@ class OpenWork:
                         self.config.stalled_pool_sec,
                     )
 
-    def _adapt_caps(self, queued: dict[str, int], pending: dict[str, int], running: set[str], elapsed: float) -> None:
-        """Each pool's cap from its drain since the last read (see the class docstring)."""
+    def _adapt_caps(self, queued: dict[str, int], unstarted: dict[str, int], running: set[str], elapsed: float) -> None:
+        """Each pool's cap from its drain since the last read (see the class docstring). ``unstarted``: PENDING,
+        due or published ahead (what is held in a worker for its due instant was published, not started: counted
+        as drained, a pool with no worker would look like one starting work, its cap would follow a drain that did
+        not happen, and its work would stop until the stalled-pool rule lifted the cap)."""
         cfg = self.config
-        pools = self._pending.keys() | self._took.keys() | pending.keys()
+        pools = self._unstarted.keys() | self._took.keys() | unstarted.keys()
         unattributed = self.unattributed if len(pools | running) == 1 else 0
         # The other processes published about as much for the shards they lead (none led here: count as is).
         everyone = max(1.0, self._shards / len(self.queues)) if self.queues else 1.0
@@ -284,9 +289,9 @@ class OpenWork:
             # Started work only if this process's own publishes show it (a lower bound of everyone's): the
             # scaled estimate errs high while shards move between processes, and would take a pool with no worker
             # for one with workers draining it (its cap then holds dispatch until the stalled-pool rule lifts it).
-            if self._pending.get(pool, 0) + took - pending.get(pool, 0) > 0:
+            if self._unstarted.get(pool, 0) + took - unstarted.get(pool, 0) > 0:
                 self.started_work.add(pool)
-            drained = self._pending.get(pool, 0) + round(took * everyone) - pending.get(pool, 0)
+            drained = self._unstarted.get(pool, 0) + round(took * everyone) - unstarted.get(pool, 0)
             if pool not in self.started_work:
                 continue
             rate_cap = round(drained / elapsed * cfg.pool_queue_sec) if drained > 0 else 0

@@ -135,7 +135,7 @@ class OpenExecutions:
     pool: str
     #: Published (or about to be) recently and not started: waiting in the pool's topic.
     queued: int
-    #: PENDING, however old.
+    #: PENDING and due, however old.
     pending: int
     #: Started and not ended.
     running: int
@@ -145,6 +145,8 @@ class OpenExecutions:
     waited_sec: float | None = None
     #: Of ``queued``, those dispatched within ``fresh_within_sec`` (None: not counted apart).
     fresh: int | None = None
+    #: PENDING and published ahead of their due instant (not in ``pending``): held by a worker until then.
+    ahead: int = 0
 
 
 class PostgresTenantStore:
@@ -201,6 +203,7 @@ class PostgresTenantStore:
                 r["open"],
                 float(r["waited_sec"]) if r["waited_sec"] is not None else None,
                 r["fresh"],
+                r["ahead"],
             )
             for r in rows
         ]

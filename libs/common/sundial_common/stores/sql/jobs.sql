@@ -78,7 +78,7 @@ WITH previous AS (
     -- withdrawn with the job: CANCELLED, so its worker's start CAS loses. It would not exist yet without the lead.
     UPDATE executions e
     SET state = 'CANCELLED', cancel_requested_at = now(), finished_at = now(), error = 'job cancelled before the execution was due'
-    FROM job WHERE e.job_id = job.id AND e.state = 'PENDING' AND e.fire_at > now()
+    FROM job WHERE e.job_id = job.id AND e.phase = 'OPEN' AND e.state = 'PENDING' AND e.fire_at > now()
     RETURNING e.id, e.tenant_id
 ), withdrawn_audit AS (
     INSERT INTO audit_log (tenant_id, entity, entity_id, action, from_state, to_state, actor)
@@ -103,7 +103,7 @@ WITH previous AS (
     -- withdrawn with the job: CANCELLED, so its worker's start CAS loses. It would not exist yet without the lead.
     UPDATE executions e
     SET state = 'CANCELLED', cancel_requested_at = now(), finished_at = now(), error = 'job paused before the execution was due'
-    FROM job WHERE e.job_id = job.id AND e.state = 'PENDING' AND e.fire_at > now()
+    FROM job WHERE e.job_id = job.id AND e.phase = 'OPEN' AND e.state = 'PENDING' AND e.fire_at > now()
     RETURNING e.id, e.tenant_id
 ), withdrawn_audit AS (
     INSERT INTO audit_log (tenant_id, entity, entity_id, action, from_state, to_state, actor)
