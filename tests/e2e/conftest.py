@@ -54,9 +54,12 @@ class Processes:
         self.env = {**os.environ, **env, "PYTHONUNBUFFERED": "1"}
         self.logs = logs
         self.running: dict[str, subprocess.Popen[bytes]] = {}
+        #: Where each process's current incarnation begins in its log (a restarted one appends to the same file).
+        self._log_from: dict[str, int] = {}
 
     def start(self, name: str, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
         log = (self.logs / f"{name}.log").open("ab")
+        self._log_from[name] = log.tell()
         proc = subprocess.Popen(
             [SUNDIAL, *args],
             env={**self.env, **(env or {})},
@@ -71,10 +74,14 @@ class Processes:
         return (self.logs / f"{name}.log").read_text(errors="replace")
 
     def wait_for_log(self, name: str, text: str, timeout: float = 60.0) -> None:
+        """Wait for ``text`` in what the process's current incarnation logged (not a restarted one's earlier life)."""
         deadline = time.monotonic() + timeout
+        path = self.logs / f"{name}.log"
         while time.monotonic() < deadline:
-            if text in self.log(name):
-                return
+            with path.open("rb") as log:
+                log.seek(self._log_from.get(name, 0))
+                if text in log.read().decode(errors="replace"):
+                    return
             proc = self.running[name]
             if proc.poll() is not None:
                 raise AssertionError(f"{name} exited with {proc.returncode}:\n{self.log(name)[-3000:]}")
