@@ -20,6 +20,10 @@ already partitioned, ``audit_log`` one table) and the head has ``--audit-days`` 
 (98: the default 90-day retention plus the week ahead); each filled execution has its three audit rows
 (dispatch, start, finish) in both.
 
+``--variant FILE`` measures a schema change before it is a migration: ``flat`` is then the head with FILE's SQL
+applied after it is filled (a trigger dropped, an index dropped, a table's fillfactor: an upper bound of what a
+piece costs, or a candidate), against the head itself; ``--flat`` is ignored.
+
 ``--flat 0022`` measures migration 0023 (no index names ``state``, so a start is a heap-only update): ``flat`` is
 then 0022 (the same partitions, the indexes on ``state``); the line also has, per database, the updates of
 ``executions`` in the measured rounds and how many of them were heap-only (``pg_stat_user_tables``).
@@ -192,12 +196,19 @@ async def main_async(args: argparse.Namespace) -> None:
     shutil.rmtree(root, ignore_errors=True)
     server = PostgresServer(root / "postgres", BENCH_PORTS.postgres + args.port_offset, settings=POSTGRES_SETTINGS)
     server.start()
-    audit_days = args.audit_days if args.flat == "0019" else 0
+    flat = "head" if args.variant else args.flat
+    audit_days = args.audit_days if flat == "0019" else 0
     try:
         modes = {
-            "flat": await prepare(server, "storage_flat", args.flat, args.rows, args.days, audit_days),
+            "flat": await prepare(server, "storage_flat", flat, args.rows, args.days, audit_days),
             "partitioned": await prepare(server, "storage_partitioned", "head", args.rows, args.days, audit_days),
         }
+        if args.variant:
+            conn = await asyncpg.connect(modes["flat"])
+            try:
+                await conn.execute(args.variant.read_text())
+            finally:
+                await conn.close()
         stores = {mode: await Stores.connect(dsn, min_size=2, max_size=2) for mode, dsn in modes.items()}
         try:
             for mode in modes:
@@ -255,7 +266,8 @@ async def main_async(args: argparse.Namespace) -> None:
         "batch": args.batch,
         "rounds": args.rounds,
         "days": args.days,
-        "flat": args.flat,
+        "flat": flat,
+        "variant": args.variant.read_text() if args.variant else None,
         "audit_days": audit_days,
         **result,
         "machine": machine.describe(REPO),
@@ -276,6 +288,9 @@ def main(argv: list[str] | None = None) -> int:
         choices=("0017", "0019", "0022"),
         default="0017",
         help="the revision to compare the head with (see above)",
+    )
+    parser.add_argument(
+        "--variant", type=Path, help="a SQL file applied to the head as `flat`, measured against the head (see above)"
     )
     parser.add_argument("--audit-days", type=int, default=98, help="with --flat 0019: daily partitions of audit_log")
     parser.add_argument("--batch", type=int, default=250, help="executions per dispatch, start and finish")
