@@ -33,6 +33,7 @@ from uuid import UUID
 
 import orjson
 from sundial_common.encryption import Keyring
+from sundial_common.ids import parse_id
 from sundial_common.messages import ExecutionMessage
 from sundial_common.stores.executions import ExecutionStore
 from sundial_common.stores.types import Record
@@ -306,7 +307,7 @@ class Admission:
             if delivery.value is None:
                 raise ValueError("empty message")
             message = ExecutionMessage.decode(delivery.value)
-            return message, UUID(message.execution_id)
+            return message, parse_id(message.execution_id)
         except (ValueError, TypeError, orjson.JSONDecodeError) as exc:
             # Nothing can ever run it, and it must not block the partition's commits: skip it loudly.
             log.error(
