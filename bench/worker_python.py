@@ -22,7 +22,6 @@ import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
-from uuid import UUID
 
 import uvloop
 
@@ -30,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import harness
 import machine
 from sundial_common.encryption import PAYLOAD, TenantCipher
-from sundial_common.ids import new_id
+from sundial_common.ids import new_id, parse_id
 from sundial_common.messages import ExecutionMessage
 from sundial_common.service import prepare_collector
 from sundial_common.telemetry import setup_tracing
@@ -112,7 +111,7 @@ async def measure(batch: int, passes: int) -> float:
         for offset, (body, row) in enumerate(made):
             delivery = Delivery("sundial.pool.demo", 0, offset, body, None, due)
             message = ExecutionMessage.decode(body)
-            execution_id = UUID(message.execution_id)
+            execution_id = parse_id(message.execution_id)  # as admission decodes it
             executor.launch(execution_id, message, [delivery], row)
         while len(outcomes) < batch:
             outcomes.ready.clear()

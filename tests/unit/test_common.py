@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import uuid
 
+import orjson
 import pytest
 from sundial_common.clock import from_ms, to_ms
-from sundial_common.ids import new_id, shard_for
+from sundial_common.ids import new_execution_id, new_id, parse_id, shard_for
 from sundial_common.messages import ExecutionMessage, pool_topic
 from sundial_common.queries import load
 from sundial_common.stores import database, dispatch, executions, idempotency, jobs
@@ -19,6 +20,36 @@ def test_new_ids_are_uuid7_and_time_ordered() -> None:
     # Millisecond prefixes never go backwards, so inserts land at the right edge of the index.
     prefixes = [i.int >> 80 for i in ids]
     assert prefixes == sorted(prefixes)
+
+
+def test_new_ids_are_plain_uuids() -> None:
+    # Built without uuid.UUID's constructor: still what it would have made, in every way a caller can see.
+    ident = new_id()
+    again = uuid.UUID(str(ident))
+    assert type(ident) is uuid.UUID and ident == again and hash(ident) == hash(again)
+    assert ident.is_safe is uuid.SafeUUID.unknown and ident.bytes == again.bytes
+    assert orjson.dumps(ident) == orjson.dumps(again)
+
+
+def test_execution_ids_are_uuid7_and_time_ordered_c_uuids() -> None:
+    ids = [new_execution_id() for _ in range(1000)]
+    assert all(isinstance(i, uuid.UUID) and i.version == 7 and i.variant == uuid.RFC_4122 for i in ids)
+    assert len(set(ids)) == 1000 and all(parse_id(str(i)) == i == uuid.UUID(str(i)) for i in ids)
+    prefixes = [i.int >> 80 for i in ids]
+    assert prefixes == sorted(prefixes)
+    assert new_id().int >> 80 >= prefixes[-1]  # one clock for both kinds
+
+
+def test_parsed_ids_are_the_uuids_of_their_text() -> None:
+    text = "01a1fcb0-15a3-7a79-b54f-dccab6a1ddea"
+    parsed, stdlib = parse_id(text), uuid.UUID(text)
+    assert isinstance(parsed, uuid.UUID) and parsed == stdlib and stdlib == parsed
+    assert hash(parsed) == hash(stdlib) and {stdlib: 1}[parsed] == 1
+    assert str(parsed) == text and parsed.version == 7 and parsed.int == stdlib.int
+    assert parse_id(text.replace("-", "")) == stdlib
+    for bad in ("", "01a1fcb0", text + "0", text[:-1] + "g"):
+        with pytest.raises(ValueError):
+            parse_id(bad)
 
 
 def test_shard_mapping_is_stable_and_spread() -> None:

@@ -38,7 +38,7 @@ from sundial_common.broker import Publisher
 from sundial_common.clock import Clock, SystemClock
 from sundial_common.crashpoints import crash_point
 from sundial_common.hotwindow import Claimed, HotWindow
-from sundial_common.ids import new_id
+from sundial_common.ids import new_execution_id
 from sundial_common.messages import ExecutionMessage, pool_topic
 from sundial_common.schedules import fire_at, spec_from_row
 from sundial_common.stores.dispatch import DispatchOutcome, DispatchPlan, DispatchStore, JobAdvance, PlannedExecution
@@ -247,9 +247,13 @@ class _Planner:
             retry_at = self.now + timedelta(seconds=self.config.buffer_poll_sec)
             self.holds.append(Occurrence(job["id"], retry_at))
             return None, [], []
-        planned = [self._execution(job, new_id(), n, fire_at(job["id"], n, spec.jitter_sec)) for n in decision.runs]
+        planned = [
+            self._execution(job, new_execution_id(), n, fire_at(job["id"], n, spec.jitter_sec)) for n in decision.runs
+        ]
         planned += [
-            self._execution(job, new_id(), n, fire_at(job["id"], n, spec.jitter_sec), state="SKIPPED", note=why)
+            self._execution(
+                job, new_execution_id(), n, fire_at(job["id"], n, spec.jitter_sec), state="SKIPPED", note=why
+            )
             for n, why in decision.skipped
         ]
         following = decision.next_nominal

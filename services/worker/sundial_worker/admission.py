@@ -38,6 +38,7 @@ from uuid import UUID
 
 import orjson
 from sundial_common.encryption import Keyring
+from sundial_common.ids import parse_id
 from sundial_common.messages import ExecutionMessage
 from sundial_common.stores.executions import ExecutionStore
 from sundial_common.stores.types import Record
@@ -355,7 +356,7 @@ class Admission:
                 raise ValueError("empty message")
             message = ExecutionMessage.decode(delivery.value)
             due = None if message.due_at is None else datetime.fromisoformat(message.due_at).timestamp()
-            return delivery, message, UUID(message.execution_id), due
+            return delivery, message, parse_id(message.execution_id), due
         except (ValueError, TypeError, orjson.JSONDecodeError) as exc:
             # Nothing can ever run it, and it must not block the partition's commits: skip it loudly.
             log.error(
