@@ -136,15 +136,17 @@ class SharedLease(Protocol):
     """The process's lease, renewed by its owner for every key on it (``ReplicaRegistration``).
 
     ``lease_id`` is None while there is none (registering, deregistered); ``renewed_at`` is the
-    ``time.monotonic()`` at which its last successful renewal (or grant) started; ``ttl`` is as granted.
+    ``time.monotonic()`` at which its last successful renewal (or grant) started; ``ttl`` is as granted;
+    ``failing_since`` the ``time.monotonic()`` since which its renewals fail (None: the last one succeeded).
     """
 
     lease_id: int | None
     renewed_at: float
     ttl: float
+    failing_since: float | None
 
     def renewal(self) -> asyncio.Event:
-        """An event set when the next renewal succeeds or the lease changes."""
+        """An event set when the next renewal ends (succeeds or fails) or the lease changes."""
         ...
 
 
@@ -396,6 +398,8 @@ class ShardLeadership:
     async def _try_create(self) -> Term | None:
         """Create the key on a lease (the process's, or one granted for this term); None if the key was taken."""
         if self._lease is not None:
+            if self._lease.lease_id is None:  # being granted again (the last one expired): wait for it a while
+                await first_of(self._clock.sleep(self._config.renew_interval_sec), self._lease.renewal())
             lease_id, ttl, started = self._lease.lease_id, self._lease.ttl, self._lease.renewed_at
             if lease_id is None:
                 raise NoLease(f"shard {self._shard}: the process's lease is not granted yet")
@@ -517,14 +521,7 @@ class ShardLeadership:
                 if not still_ours:
                     self._mark_lost(term, "lease expired or the leader key changed hands")
                     break
-                if self._unreachable_since is not None:
-                    log.warning(
-                        "shard %d: etcd answers again after %.1fs; term with revision %d kept",
-                        self._shard,
-                        started - self._unreachable_since,
-                        term.revision,
-                    )
-                    self._unreachable_since = None
+                self._reachable(term, started)
                 self._renewed_at = started
                 next_renewal = started + interval
         except asyncio.CancelledError:
@@ -556,6 +553,10 @@ class ShardLeadership:
                     break
                 self._renewed_at = max(self._renewed_at, lease.renewed_at)
                 self._ttl = min(self._config.ttl_sec, lease.ttl)
+                if lease.failing_since is not None and self._config.fenced:
+                    self._unreachable(term, lease.failing_since, "the process's lease renewals fail")
+                elif lease.failing_since is None:
+                    self._reachable(term, self._renewed_at)
                 if not self.trusted():
                     self._mark_lost(term, "trust window ended before a renewal succeeded")
                     break
@@ -576,6 +577,17 @@ class ShardLeadership:
             await asyncio.wait({guard})
         # Free the key now rather than with the lease, so a standby (or we) can take over at once.
         await self._release(term)
+
+    def _reachable(self, term: Term, renewed_at: float) -> None:
+        """A renewal that started at ``renewed_at`` succeeded: say so if etcd had been unreachable."""
+        if self._unreachable_since is not None:
+            log.warning(
+                "shard %d: etcd answers again after %.1fs; term with revision %d kept",
+                self._shard,
+                renewed_at - self._unreachable_since,
+                term.revision,
+            )
+            self._unreachable_since = None
 
     def _unreachable(self, term: Term, since: float, why: str) -> None:
         """A fenced term's renewal could not reach etcd: keep the term (its fence guards its writes)."""

@@ -182,13 +182,14 @@ class ReplicaRegistration:
         self.lease_id: int | None = None
         self.ttl = ttl_sec  # as granted (etcd may grant less than asked)
         self.renewed_at = 0.0  # time.monotonic() at which the lease's last successful renewal (or grant) started
+        self.failing_since: float | None = None  # time.monotonic() of the first of the renewals failing now
         self._renewal = asyncio.Event()
         self._left = False
         self._leaving: asyncio.Future[None] | None = None
         self._revoking: asyncio.Future[None] | None = None
 
     def renewal(self) -> asyncio.Event:
-        """An event set when the next renewal succeeds or the lease changes (expired, re-granted, revoked)."""
+        """An event set when the next renewal ends (succeeds or fails) or the lease changes."""
         return self._renewal
 
     def _renewed(self) -> None:
@@ -224,10 +225,15 @@ class ReplicaRegistration:
                     await asyncio.wait_for(stop.wait(), wait)
                 if stop.is_set():
                     break
+                started = time.monotonic()
                 try:
                     await asyncio.wait_for(self._renew(), self.ttl_sec)
                     wait = interval
+                    self.failing_since = None
                 except (aetcd.ClientError, TimeoutError) as exc:
+                    if self.failing_since is None:
+                        self.failing_since = started
+                    self._renewed()
                     # etcd restarting or unreachable: keep trying, sooner (the leader keys on this lease have a
                     # trust window); the entry expires meanwhile, which is the truth (nobody can see us), and
                     # the next success puts it back.
@@ -253,6 +259,7 @@ class ReplicaRegistration:
                 await self.register()
             elif self.lease_id == lease_id:
                 self.renewed_at = started
+                self.failing_since = None
                 self._renewed()
 
     async def leave(self) -> None:
