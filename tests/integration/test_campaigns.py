@@ -107,7 +107,7 @@ class Replica:
         for shard in range(SHARDS):
             campaign = ShardCampaign(
                 shard,
-                ShardLeadership(self.etcd, shard, self.name, config),
+                ShardLeadership(self.etcd, shard, self.name, config, lease=self.registration),
                 me=self.name,
                 etcd=self.etcd,
                 membership=self.membership,
@@ -119,11 +119,12 @@ class Replica:
             self.tasks.append(asyncio.create_task(campaign.run(self.campaigns_stop), name=f"{self.name}-{shard}"))
 
     async def stop_gracefully(self) -> None:
-        """What SIGTERM does: leave the registry, then let the campaigns finish and resign."""
+        """What SIGTERM does: leave the registry, then let the campaigns finish and resign, then revoke the lease."""
         self.stop.set()
-        await self.registration.deregister()
+        await self.registration.leave()
         self.campaigns_stop.set()
         await asyncio.wait_for(asyncio.gather(*self.tasks), 10)
+        await self.registration.deregister()
         await self.etcd.close()
 
 

@@ -20,6 +20,16 @@ key must be free: our lease expired or was revoked), and it takes the shard befo
 that moment the old term's writes fail. Postgres serializes the two (the take waits for a write in flight
 on the fence row), so per shard the writes are ordered by token, whatever either leader believes.
 
+**One lease per process** (``lease=``, a :class:`SharedLease`: the process's registry entry,
+``sundial_common.registry``). The key is attached to the process's lease, which the registration renews for
+all of them; a term grants, renews and revokes nothing of its own. Its keepalive task follows the lease's
+renewals instead (the trust window counts from the lease's last renewal), the term ends when the lease
+changes (etcd said it expired, or the process deregistered), and resigning *deletes the key* (only if it is
+still the term's: its create revision) rather than revoking the lease. A key left behind by a term whose
+delete could not reach etcd would live on with the lease, so whoever of this process next reads it
+(``acquire``, ``try_acquire``, ``wait_for_vacancy``) deletes it. Without ``lease=`` each term has a lease of
+its own, as below.
+
 **Renew only our own term.** The keepalive task refreshes the lease this holder was granted, and a watch
 of the key from the term's create revision ends the term the moment anything else writes or deletes it
 (re-reading the key every ``_STANDBY_RECHECK_SEC`` in case the watch died silently). It never touches
@@ -76,6 +86,7 @@ __all__ = [
     "LeadershipStopped",
     "MonotonicClock",
     "ShardLeadership",
+    "SharedLease",
     "Term",
     "cancel_watch",
     "first_of",
@@ -119,6 +130,28 @@ class MonotonicClock:
 
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(max(0.0, seconds))
+
+
+class SharedLease(Protocol):
+    """The process's lease, renewed by its owner for every key on it (``ReplicaRegistration``).
+
+    ``lease_id`` is None while there is none (registering, deregistered); ``renewed_at`` is the
+    ``time.monotonic()`` at which its last successful renewal (or grant) started; ``ttl`` is as granted;
+    ``failing_since`` the ``time.monotonic()`` since which its renewals fail (None: the last one succeeded).
+    """
+
+    lease_id: int | None
+    renewed_at: float
+    ttl: float
+    failing_since: float | None
+
+    def renewal(self) -> asyncio.Event:
+        """An event set when the next renewal ends (succeeds or fails) or the lease changes."""
+        ...
+
+
+class NoLease(aetcd.ClientError):  # type: ignore[misc]  # aetcd ships no type information
+    """The process's shared lease is not granted (yet): retried like any etcd error."""
 
 
 class LeadershipStopped(Exception):
@@ -200,10 +233,11 @@ class ShardLeadership:
     """Leader election for one shard, for one holder.
 
     ``acquire()`` blocks until this holder leads and returns the ``Term``; a named keepalive task then
-    renews the lease. Do leader-only work while ``trusted()``; ``lost`` is set when the term ends
-    (renewal failed, key changed hands, trust window ran out, resigned or stopped) and cleared when a
-    new term begins. ``start``/``stop`` (or ``async with``) are idempotent; ``stop`` resigns and wakes
-    a standby blocked in ``acquire()`` with ``LeadershipStopped``.
+    renews the lease (or, with ``lease=``, follows the process lease's renewals). Do leader-only work
+    while ``trusted()``; ``lost`` is set when the term ends (renewal failed, key changed hands, trust
+    window ran out, resigned or stopped) and cleared when a new term begins. ``start``/``stop`` (or
+    ``async with``) are idempotent; ``stop`` resigns and wakes a standby blocked in ``acquire()`` with
+    ``LeadershipStopped``.
     """
 
     def __init__(
@@ -213,11 +247,16 @@ class ShardLeadership:
         holder: str,
         config: LeadershipConfig | None = None,
         clock: Clock | None = None,
+        *,
+        lease: SharedLease | None = None,
     ) -> None:
         if isinstance(shard, bool) or not isinstance(shard, int) or shard < 0:
             raise ValueError(f"shard must be a non-negative integer, got {shard!r}")
         if not holder:
             raise ValueError("holder must be a non-empty id naming this replica (e.g. hostname:pid)")
+        if lease is not None and clock is not None:
+            raise ValueError("a shared lease's renewals are timed on time.monotonic(): no other clock with lease=")
+        self._lease = lease
         self._client = client
         self._shard = shard
         self._holder = holder
@@ -290,7 +329,7 @@ class ShardLeadership:
                 raise LeadershipStopped(f"shard {self._shard}: stopped while acquiring")
             try:
                 current = await self._client.get(self._key)
-                if current is None:
+                if current is None or await self._cleared_leftover(current):
                     term = await self._try_create()
                     if term is not None:
                         return term
@@ -316,7 +355,8 @@ class ShardLeadership:
         await self.resign()
         if self._stopped:
             raise LeadershipStopped(f"shard {self._shard}: stopped")
-        if await self._client.get(self._key) is not None:
+        current = await self._client.get(self._key)
+        if current is not None and not await self._cleared_leftover(current):
             return None
         return await self._try_create()
 
@@ -344,6 +384,8 @@ class ShardLeadership:
                 found = await self._client.get_range(self._key, self._key + b"\0")
                 if not found:
                     return int(found.header.revision)
+                if await self._cleared_leftover(found[0]):
+                    continue  # read again: the revision of a read without it
                 deleted_at = await self._await_vacancy(int(found.header.revision))
                 if deleted_at is not None:
                     return deleted_at
@@ -354,36 +396,46 @@ class ShardLeadership:
                 await self._clock.sleep(retry)
 
     async def _try_create(self) -> Term | None:
-        """Grant a lease and create the key with it; None (and the lease revoked) if the key was taken."""
-        started = self._clock.monotonic()
-        lease = await self._client.lease(math.ceil(self._config.ttl_sec))
+        """Create the key on a lease (the process's, or one granted for this term); None if the key was taken."""
+        if self._lease is not None:
+            if self._lease.lease_id is None:  # being granted again (the last one expired): wait for it a while
+                await first_of(self._clock.sleep(self._config.renew_interval_sec), self._lease.renewal())
+            lease_id, ttl, started = self._lease.lease_id, self._lease.ttl, self._lease.renewed_at
+            if lease_id is None:
+                raise NoLease(f"shard {self._shard}: the process's lease is not granted yet")
+        else:
+            started = self._clock.monotonic()
+            granted = await self._client.lease(math.ceil(self._config.ttl_sec))
+            lease_id, ttl = granted.id, float(granted.ttl)
         tx = self._client.transactions
         try:
             created, responses = await self._client.transaction(
                 compare=[tx.create(self._key) == 0],
-                success=[tx.put(self._key, self._holder.encode(), lease=lease.id), tx.get(self._key)],
+                success=[tx.put(self._key, self._holder.encode(), lease=lease_id), tx.get(self._key)],
                 failure=[],
             )
         except BaseException:
             # Includes cancellation: the txn may have been applied; do not leave the shard held for a TTL.
-            await asyncio.shield(self._revoke_quietly(lease.id))
+            await asyncio.shield(self._abandon(lease_id))
             raise
         if not created:
-            await self._revoke_quietly(lease.id)
+            if self._lease is None:
+                await self._revoke_quietly(lease_id)
             return None
         kv = responses[1][0][1]  # the get after the put: (value, Get) pairs
-        term = Term(shard=self._shard, holder=self._holder, revision=int(kv.create_revision), lease_id=lease.id)
+        term = Term(shard=self._shard, holder=self._holder, revision=int(kv.create_revision), lease_id=lease_id)
         if self._stopped:
-            await self._revoke_quietly(lease.id)
+            await self._release(term)
             raise LeadershipStopped(f"shard {self._shard}: stopped while acquiring")
         self._term = term
-        self._ttl = min(self._config.ttl_sec, float(lease.ttl))
+        self._ttl = min(self._config.ttl_sec, ttl)
         self._renewed_at = started
         self._unreachable_since = None
         self.lost_reason = None
         self.lost.clear()
+        keep = self._keep_alive(term) if self._lease is None else self._follow_lease(term, self._lease)
         self._keepalive = asyncio.create_task(
-            self._keep_alive(term), name=f"sundial-leadership-keepalive-shard-{self._shard}-{self._holder}"
+            keep, name=f"sundial-leadership-keepalive-shard-{self._shard}-{self._holder}"
         )
         log.info("shard %d: %r now leads (term revision %d)", self._shard, self._holder, term.revision)
         return term
@@ -469,14 +521,7 @@ class ShardLeadership:
                 if not still_ours:
                     self._mark_lost(term, "lease expired or the leader key changed hands")
                     break
-                if self._unreachable_since is not None:
-                    log.warning(
-                        "shard %d: etcd answers again after %.1fs; term with revision %d kept",
-                        self._shard,
-                        started - self._unreachable_since,
-                        term.revision,
-                    )
-                    self._unreachable_since = None
+                self._reachable(term, started)
                 self._renewed_at = started
                 next_renewal = started + interval
         except asyncio.CancelledError:
@@ -489,6 +534,60 @@ class ShardLeadership:
             await asyncio.wait({guard})
         # Free the key now rather than after the TTL, so a standby (or we) can take over at once.
         await self._revoke_quietly(term.lease_id)
+
+    async def _follow_lease(self, term: Term, lease: SharedLease) -> None:
+        """The keepalive task of a term on the process's lease: its renewals are the term's.
+
+        The term ends when the lease changes (etcd answered that it expired, or the process deregistered), an
+        unfenced term also when its trust window ends without a renewal, and any term when its key guard sees
+        the key change hands. A fenced term lives through renewals that fail (see the module docstring).
+        """
+        guard = asyncio.create_task(
+            self._guard_key(term), name=f"sundial-leadership-key-guard-shard-{self._shard}-{self._holder}"
+        )
+        try:
+            while True:
+                renewal = lease.renewal()
+                if lease.lease_id != term.lease_id:
+                    self._mark_lost(term, "the process's lease expired or was revoked")
+                    break
+                self._renewed_at = max(self._renewed_at, lease.renewed_at)
+                self._ttl = min(self._config.ttl_sec, lease.ttl)
+                if lease.failing_since is not None and self._config.fenced:
+                    self._unreachable(term, lease.failing_since, "the process's lease renewals fail")
+                elif lease.failing_since is None:
+                    self._reachable(term, self._renewed_at)
+                if not self.trusted():
+                    self._mark_lost(term, "trust window ended before a renewal succeeded")
+                    break
+                if self._config.fenced:
+                    await first_of(renewal.wait(), self.lost)
+                else:
+                    until_distrust = self._trust_deadline() - self._clock.monotonic()
+                    await first_of(self._clock.sleep(until_distrust), renewal, self.lost)
+                if self.lost.is_set():
+                    break  # the key guard saw the key change hands (and said so)
+        except asyncio.CancelledError:
+            raise  # resign()/stop(): they delete the key themselves
+        except Exception as exc:
+            log.exception("shard %d: keepalive task crashed; giving up the term", self._shard)
+            self._mark_lost(term, f"keepalive task crashed: {exc!r}")
+        finally:
+            guard.cancel()
+            await asyncio.wait({guard})
+        # Free the key now rather than with the lease, so a standby (or we) can take over at once.
+        await self._release(term)
+
+    def _reachable(self, term: Term, renewed_at: float) -> None:
+        """A renewal that started at ``renewed_at`` succeeded: say so if etcd had been unreachable."""
+        if self._unreachable_since is not None:
+            log.warning(
+                "shard %d: etcd answers again after %.1fs; term with revision %d kept",
+                self._shard,
+                renewed_at - self._unreachable_since,
+                term.revision,
+            )
+            self._unreachable_since = None
 
     def _unreachable(self, term: Term, since: float, why: str) -> None:
         """A fenced term's renewal could not reach etcd: keep the term (its fence guards its writes)."""
@@ -607,8 +706,52 @@ class ShardLeadership:
         if not self.lost.is_set():
             self.lost_reason = "stopped" if self._stopped else "resigned"
             self.lost.set()
-        await self._revoke_quietly(term.lease_id)
+        await self._release(term)
         log.info("shard %d: %r resigned term with revision %d", self._shard, self._holder, term.revision)
+
+    async def _release(self, term: Term) -> None:
+        """Free ``term``'s key: revoke its own lease, or delete the key from the process's (if still the term's).
+
+        Best effort: a key on the shared lease that could not be deleted is deleted by this process's next read
+        of it (``_cleared_leftover``).
+        """
+        if self._lease is None:
+            await self._revoke_quietly(term.lease_id)
+            return
+        await self._delete_quietly(term.revision)
+
+    async def _delete_quietly(self, create_revision: int) -> None:
+        tx = self._client.transactions
+        try:
+            await self._within(
+                self._client.transaction(
+                    compare=[tx.create(self._key) == create_revision], success=[tx.delete(self._key)], failure=[]
+                ),
+                self._config.ttl_sec,
+            )
+        except (aetcd.ClientError, TimeoutError) as exc:
+            log.debug("shard %d: deleting the leader key: %r", self._shard, exc)
+
+    async def _cleared_leftover(self, current: Any) -> bool:
+        """True if the key read in ``current`` was a leftover of this process on its shared lease (a term that
+        ended without deleting it) and is now deleted; it would otherwise live as long as the process."""
+        if self._lease is None or self._lease.lease_id is None or current.lease != self._lease.lease_id:
+            return False
+        if self._term is not None and self._term.revision == current.create_revision:
+            return False  # our live term's key (acquire() and try_acquire() resign a lost one first)
+        log.warning("shard %d: deleting a leader key left behind by an earlier term of this process", self._shard)
+        await self._delete_quietly(int(current.create_revision))
+        return True
+
+    async def _abandon(self, lease_id: int) -> None:
+        """A create that may or may not have been applied: revoke its own lease, or delete the key if it is ours."""
+        if self._lease is None:
+            await self._revoke_quietly(lease_id)
+            return
+        with contextlib.suppress(aetcd.ClientError, TimeoutError):
+            found = await self._within(self._client.get_range(self._key, self._key + b"\0"), self._config.ttl_sec)
+            if found and found[0].lease == lease_id:
+                await self._delete_quietly(int(found[0].create_revision))
 
     async def _revoke_quietly(self, lease_id: int) -> None:
         # Best effort: a lease that already expired is fine, and one we cannot reach expires by itself.

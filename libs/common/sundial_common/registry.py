@@ -10,6 +10,14 @@ idle ``make up`` (etcd's /metrics), for a timestamp only that view reads. A repl
 renewing and etcd deletes its key one TTL later; one that stops gracefully revokes the lease at once.
 A replica that was paused past its TTL (SIGSTOP, a long GC) finds its lease gone and registers again.
 
+**One lease per process.** The entry's lease is also the lease of every leader key the process holds
+(``ShardLeadership(lease=registration)``: a dispatcher's shards, a hydrator's or sweeper's role): one
+keep-alive every ``ttl / 3`` per process instead of one per lease — 21 leases in an idle ``make up`` were 12.6
+keep-alives a second, the largest share of etcd's requests. So the entry and the terms live and die together:
+a replica killed loses its entry and its shards in one etcd revision. Stopping is two steps for that reason:
+``leave()`` deletes the entry (peers see the replica go) while the lease keeps its terms until they resign,
+and ``deregister()`` then revokes the lease.
+
 **Membership.** :class:`Membership` is one replica's view of the live replicas of a kind: a read of the
 prefix, then a watch from the revision of that read (so no change between the two is missed), with a
 periodic re-read in case a watch stream dies silently. Views of different replicas converge within a
@@ -28,6 +36,7 @@ import logging
 import math
 import os
 import socket
+import time
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -153,9 +162,11 @@ class ReplicaRegistration:
     """This process's entry in the registry, kept alive until ``run``'s stop event (or ``deregister``).
 
     ``register()`` puts the entry and returns the etcd revision of the write (so a caller can bring a
-    :class:`Membership` up to it); ``run(stop)`` renews until ``stop`` and then deregisters; it belongs in
-    the process's supervised tasks. ``lease_id`` is the entry's lease, which other keys that must vanish
-    with this replica (a shard's successor request) are attached to.
+    :class:`Membership` up to it); ``run(stop)`` renews until ``stop`` and then leaves (deletes the entry);
+    it belongs in the process's supervised tasks; ``deregister()`` revokes the lease once nothing else of the
+    process holds keys on it. ``lease_id`` is the entry's lease, which other keys that must vanish with this
+    replica (its leader keys, a shard's successor request) are attached to; it is a
+    ``sundial_common.leadership.SharedLease`` (``renewed_at``, ``ttl``, ``renewal()``).
     """
 
     def __init__(
@@ -169,41 +180,67 @@ class ReplicaRegistration:
         self.keys = keys or ClusterKeys()
         self._key = self.keys.replica(record.kind, record.id)
         self.lease_id: int | None = None
-        self._deregistered = False
+        self.ttl = ttl_sec  # as granted (etcd may grant less than asked)
+        self.renewed_at = 0.0  # time.monotonic() at which the lease's last successful renewal (or grant) started
+        self.failing_since: float | None = None  # time.monotonic() of the first of the renewals failing now
+        self._renewal = asyncio.Event()
+        self._left = False
         self._leaving: asyncio.Future[None] | None = None
+        self._revoking: asyncio.Future[None] | None = None
+
+    def renewal(self) -> asyncio.Event:
+        """An event set when the next renewal ends (succeeds or fails) or the lease changes."""
+        return self._renewal
+
+    def _renewed(self) -> None:
+        self._renewal.set()
+        self._renewal = asyncio.Event()
 
     async def register(self) -> int:
         """Grant a lease and put the record under it; the revision of the put."""
-        if self._deregistered:
+        if self._left:
             raise LeftRegistry(f"{self.record.kind} replica {self.record.id} has left the registry")
+        started = time.monotonic()
         lease = await self._client.lease(math.ceil(self.ttl_sec))
-        if self._deregistered:  # deregister() ran while the grant was in flight
+        if self._left:  # leave() ran while the grant was in flight
             await self._client.revoke_lease(lease.id)
             raise LeftRegistry(f"{self.record.kind} replica {self.record.id} has left the registry")
         self.lease_id = lease.id
+        self.ttl = min(self.ttl_sec, float(lease.ttl))
+        self.renewed_at = started
+        self._renewed()
         self.record = replace(self.record, heartbeat=_now())
         put = await self._client.put(self._key, self.record.encode(), lease=lease.id)
         log.info("registered %s replica %s (lease %x)", self.record.kind, self.record.id, lease.id)
         return int(put.header.revision)
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Renew the entry's lease every ``ttl / 3`` (re-registering after a lost one) until ``stop``; then
-        deregister."""
+        """Renew the lease every ``ttl / 3`` (a third of that after a failure; re-registering after a lost
+        lease) until ``stop``; then leave the registry (the lease lives on until ``deregister()``)."""
         interval = self.ttl_sec / 3
+        wait = interval
         try:
-            while not self._deregistered:
+            while not self._left:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), interval)
+                    await asyncio.wait_for(stop.wait(), wait)
                 if stop.is_set():
                     break
+                started = time.monotonic()
                 try:
                     await asyncio.wait_for(self._renew(), self.ttl_sec)
+                    wait = interval
+                    self.failing_since = None
                 except (aetcd.ClientError, TimeoutError) as exc:
-                    # etcd restarting or unreachable: keep trying; the entry expires meanwhile, which is the
-                    # truth (nobody can see us), and the next success puts it back.
+                    if self.failing_since is None:
+                        self.failing_since = started
+                    self._renewed()
+                    # etcd restarting or unreachable: keep trying, sooner (the leader keys on this lease have a
+                    # trust window); the entry expires meanwhile, which is the truth (nobody can see us), and
+                    # the next success puts it back.
                     log.warning("%s replica %s: registry renewal failed: %r", self.record.kind, self.record.id, exc)
+                    wait = interval / 3
         finally:
-            await asyncio.shield(self.deregister())
+            await asyncio.shield(self.leave())
 
     async def _renew(self) -> None:
         lease_id = self.lease_id
@@ -211,25 +248,51 @@ class ReplicaRegistration:
             if lease_id is None:
                 await self.register()
                 return
+            started = time.monotonic()
             reply = await self._client.refresh_lease(lease_id)
             if reply is None or reply.TTL <= 0:  # expired while we were paused or cut off
                 log.warning(
                     "%s replica %s: registry lease expired; registering again", self.record.kind, self.record.id
                 )
+                self.lease_id = None
+                self._renewed()  # the keys on the old lease are gone: their terms end now
                 await self.register()
+            elif self.lease_id == lease_id:
+                self.renewed_at = started
+                self.failing_since = None
+                self._renewed()
 
-    async def deregister(self) -> None:
-        """Remove the entry now (revoke its lease), so peers see this replica leave at once.
+    async def leave(self) -> None:
+        """Delete the entry now, so peers see this replica leave at once; the lease stays (and with it any
+        leader key still on it, until its term resigns) until ``deregister()`` or its TTL.
 
         Idempotent, and every caller returns only once the entry is gone (or could not be reached).
         """
-        self._deregistered = True
+        self._left = True
         if self._leaving is None:
-            self._leaving = asyncio.ensure_future(self._revoke())
+            self._leaving = asyncio.ensure_future(self._delete())
         await asyncio.shield(self._leaving)
+
+    async def _delete(self) -> None:
+        try:
+            await asyncio.wait_for(self._client.delete(self._key), self.ttl_sec)
+            log.info("%s replica %s left the registry", self.record.kind, self.record.id)
+        except (aetcd.ClientError, TimeoutError) as exc:  # it expires with the lease
+            log.debug("deleting registry entry %s: %r", self._key.decode(), exc)
+
+    async def deregister(self) -> None:
+        """Leave, and revoke the lease (ending any term still on it): the process is done with etcd.
+
+        Idempotent, and every caller returns only once the lease is gone (or could not be reached).
+        """
+        self._left = True
+        if self._revoking is None:
+            self._revoking = asyncio.ensure_future(self._revoke())
+        await asyncio.shield(self._revoking)
 
     async def _revoke(self) -> None:
         lease_id, self.lease_id = self.lease_id, None
+        self._renewed()
         if lease_id is None:
             return
         try:

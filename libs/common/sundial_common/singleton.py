@@ -39,7 +39,8 @@ async def run_singleton(
     config = LeadershipConfig(
         ttl_sec=settings.lease_ttl_sec, margin_sec=settings.lease_margin_sec, key_prefix=keys.role_prefix(role)
     )
-    leadership = ShardLeadership(etcd, 0, settings.instance_id, config)
+    # The role's leader key rides on the registry entry's lease: one keep-alive for both (sundial_common.registry).
+    leadership = ShardLeadership(etcd, 0, settings.instance_id, config, lease=registration)
     try:
         await registration.register()
         await supervise(

@@ -1,9 +1,10 @@
 """`sundial dispatcher`: lead this replica's share of the shards through etcd and dispatch their due occurrences.
 
 One process = one replica: it registers in the etcd registry, follows the registry to know the live
-replicas, and runs one campaign per shard (:mod:`sundial_dispatcher.shards`). On SIGTERM it first
-leaves the registry — so the other replicas know at once who owns its shards now — then finishes each
-shard's pass in flight and revokes the leases; the new owners, already watching, lead within moments.
+replicas, and runs one campaign per shard (:mod:`sundial_dispatcher.shards`); its leader keys share the
+registry entry's lease. On SIGTERM it first leaves the registry (deletes its entry) — so the other replicas
+know at once who owns its shards now — then finishes each shard's pass in flight and deletes the leader keys,
+and last revokes the lease; the new owners, already watching, lead within moments.
 """
 
 from __future__ import annotations
@@ -105,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
 
         async def leave_then_stop_campaigns() -> None:
             await stop.wait()
-            await registration.deregister()
+            await registration.leave()
             campaigns_stop.set()
 
         try:
@@ -122,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
             campaigns = {
                 f"shard-{shard}": ShardCampaign(
                     shard,
-                    ShardLeadership(etcd, shard, me, leadership_config),
+                    # On the registry entry's lease: one keep-alive for the process (sundial_common.registry).
+                    ShardLeadership(etcd, shard, me, leadership_config, lease=registration),
                     me=me,
                     etcd=etcd,
                     membership=membership,

@@ -17,7 +17,7 @@ Postgres. A campaign is always in one of three phases:
   the term is lost, when the fence rejects a write (a newer leader has written: :class:`FencedOut`),
   when the process stops, or when the shard's owner — another live replica — asks for it with a
   successor request made after this term began. Stepping down finishes the pass in flight, then
-  revokes the lease, and the owner, already watching, leads within a round trip.
+  deletes its leader key, and the owner, already watching, leads within a round trip.
 
 Requests older than the term are ignored so that a shard taken over by a rescuer is not bounced back
 to a replica that asked before and then failed to take it; the owner asks again when it sees a new term.

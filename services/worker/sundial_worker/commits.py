@@ -9,7 +9,11 @@ undecodable message) and by the outcome flusher (after the write). The last comm
 when the runtime closes it.
 
 Every ``lag_interval_sec`` the pass also samples the consumer lag of each assigned partition into
-``sundial_consumer_lag_messages{pool,partition}`` (one offsets request per partition, so not every commit).
+``sundial_consumer_lag_messages{pool,partition}`` (one offsets request per partition, so not every commit);
+while the pool is quiet — the last sample found no lag and nothing was consumed since — only every
+``quiet_lag_interval_sec``: an idle ``make up`` sent the broker 3.6 of those requests a second to learn that
+nothing was behind. A backlog that builds up meanwhile (a consumer that stopped fetching) is seen within that
+interval, well inside the lag alert's 5 minutes; one that is being consumed is sampled every ``lag_interval_sec``.
 
 The loop sleeps first, then commits; like the heartbeat loop it lets an unexpected error fail the runtime
 instead of :func:`sundial_common.service.every`'s log-and-retry (the consumer already logs and retries a
@@ -41,9 +45,11 @@ class CommitConfig:
     """How often the acknowledged offset prefix is committed to Kafka."""
     lag_interval_sec: float = 5.0
     """How often the consumer lag per partition is sampled (sundial_consumer_lag_messages)."""
+    quiet_lag_interval_sec: float = 60.0
+    """How often instead while the last sample found no lag and nothing was consumed since."""
 
     def __post_init__(self) -> None:
-        check_seconds(self, "commit_interval_sec", "lag_interval_sec")
+        check_seconds(self, "commit_interval_sec", "lag_interval_sec", "quiet_lag_interval_sec")
 
 
 class OffsetCommitter:
@@ -55,6 +61,8 @@ class OffsetCommitter:
         self._stats = stats
         self._lag = LagGauge(pool)
         self._lag_sampled_at = float("-inf")
+        self._quiet = False  # the last sample found no lag
+        self._consumed_at_sample = 0  # stats.consumed when it was taken
 
     async def run(self) -> None:
         while True:
@@ -66,10 +74,20 @@ class OffsetCommitter:
         moved = await self._consumer.commit()
         if moved:
             self._stats.commits += 1
-        if time.monotonic() - self._lag_sampled_at >= self.config.lag_interval_sec:
+        if self._lag_due():
             self._lag_sampled_at = time.monotonic()
+            self._consumed_at_sample = self._stats.consumed
             try:
-                self._lag.update(await self._consumer.lag())
+                lag = await self._consumer.lag()
             except KafkaException as exc:  # a broker that does not answer now is asked again next time
                 log.warning("could not sample the consumer lag: %s", exc)
+                self._quiet = False
+            else:
+                self._lag.update(lag)
+                self._quiet = not any(lag.values())
         return moved
+
+    def _lag_due(self) -> bool:
+        quiet = self._quiet and self._stats.consumed == self._consumed_at_sample
+        interval = self.config.quiet_lag_interval_sec if quiet else self.config.lag_interval_sec
+        return time.monotonic() - self._lag_sampled_at >= interval

@@ -330,6 +330,9 @@ class KafkaExecutionConsumer:
     async def commit(self) -> int:
         if self._closed or self._consumer is None:
             return 0
+        with self._lock:
+            if not self._tracker.committable(self._assigned):
+                return 0  # nothing moved (an idle worker's every tick): no trip through the consumer's thread
         return await self._call(self._commit_live)
 
     def _commit_live(self) -> int:
