@@ -433,9 +433,10 @@ class ShardLeadership:
         self._unreachable_since = None
         self.lost_reason = None
         self.lost.clear()
-        keep = self._keep_alive(term) if self._lease is None else self._follow_lease(term, self._lease)
+        lease = self._lease
+        renew = (lambda: self._keep_alive(term)) if lease is None else (lambda: self._follow_lease(term, lease))
         self._keepalive = asyncio.create_task(
-            keep, name=f"sundial-leadership-keepalive-shard-{self._shard}-{self._holder}"
+            self._keep(term, renew), name=f"sundial-leadership-keepalive-shard-{self._shard}-{self._holder}"
         )
         log.info("shard %d: %r now leads (term revision %d)", self._shard, self._holder, term.revision)
         return term
@@ -479,61 +480,67 @@ class ShardLeadership:
 
     # -- keeping the term ----------------------------------------------------------------------------
 
-    async def _keep_alive(self, term: Term) -> None:
-        interval = self._config.renew_interval_sec
-        fenced = self._config.fenced
-        next_renewal = self._renewed_at + interval
+    async def _keep(self, term: Term, renew: Callable[[], Awaitable[None]]) -> None:
+        """The term's keepalive task: ``renew`` (:meth:`_keep_alive` or :meth:`_follow_lease`) until the term
+        ends, while its key guard watches the key; then the key is freed at once rather than after the TTL, so a
+        standby (or we) can take over."""
         guard = asyncio.create_task(
             self._guard_key(term), name=f"sundial-leadership-key-guard-shard-{self._shard}-{self._holder}"
         )
         try:
-            while True:
-                wake = next_renewal if fenced else min(next_renewal, self._trust_deadline())
-                await first_of(self._clock.sleep(wake - self._clock.monotonic()), self.lost)
-                if self.lost.is_set():
-                    break  # the key guard saw the key change hands (and said so)
-                if not self.trusted():
-                    self._mark_lost(term, "trust window ended before a renewal succeeded")
-                    break
-                started = self._clock.monotonic()
-                # A fenced term waits on etcd as long as one call may take; an unfenced one only while trusted.
-                budget = self._config.ttl_sec if fenced else self._trust_deadline() - started
-                try:
-                    still_ours = await self._within(self._renew(term), budget)
-                except TimeoutError:
-                    if not fenced:
-                        self._mark_lost(term, "renewal did not complete within the trust window")
-                        break
-                    self._unreachable(term, started, "renewal timed out")
-                    next_renewal = started + interval / 3
-                    continue
-                except _PERMANENT_ERRORS:
-                    raise
-                except aetcd.ClientError as exc:
-                    # Transient (etcd restarting, leader election): try again soon. An unfenced term's trust
-                    # window bounds how long we act without a renewal; a fenced one's fence does.
-                    if fenced:
-                        self._unreachable(term, started, repr(exc))
-                    else:
-                        log.warning("shard %d: lease renewal failed, retrying: %r", self._shard, exc)
-                    next_renewal = started + interval / 3
-                    continue
-                if not still_ours:
-                    self._mark_lost(term, "lease expired or the leader key changed hands")
-                    break
-                self._reachable(term, started)
-                self._renewed_at = started
-                next_renewal = started + interval
+            await renew()
         except asyncio.CancelledError:
-            raise  # resign()/stop(): they revoke the lease themselves
+            raise  # resign()/stop(): they free the key themselves
         except Exception as exc:
             log.exception("shard %d: keepalive task crashed; giving up the term", self._shard)
             self._mark_lost(term, f"keepalive task crashed: {exc!r}")
         finally:
             guard.cancel()
             await asyncio.wait({guard})
-        # Free the key now rather than after the TTL, so a standby (or we) can take over at once.
-        await self._revoke_quietly(term.lease_id)
+        await self._release(term)
+
+    async def _keep_alive(self, term: Term) -> None:
+        """Renew the term's own lease until the term ends."""
+        interval = self._config.renew_interval_sec
+        fenced = self._config.fenced
+        next_renewal = self._renewed_at + interval
+        while True:
+            wake = next_renewal if fenced else min(next_renewal, self._trust_deadline())
+            await first_of(self._clock.sleep(wake - self._clock.monotonic()), self.lost)
+            if self.lost.is_set():
+                break  # the key guard saw the key change hands (and said so)
+            if not self.trusted():
+                self._mark_lost(term, "trust window ended before a renewal succeeded")
+                break
+            started = self._clock.monotonic()
+            # A fenced term waits on etcd as long as one call may take; an unfenced one only while trusted.
+            budget = self._config.ttl_sec if fenced else self._trust_deadline() - started
+            try:
+                still_ours = await self._within(self._renew(term), budget)
+            except TimeoutError:
+                if not fenced:
+                    self._mark_lost(term, "renewal did not complete within the trust window")
+                    break
+                self._unreachable(term, started, "renewal timed out")
+                next_renewal = started + interval / 3
+                continue
+            except _PERMANENT_ERRORS:
+                raise
+            except aetcd.ClientError as exc:
+                # Transient (etcd restarting, leader election): try again soon. An unfenced term's trust
+                # window bounds how long we act without a renewal; a fenced one's fence does.
+                if fenced:
+                    self._unreachable(term, started, repr(exc))
+                else:
+                    log.warning("shard %d: lease renewal failed, retrying: %r", self._shard, exc)
+                next_renewal = started + interval / 3
+                continue
+            if not still_ours:
+                self._mark_lost(term, "lease expired or the leader key changed hands")
+                break
+            self._reachable(term, started)
+            self._renewed_at = started
+            next_renewal = started + interval
 
     async def _follow_lease(self, term: Term, lease: SharedLease) -> None:
         """The keepalive task of a term on the process's lease: its renewals are the term's.
@@ -542,41 +549,27 @@ class ShardLeadership:
         unfenced term also when its trust window ends without a renewal, and any term when its key guard sees
         the key change hands. A fenced term lives through renewals that fail (see the module docstring).
         """
-        guard = asyncio.create_task(
-            self._guard_key(term), name=f"sundial-leadership-key-guard-shard-{self._shard}-{self._holder}"
-        )
-        try:
-            while True:
-                renewal = lease.renewal()
-                if lease.lease_id != term.lease_id:
-                    self._mark_lost(term, "the process's lease expired or was revoked")
-                    break
-                self._renewed_at = max(self._renewed_at, lease.renewed_at)
-                self._ttl = min(self._config.ttl_sec, lease.ttl)
-                if lease.failing_since is not None and self._config.fenced:
-                    self._unreachable(term, lease.failing_since, "the process's lease renewals fail")
-                elif lease.failing_since is None:
-                    self._reachable(term, self._renewed_at)
-                if not self.trusted():
-                    self._mark_lost(term, "trust window ended before a renewal succeeded")
-                    break
-                if self._config.fenced:
-                    await first_of(renewal.wait(), self.lost)
-                else:
-                    until_distrust = self._trust_deadline() - self._clock.monotonic()
-                    await first_of(self._clock.sleep(until_distrust), renewal, self.lost)
-                if self.lost.is_set():
-                    break  # the key guard saw the key change hands (and said so)
-        except asyncio.CancelledError:
-            raise  # resign()/stop(): they delete the key themselves
-        except Exception as exc:
-            log.exception("shard %d: keepalive task crashed; giving up the term", self._shard)
-            self._mark_lost(term, f"keepalive task crashed: {exc!r}")
-        finally:
-            guard.cancel()
-            await asyncio.wait({guard})
-        # Free the key now rather than with the lease, so a standby (or we) can take over at once.
-        await self._release(term)
+        while True:
+            renewal = lease.renewal()
+            if lease.lease_id != term.lease_id:
+                self._mark_lost(term, "the process's lease expired or was revoked")
+                break
+            self._renewed_at = max(self._renewed_at, lease.renewed_at)
+            self._ttl = min(self._config.ttl_sec, lease.ttl)
+            if lease.failing_since is not None and self._config.fenced:
+                self._unreachable(term, lease.failing_since, "the process's lease renewals fail")
+            elif lease.failing_since is None:
+                self._reachable(term, self._renewed_at)
+            if not self.trusted():
+                self._mark_lost(term, "trust window ended before a renewal succeeded")
+                break
+            if self._config.fenced:
+                await first_of(renewal.wait(), self.lost)
+            else:
+                until_distrust = self._trust_deadline() - self._clock.monotonic()
+                await first_of(self._clock.sleep(until_distrust), renewal, self.lost)
+            if self.lost.is_set():
+                break  # the key guard saw the key change hands (and said so)
 
     def _reachable(self, term: Term, renewed_at: float) -> None:
         """A renewal that started at ``renewed_at`` succeeded: say so if etcd had been unreachable."""
