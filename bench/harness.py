@@ -175,6 +175,15 @@ class Bench:
         self.token = issue_token(CommonSettings(env="dev").jwt_secret, "bench-api")
 
     def start(self) -> None:
+        """A fresh stack and the supervised processes; if any of it fails (a worker never assigned), what did
+        start is stopped: left running, it would join the next run's servers on the same ports."""
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self) -> None:
         # A fresh stack every run: measurements must not depend on what an earlier run left behind.
         self.stack.stop()
         shutil.rmtree(self.root, ignore_errors=True)
