@@ -256,8 +256,9 @@ async def test_the_broker_restarting_empty_is_noticed_and_its_messages_sent_agai
     job_ids = await creating
     # The restarted broker has been seen to drop a batch of messages acknowledged just after it came back
     # (Tansu: 36 of ~250 in one run, more in another); the sweeper's 60 s window sends those again, so the wait
-    # allows it, and the gaps that tail makes are recorded, not asserted.
-    await faults.wait_terminal(len(job_ids), within=budget(120))
+    # allows it — twice: a CI run saw 3 of the 36 sent again dropped too (the last sent 2 min after the restart) —
+    # and the gaps that tail makes are recorded, not asserted.
+    await faults.wait_terminal(len(job_ids), within=budget(200))
     result = await faults.check(job_ids)
     first_starts = [
         r["at"]
