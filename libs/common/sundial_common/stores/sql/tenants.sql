@@ -72,17 +72,17 @@ SELECT set_config('enable_bitmapscan', 'off', true), set_config('enable_seqscan'
 -- in its worker for that instant, not behind a backlog: it is open (it counts against the tenant's concurrency)
 -- but not queued, fresh or pending, so a pool's queue cap and its stall look only at work that is due; it is
 -- counted apart (ahead), so a pool's drain (PENDING then + published since - PENDING now) does not take one still
--- held for a start.
+-- held for a start. `due`: PENDING and its instant has come.
 SELECT tenant_id, pool,
-       count(*) FILTER (WHERE state = 'PENDING' AND coalesce(fire_at, created_at) <= now()
-                          AND created_at > now() - make_interval(secs => $1)) AS queued,
-       count(*) FILTER (WHERE state = 'PENDING' AND coalesce(fire_at, created_at) <= now()
-                          AND created_at > now() - make_interval(secs => $2)) AS fresh,
-       count(*) FILTER (WHERE state = 'PENDING' AND coalesce(fire_at, created_at) <= now()) AS pending,
+       count(*) FILTER (WHERE due AND created_at > now() - make_interval(secs => $1)) AS queued,
+       count(*) FILTER (WHERE due AND created_at > now() - make_interval(secs => $2)) AS fresh,
+       count(*) FILTER (WHERE due) AS pending,
        count(*) FILTER (WHERE state = 'PENDING' AND fire_at > now()) AS ahead,
        count(*) FILTER (WHERE state = 'RUNNING') AS running,
        count(*) AS open,
        extract(epoch FROM now() - min(coalesce(pending_since, created_at)) FILTER (WHERE state = 'PENDING'))
            AS waited_sec
-FROM executions WHERE phase = 'OPEN'
+FROM executions,
+     LATERAL (SELECT state = 'PENDING' AND coalesce(fire_at, created_at) <= now() AS due) AS d
+WHERE phase = 'OPEN'
 GROUP BY tenant_id, pool;
