@@ -1,0 +1,124 @@
+"""How far a pool's consumer group has come: the instant before which every message of its topic was acknowledged.
+
+The broker (Tansu, memory storage) was seen to drop a message it had acknowledged, rarely: its execution stays
+PENDING with ``published_at`` set, and the outbox scan's ``unstarted_after_sec`` (60 s) was what re-sent it, a minute
+late. That window cannot be shortened by time alone: in a backlog a message legitimately waits in the topic longer
+than any short window, and re-sending those doubled the broker's and the workers' load (bench W3 at 5,000/s).
+
+The consumer group's committed offsets tell the two apart. A worker commits a partition's offset only past messages
+it has acknowledged, and it acknowledges a message only once its execution has started (and its outcome is
+written) or its start compare-and-swap lost; a message held for its due instant (publish ahead) is not acknowledged
+(``sundial_worker.offsets``, ``sundial_worker.holding``). So once the group's committed offset has passed the
+message, the execution is no longer PENDING — unless the message was never in the topic. Which offset an
+execution's message got is not recorded anywhere (that would be a write per execution), and a batch goes to any
+partition, so this works with instants instead:
+
+- each :meth:`ConsumedHorizon.horizon` call reads the group's committed offsets, then notes the instant ``t`` and
+  reads every partition's high watermark ``H(t)``: every message appended before ``t`` has an offset below
+  ``H(t)``;
+- the horizon is the latest noted ``t`` whose watermarks the committed offsets have all reached: every message
+  appended before it has been acknowledged.
+
+An execution's ``published_at`` is written after the broker acknowledged its message (the dispatcher marks it a
+second later, the sweeper right after its re-send), so a PENDING execution published before the horizon (less
+``skew``: Postgres' clock against this process's) has no message left in the topic, and is sent again. A re-send
+that was not needed costs a duplicate message, which the start compare-and-swap drops; no start is duplicated.
+
+Reads happen only for pools that have PENDING executions published (the sweeper asks), two or three requests and
+one per partition: nothing while the stack idles. A pool with no worker, or a partition nobody reads, never lets the
+horizon pass its messages: those keep the 60 s window.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+from sundial_common.broker import NO_METRICS_PUSH
+from sundial_common.messages import pool_group, pool_topic
+
+log = logging.getLogger(__name__)
+
+#: Watermark samples kept per pool (one per sweeper pass): how far back the committed offsets may lag and still
+#: give a horizon. 60 of 2 s passes: as long as the outbox scan's own window.
+_SAMPLES = 60
+
+
+class ConsumedHorizon:
+    """Per pool, the instant before which every message of its topic was acknowledged by the pool's group.
+
+    Blocking (librdkafka); the sweeper calls it from a thread. One client per pool, of the pool's own group: it never
+    subscribes, so it does not join the group; it only reads the group's committed offsets.
+    """
+
+    def __init__(
+        self, bootstrap: str, timeout_sec: float = 2.0, now: Callable[[], datetime] = lambda: datetime.now(UTC)
+    ) -> None:
+        self._bootstrap = bootstrap
+        self._timeout = timeout_sec
+        self._now = now
+        self._clients: dict[str, Consumer] = {}
+        #: Per pool: (instant, high watermark per partition read just after it), oldest first.
+        self._samples: dict[str, deque[tuple[datetime, dict[int, int]]]] = {}
+
+    def horizon(self, pool: str) -> datetime | None:
+        """The latest instant before which every message of the pool's topic has been acknowledged, as far as the
+        samples so far show; None if none shows it yet, or the broker did not answer."""
+        try:
+            committed, instant, highs = self._read(pool)
+        except KafkaException as exc:
+            log.debug("consumer group of pool %s unreadable: %r", pool, exc)
+            return None
+        samples = self._samples.setdefault(pool, deque(maxlen=_SAMPLES))
+        if any(committed.get(p, 0) > high for p, high in highs.items()) or any(
+            set(highs) != set(seen) for _, seen in samples
+        ):
+            # Committed past the end (the broker lost its data) or the partitions changed: earlier samples no
+            # longer describe this topic.
+            samples.clear()
+        samples.append((instant, highs))
+        passed = None
+        while samples and all(committed.get(p, 0) >= high for p, high in samples[0][1].items()):
+            passed = samples.popleft()
+        if passed is not None:
+            samples.appendleft(passed)  # still the horizon until a later sample is passed
+            return passed[0]
+        return None
+
+    def forget(self, keep: set[str]) -> None:
+        """Drop the samples and clients of pools not in ``keep`` (no PENDING execution published any more)."""
+        for pool in [p for p in self._samples if p not in keep]:
+            del self._samples[pool]
+        for pool in [p for p in self._clients if p not in keep]:
+            self._clients.pop(pool).close()
+
+    def close(self) -> None:
+        self.forget(set())
+
+    def _read(self, pool: str) -> tuple[dict[int, int], datetime, dict[int, int]]:
+        """The group's committed offset per partition (0 where none), then the instant, then the high watermarks."""
+        client = self._clients.get(pool)
+        if client is None:
+            client = Consumer(
+                {
+                    "bootstrap.servers": self._bootstrap,
+                    "group.id": pool_group(pool),
+                    "enable.auto.commit": False,
+                    **NO_METRICS_PUSH,
+                }
+            )
+            self._clients[pool] = client
+        topic = pool_topic(pool)
+        metadata = client.list_topics(topic, timeout=self._timeout).topics.get(topic)
+        if metadata is None or metadata.error is not None or not metadata.partitions:
+            raise KafkaException(f"no partitions for {topic}")
+        partitions = [TopicPartition(topic, p) for p in sorted(metadata.partitions)]
+        committed = {tp.partition: max(tp.offset, 0) for tp in client.committed(partitions, timeout=self._timeout)}
+        instant = self._now()
+        highs = {
+            tp.partition: client.get_watermark_offsets(tp, timeout=self._timeout, cached=False)[1] for tp in partitions
+        }
+        return committed, instant, highs
