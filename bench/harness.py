@@ -362,11 +362,14 @@ class Bench:
             # for 75,000 rows, a sixth of what a 30 s W3 run's Postgres line used to report).
             cpu_after = self.cpu()
             # Something left: where it was (bench/leftover.py), read while the stack still runs.
-            left_behind = (
-                await leftover.describe(conn, tenant, self.stack.kafka_bootstrap, POOL, consumer_group(POOL))
-                if done < len(due)
-                else None
-            )
+            left_behind: dict[str, Any] | None = None
+            if done < len(due):
+                try:
+                    left_behind = await leftover.describe(
+                        conn, tenant, self.stack.kafka_bootstrap, POOL, consumer_group(POOL)
+                    )
+                except Exception as exc:  # a diagnosis that fails must not cost the run's line
+                    left_behind = {"error": repr(exc)}
             statements = await _top_statements(conn)
             wal_bytes = await conn.fetchval("SELECT pg_current_wal_lsn() - $1::pg_lsn", wal_before)
             # The updates of executions since the stack started, and how many were heap-only (no index entry

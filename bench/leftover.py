@@ -10,7 +10,9 @@ one was, so that a loss can be told apart from a slow recovery:
 - **in the topic, behind the group's committed offset**: the broker has it, and the consumer group has moved past
   it without a start (a worker took it and let go of it, or the commit passed it);
 - **in the topic, ahead of the committed offset**: not consumed yet, or consumed and held by a worker;
-- RUNNING (a worker holds it), or a state the run does not expect.
+- RUNNING (a worker holds it);
+- ended without succeeding (the run counts only SUCCEEDED as done): FAILED_WORKER_LOST, TIMED_OUT, FAILED, DEAD —
+  whether a retry is scheduled, and the error, say which and why.
 
 The topic is read from its start by a consumer of a group of its own (nothing is committed), and only when
 something was left: a W3 run's topic holds its ~100,000 messages (a few seconds to read). The consumer group's
@@ -28,11 +30,13 @@ import asyncpg
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 from sundial_common.messages import pool_topic
 
-#: The open executions of the run's tenant, with what tells where each one is.
-_OPEN = """
+#: The run's executions not SUCCEEDED, with what tells where each one is.
+_NOT_DONE = """
 SELECT id::text AS id, state, attempt, published_at IS NOT NULL AS published, started_at IS NOT NULL AS started,
-       worker_id, scheduled_for, published_at, created_at
-FROM executions WHERE tenant_id = $1 AND phase = 'OPEN'"""
+       worker_id, scheduled_for, published_at, created_at, started_at, finished_at, next_attempt_at,
+       left(error, 160) AS error,
+       (SELECT count(*) FROM execution_attempts a WHERE a.execution_id = e.id) AS attempts
+FROM executions e WHERE tenant_id = $1 AND phase <> 'SUCCEEDED'"""
 
 
 def _topic_scan(bootstrap: str, topic: str, group: str, wanted: set[str]) -> dict[str, Any]:
@@ -82,8 +86,8 @@ def _topic_scan(bootstrap: str, topic: str, group: str, wanted: set[str]) -> dic
 
 
 async def describe(conn: asyncpg.Connection, tenant: str, bootstrap: str, pool: str, group: str) -> dict[str, Any]:
-    """Where the tenant's open executions are (counts by place), with the topic's and the group's offsets."""
-    rows = await conn.fetch(_OPEN, tenant)
+    """Where the tenant's executions not SUCCEEDED are (counts by place), with the topic's and the group's offsets."""
+    rows = await conn.fetch(_NOT_DONE, tenant)
     not_fired = await conn.fetchval("SELECT count(*) FROM jobs WHERE tenant_id = $1 AND state = 'ACTIVE'", tenant)
     topic = pool_topic(pool)
     scan = _topic_scan(bootstrap, topic, group, {r["id"] for r in rows if r["state"] == "PENDING"})
@@ -91,7 +95,8 @@ async def describe(conn: asyncpg.Connection, tenant: str, bootstrap: str, pool: 
     examples: dict[str, dict[str, Any]] = {}
     for r in rows:
         if r["state"] != "PENDING":
-            place = f"{r['state']}{' (started)' if r['started'] else ''}"
+            retry = ", retry scheduled" if r["next_attempt_at"] is not None else ""
+            place = f"{r['state']}{' (started)' if r['started'] else ''}{retry}"
         elif r["id"] not in scan["found"]:
             place = "PENDING, not in the topic" + ("" if r["published"] else " (never marked published)")
         elif any(offset < scan["committed"].get(p, -1) for p, offset in scan["found"][r["id"]]):
@@ -108,12 +113,17 @@ async def describe(conn: asyncpg.Connection, tenant: str, bootstrap: str, pool: 
                 "created_at": r["created_at"].isoformat(),
                 "published_at": r["published_at"].isoformat() if r["published_at"] else None,
                 "worker_id": r["worker_id"],
+                "started_at": r["started_at"].isoformat() if r["started_at"] else None,
+                "finished_at": r["finished_at"].isoformat() if r["finished_at"] else None,
+                "next_attempt_at": r["next_attempt_at"].isoformat() if r["next_attempt_at"] else None,
+                "attempt_rows": r["attempts"],
+                "error": r["error"],
                 "messages": scan["found"].get(r["id"], []),
             },
         )
     return {
         "jobs_not_fired": not_fired,
-        "open_executions": dict(places),
+        "not_succeeded": dict(places),
         "examples": examples,
         "topic": {
             str(p): {"high": scan["high"][p], "committed": scan["committed"].get(p)} for p in sorted(scan["high"])

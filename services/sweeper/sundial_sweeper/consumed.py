@@ -73,12 +73,13 @@ class ConsumedHorizon:
             log.debug("consumer group of pool %s unreadable: %r", pool, exc)
             return None
         samples = self._samples.setdefault(pool, deque(maxlen=_SAMPLES))
-        if any(committed.get(p, 0) > high for p, high in highs.items()) or any(
-            set(highs) != set(seen) for _, seen in samples
-        ):
-            # Committed past the end (the broker lost its data) or the partitions changed: earlier samples no
-            # longer describe this topic.
+        if any(committed.get(p, 0) > high for p, high in highs.items()):
+            # Committed past the end: the broker lost its data and the group's offsets are the old ones, which
+            # tell nothing of the new topic (scan r sends everything again).
             samples.clear()
+            return None
+        if any(seen.keys() != highs.keys() or any(seen[p] > high for p, high in highs.items()) for _, seen in samples):
+            samples.clear()  # a watermark gone back (the broker lost its data) or the partitions changed
         samples.append((instant, highs))
         passed = None
         while samples and all(committed.get(p, 0) >= high for p, high in samples[0][1].items()):
