@@ -5,10 +5,12 @@ the topic is not."""
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import Iterator, Sequence
+from datetime import UTC, datetime
 
 import pytest
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, Producer, TopicPartition
 from sundial_common.broker import KafkaPublisher, ensure_topics
 from sundial_common.hotwindow import HotWindow
 from sundial_common.messages import ExecutionMessage, pool_group, pool_topic
@@ -43,6 +45,18 @@ def horizon(kafka_bootstrap: str, pool: str) -> Iterator[ConsumedHorizon]:
     consumed.close()
 
 
+def append_to_every_partition(bootstrap: str, pool: str) -> None:
+    """Other executions' messages, one in each partition."""
+    topic = pool_topic(pool)
+    producer = Producer({"bootstrap.servers": bootstrap})
+    for partition in range(4):
+        other = ExecutionMessage(
+            str(uuid.uuid4()), str(uuid.uuid4()), "acme", pool, "echo", 1, 1, datetime.now(UTC).isoformat(), 30, {}
+        )
+        producer.produce(topic, other.encode(), partition=partition, headers=other.headers())
+    assert producer.flush(10) == 0
+
+
 def commit_everything(bootstrap: str, pool: str) -> None:
     """What the pool's workers do once every message is started: the group's offsets at each partition's end."""
     topic = pool_topic(pool)
@@ -67,14 +81,19 @@ async def test_messages_the_broker_dropped_are_sent_again_once_the_group_has_pas
     horizon: ConsumedHorizon,
 ) -> None:
     await three_published(stores, hot_window, Drops(), pool)  # PENDING, marked published, in no partition
-    await asyncio.to_thread(commit_everything, kafka_bootstrap, pool)
+    dropped = [r["id"] for r in await stores.dispatch.stale_pending(datetime.now(UTC), datetime.now(UTC), 10)]
+    assert len(dropped) == 3
     sweeper = Sweeper(stores, publisher, CONFIG, consumed=horizon)
+    assert (await sweeper.run_once()).republished_passed == 0, "nothing appended since: nothing to tell by"
+    # The pool goes on: more messages in every partition, and its workers acknowledge them all.
+    await asyncio.to_thread(append_to_every_partition, kafka_bootstrap, pool)
+    await asyncio.to_thread(commit_everything, kafka_bootstrap, pool)
 
     result = await sweeper.run_once()
 
-    assert result.republished_passed == 3, "the group is at the end of every partition, none of the three started"
-    messages = await asyncio.to_thread(consume, kafka_bootstrap, pool_topic(pool), 3)
-    assert len({m.execution_id for m in messages}) == 3
+    assert result.republished_passed == 3, "the group went past what came after them, and none of the three started"
+    messages = await asyncio.to_thread(consume, kafka_bootstrap, pool_topic(pool), 7)
+    assert {str(i) for i in dropped} <= {m.execution_id for m in messages}, "the three are in the topic now"
     assert (await sweeper.run_once()).republished_passed == 0, "sent again just now: in the topic, not yet passed"
 
 

@@ -25,39 +25,55 @@ class Scripted(ConsumedHorizon):
         return self.reads.pop(0)
 
 
-def test_the_horizon_is_the_last_instant_whose_watermarks_the_group_has_reached() -> None:
+def test_the_horizon_is_the_last_instant_below_whose_later_messages_the_group_has_come() -> None:
     consumed = Scripted(
         [
-            ({0: 0, 1: 0}, at(0), {0: 10, 1: 5}),  # the group behind: no horizon yet
-            ({0: 10, 1: 4}, at(2), {0: 20, 1: 9}),  # partition 1 one short of the first sample
-            ({0: 12, 1: 5}, at(4), {0: 30, 1: 9}),  # the first sample reached: everything before 0 s acknowledged
-            ({0: 30, 1: 9}, at(6), {0: 30, 1: 9}),  # caught up with everything: the read's own instant
+            ({0: 0, 1: 0}, at(0), {0: 10, 1: 5}),  # the group behind
+            ({0: 10, 1: 4}, at(2), {0: 20, 1: 9}),  # partition 1 short of 8, the offset below its later watermark
+            ({0: 19, 1: 8}, at(4), {0: 30, 1: 12}),  # past 19 and 8: everything appended before 0 s acknowledged
+            ({0: 29, 1: 11}, at(6), {0: 40, 1: 14}),  # past 29 and 11, appended after 2 s: the horizon moves on
         ]
     )
 
-    assert [consumed.horizon("p") for _ in range(4)] == [None, None, at(0), at(6)]
+    assert [consumed.horizon("p") for _ in range(4)] == [None, None, at(0), at(2)]
+
+
+def test_a_watermark_is_not_taken_as_the_end_of_the_partition() -> None:
+    # Tansu's watermark after one batch of 10 messages at offset 0 is 1: a group committed at 1 has acknowledged only
+    # the first of them, and one at 10 all; only a later batch (base offset 10, watermark 11) tells them apart.
+    consumed = Scripted(
+        [
+            ({0: 1}, at(0), {0: 1}),
+            ({0: 1}, at(2), {0: 1}),
+            ({0: 1}, at(4), {0: 11}),
+            ({0: 10}, at(6), {0: 11}),
+        ]
+    )
+
+    assert [consumed.horizon("p") for _ in range(4)] == [None, None, None, at(2)]
 
 
 def test_a_group_that_stopped_keeps_the_horizon_where_it_was() -> None:
     consumed = Scripted(
         [
-            ({0: 10}, at(0), {0: 10}),
-            ({0: 10}, at(2), {0: 50}),
-            ({0: 10}, at(4), {0: 90}),
+            ({0: 0}, at(0), {0: 10}),
+            ({0: 20}, at(2), {0: 21}),
+            ({0: 20}, at(4), {0: 50}),
+            ({0: 20}, at(6), {0: 90}),
         ]
     )
 
-    assert [consumed.horizon("p") for _ in range(3)] == [at(0), at(0), at(0)]
+    assert [consumed.horizon("p") for _ in range(4)] == [None, at(0), at(0), at(0)]
 
 
 def test_a_broker_that_lost_its_data_starts_the_samples_again() -> None:
     consumed = Scripted(
         [
             ({0: 0}, at(0), {0: 100}),
-            ({0: 500}, at(2), {0: 3}),  # committed past the end: the old group's offsets tell nothing
-            ({0: 0}, at(4), {0: 3}),  # the watermark went back from 100: the first sample is no use
-            ({0: 3}, at(6), {0: 8}),
+            ({0: 0}, at(2), {0: 3}),  # the watermark went back from 100: the first sample is no use
+            ({0: 0}, at(4), {0: 5}),
+            ({0: 4}, at(6), {0: 8}),  # past 4, the offset below the watermark read after 2 s
         ]
     )
 
-    assert [consumed.horizon("p") for _ in range(4)] == [None, None, None, at(4)]
+    assert [consumed.horizon("p") for _ in range(4)] == [None, None, None, at(2)]

@@ -14,19 +14,21 @@ execution's message got is not recorded anywhere (that would be a write per exec
 partition, so this works with instants instead:
 
 - each :meth:`ConsumedHorizon.horizon` call reads the group's committed offsets, then notes the instant ``t`` and
-  reads every partition's high watermark ``H(t)``: every message appended before ``t`` has an offset below
-  ``H(t)``;
-- the horizon is the latest noted ``t`` whose watermarks the committed offsets have all reached: every message
-  appended before it has been acknowledged.
+  reads every partition's high watermark;
+- a later read whose watermark is higher names an offset (the new watermark less one) of a message appended after
+  ``t``, so every message appended before ``t`` lies below it (:func:`_passed`; the watermark itself is not trusted:
+  Tansu answers the base offset of the last batch plus one);
+- the horizon is the latest noted ``t`` below whose later offsets the committed offsets have all come, in every
+  partition: every message appended before it has been acknowledged.
 
 An execution's ``published_at`` is written after the broker acknowledged its message (the dispatcher marks it a
 second later, the sweeper right after its re-send), so a PENDING execution published before the horizon (less
 ``skew``: Postgres' clock against this process's) has no message left in the topic, and is sent again. A re-send
 that was not needed costs a duplicate message, which the start compare-and-swap drops; no start is duplicated.
 
-Reads happen only for pools that have PENDING executions published (the sweeper asks), two or three requests and
-one per partition: nothing while the stack idles. A pool with no worker, or a partition nobody reads, never lets the
-horizon pass its messages: those keep the 60 s window.
+Reads happen only for pools that have PENDING executions published (the sweeper asks), two requests and one per
+partition: nothing while the stack idles. A pool with no worker, a partition nobody reads, or one that received
+nothing since (a pool that stopped publishing) never lets the horizon pass: those keep the 60 s window.
 """
 
 from __future__ import annotations
@@ -73,16 +75,11 @@ class ConsumedHorizon:
             log.debug("consumer group of pool %s unreadable: %r", pool, exc)
             return None
         samples = self._samples.setdefault(pool, deque(maxlen=_SAMPLES))
-        if any(committed.get(p, 0) > high for p, high in highs.items()):
-            # Committed past the end: the broker lost its data and the group's offsets are the old ones, which
-            # tell nothing of the new topic (scan r sends everything again).
-            samples.clear()
-            return None
         if any(seen.keys() != highs.keys() or any(seen[p] > high for p, high in highs.items()) for _, seen in samples):
             samples.clear()  # a watermark gone back (the broker lost its data) or the partitions changed
         samples.append((instant, highs))
         passed = None
-        while samples and all(committed.get(p, 0) >= high for p, high in samples[0][1].items()):
+        while samples and _passed(samples, committed):
             passed = samples.popleft()
         if passed is not None:
             samples.appendleft(passed)  # still the horizon until a later sample is passed
@@ -123,3 +120,20 @@ class ConsumedHorizon:
             tp.partition: client.get_watermark_offsets(tp, timeout=self._timeout, cached=False)[1] for tp in partitions
         }
         return committed, instant, highs
+
+
+def _passed(samples: deque[tuple[datetime, dict[int, int]]], committed: dict[int, int]) -> bool:
+    """Whether the group has acknowledged every message appended before the first sample's instant.
+
+    The watermark is not taken as the end of what was appended: Tansu answers the base offset of the partition's last
+    batch plus one, short of the batch's other messages (a batch of 10 reads 1). Whatever the broker answers, the
+    offset just below a *later, higher* answer is a message appended after the first sample was read, so every message
+    appended before its instant lies below it: the group has acknowledged them all once its committed offset reaches
+    that offset, in every partition. A partition with no later batch yet (idle) tells nothing: no horizon until
+    it has one (the 60 s window covers a pool that publishes nothing more)."""
+    first = samples[0][1]
+    for partition, high in first.items():
+        later = next((seen[partition] for _, seen in samples if seen[partition] > high), None)
+        if later is None or committed.get(partition, 0) < later - 1:
+            return False
+    return True
