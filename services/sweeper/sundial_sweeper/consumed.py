@@ -38,7 +38,8 @@ from collections import deque
 from collections.abc import Callable
 from datetime import UTC, datetime
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient
 from sundial_common.broker import NO_METRICS_PUSH
 from sundial_common.messages import pool_group, pool_topic
 
@@ -52,8 +53,9 @@ _SAMPLES = 60
 class ConsumedHorizon:
     """Per pool, the instant before which every message of its topic was acknowledged by the pool's group.
 
-    Blocking (librdkafka); the sweeper calls it from a thread. One client per pool, of the pool's own group: it never
-    subscribes, so it does not join the group; it only reads the group's committed offsets.
+    Blocking (librdkafka); the sweeper calls it from a thread. The groups' committed offsets come through an admin
+    client (no client of the pool's group, which could be taken for a member); metadata and watermarks through a
+    consumer of a group of its own that never subscribes nor commits.
     """
 
     def __init__(
@@ -62,7 +64,8 @@ class ConsumedHorizon:
         self._bootstrap = bootstrap
         self._timeout = timeout_sec
         self._now = now
-        self._clients: dict[str, Consumer] = {}
+        self._admin: AdminClient | None = None
+        self._consumer: Consumer | None = None
         #: Per pool: (instant, high watermark per partition read just after it), oldest first.
         self._samples: dict[str, deque[tuple[datetime, dict[int, int]]]] = {}
 
@@ -71,7 +74,7 @@ class ConsumedHorizon:
         samples so far show; None if none shows it yet, or the broker did not answer."""
         try:
             committed, instant, highs = self._read(pool)
-        except KafkaException as exc:
+        except (KafkaException, TimeoutError) as exc:
             log.debug("consumer group of pool %s unreadable: %r", pool, exc)
             return None
         samples = self._samples.setdefault(pool, deque(maxlen=_SAMPLES))
@@ -87,37 +90,41 @@ class ConsumedHorizon:
         return None
 
     def forget(self, keep: set[str]) -> None:
-        """Drop the samples and clients of pools not in ``keep`` (no PENDING execution published any more)."""
+        """Drop the samples of pools not in ``keep`` (no PENDING execution published any more)."""
         for pool in [p for p in self._samples if p not in keep]:
             del self._samples[pool]
-        for pool in [p for p in self._clients if p not in keep]:
-            self._clients.pop(pool).close()
 
     def close(self) -> None:
-        self.forget(set())
+        self._samples.clear()
+        if self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None
+        self._admin = None
 
     def _read(self, pool: str) -> tuple[dict[int, int], datetime, dict[int, int]]:
         """The group's committed offset per partition (0 where none), then the instant, then the high watermarks."""
-        client = self._clients.get(pool)
-        if client is None:
-            client = Consumer(
+        if self._admin is None or self._consumer is None:
+            self._admin = AdminClient({"bootstrap.servers": self._bootstrap, **NO_METRICS_PUSH})
+            self._consumer = Consumer(
                 {
                     "bootstrap.servers": self._bootstrap,
-                    "group.id": pool_group(pool),
+                    "group.id": "sundial-sweeper-watermarks",
                     "enable.auto.commit": False,
                     **NO_METRICS_PUSH,
                 }
             )
-            self._clients[pool] = client
         topic = pool_topic(pool)
-        metadata = client.list_topics(topic, timeout=self._timeout).topics.get(topic)
+        metadata = self._consumer.list_topics(topic, timeout=self._timeout).topics.get(topic)
         if metadata is None or metadata.error is not None or not metadata.partitions:
             raise KafkaException(f"no partitions for {topic}")
         partitions = [TopicPartition(topic, p) for p in sorted(metadata.partitions)]
-        committed = {tp.partition: max(tp.offset, 0) for tp in client.committed(partitions, timeout=self._timeout)}
+        request = ConsumerGroupTopicPartitions(pool_group(pool), partitions)
+        answer = self._admin.list_consumer_group_offsets([request])[pool_group(pool)].result(self._timeout)
+        committed = {tp.partition: max(tp.offset, 0) for tp in answer.topic_partitions if tp.error is None}
         instant = self._now()
         highs = {
-            tp.partition: client.get_watermark_offsets(tp, timeout=self._timeout, cached=False)[1] for tp in partitions
+            tp.partition: self._consumer.get_watermark_offsets(tp, timeout=self._timeout, cached=False)[1]
+            for tp in partitions
         }
         return committed, instant, highs
 
