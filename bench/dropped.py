@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import re
 import statistics
 import time
 from datetime import UTC, datetime, timedelta
@@ -76,7 +77,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             "median": round(statistics.median(waits), 2) if waits else None,
             "max": round(waits[-1], 2) if waits else None,
         },
-        "sweeper_republished": [line for line in log if "republished" in line and "0 PENDING" not in line][-5:],
+        "sweeper_republished": [line for line in log if re.search(r"republished [1-9]", line)][-5:],
     }
 
 
