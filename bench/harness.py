@@ -53,6 +53,7 @@ from sundial_infra.process import wait_for
 from sundial_infra.servers.postgres import PostgresServer
 from sundial_infra.stack import BENCH_PORTS, LocalStack, Ports
 from sundial_infra.supervisor import ProcessSpec, Supervisor, sundial_argv
+from sundial_worker.consumer import consumer_group
 
 sys.path.insert(0, str(Path(__file__).parent))
 import api_burst
@@ -60,6 +61,7 @@ import at_rest
 import ceilings
 import create
 import idle
+import leftover
 import machine
 
 REPO = Path(__file__).resolve().parent.parent
@@ -359,6 +361,15 @@ class Bench:
             # CPU and statements stop counting here: the read below is the bench's own (2.5 s of Postgres CPU
             # for 75,000 rows, a sixth of what a 30 s W3 run's Postgres line used to report).
             cpu_after = self.cpu()
+            # Something left: where it was (bench/leftover.py), read while the stack still runs.
+            left_behind: dict[str, Any] | None = None
+            if done < len(due):
+                try:
+                    left_behind = await leftover.describe(
+                        conn, tenant, self.stack.kafka_bootstrap, POOL, consumer_group(POOL)
+                    )
+                except Exception as exc:  # a diagnosis that fails must not cost the run's line
+                    left_behind = {"error": repr(exc)}
             statements = await _top_statements(conn)
             wal_bytes = await conn.fetchval("SELECT pg_current_wal_lsn() - $1::pg_lsn", wal_before)
             # The updates of executions since the stack started, and how many were heap-only (no index entry
@@ -389,6 +400,7 @@ class Bench:
             "inserted_before_first_due_s": round((first_due - inserted_at).total_seconds(), 2),
             "succeeded": done,
             "lost": len(due) - done,
+            **({"left_behind": left_behind} if left_behind is not None else {}),
             "duplicate_starts": sum(r["starts"] - 1 for r in rows if r["starts"] > 1),
             "lateness_ms": _percentiles(lateness),
             # The same, for the jobs due in the run's first 5 s and for the rest: a slow start (a pool's queue cap

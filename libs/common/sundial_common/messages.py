@@ -22,6 +22,12 @@ def pool_topic(pool: str) -> str:
     return POOL_TOPIC_PREFIX + pool
 
 
+def pool_group(pool: str) -> str:
+    """The consumer group every worker of a pool shares (each message goes to one of them); the sweeper reads its
+    committed offsets (:mod:`sundial_sweeper.consumed`)."""
+    return POOL_TOPIC_PREFIX + pool
+
+
 @dataclass(frozen=True, slots=True)
 class ExecutionMessage:
     execution_id: str

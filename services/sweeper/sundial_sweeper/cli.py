@@ -23,6 +23,7 @@ from sundial_common.stores import Stores
 
 from sundial_sweeper.breakers import BreakerLoop
 from sundial_sweeper.broker_restart import BrokerRestartRepublisher
+from sundial_sweeper.consumed import ConsumedHorizon
 from sundial_sweeper.job_retention import JobRetention
 from sundial_sweeper.partitions import PartitionLoop
 from sundial_sweeper.settings import SweeperSettings
@@ -61,11 +62,12 @@ def main(argv: list[str] | None = None) -> int:
         stores = await Stores.connect(settings.database_url, max_size=2)
         publisher = KafkaPublisher(settings.kafka_bootstrap)
         incarnation = KafkaIncarnation(settings.kafka_bootstrap)
+        consumed = ConsumedHorizon(settings.kafka_bootstrap)
         # Liveness keys: a sick Redis must not stall the other scans for long.
         redis = Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=5)
         try:
             restart = BrokerRestartRepublisher(stores.dispatch, publisher, incarnation, config.batch_size)
-            sweeper = Sweeper(stores, publisher, config, redis=redis, broker_restart=restart)
+            sweeper = Sweeper(stores, publisher, config, redis=redis, broker_restart=restart, consumed=consumed)
             breaker_config = settings.breaker_config()
             breakers = BreakerLoop(stores.breakers, sweeper.hot_window, breaker_config)
             partition_config = settings.partition_config()
@@ -102,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             await publisher.close()
             await asyncio.to_thread(incarnation.close)
+            await asyncio.to_thread(consumed.close)
             await redis.aclose()
             await stores.close()
             log.info("sweeper stopped")

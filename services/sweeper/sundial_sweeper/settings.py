@@ -33,6 +33,12 @@ class SweeperSettings(CommonSettings):
         15.0, ge=0, description="A RUNNING attempt this long past its timeoutSec is TIMED_OUT by the sweeper."
     )
 
+    sweeper_clock_skew_sec: float = Field(
+        1.0,
+        ge=0,
+        description="How far Postgres' clock may be from the sweeper's: a PENDING execution published this long before "
+        "its pool's consumer group had acknowledged every message appended is sent again (the broker dropped it).",
+    )
     sweeper_gauges_interval_sec: float = Field(
         15.0, gt=0, description="Seconds between samples of sundial_jobs and sundial_dead_letter_queue_size."
     )
@@ -109,4 +115,5 @@ class SweeperSettings(CommonSettings):
             actor=f"sweeper:{self.instance_id}",
             hot_window_sec=self.hot_window_sec,
             gauges_interval_sec=self.sweeper_gauges_interval_sec,
+            clock_skew_sec=self.sweeper_clock_skew_sec,
         )

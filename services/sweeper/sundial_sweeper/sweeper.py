@@ -14,6 +14,10 @@ Each pass (``run_once``) runs these scans, each bounded by ``batch_size`` rows:
     commit and publish, or the publish failed), or was published but not started within
     ``unstarted_after_sec`` (the broker restarted empty and lost it), is published again. Republishing is
     safe: the worker's PENDING→RUNNING compare-and-swap lets one delivery run.
+(p) **Passed by the consumer group** — a PENDING execution published before the instant its pool's consumer group
+    had acknowledged every message appended (:mod:`sundial_sweeper.consumed`) has no message left in the topic:
+    the broker acknowledged it and dropped it. It is published again at once rather than after
+    ``unstarted_after_sec``, which stays for what the group never passes (a pool with no worker).
 (r) **Broker restarted empty** — every PENDING execution is published again as soon as the broker is seen to
     have lost its data (:mod:`sundial_sweeper.broker_restart`), without waiting for ``unstarted_after_sec``.
 (d) **Dead letters** — a DEAD execution whose message has not reached ``sundial.dlq`` is published there
@@ -37,6 +41,7 @@ only so that N replicas do not scan N times.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections import defaultdict
@@ -71,6 +76,7 @@ from sundial_common.telemetry import (
 
 if TYPE_CHECKING:
     from sundial_sweeper.broker_restart import BrokerRestartRepublisher
+    from sundial_sweeper.consumed import ConsumedHorizon
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +114,9 @@ class SweeperConfig:
     hot_window_sec: int = 3600
     #: Seconds between samples of the job and dead-letter gauges (a scan of jobs each: not every pass).
     gauges_interval_sec: float = 15.0
+    #: How far Postgres' clock may be from the sweeper's: scan (p) sends an execution again only if it was published
+    #: this long before its pool's consumer group had acknowledged every message appended.
+    clock_skew_sec: float = 1.0
 
     def __post_init__(self) -> None:
         positive = (
@@ -120,8 +129,8 @@ class SweeperConfig:
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ValueError(f"SweeperConfig.{name} must be > 0")
-        if self.lost_confirm_sec < 0 or self.timeout_grace_sec < 0:
-            raise ValueError("SweeperConfig.lost_confirm_sec and timeout_grace_sec must be >= 0")
+        if self.lost_confirm_sec < 0 or self.timeout_grace_sec < 0 or self.clock_skew_sec < 0:
+            raise ValueError("SweeperConfig.lost_confirm_sec, timeout_grace_sec and clock_skew_sec must be >= 0")
         if self.batch_size < 1:
             raise ValueError("batch_size must be >= 1")
 
@@ -140,6 +149,8 @@ class SweepResult:
     keys_purged: int = 0
     #: PENDING executions sent again because the broker restarted empty (scan r).
     republished_after_broker_restart: int = 0
+    #: PENDING executions sent again because their pool's consumer group had passed their message (scan p).
+    republished_passed: int = 0
 
 
 @dataclass
@@ -261,8 +272,10 @@ class Sweeper:
         *,
         redis: Redis | None = None,
         broker_restart: BrokerRestartRepublisher | None = None,
+        consumed: ConsumedHorizon | None = None,
     ) -> None:
         self.broker_restart = broker_restart
+        self.consumed = consumed
         self.stores = stores
         self.publisher = publisher
         self.config = config
@@ -284,7 +297,9 @@ class Sweeper:
         after_restart = restart.republished if restart is not None else 0
         lost, timed_out, suspected = await self.sweep_running()
         republished, failed = await self.republish_stale()
-        republished += after_restart
+        passed, passed_failed = await self.republish_passed()
+        republished += after_restart + passed
+        failed += passed_failed
         dead_lettered = await self.publish_dead_letters()
         purged = await self.stores.idempotency.purge_idempotency_keys(self.config.batch_size)
         for reason, count in (("worker_lost", lost), ("timed_out", timed_out), ("republished", republished)):
@@ -301,6 +316,7 @@ class Sweeper:
             dead_lettered=dead_lettered,
             keys_purged=purged,
             republished_after_broker_restart=after_restart,
+            republished_passed=passed,
         )
 
     # --- (a) and (t): RUNNING attempts whose worker is gone or that ran past their timeout -----------
@@ -457,6 +473,40 @@ class Sweeper:
         )
         if not rows:
             return 0, 0
+        sent, failed = await self._republish(rows)
+        log.warning("republished %d stale PENDING executions (%d failed, retried next pass)", sent, failed)
+        return sent, failed
+
+    async def republish_passed(self) -> tuple[int, int]:
+        """Scan (p): the PENDING executions whose pool's consumer group has passed their message without starting
+        them (the broker dropped it), sent again. Returns (republished, publish failures).
+
+        Only pools with PENDING executions published are read (nothing while idle); each pass's read is also the
+        sample a later pass compares the group's progress with, so a drop is found within a few passes."""
+        if self.consumed is None:
+            return 0, 0
+        consumed = self.consumed
+        oldest = await self.stores.dispatch.published_pending_pools()
+        await asyncio.to_thread(consumed.forget, set(oldest))
+        skew = timedelta(seconds=self.config.clock_skew_sec)
+        rows: list[Record] = []
+        for pool, published in oldest.items():
+            horizon = await asyncio.to_thread(consumed.horizon, pool)
+            if horizon is not None and published < horizon - skew:
+                rows += await self.stores.dispatch.passed_pending(pool, horizon - skew, self.config.batch_size)
+        if not rows:
+            return 0, 0
+        sent, failed = await self._republish(rows)
+        log.warning(
+            "republished %d PENDING executions whose messages their consumer group passed without a start (the broker"
+            " dropped them; %d failed, retried next pass)",
+            sent,
+            failed,
+        )
+        return sent, failed
+
+    async def _republish(self, rows: Sequence[Record]) -> tuple[int, int]:
+        """Publish the rows' messages again and mark them republished; returns (sent, failed)."""
         spans = [_send_span(row, "republish") for row in rows]
         messages = [
             _message(row, traceparent(span) or row["traceparent"]) for row, span in zip(rows, spans, strict=True)
@@ -465,9 +515,7 @@ class Sweeper:
         _end_sends(spans, errors)
         sent = [row["id"] for row, error in zip(rows, errors, strict=True) if error is None]
         await self.stores.dispatch.republished(sent)
-        failed = len(rows) - len(sent)
-        log.warning("republished %d stale PENDING executions (%d failed, retried next pass)", len(sent), failed)
-        return len(sent), failed
+        return len(sent), len(rows) - len(sent)
 
     # --- (d): the outbox of sundial.dlq -----------------------------------------------------------------
 

@@ -44,7 +44,7 @@ from typing import Any, Protocol, TypeVar
 
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaError, KafkaException, Message, TopicPartition
 from sundial_common.broker import NO_METRICS_PUSH, ensure_topics
-from sundial_common.messages import pool_topic
+from sundial_common.messages import pool_group, pool_topic
 
 from sundial_worker.offsets import OffsetTracker, TopicPartitionKey
 
@@ -58,7 +58,7 @@ _SETTLE_SEC = 5.0
 
 def consumer_group(pool: str) -> str:
     """Every worker of a pool shares one group, so each message goes to one of them."""
-    return f"sundial.pool.{pool}"
+    return pool_group(pool)
 
 
 @dataclass(frozen=True, slots=True)

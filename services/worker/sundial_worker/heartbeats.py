@@ -1,8 +1,10 @@
 """Liveness of running executions, and noticing their cancel requests.
 
 :class:`LivenessThread` (thread ``sundial-liveness``, every ``heartbeat_interval_sec``) renews
-``sundial:hb:<execution id>`` — value: this worker's id, TTL ``heartbeat_ttl_sec`` — for every running
-execution in ONE Redis call; the sweeper treats a RUNNING execution without that key as lost. It is a thread
+``sundial:hb:<execution id>`` — value: this worker's id, TTL ``heartbeat_ttl_sec`` — for every execution it won
+whose outcome is not written yet (its handler running, or ended and its outcome waiting for the flusher:
+:class:`~sundial_worker.inflight.InFlight`) in ONE Redis call; the sweeper treats a RUNNING execution without that
+key as lost. It is a thread
 with a Redis client of its own, not an asyncio task, so that a handler holding the event loop (a busy loop, a
 blocking call in an ``async def``) cannot make its worker look lost: only a stalled process (SIGSTOP, a frozen
 VM) stops it. That is what lets the TTL be short (6 s by default), and the sweeper notice a dead worker in
@@ -99,7 +101,7 @@ class HeartbeatConfig:
 
 
 class LivenessThread:
-    """Renews the running executions' liveness keys from a thread of its own, whatever the event loop does."""
+    """Renews the unsettled executions' liveness keys from a thread of its own, whatever the event loop does."""
 
     def __init__(
         self,
@@ -142,8 +144,9 @@ class LivenessThread:
             self._on_failure("liveness thread", exc)
 
     def run_once(self) -> int:
-        """Renew every running execution's liveness key (unless another worker holds it); returns how many."""
-        ids = self._inflight.running_ids()
+        """Renew the liveness key of every execution whose outcome is not written yet (unless another worker holds
+        it); returns how many."""
+        ids = self._inflight.unsettled_ids()
         if not ids:
             return 0
         keys = [heartbeat_key(e) for e in ids]

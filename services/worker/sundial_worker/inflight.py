@@ -6,9 +6,13 @@ ends (it holds one of the ``concurrency`` handler slots), and *unsettled* until 
 (running, or finished and waiting for the flusher). Admission reads both (free slots; a redelivery of an
 unsettled execution must wait for that write before its offset may commit), the executor adds executions
 and ends them, handing each outcome to the :class:`OutcomeBuffer`; the flusher writes the buffer and settles
-them, and the heartbeat and cancel loops read the running ones.
-Everything here is touched from the event loop's thread only, except :meth:`InFlight.running_ids`: the
-liveness thread (:mod:`sundial_worker.heartbeats`) reads it, so that set alone is kept behind a lock.
+them, and the cancel loop reads the running ones.
+Everything here is touched from the event loop's thread only, except :meth:`InFlight.unsettled_ids`: the
+liveness thread (:mod:`sundial_worker.heartbeats`) reads it, so that set alone is kept behind a lock. The liveness
+keys cover the unsettled executions, not only the running ones: an execution whose handler ended is still RUNNING in
+Postgres until its outcome is written, and under load that write can wait longer than the keys' TTL plus the
+sweeper's confirmation (~10 s) — the sweeper then ended such executions as FAILED_WORKER_LOST, rejected the outcome
+written after, and ran them again (README, "Ninth round: executions left unfinished").
 """
 
 from __future__ import annotations
@@ -84,7 +88,7 @@ class InFlight:
         # the flusher): a redelivery of one must wait for that write before its offset may commit.
         self.unsettled: dict[UUID, Running] = {}
         self.slot_freed = asyncio.Event()
-        # The running executions' ids again, for the liveness thread: it must not iterate ``running`` while the
+        # The unsettled executions' ids again, for the liveness thread: it must not iterate ``unsettled`` while the
         # event loop changes it.
         self._ids: set[UUID] = set()
         self._ids_lock = threading.Lock()
@@ -99,18 +103,18 @@ class InFlight:
     def end(self, execution_id: UUID) -> None:
         """The handler ended: its slot frees now; the outcome's write and commit follow in batches."""
         self.running.pop(execution_id, None)
-        with self._ids_lock:
-            self._ids.discard(execution_id)
         self.slot_freed.set()
 
-    def running_ids(self) -> list[UUID]:
-        """The running executions' ids; safe to call from any thread."""
+    def unsettled_ids(self) -> list[UUID]:
+        """The unsettled executions' ids (their liveness keys are renewed); safe to call from any thread."""
         with self._ids_lock:
             return list(self._ids)
 
     def settle(self, execution_id: UUID) -> None:
-        """The outcome is written (or rejected): a redelivery no longer waits for it."""
+        """The outcome is written (or rejected): a redelivery no longer waits for it, and its key is not renewed."""
         self.unsettled.pop(execution_id, None)
+        with self._ids_lock:
+            self._ids.discard(execution_id)
 
     def not_cancelled(self) -> list[UUID]:
         """Running executions whose cancel has not been requested yet."""

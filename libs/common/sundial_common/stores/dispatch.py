@@ -184,6 +184,10 @@ class DispatchStore(Protocol):
 
     async def republished(self, execution_ids: Sequence[UUID]) -> None: ...
 
+    async def published_pending_pools(self) -> dict[str, datetime]: ...
+
+    async def passed_pending(self, pool: str, published_before: datetime, limit: int) -> list[Record]: ...
+
 
 class PostgresDispatchStore:
     """:class:`DispatchStore` over the shared pool."""
@@ -419,6 +423,15 @@ class PostgresDispatchStore:
     async def republished(self, execution_ids: Sequence[UUID]) -> None:
         if execution_ids:
             await self._db.pool.execute(Q["republished"], list(execution_ids))
+
+    async def published_pending_pools(self) -> dict[str, datetime]:
+        """Per pool with PENDING executions published and not started, the oldest such ``published_at``."""
+        return {r["pool"]: r["oldest"] for r in await self._db.pool.fetch(Q["published_pending_pools"])}
+
+    async def passed_pending(self, pool: str, published_before: datetime, limit: int) -> list[Record]:
+        """The pool's PENDING executions published before ``published_before``, as :meth:`stale_pending` returns
+        them: their messages were passed by the pool's consumer group without a start."""
+        return cast(list[Record], await self._db.pool.fetch(Q["passed_pending"], pool, published_before, limit))
 
 
 def _insert_arguments(

@@ -195,6 +195,24 @@ ORDER BY e.id;
 -- name: republished
 UPDATE executions SET published_at = now() WHERE id = ANY($1::uuid[]) AND state || '' = 'PENDING';
 
+-- name: published_pending_pools
+-- The pools with PENDING executions published and not started, each with the oldest such publish: the pools whose
+-- consumer groups the sweeper reads to learn which messages the broker dropped. Through the open rows' index.
+SELECT pool, min(published_at) AS oldest
+FROM executions
+WHERE phase = 'OPEN' AND state = 'PENDING' AND published_at IS NOT NULL
+GROUP BY pool;
+
+-- name: passed_pending
+-- A pool's PENDING executions published before $2, the instant its consumer group had acknowledged every message
+-- appended before: their messages are no longer in the topic (the broker dropped them), so they are sent again.
+SELECT e.id, e.tenant_id, e.job_id, e.scheduled_for, e.shard, e.fence_token, e.pool, e.handler,
+       e.attempt, e.timeout_sec, e.traceparent, e.fire_at, j.payload
+FROM executions e JOIN jobs j ON j.id = e.job_id
+WHERE e.phase = 'OPEN' AND e.state = 'PENDING' AND e.pool = $1 AND e.published_at < $2
+ORDER BY e.created_at
+LIMIT $3;
+
 -- name: retry_range
 -- Scheduled retries of one shard due in [$2, $3), after the keyset position ($2, $4): the hydrator promotes
 -- them into the hot window beside the jobs. An index range scan on executions_retry_idx.

@@ -1,0 +1,100 @@
+"""How long an execution whose message the broker dropped waits: `bench/dropped.py --port-offset 300`.
+
+The broker (Tansu, memory storage) rarely drops a message it acknowledged; a W2 run had one, started 62.9 s late.
+Drops cannot be made on demand, but what Sundial sees of one can: an execution PENDING, marked published, whose
+message is in no partition. This takes executions that already SUCCEEDED during a steady load (W3 at ``--rate``)
+and moves each to its next attempt, PENDING and marked published — a retry dispatched and then dropped by the
+broker — without publishing anything, then times how long until each has started again (its new ``started_at``
+less the instant it was "dropped"). Nothing but the sweeper can start them again: that is what is measured.
+
+Prints one JSON line (recovery seconds: min, median, max; the sweeper's log lines about them) and records it with
+the harness's lines. A benchmark records; it never passes or fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import re
+import statistics
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import machine
+from harness import REPO, RESULTS, Bench, Shape, _record, _spread
+from sundial_infra.stack import BENCH_PORTS, Ports
+
+#: Moves SUCCEEDED executions to their next attempt, PENDING and published now, as a retry whose message the broker
+#: acknowledged and dropped (dispatch.sql's dispatch_retries, then the dispatcher's mark_published). The attempt
+#: row of the new attempt is the worker's to write when it starts it.
+DROP = """
+UPDATE executions SET state = 'PENDING', attempt = attempt + 1, worker_id = NULL, started_at = NULL,
+       finished_at = NULL, result = NULL, pending_since = now(), published_at = now()
+WHERE id IN (SELECT id FROM executions WHERE tenant_id LIKE 'bench-w3-%' AND phase = 'SUCCEEDED'
+             ORDER BY finished_at DESC LIMIT $1)
+RETURNING id, published_at"""
+
+
+async def measure(args: argparse.Namespace) -> dict[str, Any]:
+    shape = Shape(8, 2, 2, 256, True, False, 0)
+    ports = Ports(**{k: v + args.port_offset for k, v in vars(BENCH_PORTS).items()})
+    bench = Bench(shape, args.root, ports)
+    bench.start()
+    try:
+        load = asyncio.create_task(
+            _spread(bench, "w3", int(args.rate * args.duration), argparse.Namespace(lead=3.0, duration=args.duration))
+        )
+        conn = await asyncpg.connect(bench.stack.postgres_dsn)
+        try:
+            await asyncio.sleep(3.0 + args.duration / 3)  # the load well under way
+            dropped = {r["id"]: r["published_at"] for r in await conn.fetch(DROP, args.drops)}
+            deadline = time.monotonic() + args.wait
+            started: dict[Any, datetime] = {}
+            while len(started) < len(dropped) and time.monotonic() < deadline:
+                rows = await conn.fetch(
+                    "SELECT id, started_at FROM executions WHERE id = ANY($1::uuid[]) AND started_at IS NOT NULL",
+                    list(dropped),
+                )
+                started = {r["id"]: r["started_at"] for r in rows}
+                await asyncio.sleep(0.5)
+        finally:
+            await conn.close()
+        await load
+    finally:
+        bench.stop()
+    waits = sorted((started[i] - dropped[i]) / timedelta(seconds=1) for i in started)
+    log = (args.root / "logs" / "sweeper.log").read_text(errors="replace").splitlines()
+    return {
+        "workload": "dropped",
+        "rate_per_s": args.rate,
+        "dropped": len(dropped),
+        "started_again": len(started),
+        "recovery_s": {
+            "min": round(waits[0], 2) if waits else None,
+            "median": round(statistics.median(waits), 2) if waits else None,
+            "max": round(waits[-1], 2) if waits else None,
+        },
+        "sweeper_republished": [line for line in log if re.search(r"republished [1-9]", line)][-5:],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="bench/dropped.py", description=__doc__)
+    parser.add_argument("--port-offset", type=int, default=0)
+    parser.add_argument("--rate", type=int, default=1000, help="W3 executions a second meanwhile")
+    parser.add_argument("--duration", type=float, default=45.0, help="seconds of W3 load")
+    parser.add_argument("--drops", type=int, default=20, help="executions dropped")
+    parser.add_argument("--wait", type=float, default=90.0, help="seconds to wait for them at most")
+    parser.add_argument("--root", type=Path, default=REPO / ".sundial" / "bench-dropped")
+    parser.add_argument("--results", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    line = asyncio.run(measure(args))
+    meta = {"machine": machine.describe(REPO), "at": datetime.now(UTC).isoformat()}
+    _record({**line, **meta}, args.results)
+
+
+if __name__ == "__main__":
+    main()
