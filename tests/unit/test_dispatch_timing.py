@@ -92,6 +92,28 @@ async def test_published_marks_are_written_together_once_the_oldest_has_waited_a
     assert written == [passes[0] + passes[1] + passes[2]], "one statement for everything published 1 s ago"
 
 
+def test_an_idle_leader_wakes_for_its_published_marks_before_the_sweeper_would_publish_them_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    class Fixed:
+        def now(self) -> datetime:
+            return NOW
+
+    now = [100.0]
+    monkeypatch.setattr("sundial_dispatcher.dispatcher.time.monotonic", lambda: now[0])
+    config = DispatcherConfig(mark_published_after_sec=1.0, mark_published_every_sec=0.5)
+    leader = ShardDispatcher(0, 1, "a", None, None, None, config, clock=Fixed())  # type: ignore[arg-type]
+    assert leader.next_look() is None, "nothing in the window, no marks: the horizon bounds the sleep"
+    leader._unmarked.append((100.0, [uuid4()]))
+    now[0] = 100.4
+    assert leader.next_look() == NOW + timedelta(seconds=1.1), "the marks are written 1.5 s after the publish"
+    assert _idle_wait(NOW, leader.next_look(), float("inf"), 0.05, True) == pytest.approx(1.101)
+    leader._window_next = NOW + timedelta(milliseconds=300)
+    assert leader.next_look() == NOW + timedelta(milliseconds=300), "a member due sooner comes first"
+    now[0] = 103.0
+    assert leader.next_look() == NOW, "overdue marks: a pass at once"
+
+
 def test_due_work_waiting_for_room_in_the_fair_buffer_is_looked_at_every_poll_interval() -> None:
     class Fixed:
         def now(self) -> datetime:

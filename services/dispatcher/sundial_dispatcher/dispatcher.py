@@ -403,15 +403,30 @@ class ShardDispatcher:
     def next_look(self) -> datetime | None:
         """The earliest instant the next pass may have work (None: nothing known): the window's earliest member
         after the last claim, or what the fair buffer holds; one poll interval from now while due work waits in
-        the buffer for room (a pass at once would find none). Published marks wait for a pass, at most the idle
-        sleep (:func:`sundial_dispatcher.shards._idle_wait`) later than ``mark_published_after_sec``. A member is
-        looked at :attr:`lead` before it is due."""
-        if self.fair is None:
-            return None if self._window_next is None else self._window_next - self.lead
+        the buffer for room (a pass at once would find none); or when the published marks waiting are due. A
+        member is looked at :attr:`lead` before it is due."""
         now = self.clock.now()
-        if self.fair.waiting():
-            return now + timedelta(seconds=self.config.poll_interval_sec)
-        return self.fair.next_look(now, self.lead)
+        marks = self._marks_due(now)
+        if self.fair is None:
+            work = None if self._window_next is None else self._window_next - self.lead
+        elif self.fair.waiting():
+            work = now + timedelta(seconds=self.config.poll_interval_sec)
+        else:
+            work = self.fair.next_look(now, self.lead)
+        return marks if work is None else work if marks is None else min(work, marks)
+
+    def _marks_due(self, now: datetime) -> datetime | None:
+        """When :meth:`_mark_published` will write the marks waiting (None: none wait).
+
+        Marks are written by a pass, and an idle leader sleeps up to
+        :data:`~sundial_common.hotwindow.WAKE_HORIZON_SEC` between passes: without this bound its last publishes'
+        marks could land after the sweeper's ``unpublished_after_sec`` and have it publish them again.
+        """
+        if not self._unmarked:
+            return None
+        grouped = min(self.config.mark_published_every_sec, self.config.mark_published_after_sec)
+        due_in = self._unmarked[0][0] + self.config.mark_published_after_sec + grouped - time.monotonic()
+        return now + timedelta(seconds=max(due_in, 0.0))
 
     async def _put_back(self, claimed: Claimed) -> None:
         """A pass that failed after its claim (Postgres down, fenced out, cancelled) returns what it claimed.
@@ -490,7 +505,8 @@ class ShardDispatcher:
                 result.publish_failed,
                 next(e for e in errors if e),
             )
-        self._unmarked.append((time.monotonic(), published))
+        if published:
+            self._unmarked.append((time.monotonic(), published))
         await self._mark_published()
         return result
 
