@@ -83,9 +83,16 @@ WHERE j.shard = $3;
 
 -- name: insert_executions
 -- One row per occurrence; a SKIPPED one (overlap policy) is terminal at once and never published. With the
--- batch's executions, its jobs' moves ($19-$26), in the same statement (data-modifying CTEs: one round trip).
--- Each execution carries its shard and its term's token ($9, $10): one statement for every shard of the
--- transaction (lock_due_jobs above).
+-- batch's executions, its jobs' moves ($11-$18), in the same statement (data-modifying CTEs: one round trip).
+-- What an execution inherits from its job (tenant, pool, handler, timeout, priority, shard, maxAttempts of its
+-- retry policy) is read from the jobs row here, not sent back: lock_due_jobs locked that row earlier in this
+-- transaction, so it is the version the planner saw (no other transaction can change it before commit), and the
+-- advance below does not touch those columns (every CTE reads the statement's snapshot anyway). asyncpg encodes
+-- each array element in the dispatcher and Postgres unnests it: 9 of the 17 arrays an execution had were these.
+-- Each execution carries its shard's term token: $9/$10 are the transaction's shards and tokens (one statement
+-- for every shard of the transaction, lock_due_jobs above); a shard missing there is a NULL token, which the
+-- NOT NULL column refuses (the transaction fails rather than write an unfenced execution). The trace id is the
+-- traceparent's second field (W3C), as the planner's span has both.
 -- ON CONFLICT without a target: executions is partitioned by id (migration 0018), so the occurrence key
 -- (job_id, scheduled_for) is a unique index of each partition, an arbiter only when no target is named.
 -- Each dispatched job moves to its next occurrence, with compare-and-set on the one it was at; a job with no
@@ -95,14 +102,15 @@ WITH inserted AS (
     INSERT INTO executions (id, tenant_id, job_id, scheduled_for, shard, fence_token, pool, handler, state,
                             max_attempts, timeout_sec, trace_id, traceparent, fire_at, triggered, error,
                             finished_at, priority)
-    SELECT e.id, e.tenant_id, e.job_id, e.scheduled_for, e.shard, e.fence_token, e.pool, e.handler, e.state,
-           e.max_attempts, e.timeout_sec, e.trace_id, e.traceparent, e.fire_at, e.triggered, e.note,
-           CASE WHEN e.state = 'SKIPPED' THEN now() END, e.priority
-    FROM unnest($1::uuid[], $2::text[], $3::uuid[], $4::timestamptz[], $5::text[], $6::text[],
-                $7::int[], $8::int[], $9::int[], $10::bigint[], $11::text[], $12::text[], $14::timestamptz[],
-                $15::text[], $16::bool[], $17::text[], $18::text[])
-         AS e (id, tenant_id, job_id, scheduled_for, pool, handler, max_attempts, timeout_sec, shard, fence_token,
-               trace_id, traceparent, fire_at, state, triggered, note, priority)
+    SELECT e.id, j.tenant_id, j.id, e.scheduled_for, j.shard,
+           (SELECT f.token FROM unnest($9::int[], $10::bigint[]) AS f (shard, token) WHERE f.shard = j.shard),
+           j.pool, j.handler, e.state, coalesce((j.retry_policy ->> 'maxAttempts')::int, 1), j.timeout_sec,
+           nullif(split_part(e.traceparent, '-', 2), ''), e.traceparent, e.fire_at, e.triggered, e.note,
+           CASE WHEN e.state = 'SKIPPED' THEN now() END, j.priority
+    FROM unnest($1::uuid[], $2::uuid[], $3::timestamptz[], $4::timestamptz[], $5::text[], $6::bool[], $7::text[],
+                $8::text[])
+         AS e (id, job_id, scheduled_for, fire_at, state, triggered, note, traceparent)
+    JOIN jobs j ON j.id = e.job_id
     ON CONFLICT DO NOTHING
     RETURNING id, tenant_id, state, error
 ), advanced AS (
@@ -115,21 +123,21 @@ WITH inserted AS (
         trigger_at = CASE WHEN a.trigger_done THEN NULL ELSE j.trigger_at END,
         trigger_execution_id = CASE WHEN a.trigger_done THEN NULL ELSE j.trigger_execution_id END,
         updated_at = now()
-    FROM unnest($19::uuid[], $20::timestamptz[], $21::timestamptz[], $22::timestamptz[], $23::int[],
-                $24::bigint[], $25::bool[], $26::bool[])
+    FROM unnest($11::uuid[], $12::timestamptz[], $13::timestamptz[], $14::timestamptz[], $15::int[],
+                $16::bigint[], $17::bool[], $18::bool[])
          AS a (id, prev, next_fire_at, next_nominal_at, runs, missed, advance, trigger_done)
     WHERE j.id = a.id AND (NOT a.advance OR (j.next_fire_at = a.prev AND j.state = 'ACTIVE'))
     RETURNING j.id, j.tenant_id, j.state, a.advance, a.missed
 ), audit AS (
     INSERT INTO audit_log (tenant_id, entity, entity_id, action, from_state, to_state, actor, detail)
     SELECT tenant_id, 'execution', id, CASE WHEN state = 'SKIPPED' THEN 'skip' ELSE 'dispatch' END, NULL, state,
-           $13, CASE WHEN error IS NOT NULL THEN jsonb_build_object('reason', error) END
+           $19, CASE WHEN error IS NOT NULL THEN jsonb_build_object('reason', error) END
     FROM inserted
     UNION ALL
-    SELECT tenant_id, 'job', id, 'complete', 'ACTIVE', 'COMPLETED', $13, NULL FROM advanced
+    SELECT tenant_id, 'job', id, 'complete', 'ACTIVE', 'COMPLETED', $19, NULL FROM advanced
     WHERE advance AND state = 'COMPLETED'
     UNION ALL
-    SELECT tenant_id, 'job', id, 'missed', NULL, NULL, $13, jsonb_build_object('missedFires', missed) FROM advanced
+    SELECT tenant_id, 'job', id, 'missed', NULL, NULL, $19, jsonb_build_object('missedFires', missed) FROM advanced
     WHERE missed > 0
 )
 SELECT id FROM inserted;
