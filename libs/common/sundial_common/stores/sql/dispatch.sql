@@ -90,9 +90,9 @@ WHERE j.shard = $3;
 -- advance below does not touch those columns (every CTE reads the statement's snapshot anyway). asyncpg encodes
 -- each array element in the dispatcher and Postgres unnests it: 9 of the 17 arrays an execution had were these.
 -- Each execution carries its shard's term token: $9/$10 are the transaction's shards and tokens (one statement
--- for every shard of the transaction, lock_due_jobs above); a shard missing there is a NULL token, which the
--- NOT NULL column refuses (the transaction fails rather than write an unfenced execution). The trace id is the
--- traceparent's second field (W3C), as the planner's span has both.
+-- for every shard of the transaction, lock_due_jobs above), joined on the job's shard; a shard missing there
+-- is a NULL token, which the NOT NULL column refuses (the transaction fails: no execution is written unfenced).
+-- The trace id is the traceparent's second field (W3C), as the planner's span has both.
 -- ON CONFLICT without a target: executions is partitioned by id (migration 0018), so the occurrence key
 -- (job_id, scheduled_for) is a unique index of each partition, an arbiter only when no target is named.
 -- Each dispatched job moves to its next occurrence, with compare-and-set on the one it was at; a job with no
@@ -102,15 +102,15 @@ WITH inserted AS (
     INSERT INTO executions (id, tenant_id, job_id, scheduled_for, shard, fence_token, pool, handler, state,
                             max_attempts, timeout_sec, trace_id, traceparent, fire_at, triggered, error,
                             finished_at, priority)
-    SELECT e.id, j.tenant_id, j.id, e.scheduled_for, j.shard,
-           (SELECT f.token FROM unnest($9::int[], $10::bigint[]) AS f (shard, token) WHERE f.shard = j.shard),
-           j.pool, j.handler, e.state, coalesce((j.retry_policy ->> 'maxAttempts')::int, 1), j.timeout_sec,
+    SELECT e.id, j.tenant_id, j.id, e.scheduled_for, j.shard, f.token, j.pool, j.handler, e.state,
+           coalesce((j.retry_policy ->> 'maxAttempts')::int, 1), j.timeout_sec,
            nullif(split_part(e.traceparent, '-', 2), ''), e.traceparent, e.fire_at, e.triggered, e.note,
            CASE WHEN e.state = 'SKIPPED' THEN now() END, j.priority
     FROM unnest($1::uuid[], $2::uuid[], $3::timestamptz[], $4::timestamptz[], $5::text[], $6::bool[], $7::text[],
                 $8::text[])
          AS e (id, job_id, scheduled_for, fire_at, state, triggered, note, traceparent)
     JOIN jobs j ON j.id = e.job_id
+    LEFT JOIN unnest($9::int[], $10::bigint[]) AS f (shard, token) ON f.shard = j.shard
     ON CONFLICT DO NOTHING
     RETURNING id, tenant_id, state, error
 ), advanced AS (
