@@ -102,7 +102,7 @@ async def one_round(conn: asyncpg.Connection, form: str, insert: str, batch: int
     async with conn.transaction():
         rows = await conn.fetch(HEAD["lock_due_jobs"], jobs, [due] * batch, [0], [1], "bench", [0] * batch)
         rows = [r for r in rows if r["id"] is not None]
-        build = base_arguments if form == "base" else head_arguments
+        build = base_arguments if "$26" in insert else head_arguments
         started = time.process_time()
         inserted = await conn.fetch(insert, *build(rows, ids, traceparents))
         took = time.process_time() - started
@@ -136,19 +136,20 @@ async def main_async(args: argparse.Namespace, base_sql: str) -> None:
                 client[form] += await one_round(conns[form], form, forms[form], args.batch)
                 ticks[form] += machine.cpu_ticks(pids[form]) - before
         executions = args.rounds * args.batch
-        line: dict[str, Any] = {"workload": "dispatch_insert", "base": args.base, "batch": args.batch,
+        line: dict[str, Any] = {"workload": "dispatch_insert", "base_commit": args.base, "batch": args.batch,
                                 "rounds": args.rounds}  # fmt: skip
-        for form, text in forms.items():
+        for form in forms:
             row = await setup.fetchrow(
-                "SELECT calls, total_exec_time / calls AS mean_ms, total_plan_time / calls AS plan_ms"
-                " FROM pg_stat_statements WHERE query = $1",
-                text,
+                "SELECT sum(calls) AS calls, sum(total_exec_time) / sum(calls) AS mean_ms,"
+                " sum(total_plan_time) / sum(calls) AS plan_ms FROM pg_stat_statements"
+                " WHERE query = $1",
+                forms[form].rstrip(";"),  # stored without the closing semicolon
             )
             line[form] = {
                 "client_us_per_execution": round(client[form] / executions * 1e6, 2),
                 "backend_us_per_execution": round(ticks[form] / os.sysconf("SC_CLK_TCK") / executions * 1e6, 1),
-                "insert_mean_ms": round(float(row["mean_ms"]), 3) if row else None,
-                "insert_plan_ms": round(float(row["plan_ms"]), 3) if row else None,
+                "insert_mean_ms": round(float(row["mean_ms"]), 3) if row["calls"] else None,
+                "insert_plan_ms": round(float(row["plan_ms"]), 3) if row["calls"] else None,
             }
         for conn in (*conns.values(), setup):
             await conn.close()
@@ -159,15 +160,20 @@ async def main_async(args: argparse.Namespace, base_sql: str) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(prog="bench/dispatch_insert.py", description=__doc__)
-    parser.add_argument("--base", default="5427f15", help="the commit whose insert_executions is compared")
+    parser.add_argument("--base", default="5427f15", help="the commit (or a dispatch.sql) whose insert is compared")
     parser.add_argument("--batch", type=int, default=100, help="executions per dispatch transaction")
     parser.add_argument("--rounds", type=int, default=60, help="rounds per form, alternated")
     parser.add_argument("--port-offset", type=int, default=100)
     parser.add_argument("--root", type=Path, default=Path("/tmp/sundial-dispatch-insert"))
     parser.add_argument("--results", type=Path, default=RESULTS)
     args = parser.parse_args()
-    base = subprocess.run(["git", "show", f"{args.base}:{SQL}"], cwd=REPO, check=True, capture_output=True, text=True)
-    asyncio.run(main_async(args, base.stdout))
+    if Path(args.base).is_file():  # a dispatch.sql not committed yet
+        base = Path(args.base).read_text()
+    else:
+        base = subprocess.run(
+            ["git", "show", f"{args.base}:{SQL}"], cwd=REPO, check=True, capture_output=True, text=True
+        ).stdout
+    asyncio.run(main_async(args, base))
     return 0
 
 

@@ -246,7 +246,9 @@ class PostgresDispatchStore:
         planned, so nothing of it is written; the other parts commit. Anything else that fails fails every part
         (the transaction rolls back). Parts must be of distinct shards.
 
-        ``plan`` may return a plain list (one execution per job, advancing it to ``next_fire_at``).
+        ``plan`` may return a plain list (one execution per job, advancing it to ``next_fire_at``); a
+        :class:`DispatchPlan` must have a move for the job of each of its executions (``advance=False`` leaves the
+        schedule as it is): the insert reads what an execution inherits from its job through that move.
         """
         empty = DispatchPlan([], [])
         results: list[DispatchOutcome | FencedOut] = [DispatchOutcome([], empty, [], []) for _ in parts]
@@ -300,6 +302,9 @@ class PostgresDispatchStore:
                 planned += decided.executions
                 advances += decided.advances
             inserted: list[Record] = []
+            moved = {a.job_id for a in advances}
+            if any(p.job["id"] not in moved for p in planned):  # the insert takes what it inherits from the move
+                raise ValueError("a planned execution's job has no move (JobAdvance) in its plan")
             if planned or advances:
                 tokens = {parts[i].shard: parts[i].token for i in live}
                 inserted = await conn.fetch(

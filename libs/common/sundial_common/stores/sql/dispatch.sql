@@ -84,36 +84,25 @@ WHERE j.shard = $3;
 -- name: insert_executions
 -- One row per occurrence; a SKIPPED one (overlap policy) is terminal at once and never published. With the
 -- batch's executions, its jobs' moves ($11-$18), in the same statement (data-modifying CTEs: one round trip).
+-- Each dispatched job moves to its next occurrence, with compare-and-set on the one it was at; a job with no
+-- next occurrence is COMPLETED. A job only holding a trigger (advance = false) keeps its schedule. Missed
+-- fires (catch-up) and completions are audited.
 -- What an execution inherits from its job (tenant, pool, handler, timeout, priority, shard, maxAttempts of its
--- retry policy) is read from the jobs row here, not sent back: lock_due_jobs locked that row earlier in this
--- transaction, so it is the version the planner saw (no other transaction can change it before commit), and the
--- advance below does not touch those columns (every CTE reads the statement's snapshot anyway). asyncpg encodes
--- each array element in the dispatcher and Postgres unnests it: 9 of the 17 arrays an execution had were these.
+-- retry policy) comes from its job's move (advanced's RETURNING), not from arrays sent back: asyncpg encodes each
+-- array element in the dispatcher and Postgres unnests it, and 9 of the 17 arrays an execution had were these.
+-- lock_due_jobs locked those rows earlier in this transaction, so they are the versions the planner saw (no other
+-- transaction can change them before commit), and the move changes none of these columns. Read from the move,
+-- not from jobs again: a join of the batch to jobs cost ~70 µs more backend CPU an execution than the arrays it
+-- replaced (bench/dispatch_insert.py; README, ninth round). So every execution needs its job's move in the batch
+-- (the planner always makes one: PostgresDispatchStore checks it), and an execution whose job did not move
+-- (its compare-and-set failed, which the lock rules out) is not created either.
 -- Each execution carries its shard's term token: $9/$10 are the transaction's shards and tokens (one statement
 -- for every shard of the transaction, lock_due_jobs above), joined on the job's shard; a shard missing there
 -- is a NULL token, which the NOT NULL column refuses (the transaction fails: no execution is written unfenced).
 -- The trace id is the traceparent's second field (W3C), as the planner's span has both.
 -- ON CONFLICT without a target: executions is partitioned by id (migration 0018), so the occurrence key
 -- (job_id, scheduled_for) is a unique index of each partition, an arbiter only when no target is named.
--- Each dispatched job moves to its next occurrence, with compare-and-set on the one it was at; a job with no
--- next occurrence is COMPLETED. A job only holding a trigger (advance = false) keeps its schedule. Missed
--- fires (catch-up) and completions are audited.
-WITH inserted AS (
-    INSERT INTO executions (id, tenant_id, job_id, scheduled_for, shard, fence_token, pool, handler, state,
-                            max_attempts, timeout_sec, trace_id, traceparent, fire_at, triggered, error,
-                            finished_at, priority)
-    SELECT e.id, j.tenant_id, j.id, e.scheduled_for, j.shard, f.token, j.pool, j.handler, e.state,
-           coalesce((j.retry_policy ->> 'maxAttempts')::int, 1), j.timeout_sec,
-           nullif(split_part(e.traceparent, '-', 2), ''), e.traceparent, e.fire_at, e.triggered, e.note,
-           CASE WHEN e.state = 'SKIPPED' THEN now() END, j.priority
-    FROM unnest($1::uuid[], $2::uuid[], $3::timestamptz[], $4::timestamptz[], $5::text[], $6::bool[], $7::text[],
-                $8::text[])
-         AS e (id, job_id, scheduled_for, fire_at, state, triggered, note, traceparent)
-    JOIN jobs j ON j.id = e.job_id
-    LEFT JOIN unnest($9::int[], $10::bigint[]) AS f (shard, token) ON f.shard = j.shard
-    ON CONFLICT DO NOTHING
-    RETURNING id, tenant_id, state, error
-), advanced AS (
+WITH advanced AS (
     UPDATE jobs j
     SET next_fire_at = CASE WHEN a.advance THEN a.next_fire_at ELSE j.next_fire_at END,
         next_nominal_at = CASE WHEN a.advance THEN a.next_nominal_at ELSE j.next_nominal_at END,
@@ -127,7 +116,22 @@ WITH inserted AS (
                 $16::bigint[], $17::bool[], $18::bool[])
          AS a (id, prev, next_fire_at, next_nominal_at, runs, missed, advance, trigger_done)
     WHERE j.id = a.id AND (NOT a.advance OR (j.next_fire_at = a.prev AND j.state = 'ACTIVE'))
-    RETURNING j.id, j.tenant_id, j.state, a.advance, a.missed
+    RETURNING j.id, j.tenant_id, j.state, a.advance, a.missed, j.shard, j.pool, j.handler, j.timeout_sec,
+              j.priority, coalesce((j.retry_policy ->> 'maxAttempts')::int, 1) AS max_attempts
+), inserted AS (
+    INSERT INTO executions (id, tenant_id, job_id, scheduled_for, shard, fence_token, pool, handler, state,
+                            max_attempts, timeout_sec, trace_id, traceparent, fire_at, triggered, error,
+                            finished_at, priority)
+    SELECT e.id, j.tenant_id, j.id, e.scheduled_for, j.shard, f.token, j.pool, j.handler, e.state, j.max_attempts,
+           j.timeout_sec, nullif(split_part(e.traceparent, '-', 2), ''), e.traceparent, e.fire_at, e.triggered,
+           e.note, CASE WHEN e.state = 'SKIPPED' THEN now() END, j.priority
+    FROM unnest($1::uuid[], $2::uuid[], $3::timestamptz[], $4::timestamptz[], $5::text[], $6::bool[], $7::text[],
+                $8::text[])
+         AS e (id, job_id, scheduled_for, fire_at, state, triggered, note, traceparent)
+    JOIN advanced j ON j.id = e.job_id
+    LEFT JOIN unnest($9::int[], $10::bigint[]) AS f (shard, token) ON f.shard = j.shard
+    ON CONFLICT DO NOTHING
+    RETURNING id, tenant_id, state, error
 ), audit AS (
     INSERT INTO audit_log (tenant_id, entity, entity_id, action, from_state, to_state, actor, detail)
     SELECT tenant_id, 'execution', id, CASE WHEN state = 'SKIPPED' THEN 'skip' ELSE 'dispatch' END, NULL, state,
