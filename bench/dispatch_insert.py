@@ -9,11 +9,11 @@ insert's ``fetch`` (asyncpg encodes every array element there), the CPU of the f
 (/proc: the job rows and the lock are the same in both), and from pg_stat_statements the insert's mean execution
 and planning milliseconds.
 
-The earlier form is ``--base``'s ``dispatch.sql`` (git show) with its 26 parameters (17 arrays per execution,
-each inherited column of the job sent back); the head's has 19 (8 per execution: the rest is read from the
-locked job in SQL).
+The other form is ``--base``'s ``dispatch.sql`` (a commit's, by git show, or a file not committed yet): with 26
+parameters, the arguments as 5427f15 sent them (17 arrays per execution, each inherited column of the job sent
+back); with 19, as the head sends them (8 per execution: the rest is read from the job's move in SQL).
 
-    uv run --frozen python bench/dispatch_insert.py --port-offset 100 [--base 5427f15] [--batch 100] [--rounds 60]
+    uv run --frozen python bench/dispatch_insert.py --port-offset 100 [--base 5427f15|FILE] [--batch 100] [--rounds 300]
 
 A measurement, never a pass/fail. Appends one JSON line to ``bench/results/<date>.jsonl``.
 """
