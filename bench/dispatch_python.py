@@ -82,10 +82,9 @@ def measure(batch: int, passes: int) -> float:
         planner = _Planner(now=now, config=config)
         plan = planner(jobs)
         planned = plan.executions
-        # The arrays PostgresDispatchStore.dispatch_occurrences sends (insert_executions, advance_jobs).
-        for column in ("tenant_id", "id", "pool", "handler", "timeout_sec", "priority"):
-            _ = [p.job[column] for p in planned]
-        _ = [(p.execution_id, p.nominal, p.max_attempts, p.trace_id, p.traceparent, p.due, p.state) for p in planned]
+        # The arrays PostgresDispatchStore.dispatch_occurrences sends (insert_executions, with the jobs' moves).
+        _ = [p.job["id"] for p in planned]
+        _ = [(p.execution_id, p.nominal, p.due, p.state, p.triggered, p.note, p.traceparent) for p in planned]
         _ = [(a.job_id, a.prev_fire_at, a.next_fire_at, a.next_nominal_at, a.runs, a.advance) for a in plan.advances]
         for message in [leader._message(p) for p in planned]:
             message.encode()

@@ -141,7 +141,7 @@ async def one_round(stores: Stores, batch: int, worker: str) -> dict[str, float]
     )
 
     def plan(rows: Any) -> list[PlannedExecution]:
-        return [PlannedExecution(new_id(), row, None, 1, None, None) for row in rows]
+        return [PlannedExecution(new_id(), row, None, None) for row in rows]
 
     took: dict[str, float] = {}
     started = time.perf_counter()

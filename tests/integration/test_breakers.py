@@ -248,7 +248,7 @@ async def test_first_fires_run_as_usual_unless_the_job_chose_to_hold_them(
     )
 
     def plan(rows: Any) -> list[PlannedExecution]:
-        return [PlannedExecution(new_id(), row, None, 1, None, None) for row in rows]
+        return [PlannedExecution(new_id(), row, None, None) for row in rows]
 
     claims = [Occurrence(j, due) for j in jobs.values()]
     outcome = await stores.dispatch.dispatch_occurrences(0, 1, "test", claims, plan)

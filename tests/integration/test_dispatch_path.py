@@ -328,7 +328,7 @@ async def test_sweeper_republishes_executions_whose_message_was_never_sent(
         1,
         "replica-a",
         [Occurrence(job_id, _ms(due))],
-        lambda jobs: [PlannedExecution(execution_id, j, None, 1, None, None) for j in jobs],
+        lambda jobs: [PlannedExecution(execution_id, j, None, None) for j in jobs],
     )
     await stores.database.pool.execute("UPDATE executions SET created_at = now() - interval '1 minute'")
     sweeper = Sweeper(stores, publisher, SweeperConfig(unpublished_after_sec=5))
@@ -399,7 +399,7 @@ async def test_warming_the_dispatch_connections_writes_nothing(stores: Stores, p
     token = await stores.dispatch.take_shard(0, "replica-a")
     claims = [Occurrence(job_id, _ms(datetime.now(UTC)))]
     created = await stores.dispatch.dispatch(
-        0, token, "replica-a", claims, lambda jobs: [PlannedExecution(new_id(), j, None, 1, None, None) for j in jobs]
+        0, token, "replica-a", claims, lambda jobs: [PlannedExecution(new_id(), j, None, None) for j in jobs]
     )
     assert [p.job["id"] for p in created] == [job_id]
 
@@ -413,7 +413,7 @@ async def test_passes_of_several_shards_commit_in_one_transaction_each_under_its
     commits = GroupCommit(stores.dispatch)
 
     def plan(rows: Sequence[Any]) -> list[PlannedExecution]:
-        return [PlannedExecution(new_id(), row, None, 1, None, None) for row in rows]
+        return [PlannedExecution(new_id(), row, None, None) for row in rows]
 
     outcomes = await asyncio.gather(
         *(

@@ -356,7 +356,7 @@ async def test_outcomes_written_by_hand_count_like_the_workers(stores: Stores, n
         1,
         "test",
         [Occurrence(job_id, due)],
-        lambda rows: [PlannedExecution(new_id(), row, None, 1, None, None) for row in rows],
+        lambda rows: [PlannedExecution(new_id(), row, None, None) for row in rows],
     )
     await stores.executions.start_executions("w", [(planned.execution_id, 1)])
     [finished] = await stores.executions.finish_attempts("w", [Outcome(planned.execution_id, 1, "SUCCEEDED")])

@@ -113,10 +113,9 @@ async def make_executions(
             actor="test",
         )
         occurrences.append(Occurrence(job_id, due))
-    attempts = int(policy.get("maxAttempts", 1))
 
     def plan(rows: Any) -> list[PlannedExecution]:
-        return [PlannedExecution(new_id(), row, None, attempts, None, None) for row in rows]
+        return [PlannedExecution(new_id(), row, None, None) for row in rows]
 
     planned = await stores.dispatch.dispatch(0, 1, "test", occurrences, plan)
     return [

@@ -130,10 +130,9 @@ async def dispatch(
             actor="test",
         )
         occurrences.append(Occurrence(job_id, due))
-    trace_id = traceparent_value.split("-")[1] if traceparent_value else None
 
     def plan(rows: Any) -> list[PlannedExecution]:
-        return [PlannedExecution(new_id(), row, None, 1, trace_id, traceparent_value) for row in rows]
+        return [PlannedExecution(new_id(), row, None, traceparent_value) for row in rows]
 
     planned = await stores.dispatch.dispatch(0, 1, "test", occurrences, plan)
     assert len(planned) == len(payloads)

@@ -49,7 +49,6 @@ from sundial_common.telemetry import (
     execution_context,
     kafka_publish_attributes,
     spans_recorded,
-    trace_id_hex,
     traceparent,
     tracer,
     unrecorded_span,
@@ -278,18 +277,15 @@ class _Planner:
         triggered: bool = False,
         note: str | None = None,
     ) -> PlannedExecution:
-        trace_id = parent = None
+        parent = None
         if state == "PENDING":  # a SKIPPED occurrence is never published: no dispatch span
             span = self._span(job, execution_id, nominal, triggered)
             self.spans[execution_id] = span
-            trace_id, parent = trace_id_hex(span), traceparent(span)
-        policy = job["retry_policy"] or {}
+            parent = traceparent(span)
         return PlannedExecution(
             execution_id=execution_id,
             job=job,
             next_fire_at=None,
-            max_attempts=int(policy.get("maxAttempts", 1)),
-            trace_id=trace_id,
             traceparent=parent,
             scheduled_for=nominal,
             fire_at=due,

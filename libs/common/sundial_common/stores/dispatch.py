@@ -50,10 +50,11 @@ class PlannedExecution:
     """
 
     execution_id: UUID
+    #: The locked job's row. The insert reads what the execution inherits from it (tenant, pool, handler, timeout,
+    #: priority, shard, its retry policy's ``maxAttempts``) from the jobs table, the same locked version.
     job: Record
     next_fire_at: datetime | None
-    max_attempts: int
-    trace_id: str | None
+    #: The dispatch span's W3C traceparent (the row's trace id is its second field).
     traceparent: str | None
     #: The nominal occurrence (unique per job). Default: the job's due occurrence.
     scheduled_for: datetime | None = None
@@ -249,7 +250,9 @@ class PostgresDispatchStore:
         planned, so nothing of it is written; the other parts commit. Anything else that fails fails every part
         (the transaction rolls back). Parts must be of distinct shards.
 
-        ``plan`` may return a plain list (one execution per job, advancing it to ``next_fire_at``).
+        ``plan`` may return a plain list (one execution per job, advancing it to ``next_fire_at``); a
+        :class:`DispatchPlan` must have a move for the job of each of its executions (``advance=False`` leaves the
+        schedule as it is): the insert reads what an execution inherits from its job through that move.
         """
         empty = DispatchPlan([], [])
         results: list[DispatchOutcome | FencedOut] = [DispatchOutcome([], empty, [], []) for _ in parts]
@@ -260,7 +263,7 @@ class PostgresDispatchStore:
         shards = [parts[i].shard for i in live]
         if len(set(shards)) < len(shards):
             raise ValueError(f"one dispatch transaction per shard at a time, got shards {shards}")
-        planned: list[tuple[int, PlannedExecution]] = []  # (shard, execution)
+        planned: list[PlannedExecution] = []
         advances: list[JobAdvance] = []
         decisions: dict[int, DispatchPlan] = {}
         misplaced: dict[int, list[Occurrence]] = {i: [] for i in live}
@@ -300,9 +303,12 @@ class PostgresDispatchStore:
                         ],
                     )
                 decisions[i] = decided
-                planned += [(part.shard, p) for p in decided.executions]
+                planned += decided.executions
                 advances += decided.advances
             inserted: list[Record] = []
+            moved = {a.job_id for a in advances}
+            if any(p.job["id"] not in moved for p in planned):  # the insert takes what it inherits from the move
+                raise ValueError("a planned execution's job has no move (JobAdvance) in its plan")
             if planned or advances:
                 tokens = {parts[i].shard: parts[i].token for i in live}
                 inserted = await conn.fetch(
@@ -435,32 +441,25 @@ class PostgresDispatchStore:
 
 
 def _insert_arguments(
-    planned: Sequence[tuple[int, PlannedExecution]],
+    planned: Sequence[PlannedExecution],
     advances: Sequence[JobAdvance],
     tokens: Mapping[int, int],
     holder: str,
 ) -> list[object]:
-    """The parameters of ``insert_executions``, in its order: the executions (each with its shard and that shard's
-    token), then the jobs' moves."""
+    """The parameters of ``insert_executions``, in its order: what each execution has of its own (what it inherits
+    from its job, Postgres reads from the locked job), the transaction's shards with their tokens, the jobs'
+    moves, the actor."""
     return [
-        [p.execution_id for _, p in planned],
-        [p.job["tenant_id"] for _, p in planned],
-        [p.job["id"] for _, p in planned],
-        [p.nominal for _, p in planned],
-        [p.job["pool"] for _, p in planned],
-        [p.job["handler"] for _, p in planned],
-        [p.max_attempts for _, p in planned],
-        [p.job["timeout_sec"] for _, p in planned],
-        [shard for shard, _ in planned],
-        [tokens[shard] for shard, _ in planned],
-        [p.trace_id for _, p in planned],
-        [p.traceparent for _, p in planned],
-        holder,
-        [p.due for _, p in planned],
-        [p.state for _, p in planned],
-        [p.triggered for _, p in planned],
-        [p.note for _, p in planned],
-        [p.job["priority"] for _, p in planned],
+        [p.execution_id for p in planned],
+        [p.job["id"] for p in planned],
+        [p.nominal for p in planned],
+        [p.due for p in planned],
+        [p.state for p in planned],
+        [p.triggered for p in planned],
+        [p.note for p in planned],
+        [p.traceparent for p in planned],
+        list(tokens),
+        list(tokens.values()),
         [a.job_id for a in advances],
         [a.prev_fire_at for a in advances],
         [a.next_fire_at for a in advances],
@@ -469,6 +468,7 @@ def _insert_arguments(
         [a.missed for a in advances],
         [a.advance for a in advances],
         [a.trigger_done for a in advances],
+        holder,
     ]
 
 

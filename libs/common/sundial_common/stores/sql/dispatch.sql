@@ -83,29 +83,26 @@ WHERE j.shard = $3;
 
 -- name: insert_executions
 -- One row per occurrence; a SKIPPED one (overlap policy) is terminal at once and never published. With the
--- batch's executions, its jobs' moves ($19-$26), in the same statement (data-modifying CTEs: one round trip).
--- Each execution carries its shard and its term's token ($9, $10): one statement for every shard of the
--- transaction (lock_due_jobs above).
--- ON CONFLICT without a target: executions is partitioned by id (migration 0018), so the occurrence key
--- (job_id, scheduled_for) is a unique index of each partition, an arbiter only when no target is named.
+-- batch's executions, its jobs' moves ($11-$18), in the same statement (data-modifying CTEs: one round trip).
 -- Each dispatched job moves to its next occurrence, with compare-and-set on the one it was at; a job with no
 -- next occurrence is COMPLETED. A job only holding a trigger (advance = false) keeps its schedule. Missed
 -- fires (catch-up) and completions are audited.
-WITH inserted AS (
-    INSERT INTO executions (id, tenant_id, job_id, scheduled_for, shard, fence_token, pool, handler, state,
-                            max_attempts, timeout_sec, trace_id, traceparent, fire_at, triggered, error,
-                            finished_at, priority)
-    SELECT e.id, e.tenant_id, e.job_id, e.scheduled_for, e.shard, e.fence_token, e.pool, e.handler, e.state,
-           e.max_attempts, e.timeout_sec, e.trace_id, e.traceparent, e.fire_at, e.triggered, e.note,
-           CASE WHEN e.state = 'SKIPPED' THEN now() END, e.priority
-    FROM unnest($1::uuid[], $2::text[], $3::uuid[], $4::timestamptz[], $5::text[], $6::text[],
-                $7::int[], $8::int[], $9::int[], $10::bigint[], $11::text[], $12::text[], $14::timestamptz[],
-                $15::text[], $16::bool[], $17::text[], $18::text[])
-         AS e (id, tenant_id, job_id, scheduled_for, pool, handler, max_attempts, timeout_sec, shard, fence_token,
-               trace_id, traceparent, fire_at, state, triggered, note, priority)
-    ON CONFLICT DO NOTHING
-    RETURNING id, tenant_id, state, error
-), advanced AS (
+-- What an execution inherits from its job (tenant, pool, handler, timeout, priority, shard, maxAttempts of its
+-- retry policy) comes from its job's move (advanced's RETURNING), not from arrays sent back: asyncpg encodes each
+-- array element in the dispatcher and Postgres unnests it, and 9 of the 17 arrays an execution had were these.
+-- lock_due_jobs locked those rows earlier in this transaction, so they are the versions the planner saw (no other
+-- transaction can change them before commit), and the move changes none of these columns. Read from the move,
+-- not from jobs again: a join of the batch to jobs cost ~70 µs more backend CPU an execution than the arrays it
+-- replaced (bench/dispatch_insert.py; README, ninth round). So every execution needs its job's move in the batch
+-- (the planner always makes one: PostgresDispatchStore checks it), and an execution whose job did not move
+-- (its compare-and-set failed, which the lock rules out) is not created either.
+-- Each execution carries its shard's term token: $9/$10 are the transaction's shards and tokens (one statement
+-- for every shard of the transaction, lock_due_jobs above), joined on the job's shard; a shard missing there
+-- is a NULL token, which the NOT NULL column refuses (the transaction fails: no execution is written unfenced).
+-- The trace id is the traceparent's second field (W3C), as the planner's span has both.
+-- ON CONFLICT without a target: executions is partitioned by id (migration 0018), so the occurrence key
+-- (job_id, scheduled_for) is a unique index of each partition, an arbiter only when no target is named.
+WITH advanced AS (
     UPDATE jobs j
     SET next_fire_at = CASE WHEN a.advance THEN a.next_fire_at ELSE j.next_fire_at END,
         next_nominal_at = CASE WHEN a.advance THEN a.next_nominal_at ELSE j.next_nominal_at END,
@@ -115,21 +112,36 @@ WITH inserted AS (
         trigger_at = CASE WHEN a.trigger_done THEN NULL ELSE j.trigger_at END,
         trigger_execution_id = CASE WHEN a.trigger_done THEN NULL ELSE j.trigger_execution_id END,
         updated_at = now()
-    FROM unnest($19::uuid[], $20::timestamptz[], $21::timestamptz[], $22::timestamptz[], $23::int[],
-                $24::bigint[], $25::bool[], $26::bool[])
+    FROM unnest($11::uuid[], $12::timestamptz[], $13::timestamptz[], $14::timestamptz[], $15::int[],
+                $16::bigint[], $17::bool[], $18::bool[])
          AS a (id, prev, next_fire_at, next_nominal_at, runs, missed, advance, trigger_done)
     WHERE j.id = a.id AND (NOT a.advance OR (j.next_fire_at = a.prev AND j.state = 'ACTIVE'))
-    RETURNING j.id, j.tenant_id, j.state, a.advance, a.missed
+    RETURNING j.id, j.tenant_id, j.state, a.advance, a.missed, j.shard, j.pool, j.handler, j.timeout_sec,
+              j.priority, coalesce((j.retry_policy ->> 'maxAttempts')::int, 1) AS max_attempts
+), inserted AS (
+    INSERT INTO executions (id, tenant_id, job_id, scheduled_for, shard, fence_token, pool, handler, state,
+                            max_attempts, timeout_sec, trace_id, traceparent, fire_at, triggered, error,
+                            finished_at, priority)
+    SELECT e.id, j.tenant_id, j.id, e.scheduled_for, j.shard, f.token, j.pool, j.handler, e.state, j.max_attempts,
+           j.timeout_sec, nullif(split_part(e.traceparent, '-', 2), ''), e.traceparent, e.fire_at, e.triggered,
+           e.note, CASE WHEN e.state = 'SKIPPED' THEN now() END, j.priority
+    FROM unnest($1::uuid[], $2::uuid[], $3::timestamptz[], $4::timestamptz[], $5::text[], $6::bool[], $7::text[],
+                $8::text[])
+         AS e (id, job_id, scheduled_for, fire_at, state, triggered, note, traceparent)
+    JOIN advanced j ON j.id = e.job_id
+    LEFT JOIN unnest($9::int[], $10::bigint[]) AS f (shard, token) ON f.shard = j.shard
+    ON CONFLICT DO NOTHING
+    RETURNING id, tenant_id, state, error
 ), audit AS (
     INSERT INTO audit_log (tenant_id, entity, entity_id, action, from_state, to_state, actor, detail)
     SELECT tenant_id, 'execution', id, CASE WHEN state = 'SKIPPED' THEN 'skip' ELSE 'dispatch' END, NULL, state,
-           $13, CASE WHEN error IS NOT NULL THEN jsonb_build_object('reason', error) END
+           $19, CASE WHEN error IS NOT NULL THEN jsonb_build_object('reason', error) END
     FROM inserted
     UNION ALL
-    SELECT tenant_id, 'job', id, 'complete', 'ACTIVE', 'COMPLETED', $13, NULL FROM advanced
+    SELECT tenant_id, 'job', id, 'complete', 'ACTIVE', 'COMPLETED', $19, NULL FROM advanced
     WHERE advance AND state = 'COMPLETED'
     UNION ALL
-    SELECT tenant_id, 'job', id, 'missed', NULL, NULL, $13, jsonb_build_object('missedFires', missed) FROM advanced
+    SELECT tenant_id, 'job', id, 'missed', NULL, NULL, $19, jsonb_build_object('missedFires', missed) FROM advanced
     WHERE missed > 0
 )
 SELECT id FROM inserted;

@@ -1,0 +1,181 @@
+"""The dispatch insert's arguments: the head's ``insert_executions`` against an earlier commit's, on one Postgres.
+
+What a W3 pair cannot resolve on a shared 2-core machine (its neighbours move a process's CPU per execution by
+±20 % between two runs of the same code): one Postgres, one database at the head's schema, two connections (one
+per form of the statement), rounds alternated. Each round inserts ``--batch`` due one-shot jobs and dispatches
+them in the fenced transaction (``lock_due_jobs``, then the form's ``insert_executions``), as
+``PostgresDispatchStore.dispatch_shards`` does. Per form: the client's CPU microseconds per execution in the
+insert's ``fetch`` (asyncpg encodes every array element there), the CPU of the form's backend per execution
+(/proc: the job rows and the lock are the same in both), and from pg_stat_statements the insert's mean execution
+and planning milliseconds.
+
+The other form is ``--base``'s ``dispatch.sql`` (a commit's, by git show, or a file not committed yet): with 26
+parameters, the arguments as 5427f15 sent them (17 arrays per execution, each inherited column of the job sent
+back); with 19, as the head sends them (8 per execution: the rest is read from the job's move in SQL).
+
+    uv run --frozen python bench/dispatch_insert.py --port-offset 100 [--base 5427f15|FILE] [--batch 100] [--rounds 300]
+
+A measurement, never a pass/fail. Appends one JSON line to ``bench/results/<date>.jsonl``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import subprocess
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import machine  # bench/ is on sys.path: run as a script
+from harness import POSTGRES_SETTINGS, REPO, RESULTS, _record, fresh_database
+from storage import TENANT
+from sundial_common.clock import from_ms, to_ms
+from sundial_common.ids import new_execution_id, new_id
+from sundial_common.queries import load, load_file
+from sundial_common.stores.database import _init_connection
+from sundial_common.stores.dispatch import PlannedExecution, _insert_arguments
+from sundial_infra.servers.postgres import PostgresServer
+from sundial_infra.stack import BENCH_PORTS
+
+HEAD = load_file("dispatch.sql")
+SQL = "libs/common/sundial_common/stores/sql/dispatch.sql"
+
+
+def base_arguments(rows: list[Any], ids: list[Any], traceparents: list[str]) -> list[object]:
+    """``insert_executions``'s 26 parameters as the earlier form took them (one shard, token 1)."""
+    n = len(rows)
+    return [
+        ids,
+        [r["tenant_id"] for r in rows],
+        [r["id"] for r in rows],
+        [r["next_fire_at"] for r in rows],
+        [r["pool"] for r in rows],
+        [r["handler"] for r in rows],
+        [int((r["retry_policy"] or {}).get("maxAttempts", 1)) for r in rows],
+        [r["timeout_sec"] for r in rows],
+        [0] * n,
+        [1] * n,
+        [t.split("-")[1] for t in traceparents],
+        traceparents,
+        "bench",
+        [r["next_fire_at"] for r in rows],
+        ["PENDING"] * n,
+        [False] * n,
+        [None] * n,
+        [r["priority"] for r in rows],
+        *advances(rows),
+    ]
+
+
+def advances(rows: list[Any]) -> list[list[object]]:
+    n = len(rows)
+    return [[r["id"] for r in rows], [r["next_fire_at"] for r in rows], [None] * n, [None] * n, [1] * n, [0] * n,
+            [True] * n, [False] * n]  # fmt: skip
+
+
+def head_arguments(rows: list[Any], ids: list[Any], traceparents: list[str]) -> list[object]:
+    from sundial_common.stores.dispatch import JobAdvance
+
+    planned = [PlannedExecution(i, r, None, t) for i, r, t in zip(ids, rows, traceparents, strict=True)]
+    moves = [JobAdvance(r["id"], r["next_fire_at"], None, None, runs=1) for r in rows]
+    return _insert_arguments(planned, moves, {0: 1}, "bench")
+
+
+async def one_round(conn: asyncpg.Connection, form: str, insert: str, batch: int) -> float:
+    """``batch`` due jobs dispatched through ``insert``: the client CPU seconds of the insert's fetch."""
+    due = from_ms(to_ms(datetime.now(UTC)))
+    jobs = [new_id() for _ in range(batch)]
+    await conn.execute(
+        "INSERT INTO jobs (id, tenant_id, name, type, run_at, pool, handler, timeout_sec, state, shard, next_fire_at)"
+        " SELECT id, $2, 'j', 'ONE_SHOT', $3, 'bench', 'echo', 60, 'ACTIVE', 0, $3 FROM unnest($1::uuid[]) AS u (id)",
+        jobs,
+        TENANT,
+        due,
+    )
+    ids = [new_execution_id() for _ in jobs]
+    traceparents = [f"00-{i.hex}-{i.hex[:16]}-01" for i in ids]
+    async with conn.transaction():
+        rows = await conn.fetch(HEAD["lock_due_jobs"], jobs, [due] * batch, [0], [1], "bench", [0] * batch)
+        rows = [r for r in rows if r["id"] is not None]
+        build = base_arguments if "$26" in insert else head_arguments
+        started = time.process_time()
+        inserted = await conn.fetch(insert, *build(rows, ids, traceparents))
+        took = time.process_time() - started
+    assert len(inserted) == batch, (form, len(inserted))
+    return took
+
+
+async def main_async(args: argparse.Namespace, base_sql: str) -> None:
+    forms = {"base": load(base_sql)["insert_executions"], "head": HEAD["insert_executions"]}
+    root = args.root.resolve()
+    shutil.rmtree(root, ignore_errors=True)
+    server = PostgresServer(root / "postgres", BENCH_PORTS.postgres + args.port_offset, settings=POSTGRES_SETTINGS)
+    server.start()
+    try:
+        dsn = await fresh_database(server, "dispatch_insert", "head", track_planning=True)
+        setup = await asyncpg.connect(dsn)
+        await setup.fetchval("SELECT sundial_add_execution_partitions($1::date, $2::int)", datetime.now(UTC).date(), 40)
+        await setup.execute("INSERT INTO tenants (id) VALUES ($1)", TENANT)
+        conns = {form: await asyncpg.connect(dsn) for form in forms}
+        for form, conn in conns.items():
+            await _init_connection(conn)  # the services' codecs (jsonb)
+            for _ in range(5):
+                await one_round(conn, form, forms[form], args.batch)  # plans cached, buffers warm
+        await setup.execute("SELECT pg_stat_statements_reset()")
+        pids = {form: conn.get_server_pid() for form, conn in conns.items()}
+        client = dict.fromkeys(forms, 0.0)
+        ticks = dict.fromkeys(forms, 0)
+        for r in range(args.rounds):
+            for form in list(forms) if r % 2 == 0 else reversed(list(forms)):
+                before = machine.cpu_ticks(pids[form])
+                client[form] += await one_round(conns[form], form, forms[form], args.batch)
+                ticks[form] += machine.cpu_ticks(pids[form]) - before
+        executions = args.rounds * args.batch
+        line: dict[str, Any] = {"workload": "dispatch_insert", "base_commit": args.base, "batch": args.batch,
+                                "rounds": args.rounds}  # fmt: skip
+        for form in forms:
+            row = await setup.fetchrow(
+                "SELECT sum(calls) AS calls, sum(total_exec_time) / sum(calls) AS mean_ms,"
+                " sum(total_plan_time) / sum(calls) AS plan_ms FROM pg_stat_statements"
+                " WHERE query = $1",
+                forms[form].rstrip(";"),  # stored without the closing semicolon
+            )
+            line[form] = {
+                "client_us_per_execution": round(client[form] / executions * 1e6, 2),
+                "backend_us_per_execution": round(ticks[form] / os.sysconf("SC_CLK_TCK") / executions * 1e6, 1),
+                "insert_mean_ms": round(float(row["mean_ms"]), 3) if row["calls"] else None,
+                "insert_plan_ms": round(float(row["plan_ms"]), 3) if row["calls"] else None,
+            }
+        for conn in (*conns.values(), setup):
+            await conn.close()
+        _record({**line, "machine": machine.describe(REPO)}, results=args.results)
+    finally:
+        server.stop()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="bench/dispatch_insert.py", description=__doc__)
+    parser.add_argument("--base", default="5427f15", help="the commit (or a dispatch.sql) whose insert is compared")
+    parser.add_argument("--batch", type=int, default=100, help="executions per dispatch transaction")
+    parser.add_argument("--rounds", type=int, default=60, help="rounds per form, alternated")
+    parser.add_argument("--port-offset", type=int, default=100)
+    parser.add_argument("--root", type=Path, default=Path("/tmp/sundial-dispatch-insert"))
+    parser.add_argument("--results", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    if Path(args.base).is_file():  # a dispatch.sql not committed yet
+        base = Path(args.base).read_text()
+    else:
+        base = subprocess.run(
+            ["git", "show", f"{args.base}:{SQL}"], cwd=REPO, check=True, capture_output=True, text=True
+        ).stdout
+    asyncio.run(main_async(args, base))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
