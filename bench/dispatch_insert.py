@@ -33,9 +33,8 @@ from typing import Any
 import asyncpg
 import machine  # bench/ is on sys.path: run as a script
 from harness import POSTGRES_SETTINGS, REPO, RESULTS, _record, fresh_database
-from storage import TENANT
-from sundial_common.clock import from_ms, to_ms
-from sundial_common.ids import new_execution_id, new_id
+from storage import TENANT, due_jobs
+from sundial_common.ids import new_execution_id
 from sundial_common.queries import load, load_file
 from sundial_common.stores.database import _init_connection
 from sundial_common.stores.dispatch import PlannedExecution, _insert_arguments
@@ -88,15 +87,7 @@ def head_arguments(rows: list[Any], ids: list[Any], traceparents: list[str]) -> 
 
 async def one_round(conn: asyncpg.Connection, form: str, insert: str, batch: int) -> float:
     """``batch`` due jobs dispatched through ``insert``: the client CPU seconds of the insert's fetch."""
-    due = from_ms(to_ms(datetime.now(UTC)))
-    jobs = [new_id() for _ in range(batch)]
-    await conn.execute(
-        "INSERT INTO jobs (id, tenant_id, name, type, run_at, pool, handler, timeout_sec, state, shard, next_fire_at)"
-        " SELECT id, $2, 'j', 'ONE_SHOT', $3, 'bench', 'echo', 60, 'ACTIVE', 0, $3 FROM unnest($1::uuid[]) AS u (id)",
-        jobs,
-        TENANT,
-        due,
-    )
+    due, jobs = await due_jobs(conn, batch)
     ids = [new_execution_id() for _ in jobs]
     traceparents = [f"00-{i.hex}-{i.hex[:16]}-01" for i in ids]
     async with conn.transaction():

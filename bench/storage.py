@@ -127,18 +127,23 @@ PIDS = (
 )
 
 
-async def one_round(stores: Stores, batch: int, worker: str) -> dict[str, float]:
-    """``batch`` due jobs: dispatched, started, finished; wall milliseconds of each call."""
-    pool = stores.database.pool
+async def due_jobs(conn: asyncpg.Connection | asyncpg.Pool, batch: int) -> tuple[datetime, list[Any]]:
+    """``batch`` one-shot jobs of shard 0 due now (the instant and their ids), as the API would have made them."""
     due = from_ms(to_ms(datetime.now(UTC)))
     jobs = [new_id() for _ in range(batch)]
-    await pool.execute(
+    await conn.execute(
         "INSERT INTO jobs (id, tenant_id, name, type, run_at, pool, handler, timeout_sec, state, shard, next_fire_at)"
         " SELECT id, $2, 'j', 'ONE_SHOT', $3, 'bench', 'echo', 60, 'ACTIVE', 0, $3 FROM unnest($1::uuid[]) AS u (id)",
         jobs,
         TENANT,
         due,
     )
+    return due, jobs
+
+
+async def one_round(stores: Stores, batch: int, worker: str) -> dict[str, float]:
+    """``batch`` due jobs: dispatched, started, finished; wall milliseconds of each call."""
+    due, jobs = await due_jobs(stores.database.pool, batch)
 
     def plan(rows: Any) -> list[PlannedExecution]:
         return [PlannedExecution(new_id(), row, None, None) for row in rows]
