@@ -7,36 +7,23 @@ due about two minutes after the real time, so Postgres's ``now()`` is before the
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from redis.asyncio import Redis
 from sundial_common.broker import KafkaPublisher
 from sundial_common.hotwindow import HotWindow
 from sundial_common.messages import pool_topic
 from sundial_common.stores import Stores
 from sundial_dispatcher.dispatcher import DispatcherConfig, ShardDispatcher
 
-from tests.integration.test_dispatch_path import consume
+from tests.integration.test_dispatch_path import consume, hot_window, pool
 from tests.integration.test_recurring_dispatch import MINUTE, T0, MovableClock, at, executions, make_job
+
+__all__ = ["hot_window", "pool"]  # fixtures
 
 LEAD = DispatcherConfig(publish_lead_sec=0.2)
 LEAD_DELTA = timedelta(seconds=LEAD.publish_lead_sec)
-
-
-@pytest.fixture
-async def hot_window(redis_url: str) -> AsyncIterator[HotWindow]:
-    redis = Redis.from_url(redis_url)
-    yield HotWindow(redis)
-    await redis.aclose()
-
-
-@pytest.fixture
-def pool() -> str:
-    return f"t-{uuid.uuid4().hex[:10]}"
 
 
 @pytest.fixture
