@@ -491,7 +491,7 @@ class Sweeper:
         skew = timedelta(seconds=self.config.clock_skew_sec)
         rows: list[Record] = []
         for pool, published in oldest.items():
-            horizon = await asyncio.to_thread(consumed.horizon, pool)
+            horizon = await asyncio.to_thread(consumed.horizon, pool, published + skew)
             if horizon is not None and published < horizon - skew:
                 rows += await self.stores.dispatch.passed_pending(pool, horizon - skew, self.config.batch_size)
         if not rows:
