@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from sundial_common.broker import KafkaPublisher, ensure_topics
+from sundial_common.clock import SystemClock
 from sundial_common.hotwindow import HotWindow
 from sundial_common.messages import ExecutionMessage, pool_group, pool_topic
 from sundial_common.stores import Stores
@@ -99,6 +100,40 @@ async def test_messages_the_broker_dropped_are_sent_again_once_the_group_has_pas
     messages = await asyncio.to_thread(consume, kafka_bootstrap, pool_topic(pool), 7)
     assert {str(i) for i in dropped} <= {m.execution_id for m in messages}, "the three are in the topic now"
     assert (await sweeper.run_once()).republished_passed == 0, "sent again just now: in the topic, not yet passed"
+
+
+class Later(SystemClock):
+    """The system's clock, its monotonic time moved on by ``ahead`` seconds."""
+
+    ahead = 0.0
+
+    def monotonic(self) -> float:
+        return super().monotonic() + self.ahead
+
+
+async def test_a_message_passed_again_without_a_start_is_sent_again_only_after_a_backoff(
+    stores: Stores,
+    hot_window: HotWindow,
+    publisher: KafkaPublisher,
+    pool: str,
+    kafka_bootstrap: str,
+    horizon: ConsumedHorizon,
+) -> None:
+    await three_published(stores, hot_window, Drops(), pool)
+    clock = Later()
+    sweeper = Sweeper(stores, publisher, CONFIG, clock, consumed=horizon)
+    await sweeper.run_once()
+    await asyncio.to_thread(append_to_every_partition, kafka_bootstrap, pool)
+    await asyncio.to_thread(commit_everything, kafka_bootstrap, pool)
+    assert (await sweeper.run_once()).republished_passed == 3
+    assert (await sweeper.run_once()).republished_passed == 0, "sent again just now: in the topic, not yet passed"
+    # The group passes the three again without starting them (a worker that cannot decode them, say).
+    await asyncio.to_thread(append_to_every_partition, kafka_bootstrap, pool)
+    await asyncio.to_thread(commit_everything, kafka_bootstrap, pool)
+
+    assert (await sweeper.run_once()).republished_passed == 0, "not at every pass: they wait a backoff"
+    clock.ahead = 5.0
+    assert (await sweeper.run_once()).republished_passed == 3, "and are sent again once it has passed"
 
 
 async def test_messages_waiting_in_the_topic_are_not_sent_again(
