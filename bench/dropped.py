@@ -7,6 +7,9 @@ and moves each to its next attempt, PENDING and marked published — a retry dis
 broker — without publishing anything, then times how long until each has started again (its new ``started_at``
 less the instant it was "dropped"). Nothing but the sweeper can start them again: that is what is measured.
 
+``--at-end`` drops them once the load is over and every execution has finished instead: a burst's last messages,
+with nothing published after them (the case a consumer group's progress alone cannot bound: no later batch).
+
 Prints one JSON line (recovery seconds: min, median, max; the sweeper's log lines about them) and records it with
 the harness's lines. A benchmark records; it never passes or fails.
 """
@@ -49,7 +52,10 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         )
         conn = await asyncpg.connect(bench.stack.postgres_dsn)
         try:
-            await asyncio.sleep(3.0 + args.duration / 3)  # the load well under way
+            if args.at_end:
+                await load  # the load over and settled: nothing is published after the drops
+            else:
+                await asyncio.sleep(3.0 + args.duration / 3)  # the load well under way
             dropped = {r["id"]: r["published_at"] for r in await conn.fetch(DROP, args.drops)}
             deadline = time.monotonic() + args.wait
             started: dict[Any, datetime] = {}
@@ -62,7 +68,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                 await asyncio.sleep(0.5)
         finally:
             await conn.close()
-        await load
+        await load  # (already over with --at-end)
     finally:
         bench.stop()
     waits = sorted((started[i] - dropped[i]) / timedelta(seconds=1) for i in started)
@@ -70,6 +76,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "workload": "dropped",
         "rate_per_s": args.rate,
+        "at_end": args.at_end,
         "dropped": len(dropped),
         "started_again": len(started),
         "recovery_s": {
@@ -86,6 +93,9 @@ def main() -> None:
     parser.add_argument("--port-offset", type=int, default=0)
     parser.add_argument("--rate", type=int, default=1000, help="W3 executions a second meanwhile")
     parser.add_argument("--duration", type=float, default=45.0, help="seconds of W3 load")
+    parser.add_argument(
+        "--at-end", action="store_true", help="drop them after the load has ended (nothing published afterwards)"
+    )
     parser.add_argument("--drops", type=int, default=20, help="executions dropped")
     parser.add_argument("--wait", type=float, default=90.0, help="seconds to wait for them at most")
     parser.add_argument("--root", type=Path, default=REPO / ".sundial" / "bench-dropped")

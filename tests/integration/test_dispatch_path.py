@@ -85,7 +85,7 @@ def consume(bootstrap: str, topic: str, count: int, timeout: float = 15.0) -> li
         deadline = datetime.now(UTC) + timedelta(seconds=timeout)
         while len(messages) < count and datetime.now(UTC) < deadline:
             for raw in consumer.consume(num_messages=count, timeout=0.5):
-                if raw.error() is None:
+                if raw.error() is None and raw.value() is not None:  # not the sweeper's markers (no value)
                     decoded = ExecutionMessage.decode(raw.value())
                     headers = dict(raw.headers() or [])
                     assert headers["execution_id"].decode() == decoded.execution_id

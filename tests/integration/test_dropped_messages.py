@@ -1,10 +1,11 @@
 """Scan (p) of the sweeper: a message the broker acknowledged and dropped is sent again once the pool's consumer group
-has passed where it would be (``sundial_sweeper.consumed``), not after the outbox scan's 60 s; one still waiting in
-the topic is not."""
+has passed where it would be (``sundial_sweeper.consumed``), not after the outbox scan's 60 s — also when nothing is
+published after it (the sweeper's markers); one still waiting in the topic is not."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
@@ -12,16 +13,20 @@ from datetime import UTC, datetime
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from sundial_common.broker import KafkaPublisher, ensure_topics
+from sundial_common.clock import SystemClock
 from sundial_common.hotwindow import HotWindow
 from sundial_common.messages import ExecutionMessage, pool_group, pool_topic
 from sundial_common.stores import Stores
 from sundial_sweeper.consumed import ConsumedHorizon
 from sundial_sweeper.sweeper import Sweeper, SweeperConfig
+from sundial_worker.settings import WorkerSettings
 
 from tests.integration.test_broker_incarnation import three_published
 from tests.integration.test_dispatch_path import consume, hot_window, pool
+from tests.integration.test_worker import demo_worker, serving, settings
+from tests.pools import admit
 
-__all__ = ["hot_window", "pool"]  # fixtures
+__all__ = ["hot_window", "pool", "settings"]  # fixtures
 
 #: The outbox scan's own window stays 60 s: only scan (p) can send anything again within these tests.
 CONFIG = SweeperConfig(clock_skew_sec=0)
@@ -97,6 +102,40 @@ async def test_messages_the_broker_dropped_are_sent_again_once_the_group_has_pas
     assert (await sweeper.run_once()).republished_passed == 0, "sent again just now: in the topic, not yet passed"
 
 
+class Later(SystemClock):
+    """The system's clock, its monotonic time moved on by ``ahead`` seconds."""
+
+    ahead = 0.0
+
+    def monotonic(self) -> float:
+        return super().monotonic() + self.ahead
+
+
+async def test_a_message_passed_again_without_a_start_is_sent_again_only_after_a_backoff(
+    stores: Stores,
+    hot_window: HotWindow,
+    publisher: KafkaPublisher,
+    pool: str,
+    kafka_bootstrap: str,
+    horizon: ConsumedHorizon,
+) -> None:
+    await three_published(stores, hot_window, Drops(), pool)
+    clock = Later()
+    sweeper = Sweeper(stores, publisher, CONFIG, clock, consumed=horizon)
+    await sweeper.run_once()
+    await asyncio.to_thread(append_to_every_partition, kafka_bootstrap, pool)
+    await asyncio.to_thread(commit_everything, kafka_bootstrap, pool)
+    assert (await sweeper.run_once()).republished_passed == 3
+    assert (await sweeper.run_once()).republished_passed == 0, "sent again just now: in the topic, not yet passed"
+    # The group passes the three again without starting them (a worker that cannot decode them, say).
+    await asyncio.to_thread(append_to_every_partition, kafka_bootstrap, pool)
+    await asyncio.to_thread(commit_everything, kafka_bootstrap, pool)
+
+    assert (await sweeper.run_once()).republished_passed == 0, "not at every pass: they wait a backoff"
+    clock.ahead = 5.0
+    assert (await sweeper.run_once()).republished_passed == 3, "and are sent again once it has passed"
+
+
 async def test_messages_waiting_in_the_topic_are_not_sent_again(
     stores: Stores,
     hot_window: HotWindow,
@@ -113,3 +152,37 @@ async def test_messages_waiting_in_the_topic_are_not_sent_again(
     assert [p.republished for p in passes] == [0, 0, 0], "a backlog is not a loss"
     messages = await asyncio.to_thread(consume, kafka_bootstrap, pool_topic(pool), 6, 3.0)
     assert len(messages) == 3, "each message once: the dispatch's"
+
+
+async def test_a_bursts_dropped_last_messages_run_long_before_the_outbox_window(
+    stores: Stores,
+    hot_window: HotWindow,
+    publisher: KafkaPublisher,
+    pool: str,
+    database_url: str,
+    settings: WorkerSettings,
+    horizon: ConsumedHorizon,
+) -> None:
+    admit(database_url, pool, "acme")
+    async with serving(demo_worker(pool), settings):
+        # The last three of a burst, acknowledged and dropped: nothing is published after them, no later batch.
+        await three_published(stores, hot_window, Drops(), pool)
+        dropped = [r["id"] for r in await stores.dispatch.stale_pending(datetime.now(UTC), datetime.now(UTC), 10)]
+        sweeper = Sweeper(stores, publisher, CONFIG, consumed=horizon)
+        # Well inside the outbox scan's 60 s window (CONFIG keeps it), however slow this machine is today.
+        deadline = time.monotonic() + 40
+        states: list[str] = []
+        while time.monotonic() < deadline:
+            await sweeper.run_once()
+            states = [await state(stores, i) for i in dropped]
+            if states == ["SUCCEEDED"] * 3:
+                break
+            await asyncio.sleep(1.0)  # the sweeper's passes are 2 s apart; the worker's commits 0.1 s here
+
+    assert states == ["SUCCEEDED"] * 3, "the sweeper's markers bound them: sent again and run, not a minute later"
+
+
+async def state(stores: Stores, execution_id: uuid.UUID) -> str:
+    row = await stores.executions.get_execution("acme", execution_id)
+    assert row is not None
+    return str(row["state"])

@@ -763,6 +763,30 @@ async def test_offset_is_never_committed_past_a_message_whose_handler_runs(
     assert other.execution_id not in {m.execution_id for _, _, m in seen}
 
 
+async def test_a_marker_is_acknowledged_and_runs_nothing(
+    stores: Stores, settings: WorkerSettings, pool: str, kafka_bootstrap: str
+) -> None:
+    async with serving(demo_worker(pool), settings) as runtime:
+        [after] = await dispatch(stores, pool, "echo", [{"i": 1}])
+        # Partition 0 holds: the sweeper's marker (a message with no value) at offset 0, then an execution at 1.
+        await asyncio.to_thread(produce_marker, kafka_bootstrap, pool, 0)
+        await asyncio.to_thread(produce_to, kafka_bootstrap, 0, [after])
+        await wait_state(stores, after, "SUCCEEDED")
+
+        async def both_committed() -> bool:
+            return (await asyncio.to_thread(committed, kafka_bootstrap, pool, [0]))[0] == 2
+
+        await wait_until(both_committed, "partition 0's offset to be committed past both")
+    assert runtime.stats.consumed == 2
+    assert (runtime.stats.started, runtime.stats.duplicates, runtime.stats.undecodable) == (1, 0, 0)
+
+
+def produce_marker(bootstrap: str, pool: str, partition: int) -> None:
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all"})
+    producer.produce(pool_topic(pool), value=None, partition=partition)
+    assert producer.flush(10) == 0
+
+
 async def test_handler_span_continues_the_dispatch_trace(
     stores: Stores, publisher: KafkaPublisher, settings: WorkerSettings, pool: str, spans: InMemorySpanExporter
 ) -> None:

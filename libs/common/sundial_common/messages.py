@@ -3,6 +3,10 @@
 A message has no key (a published batch goes to one partition: :class:`~sundial_common.broker.KafkaPublisher`)
 and carries execution id, attempt, fence token, tenant and the W3C ``traceparent`` as headers, so a
 consumer can route, dedupe and continue the trace without decoding the body.
+
+A message with no value at all is a **marker**: the sweeper appends one to a quiet partition of a pool's topic so that
+the pool's consumer group can be seen to pass everything appended before it (:mod:`sundial_sweeper.consumed`). It
+names no execution; a worker acknowledges it and runs nothing.
 """
 
 from __future__ import annotations

@@ -85,6 +85,10 @@ _REDIS_ERRORS: tuple[type[BaseException], ...] = (RedisError, OSError, TimeoutEr
 _RECOVERY_REASONS = ("worker_lost", "timed_out", "republished")
 # RUNNING rows looked at per pass, at most: pages of batch_size.
 _MAX_RUNNING_PAGES = 20
+#: Scan (p) sends an attempt again at once the first time, then waits this long, doubled each time (at most the
+#: outbox's unstarted window): a message a worker acknowledges without starting it (undecodable) would otherwise be
+#: passed and sent again every few seconds, for ever.
+_PASSED_BACKOFF_SEC = 5.0
 
 
 @dataclass(frozen=True)
@@ -284,6 +288,8 @@ class Sweeper:
         self.hot_window = HotWindow(redis) if redis is not None else None
         # (execution, attempt) → monotonic time its liveness key was first seen missing.
         self._missing_since: dict[tuple[UUID, int], float] = {}
+        # (execution, attempt) → (times scan (p) sent it again, monotonic time of the last).
+        self._passed_sent: dict[tuple[UUID, int], tuple[int, float]] = {}
         self._attempts_ended = AttemptsEnded()
         self._recovered = {reason: SWEEPER_RECOVERIES.labels(reason) for reason in _RECOVERY_REASONS}
         self._jobs: Children[Gauge] = Children(JOBS)
@@ -491,19 +497,38 @@ class Sweeper:
         skew = timedelta(seconds=self.config.clock_skew_sec)
         rows: list[Record] = []
         for pool, published in oldest.items():
-            horizon = await asyncio.to_thread(consumed.horizon, pool)
+            horizon = await asyncio.to_thread(consumed.horizon, pool, published + skew)
             if horizon is not None and published < horizon - skew:
                 rows += await self.stores.dispatch.passed_pending(pool, horizon - skew, self.config.batch_size)
+        rows = self._backed_off(rows)
         if not rows:
             return 0, 0
         sent, failed = await self._republish(rows)
         log.warning(
             "republished %d PENDING executions whose messages their consumer group passed without a start (the broker"
-            " dropped them; %d failed, retried next pass)",
+            " dropped them; %d failed, sent again later)",
             sent,
             failed,
         )
         return sent, failed
+
+    def _backed_off(self, rows: Sequence[Record]) -> list[Record]:
+        """Of the rows scan (p) found passed, those due to be sent again: an attempt sent again n times by it waits
+        ``_PASSED_BACKOFF_SEC`` · 2ⁿ⁻¹ (at most ``unstarted_after_sec``) since the last. Entries idle for twice that
+        window are forgotten (their executions started, or the outbox scan keeps sending them)."""
+        now = self.clock.monotonic()
+        window = self.config.unstarted_after_sec
+        for key in [k for k, (_, last) in self._passed_sent.items() if now - last > 2 * window]:
+            del self._passed_sent[key]
+        due: list[Record] = []
+        for row in rows:
+            key = (row["id"], row["attempt"])
+            times, last = self._passed_sent.get(key, (0, float("-inf")))
+            if times and now - last < min(_PASSED_BACKOFF_SEC * 2 ** (times - 1), window):
+                continue
+            self._passed_sent[key] = (times + 1, now)
+            due.append(row)
+        return due
 
     async def _republish(self, rows: Sequence[Record]) -> tuple[int, int]:
         """Publish the rows' messages again and mark them republished; returns (sent, failed)."""

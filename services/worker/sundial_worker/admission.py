@@ -5,7 +5,8 @@ decodes them, and claims the whole batch with ONE ``executions.start_executions`
 RUNNING, DESIGN invariant 3). A won execution whose tenant the pool does not admit
 (:mod:`~sundial_worker.pool_guard`) ends FAILED at once without its handler. A message that loses the CAS —
 a duplicate delivery, an attempt that is no longer current — is acknowledged without running
-(invariant 5); an undecodable one is skipped loudly and acknowledged. Each won execution's handler starts through the
+(invariant 5); an undecodable one is skipped loudly and acknowledged, a marker (no value: the sweeper's, see
+:mod:`sundial_common.messages`) quietly. Each won execution's handler starts through the
 :class:`~sundial_worker.execution.HandlerExecutor`, and then the won executions' liveness keys are renewed
 (the Redis round trip overlaps the handlers' start).
 
@@ -351,9 +352,11 @@ class Admission:
         await self._heartbeats.renew(started)
 
     def _decode(self, delivery: Delivery) -> _Decoded | None:
+        if delivery.value is None:
+            # A marker (sundial_common.messages): the sweeper's, to see the group pass it. Nothing to run.
+            self._ack([delivery])
+            return None
         try:
-            if delivery.value is None:
-                raise ValueError("empty message")
             message = ExecutionMessage.decode(delivery.value)
             due = None if message.due_at is None else datetime.fromisoformat(message.due_at).timestamp()
             return delivery, message, parse_id(message.execution_id), due
