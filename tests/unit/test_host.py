@@ -71,6 +71,17 @@ async def test_a_service_that_does_not_stop_within_the_grace_is_cancelled() -> N
     assert not stubborn.stopped
 
 
+async def test_a_host_stopped_by_force_cancels_every_service() -> None:
+    stop = asyncio.Event()
+    stubborn = Life(ignore_stop=True)
+    host = asyncio.create_task(run_side_by_side(stop, {"replayer": stubborn}))
+    await asyncio.sleep(0.01)
+    host.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await host
+    assert not stubborn.stopped and not any(t.get_name() == "replayer" for t in asyncio.all_tasks())
+
+
 def test_a_log_line_says_which_hosted_service_wrote_it() -> None:
     def record() -> logging.LogRecord:
         line = logging.LogRecord("sundial_common.leadership", logging.INFO, __file__, 1, "leading", None, None)

@@ -95,7 +95,13 @@ async def run_side_by_side(
         context = contextvars.copy_context()
         context.run(SERVICE.set, name)
         tasks[asyncio.create_task(life(stop), name=name, context=context)] = name
-    done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    try:
+        done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:  # stopped by force (a second signal): every service now, not at the loop's end
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
     failure: BaseException | None = None
     for task in done:
         if task.cancelled():
