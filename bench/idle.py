@@ -5,11 +5,11 @@
     uv run python bench/idle.py --servers-only               # the floor: the servers alone, no Sundial process
 
 It runs the development environment of ``make up`` — ``sundial_infra.supervisor.DevRunner`` with its
-default process table (api, two hydrators, two dispatchers, two sweepers, the replayer, analytics, the two
-demo workers), its durable Postgres, Redis, etcd, the broker and Prometheus scraping every process — in a
-child process of its own (``--serve``), on the bench ports + ``--port-offset`` under
-``.sundial/bench-idle/`` (wiped first). Once the API is ready and both workers hold partitions it waits
-``--settle`` seconds (start-up work: migrations' aftermath, elections, first scrapes), then reads
+default process table (api, two dispatchers, the two hosts of the hydrator, sweeper and replayer —
+``services-1/2`` — analytics, the two demo workers), its durable Postgres, Redis, etcd, the broker and
+Prometheus scraping every process — in a child process of its own (``--serve``), on the bench ports +
+``--port-offset`` under ``.sundial/bench-idle/`` (wiped first). Once the API is ready and both workers hold
+partitions it waits ``--settle`` seconds (start-up work: migrations' aftermath, elections, first scrapes), then reads
 utime+stime of every process from ``/proc`` at the start and the end of ``--seconds`` and prints one JSON
 line: CPU per process in cores (Postgres with its backends, each process with whatever it forked), the
 total, and the memory of each (PSS, so Postgres' shared buffers count once: "make up memory"). It appends

@@ -71,7 +71,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sundial dev",
         description="Run Sundial locally: real Postgres, Redis, etcd and broker on loopback ports, "
-        "plus api, hydrator, dispatcher, sweeper, replayer and the demo workers (demo, staging-demo), all supervised.",
+        "plus api, the dispatchers, the hydrator, sweeper and replayer (two `sundial services` hosts), analytics and "
+        "the demo workers (demo, staging-demo), all supervised.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="{up,down,status,clean}")
     up = sub.add_parser("up", parents=[common], help="start everything (idempotent)")

@@ -74,24 +74,28 @@ def _replica(name: str, metrics_port: int, *command: str) -> ProcessSpec:
     return ProcessSpec(name, sundial_argv(*command), env=env, scrape=scrape)
 
 
+SINGLETONS = "hydrator,sweeper,replayer"
+"""The singleton services each ``services-N`` process of the development environment hosts."""
+
+
 def default_processes(
     api_port: int = DEV_PORTS.api, metrics_ports: Sequence[int] = DEV_METRICS_PORTS
 ) -> tuple[ProcessSpec, ...]:
     """The Sundial processes of one development environment: HA out of the box.
 
-    8 shards (the default ``SUNDIAL_SHARDS``) over two dispatcher replicas, and a standby for the hydrator
-    and the sweeper; kill any one of them and the other takes over (see the README's HA section). Each
-    replica serves ``/metrics`` on a port of ``metrics_ports`` of its own; the API on its HTTP port.
+    8 shards (the default ``SUNDIAL_SHARDS``) over two dispatcher replicas, and the hydrator, the sweeper and
+    the replayer each in two hosts (``sundial services``, :mod:`sundial_common.host`): each role is elected in
+    one and stands by in the other; kill either host and the other leads every role (see the README's HA
+    section). Hosted together because an idle Python process costs the same whatever it runs: two processes
+    instead of six. Each replica serves ``/metrics`` on a port of ``metrics_ports`` of its own; the API on its
+    HTTP port.
     """
     replicas = [
-        ("hydrator-1", "hydrator"),
-        ("hydrator-2", "hydrator"),
+        ("services-1", "services", "--run", SINGLETONS),
+        ("services-2", "services", "--run", SINGLETONS),
         ("dispatcher-1", "dispatcher"),
         ("dispatcher-2", "dispatcher"),
-        ("sweeper-1", "sweeper"),
-        ("sweeper-2", "sweeper"),
         ("worker", "worker", "--app", "sundial_worker.demo:worker"),
-        ("replayer", "replayer"),
         ("worker-staging", "worker", "--app", "sundial_worker.demo:staging_worker"),
         # One replica: the embedded chDB engine's data (.sundial/analytics/chdb) belongs to one process.
         ("analytics", "analytics"),

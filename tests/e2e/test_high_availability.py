@@ -147,6 +147,39 @@ async def test_a_standby_hydrator_and_sweeper_take_over_when_the_active_ones_die
         cluster.processes.wait_for_log(survivor, "is now the active one")
 
 
+async def test_the_hosts_of_the_singletons_fail_over_every_role_when_one_dies(cluster: HaCluster) -> None:
+    """`make up`'s shape: hydrator, sweeper and replayer in each of two `sundial services` processes."""
+    singletons = ("hydrator", "sweeper", "replayer")
+    for name in ("host-1", "host-2"):
+        cluster.start(name, "services", "--run", ",".join(singletons))
+
+    async def active() -> dict[str, str]:
+        async with cluster.etcd() as etcd:
+            found = await etcd.get_prefix(cluster.keys.roles_prefix.encode())
+        return {kv.key.decode().split("/")[-3]: kv.value.decode() for kv in found}
+
+    async def all_led() -> dict[str, str] | None:
+        found = await active()
+        return found if set(singletons) <= set(found) else None
+
+    roles = await eventually(all_led, 60, "every singleton role led")  # two Python processes starting: not timed
+    doomed = roles["hydrator"]
+    survivor = next(name for name in ("host-1", "host-2") if name != doomed)
+    cluster.kill(doomed)
+
+    async def survivor_leads_all() -> bool:
+        found = await active()
+        return all(found.get(role) == survivor for role in singletons)
+
+    await eventually(survivor_leads_all, LEASE_TTL + 5, f"{survivor} leads every role")
+    log = cluster.processes.log(survivor)
+    for role in singletons:  # each line of a hosted service names it
+        assert any("is now the active one" in line and f"service={role}" in line for line in log.splitlines()), log[
+            -3000:
+        ]
+    assert cluster.terminate(survivor) == 0
+
+
 async def _both(roles: asyncio.Future[dict[str, str]] | object) -> dict[str, str] | None:
     found = await roles  # type: ignore[misc]
     return found if {"hydrator", "sweeper"} <= set(found) else None

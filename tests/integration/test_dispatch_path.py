@@ -197,6 +197,28 @@ async def test_hydrator_re_adds_overdue_jobs_whose_member_was_lost(
     assert await hot_window.redis.zscore(hot_window.key(0), f"j:{job_id}") is not None
 
 
+async def test_the_overdue_scan_re_adds_each_shards_lost_jobs_and_triggers_to_that_shard(
+    stores: Stores, hot_window: HotWindow, pool: str
+) -> None:
+    hydrator = Hydrator(stores, hot_window, HydratorConfig(shards=3, overdue_grace_sec=15, batch_size=2))
+    await hydrator.run_once()  # the rebuild: from now on only the overdue scan brings a lost member back
+    late = datetime.now(UTC) - timedelta(seconds=60)
+    lost = {shard: [await make_job(stores, late, pool, shard=shard) for _ in range(3)] for shard in (0, 2)}
+    triggered = await make_job(stores, datetime.now(UTC) + timedelta(days=1), pool, shard=1)
+    await stores.database.pool.execute("UPDATE jobs SET trigger_at = $2 WHERE id = $1", triggered, late)
+
+    hydrator._last_overdue_scan = float("-inf")  # the next overdue scan is due now
+    result = await hydrator.run_once()
+
+    members = {
+        shard: {m.decode() for m in await hot_window.redis.zrange(hot_window.key(shard), 0, -1)} for shard in range(3)
+    }
+    # Up to batch_size of each kind per shard: one shard's backlog does not crowd another's out.
+    assert len(members[0]) == len(members[2]) == 2 and result.recovered == 5
+    assert members[0] <= {f"j:{job}" for job in lost[0]} and members[2] <= {f"j:{job}" for job in lost[2]}
+    assert members[1] == {f"j:{triggered}"}
+
+
 async def test_dispatch_commits_one_execution_per_occurrence_and_publishes_it(
     stores: Stores, hot_window: HotWindow, publisher: KafkaPublisher, pool: str, kafka_bootstrap: str
 ) -> None:

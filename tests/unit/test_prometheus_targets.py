@@ -18,10 +18,8 @@ def test_every_dev_process_is_scraped_on_a_port_of_its_own_named_by_service_and_
     assert len(set(addresses)) == len(addresses)
     assert {t.service for t in targets if t is not None} == {
         "api",
-        "hydrator",
+        "services",
         "dispatcher",
-        "sweeper",
-        "replayer",
         "worker",
         "analytics",
     }

@@ -8,7 +8,6 @@ from collections.abc import Sequence
 from typing import Any, cast
 
 from sundial_common.clock import Clock, SystemClock
-from sundial_common.stores.backfills import BackfillStore
 from sundial_common.stores.dependencies import DependencyStore
 from sundial_dispatcher.backfills import BackfillConfig, BackfillDispatcher
 from sundial_dispatcher.side_work import SideWork
@@ -22,12 +21,9 @@ class Census:
         self.running: set[int] = set()
         self.asked: list[list[int]] = []
 
-    async def shards_with_pending(self, shards: Sequence[int]) -> set[int]:
+    async def shards_with_side_work(self, shards: Sequence[int]) -> tuple[set[int], set[int]]:
         self.asked.append(list(shards))
-        return self.pending & set(shards)
-
-    async def shards_running(self, shards: Sequence[int]) -> set[int]:
-        return self.running & set(shards)
+        return self.pending & set(shards), self.running & set(shards)
 
 
 class _Clock(SystemClock):
@@ -48,7 +44,7 @@ def _dispatchers(shard: int, clock: Clock | None = None) -> tuple[TriggerDispatc
 
 async def test_an_idle_watched_leader_waits_for_the_census_and_is_woken_by_it() -> None:
     census = Census()
-    side_work = SideWork(cast(DependencyStore, census), cast(BackfillStore, census))
+    side_work = SideWork(cast(DependencyStore, census))
     clock = _Clock()
     triggers, backfills = _dispatchers(3, clock)
     alarm = Alarm()

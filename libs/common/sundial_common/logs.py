@@ -8,11 +8,24 @@ from __future__ import annotations
 
 import logging
 import sys
+from contextvars import ContextVar
 from typing import Any
 
 import orjson
 
-FIELDS = ("tenant", "job_id", "execution_id", "attempt", "trace_id", "shard", "fence_token")
+FIELDS = ("service", "tenant", "job_id", "execution_id", "attempt", "trace_id", "shard", "fence_token")
+
+SERVICE: ContextVar[str | None] = ContextVar("sundial_service", default=None)
+"""The service a line comes from, where one process hosts several (``sundial services``, :mod:`sundial_common.host`):
+set in each hosted service's task context, so the shared code it calls (leadership, registry) is attributed too.
+Unset (a process of one service) adds nothing to a line."""
+
+
+class _ServiceField(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        if getattr(record, "service", None) is None:
+            record.service = SERVICE.get()
+        return True
 
 
 class _JsonFormatter(logging.Formatter):
@@ -46,6 +59,7 @@ def setup_logging(level: str = "INFO", fmt: str = "text") -> None:
         formatter = _TextFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
         formatter.converter = __import__("time").gmtime
         handler.setFormatter(formatter)
+    handler.addFilter(_ServiceField())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

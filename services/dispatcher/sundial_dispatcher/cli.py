@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         publisher = WakingPublisher(KafkaPublisher(settings.kafka_bootstrap), redis)
         etcd = etcd_client(settings.etcd_endpoint)
         wakes = WakeListener(redis)
-        side_work = SideWork(stores.dependencies, stores.backfills)
+        side_work = SideWork(stores.dependencies)
         deps = Dependencies(stores, HotWindow(redis), publisher, etcd, wakes, side_work)
         registration = ReplicaRegistration(
             etcd, ReplicaRecord.for_this_process("dispatcher", me), ttl_sec=settings.lease_ttl_sec, keys=keys

@@ -4,9 +4,9 @@ A shard leader runs its dependency triggers (:mod:`sundial_dispatcher.triggers`)
 (:mod:`sundial_dispatcher.backfills`) beside its dispatch passes. While they find work each looks on its own
 (every 0.1 / 0.2 s); a look that finds nothing doubles the interval, up to their ``idle_interval_sec`` (1 s).
 Once there, a watched shard stops looking on its own: :class:`SideWork` looks for every shard of the process
-in one statement each (``shards_with_pending`` on ``job_triggers``, ``shards_running`` on ``backfills``) every
+in one statement for both kinds (``shards_with_side_work``, on ``job_triggers`` and ``backfills``) every
 ``interval_sec``, and tells a shard where something waits to look now, waking its pass. So an idle process
-costs Postgres two statements a second instead of two per shard it leads (16 a second over 8 shards in
+costs Postgres one statement a second instead of two per shard it leads (16 a second over 8 shards in
 ``make up``), and a dependent job's child or a new backfill after a quiet spell still starts within
 ``interval_sec`` of being recorded, as with the per-shard looks.
 
@@ -24,7 +24,6 @@ from dataclasses import dataclass
 
 from sundial_common.clock import Clock
 from sundial_common.service import sleep_or_stop
-from sundial_common.stores.backfills import BackfillStore
 from sundial_common.stores.dependencies import DependencyStore
 
 from sundial_dispatcher.wakes import Alarm
@@ -84,11 +83,10 @@ class _Watched:
 class SideWork:
     """The process's census of the shards with dependency triggers waiting or a backfill running."""
 
-    def __init__(self, dependencies: DependencyStore, backfills: BackfillStore, interval_sec: float = 1.0) -> None:
+    def __init__(self, dependencies: DependencyStore, interval_sec: float = 1.0) -> None:
         if interval_sec <= 0:
             raise ValueError("interval_sec must be > 0")
         self._dependencies = dependencies
-        self._backfills = backfills
         self.interval_sec = interval_sec
         self._shards: dict[int, _Watched] = {}
 
@@ -106,8 +104,7 @@ class SideWork:
         if not self._shards:
             return 0
         shards = sorted(self._shards)
-        pending = await self._dependencies.shards_with_pending(shards)
-        running = await self._backfills.shards_running(shards)
+        pending, running = await self._dependencies.shards_with_side_work(shards)
         told = 0
         for shard in pending | running:
             watched = self._shards.get(shard)

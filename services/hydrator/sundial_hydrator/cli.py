@@ -10,6 +10,7 @@ import asyncio
 import logging
 
 from redis.asyncio import Redis
+from sundial_common.host import HostedService
 from sundial_common.hotwindow import HotWindow
 from sundial_common.logs import setup_logging
 from sundial_common.observability import observed
@@ -22,6 +23,39 @@ from sundial_hydrator.hydrator import Hydrator, HydratorConfig
 from sundial_hydrator.settings import HydratorSettings
 
 log = logging.getLogger("sundial.hydrator")
+
+
+async def serve(settings: HydratorSettings, stop: asyncio.Event) -> None:
+    """The hydrator's life until ``stop``: a registered replica, hydrating during each term it leads."""
+    config = HydratorConfig(
+        shards=settings.shards,
+        hot_window_sec=settings.hot_window_sec,
+        batch_size=settings.hydrator_batch_size,
+        interval_sec=settings.hydrator_interval_sec,
+        overdue_grace_sec=settings.hydrator_overdue_grace_sec,
+        overdue_interval_sec=settings.hydrator_overdue_interval_sec,
+    )
+    stores = await Stores.connect(settings.database_url, max_size=4)
+    redis = Redis.from_url(settings.redis_url)
+    try:
+        hydrator = Hydrator(stores, HotWindow(redis), config)
+        log.info("hydrator started: %d shards, window %ds", config.shards, config.hot_window_sec)
+
+        async def hydrate_while_leading(until: asyncio.Event) -> None:
+            try:
+                await every(until, config.interval_sec, hydrator.run_once, name="hydrate")
+            finally:
+                hydrator.forget_gauges()
+
+        await run_singleton(stop, "hydrator", settings, hydrate_while_leading)
+    finally:
+        await redis.aclose()
+        await stores.close()
+        log.info("hydrator stopped")
+
+
+SERVICE = HostedService("hydrator", HydratorSettings, serve)
+"""The hydrator as ``sundial services --run hydrator,…`` hosts it (:mod:`sundial_common.host`)."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,35 +74,10 @@ def main(argv: list[str] | None = None) -> int:
         help="Serve Prometheus metrics at /metrics on this port (env SUNDIAL_METRICS_PORT; default: not served).",
     )
     args = parser.parse_args(argv)
-    settings = load_settings(HydratorSettings, parser, metrics_port=args.metrics_port)
-    setup_logging(args.log_level or settings.log_level, settings.log_format)
-    config = HydratorConfig(
-        shards=settings.shards,
-        hot_window_sec=settings.hot_window_sec,
-        batch_size=settings.hydrator_batch_size,
-        interval_sec=args.interval or settings.hydrator_interval_sec,
-        overdue_grace_sec=settings.hydrator_overdue_grace_sec,
-        overdue_interval_sec=settings.hydrator_overdue_interval_sec,
+    settings = load_settings(
+        HydratorSettings, parser, metrics_port=args.metrics_port, hydrator_interval_sec=args.interval
     )
-
-    async def serve(stop: asyncio.Event) -> None:
-        stores = await Stores.connect(settings.database_url, max_size=4)
-        redis = Redis.from_url(settings.redis_url)
-        try:
-            hydrator = Hydrator(stores, HotWindow(redis), config)
-            log.info("hydrator started: %d shards, window %ds", config.shards, config.hot_window_sec)
-
-            async def hydrate_while_leading(until: asyncio.Event) -> None:
-                try:
-                    await every(until, config.interval_sec, hydrator.run_once, name="hydrate")
-                finally:
-                    hydrator.forget_gauges()
-
-            await run_singleton(stop, "hydrator", settings, hydrate_while_leading)
-        finally:
-            await redis.aclose()
-            await stores.close()
-            log.info("hydrator stopped")
+    setup_logging(args.log_level or settings.log_level, settings.log_format)
 
     with observed("sundial-hydrator", settings):
-        return run(serve)
+        return run(lambda stop: serve(settings, stop))

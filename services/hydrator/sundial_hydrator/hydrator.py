@@ -125,8 +125,7 @@ class Hydrator:
         trailing = {shard: w for shard, w in enumerate(watermarks) if w is None or w <= due_below}
         promoted, rebuilt, conflicts = await self._promote(trailing)
         if scan_overdue:
-            for shard in range(self.config.shards):
-                recovered += await self._recover_overdue(shard)
+            recovered = await self._recover_overdue()
             self._last_overdue_scan = self.clock.monotonic()
         if rebuilt or recovered:
             log.info("hydrated: %d promoted, %d overdue re-added, %d shards rebuilt", promoted, recovered, rebuilt)
@@ -209,15 +208,18 @@ class Hydrator:
                 return promoted, True
             position = page[-1]
 
-    async def _recover_overdue(self, shard: int) -> int:
+    async def _recover_overdue(self) -> int:
         before = self.clock.now() - timedelta(seconds=self.config.overdue_grace_sec)
-        overdue = await self.stores.jobs.overdue_jobs(shard, before, self.config.batch_size)
-        # Manual triggers (POST /v1/jobs/{id}/trigger) whose member was lost; a paused job can hold one too.
-        overdue += await self.stores.jobs.overdue_triggers(shard, before, self.config.batch_size)
-        # A job waiting in a live leader's fair buffer is due and unclaimed in Postgres, but not lost: re-added,
-        # a burst's held jobs would fill every page of this scan and crowd the hot window ahead of others' work.
-        overdue = await self.hot_window.not_held(shard, overdue)
-        await self.hot_window.add(shard, overdue)
-        retries = await self.stores.dispatch.overdue_retries(shard, before, self.config.batch_size)
-        await self.hot_window.add_retries(shard, retries)
-        return len(overdue) + len(retries)
+        # Overdue jobs and manual triggers (POST /v1/jobs/{id}/trigger; a paused job can hold one too) whose member
+        # was lost, every shard in one statement: idle, this scan was most of the hydrator's Postgres statements.
+        lost = await self.stores.jobs.overdue_occurrences(range(self.config.shards), before, self.config.batch_size)
+        recovered = 0
+        for shard, overdue in lost.items():
+            # A job waiting in a live leader's fair buffer is due and unclaimed in Postgres, but not lost: re-added,
+            # a burst's held jobs would fill every page of this scan and crowd the hot window ahead of others' work.
+            overdue = await self.hot_window.not_held(shard, overdue)
+            await self.hot_window.add(shard, overdue)
+            retries = await self.stores.dispatch.overdue_retries(shard, before, self.config.batch_size)
+            await self.hot_window.add_retries(shard, retries)
+            recovered += len(overdue) + len(retries)
+        return recovered

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from sundial_common.host import HostedService
 from sundial_common.logs import setup_logging
 from sundial_common.observability import observed
 from sundial_common.service import every, run
@@ -22,6 +23,42 @@ from sundial_replayer.replayer import Replayer, ReplayPassResult
 from sundial_replayer.settings import ReplayerSettings
 
 log = logging.getLogger("sundial.replayer")
+
+
+async def serve(settings: ReplayerSettings, stop: asyncio.Event) -> None:
+    """The replayer's life until ``stop``: a registered replica, replaying during each term it leads."""
+    config = settings.replayer_config()
+    stores = await Stores.connect(settings.database_url, max_size=2)
+    kafka = KafkaReplayKafka(settings.kafka_bootstrap, client_id=f"sundial-replayer-{settings.instance_id}")
+    topics = KafkaTopicInspector(settings.kafka_bootstrap)
+    try:
+        log.info("replayer started")
+
+        async def replay_while_leading(until: asyncio.Event) -> None:
+            replayer = Replayer(stores, kafka, topics, config)  # a new term holds nothing yet: resumes count
+
+            def busy(result: ReplayPassResult) -> bool:
+                return result.active > 0
+
+            await every(
+                until,
+                config.interval_sec,
+                replayer.run_once,
+                name="replay",
+                again_now=busy,
+                idle_interval=config.idle_interval_sec,
+            )
+
+        await run_singleton(stop, "replayer", settings, replay_while_leading)
+    finally:
+        await topics.close()
+        await kafka.close()
+        await stores.close()
+        log.info("replayer stopped")
+
+
+SERVICE = HostedService("replayer", ReplayerSettings, serve)
+"""The replayer as ``sundial services --run …,replayer`` hosts it (:mod:`sundial_common.host`)."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -44,38 +81,10 @@ def main(argv: list[str] | None = None) -> int:
         help="Serve Prometheus metrics at /metrics on this port (env SUNDIAL_METRICS_PORT; default: not served).",
     )
     args = parser.parse_args(argv)
-    settings = load_settings(ReplayerSettings, parser, metrics_port=args.metrics_port)
+    settings = load_settings(
+        ReplayerSettings, parser, metrics_port=args.metrics_port, replayer_interval_sec=args.interval
+    )
     setup_logging(args.log_level or settings.log_level, settings.log_format)
-    config = settings.replayer_config(args.interval)
-
-    async def serve(stop: asyncio.Event) -> None:
-        stores = await Stores.connect(settings.database_url, max_size=2)
-        kafka = KafkaReplayKafka(settings.kafka_bootstrap, client_id=f"sundial-replayer-{settings.instance_id}")
-        topics = KafkaTopicInspector(settings.kafka_bootstrap)
-        try:
-            log.info("replayer started")
-
-            async def replay_while_leading(until: asyncio.Event) -> None:
-                replayer = Replayer(stores, kafka, topics, config)  # a new term holds nothing yet: resumes count
-
-                def busy(result: ReplayPassResult) -> bool:
-                    return result.active > 0
-
-                await every(
-                    until,
-                    config.interval_sec,
-                    replayer.run_once,
-                    name="replay",
-                    again_now=busy,
-                    idle_interval=config.idle_interval_sec,
-                )
-
-            await run_singleton(stop, "replayer", settings, replay_while_leading)
-        finally:
-            await topics.close()
-            await kafka.close()
-            await stores.close()
-            log.info("replayer stopped")
 
     with observed("sundial-replayer", settings):
-        return run(serve)
+        return run(lambda stop: serve(settings, stop))

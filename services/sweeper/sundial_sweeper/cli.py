@@ -14,6 +14,7 @@ import logging
 
 from redis.asyncio import Redis
 from sundial_common.broker import KafkaIncarnation, KafkaPublisher
+from sundial_common.host import HostedService
 from sundial_common.logs import setup_logging
 from sundial_common.observability import observed
 from sundial_common.service import every, run
@@ -30,6 +31,62 @@ from sundial_sweeper.settings import SweeperSettings
 from sundial_sweeper.sweeper import Sweeper
 
 log = logging.getLogger("sundial.sweeper")
+
+
+async def serve(settings: SweeperSettings, stop: asyncio.Event) -> None:
+    """The sweeper's life until ``stop``: a registered replica, sweeping during each term it leads."""
+    config = settings.sweeper_config()
+    stores = await Stores.connect(settings.database_url, max_size=2)
+    publisher = KafkaPublisher(settings.kafka_bootstrap)
+    incarnation = KafkaIncarnation(settings.kafka_bootstrap)
+    consumed = ConsumedHorizon(settings.kafka_bootstrap)
+    # Liveness keys: a sick Redis must not stall the other scans for long.
+    redis = Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=5)
+    try:
+        restart = BrokerRestartRepublisher(stores.dispatch, publisher, incarnation, config.batch_size)
+        sweeper = Sweeper(stores, publisher, config, redis=redis, broker_restart=restart, consumed=consumed)
+        breaker_config = settings.breaker_config()
+        breakers = BreakerLoop(stores.breakers, sweeper.hot_window, breaker_config)
+        partition_config = settings.partition_config()
+        partitions = PartitionLoop(stores.partitions, partition_config)
+        retention = JobRetention(stores.jobs, stores.dependencies, stores.partitions, settings.job_retention_config())
+        log.info("sweeper started")
+
+        async def sweep_while_leading(until: asyncio.Event) -> None:
+            # One batch per interval, never "again at once": in a backlog every waiting execution
+            # looks unstarted, and republishing them back to back doubled the broker's and the
+            # workers' load exactly when they were behind (bench W3 at 5,000/s).
+            try:
+                async with asyncio.TaskGroup() as loops:
+                    loops.create_task(every(until, config.interval_sec, sweeper.run_once, name="sweep"))
+                    loops.create_task(
+                        every(until, breaker_config.interval_sec, breakers.run_once, name="breakers"),
+                        name="breakers",
+                    )
+                    loops.create_task(
+                        every(until, partition_config.interval_sec, partitions.run_once, name="partitions"),
+                        name="partitions",
+                    )
+                    loops.create_task(
+                        every(until, retention.config.interval_sec, retention.run_once, name="job-retention"),
+                        name="job-retention",
+                    )
+            finally:
+                sweeper.forget_gauges()
+                breakers.forget_gauges()
+
+        await run_singleton(stop, "sweeper", settings, sweep_while_leading)
+    finally:
+        await publisher.close()
+        await asyncio.to_thread(incarnation.close)
+        await asyncio.to_thread(consumed.close)
+        await redis.aclose()
+        await stores.close()
+        log.info("sweeper stopped")
+
+
+SERVICE = HostedService("sweeper", SweeperSettings, serve)
+"""The sweeper as ``sundial services --run …,sweeper,…`` hosts it (:mod:`sundial_common.host`)."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -54,60 +111,10 @@ def main(argv: list[str] | None = None) -> int:
         help="Serve Prometheus metrics at /metrics on this port (env SUNDIAL_METRICS_PORT; default: not served).",
     )
     args = parser.parse_args(argv)
-    settings = load_settings(SweeperSettings, parser, metrics_port=args.metrics_port)
+    settings = load_settings(
+        SweeperSettings, parser, metrics_port=args.metrics_port, sweeper_interval_sec=args.interval
+    )
     setup_logging(args.log_level or settings.log_level, settings.log_format)
-    config = settings.sweeper_config(args.interval)
-
-    async def serve(stop: asyncio.Event) -> None:
-        stores = await Stores.connect(settings.database_url, max_size=2)
-        publisher = KafkaPublisher(settings.kafka_bootstrap)
-        incarnation = KafkaIncarnation(settings.kafka_bootstrap)
-        consumed = ConsumedHorizon(settings.kafka_bootstrap)
-        # Liveness keys: a sick Redis must not stall the other scans for long.
-        redis = Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=5)
-        try:
-            restart = BrokerRestartRepublisher(stores.dispatch, publisher, incarnation, config.batch_size)
-            sweeper = Sweeper(stores, publisher, config, redis=redis, broker_restart=restart, consumed=consumed)
-            breaker_config = settings.breaker_config()
-            breakers = BreakerLoop(stores.breakers, sweeper.hot_window, breaker_config)
-            partition_config = settings.partition_config()
-            partitions = PartitionLoop(stores.partitions, partition_config)
-            retention = JobRetention(
-                stores.jobs, stores.dependencies, stores.partitions, settings.job_retention_config()
-            )
-            log.info("sweeper started")
-
-            async def sweep_while_leading(until: asyncio.Event) -> None:
-                # One batch per interval, never "again at once": in a backlog every waiting execution
-                # looks unstarted, and republishing them back to back doubled the broker's and the
-                # workers' load exactly when they were behind (bench W3 at 5,000/s).
-                try:
-                    async with asyncio.TaskGroup() as loops:
-                        loops.create_task(every(until, config.interval_sec, sweeper.run_once, name="sweep"))
-                        loops.create_task(
-                            every(until, breaker_config.interval_sec, breakers.run_once, name="breakers"),
-                            name="breakers",
-                        )
-                        loops.create_task(
-                            every(until, partition_config.interval_sec, partitions.run_once, name="partitions"),
-                            name="partitions",
-                        )
-                        loops.create_task(
-                            every(until, retention.config.interval_sec, retention.run_once, name="job-retention"),
-                            name="job-retention",
-                        )
-                finally:
-                    sweeper.forget_gauges()
-                    breakers.forget_gauges()
-
-            await run_singleton(stop, "sweeper", settings, sweep_while_leading)
-        finally:
-            await publisher.close()
-            await asyncio.to_thread(incarnation.close)
-            await asyncio.to_thread(consumed.close)
-            await redis.aclose()
-            await stores.close()
-            log.info("sweeper stopped")
 
     with observed("sundial-sweeper", settings):
-        return run(serve)
+        return run(lambda stop: serve(settings, stop))

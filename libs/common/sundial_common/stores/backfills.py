@@ -100,8 +100,6 @@ class BackfillStore(Protocol):
         skip_pools: Sequence[str] = (),
     ) -> BackfillOutcome: ...
 
-    async def shards_running(self, shards: Sequence[int]) -> set[int]: ...
-
 
 class PostgresBackfillStore:
     """:class:`BackfillStore` over the shared pool."""
@@ -141,10 +139,6 @@ class PostgresBackfillStore:
     async def existing_occurrences(self, job_id: UUID, start: datetime, end: datetime) -> set[datetime]:
         rows = await self._db.pool.fetch(Q["existing_occurrences"], job_id, start, end)
         return {row["scheduled_for"] for row in rows}
-
-    async def shards_running(self, shards: Sequence[int]) -> set[int]:
-        """Which of ``shards`` have a running backfill (a read: no fence)."""
-        return {row["shard"] for row in await self._db.pool.fetch(Q["shards_running"], list(shards))}
 
     async def has_running(self, shard: int) -> bool:
         """Before the fenced transaction (a write): has ``shard`` a running backfill of a tenant not SUSPENDED?"""

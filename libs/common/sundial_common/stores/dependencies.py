@@ -123,7 +123,7 @@ class DependencyStore(Protocol):
         skip_pools: Sequence[str] = (),
     ) -> TriggerOutcome: ...
 
-    async def shards_with_pending(self, shards: Sequence[int]) -> set[int]: ...
+    async def shards_with_side_work(self, shards: Sequence[int]) -> tuple[set[int], set[int]]: ...
 
     async def prune_consumed_triggers(self, before: datetime, limit: int) -> int: ...
 
@@ -236,9 +236,15 @@ class PostgresDependencyStore:
             }
             return [r for r in below if r["id"] in done]
 
-    async def shards_with_pending(self, shards: Sequence[int]) -> set[int]:
-        """Which of ``shards`` have a trigger of an ACTIVE child waiting (a read: no fence)."""
-        return {row["shard"] for row in await self._db.pool.fetch(Q["shards_with_pending"], list(shards))}
+    async def shards_with_side_work(self, shards: Sequence[int]) -> tuple[set[int], set[int]]:
+        """Which of ``shards`` have a trigger of an ACTIVE child waiting, and which a running backfill (a read: no
+        fence). Both in one statement, though backfills are the backfill store's: it is the dispatcher's census,
+        asked every second by every dispatcher process (``sundial_dispatcher.side_work``)."""
+        triggers: set[int] = set()
+        backfills: set[int] = set()
+        for row in await self._db.pool.fetch(Q["shards_with_side_work"], list(shards)):
+            (triggers if row["kind"] == "trigger" else backfills).add(row["shard"])
+        return triggers, backfills
 
     async def prune_consumed_triggers(self, before: datetime, limit: int) -> int:
         """Delete up to ``limit`` triggers consumed before ``before``, oldest first (the sweeper's job retention:

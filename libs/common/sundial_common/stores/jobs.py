@@ -90,9 +90,9 @@ class JobStore(Protocol):
 
     async def hydration_range(self, shard: int, after: Occurrence, end: datetime, limit: int) -> list[Occurrence]: ...
 
-    async def overdue_jobs(self, shard: int, before: datetime, limit: int) -> list[Occurrence]: ...
-
-    async def overdue_triggers(self, shard: int, before: datetime, limit: int) -> list[Occurrence]: ...
+    async def overdue_occurrences(
+        self, shards: Sequence[int], before: datetime, limit: int
+    ) -> dict[int, list[Occurrence]]: ...
 
     async def list_jobs(self, tenant_id: str, where: JobFilter, before: UUID | None, limit: int) -> list[Record]: ...
 
@@ -219,14 +219,15 @@ class PostgresJobStore:
         rows = await self._db.pool.fetch(Q["hydration_range"], shard, after.due, end, after.job_id, limit)
         return [Occurrence(row["id"], row["next_fire_at"]) for row in rows]
 
-    async def overdue_jobs(self, shard: int, before: datetime, limit: int) -> list[Occurrence]:
-        rows = await self._db.pool.fetch(Q["overdue_jobs"], shard, before, limit)
-        return [Occurrence(row["id"], row["next_fire_at"]) for row in rows]
-
-    async def overdue_triggers(self, shard: int, before: datetime, limit: int) -> list[Occurrence]:
-        """Manual triggers of ``shard`` still pending since before ``before`` (their member was lost)."""
-        rows = await self._db.pool.fetch(Q["overdue_triggers"], shard, before, limit)
-        return [Occurrence(row["id"], row["trigger_at"]) for row in rows]
+    async def overdue_occurrences(
+        self, shards: Sequence[int], before: datetime, limit: int
+    ) -> dict[int, list[Occurrence]]:
+        """Per shard of ``shards``: active jobs that should have fired before ``before`` and manual triggers pending
+        since before it (their member was lost), up to ``limit`` of each kind; one statement for every shard."""
+        found: dict[int, list[Occurrence]] = {shard: [] for shard in shards}
+        for row in await self._db.pool.fetch(Q["overdue_occurrences"], list(shards), before, limit):
+            found[row["shard"]].append(Occurrence(row["id"], row["at"]))
+        return found
 
     async def count_jobs(self) -> dict[tuple[str, str], int]:
         """How many jobs each (tenant, state) has (the sweeper's sampled gauge)."""

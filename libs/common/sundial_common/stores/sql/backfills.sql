@@ -46,12 +46,6 @@ SELECT EXISTS (
       AND NOT EXISTS (SELECT 1 FROM tenants s WHERE s.id = b.tenant_id AND s.state = 'SUSPENDED')
 );
 
--- name: shards_running
--- Which of these shards have a running backfill of a tenant not SUSPENDED (sundial_dispatcher.side_work;
--- backfills_running_idx).
-SELECT DISTINCT b.shard FROM backfills b WHERE b.shard = ANY($1::int[]) AND b.state = 'RUNNING'
-  AND NOT EXISTS (SELECT 1 FROM tenants s WHERE s.id = b.tenant_id AND s.state = 'SUSPENDED');
-
 -- name: running_backfills
 -- The leader's step: this shard's running backfills with their job, locked for the transaction (a cancel
 -- waits for it, and is then final). `open`: its executions still PENDING or RUNNING (BUFFER_ONE waits).

@@ -131,12 +131,20 @@ SELECT EXISTS (
       AND NOT EXISTS (SELECT 1 FROM tenants s WHERE s.id = t.tenant_id AND s.state = 'SUSPENDED')
 );
 
--- name: shards_with_pending
--- Which of these shards have a trigger of an ACTIVE child of a tenant not SUSPENDED waiting: one look for
--- every shard a dispatcher process leads (sundial_dispatcher.side_work), instead of an any_pending per shard.
-SELECT DISTINCT t.shard FROM job_triggers t JOIN jobs c ON c.id = t.child_job_id AND c.state = 'ACTIVE'
+-- name: shards_with_side_work
+-- The dispatcher process's census (sundial_dispatcher.side_work), both kinds of side work in one statement: which
+-- of these shards have a trigger of an ACTIVE child waiting ('trigger'), and which a running backfill ('backfill';
+-- backfills_running_idx), of a tenant not SUSPENDED. One look for every shard a process leads, every second; it
+-- was one statement per kind (two a second per dispatcher process, a third of an idle stack's statements).
+SELECT DISTINCT t.shard, 'trigger' AS kind
+FROM job_triggers t JOIN jobs c ON c.id = t.child_job_id AND c.state = 'ACTIVE'
 WHERE t.shard = ANY($1::int[]) AND t.consumed_at IS NULL
-  AND NOT EXISTS (SELECT 1 FROM tenants s WHERE s.id = t.tenant_id AND s.state = 'SUSPENDED');
+  AND NOT EXISTS (SELECT 1 FROM tenants s WHERE s.id = t.tenant_id AND s.state = 'SUSPENDED')
+UNION ALL
+SELECT DISTINCT b.shard, 'backfill' AS kind
+FROM backfills b
+WHERE b.shard = ANY($1::int[]) AND b.state = 'RUNNING'
+  AND NOT EXISTS (SELECT 1 FROM tenants s WHERE s.id = b.tenant_id AND s.state = 'SUSPENDED');
 
 -- name: pending_triggers
 -- The waiting triggers of the locked children, oldest first (at most $2 per pass).
