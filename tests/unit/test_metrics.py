@@ -135,6 +135,25 @@ async def test_a_handler_the_worker_does_not_declare_is_labelled_other() -> None
     assert exemplars == [{"trace_id": "ab" * 16}]
 
 
+def test_a_slow_lateness_bucket_gets_its_own_exemplar_after_a_fast_one() -> None:
+    # Exemplars are kept per bucket: a burst of fast starts must not stop a slow one linking to its trace.
+    tenant = unique("t")
+    metrics = ExecutionMetrics("p", frozenset({"echo"}))
+    now = datetime.now(UTC)
+    metrics.handler_started(context(tenant, "echo", 1, "aa" * 16), now + timedelta(hours=1), None)  # 0 s late
+    metrics.handler_started(context(tenant, "echo", 1, "bb" * 16), now - timedelta(seconds=20), None)  # ~20 s
+
+    body, _ = exposition(OPENMETRICS)
+    exemplars = {
+        s.labels["le"]: s.exemplar.labels["trace_id"]
+        for family in text_string_to_metric_families(body.decode())
+        if family.name == "sundial_dispatch_lateness_seconds"
+        for s in family.samples
+        if s.labels.get("tenant") == tenant and s.exemplar is not None
+    }
+    assert exemplars == {"0.01": "aa" * 16, "30.0": "bb" * 16}
+
+
 def test_lag_series_of_revoked_partitions_are_removed() -> None:
     pool = unique("p")
     gauge = LagGauge(pool)

@@ -388,7 +388,10 @@ class HandlerExecutor:
 
     def _start_handler(self, spec: HandlerSpec, ctx: Context, payload: Any) -> asyncio.Future[Any]:
         if spec.is_async:
-            return asyncio.ensure_future(spec.func(ctx, payload), loop=self._loop)
+            assert self._loop is not None  # bound by launch()
+            # An async handler is a coroutine function (sdk._is_async): its task straight from the loop, without
+            # asyncio.ensure_future's checks of what it was given.
+            return self._loop.create_task(spec.func(ctx, payload))
         return self._submit_sync(spec, ctx, payload)
 
     @staticmethod
