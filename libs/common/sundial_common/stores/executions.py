@@ -225,14 +225,11 @@ class PostgresExecutionStore:
             return []
         sent = list(published_at) or [None] * len(claims)
         ids = [c[0] for c in claims]
-        attempts = [c[1] for c in claims]
-        if max(attempts) == 1:  # no earlier attempt, no progress to read back: the leaner statement
-            return cast(
-                list[Record], await self._db.pool.fetch(Q["start_first_attempts"], ids, attempts, worker_id, sent)
-            )
         return cast(
             list[Record],
-            await self._db.pool.fetch(Q["start_executions"], ids, attempts, worker_id, sent, min(ids), max(ids)),
+            await self._db.pool.fetch(
+                Q["start_executions"], ids, [c[1] for c in claims], worker_id, sent, min(ids), max(ids)
+            ),
         )
 
     async def finish_executions(self, worker_id: str, outcomes: Sequence[Outcome]) -> set[UUID]:

@@ -107,29 +107,6 @@ LEFT JOIN LATERAL (
     ORDER BY a.attempt DESC LIMIT 1
 ) previous ON true;
 
--- name: start_first_attempts
--- PENDING -> RUNNING for a batch of first attempts only (nearly every start): start_executions without its
--- lateral read of an earlier attempt's progress, which a first attempt cannot have. Planning that read
--- (execution_attempts' partitions pruned by the ids' range) was a quarter of the start's planning, ~0.15 ms a
--- call whatever the batch's size. Keep the two statements' compare-and-swap and writes the same.
-WITH started AS (
-    UPDATE executions e
-    SET state = 'RUNNING', worker_id = $3, started_at = now(),
-        published_at = coalesce(e.published_at, m.published_at, now())
-    FROM unnest($1::uuid[], $2::int[], $4::timestamptz[]) AS m (id, attempt, published_at)
-    WHERE e.id = ANY($1::uuid[]) AND e.id = m.id AND e.attempt = m.attempt AND texteq(e.state, 'PENDING')
-    RETURNING e.id, e.attempt, e.tenant_id, e.job_id, e.scheduled_for, e.fire_at, e.started_at, e.trace_id
-), attempts AS (
-    INSERT INTO execution_attempts (execution_id, attempt, tenant_id, worker_id, state, started_at)
-    SELECT id, attempt, tenant_id, $3, 'RUNNING', started_at FROM started
-), audit AS (
-    INSERT INTO audit_log (tenant_id, entity, entity_id, action, from_state, to_state, actor)
-    SELECT tenant_id, 'execution', id, 'start', 'PENDING', 'RUNNING', $3 FROM started
-)
-SELECT s.*, j.retry_policy, NULL::jsonb AS previous_progress
-FROM started s
-JOIN jobs j ON j.id = s.job_id;
-
 -- name: finish_executions
 -- RUNNING -> how the attempt ended, only for the attempt this worker owns. A worker that lost its claim
 -- (the sweeper moved on) gets zero rows and its result is dropped.
