@@ -43,6 +43,12 @@ SELECT shard, token, holder, updated_at FROM shard_fence ORDER BY shard;
 -- The open executions of jobs with an overlap policy other than ALLOW are filled in from
 -- open_executions_of_jobs, asked only when the batch has such jobs: executions is partitioned by day (migration 0018) and a lookup by job
 -- here would plan every partition's index for every dispatch (10 ms a batch with 40 partitions).
+-- The job's columns the dispatch reads, not j.*: asyncpg decodes every column returned for every job locked, and
+-- the others (its name, labels and retry policy, two of them jsonb decoded in Python, its priority, version,
+-- missed fires, delay, creation and update times) are the insert's to read from the row (insert_executions) or
+-- nobody's here. A column the planner (sundial_dispatcher.dispatcher, spec_from_row), the message, the breakers'
+-- HOLD (hold_first_fires) or this store read must be listed: a Record's get() of a column not returned is None,
+-- not an error (tests/integration/test_dispatch_path.py checks the dispatcher reads only what is here).
 WITH fence AS (
     INSERT INTO shard_fence AS f (shard, token, holder)
     SELECT s.shard, s.token, $5 FROM unnest($3::int[], $4::bigint[]) AS s (shard, token) ORDER BY s.shard
@@ -51,7 +57,11 @@ WITH fence AS (
     RETURNING shard
 )
 SELECT fence.shard AS raised_shard, due.* FROM fence LEFT JOIN LATERAL (
-    SELECT j.*, c.due AS claimed_due, NULL::uuid[] AS open_execution_ids, NULL::text[] AS open_execution_states
+    SELECT j.id, j.tenant_id, j.type, j.state, j.shard, j.pool, j.handler, j.payload, j.timeout_sec, j.traceparent,
+           j.schedule, j.timezone, j.run_at, j.interval_sec, j.run_list, j.start_at, j.end_at, j.max_runs,
+           j.jitter_sec, j.next_fire_at, j.next_nominal_at, j.fire_count, j.overlap_policy, j.catchup_policy,
+           j.catchup_window_sec, j.trigger_at, j.trigger_execution_id, j.trigger_traceparent, j.breaker,
+           c.due AS claimed_due, NULL::uuid[] AS open_execution_ids, NULL::text[] AS open_execution_states
     FROM jobs j
     -- Scores are epoch milliseconds; fire times are written at millisecond precision, compared at it too.
     JOIN unnest($1::uuid[], $2::timestamptz[], $6::int[]) AS c (id, due, shard) ON j.id = c.id
