@@ -12,7 +12,8 @@ and from pg_stat_statements the insert's and the lock's mean execution and plann
 
 The other form is ``--base``'s ``dispatch.sql`` (a commit's, by git show, or a file not committed yet): with 26
 parameters, the arguments as 5427f15 sent them (17 arrays per execution, each inherited column of the job sent
-back); with 19, as the head sends them (8 per execution: the rest is read from the job's move in SQL).
+back); with 19, as the ninth round sent them (8 per execution: the rest is read from the job's move in SQL), every
+array full unless the form reads an empty one as its column's default (the tenth round: ``_insert_arguments``).
 
     uv run --frozen python bench/dispatch_insert.py --port-offset 100 [--base 5427f15|FILE] [--batch 100] [--rounds 300]
 
@@ -72,6 +73,15 @@ def base_arguments(rows: list[Any], ids: list[Any], traceparents: list[str]) -> 
     ]
 
 
+def full_arguments(rows: list[Any], ids: list[Any], traceparents: list[str]) -> list[object]:
+    """The 19 parameters with every array full: a form that does not read an empty array as its column's default
+    (before the tenth round)."""
+    n = len(rows)
+    nominal = [r["next_nominal_at"] or r["next_fire_at"] for r in rows]
+    return [ids, [r["id"] for r in rows], nominal, [r["next_fire_at"] for r in rows], ["PENDING"] * n, [False] * n,
+            [None] * n, traceparents, [0], [1], *advances(rows), "bench"]  # fmt: skip
+
+
 def advances(rows: list[Any]) -> list[list[object]]:
     n = len(rows)
     return [[r["id"] for r in rows], [r["next_fire_at"] for r in rows], [None] * n, [None] * n, [1] * n, [0] * n,
@@ -97,7 +107,9 @@ async def one_round(conn: asyncpg.Connection, form: str, lock: str, insert: str,
         rows = await conn.fetch(lock, jobs, [due] * batch, [0], [1], "bench", [0] * batch)
         locking = time.process_time() - started
         rows = [r for r in rows if r["id"] is not None]
-        build = base_arguments if "$26" in insert else head_arguments
+        build = (
+            base_arguments if "$26" in insert else head_arguments if "coalesce(runs, 1)" in insert else full_arguments
+        )
         started = time.process_time()
         inserted = await conn.fetch(insert, *build(rows, ids, traceparents))
         took = time.process_time() - started

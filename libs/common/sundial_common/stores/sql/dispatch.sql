@@ -110,6 +110,10 @@ WHERE j.shard = $3;
 -- for every shard of the transaction, lock_due_jobs above), joined on the job's shard; a shard missing there
 -- is a NULL token, which the NOT NULL column refuses (the transaction fails: no execution is written unfenced).
 -- The trace id is the traceparent's second field (W3C), as the planner's span has both.
+-- An array whose every element is its column's default comes empty (nearly always: state PENDING, not triggered,
+-- no note, one run, none missed, advancing, no trigger; no next fire for a one-off): unnest() pads it with NULLs,
+-- read here as that default, and the dispatcher encodes 7 elements per one-shot execution instead of 16
+-- (PostgresDispatchStore's _insert_arguments).
 -- ON CONFLICT without a target: executions is partitioned by id (migration 0018), so the occurrence key
 -- (job_id, scheduled_for) is a unique index of each partition, an arbiter only when no target is named.
 WITH advanced AS (
@@ -122,9 +126,11 @@ WITH advanced AS (
         trigger_at = CASE WHEN a.trigger_done THEN NULL ELSE j.trigger_at END,
         trigger_execution_id = CASE WHEN a.trigger_done THEN NULL ELSE j.trigger_execution_id END,
         updated_at = now()
-    FROM unnest($11::uuid[], $12::timestamptz[], $13::timestamptz[], $14::timestamptz[], $15::int[],
-                $16::bigint[], $17::bool[], $18::bool[])
-         AS a (id, prev, next_fire_at, next_nominal_at, runs, missed, advance, trigger_done)
+    FROM (SELECT id, prev, next_fire_at, next_nominal_at, coalesce(runs, 1) AS runs, coalesce(missed, 0) AS missed,
+                 coalesce(advance, true) AS advance, coalesce(trigger_done, false) AS trigger_done
+          FROM unnest($11::uuid[], $12::timestamptz[], $13::timestamptz[], $14::timestamptz[], $15::int[],
+                      $16::bigint[], $17::bool[], $18::bool[])
+               AS a (id, prev, next_fire_at, next_nominal_at, runs, missed, advance, trigger_done)) AS a
     WHERE j.id = a.id AND (NOT a.advance OR (j.next_fire_at = a.prev AND j.state = 'ACTIVE'))
     RETURNING j.id, j.tenant_id, j.state, a.advance, a.missed, j.shard, j.pool, j.handler, j.timeout_sec,
               j.priority, coalesce((j.retry_policy ->> 'maxAttempts')::int, 1) AS max_attempts
@@ -135,9 +141,11 @@ WITH advanced AS (
     SELECT e.id, j.tenant_id, j.id, e.scheduled_for, j.shard, f.token, j.pool, j.handler, e.state, j.max_attempts,
            j.timeout_sec, nullif(split_part(e.traceparent, '-', 2), ''), e.traceparent, e.fire_at, e.triggered,
            e.note, CASE WHEN e.state = 'SKIPPED' THEN now() END, j.priority
-    FROM unnest($1::uuid[], $2::uuid[], $3::timestamptz[], $4::timestamptz[], $5::text[], $6::bool[], $7::text[],
-                $8::text[])
-         AS e (id, job_id, scheduled_for, fire_at, state, triggered, note, traceparent)
+    FROM (SELECT id, job_id, scheduled_for, fire_at, coalesce(state, 'PENDING') AS state,
+                 coalesce(triggered, false) AS triggered, note, traceparent
+          FROM unnest($1::uuid[], $2::uuid[], $3::timestamptz[], $4::timestamptz[], $5::text[], $6::bool[],
+                      $7::text[], $8::text[])
+               AS e (id, job_id, scheduled_for, fire_at, state, triggered, note, traceparent)) AS e
     JOIN advanced j ON j.id = e.job_id
     LEFT JOIN unnest($9::int[], $10::bigint[]) AS f (shard, token) ON f.shard = j.shard
     ON CONFLICT DO NOTHING
