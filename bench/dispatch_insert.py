@@ -6,7 +6,8 @@ What a W3 pair cannot resolve on a shared 2-core machine (its neighbours move a 
 per form of the statement), rounds alternated. Each round inserts ``--batch`` due one-shot jobs and dispatches
 them in the fenced transaction (the form's ``lock_due_jobs``, then its ``insert_executions``), as
 ``PostgresDispatchStore.dispatch_shards`` does. Per form: the client's CPU microseconds per execution in the
-insert's ``fetch`` (asyncpg encodes every array element there) and in the lock's (asyncpg decodes every column of
+insert's ``fetch`` (asyncpg encodes every array element there; the arguments' lists are built before it since the
+tenth round) and in the lock's (asyncpg decodes every column of
 every locked job there), the CPU of the form's backend per execution (/proc: the job rows are the same in both),
 and from pg_stat_statements the insert's and the lock's mean execution and planning milliseconds.
 
@@ -110,8 +111,9 @@ async def one_round(conn: asyncpg.Connection, form: str, lock: str, insert: str,
         build = (
             base_arguments if "$26" in insert else head_arguments if "coalesce(runs, 1)" in insert else full_arguments
         )
+        arguments = build(rows, ids, traceparents)
         started = time.process_time()
-        inserted = await conn.fetch(insert, *build(rows, ids, traceparents))
+        inserted = await conn.fetch(insert, *arguments)
         took = time.process_time() - started
     assert len(inserted) == batch, (form, len(inserted))
     return took, locking
