@@ -7,9 +7,9 @@ per form of the statement), rounds alternated. Each round inserts ``--batch`` du
 them in the fenced transaction (the form's ``lock_due_jobs``, then its ``insert_executions``), as
 ``PostgresDispatchStore.dispatch_shards`` does. Per form: the client's CPU microseconds per execution in the
 insert's ``fetch`` (asyncpg encodes every array element there; the arguments' lists are built before it since the
-tenth round) and in the lock's (asyncpg decodes every column of
-every locked job there), the CPU of the form's backend per execution (/proc: the job rows are the same in both),
-and from pg_stat_statements the insert's and the lock's mean execution and planning milliseconds.
+tenth round) and in the lock's (asyncpg decodes every column of every locked job there), the CPU of the form's
+backend per execution (/proc: the job rows are the same in both), and from pg_stat_statements the insert's and the
+lock's mean execution and planning milliseconds.
 
 The other form is ``--base``'s ``dispatch.sql`` (a commit's, by git show, or a file not committed yet): with 26
 parameters, the arguments as 5427f15 sent them (17 arrays per execution, each inherited column of the job sent
