@@ -182,6 +182,7 @@ class _Planner:
     missed: dict[str, int] = field(default_factory=dict)
     #: Tenants whose jobs wait (sundial_dispatcher.tenancy).
     suspended: frozenset[str] = frozenset()
+    #: Whether this process records spans (an exporter is set up), asked once a pass rather than per execution.
     recorded: bool = field(default_factory=spans_recorded)
 
     def __call__(self, jobs: Sequence[Record]) -> DispatchPlan:
