@@ -1,17 +1,20 @@
-"""The dispatch insert's arguments: the head's ``insert_executions`` against an earlier commit's, on one Postgres.
+"""The dispatch transaction's statements: the head's ``lock_due_jobs`` and ``insert_executions`` against an earlier
+commit's, on one Postgres.
 
 What a W3 pair cannot resolve on a shared 2-core machine (its neighbours move a process's CPU per execution by
 ±20 % between two runs of the same code): one Postgres, one database at the head's schema, two connections (one
 per form of the statement), rounds alternated. Each round inserts ``--batch`` due one-shot jobs and dispatches
-them in the fenced transaction (``lock_due_jobs``, then the form's ``insert_executions``), as
+them in the fenced transaction (the form's ``lock_due_jobs``, then its ``insert_executions``), as
 ``PostgresDispatchStore.dispatch_shards`` does. Per form: the client's CPU microseconds per execution in the
-insert's ``fetch`` (asyncpg encodes every array element there), the CPU of the form's backend per execution
-(/proc: the job rows and the lock are the same in both), and from pg_stat_statements the insert's mean execution
-and planning milliseconds.
+insert's ``fetch`` (asyncpg encodes every array element there; the arguments' lists are built before it since the
+tenth round) and in the lock's (asyncpg decodes every column of every locked job there), the CPU of the form's
+backend per execution (/proc: the job rows are the same in both), and from pg_stat_statements the insert's and the
+lock's mean execution and planning milliseconds.
 
 The other form is ``--base``'s ``dispatch.sql`` (a commit's, by git show, or a file not committed yet): with 26
 parameters, the arguments as 5427f15 sent them (17 arrays per execution, each inherited column of the job sent
-back); with 19, as the head sends them (8 per execution: the rest is read from the job's move in SQL).
+back); with 19, as the ninth round sent them (8 per execution: the rest is read from the job's move in SQL), every
+array full unless the form reads an empty one as its column's default (the tenth round: ``_insert_arguments``).
 
     uv run --frozen python bench/dispatch_insert.py --port-offset 100 [--base 5427f15|FILE] [--batch 100] [--rounds 300]
 
@@ -71,6 +74,15 @@ def base_arguments(rows: list[Any], ids: list[Any], traceparents: list[str]) -> 
     ]
 
 
+def full_arguments(rows: list[Any], ids: list[Any], traceparents: list[str]) -> list[object]:
+    """The 19 parameters with every array full: a form that does not read an empty array as its column's default
+    (before the tenth round)."""
+    n = len(rows)
+    nominal = [r["next_nominal_at"] or r["next_fire_at"] for r in rows]
+    return [ids, [r["id"] for r in rows], nominal, [r["next_fire_at"] for r in rows], ["PENDING"] * n, [False] * n,
+            [None] * n, traceparents, [0], [1], *advances(rows), "bench"]  # fmt: skip
+
+
 def advances(rows: list[Any]) -> list[list[object]]:
     n = len(rows)
     return [[r["id"] for r in rows], [r["next_fire_at"] for r in rows], [None] * n, [None] * n, [1] * n, [0] * n,
@@ -85,24 +97,32 @@ def head_arguments(rows: list[Any], ids: list[Any], traceparents: list[str]) -> 
     return _insert_arguments(planned, moves, {0: 1}, "bench")
 
 
-async def one_round(conn: asyncpg.Connection, form: str, insert: str, batch: int) -> float:
-    """``batch`` due jobs dispatched through ``insert``: the client CPU seconds of the insert's fetch."""
+async def one_round(conn: asyncpg.Connection, form: str, lock: str, insert: str, batch: int) -> tuple[float, float]:
+    """``batch`` due jobs locked through ``lock`` and dispatched through ``insert``: the client CPU seconds of the
+    insert's fetch and of the lock's."""
     due, jobs = await due_jobs(conn, batch)
     ids = [new_execution_id() for _ in jobs]
     traceparents = [f"00-{i.hex}-{i.hex[:16]}-01" for i in ids]
     async with conn.transaction():
-        rows = await conn.fetch(HEAD["lock_due_jobs"], jobs, [due] * batch, [0], [1], "bench", [0] * batch)
-        rows = [r for r in rows if r["id"] is not None]
-        build = base_arguments if "$26" in insert else head_arguments
         started = time.process_time()
-        inserted = await conn.fetch(insert, *build(rows, ids, traceparents))
+        rows = await conn.fetch(lock, jobs, [due] * batch, [0], [1], "bench", [0] * batch)
+        locking = time.process_time() - started
+        rows = [r for r in rows if r["id"] is not None]
+        build = (
+            base_arguments if "$26" in insert else head_arguments if "coalesce(runs, 1)" in insert else full_arguments
+        )
+        arguments = build(rows, ids, traceparents)
+        started = time.process_time()
+        inserted = await conn.fetch(insert, *arguments)
         took = time.process_time() - started
     assert len(inserted) == batch, (form, len(inserted))
-    return took
+    return took, locking
 
 
 async def main_async(args: argparse.Namespace, base_sql: str) -> None:
-    forms = {"base": load(base_sql)["insert_executions"], "head": HEAD["insert_executions"]}
+    base = load(base_sql)
+    forms = {"base": base["insert_executions"], "head": HEAD["insert_executions"]}
+    locks = {"base": base["lock_due_jobs"], "head": HEAD["lock_due_jobs"]}
     root = args.root.resolve()
     shutil.rmtree(root, ignore_errors=True)
     server = PostgresServer(root / "postgres", BENCH_PORTS.postgres + args.port_offset, settings=POSTGRES_SETTINGS)
@@ -116,32 +136,38 @@ async def main_async(args: argparse.Namespace, base_sql: str) -> None:
         for form, conn in conns.items():
             await _init_connection(conn)  # the services' codecs (jsonb)
             for _ in range(5):
-                await one_round(conn, form, forms[form], args.batch)  # plans cached, buffers warm
+                await one_round(conn, form, locks[form], forms[form], args.batch)  # plans cached, buffers warm
         await setup.execute("SELECT pg_stat_statements_reset()")
         pids = {form: conn.get_server_pid() for form, conn in conns.items()}
         client = dict.fromkeys(forms, 0.0)
+        client_lock = dict.fromkeys(forms, 0.0)
         ticks = dict.fromkeys(forms, 0)
         for r in range(args.rounds):
             for form in list(forms) if r % 2 == 0 else reversed(list(forms)):
                 before = machine.cpu_ticks(pids[form])
-                client[form] += await one_round(conns[form], form, forms[form], args.batch)
+                took, locking = await one_round(conns[form], form, locks[form], forms[form], args.batch)
+                client[form] += took
+                client_lock[form] += locking
                 ticks[form] += machine.cpu_ticks(pids[form]) - before
         executions = args.rounds * args.batch
         line: dict[str, Any] = {"workload": "dispatch_insert", "base_commit": args.base, "batch": args.batch,
                                 "rounds": args.rounds}  # fmt: skip
         for form in forms:
-            row = await setup.fetchrow(
-                "SELECT sum(calls) AS calls, sum(total_exec_time) / sum(calls) AS mean_ms,"
-                " sum(total_plan_time) / sum(calls) AS plan_ms FROM pg_stat_statements"
-                " WHERE query = $1",
-                forms[form].rstrip(";"),  # stored without the closing semicolon
-            )
             line[form] = {
                 "client_us_per_execution": round(client[form] / executions * 1e6, 2),
+                "lock_client_us_per_execution": round(client_lock[form] / executions * 1e6, 2),
                 "backend_us_per_execution": round(ticks[form] / os.sysconf("SC_CLK_TCK") / executions * 1e6, 1),
-                "insert_mean_ms": round(float(row["mean_ms"]), 3) if row["calls"] else None,
-                "insert_plan_ms": round(float(row["plan_ms"]), 3) if row["calls"] else None,
             }
+            for name, sql in (("insert", forms[form]), ("lock", locks[form])):
+                row = await setup.fetchrow(
+                    "SELECT sum(calls) AS calls, sum(total_exec_time) / sum(calls) AS mean_ms,"
+                    " sum(total_plan_time) / sum(calls) AS plan_ms FROM pg_stat_statements"
+                    " WHERE query = $1",
+                    sql.rstrip(";"),  # stored without the closing semicolon
+                )
+                # One statement of both forms (the same text) is counted once, for both.
+                line[form][f"{name}_mean_ms"] = round(float(row["mean_ms"]), 3) if row["calls"] else None
+                line[form][f"{name}_plan_ms"] = round(float(row["plan_ms"]), 3) if row["calls"] else None
         for conn in (*conns.values(), setup):
             await conn.close()
         _record({**line, "machine": machine.describe(REPO)}, results=args.results)

@@ -86,7 +86,7 @@ def measure(batch: int, passes: int) -> float:
         _ = [p.job["id"] for p in planned]
         _ = [(p.execution_id, p.nominal, p.due, p.state, p.triggered, p.note, p.traceparent) for p in planned]
         _ = [(a.job_id, a.prev_fire_at, a.next_fire_at, a.next_nominal_at, a.runs, a.advance) for a in plan.advances]
-        for message in [leader._message(p) for p in planned]:
+        for message in [leader._message(p, None) for p in planned]:
             message.encode()
             message.headers()
         for span in planner.spans.values():

@@ -12,9 +12,9 @@ import itertools
 import time
 import uuid
 import zoneinfo
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from redis.asyncio import Redis
@@ -25,7 +25,8 @@ from sundial_common.ids import new_id
 from sundial_common.messages import pool_topic
 from sundial_common.schedules import Kind, ScheduleSpec, fire_at, next_fire
 from sundial_common.stores import Stores
-from sundial_common.stores.types import Occurrence
+from sundial_common.stores.dispatch import DispatchOutcome, DispatchPlan, DispatchStore, PlannedExecution, Planner
+from sundial_common.stores.types import Occurrence, Record
 from sundial_dispatcher.dispatcher import CANCEL_KEY, DispatcherConfig, DispatchResult, ShardDispatcher
 from sundial_dispatcher.tenancy import TenantPolicy
 from sundial_hydrator.hydrator import Hydrator, HydratorConfig
@@ -459,3 +460,82 @@ async def test_a_suspended_tenants_jobs_wait_and_resume_with_the_catch_up_policy
     resumed = await at(clock, dispatcher, T0 + 10 * MINUTE)
     assert resumed.dispatched == 2
     assert (await job(stores, job_id))["missed_fires"] == 9
+
+
+# --- what the dispatch reads of a locked job -------------------------------------------------------------
+
+
+class _Reading(Mapping[str, Any]):
+    """A locked job's row that notes each column read of it: a Record's ``get`` of a column it was not given is
+    None, not an error, so a column missing from ``lock_due_jobs`` would silently read as NULL."""
+
+    def __init__(self, row: Mapping[str, Any], read: set[str]) -> None:
+        self._row, self._read = row, read
+
+    def __getitem__(self, column: str) -> Any:
+        self._read.add(column)
+        return self._row[column]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._row.keys())
+
+    def __len__(self) -> int:
+        return len(self._row)
+
+
+class _ReadingStore:
+    """The dispatch store, handing the planner its locked rows as :class:`_Reading` (the messages are built from
+    them too): ``read`` is every column the dispatch read, ``given`` every column it was given."""
+
+    def __init__(self, store: DispatchStore) -> None:
+        self._store = store
+        self.read: set[str] = set()
+        self.given: set[str] = set()
+
+    async def dispatch_occurrences(
+        self, shard: int, token: int, holder: str, claims: Sequence[Occurrence], plan: Planner
+    ) -> DispatchOutcome:
+        def reading(rows: Sequence[Record]) -> list[PlannedExecution] | DispatchPlan:
+            for row in rows:
+                self.given |= set(row.keys())
+            return plan([_Reading(row, self.read) for row in rows])  # type: ignore[misc]
+
+        return await self._store.dispatch_occurrences(shard, token, holder, claims, reading)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+
+async def test_the_dispatch_reads_only_columns_the_lock_returns(
+    stores: Stores, hot_window: HotWindow, publisher: KafkaPublisher, clock: MovableClock, pool: str
+) -> None:
+    store = _ReadingStore(stores.dispatch)
+    dispatcher = ShardDispatcher(
+        0, 1, "replica-a", cast(DispatchStore, store), hot_window, publisher, DispatcherConfig(), clock=clock
+    )
+    # Every kind of schedule, jitter and bounds, an overlap policy with an open execution, a trigger, a one-shot.
+    await make_job(stores, hot_window, pool, jitter_sec=5, max_runs=3, end_at=T0 + timedelta(days=1))
+    await make_job(stores, hot_window, pool, overlap_policy="SKIP", catchup_policy="FIRE_ALL")
+    await make_job(stores, hot_window, pool, type="INTERVAL", schedule=None, interval_sec=60, start_at=T0)
+    await make_job(stores, hot_window, pool, type="RUN_LIST", schedule=None, run_list=[T0, T0 + MINUTE])
+    await make_job(stores, hot_window, pool, type="ONE_SHOT", schedule=None, run_at=T0, traceparent=_PARENT)
+    triggered = await make_job(stores, hot_window, pool, first=T0 + timedelta(days=1), schedule="0 0 * * *")
+    await stores.database.pool.execute(
+        "UPDATE jobs SET trigger_at = $2, trigger_execution_id = $3, trigger_traceparent = $4 WHERE id = $1",
+        triggered,
+        T0,
+        new_id(),
+        _PARENT,
+    )
+    await hot_window.add(0, [Occurrence(triggered, T0)])
+
+    assert (await at(clock, dispatcher, T0 + timedelta(seconds=5))).dispatched == 6
+    result = await at(clock, dispatcher, T0 + MINUTE + timedelta(seconds=5))
+    assert (result.dispatched, result.skipped) == (3, 1)
+
+    assert store.read, "the planner read the rows it was given"
+    assert store.read <= store.given, f"read but not locked: {sorted(store.read - store.given)}"
+    assert "breaker" in store.given  # read by the breakers' HOLD before planning (sundial_common.stores.breakers)
+
+
+_PARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"

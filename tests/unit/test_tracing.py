@@ -8,7 +8,14 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
-from sundial_common.telemetry import FAILURE, KeepFailures, context_from, traceparent, unrecorded_span
+from sundial_common.telemetry import (
+    FAILURE,
+    KeepFailures,
+    context_from,
+    traceparent,
+    unrecorded_span,
+    unrecorded_traceparent,
+)
 
 _PARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
@@ -47,6 +54,10 @@ def test_an_unrecorded_span_is_what_the_sdk_makes_without_an_exporter() -> None:
     valid = (_PARENT, _PARENT[:-2] + "03")
     for parent in (*valid, None, "", "garbage", "00-" + "0" * 32 + "-b7ad6b7169203331-01", _PARENT + "-extra"):
         ours = traceparent(unrecorded_span(parent))
+        # The planner's shortcut (no span at all) gives the same traceparent, but for its fresh ids.
+        alone = unrecorded_traceparent(parent)
+        assert len(alone) == len(ours or "") and alone[-3:] == (ours or "")[-3:]
+        assert (alone[3:35] == (ours or "")[3:35]) is (parent in valid)
         theirs = traceparent(sdk.start_span("send", context=context_from(parent) or trace.set_span_in_context(None)))
         assert ours is not None and theirs is not None
         # Same shape and flags, the parent's trace when it has a valid one, a fresh span id each time.

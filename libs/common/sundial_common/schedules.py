@@ -522,6 +522,8 @@ def jitter(job_id: UUID, nominal: datetime, jitter_sec: int) -> timedelta:
 
 def fire_at(job_id: UUID, nominal: datetime, jitter_sec: int) -> datetime:
     """When the occurrence nominally at ``nominal`` actually fires."""
+    if jitter_sec <= 0:  # the common case, without a zero timedelta added (the planner asks per occurrence)
+        return nominal
     return nominal + jitter(job_id, nominal, jitter_sec)
 
 

@@ -51,7 +51,7 @@ from sundial_common.telemetry import (
     spans_recorded,
     traceparent,
     tracer,
-    unrecorded_span,
+    unrecorded_traceparent,
 )
 
 from sundial_dispatcher.fairness import FairDispatch, FairnessConfig
@@ -171,6 +171,8 @@ class _Planner:
 
     now: datetime
     config: DispatcherConfig
+    #: The dispatch span of each PENDING execution, while this process records spans (:func:`spans_recorded`);
+    #: without an exporter none is made, only each execution's traceparent (:func:`unrecorded_traceparent`).
     spans: dict[UUID, Span] = field(default_factory=dict)
     #: Jobs to look at again soon (BUFFER_ONE waiting on an open execution).
     holds: list[Occurrence] = field(default_factory=list)
@@ -180,6 +182,8 @@ class _Planner:
     missed: dict[str, int] = field(default_factory=dict)
     #: Tenants whose jobs wait (sundial_dispatcher.tenancy).
     suspended: frozenset[str] = frozenset()
+    #: Whether this process records spans (an exporter is set up), asked once a pass rather than per execution.
+    recorded: bool = field(default_factory=spans_recorded)
 
     def __call__(self, jobs: Sequence[Record]) -> DispatchPlan:
         executions: list[PlannedExecution] = []
@@ -278,10 +282,14 @@ class _Planner:
         note: str | None = None,
     ) -> PlannedExecution:
         parent = None
-        if state == "PENDING":  # a SKIPPED occurrence is never published: no dispatch span
+        if state == "PENDING" and self.recorded:  # a SKIPPED occurrence is never published: no dispatch span
             span = self._span(job, execution_id, nominal, triggered)
             self.spans[execution_id] = span
             parent = traceparent(span)
+        elif state == "PENDING":  # the same trace ids, without building what nobody records
+            parent = unrecorded_traceparent(
+                job["trigger_traceparent"] if triggered else job["traceparent"] if job["type"] in _ONE_OFF else None
+            )
         return PlannedExecution(
             execution_id=execution_id,
             job=job,
@@ -297,10 +305,6 @@ class _Planner:
     @staticmethod
     def _span(job: Record, execution_id: UUID, nominal: datetime, triggered: bool) -> Span:
         """The execution's first span, the anchor of its trace (its traceparent is stored on the row)."""
-        if not spans_recorded():  # the same trace ids, without building what nobody records
-            if triggered:
-                return unrecorded_span(job["trigger_traceparent"])
-            return unrecorded_span(job["traceparent"] if job["type"] in _ONE_OFF else None)
         attributes = {
             **execution_attributes(
                 tenant=job["tenant_id"],
@@ -485,12 +489,12 @@ class ShardDispatcher:
         errors = await self.publisher.publish([self._message(p, ahead) for p in planned])
         published: list[UUID] = []
         for p, error in zip(planned, errors, strict=True):
-            span = planner.spans[p.execution_id]
             if error is None:
                 published.append(p.execution_id)
-            else:
-                span.set_status(Status(StatusCode.ERROR, f"publish failed: {error}"))
-            span.end()
+            if (sent := planner.spans.get(p.execution_id)) is not None:  # a span only while spans are recorded
+                if error is not None:
+                    sent.set_status(Status(StatusCode.ERROR, f"publish failed: {error}"))
+                sent.end()
         result.published = len(published)
         result.publish_failed = len(planned) - len(published)
         if result.publish_failed:

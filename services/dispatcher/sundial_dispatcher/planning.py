@@ -109,9 +109,12 @@ def decide(
             break
         due_now.append(following)
         following = next_fire(spec, following)
-    window = timedelta(seconds=policies.catchup_window_sec)
-    late = [o for o in due_now if now - fire_at(job_id, o, spec.jitter_sec) > window]
-    timely = [o for o in due_now if now - fire_at(job_id, o, spec.jitter_sec) <= window]
+    # Fired before this instant = beyond the catch-up window (each fire time computed once).
+    cutoff = now - timedelta(seconds=policies.catchup_window_sec)
+    late: list[datetime] = []
+    timely: list[datetime] = []
+    for o in due_now:
+        (late if fire_at(job_id, o, spec.jitter_sec) < cutoff else timely).append(o)
 
     decision = Decision(next_nominal=following)
     candidates: list[datetime] = []

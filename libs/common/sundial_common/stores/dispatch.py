@@ -17,7 +17,7 @@ import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Protocol, cast
+from typing import Protocol, TypeVar, cast
 from uuid import UUID
 
 import asyncpg
@@ -28,6 +28,7 @@ from sundial_common.stores.database import Database
 from sundial_common.stores.types import Occurrence, Record, RetryDue
 
 Q = load_file("dispatch.sql")
+_T = TypeVar("_T")
 #: The shard :meth:`PostgresDispatchStore.warm` writes to, in transactions it rolls back.
 _NO_SHARD = -1
 
@@ -448,28 +449,35 @@ def _insert_arguments(
 ) -> list[object]:
     """The parameters of ``insert_executions``, in its order: what each execution has of its own (what it inherits
     from its job, Postgres reads from the locked job), the transaction's shards with their tokens, the jobs'
-    moves, the actor."""
+    moves, the actor. A column whose every value is its default goes as an empty array (:func:`_unless_all`)."""
     return [
         [p.execution_id for p in planned],
         [p.job["id"] for p in planned],
         [p.nominal for p in planned],
         [p.due for p in planned],
-        [p.state for p in planned],
-        [p.triggered for p in planned],
-        [p.note for p in planned],
+        _unless_all([p.state for p in planned], "PENDING"),
+        _unless_all([p.triggered for p in planned], False),
+        _unless_all([p.note for p in planned], None),
         [p.traceparent for p in planned],
         list(tokens),
         list(tokens.values()),
         [a.job_id for a in advances],
         [a.prev_fire_at for a in advances],
-        [a.next_fire_at for a in advances],
-        [a.next_nominal_at for a in advances],
-        [a.runs for a in advances],
-        [a.missed for a in advances],
-        [a.advance for a in advances],
-        [a.trigger_done for a in advances],
+        _unless_all([a.next_fire_at for a in advances], None),
+        _unless_all([a.next_nominal_at for a in advances], None),
+        _unless_all([a.runs for a in advances], 1),
+        _unless_all([a.missed for a in advances], 0),
+        _unless_all([a.advance for a in advances], True),
+        _unless_all([a.trigger_done for a in advances], False),
         holder,
     ]
+
+
+def _unless_all(values: list[_T], default: _T) -> list[_T]:
+    """``values``, or an empty list when each is ``default``: ``insert_executions`` unnests its arrays together, so a
+    shorter one is padded with NULLs, which it reads as the column's default. asyncpg encodes each element of an
+    array in Python (~0.2 µs: README, ninth round); in the common case 9 of an execution's 16 are defaults."""
+    return [] if values.count(default) == len(values) else values
 
 
 async def _not_due(conn: asyncpg.Connection, part: ShardClaims, matched: set[UUID]) -> list[Occurrence]:

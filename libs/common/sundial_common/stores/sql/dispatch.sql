@@ -43,6 +43,12 @@ SELECT shard, token, holder, updated_at FROM shard_fence ORDER BY shard;
 -- The open executions of jobs with an overlap policy other than ALLOW are filled in from
 -- open_executions_of_jobs, asked only when the batch has such jobs: executions is partitioned by day (migration 0018) and a lookup by job
 -- here would plan every partition's index for every dispatch (10 ms a batch with 40 partitions).
+-- The job's columns the dispatch reads, not j.*: asyncpg decodes every column returned for every job locked, and
+-- the others (its name, labels and retry policy, two of them jsonb decoded in Python, its priority, version,
+-- missed fires, delay, creation and update times) are the insert's to read from the row (insert_executions) or
+-- nobody's here. A column the planner (sundial_dispatcher.dispatcher, spec_from_row), the message, the breakers'
+-- HOLD (hold_first_fires) or this store read must be listed: a Record's get() of a column not returned is None,
+-- not an error (tests/integration/test_dispatch_path.py checks the dispatcher reads only what is here).
 WITH fence AS (
     INSERT INTO shard_fence AS f (shard, token, holder)
     SELECT s.shard, s.token, $5 FROM unnest($3::int[], $4::bigint[]) AS s (shard, token) ORDER BY s.shard
@@ -51,7 +57,11 @@ WITH fence AS (
     RETURNING shard
 )
 SELECT fence.shard AS raised_shard, due.* FROM fence LEFT JOIN LATERAL (
-    SELECT j.*, c.due AS claimed_due, NULL::uuid[] AS open_execution_ids, NULL::text[] AS open_execution_states
+    SELECT j.id, j.tenant_id, j.type, j.state, j.shard, j.pool, j.handler, j.payload, j.timeout_sec, j.traceparent,
+           j.schedule, j.timezone, j.run_at, j.interval_sec, j.run_list, j.start_at, j.end_at, j.max_runs,
+           j.jitter_sec, j.next_fire_at, j.next_nominal_at, j.fire_count, j.overlap_policy, j.catchup_policy,
+           j.catchup_window_sec, j.trigger_at, j.trigger_execution_id, j.trigger_traceparent, j.breaker,
+           c.due AS claimed_due, NULL::uuid[] AS open_execution_ids, NULL::text[] AS open_execution_states
     FROM jobs j
     -- Scores are epoch milliseconds; fire times are written at millisecond precision, compared at it too.
     JOIN unnest($1::uuid[], $2::timestamptz[], $6::int[]) AS c (id, due, shard) ON j.id = c.id
@@ -100,6 +110,10 @@ WHERE j.shard = $3;
 -- for every shard of the transaction, lock_due_jobs above), joined on the job's shard; a shard missing there
 -- is a NULL token, which the NOT NULL column refuses (the transaction fails: no execution is written unfenced).
 -- The trace id is the traceparent's second field (W3C), as the planner's span has both.
+-- An array whose every element is its column's default comes empty (nearly always: state PENDING, not triggered,
+-- no note, one run, none missed, advancing, no trigger; no next fire for a one-off): unnest() pads it with NULLs,
+-- read here as that default, and the dispatcher encodes 7 elements per one-shot execution instead of 16
+-- (PostgresDispatchStore's _insert_arguments).
 -- ON CONFLICT without a target: executions is partitioned by id (migration 0018), so the occurrence key
 -- (job_id, scheduled_for) is a unique index of each partition, an arbiter only when no target is named.
 WITH advanced AS (
@@ -112,9 +126,11 @@ WITH advanced AS (
         trigger_at = CASE WHEN a.trigger_done THEN NULL ELSE j.trigger_at END,
         trigger_execution_id = CASE WHEN a.trigger_done THEN NULL ELSE j.trigger_execution_id END,
         updated_at = now()
-    FROM unnest($11::uuid[], $12::timestamptz[], $13::timestamptz[], $14::timestamptz[], $15::int[],
-                $16::bigint[], $17::bool[], $18::bool[])
-         AS a (id, prev, next_fire_at, next_nominal_at, runs, missed, advance, trigger_done)
+    FROM (SELECT id, prev, next_fire_at, next_nominal_at, coalesce(runs, 1) AS runs, coalesce(missed, 0) AS missed,
+                 coalesce(advance, true) AS advance, coalesce(trigger_done, false) AS trigger_done
+          FROM unnest($11::uuid[], $12::timestamptz[], $13::timestamptz[], $14::timestamptz[], $15::int[],
+                      $16::bigint[], $17::bool[], $18::bool[])
+               AS a (id, prev, next_fire_at, next_nominal_at, runs, missed, advance, trigger_done)) AS a
     WHERE j.id = a.id AND (NOT a.advance OR (j.next_fire_at = a.prev AND j.state = 'ACTIVE'))
     RETURNING j.id, j.tenant_id, j.state, a.advance, a.missed, j.shard, j.pool, j.handler, j.timeout_sec,
               j.priority, coalesce((j.retry_policy ->> 'maxAttempts')::int, 1) AS max_attempts
@@ -125,9 +141,11 @@ WITH advanced AS (
     SELECT e.id, j.tenant_id, j.id, e.scheduled_for, j.shard, f.token, j.pool, j.handler, e.state, j.max_attempts,
            j.timeout_sec, nullif(split_part(e.traceparent, '-', 2), ''), e.traceparent, e.fire_at, e.triggered,
            e.note, CASE WHEN e.state = 'SKIPPED' THEN now() END, j.priority
-    FROM unnest($1::uuid[], $2::uuid[], $3::timestamptz[], $4::timestamptz[], $5::text[], $6::bool[], $7::text[],
-                $8::text[])
-         AS e (id, job_id, scheduled_for, fire_at, state, triggered, note, traceparent)
+    FROM (SELECT id, job_id, scheduled_for, fire_at, coalesce(state, 'PENDING') AS state,
+                 coalesce(triggered, false) AS triggered, note, traceparent
+          FROM unnest($1::uuid[], $2::uuid[], $3::timestamptz[], $4::timestamptz[], $5::text[], $6::bool[],
+                      $7::text[], $8::text[])
+               AS e (id, job_id, scheduled_for, fire_at, state, triggered, note, traceparent)) AS e
     JOIN advanced j ON j.id = e.job_id
     LEFT JOIN unnest($9::int[], $10::bigint[]) AS f (shard, token) ON f.shard = j.shard
     ON CONFLICT DO NOTHING
