@@ -11,6 +11,7 @@ import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime, timedelta
+from itertools import pairwise
 from typing import Any
 
 import pytest
@@ -269,10 +270,14 @@ async def test_a_batch_published_at_once_goes_to_one_partition(
     assert sorted(ExecutionMessage.decode(m.value()).execution_id for m in received) == sorted(
         m.execution_id for m in batch
     )
-    # One partition, unless this process was descheduled mid-batch for longer than the sticky window (4 ms: seen
-    # on a loaded machine), which starts a second request; never spread message by message over all four.
-    per_partition = Counter(m.partition() for m in received)
-    assert len(per_partition) <= 2, per_partition
+    # One partition, unless this process was descheduled mid-batch for longer than the sticky window (4 ms), which
+    # starts another request: a loaded CI machine has spread a batch over all four (13/12/11/4), each part a run
+    # of consecutive messages. So what is asserted is that it was never spread message by message: along the
+    # batch's order the partition changes only where a request ended, a few times, not at every message (39).
+    partition_of = {ExecutionMessage.decode(m.value()).execution_id: m.partition() for m in received}
+    order = [partition_of[m.execution_id] for m in batch]
+    switches = sum(1 for a, b in pairwise(order) if a != b)
+    assert switches <= 10, (switches, Counter(order))
 
 
 async def test_published_at_is_marked_later_and_only_on_executions_still_waiting(
