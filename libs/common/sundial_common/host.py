@@ -140,12 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         f"restarts it). Services available: {', '.join(sorted(available)) or 'none'}.",
     )
     parser.add_argument("--run", required=True, help="Comma-separated services to run, e.g. hydrator,sweeper,replayer.")
-    parser.add_argument("--log-level", help="Logging level (env SUNDIAL_LOG_LEVEL).")
-    parser.add_argument(
-        "--metrics-port",
-        type=int,
-        help="Serve Prometheus metrics at /metrics on this port (env SUNDIAL_METRICS_PORT; default: not served).",
-    )
+    parser.add_log_and_metrics_arguments()
     args = parser.parse_args(argv)
     names = [name.strip() for name in args.run.split(",") if name.strip()]
     unknown = sorted(set(names) - set(available))

@@ -217,6 +217,15 @@ class SettingsHelpParser(argparse.ArgumentParser):
     def format_help(self) -> str:
         return f"{super().format_help()}\n{self._environment}\n"
 
+    def add_log_and_metrics_arguments(self) -> None:
+        """``--log-level`` and ``--metrics-port``, as a long-running service's command takes them."""
+        self.add_argument("--log-level", help="Logging level (env SUNDIAL_LOG_LEVEL).")
+        self.add_argument(
+            "--metrics-port",
+            type=int,
+            help="Serve Prometheus metrics at /metrics on this port (env SUNDIAL_METRICS_PORT; default: not served).",
+        )
+
 
 _Settings = TypeVar("_Settings", bound=BaseSettings)
 

@@ -67,12 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         "others stand by and take over within a lease TTL (env SUNDIAL_LEASE_TTL_SEC).",
     )
     parser.add_argument("--interval", type=float, help="Seconds between passes (env SUNDIAL_HYDRATOR_INTERVAL_SEC).")
-    parser.add_argument("--log-level", help="Logging level (env SUNDIAL_LOG_LEVEL).")
-    parser.add_argument(
-        "--metrics-port",
-        type=int,
-        help="Serve Prometheus metrics at /metrics on this port (env SUNDIAL_METRICS_PORT; default: not served).",
-    )
+    parser.add_log_and_metrics_arguments()
     args = parser.parse_args(argv)
     settings = load_settings(
         HydratorSettings, parser, metrics_port=args.metrics_port, hydrator_interval_sec=args.interval

@@ -74,12 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--interval", type=float, help="Seconds between idle passes (env SUNDIAL_REPLAYER_INTERVAL_SEC)."
     )
-    parser.add_argument("--log-level", help="Logging level (env SUNDIAL_LOG_LEVEL).")
-    parser.add_argument(
-        "--metrics-port",
-        type=int,
-        help="Serve Prometheus metrics at /metrics on this port (env SUNDIAL_METRICS_PORT; default: not served).",
-    )
+    parser.add_log_and_metrics_arguments()
     args = parser.parse_args(argv)
     settings = load_settings(
         ReplayerSettings, parser, metrics_port=args.metrics_port, replayer_interval_sec=args.interval

@@ -47,8 +47,8 @@ class ExecutionMetrics:
         self.handlers = handlers
         self._lateness: Children[Histogram] = Children(DISPATCH_LATENESS)
         self._duration: Children[Histogram] = Children(EXECUTION_DURATION)
-        #: Per lateness series (tenant, pool): when each bucket (the last one is +Inf) last took an exemplar.
-        self._exemplar_at: dict[tuple[str, str], list[float]] = {}
+        #: Per tenant (this pool's lateness series): when each bucket (the last one is +Inf) last took an exemplar.
+        self._exemplar_at: dict[str, list[float]] = {}
 
     def handler_label(self, handler: str) -> str:
         return handler if handler in self.handlers else OTHER_HANDLER
@@ -73,9 +73,9 @@ class ExecutionMetrics:
     def _exemplar(self, tenant: str, lateness: float, trace_id: str) -> dict[str, str] | None:
         """The exemplar of this observation, unless its bucket of the tenant's series took one less than
         ``EXEMPLAR_EVERY_SEC`` ago (the bucket keeps that one)."""
-        stamps = self._exemplar_at.get((tenant, self.pool))
+        stamps = self._exemplar_at.get(tenant)
         if stamps is None:
-            stamps = self._exemplar_at[(tenant, self.pool)] = [-math.inf] * (len(LATENESS_BUCKETS) + 1)
+            stamps = self._exemplar_at[tenant] = [-math.inf] * (len(LATENESS_BUCKETS) + 1)
         bucket = bisect_left(LATENESS_BUCKETS, lateness)  # the first bound >= lateness, as the histogram counts it
         now = time.monotonic()
         if now - stamps[bucket] < EXEMPLAR_EVERY_SEC:
