@@ -155,6 +155,22 @@ async def test_a_quiet_stack_costs_one_statement_a_pass_and_failures_are_still_j
     assert not await stores.breakers.quiet()  # an open breaker is not quiet
 
 
+async def test_a_new_handlers_failures_count_though_they_ended_seconds_before_its_breaker_existed(
+    stores: Stores, client: Redis, pool: str, kafka_bootstrap: str
+) -> None:
+    """A handler's breaker row is created by the first pass that sees it; what ended before (a second or more
+    earlier on a slow pass) is its window too, not lost."""
+    ensure_topics(kafka_bootstrap, [pool_topic(pool)])
+    messages = await make_executions(stores, pool, "storm", 30, retry_policy=RETRY)
+    await fail_attempts(stores, [uuid.UUID(m.execution_id) for m in messages], 1)
+    await stores.database.pool.execute(
+        "UPDATE breaker_counts SET bucket = bucket - interval '3 seconds' WHERE pool = $1", pool
+    )
+    assert (await loop(stores, client).run_once()).opened == 1
+    [breaker] = await stores.breakers.tenant_breakers(TENANT, pool, None)
+    assert (breaker.state, breaker.attempts, breaker.failures) == ("OPEN", 30, 30)
+
+
 async def test_a_failing_probe_reopens_with_a_longer_cool_down(
     stores: Stores,
     client: Redis,

@@ -3,7 +3,8 @@
 The active sweeper runs this loop (``breakers``) beside its sweep. Each pass:
 
 1. reads the window counts (``breaker_counts``, written by a trigger on every finished attempt) and every
-   breaker, and creates a CLOSED breaker for each handler seen for the first time;
+   breaker, and creates a CLOSED breaker for each handler seen for the first time (counting from the window's
+   start: what ended before its row existed is judged too);
 2. **CLOSED → OPEN** when the failures among the window's finished attempts (since the last close, at most
    ``windowSec`` back) reach ``failureRatio`` of at least ``minAttempts`` attempts. The dispatcher's leaders
    then hold that handler's retries (:func:`sundial_common.stores.breakers.gate_retries`);
@@ -127,14 +128,15 @@ class BreakerLoop:
             [self.config.defaults.window_sec]
             + [self.settings_for(tenant_settings, t).window_sec for t in tenant_settings]
         )
-        buckets = await self.store.window_counts(now - timedelta(seconds=longest))
+        window_start = now - timedelta(seconds=longest)
+        buckets = await self.store.window_counts(window_start)
         by_handler: dict[tuple[str, str, str], list[WindowBucket]] = defaultdict(list)
         for b in buckets:
             by_handler[(b.tenant_id, b.pool, b.handler)].append(b)
         breakers = await self.store.all_breakers()
         known = {(b.tenant_id, b.pool, b.handler) for b in breakers}
         if new := [h for h in by_handler if h not in known]:
-            await self.store.ensure_breakers(new)
+            await self.store.ensure_breakers(new, window_start)
             breakers = await self.store.all_breakers()
 
         opened = half_opened = closed = released = 0

@@ -216,7 +216,7 @@ class BreakerStore(Protocol):
 
     async def get_breaker(self, tenant_id: str, breaker_id: UUID) -> Breaker | None: ...
 
-    async def ensure_breakers(self, handlers: Sequence[tuple[str, str, str]]) -> None: ...
+    async def ensure_breakers(self, handlers: Sequence[tuple[str, str, str]], since: datetime) -> None: ...
 
     async def record_window(self, windows: Sequence[tuple[UUID, int, int]]) -> None: ...
 
@@ -265,10 +265,14 @@ class PostgresBreakerStore:
         row = await self._db.pool.fetchrow(Q["get_breaker"], breaker_id, tenant_id)
         return Breaker.from_row(row) if row is not None else None
 
-    async def ensure_breakers(self, handlers: Sequence[tuple[str, str, str]]) -> None:
+    async def ensure_breakers(self, handlers: Sequence[tuple[str, str, str]], since: datetime) -> None:
         if handlers:
             await self._db.pool.execute(
-                Q["ensure_breakers"], [h[0] for h in handlers], [h[1] for h in handlers], [h[2] for h in handlers]
+                Q["ensure_breakers"],
+                [h[0] for h in handlers],
+                [h[1] for h in handlers],
+                [h[2] for h in handlers],
+                since,
             )
 
     async def record_window(self, windows: Sequence[tuple[UUID, int, int]]) -> None:

@@ -56,9 +56,10 @@ LEFT JOIN LATERAL (
 WHERE b.id = $1 AND b.tenant_id = $2;
 
 -- name: ensure_breakers
--- A CLOSED breaker for each handler seen in the window that has none yet.
-INSERT INTO breakers (tenant_id, pool, handler)
-SELECT t, p, h FROM unnest($1::text[], $2::text[], $3::text[]) AS n (t, p, h)
+-- A CLOSED breaker for each handler seen in the window that has none yet, counting from $4 (the start of the
+-- window the pass read): the attempts that ended before its row existed are its too.
+INSERT INTO breakers (tenant_id, pool, handler, since)
+SELECT t, p, h, $4 FROM unnest($1::text[], $2::text[], $3::text[]) AS n (t, p, h)
 WHERE EXISTS (SELECT 1 FROM tenants WHERE id = n.t)
 ON CONFLICT ON CONSTRAINT breakers_handler_key DO NOTHING;
 
