@@ -189,11 +189,18 @@ async def test_a_worker_killed_and_restarted_stops_nobody_and_its_attempts_are_r
     )
     assert got.longest_start_gap_s <= START_GAP_BOUND_SEC, got.line()
     assert got.max_lateness_s <= LATENESS_BOUND_SEC, got.line()
+    # A slow start-up on a loaded machine can leave the new incarnation nothing to run: the other worker took
+    # the stream's rest meanwhile (nothing a user would miss; the bounds above hold either way).
+    first_handler = (
+        f"started a handler {float(consuming['at']) - restarted:.2f}s later"
+        if consuming["at"] is not None
+        else "started no handler (the other worker had run the rest)"
+    )
     note = (
         f"{len(lost)} running attempts of the killed incarnation declared lost {declared - killed:.1f}s after the kill"
         f" ({by_worker} by its restarted worker, the rest by the sweeper); the new incarnation began"
-        f" {restarted - killed:.1f}s after the kill (process start-up) and started a handler"
-        f" {float(consuming['at']) - restarted:.2f}s later; p95 lateness before the fault {before.p95_lateness_s:.2f}s"
+        f" {restarted - killed:.1f}s after the kill (process start-up) and {first_handler}; p95 lateness before"
+        f" the fault {before.p95_lateness_s:.2f}s"
     )
     record(Recovery(fault="worker kill -9, restarted (pool of two)", **vars(got), note=note))
     print(f"\nfault worker kill -9 + restart: {result.line()}; {got.line()}; {note}")
