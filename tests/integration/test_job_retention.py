@@ -1,5 +1,6 @@
-"""Job retention (sundial_sweeper.job_retention): one-shot jobs that ended go once none of their executions can
-remain — they ended a day before the oldest day of ``executions`` left — and every other job stays."""
+"""Job retention (sundial_sweeper.job_retention): jobs of any type that ended go once none of their executions
+can remain — they last changed a day before the oldest day of ``executions`` left — with their edges, triggers
+and backfills, and every job that can still make an execution, or that a dependency names, stays."""
 
 from __future__ import annotations
 
@@ -10,6 +11,9 @@ from sundial_common.ids import new_id
 from sundial_common.stores import Stores
 from sundial_sweeper.job_retention import JobRetention, JobRetentionConfig, JobRetentionPass
 
+from tests.integration.test_api import Api, api  # noqa: F401  (the `api` fixture)
+from tests.integration.test_backfills import backfill, interval_job, minutes
+from tests.integration.test_dependencies import dependent, make
 from tests.pools import admit_async
 
 TENANT = "acme"
@@ -21,7 +25,7 @@ async def job(
     """A job of ``type_`` that reached ``state`` at ``ended_at`` (its last change), a manual run at ``trigger_at``
     pending if given."""
     job_id = new_id()
-    recurring = type_ in ("CRON", "INTERVAL")
+    recurring = type_ in ("CRON", "INTERVAL", "DEPENDENT")
     await stores.jobs.insert_job(
         {
             "id": job_id,
@@ -54,7 +58,32 @@ async def existing(stores: Stores, ids: list[uuid.UUID]) -> set[uuid.UUID]:
     return {row["id"] for row in rows}
 
 
-async def test_one_shot_jobs_that_ended_before_their_executions_days_go_and_every_other_job_stays(
+async def edge(stores: Stores, child: uuid.UUID, parent: uuid.UUID) -> None:
+    await stores.database.pool.execute(
+        "INSERT INTO job_dependencies (child_job_id, parent_job_id, tenant_id, on_state) VALUES ($1, $2, $3, 'ANY')",
+        child,
+        parent,
+        TENANT,
+    )
+
+
+async def backfill_of(stores: Stores, job_id: uuid.UUID, finished_at: datetime | None) -> uuid.UUID:
+    """A backfill of ``job_id``: RUNNING without ``finished_at``, else DONE then."""
+    backfill_id = new_id()
+    await stores.database.pool.execute(
+        "INSERT INTO backfills (id, tenant_id, job_id, shard, range_from, range_to, overlap_policy, rate_per_sec,"
+        " state, total, finished_at)"
+        " VALUES ($1, $2, $3, 0, now() - interval '1 hour', now(), 'ALLOW', 1,"
+        "  CASE WHEN $4::timestamptz IS NULL THEN 'RUNNING' ELSE 'DONE' END, 1, $4)",
+        backfill_id,
+        TENANT,
+        job_id,
+        finished_at,
+    )
+    return backfill_id
+
+
+async def test_jobs_of_any_type_that_ended_before_their_executions_days_go_and_every_other_job_stays(
     stores: Stores, database_url: str
 ) -> None:
     await admit_async(database_url, "p", TENANT)
@@ -66,30 +95,77 @@ async def test_one_shot_jobs_that_ended_before_their_executions_days_go_and_ever
         await job(stores, "ONE_SHOT", "COMPLETED", long_ago),
         await job(stores, "ONE_SHOT", "CANCELLED", long_ago - timedelta(seconds=1)),
         await job(stores, "DELAYED", "COMPLETED", long_ago + timedelta(seconds=1)),
+        await job(stores, "CRON", "CANCELLED", long_ago),
+        await job(stores, "INTERVAL", "COMPLETED", long_ago),  # its schedule ran out (endAt, maxRuns)
+        await job(stores, "DEPENDENT", "CANCELLED", long_ago),
     ]
-    parent = await job(stores, "ONE_SHOT", "COMPLETED", long_ago)
-    child = await job(stores, "ONE_SHOT", "COMPLETED", long_ago)
-    await stores.database.pool.execute(
-        "INSERT INTO job_dependencies (child_job_id, parent_job_id, tenant_id, on_state) VALUES ($1, $2, $3, 'ANY')",
-        child,
-        parent,
-        TENANT,
-    )
+    backfilled_long_ago = await job(stores, "CRON", "CANCELLED", long_ago)
+    gone.append(backfilled_long_ago)
+    old_backfill = await backfill_of(stores, backfilled_long_ago, finished_at=long_ago)
     kept = [
         await job(stores, "ONE_SHOT", "COMPLETED", recently),
+        await job(stores, "CRON", "CANCELLED", recently),
         await job(stores, "ONE_SHOT", "ACTIVE", long_ago),
-        await job(stores, "ONE_SHOT", "PAUSED", long_ago),
-        await job(stores, "CRON", "CANCELLED", long_ago),
+        await job(stores, "CRON", "PAUSED", long_ago),
+        await job(stores, "DEPENDENT", "ACTIVE", long_ago),
         await job(stores, "ONE_SHOT", "COMPLETED", long_ago, trigger_at=long_ago),  # a manual run still pending
-        parent,  # named by a dependency
-        child,
+        await job(stores, "CRON", "COMPLETED", long_ago, trigger_at=long_ago),
     ]
+    running = await job(stores, "INTERVAL", "COMPLETED", long_ago)  # a backfill still creating executions
+    finished_recently = await job(stores, "CRON", "COMPLETED", long_ago)  # its backfill's executions are recent
+    kept += [running, finished_recently]
+    await backfill_of(stores, running, finished_at=None)
+    await backfill_of(stores, finished_recently, finished_at=recently)
     retention = JobRetention(stores.jobs, stores.dependencies, stores.partitions, JobRetentionConfig(batch_size=2))
 
-    assert (await retention.run_once()).jobs == len(gone)  # in two batches of at most two
+    assert (await retention.run_once()).jobs == len(gone)  # in batches of at most two
     assert await existing(stores, gone + kept) == set(kept)
     assert await stores.jobs.get_job(TENANT, gone[0]) is None  # the API's GET: 404
+    assert await stores.backfills.get(TENANT, old_backfill) is None  # its backfill's too
     assert (await retention.run_once()).jobs == 0
+
+
+async def test_a_dependency_graph_goes_children_first_and_a_parent_a_live_job_names_stays(
+    stores: Stores, database_url: str
+) -> None:
+    await admit_async(database_url, "p", TENANT)
+    begin = await stores.partitions.executions_begin()
+    assert begin is not None
+    long_ago = begin - timedelta(days=40)
+    # A cancelled graph (cancel with cascade): parent <- child <- grandchild, the parent cancelled last.
+    parent = await job(stores, "CRON", "CANCELLED", long_ago + timedelta(seconds=2))
+    child = await job(stores, "DEPENDENT", "CANCELLED", long_ago + timedelta(seconds=1))
+    grandchild = await job(stores, "DEPENDENT", "CANCELLED", long_ago)
+    await edge(stores, child, parent)
+    await edge(stores, grandchild, child)
+    # A trigger the child consumed, and one a finish recorded as it was being cancelled (never consumed).
+    for consumed_at in (long_ago, None):
+        await stores.database.pool.execute(
+            "INSERT INTO job_triggers (tenant_id, child_job_id, shard, parent_job_id, parent_execution_id,"
+            " parent_state, consumed_at) VALUES ($1, $2, 0, $3, $4, 'SUCCEEDED', $5)",
+            TENANT,
+            child,
+            parent,
+            new_id(),
+            consumed_at,
+        )
+    # A schedule that ran out long ago, with a live DEPENDENT job still waiting on it.
+    completed = await job(stores, "INTERVAL", "COMPLETED", long_ago)
+    waiting = await job(stores, "DEPENDENT", "ACTIVE", long_ago)
+    await edge(stores, waiting, completed)
+    retention = JobRetention(stores.jobs, stores.dependencies, stores.partitions, JobRetentionConfig())
+
+    # Each pass takes the jobs no edge names: the leaves first, their edges with them.
+    assert (await retention.run_once()).jobs == 1
+    assert await existing(stores, [parent, child, grandchild]) == {parent, child}
+    assert (await retention.run_once()).jobs == 1
+    assert await existing(stores, [parent, child]) == {parent}
+    assert (await retention.run_once()).jobs == 1
+    assert await existing(stores, [parent, completed, waiting]) == {completed, waiting}
+    assert (await retention.run_once()).jobs == 0
+    edges = await stores.database.pool.fetch("SELECT child_job_id, parent_job_id FROM job_dependencies")
+    assert [(row["child_job_id"], row["parent_job_id"]) for row in edges] == [(waiting, completed)]
+    assert await stores.database.pool.fetchval("SELECT count(*) FROM job_triggers") == 0
 
 
 async def test_a_pass_deletes_at_most_its_batches_and_the_next_pass_goes_on(stores: Stores, database_url: str) -> None:
@@ -152,3 +228,32 @@ async def test_triggers_consumed_before_the_horizon_go_and_pending_or_recent_one
     assert await retention.run_once() == JobRetentionPass(jobs=0, triggers=2)
     rows = await stores.database.pool.fetch("SELECT id FROM job_triggers WHERE id = ANY($1::uuid[])", gone + kept)
     assert {row["id"] for row in rows} == set(kept)
+
+
+async def test_a_cancelled_graph_and_its_backfill_are_404_once_pruned_and_their_audit_trail_stays(
+    api: Api,  # noqa: F811
+    stores: Stores,
+) -> None:
+    parent, _ = await interval_job(api)
+    child = await make(api, dependent([parent]))
+    started = await backfill(api, parent, **{"from": minutes(0), "to": minutes(10)})
+    assert started.status_code == 202, started.text
+    backfill_id = started.json()["backfillId"]
+    cancelled = await api.client.delete(f"/v1/jobs/{parent}", params={"cascade": "true"}, headers=api.auth())
+    assert cancelled.status_code == 200, cancelled.text
+    # Days pass: the jobs ended (and the backfill with them) before the oldest day of executions left.
+    await api.db.execute("UPDATE jobs SET updated_at = updated_at - interval '3 days'")
+    await api.db.execute("UPDATE backfills SET finished_at = finished_at - interval '3 days'")
+    retention = JobRetention(stores.jobs, stores.dependencies, stores.partitions, JobRetentionConfig())
+
+    assert (await retention.run_once()).jobs == 1  # the child, with its edge
+    assert (await api.client.get(f"/v1/jobs/{child}", headers=api.auth())).status_code == 404
+    assert (await api.client.get(f"/v1/jobs/{parent}", headers=api.auth())).status_code == 200
+    assert (await retention.run_once()).jobs == 1  # then the parent no edge names any more
+    for path in (f"/v1/jobs/{parent}", f"/v1/backfills/{backfill_id}", f"/v1/jobs/{parent}/executions"):
+        assert (await api.client.get(path, headers=api.auth())).status_code == 404, path
+    listed = await api.client.get("/v1/jobs", headers=api.auth())
+    assert listed.status_code == 200 and listed.json()["items"] == []
+    # Who cancelled it stays answerable until the audit retention.
+    trail = await api.client.get(f"/v1/jobs/{parent}/audit", params={"action": "cancel"}, headers=api.auth())
+    assert trail.status_code == 200 and [e["action"] for e in trail.json()["items"]] == ["cancel"]

@@ -1,7 +1,7 @@
 """`sundial sweeper`: end attempts whose worker was lost, republish executions whose messages were lost,
 move the retry circuit breakers (:mod:`sundial_sweeper.breakers`), keep the daily partitions of executions
-(made ahead, dropped past retention: :mod:`sundial_sweeper.partitions`), and delete one-shot jobs once their
-executions are gone (:mod:`sundial_sweeper.job_retention`).
+(made ahead, dropped past retention: :mod:`sundial_sweeper.partitions`), and delete jobs that ended (completed or
+cancelled, of any type) once their executions are gone (:mod:`sundial_sweeper.job_retention`).
 
 Run several replicas: one is active (elected in etcd, see ``sundial_common.singleton``), the others stand by
 and take over within a lease TTL.
@@ -98,10 +98,9 @@ def main(argv: list[str] | None = None) -> int:
         "published and never started (published again), dead letters (to sundial.dlq); and it moves the retry "
         "circuit breakers (SUNDIAL_BREAKER_*, sundial_sweeper.breakers); it makes the daily partitions of "
         "executions and of the audit log ahead and drops those past SUNDIAL_EXECUTION_RETENTION_DAYS and "
-        "SUNDIAL_AUDIT_RETENTION_DAYS; it deletes one-shot jobs that ended once their executions' days are gone. "
-        "Run several replicas: one "
-        "is active (elected through etcd), the others stand by and take over within a lease TTL "
-        "(env SUNDIAL_LEASE_TTL_SEC).",
+        "SUNDIAL_AUDIT_RETENTION_DAYS; it deletes jobs that ended (completed or cancelled) once their executions' "
+        "days are gone. Run several replicas: one is active (elected through etcd), the others stand by and take "
+        "over within a lease TTL (env SUNDIAL_LEASE_TTL_SEC).",
     )
     parser.add_argument("--interval", type=float, help="Seconds between passes (env SUNDIAL_SWEEPER_INTERVAL_SEC).")
     parser.add_log_and_metrics_arguments()

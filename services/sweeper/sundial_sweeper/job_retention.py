@@ -1,19 +1,25 @@
-"""Job retention: one-shot jobs that ended go once none of their executions can remain.
+"""Job retention: jobs that ended go once none of their executions can remain.
 
-A one-shot job (ONE_SHOT, DELAYED) is a row per occurrence. Once it fired (COMPLETED) or was cancelled, nothing
-but the API reads it, and a busy deployment makes millions a day; kept forever, they were the one table with no
-retention. The active sweeper runs this loop (``job-retention``) beside the partition loop, and each pass
-deletes such jobs, oldest first, that ended a day (``margin_days``) before the oldest day of ``executions`` left
+A job that ended — COMPLETED (a one-shot job that fired, a recurring one whose schedule ran out) or CANCELLED
+(of any type: one-shot, recurring, DEPENDENT) — fires no more, and nothing but the API reads it. A busy deployment
+makes millions of one-shot jobs a day, and a tenant creating and cancelling recurring or DEPENDENT jobs
+programmatically thousands; kept forever, they grew ``jobs``, its indexes and the hydrator's scans without end.
+The active sweeper runs this loop (``job-retention``) beside the partition loop, and each pass deletes such jobs,
+oldest first, that last changed a day (``margin_days``) before the oldest day of ``executions`` left
 (:meth:`~sundial_common.stores.partitions.PartitionStore.executions_begin`): every execution of such a job was
-created by then (by the statement that ended it, or earlier), so its day is gone and the worker's start, which
-joins the job, can never meet it. A day the partition loop keeps (an open execution, an unpublished dead letter,
-events not replicated) holds the horizon back, so its jobs stay too. The retention is therefore
-``SUNDIAL_EXECUTION_RETENTION_DAYS`` (+ about a day); with 0 (keep forever) no day is dropped and no job goes.
+created by then (by the statement that ended it or a later manual run, which moves the job too, or earlier), so
+its day is gone and the worker's start, which joins the job, can never meet it. A day the partition loop keeps
+(an open execution, an unpublished dead letter, events not replicated) holds the horizon back, so its jobs stay
+too. The retention is therefore ``SUNDIAL_EXECUTION_RETENTION_DAYS`` (+ about a day); with 0 (keep forever) no
+day is dropped and no job goes.
 
-Kept whatever their age: recurring and DEPENDENT jobs (one row per schedule), jobs named by a dependency, a job
-with a manual run pending, and any job of a database whose executions still have the legacy partition of an
-upgrade (it has no lower bound).
-A pruned job's ``GET`` is a 404, like a job that never existed; its audit trail stays until its own retention.
+Kept whatever their age: a job a dependency names as a parent (it goes in a later pass, once its children have),
+a job with a manual run pending, one with a backfill running or finished since the horizon (a backfill's
+executions do not move the job), and any job of a database whose executions still have the legacy partition of
+an upgrade (it has no lower bound). A job goes with what hangs off it: its edges as a DEPENDENT child
+(``job_dependencies``), its triggers and its backfills.
+A pruned job's ``GET`` is a 404, like a job that never existed (its backfills' too); its audit trail stays until
+its own retention.
 The triggers a DEPENDENT job consumed (``job_triggers``, one per parent execution that fired it) go by the same
 horizon: the parent execution that made one, and the execution it fired, are gone by then.
 A pass deletes in batches of ``batch_size`` (one short transaction each) and at most ``max_batches`` of them,
@@ -60,8 +66,7 @@ class JobRetentionPass:
 
 
 class JobRetention:
-    """One pass (:meth:`run_once`) deletes the one-shot jobs that ended, and the triggers consumed, before the
-    horizon."""
+    """One pass (:meth:`run_once`) deletes the jobs that ended, and the triggers consumed, before the horizon."""
 
     def __init__(
         self, jobs: JobStore, dependencies: DependencyStore, partitions: PartitionStore, config: JobRetentionConfig
@@ -82,7 +87,7 @@ class JobRetention:
         )
         if done.jobs or done.triggers:
             log.info(
-                "deleted %d one-shot jobs that ended and %d triggers consumed before %s",
+                "deleted %d jobs that ended and %d triggers consumed before %s",
                 done.jobs,
                 done.triggers,
                 before.isoformat(),

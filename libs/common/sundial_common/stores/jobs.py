@@ -235,8 +235,10 @@ class PostgresJobStore:
         return {(row["tenant_id"], row["state"]): row["jobs"] for row in rows}
 
     async def prune_ended_jobs(self, before: datetime, limit: int) -> int:
-        """Delete up to ``limit`` one-shot jobs that ended before ``before``, oldest first (the sweeper's job
-        retention: ``before`` precedes every execution left); how many went."""
+        """Delete up to ``limit`` jobs that ended (of any type) and last changed before ``before``, oldest first,
+        with their edges as a DEPENDENT child, triggers and backfills (the sweeper's job retention: ``before``
+        precedes every execution left); how many went. A job a dependency names, or with a manual run or a
+        backfill that may still make an execution, stays."""
         return int(await self._db.pool.fetchval(Q["prune_ended_jobs"], before, limit))
 
     async def list_jobs(self, tenant_id: str, where: JobFilter, before: UUID | None, limit: int) -> list[Record]:
