@@ -172,11 +172,11 @@ async def sizes(dsn: str) -> dict[str, Any]:
         )
         assert row is not None
         plan = await conn.fetch(
-            "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) " + Q["hydration_range"].rstrip().rstrip(";"),
-            0,
-            datetime.now(UTC),
+            "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) " + Q["hydration_ranges"].rstrip().rstrip(";"),
+            [0],
+            [datetime.now(UTC)],
+            [uuid.UUID(int=0)],
             datetime.now(UTC) + timedelta(hours=1),
-            uuid.UUID(int=0),
             5000,
         )
     finally:
