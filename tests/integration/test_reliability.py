@@ -397,6 +397,7 @@ async def test_each_shards_retries_are_promoted_page_by_page_and_re_added_to_tha
         assert await redis.zscore(window.key(shard), member) is not None
         assert await redis.zscore(window.key(1 - shard), member) is None
 
+
 # --- cancellation ------------------------------------------------------------------------------------
 
 
