@@ -172,11 +172,11 @@ async def sizes(dsn: str) -> dict[str, Any]:
         )
         assert row is not None
         plan = await conn.fetch(
-            "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) " + Q["hydration_range"].rstrip().rstrip(";"),
-            0,
-            datetime.now(UTC),
+            "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) " + Q["hydration_ranges"].rstrip().rstrip(";"),
+            [0],
+            [datetime.now(UTC)],
+            [uuid.UUID(int=0)],
             datetime.now(UTC) + timedelta(hours=1),
-            uuid.UUID(int=0),
             5000,
         )
     finally:
@@ -239,8 +239,9 @@ async def hydrate(dsn: str, redis_url: str, shards: int, now: datetime, steady_p
                 scanning.append(steady[-1])
             promoted += result.promoted
         overdue_started = time.perf_counter()
-        for shard in range(shards):
-            await stores.jobs.overdue_jobs(shard, clock.current - timedelta(seconds=15), 5000)
+        before = clock.current - timedelta(seconds=15)
+        await stores.jobs.overdue_occurrences(range(shards), before, 5000)
+        await stores.dispatch.overdue_retries(range(shards), before, 5000)
         overdue_s = time.perf_counter() - overdue_started
         members = sum([await HotWindow(redis).size(s) for s in range(shards)])
         memory = (await redis.info("memory"))["used_memory"]

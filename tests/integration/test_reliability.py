@@ -364,6 +364,40 @@ async def test_the_hydrator_promotes_scheduled_retries_and_rebuilds_them_after_a
     assert await redis.zscore(key, retry_member(ids[2])) is not None
 
 
+async def test_each_shards_retries_are_promoted_page_by_page_and_re_added_to_that_shard(
+    stores: Stores, redis: Redis, pool: str
+) -> None:
+    # Two shards, three retries each due within the window (more than one page of 2) and one overdue each: one
+    # statement pages through every shard at once, and each retry lands in its own shard's window.
+    messages = await make_executions(stores, pool, "echo", 8, retry_policy=NO_JITTER_RETRY)
+    ids = [uuid.UUID(m.execution_id) for m in messages]
+    expected: dict[int, set[str]] = {0: set(), 1: set()}
+    for i, execution_id in enumerate(ids):
+        shard, overdue = i % 2, i >= 6
+        await stores.database.pool.execute(
+            "UPDATE executions SET state = 'FAILED', shard = $2, next_attempt_at = now() + $3 * interval '1 second' "
+            "WHERE id = $1",
+            execution_id,
+            shard,
+            -60 if overdue else 600 + i,
+        )
+        expected[shard].add(retry_member(execution_id))
+    window = HotWindow(redis)
+    hydrator = Hydrator(stores, window, HydratorConfig(shards=2, batch_size=2, overdue_grace_sec=15))
+    await hydrator.run_once()
+    for shard in (0, 1):
+        assert {m.decode() for m in await redis.zrange(window.key(shard), 0, -1)} == expected[shard]
+
+    lost = {shard: retry_member(ids[6 + shard]) for shard in (0, 1)}
+    for shard, member in lost.items():
+        await redis.zrem(window.key(shard), member)
+    hydrator._last_overdue_scan = float("-inf")  # the next overdue scan is due now
+    await hydrator.run_once()
+    for shard, member in lost.items():
+        assert await redis.zscore(window.key(shard), member) is not None
+        assert await redis.zscore(window.key(1 - shard), member) is None
+
+
 # --- cancellation ------------------------------------------------------------------------------------
 
 

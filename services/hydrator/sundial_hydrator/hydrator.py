@@ -160,21 +160,21 @@ class Hydrator:
         """Promote each shard's [watermark, horizon). Returns (members added, shards rebuilt from empty, conflicts).
 
         The shards take turns a page at a time (each shard's pages in due order), so after a flush every shard's
-        next minute is back within the first round, not after the whole hour of every shard before it.
+        next minute is back within the first round, not after the whole hour of every shard before it. A round is
+        one statement for every shard still paging (``hydration_ranges``).
         """
         horizon = self.clock.now() + timedelta(seconds=self.config.hot_window_sec)
-        promoted = rebuilt = conflicts = 0
-        positions: dict[int, Occurrence] = {}
-        for shard, watermark in watermarks.items():
-            count, ok = await self._promote_retries(shard, watermark, horizon)
-            promoted += count
-            if ok:
-                positions[shard] = _BEGINNING if watermark is None else Occurrence(uuid.UUID(int=0), from_ms(watermark))
-            else:
-                conflicts += 1
+        promoted, retried = await self._promote_retries(watermarks, horizon)
+        rebuilt = 0
+        conflicts = len(watermarks) - len(retried)
+        positions = {
+            shard: _BEGINNING if watermark is None else Occurrence(uuid.UUID(int=0), from_ms(watermark))
+            for shard, watermark in watermarks.items()
+            if shard in retried
+        }
         while positions:
-            for shard, position in list(positions.items()):
-                page = await self.stores.jobs.hydration_range(shard, position, horizon, self.config.batch_size)
+            pages = await self.stores.jobs.hydration_ranges(positions, horizon, self.config.batch_size)
+            for shard, page in pages.items():
                 last_page = len(page) < self.config.batch_size
                 # The watermark moves only with the last page: a crash mid-way just redoes the range.
                 new_watermark = to_ms(horizon) if last_page else None
@@ -191,35 +191,48 @@ class Hydrator:
                     positions[shard] = page[-1]
         return promoted, rebuilt, conflicts
 
-    async def _promote_retries(self, shard: int, watermark: int | None, horizon: datetime) -> tuple[int, bool]:
-        """Scheduled retries due in [watermark, horizon), added without moving the watermark (the jobs' last
-        page moves it). Returns (members added, ok)."""
-        position = _FIRST_RETRY if watermark is None else RetryDue(uuid.UUID(int=0), from_ms(watermark))
+    async def _promote_retries(self, watermarks: dict[int, int | None], horizon: datetime) -> tuple[int, set[int]]:
+        """Scheduled retries due in [watermark, horizon) of each shard, added without moving the watermark (the
+        jobs' last page moves it), a page of every shard per statement. Returns (members added, the shards whose
+        window took them all: the others changed under the hydrator)."""
+        positions = {
+            shard: _FIRST_RETRY if watermark is None else RetryDue(uuid.UUID(int=0), from_ms(watermark))
+            for shard, watermark in watermarks.items()
+        }
+        ok = set(watermarks)
         promoted = 0
-        while True:
-            page = await self.stores.dispatch.retry_range(shard, position, horizon, self.config.batch_size)
-            if not page:
-                return promoted, True
-            if not await self.hot_window.hydrate(shard, watermark, None, (), page):
-                log.warning("shard %d: hot window changed under the hydrator (flushed?); will rebuild", shard)
-                return promoted, False
-            promoted += len(page)
-            if len(page) < self.config.batch_size:
-                return promoted, True
-            position = page[-1]
+        while positions:
+            pages = await self.stores.dispatch.retry_ranges(positions, horizon, self.config.batch_size)
+            for shard, page in pages.items():
+                if not page:
+                    del positions[shard]
+                    continue
+                if not await self.hot_window.hydrate(shard, watermarks[shard], None, (), page):
+                    log.warning("shard %d: hot window changed under the hydrator (flushed?); will rebuild", shard)
+                    ok.discard(shard)
+                    del positions[shard]
+                    continue
+                promoted += len(page)
+                if len(page) < self.config.batch_size:
+                    del positions[shard]
+                else:
+                    positions[shard] = page[-1]
+        return promoted, ok
 
     async def _recover_overdue(self) -> int:
         before = self.clock.now() - timedelta(seconds=self.config.overdue_grace_sec)
         # Overdue jobs and manual triggers (POST /v1/jobs/{id}/trigger; a paused job can hold one too) whose member
-        # was lost, every shard in one statement: idle, this scan was most of the hydrator's Postgres statements.
-        lost = await self.stores.jobs.overdue_occurrences(range(self.config.shards), before, self.config.batch_size)
+        # was lost, and overdue retries: every shard in one statement each (idle, these scans were one statement per
+        # shard: most of the hydrator's Postgres statements).
+        shards = range(self.config.shards)
+        lost = await self.stores.jobs.overdue_occurrences(shards, before, self.config.batch_size)
+        lost_retries = await self.stores.dispatch.overdue_retries(shards, before, self.config.batch_size)
         recovered = 0
         for shard, overdue in lost.items():
             # A job waiting in a live leader's fair buffer is due and unclaimed in Postgres, but not lost: re-added,
             # a burst's held jobs would fill every page of this scan and crowd the hot window ahead of others' work.
             overdue = await self.hot_window.not_held(shard, overdue)
             await self.hot_window.add(shard, overdue)
-            retries = await self.stores.dispatch.overdue_retries(shard, before, self.config.batch_size)
-            await self.hot_window.add_retries(shard, retries)
-            recovered += len(overdue) + len(retries)
+            await self.hot_window.add_retries(shard, lost_retries[shard])
+            recovered += len(overdue) + len(lost_retries[shard])
         return recovered

@@ -170,9 +170,13 @@ class DispatchStore(Protocol):
 
     async def shard_fences(self) -> list[Record]: ...
 
-    async def retry_range(self, shard: int, after: RetryDue, end: datetime, limit: int) -> list[RetryDue]: ...
+    async def retry_ranges(
+        self, after: Mapping[int, RetryDue], end: datetime, limit: int
+    ) -> dict[int, list[RetryDue]]: ...
 
-    async def overdue_retries(self, shard: int, before: datetime, limit: int) -> list[RetryDue]: ...
+    async def overdue_retries(
+        self, shards: Sequence[int], before: datetime, limit: int
+    ) -> dict[int, list[RetryDue]]: ...
 
     async def mark_published(self, execution_ids: Sequence[UUID]) -> None: ...
 
@@ -364,15 +368,30 @@ class PostgresDispatchStore:
 
     # --- retries ------------------------------------------------------------------------------
 
-    async def retry_range(self, shard: int, after: RetryDue, end: datetime, limit: int) -> list[RetryDue]:
-        """Scheduled retries of ``shard`` due before ``end``, in (due, id) order strictly after ``after``."""
-        rows = await self._db.pool.fetch(Q["retry_range"], shard, after.due, end, after.execution_id, limit)
-        return [RetryDue(row["id"], row["next_attempt_at"]) for row in rows]
+    async def retry_ranges(self, after: Mapping[int, RetryDue], end: datetime, limit: int) -> dict[int, list[RetryDue]]:
+        """Per shard of ``after``: up to ``limit`` scheduled retries due before ``end``, in (due, id) order strictly
+        after the shard's position; one statement for every shard."""
+        found: dict[int, list[RetryDue]] = {shard: [] for shard in after}
+        shards = list(after)
+        rows = await self._db.pool.fetch(
+            Q["retry_ranges"],
+            shards,
+            [after[shard].due for shard in shards],
+            [after[shard].execution_id for shard in shards],
+            end,
+            limit,
+        )
+        for row in rows:
+            found[row["shard"]].append(RetryDue(row["id"], row["next_attempt_at"]))
+        return found
 
-    async def overdue_retries(self, shard: int, before: datetime, limit: int) -> list[RetryDue]:
-        """Scheduled retries of ``shard`` due before ``before`` and still not dispatched (their member was lost)."""
-        rows = await self._db.pool.fetch(Q["overdue_retries"], shard, before, limit)
-        return [RetryDue(row["id"], row["next_attempt_at"]) for row in rows]
+    async def overdue_retries(self, shards: Sequence[int], before: datetime, limit: int) -> dict[int, list[RetryDue]]:
+        """Per shard of ``shards``: up to ``limit`` scheduled retries due before ``before`` and still not dispatched
+        (their member was lost); one statement for every shard."""
+        found: dict[int, list[RetryDue]] = {shard: [] for shard in shards}
+        for row in await self._db.pool.fetch(Q["overdue_retries"], list(shards), before, limit):
+            found[row["shard"]].append(RetryDue(row["id"], row["next_attempt_at"]))
+        return found
 
     async def dispatch_retries(self, shard: int, token: int, holder: str, claims: Sequence[RetryDue]) -> RetryDispatch:
         """The fenced retry transaction: raise the shard's fence to ``token`` (or raise :class:`FencedOut`), then

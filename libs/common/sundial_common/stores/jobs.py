@@ -88,7 +88,9 @@ class JobStore(Protocol):
 
     async def cancel_job(self, tenant_id: str, job_id: UUID, actor: str) -> Record | None: ...
 
-    async def hydration_range(self, shard: int, after: Occurrence, end: datetime, limit: int) -> list[Occurrence]: ...
+    async def hydration_ranges(
+        self, after: Mapping[int, Occurrence], end: datetime, limit: int
+    ) -> dict[int, list[Occurrence]]: ...
 
     async def overdue_occurrences(
         self, shards: Sequence[int], before: datetime, limit: int
@@ -214,10 +216,24 @@ class PostgresJobStore:
 
     # --- the hydrator's scans -----------------------------------------------------------------
 
-    async def hydration_range(self, shard: int, after: Occurrence, end: datetime, limit: int) -> list[Occurrence]:
-        """Active jobs of ``shard`` due before ``end``, in (due, id) order strictly after ``after``."""
-        rows = await self._db.pool.fetch(Q["hydration_range"], shard, after.due, end, after.job_id, limit)
-        return [Occurrence(row["id"], row["next_fire_at"]) for row in rows]
+    async def hydration_ranges(
+        self, after: Mapping[int, Occurrence], end: datetime, limit: int
+    ) -> dict[int, list[Occurrence]]:
+        """Per shard of ``after``: up to ``limit`` active jobs due before ``end``, in (due, id) order strictly after
+        the shard's position; one statement for every shard."""
+        found: dict[int, list[Occurrence]] = {shard: [] for shard in after}
+        shards = list(after)
+        rows = await self._db.pool.fetch(
+            Q["hydration_ranges"],
+            shards,
+            [after[shard].due for shard in shards],
+            [after[shard].job_id for shard in shards],
+            end,
+            limit,
+        )
+        for row in rows:
+            found[row["shard"]].append(Occurrence(row["id"], row["next_fire_at"]))
+        return found
 
     async def overdue_occurrences(
         self, shards: Sequence[int], before: datetime, limit: int

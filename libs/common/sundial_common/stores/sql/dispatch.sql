@@ -243,22 +243,33 @@ WHERE e.phase = 'OPEN' AND e.state = 'PENDING' AND e.pool = $1 AND e.published_a
 ORDER BY e.created_at
 LIMIT $3;
 
--- name: retry_range
--- Scheduled retries of one shard due in [$2, $3), after the keyset position ($2, $4): the hydrator promotes
--- them into the hot window beside the jobs. An index range scan on executions_retry_idx.
-SELECT id, next_attempt_at FROM executions
-WHERE shard = $1 AND next_attempt_at IS NOT NULL
-  AND (next_attempt_at, id) > ($2, $4::uuid) AND next_attempt_at < $3
-ORDER BY next_attempt_at, id
-LIMIT $5;
+-- name: retry_ranges
+-- Scheduled retries due before $4, a page of every shard of $1 in one statement: per shard, after its keyset
+-- position ($2, $3), up to $5 of them; the hydrator promotes them into the hot window beside the jobs. One index
+-- range scan on executions_retry_idx per shard under the LATERAL (it was one statement per shard).
+SELECT s.shard, e.id, e.next_attempt_at
+FROM unnest($1::int[], $2::timestamptz[], $3::uuid[]) AS s (shard, after_due, after_id)
+CROSS JOIN LATERAL (
+    SELECT id, next_attempt_at FROM executions
+    WHERE shard = s.shard AND next_attempt_at IS NOT NULL
+      AND (next_attempt_at, id) > (s.after_due, s.after_id) AND next_attempt_at < $4
+    ORDER BY next_attempt_at, id
+    LIMIT $5
+) AS e
+ORDER BY s.shard, e.next_attempt_at, e.id;
 
 -- name: overdue_retries
--- Scheduled retries of one shard that should have been dispatched before $2 and were not: their hot-window
--- member was lost (Redis flushed, a dispatcher died after claiming it, the writer could not reach Redis).
-SELECT id, next_attempt_at FROM executions
-WHERE shard = $1 AND next_attempt_at IS NOT NULL AND next_attempt_at < $2
-ORDER BY next_attempt_at, id
-LIMIT $3;
+-- Scheduled retries that should have been dispatched before $2 and were not, every shard of $1 in one statement
+-- (up to $3 per shard, oldest first): their hot-window member was lost (Redis flushed, a dispatcher died after
+-- claiming it, the writer could not reach Redis). It was one statement per shard every overdue interval.
+SELECT s.shard, e.id, e.next_attempt_at
+FROM unnest($1::int[]) AS s (shard)
+CROSS JOIN LATERAL (
+    SELECT id, next_attempt_at FROM executions
+    WHERE shard = s.shard AND next_attempt_at IS NOT NULL AND next_attempt_at < $2
+    ORDER BY next_attempt_at, id
+    LIMIT $3
+) AS e;
 
 -- name: dispatch_retries
 -- The claimed retry members that are due in Postgres move to their next attempt: back to PENDING with
