@@ -3,11 +3,9 @@
 Each idle Python process costs the machine about the same whatever it runs (~0.0015–0.002 core: its event loop,
 its etcd client's gRPC threads, its metrics endpoint; README "Ninth round: the idle stack's CPU"), and the
 hydrator, the sweeper and the replayer are each a mostly idle loop with a standby. Hosting them together turns
-six such processes into two. Nothing about the services' failover changes: each keeps its own settings, its own
-registry entry, leader key and election, so a standby takes one role over exactly as it would from a process of its
-own; they share the event loop, the process's metrics registry and ``/metrics`` port, its log, and its etcd
-client and lease (:func:`sundial_common.singleton.sharing_one_lease`: one renewal every ``ttl / 3`` for every
-entry and leader key of the host; each service keeps its own entry, key and election on it).
+six such processes into two. Nothing about the services changes: each keeps its own settings, its own registry
+entry and election (its own lease), so a standby takes one role over exactly as it would from a process of its
+own; they only share the event loop, the process's metrics registry and ``/metrics`` port, and its log.
 
 A service offers itself to a host as a :class:`HostedService` under the entry-point group ``sundial.services``
 (``hydrator = "sundial_hydrator.cli:SERVICE"``); its own command (``sundial hydrator``) runs the same ``serve``
@@ -37,7 +35,6 @@ from sundial_common.logs import SERVICE, setup_logging
 from sundial_common.observability import observed
 from sundial_common.service import run
 from sundial_common.settings import CommonSettings, SettingsHelpParser, load_settings
-from sundial_common.singleton import sharing_one_lease
 
 __all__ = ["GROUP", "STOP_GRACE_SEC", "HostedService", "hosted_services", "main", "run_side_by_side"]
 
@@ -158,8 +155,7 @@ def main(argv: list[str] | None = None) -> int:
 
     async def serve(stop: asyncio.Event) -> None:
         log.info("hosting %s", ", ".join(names))
-        async with sharing_one_lease(stop, settings):
-            await run_side_by_side(stop, lives)
+        await run_side_by_side(stop, lives)
 
     with observed("sundial-services", settings):
         return run(serve)
