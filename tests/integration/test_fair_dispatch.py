@@ -158,7 +158,7 @@ async def test_a_burst_is_claimed_before_it_is_due_and_dispatched_when_it_falls_
     result = await burst.run_once()
     assert result.dispatched == 0 and await dispatched(stores) == {}, "claimed ahead, never dispatched early"
     assert burst.fair is not None and len(burst.fair.early) == 100 and await hot_window.size(0) == 10
-    early = [w.occurrence for _, _, w in burst.fair.early]
+    early = [w.occurrence for w in burst.fair.early]
     assert await hot_window.not_held(0, early) == [], "held: the hydrator's overdue scan leaves them alone"
 
     await asyncio.sleep(max(0.0, (soon - datetime.now(UTC)).total_seconds()))
