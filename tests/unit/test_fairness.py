@@ -81,8 +81,8 @@ def test_a_burst_claimed_ahead_joins_the_queue_at_its_instant_as_if_queued_one_b
     one_by_one.add(mixed)
     assert len(early) == 10 and early.first_due() == DUE + timedelta(seconds=1) and list(early) == later
     assert by_arrival.waiting == one_by_one.waiting
-    take = {"weights": {"a": 2}, "pool_room": {}, "tenant_room": {}, "default_pool_room": 100}
-    assert by_arrival.take(40, **take) == one_by_one.take(40, **take)  # type: ignore[arg-type]
+    taken = by_arrival.take(40, {"a": 2}, {}, {}, default_pool_room=100)
+    assert taken == one_by_one.take(40, {"a": 2}, {}, {}, default_pool_room=100)
     assert len(by_arrival) == len(one_by_one) == 0
 
 
