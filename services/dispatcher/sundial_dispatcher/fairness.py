@@ -867,8 +867,8 @@ class FairDispatch:
         members it claimed within the lead in ``early``, and the pass at their instant then found them due, was
         contended in turn and kept the next lead's members there, and so on. In W2's first seconds the pool's first
         cap (~90: ~11 for a shard's pass) made a pass of ~8 members contended now and then, and the stream then
-        went out at each instant instead of ahead for 5-8 s: 20-40 % of those seconds' executions were committed
-        after their due instant (P95 +50 to +180 ms)."""
+        went out at each instant instead of ahead for ~8 s: 16-41 % of those seconds' executions were committed
+        after their due instant (P95 +32 to +184 ms)."""
         # At most a burst head's worth: a burst claimed ahead still goes out head first (``burst_head``).
         kept = self.early.due_count(now, self.config.burst_head or self.batch_size)
         n = len(claimed.jobs) + kept
