@@ -1,92 +1,78 @@
-"""First start after idle: one ONE_SHOT job at a time on a stack doing nothing, each due 2 s after its create.
+"""A burst's first pass in the fair buffer: the CPU spent at the due instant before its first transaction can begin.
 
-Nothing else runs, so every start pays the whole path from a sleeping dispatcher (woken by its own look at the
-window, the job being beyond the wake-up horizon when created) and a parked worker (woken by the publisher's
-announcement): due → claim → dispatch transaction → publish → fetch → start CAS. Prints one JSON line (appended to
-``bench/results/latency/<date>.jsonl``): per job, ms after due of the transaction's start, the produce and the start.
+A burst claimed ahead (``FairnessConfig.claim_ahead_*``) waits in a shard leader's buffer until its instant; there
+the first pass moves it into the fair queue and takes its head (``burst_head``). A dispatcher process leads four of
+W1 100,000's eight shards, 12,500 occurrences each, and the four passes run one after the other in its event loop
+before the group commit can begin their shared transaction. This measures one shard's part in CPU time (a loaded
+machine's waits left out), two ways: one by one (a heap entry per occurrence, queued one at a time: the code before
+the eleventh round) and by arrival (:class:`~sundial_dispatcher.fairness.EarlyWork`): holding the burst (paid
+ahead, when it is claimed), moving it into the queue at the instant, and taking the head. Records; never fails.
 
-    .venv/bin/python bench/first_start.py --port-offset 500
+    uv run --frozen python bench/first_start.py [--burst 12500] [--repeat 7]
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import os
-import sys
-from datetime import UTC, datetime, timedelta
-from pathlib import Path
+import heapq
+import itertools
+import statistics
+import time
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime
 
-import asyncpg
-import httpx
-
-sys.path.insert(0, str(Path(__file__).parent))
-import harness
-import machine
-from sundial_infra.stack import BENCH_PORTS, Ports
+from sundial_common.stores.types import Occurrence
+from sundial_dispatcher.fairness import EarlyWork, FairQueue, Waiting
 
 
-async def measure(bench: harness.Bench, jobs: int, gap_sec: float) -> dict[str, object]:
-    await asyncio.sleep(8)  # past start-up: the workers have parked, the leaders sleep
-    url = f"http://127.0.0.1:{bench.ports.api}"
-    ids: list[str] = []
-    async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {bench.token}"}) as client:
-        for i in range(jobs):
-            due = harness._ms(datetime.now(UTC) + timedelta(seconds=2))
-            body = {
-                "name": f"s{i}",
-                "type": "ONE_SHOT",
-                "runAt": due.isoformat(),
-                "target": {"pool": "demo", "handler": "echo"},
-            }
-            response = await client.post("/v1/jobs", json=body)
-            response.raise_for_status()
-            ids.append(response.json()["jobId"])
-            await asyncio.sleep(gap_sec)
-        await asyncio.sleep(3)
-    conn = await asyncpg.connect(bench.stack.postgres_dsn)
-    try:
-        rows = await conn.fetch(
-            "SELECT scheduled_for, created_at, published_at, started_at FROM executions"
-            " WHERE job_id = ANY($1::uuid[]) ORDER BY scheduled_for",
-            ids,
-        )
-    finally:
-        await conn.close()
-
-    def after_due(column: str) -> list[float | None]:
-        return [round((r[column] - r["scheduled_for"]).total_seconds() * 1000, 1) if r[column] else None for r in rows]
-
-    return {
-        "workload": "first_start",
-        "created": "API single",
-        "jobs": jobs,
-        "started": len([r for r in rows if r["started_at"]]),
-        "tx_began_after_due_ms": after_due("created_at"),
-        "produced_after_due_ms": after_due("published_at"),
-        "started_after_due_ms": after_due("started_at"),
-        "load": os.getloadavg()[0],
-    }
+def _one_by_one(items: list[Waiting], queue: FairQueue) -> tuple[float, float]:
+    arrivals = itertools.count()
+    early: list[tuple[datetime, int, Waiting]] = []
+    started = time.process_time()
+    for w in items:
+        heapq.heappush(early, (w.occurrence.due, next(arrivals), w))
+    held = time.process_time()
+    due = items[0].occurrence.due
+    moved: list[Waiting] = []
+    while early and early[0][0] <= due:
+        moved.append(heapq.heappop(early)[2])
+    queue.add(moved)
+    return held - started, time.process_time() - held
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(prog="bench/first_start.py", description=__doc__)
-    parser.add_argument("--jobs", type=int, default=10)
-    parser.add_argument("--gap", type=float, default=3.0, help="seconds between creates (workers park after 0.5 s)")
-    parser.add_argument("--port-offset", type=int, default=0)
-    parser.add_argument("--results", type=Path, default=harness.RESULTS / "latency")
+def _by_arrival(items: list[Waiting], queue: FairQueue) -> tuple[float, float]:
+    early = EarlyWork()
+    started = time.process_time()
+    early.push(items)
+    held = time.process_time()
+    for arrival in early.pop_due(items[0].occurrence.due):
+        queue.add_arrival(arrival)
+    return held - started, time.process_time() - held
+
+
+def _one(burst: int, way: Callable[[list[Waiting], FairQueue], tuple[float, float]]) -> tuple[float, float, float]:
+    due = datetime.now(UTC)
+    items = [Waiting(Occurrence(uuid.uuid4(), due), "bench", "bench") for _ in range(burst)]
+    queue = FairQueue()
+    held, moved = way(items, queue)
+    started = time.process_time()
+    queue.take(16, {}, {}, {}, default_pool_room=1000)
+    return held, moved, time.process_time() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--burst", type=int, default=12_500, help="occurrences of one shard due at one instant")
+    parser.add_argument("--repeat", type=int, default=7)
     args = parser.parse_args()
-    os.environ.setdefault("SUNDIAL_ENV", "dev")
-    ports = Ports(**{k: v + args.port_offset for k, v in vars(BENCH_PORTS).items()})
-    bench = harness.Bench(harness.Shape(8, 2, 2, 256, True), harness.REPO / ".sundial" / "first-start", ports)
-    bench.start()
-    try:
-        line = asyncio.run(measure(bench, args.jobs, args.gap))
-    finally:
-        bench.stop()
-    harness._record({**line, "machine": machine.describe(harness.REPO)}, results=args.results)
-    return 0
+    for label, way in (("one by one", _one_by_one), ("by arrival", _by_arrival)):
+        runs = [_one(args.burst, way) for _ in range(args.repeat)]  # alternating would mix their garbage
+        stages = ("held (ahead)", "moved at the instant", "head taken")
+        for name, values in zip(stages, zip(*runs, strict=True), strict=True):
+            ms = sorted(v * 1000 for v in values)
+            print(f"{label}, {name}: min {ms[0]:.2f} / median {statistics.median(ms):.2f} / max {ms[-1]:.2f} ms")
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    main()

@@ -431,6 +431,22 @@ async def test_warming_the_dispatch_connections_writes_nothing(stores: Stores, p
     assert [p.job["id"] for p in created] == [job_id]
 
 
+async def test_warming_a_workers_start_connections_writes_nothing(stores: Stores, pool: str) -> None:
+    await stores.executions.warm_starts(3)
+    assert stores.database.pool.get_size() >= 3, "the connections stay open for the first starts"
+    for table in ("executions", "execution_attempts", "audit_log"):
+        assert await stores.database.pool.fetchval(f"SELECT count(*) FROM {table}") == 0
+    # And a warmed connection starts an execution as any other.
+    job_id = await make_job(stores, datetime.now(UTC) - timedelta(seconds=1), pool)
+    token = await stores.dispatch.take_shard(0, "replica-a")
+    claims = [Occurrence(job_id, _ms(datetime.now(UTC)))]
+    (created,) = await stores.dispatch.dispatch(
+        0, token, "replica-a", claims, lambda jobs: [PlannedExecution(new_id(), j, None, None) for j in jobs]
+    )
+    started = await stores.executions.start_executions("w", [(created.execution_id, 1)], [None])
+    assert [row["id"] for row in started] == [created.execution_id]
+
+
 async def test_passes_of_several_shards_commit_in_one_transaction_each_under_its_own_fence(
     stores: Stores, hot_window: HotWindow, pool: str
 ) -> None:

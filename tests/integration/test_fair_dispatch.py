@@ -22,6 +22,7 @@ from sundial_dispatcher.dispatcher import DispatcherConfig, ShardDispatcher
 from sundial_dispatcher.fairness import FairDispatch, FairnessConfig
 from sundial_dispatcher.tenancy import TenantPolicy
 
+from tests.integration.test_recurring_dispatch import MovableClock
 from tests.tenants import register_tenant
 
 DUE = datetime.now(UTC).replace(microsecond=0) - timedelta(seconds=1)
@@ -158,7 +159,7 @@ async def test_a_burst_is_claimed_before_it_is_due_and_dispatched_when_it_falls_
     result = await burst.run_once()
     assert result.dispatched == 0 and await dispatched(stores) == {}, "claimed ahead, never dispatched early"
     assert burst.fair is not None and len(burst.fair.early) == 100 and await hot_window.size(0) == 10
-    early = [w.occurrence for _, _, w in burst.fair.early]
+    early = [w.occurrence for w in burst.fair.early]
     assert await hot_window.not_held(0, early) == [], "held: the hydrator's overdue scan leaves them alone"
 
     await asyncio.sleep(max(0.0, (soon - datetime.now(UTC)).total_seconds()))
@@ -189,6 +190,35 @@ async def test_a_smaller_burst_is_claimed_ahead_over_the_shorter_horizon(
     assert burst.fair is not None and len(burst.fair.early) == 50 and await hot_window.size(0) == 0
     await asyncio.sleep(max(0.0, (soon - datetime.now(UTC)).total_seconds()))
     assert (await burst.run_once()).dispatched == 50
+
+
+async def test_what_a_contended_pass_kept_for_its_instant_goes_out_with_the_next_lead_once_it_fits(
+    stores: Stores, hot_window: HotWindow, publisher: KafkaPublisher, database_url: str
+) -> None:
+    # A sparse stream's pass takes what falls due within the publish lead and sends it ahead, unless the pool's
+    # room is short: then it keeps it for its instant. The pass at that instant must not keep the next lead's
+    # members in turn (a whole stream would go out at each instant, late by a pass, until a pass claimed nothing).
+    await register_tenant(database_url, "a")
+    pool = f"fair-{uuid.uuid4().hex[:8]}"
+    t0 = (datetime.now(UTC) + timedelta(minutes=2)).replace(microsecond=0)
+    ms = timedelta(milliseconds=1)
+    for due in (t0, t0 + 10 * ms, t0 + 20 * ms):
+        await due_jobs(stores, hot_window, "a", 1, pool, due=due)
+    fairness = FairnessConfig(counts_refresh_sec=0, pool_queue_cap=2, pool_queue_min=2)
+    config = DispatcherConfig(batch_size=100, publish_lead_sec=0.2, fairness=fairness)
+    policy = TenantPolicy(stores.tenants, refresh_sec=0)
+    fair = FairDispatch(0, hot_window, stores.tenants, policy, TokenBuckets(hot_window.redis), fairness, 100)
+    clock = MovableClock(t0 - 150 * ms)
+    shard = ShardDispatcher(
+        0, 1, "replica-a", stores.dispatch, hot_window, publisher, config, clock=clock, tenants=policy, fair=fair
+    )
+
+    assert (await shard.run_once()).dispatched == 0, "three within the lead, room for two: kept for their instants"
+    await due_jobs(stores, hot_window, "a", 1, pool, due=t0 + 100 * ms)
+    clock.current = t0
+    assert (await shard.run_once()).dispatched == 2, "the first kept one, due, with the next lead's member"
+    fired = await stores.database.pool.fetch("SELECT fire_at FROM executions ORDER BY fire_at")
+    assert [r["fire_at"] for r in fired] == [t0, t0 + 100 * ms]
 
 
 class _CountsUnreadable:

@@ -127,5 +127,5 @@ def test_due_work_waiting_for_room_in_the_fair_buffer_is_looked_at_every_poll_in
     fair.queue.add([Waiting(Occurrence(uuid4(), NOW), "a", "p")])
     assert leader.next_look() == NOW + timedelta(milliseconds=50), "room comes with the next read, not at once"
     fair.queue = FairQueue()
-    fair.early = [(NOW + timedelta(seconds=1), i, Waiting(Occurrence(uuid4(), NOW), "a", "p")) for i in range(10)]
+    fair.early.push(Waiting(Occurrence(uuid4(), NOW + timedelta(seconds=1)), "a", "p") for _ in range(10))
     assert leader.next_look() == NOW + timedelta(milliseconds=50), "a full buffer: looked at every poll interval"

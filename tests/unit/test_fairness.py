@@ -7,7 +7,7 @@ from collections import Counter
 from datetime import UTC, datetime, timedelta
 
 from sundial_common.stores.types import Occurrence
-from sundial_dispatcher.fairness import FairDispatch, FairnessConfig, FairQueue, OpenWork, Waiting
+from sundial_dispatcher.fairness import EarlyWork, FairDispatch, FairnessConfig, FairQueue, OpenWork, Waiting
 
 DUE = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -67,6 +67,34 @@ def test_a_job_claimed_again_while_it_waits_is_queued_once() -> None:
     assert queue.take(10, {}, {}, {}, default_pool_room=10) == a
     queue.add(a[:1])  # taken (dispatched): a later fire of the same job queues again
     assert len(queue) == 1
+
+
+def test_a_burst_claimed_ahead_joins_the_queue_at_its_instant_as_if_queued_one_by_one() -> None:
+    mixed = items("a", 30, due=DUE) + items("b", 5, pool="q", due=DUE) + items("a", 5, priority="HIGH", due=DUE)
+    later = items("a", 10, due=DUE + timedelta(seconds=1))
+    early = EarlyWork()
+    early.push(later + mixed)
+    assert len(early) == 50 and early.first_due() == DUE and not early.due(DUE - timedelta(milliseconds=1))
+    by_arrival, one_by_one = FairQueue(), FairQueue()
+    for arrival in early.pop_due(DUE):
+        by_arrival.add_arrival(arrival)
+    one_by_one.add(mixed)
+    assert len(early) == 10 and early.first_due() == DUE + timedelta(seconds=1) and list(early) == later
+    assert by_arrival.waiting == one_by_one.waiting
+    taken = by_arrival.take(40, {"a": 2}, {}, {}, default_pool_room=100)
+    assert taken == one_by_one.take(40, {"a": 2}, {}, {}, default_pool_room=100)
+    assert len(by_arrival) == len(one_by_one) == 0
+
+
+def test_an_arrival_whose_job_is_already_queued_queues_it_once() -> None:
+    queue = FairQueue()
+    a = items("a", 3)
+    queue.add(a[:1])  # claimed again meanwhile (the hydrator's overdue scan re-added it)
+    early = EarlyWork()
+    early.push(a)
+    for arrival in early.pop_due(DUE):
+        queue.add_arrival(arrival)
+    assert queue.take(10, {}, {}, {}, default_pool_room=10) == a
 
 
 def test_within_a_tenant_high_goes_before_normal_before_low_and_each_lane_stays_in_due_order() -> None:

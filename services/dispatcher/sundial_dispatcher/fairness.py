@@ -490,6 +490,25 @@ class FairQueue:
                 self._queue(item.tenant).append(item)
                 self._count(item, 1)
 
+    def add_arrival(self, arrival: Arrival) -> None:
+        """Queue the occurrences of one claim that fell due at one instant (:class:`Arrival`), in their order.
+
+        A burst claimed ahead is thousands of them at once (W1 100,000: 12,500 a shard); queued one by one at its
+        due instant, in each of the four shards a process leads, they held the burst's first transaction back (see
+        :class:`EarlyWork`). None of them held yet (the usual case): each tenant lane takes its run in one step.
+        Otherwise (one was claimed again meanwhile) one by one, as :meth:`add`, so none is queued twice."""
+        if not self.held.isdisjoint(arrival.jobs):
+            self.add(arrival.items)
+            return
+        self.held.update(arrival.jobs)
+        for (tenant, lane), items in arrival.lanes.items():
+            self._queue(tenant).lanes[lane].extend(items)
+        for (tenant, pool, lane), n in arrival.counts.items():
+            counts = self.waiting.get((tenant, pool))
+            if counts is None:
+                counts = self.waiting[(tenant, pool)] = [0] * len(PRIORITIES)
+            counts[lane] += n
+
     def put_back(self, items: Sequence[Waiting]) -> None:
         """Return taken items to the front of their queues, in their order."""
         for item in reversed(items):
@@ -575,6 +594,90 @@ class FairQueue:
         return taken
 
 
+@dataclass(slots=True)
+class Arrival:
+    """The occurrences of one claim due at one instant, grouped for the fair queue when claimed (ahead of that
+    instant), so that joining the queue at the instant is a step per tenant lane (:meth:`FairQueue.add_arrival`)."""
+
+    due: datetime
+    items: list[Waiting] = field(default_factory=list)
+    #: Their jobs (a claim's members are distinct).
+    jobs: set[UUID] = field(default_factory=set)
+    #: Per (tenant, lane): its items, in claim order.
+    lanes: dict[tuple[str, int], list[Waiting]] = field(default_factory=dict)
+    #: Per (tenant, pool, lane): how many (the queue's ``waiting`` counts).
+    counts: dict[tuple[str, str, int], int] = field(default_factory=dict)
+
+    def append(self, item: Waiting) -> None:
+        lane = _LANE.get(item.priority, 1)
+        self.items.append(item)
+        self.jobs.add(item.occurrence.job_id)
+        run = self.lanes.get((item.tenant, lane))
+        if run is None:
+            run = self.lanes[(item.tenant, lane)] = []
+        run.append(item)
+        key = (item.tenant, item.pool, lane)
+        self.counts[key] = self.counts.get(key, 0) + 1
+
+
+class EarlyWork:
+    """Occurrences claimed ahead of their due instant (a burst), waiting for it: one :class:`Arrival` per claim and
+    instant, earliest first. A burst due at one instant is one entry, not a heap entry per occurrence: popping
+    12,500 entries one by one at the instant and queueing them one by one took ~25 ms of CPU a shard (a process
+    leads four), all before the burst's first transaction could begin (``bench/first_start.py``)."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[datetime, int, Arrival]] = []
+        self._arrivals = itertools.count()
+        self._size = 0
+
+    def __len__(self) -> int:
+        return self._size
+
+    def __iter__(self) -> Iterator[Waiting]:
+        for _, _, arrival in self._heap:
+            yield from arrival.items
+
+    def first_due(self) -> datetime | None:
+        return self._heap[0][0] if self._heap else None
+
+    def due(self, now: datetime) -> bool:
+        return bool(self._heap) and self._heap[0][0] <= now
+
+    def due_count(self, now: datetime, most: int) -> int:
+        """How many are due by ``now``, counted up to more than ``most`` (a burst due is one look)."""
+        n = 0
+        if self.due(now):
+            for due, _, arrival in self._heap:
+                if due <= now:
+                    n += len(arrival.items)
+                    if n > most:
+                        break
+        return n
+
+    def push(self, items: Iterable[Waiting]) -> None:
+        """Hold ``items`` (one claim's, so no job twice) until each one's due instant."""
+        arrivals: dict[datetime, Arrival] = {}
+        for item in items:
+            due = item.occurrence.due
+            arrival = arrivals.get(due)
+            if arrival is None:
+                arrival = arrivals[due] = Arrival(due)
+            arrival.append(item)
+        for due, arrival in arrivals.items():
+            heapq.heappush(self._heap, (due, next(self._arrivals), arrival))
+            self._size += len(arrival.items)
+
+    def pop_due(self, now: datetime) -> list[Arrival]:
+        """The arrivals due by ``now``, earliest first."""
+        due: list[Arrival] = []
+        while self._heap and self._heap[0][0] <= now:
+            arrival = heapq.heappop(self._heap)[2]
+            self._size -= len(arrival.items)
+            due.append(arrival)
+        return due
+
+
 class FairDispatch:
     """One shard leader's fair selection: claims into the buffer and hands each pass its share."""
 
@@ -603,8 +706,7 @@ class FairDispatch:
         self.queue = FairQueue()
         self.open_work.queues[shard] = self.queue
         #: Claimed ahead of their due time (a burst), by due time: moved into ``queue`` as they fall due.
-        self.early: list[tuple[datetime, int, Waiting]] = []
-        self._arrivals = itertools.count()
+        self.early = EarlyWork()
         self._held_cleared = False
         #: When the held record was last renewed (monotonic), and the jobs taken since that it still lists: they
         #: leave it with the next renewal (one round trip), or at once when the buffer is empty.
@@ -647,7 +749,7 @@ class FairDispatch:
                 burst_min=self.config.burst_ahead_min,
             )
             self._window_next = claimed.next_due
-        if not claimed and not len(self.queue) and not (self.early and self.early[0][0] <= now):
+        if not claimed and not len(self.queue) and not self.early.due(now):
             return claimed  # idle, or a burst claimed ahead and not due yet: no read at all
         buffered = False
         try:
@@ -656,8 +758,18 @@ class FairDispatch:
             pool_room, default_room = self.open_work.pool_room(self.shards, self.batch_size)
             if self._uncontended(claimed, now, due_by, tenants, pool_room, default_room):
                 # Everything claimed goes out in this pass whoever it belongs to: the order within one pass
-                # changes nothing, so the owners' lookup is skipped (the common case below saturation).
+                # changes nothing, so the owners' lookup is skipped (the common case below saturation). So does
+                # what an earlier, contended pass kept in ``early`` and is due now (see :meth:`_uncontended`).
+                due = [w for arrival in self.early.pop_due(now) for w in arrival.items]
                 self.open_work.took_unattributed(len(claimed.jobs))
+                self.open_work.took(due)
+                if due:
+                    self._unhold += [w.occurrence.job_id for w in due]
+                    if not self.early:
+                        with contextlib.suppress(Exception):
+                            await self.hot_window.unhold(self.shard, self._unhold)
+                        self._unhold = []
+                    return Claimed(jobs=[w.occurrence for w in due] + claimed.jobs, retries=claimed.retries)
                 return claimed
             if not self._held_cleared:  # what an earlier leader's buffer held is that leader's no more
                 await self.hot_window.drop_held(self.shard)
@@ -666,19 +778,15 @@ class FairDispatch:
                 owners = await self.store.job_owners([o.job_id for o in claimed.jobs])
                 waiting = [Waiting(o, *owners.get(o.job_id, (_NOBODY, _NOBODY, "NORMAL"))) for o in claimed.jobs]
                 self.queue.add(w for w in waiting if w.occurrence.due <= now)
-                for w in waiting:
-                    if w.occurrence.due > now:
-                        heapq.heappush(self.early, (w.occurrence.due, next(self._arrivals), w))
+                self.early.push(w for w in waiting if w.occurrence.due > now)
             buffered = True
             await self._hold([o.job_id for o in claimed.jobs])
             budget = self.batch_size
-            if self.early and self.early[0][0] <= now:
+            if self.early.due(now):
                 if self.config.burst_head and not len(self.queue) and time.monotonic() - self._took_at > 1.0:
                     budget = min(budget, self.config.burst_head)  # a burst's first pass: its head only
-                due: list[Waiting] = []
-                while self.early and self.early[0][0] <= now:
-                    due.append(heapq.heappop(self.early)[2])
-                self.queue.add(due)
+                for arrival in self.early.pop_due(now):
+                    self.queue.add_arrival(arrival)
             if not len(self.queue):
                 return Claimed(retries=claimed.retries)
             taken = self.queue.take(
@@ -739,7 +847,7 @@ class FairDispatch:
         burst = timedelta(seconds=self.config.burst_ahead_sec)
         if window is not None and self.config.burst_ahead_min > 0 and window - now > burst:
             window -= burst
-        candidates = [t for t in (window, self.early[0][0] if self.early else None) if t is not None]
+        candidates = [t for t in (window, self.early.first_due()) if t is not None]
         return min(candidates, default=None)
 
     def _uncontended(
@@ -751,14 +859,22 @@ class FairDispatch:
         pool_room: dict[str, int],
         default_room: int,
     ) -> bool:
-        """Nothing due waits in the buffer, and all that was claimed is due by ``due_by`` (now plus the publish lead)
-        and fits this pass in any pool, under no quota. What waits in ``early`` for an instant still to come (a burst
-        claimed ahead, or members a contended pass claimed within the lead) does not make a pass contended: it would
-        keep every later pass of a steady stream from sending ahead."""
-        n = len(claimed.jobs)
+        """Nothing due waits in the queue, and all that was claimed is due by ``due_by`` (now plus the publish lead)
+        and fits this pass in any pool with what ``early`` holds due by now, under no quota. What waits in ``early``
+        for an instant still to come (a burst claimed ahead, or members a contended pass claimed within the lead)
+        does not make a pass contended: it would keep every later pass of a steady stream from sending ahead. Nor
+        does what falls due there, if it fits and is no more than a burst's head: a contended pass keeps the
+        members it claimed within the lead in ``early``, and the pass at their instant then found them due, was
+        contended in turn and kept the next lead's members there, and so on. In W2's first seconds the pool's first
+        cap (~90: ~11 for a shard's pass) made a pass of ~8 members contended now and then, and the stream then
+        went out at each instant instead of ahead for ~8 s: 16-41 % of those seconds' executions were committed
+        after their due instant (P95 +32 to +184 ms)."""
+        # At most a burst head's worth: a burst claimed ahead still goes out head first (``burst_head``).
+        kept = self.early.due_count(now, self.config.burst_head or self.batch_size)
+        n = len(claimed.jobs) + kept
         return (
             not len(self.queue)
-            and not (self.early and self.early[0][0] <= now)
+            and kept <= (self.config.burst_head or self.batch_size)
             and all(o.due <= due_by for o in claimed.jobs)
             and n <= self.batch_size
             and n <= min(default_room, *pool_room.values())
@@ -780,9 +896,9 @@ class FairDispatch:
         overdue scan. Best effort: if Redis is away the overdue scan still recovers them.
         """
         held = [w.occurrence for queue in self.queue.queues.values() for w in queue]
-        held += [w.occurrence for _, _, w in self.early]
+        held += [w.occurrence for w in self.early]
         self.forget()
-        self.queue, self.early = FairQueue(), []
+        self.queue, self.early = FairQueue(), EarlyWork()
         for start in range(0, len(held), 5000):
             await self.hot_window.add(self.shard, held[start : start + 5000], only_new=True)
         await self.hot_window.drop_held(self.shard)
