@@ -4,11 +4,17 @@ and backfills, and every job that can still make an execution, or that a depende
 
 from __future__ import annotations
 
+import asyncio
 import uuid
+from collections.abc import Awaitable
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
+import asyncpg
+import pytest
 from sundial_common.ids import new_id
 from sundial_common.stores import Stores
+from sundial_common.stores.jobs import Q as JOBS_SQL
 from sundial_sweeper.job_retention import JobRetention, JobRetentionConfig, JobRetentionPass
 
 from tests.integration.test_api import Api, api  # noqa: F401  (the `api` fixture)
@@ -257,3 +263,67 @@ async def test_a_cancelled_graph_and_its_backfill_are_404_once_pruned_and_their_
     # Who cancelled it stays answerable until the audit retention.
     trail = await api.client.get(f"/v1/jobs/{parent}/audit", params={"action": "cancel"}, headers=api.auth())
     assert trail.status_code == 200 and [e["action"] for e in trail.json()["items"]] == ["cancel"]
+
+
+# --- a request that names a job as retention deletes it ------------------------------------------------------
+
+
+async def _while_retention_deletes(api: Api, stores: Stores, request: Awaitable[Any]) -> Any:  # noqa: F811
+    """``request``'s answer when retention deletes a job it names under it: retention's own statement deletes the job
+    in a transaction left open until ``request`` waits on the job's row (it read the job before: the read does not
+    wait), then commits; the request's write goes on after the delete."""
+    begin = await stores.partitions.executions_begin()
+    assert begin is not None
+    pruning = await asyncpg.connect(api.settings.database_url)
+    try:
+        async with pruning.transaction():
+            deleted = await pruning.fetchval(
+                JOBS_SQL["prune_ended_jobs"], begin - JobRetentionConfig().margin_days * timedelta(days=1), 100
+            )
+            assert deleted == 1
+            sent = asyncio.ensure_future(request)
+            deadline = asyncio.get_running_loop().time() + 30
+            while not await api.db.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
+            ):
+                assert not sent.done(), sent.result().text  # answered without waiting on the job's row
+                assert asyncio.get_running_loop().time() < deadline, "the request never reached the job's row"
+                await asyncio.sleep(0.01)
+        return await sent
+    finally:
+        await pruning.close()
+
+
+@pytest.mark.parametrize("naming", ["backfill", "trigger", "a new job's parent", "a new parent of a job"])
+async def test_a_request_naming_a_job_as_retention_deletes_it_is_a_404_naming_the_job_and_writes_nothing(
+    api: Api,  # noqa: F811
+    stores: Stores,
+    naming: str,
+) -> None:
+    ended, _ = await interval_job(api)  # its schedule ran out (endAt) long ago: a backfill or a run is still allowed
+    other, _ = await interval_job(api)
+    child = await make(api, dependent([other]))
+    await api.db.execute(
+        "UPDATE jobs SET state = 'COMPLETED', next_fire_at = NULL, updated_at = now() - interval '40 days'"
+        " WHERE id = $1",
+        uuid.UUID(ended),
+    )
+    tables = ("jobs", "backfills", "job_dependencies", "audit_log")
+    before = {t: await api.db.fetchval(f"SELECT count(*) FROM {t}") for t in tables}
+    if naming == "backfill":
+        request = backfill(api, ended, **{"from": minutes(0), "to": minutes(10)})
+    elif naming == "trigger":
+        request = api.client.post(f"/v1/jobs/{ended}/trigger", headers=api.auth())
+    elif naming == "a new job's parent":
+        request = api.create(dependent([ended]))
+    else:
+        patch = {"dependsOn": [{"jobId": ended, "on": "SUCCEEDED"}]}
+        request = api.client.patch(f"/v1/jobs/{child}", json=patch, headers=api.auth())
+
+    response = await _while_retention_deletes(api, stores, request)
+
+    assert response.status_code == 404, response.text
+    # The graph's own check names the edge's field (`dependsOn[0].jobId`: job … not found).
+    assert response.json()["detail"].endswith(f"job {ended} not found"), response.text
+    after = {t: await api.db.fetchval(f"SELECT count(*) FROM {t}") for t in tables}
+    assert after == {**before, "jobs": before["jobs"] - 1}  # only the job retention deleted

@@ -3,8 +3,9 @@
 Every 4xx/5xx the API sends is ``application/problem+json`` with ``type``, ``title``, ``status``,
 ``detail`` and ``errors: [{"field", "message"}]``, where ``field`` is the dotted camelCase path of the
 input at fault (``target.pool``, ``retryPolicy.maxAttempts``, ``cursor``, ``body``). Handlers raise
-:class:`ProblemError`; pydantic's validation errors, Starlette's HTTP errors and database outages are
-translated here, so no endpoint formats an error itself.
+:class:`ProblemError`; pydantic's validation errors, Starlette's HTTP errors, database outages and a row
+deleted under a request's write (a foreign key to a job that job retention removed) are translated here, so no
+endpoint formats an error itself.
 
 Problem ``type`` values are ``tag:`` URIs (RFC 9457 §3.1.1 suggests them for types that are identifiers
 rather than documentation pages): ``tag:sundial.dev,2026:problem:<slug>``.
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import difflib
 import logging
+import re
 import types
 import typing
 from collections.abc import Iterable, Mapping, Sequence
@@ -61,6 +63,16 @@ DATABASE_UNAVAILABLE: tuple[type[Exception], ...] = (
 )
 
 FieldErrors = Sequence[Mapping[str, str]]
+
+# A foreign key's violation, as Postgres details it: ``Key (job_id)=(0193…) is not present in table "jobs".``
+_MISSING_KEY = re.compile(
+    r'^Key \((?P<column>[^)]*)\)=\((?P<value>[^)]*)\) is not present in table "(?P<table>[^"]+)"\.$'
+)
+# The referenced tables whose rows go while requests may still name them, and the resource each 404 names. Job
+# retention (sundial_sweeper.job_retention) deletes jobs that ended a month ago: a request that read the job (a
+# backfill of a COMPLETED job) can insert its row after the delete committed. (A new edge's check locks its
+# parents, FOR SHARE, so it finds the job gone instead; a trigger's update matches no row: both 404 already.)
+_GONE_UNDER_WRITE = {"jobs": "job"}
 
 
 class ProblemError(Exception):
@@ -278,6 +290,18 @@ async def _on_database_unavailable(request: Request, exc: Exception) -> Response
     return problem_response(503, "the database is unavailable; retry shortly", headers={"Retry-After": "1"})
 
 
+async def _on_missing_reference(request: Request, exc: Exception) -> Response:
+    """A write naming a row deleted since the request read it: 404 for that resource, as if the request had come
+    a moment later (the statement failed, so its transaction wrote nothing). Any other key: a bug, 500."""
+    assert isinstance(exc, asyncpg.ForeignKeyViolationError)
+    missing = _MISSING_KEY.match(getattr(exc, "detail", None) or "")
+    kind = _GONE_UNDER_WRITE.get(missing["table"]) if missing is not None else None
+    if missing is None or kind is None:
+        return await _on_unexpected(request, exc)
+    log.info("%s %s deleted under %s %s", kind, missing["value"], request.method, request.url.path)
+    return problem_response(404, not_found(kind, missing["value"]).detail)
+
+
 async def _on_unexpected(request: Request, exc: Exception) -> Response:
     log.exception("unhandled error in %s %s", request.method, request.url.path)
     return problem_response(500, "internal error")
@@ -290,6 +314,7 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(StarletteHTTPException, _on_http)
     for exc_type in DATABASE_UNAVAILABLE:
         app.add_exception_handler(exc_type, _on_database_unavailable)
+    app.add_exception_handler(asyncpg.ForeignKeyViolationError, _on_missing_reference)
     app.add_exception_handler(Exception, _on_unexpected)
 
 
