@@ -419,6 +419,59 @@ async def test_filters_select_exactly_what_they_say(env: Env) -> None:
     assert counted["scanned"] == 30
 
 
+def produce_markers(bootstrap: str, pool: str, at: Iterable[tuple[int, datetime]]) -> None:
+    """The sweeper's markers (``sundial_sweeper.consumed``: no value, no key, no headers), one per (partition,
+    broker timestamp)."""
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all"})
+    for partition, instant in at:
+        producer.produce(pool_topic(pool), value=None, partition=partition, timestamp=to_ms(instant))
+    assert producer.flush(10) == 0
+
+
+def read_topic(bootstrap: str, topic: str, count: int, within: float) -> list[bytes | None]:
+    """The values of up to ``count`` messages of ``topic`` from its start, read for at most ``within`` seconds."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"probe-{uuid.uuid4().hex}"})
+    try:
+        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
+        values: list[bytes | None] = []
+        deadline = time.monotonic() + within
+        while len(values) < count and time.monotonic() < deadline:
+            values += [m.value() for m in consumer.consume(count, 0.5) if m.error() is None]
+        return values
+    finally:
+        consumer.close()
+
+
+async def test_the_sweepers_markers_in_the_window_are_read_but_never_replayed_nor_matched(env: Env) -> None:
+    now = broker_now()
+    ensure_topics(env.bootstrap, [pool_topic(env.pool)], partitions=PARTITIONS)
+    sent = history(env.pool, now, 20)  # one every 2 s from 100 s ago to 62 s ago
+    produce(env.bootstrap, sent)
+    # A quiet partition got a marker during the incident (a burst's dropped last messages): one on each partition.
+    produce_markers(env.bootstrap, env.pool, [(p, now - timedelta(seconds=90 - p)) for p in range(PARTITIONS)])
+    window = {"sourcePool": env.pool, "from": iso(now - timedelta(seconds=120)), "to": iso(now - timedelta(seconds=1))}
+    expected = {uuid.UUID(s.message.execution_id) for s in sent}
+
+    replay = await env.replay({**window, "targetPool": env.staging})  # an operator's: every message, no filter
+    dry = await env.replay({**window, "targetPool": env.staging, "dryRun": True})
+    async with Staging(env) as staging:
+        done = await env.run_to_end(replay["replayId"])
+        counted = await env.run_to_end(dry["replayId"])
+        await until(lambda: _count(env, replay["replayId"], len(sent)), what="the staging runs")
+
+    assert done["state"] == "SUCCEEDED", done
+    assert done["matched"] == done["published"] == len(sent), "a marker is no execution: not matched, not published"
+    assert counted["matched"] == len(sent) and counted["published"] == 0
+    assert done["scanned"] == counted["scanned"] == len(sent) + PARTITIONS  # read, as every message of the window
+    assert {e for e, _ in staging.seen} == expected
+    assert {uuid.UUID(r["originalExecutionId"]) for r in await env.runs(replay["replayId"])} == expected
+    # The staging topic holds the executions and nothing else (one more message is waited for a few seconds).
+    copied = await asyncio.to_thread(read_topic, env.bootstrap, pool_topic(env.staging), len(sent) + 1, 5.0)
+    assert len(copied) == len(sent) and None not in copied
+    assert (await env.get(replay["replayId"]))["duplicates"] == 0
+
+
 async def test_cancel_stops_a_running_replay(env: Env) -> None:
     now = broker_now()
     ensure_topics(env.bootstrap, [pool_topic(env.pool)], partitions=PARTITIONS)
