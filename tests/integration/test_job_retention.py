@@ -13,13 +13,15 @@ from typing import Any
 import asyncpg
 import pytest
 from sundial_common.ids import new_id
+from sundial_common.migrate import upgrade
 from sundial_common.stores import Stores
 from sundial_common.stores.jobs import Q as JOBS_SQL
 from sundial_sweeper.job_retention import JobRetention, JobRetentionConfig, JobRetentionPass
 
 from tests.integration.test_api import Api, api  # noqa: F401  (the `api` fixture)
-from tests.integration.test_backfills import backfill, interval_job, minutes
+from tests.integration.test_backfills import START, backfill, interval_job, minutes
 from tests.integration.test_dependencies import dependent, make
+from tests.integration.test_execution_partitions import empty_database  # noqa: F401  (the fixture)
 from tests.pools import admit_async
 
 TENANT = "acme"
@@ -263,6 +265,68 @@ async def test_a_cancelled_graph_and_its_backfill_are_404_once_pruned_and_their_
     # Who cancelled it stays answerable until the audit retention.
     trail = await api.client.get(f"/v1/jobs/{parent}/audit", params={"action": "cancel"}, headers=api.auth())
     assert trail.status_code == 200 and [e["action"] for e in trail.json()["items"]] == ["cancel"]
+
+
+async def test_a_backfill_with_nothing_to_run_is_done_at_once_and_does_not_keep_its_job_for_ever(
+    api: Api,  # noqa: F811
+    stores: Stores,
+) -> None:
+    job_id, shard = await interval_job(api)
+    for n in range(3):  # every occurrence of the range already ran
+        await api.db.execute(
+            "INSERT INTO executions (id, tenant_id, job_id, scheduled_for, shard, fence_token, pool, handler, state,"
+            " timeout_sec) VALUES ($1, $2, $3, $4, $5, 1, 'demo', 'echo', 'SUCCEEDED', 60)",
+            new_id(),
+            TENANT,
+            uuid.UUID(job_id),
+            START + timedelta(minutes=n),
+            shard,
+        )
+    started = await backfill(api, job_id, **{"from": minutes(0), "to": minutes(3)})
+    assert started.status_code == 202, started.text
+    assert (started.json()["state"], started.json()["total"]) == ("DONE", 0)
+    assert started.json()["finishedAt"] is not None, "a backfill that is DONE has finished"
+    cancelled = await api.client.delete(f"/v1/jobs/{job_id}", headers=api.auth())
+    assert cancelled.status_code == 200, cancelled.text
+    # Days pass: the job and its backfill ended before the oldest day of executions left.
+    await api.db.execute("UPDATE jobs SET updated_at = updated_at - interval '3 days'")
+    await api.db.execute("UPDATE backfills SET finished_at = finished_at - interval '3 days'")
+    retention = JobRetention(stores.jobs, stores.dependencies, stores.partitions, JobRetentionConfig())
+
+    assert (await retention.run_once()).jobs == 1
+    assert (await api.client.get(f"/v1/jobs/{job_id}", headers=api.auth())).status_code == 404
+
+
+async def test_an_upgrade_gives_a_backfill_done_at_its_creation_its_finish_and_a_running_one_none(
+    empty_database: str,  # noqa: F811
+) -> None:
+    await upgrade(empty_database, "0024")
+    db = await asyncpg.connect(empty_database)
+    job, empty, running = new_id(), new_id(), new_id()
+    try:
+        await db.execute("INSERT INTO tenants (id) VALUES ('acme')")
+        await db.execute(
+            "INSERT INTO jobs (id, tenant_id, name, type, pool, handler, timeout_sec, state, shard)"
+            " VALUES ($1, 'acme', 'j', 'CRON', 'p', 'h', 30, 'CANCELLED', 0)",
+            job,
+        )
+        for ident, state, total in ((empty, "DONE", 0), (running, "RUNNING", 5)):  # as 0024's insert wrote them
+            await db.execute(
+                "INSERT INTO backfills (id, tenant_id, job_id, shard, range_from, range_to, overlap_policy,"
+                " rate_per_sec, state, total, created_at)"
+                " VALUES ($1, 'acme', $2, 0, now() - interval '2 hours', now() - interval '1 hour', 'ALLOW', 1, $3,"
+                " $4, now() - interval '50 days')",
+                ident,
+                job,
+                state,
+                total,
+            )
+        await upgrade(empty_database, "head")
+        rows = await db.fetch("SELECT id, created_at, finished_at FROM backfills")
+        finished = {r["id"]: r["finished_at"] for r in rows}
+        assert finished == {empty: next(r["created_at"] for r in rows if r["id"] == empty), running: None}
+    finally:
+        await db.close()
 
 
 # --- a request that names a job as retention deletes it ------------------------------------------------------

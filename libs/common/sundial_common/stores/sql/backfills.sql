@@ -3,10 +3,13 @@
 -- Batches travel as parallel arrays through unnest(), so a batch is one round trip.
 
 -- name: insert_backfill
+-- A backfill with nothing missing ($9 = 0) is DONE, and finished, at once: job retention keeps a job while a
+-- backfill of it has no finished_at (prune_ended_jobs), so one left without would keep its job for ever.
 WITH backfill AS (
     INSERT INTO backfills (id, tenant_id, job_id, shard, range_from, range_to, overlap_policy, rate_per_sec, state,
-                           total, actor, traceparent)
-    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, CASE WHEN $9::int = 0 THEN 'DONE' ELSE 'RUNNING' END, $9, $10, $11)
+                           total, actor, traceparent, finished_at)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, CASE WHEN $9::int = 0 THEN 'DONE' ELSE 'RUNNING' END, $9, $10, $11,
+            CASE WHEN $9::int = 0 THEN now() END)
     RETURNING *
 ), audit AS (
     INSERT INTO audit_log (tenant_id, entity, entity_id, action, to_state, actor, detail)
