@@ -117,6 +117,49 @@ async def test_tenant_b_sends_no_work_into_tenant_a_pools(client: httpx.AsyncCli
     assert (await client.post(f"/v1/jobs/{legacy.json()['jobId']}/trigger", headers=a)).status_code == 404
 
 
+async def test_a_staging_pool_takes_no_job_only_replays(client: httpx.AsyncClient, database_url: str) -> None:
+    # A staging pool's workers run replayed messages only (sundial_worker.staging): a job's execution there would
+    # be skipped as "not a replayed message" and stay PENDING for ever.
+    a = bearer(database_url, "tenant-a")
+    admit(database_url, "a-work", "tenant-a")
+    admit(database_url, "a-staging", "tenant-a", kind="staging")
+    own = await client.post("/v1/jobs", json=job("a-work"), headers=a)
+    assert own.status_code == 201, own.text
+    own_id = own.json()["jobId"]
+    before = await counts(database_url)
+
+    refusals = [
+        await client.post("/v1/jobs", json=job("a-staging"), headers=a),
+        await client.post("/v1/jobs", json=job("a-staging"), headers={**a, "Idempotency-Key": "k-staging"}),
+        await client.patch(f"/v1/jobs/{own_id}", json={"target": {"pool": "a-staging", "handler": "h"}}, headers=a),
+    ]
+    for refused in refusals:
+        assert refused.status_code == 422, refused.text
+        assert refused.json()["errors"][0]["field"] == "target.pool" and "staging" in refused.json()["detail"]
+    batch = await client.post("/v1/jobs:batch", json={"jobs": [job("a-staging"), job("a-work")]}, headers=a)
+    assert batch.status_code == 200 and batch.json()["created"] == 1, batch.text
+    first = batch.json()["results"][0]
+    assert first["status"] == 422 and first["problem"]["errors"][0]["field"] == "target.pool"
+    after = await counts(database_url)
+    assert after["jobs"] == before["jobs"] + 1  # the batch's job in `a-work`; nothing else was written
+    assert {t: n for t, n in after.items() if t not in ("jobs", "audit_log")} == {
+        t: n for t, n in before.items() if t not in ("jobs", "audit_log")
+    }
+    assert (await client.get(f"/v1/jobs/{own_id}", headers=a)).json()["target"]["pool"] == "a-work"
+
+    # Still a replay's target, for the tenant's own messages (test_replays.py replays into one with a tenant's token).
+    now = datetime.now(UTC)
+    replay = {
+        "sourcePool": "a-work",
+        "targetPool": "a-staging",
+        "from": (now - timedelta(minutes=5)).isoformat(),
+        "to": (now - timedelta(minutes=1)).isoformat(),
+    }
+    into_staging = await client.post("/v1/replays", json=replay, headers=a)
+    # The target passes its check; what stops this one is its source (a-work never had a message, nor a topic).
+    assert into_staging.status_code == 404 and pool_topic("a-work") in into_staging.json()["detail"], into_staging.text
+
+
 async def test_a_shared_pool_admits_exactly_its_listed_tenants(client: httpx.AsyncClient, database_url: str) -> None:
     tokens = {t: bearer(database_url, t) for t in ("left", "right", "outsider")}
     created = await client.post(

@@ -260,7 +260,8 @@ JOBS_CREATED = Counter(
 )
 POOL_REFUSALS = Counter(
     "sundial_pool_refusals",
-    "Work refused for its pool: by the API (where=api; reason unregistered, forbidden or not_staging) or by a "
+    "Work refused for its pool: by the API (where=api; reason unregistered, forbidden, not_staging: a replay's "
+    "target that is not a staging pool, or staging: a job's pool that is one) or by a "
     "worker whose pool does not admit the message's tenant (where=worker, reason=forbidden). Tenant and pool are "
     "in the log line of each refusal, not in labels (a request can name any pool).",
     ["where", "reason"],

@@ -2,7 +2,8 @@
 
 **The check** (:func:`usable_pool`): a job create, each batch item, a PATCH that changes ``target``, a trigger
 and a replay name a pool; it must be registered (else 422 naming the field) and admit the caller's tenant —
-its owner, or one of the tenants it is shared with (else 403 naming the pool). The check runs before anything
+its owner, or one of the tenants it is shared with (else 403 naming the pool) — and, for a job's work, not be a
+staging pool (422: its workers run replayed messages only). The check runs before anything
 is written, against the registry cache (:mod:`sundial_common.pool_cache`, ``SUNDIAL_TENANT_CACHE_SEC``), so a
 create pays no extra query while the entry is fresh; a refusal reads the entry again first (at most four times a
 second per pool), so a pool registered or shared a moment ago through another replica is not refused. Each
@@ -56,10 +57,14 @@ def refused(reason: str, *, tenant: str, pool: str, field: str, **context: Any) 
     )
 
 
-async def usable_pool(state: ApiState, tenant: str, name: str, field: str, **context: Any) -> Pool:
-    """The registered pool ``name`` if ``tenant`` may use it; else 422 (unregistered) or 403 (not its pool)."""
+async def usable_pool(
+    state: ApiState, tenant: str, name: str, field: str, *, replay_target: bool = False, **context: Any
+) -> Pool:
+    """The registered pool ``name`` if ``tenant`` may use it; else 422 (unregistered) or 403 (not its pool). Work
+    for a job (``replay_target`` false) may not go to a staging pool (422): its workers run replayed messages only,
+    so a job's execution there would never run."""
     pool = await state.pool_cache.get(name)
-    if pool is None or not pool.admits(tenant):
+    if pool is None or not pool.admits(tenant) or (pool.staging and not replay_target):
         pool = await state.pool_cache.recheck(name)  # never refuse for a stale entry
     if pool is None:
         refused("unregistered", tenant=tenant, pool=name, field=field, **context)
@@ -68,6 +73,13 @@ async def usable_pool(state: ApiState, tenant: str, name: str, field: str, **con
         refused("forbidden", tenant=tenant, pool=name, field=field, **context)
         message = f"pool `{name}` is not open to tenant {tenant}"
         raise ProblemError(403, message, errors=[field_error(field, message)], slug="pool-forbidden")
+    if pool.staging and not replay_target:
+        refused("staging", tenant=tenant, pool=name, field=field, **context)
+        raise invalid(
+            field,
+            f"names pool `{name}`, a staging pool: it runs replayed messages only (a replay's `targetPool`), "
+            "so a job's executions there would never run",
+        )
     return pool
 
 

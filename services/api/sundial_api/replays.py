@@ -94,7 +94,7 @@ async def _validated(
         if target is None:
             raise invalid("targetPool", f"names pool `{body.target_pool}`, which is not registered")
     else:
-        target = await usable_pool(state, principal.tenant, body.target_pool, "targetPool")
+        target = await usable_pool(state, principal.tenant, body.target_pool, "targetPool", replay_target=True)
     if not target.staging:
         refused("not_staging", tenant=principal.tenant, pool=body.target_pool, field="targetPool")
         raise invalid("targetPool", f"must be a staging pool (pool `{body.target_pool}` is {target.kind})")
