@@ -160,6 +160,28 @@ async def test_a_staging_pool_takes_no_job_only_replays(client: httpx.AsyncClien
     assert into_staging.status_code == 404 and pool_topic("a-work") in into_staging.json()["detail"], into_staging.text
 
 
+async def test_a_pool_does_not_turn_staging_while_jobs_that_can_still_fire_target_it(
+    client: httpx.AsyncClient, database_url: str
+) -> None:
+    a = bearer(database_url, "tenant-a")
+    admit(database_url, "a-work", "tenant-a")
+    created = await client.post("/v1/jobs", json=job("a-work"), headers=a)
+    assert created.status_code == 201, created.text
+
+    flipped = await client.patch("/v1/admin/pools/a-work", json={"kind": "staging"}, headers=ADMIN)
+    assert flipped.status_code == 409, flipped.text
+    assert flipped.json()["errors"][0]["field"] == "kind" and "1 active jobs" in flipped.json()["detail"]
+    pool = (await client.get("/v1/admin/pools/a-work", headers=ADMIN)).json()
+    assert (pool["kind"], pool["version"]) == ("production", 1), "nothing written"
+    # Other changes go through as before, and once the job is cancelled the pool may turn staging.
+    shared = await client.patch("/v1/admin/pools/a-work", json={"defaultTimeoutSec": 9}, headers=ADMIN)
+    assert shared.status_code == 200, shared.text
+    cancelled = await client.delete(f"/v1/jobs/{created.json()['jobId']}", headers=a)
+    assert cancelled.status_code == 200, cancelled.text
+    flipped = await client.patch("/v1/admin/pools/a-work", json={"kind": "staging"}, headers=ADMIN)
+    assert flipped.status_code == 200 and flipped.json()["kind"] == "staging", flipped.text
+
+
 async def test_a_shared_pool_admits_exactly_its_listed_tenants(client: httpx.AsyncClient, database_url: str) -> None:
     tokens = {t: bearer(database_url, t) for t in ("left", "right", "outsider")}
     created = await client.post(

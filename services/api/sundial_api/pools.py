@@ -220,7 +220,7 @@ async def get_pool(name: PoolName, state: State, principal: Authenticated) -> Re
 @admin_router.patch(
     "/{name}",
     response_model=PoolView,
-    responses=responses(401, 403, 404, 412, 422, 503),
+    responses=responses(401, 403, 404, 409, 412, 422, 503),
     summary="Change who may use a pool, its kind or its job defaults",
 )
 async def update_pool(
@@ -256,11 +256,17 @@ async def update_pool(
         if not text.isdigit():
             raise invalid("If-Match", f'`{if_match}` is not a pool version; send its ETag, e.g. "2"')
         expected = int(text)
-    updated = await state.stores.pools.update_pool(dataclasses.replace(current, **changes), expected)
-    if updated is None:
+    result = await state.stores.pools.update_pool(dataclasses.replace(current, **changes), expected)
+    if result.active_jobs:
+        message = (
+            f"cannot become staging while {result.active_jobs} active jobs (ACTIVE or PAUSED) target the pool: "
+            "a staging pool runs replayed messages only; cancel them or move them to another pool first"
+        )
+        raise ProblemError(409, f"pool {name} {message}", errors=[field_error("kind", message)])
+    if result.pool is None:
         raise ProblemError(412, f"pool {name} changed meanwhile (or is not at version {expected}); read it again")
     log.info("pool %s changed: %s", name, sorted(changes), extra={"pool": name, "actor": principal.subject})
-    return _answer(state, updated)
+    return _answer(state, result.pool)
 
 
 @admin_router.delete(

@@ -74,6 +74,15 @@ class Pool:
 
 
 @dataclass(frozen=True, slots=True)
+class Updated:
+    """What :meth:`PoolStore.update_pool` did: the pool as written, or None — unknown, at another version, or
+    turning staging while ``active_jobs`` (> 0) jobs that can still fire target it."""
+
+    pool: Pool | None
+    active_jobs: int
+
+
+@dataclass(frozen=True, slots=True)
 class Deleted:
     """What :meth:`PoolStore.delete_pool` did: ``found`` and ``deleted``, or the jobs that stopped it."""
 
@@ -91,7 +100,7 @@ class PoolStore(Protocol):
 
     async def list_pools(self, after: str | None, limit: int, tenant: str | None = None) -> list[Pool]: ...
 
-    async def update_pool(self, pool: Pool, expected_version: int | None = None) -> Pool | None: ...
+    async def update_pool(self, pool: Pool, expected_version: int | None = None) -> Updated: ...
 
     async def delete_pool(self, name: str) -> Deleted: ...
 
@@ -125,8 +134,9 @@ class PostgresPoolStore:
         """Up to ``limit`` pools in name order after ``after``; with ``tenant``, only those it may use."""
         return [Pool.from_row(r) for r in await self._db.pool.fetch(Q["list_pools"], after, limit, tenant)]
 
-    async def update_pool(self, pool: Pool, expected_version: int | None = None) -> Pool | None:
-        """Write the changeable fields of ``pool``; None if it is unknown or not at ``expected_version``."""
+    async def update_pool(self, pool: Pool, expected_version: int | None = None) -> Updated:
+        """Write the changeable fields of ``pool``; nothing if it is unknown, not at ``expected_version``, or would
+        turn staging while jobs that can still fire target it (:class:`Updated` says)."""
         row = await self._db.pool.fetchrow(
             Q["update_pool"],
             pool.name,
@@ -137,7 +147,8 @@ class PostgresPoolStore:
             pool.default_retry_policy,
             expected_version,
         )
-        return Pool.from_row(row) if row is not None else None
+        assert row is not None
+        return Updated(Pool.from_row(row) if row["name"] is not None else None, int(row["active_jobs"]))
 
     async def delete_pool(self, name: str) -> Deleted:
         """Delete ``name`` unless jobs that can still fire target it."""

@@ -22,11 +22,23 @@ ORDER BY name LIMIT $2;
 
 -- name: update_pool
 -- Every changeable field at once (the API merges a PATCH into the current row); $7 NULL: any version.
-UPDATE pools
-SET owner = $2, shared_with = $3, kind = $4, default_timeout_sec = $5, default_retry_policy = $6,
-    version = version + 1, updated_at = now()
-WHERE name = $1 AND ($7::integer IS NULL OR version = $7)
-RETURNING *;
+-- A production pool does not turn staging while jobs that can still fire (ACTIVE or PAUSED) target it: a staging
+-- pool's workers run replayed messages only, so their executions would never run. Then nothing is written and
+-- `active_jobs` says how many (the other columns are NULL, as when the pool is unknown or at another version: the
+-- version is checked first).
+WITH active AS (
+    SELECT count(*) AS n FROM jobs
+    WHERE $4 = 'staging' AND pool = $1 AND state IN ('ACTIVE', 'PAUSED')
+      AND EXISTS (SELECT 1 FROM pools p
+                  WHERE p.name = $1 AND p.kind <> 'staging' AND ($7::integer IS NULL OR p.version = $7))
+), updated AS (
+    UPDATE pools
+    SET owner = $2, shared_with = $3, kind = $4, default_timeout_sec = $5, default_retry_policy = $6,
+        version = version + 1, updated_at = now()
+    WHERE name = $1 AND ($7::integer IS NULL OR version = $7) AND (SELECT n FROM active) = 0
+    RETURNING *
+)
+SELECT u.*, (SELECT n FROM active) AS active_jobs FROM (SELECT) AS one LEFT JOIN updated u ON true;
 
 -- name: delete_pool
 -- Deleted only while no job that can still fire (ACTIVE or PAUSED) targets it; the count is taken under a
