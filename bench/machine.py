@@ -11,7 +11,6 @@ import os
 import platform
 import subprocess
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +57,6 @@ def cpu_ticks(pid: int) -> int:
     return int(fields[11]) + int(fields[12])
 
 
-@dataclass(frozen=True)
 class Usage:
     """What a process (or a tree of them) has used so far: CPU clock ticks in user space and in the kernel
     (utime and stime, with its reaped children's), and the context switches of its live threads — voluntary (it
@@ -66,12 +64,15 @@ class Usage:
 
     The switches are summed over ``/proc/<pid>/task/*/status``: the kernel keeps no per-process total a reader
     can see, so an exited thread's or reaped child's switches are not counted (Postgres' backends and every
-    process's threads live for a whole bench run; a thread started and ended within it is missed)."""
+    process's threads live for a whole bench run; a thread started and ended within it is missed).
 
-    user: int = 0
-    system: int = 0
-    voluntary: int = 0
-    involuntary: int = 0
+    A plain class, not a dataclass: tests load this module from its file without registering it in
+    ``sys.modules``, where a dataclass's string annotations cannot be resolved."""
+
+    __slots__ = ("involuntary", "system", "user", "voluntary")
+
+    def __init__(self, user: int = 0, system: int = 0, voluntary: int = 0, involuntary: int = 0) -> None:
+        self.user, self.system, self.voluntary, self.involuntary = user, system, voluntary, involuntary
 
     def __add__(self, other: Usage) -> Usage:
         return Usage(

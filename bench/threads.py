@@ -7,7 +7,8 @@ looked at), waits ``--delay`` seconds, reads ``/proc/<pid>/task/*/stat`` and ``s
 ``--seconds``, reads them again and prints one JSON line: per process (named by its command line's ``sundial``
 subcommand or its executable), its threads grouped by name (``comm``: librdkafka's ``rdk:*``, gRPC's
 ``grpc_global_tim`` / ``default-executo``, the event loop's ``python``), each with user and system CPU in seconds
-and voluntary / involuntary context switches. A measurement, not a test; it adds nothing to the stack.
+voluntary / involuntary context switches and minor page faults (``minflt``: memory first touched, mapped in by
+the kernel). A measurement, not a test; it adds nothing to the stack.
 """
 
 from __future__ import annotations
@@ -37,20 +38,18 @@ def _descendants(parent: int) -> list[int]:
 
 
 def _name(pid: int) -> str:
+    """``<sundial subcommand>-<pid>`` for a Sundial process (``worker-123``), else its executable's name."""
     with contextlib.suppress(OSError):
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        words = [a.decode(errors="replace") for a in argv if a]
-        for flag in ("--name", "--replica-id", "--client-id"):
-            if flag in words and words.index(flag) + 1 < len(words):
-                return words[words.index(flag) + 1]
-        if len(words) > 1 and words[0].endswith("sundial"):
-            return " ".join(words[1:3])
+        words = [a.decode(errors="replace") for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if a]
+        for i, word in enumerate(words[:-1]):
+            if Path(word).name == "sundial":
+                return f"{words[i + 1]}-{pid}"
         return Path(words[0]).name if words else str(pid)
     return str(pid)
 
 
 def _threads(pid: int) -> dict[int, tuple[str, list[int]]]:
-    """Each live thread of ``pid``: (comm, [user ticks, system ticks, voluntary, involuntary])."""
+    """Each live thread of ``pid``: (comm, [user ticks, system ticks, voluntary, involuntary, minor faults])."""
     threads: dict[int, tuple[str, list[int]]] = {}
     with contextlib.suppress(OSError):
         for task in Path(f"/proc/{pid}/task").iterdir():
@@ -61,7 +60,10 @@ def _threads(pid: int) -> dict[int, tuple[str, list[int]]]:
                 voluntary = int(re.search(r"^voluntary_ctxt_switches:\s+(\d+)", status, re.M).group(1))  # type: ignore[union-attr]
                 involuntary = int(re.search(r"^nonvoluntary_ctxt_switches:\s+(\d+)", status, re.M).group(1))  # type: ignore[union-attr]
                 comm = head.split("(", 1)[1]
-                threads[int(task.name)] = (comm, [int(fields[11]), int(fields[12]), voluntary, involuntary])
+                threads[int(task.name)] = (
+                    comm,
+                    [int(fields[11]), int(fields[12]), voluntary, involuntary, int(fields[7])],
+                )
     return threads
 
 
@@ -70,16 +72,22 @@ def snapshot(parent: int) -> dict[int, tuple[str, dict[int, tuple[str, list[int]
 
 
 def _wait_busy(parent: int, name: str, cores: float) -> None:
-    """Until the processes whose name contains ``name`` use ``cores`` together over a second (W3's run began)."""
-    previous = None
-    while True:
+    """Until the processes whose name contains ``name`` use ``cores`` together over each of 3 seconds in a row,
+    counted once they have run 15 s (their start-up, imports and connections, is busy too): W3's run began."""
+    previous, busy, first_seen = None, 0, None
+    hz = os.sysconf("SC_CLK_TCK")
+    while busy < 3:
+        time.sleep(1.0)
         pids = [pid for pid in _descendants(parent) if name in _name(pid)]
+        if not pids:
+            previous, busy, first_seen = None, 0, None
+            continue
+        first_seen = first_seen or time.monotonic()
         _, usage = machine.proc_table()
         ticks = sum(usage[pid].ticks for pid in pids if pid in usage)
-        if previous is not None and pids and (ticks - previous) / os.sysconf("SC_CLK_TCK") >= cores:
-            return
+        settled = time.monotonic() - first_seen >= 15
+        busy = busy + 1 if settled and previous is not None and (ticks - previous) / hz >= cores else 0
         previous = ticks
-        time.sleep(1.0)
 
 
 def measure(parent: int, delay: float, seconds: float, busy: str | None = None) -> dict[str, Any]:
@@ -90,23 +98,31 @@ def measure(parent: int, delay: float, seconds: float, busy: str | None = None) 
     time.sleep(seconds)
     after, elapsed = snapshot(parent), time.monotonic() - started
     hz = os.sysconf("SC_CLK_TCK")
-    processes: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(lambda: [0.0, 0.0, 0, 0, 0]))
+    processes: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(lambda: [0.0, 0.0, 0, 0, 0, 0]))
     for pid, (name, threads) in after.items():
         old = before.get(pid, (name, {}))[1]
         # Postgres: one line for every backend (named by the postmaster's children's comm).
         key = "postgres" if name.startswith("postgres") else name
         for tid, (comm, now) in threads.items():
-            was = old.get(tid, (comm, [0, 0, 0, 0]))[1]
+            was = old.get(tid, (comm, [0, 0, 0, 0, 0]))[1]
             row = processes[key][re.sub(r"\d+$", "N", comm)]
             row[0] += (now[0] - was[0]) / hz
             row[1] += (now[1] - was[1]) / hz
             row[2] += now[2] - was[2]
             row[3] += now[3] - was[3]
             row[4] += 1
+            row[5] += now[4] - was[4]
     out: dict[str, Any] = {}
     for name, rows in processes.items():
         threads_out = {
-            comm: {"user_s": round(r[0], 2), "sys_s": round(r[1], 2), "vcsw": r[2], "ivcsw": r[3], "threads": r[4]}
+            comm: {
+                "user_s": round(r[0], 2),
+                "sys_s": round(r[1], 2),
+                "vcsw": r[2],
+                "ivcsw": r[3],
+                "minflt": r[5],
+                "threads": r[4],
+            }
             for comm, r in sorted(rows.items(), key=lambda kv: -(kv[1][0] + kv[1][1]))
         }
         out[name] = {
@@ -114,6 +130,7 @@ def measure(parent: int, delay: float, seconds: float, busy: str | None = None) 
             "sys_s": round(sum(r[1] for r in rows.values()), 2),
             "vcsw": sum(r[2] for r in rows.values()),
             "ivcsw": sum(r[3] for r in rows.values()),
+            "minflt": sum(r[5] for r in rows.values()),
             "threads": threads_out,
         }
     return {
