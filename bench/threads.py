@@ -41,6 +41,9 @@ def _name(pid: int) -> str:
     """``<sundial subcommand>-<pid>`` for a Sundial process (``worker-123``), else its executable's name."""
     with contextlib.suppress(OSError):
         words = [a.decode(errors="replace") for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if a]
+        if words and words[0].startswith("postgres: "):  # a Postgres child: its kind, every client backend as one
+            title = words[0].removeprefix("postgres: ").split()
+            return "postgres: client backends" if "(" in words[0] else f"postgres: {' '.join(title[:2])}"
         for i, word in enumerate(words[:-1]):
             if Path(word).name == "sundial":
                 return f"{words[i + 1]}-{pid}"
@@ -101,8 +104,7 @@ def measure(parent: int, delay: float, seconds: float, busy: str | None = None) 
     processes: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(lambda: [0.0, 0.0, 0, 0, 0, 0]))
     for pid, (name, threads) in after.items():
         old = before.get(pid, (name, {}))[1]
-        # Postgres: one line for every backend (named by the postmaster's children's comm).
-        key = "postgres" if name.startswith("postgres") else name
+        key = name
         for tid, (comm, now) in threads.items():
             was = old.get(tid, (comm, [0, 0, 0, 0, 0]))[1]
             row = processes[key][re.sub(r"\d+$", "N", comm)]
