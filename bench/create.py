@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import asyncpg
+import machine  # bench/ is on sys.path: run as a script, or imported by harness.py
 
 SCRIPT = Path(__file__).with_name("create.lua")
 POOL = "demo"
@@ -78,7 +79,7 @@ class Stack(Protocol):
 
     def stop(self) -> None: ...
 
-    def cpu(self) -> dict[str, float]: ...
+    def cpu(self) -> dict[str, machine.Usage]: ...
 
 
 async def measure(
@@ -139,7 +140,8 @@ async def _run(bench: Stack, wrk: str, load: Load, duration: float, delay_sec: i
     seconds = result["duration_us"] / 1e6
     requests = result["requests"]
     jobs = requests * load.batch_size  # answered within the run (a batch's items all 201: see jobs_written)
-    cpu = {k: round(cpu_after.get(k, 0) - v, 2) for k, v in cpu_before.items()}
+    cpu_lines = machine.cpu_fields(cpu_before, cpu_after, digits=2)
+    cpu = cpu_lines.pop("cpu_s")
     cpu["wrk"] = round(wrk_cpu, 2)
     return {
         "workload": "create",
@@ -158,6 +160,7 @@ async def _run(bench: Stack, wrk: str, load: Load, duration: float, delay_sec: i
         "jobs_written": written,
         "audit_rows": audited,
         "cpu_s": cpu,
+        **cpu_lines,
         "api_cores": round(cpu.get("api", 0) / seconds, 2),
         "postgres_cores": round(cpu.get("postgres", 0) / seconds, 2),
         "api_cpu_ms_per_job": round(1000 * cpu.get("api", 0) / max(1, written), 3),

@@ -119,17 +119,6 @@ class Shape:
     past_days: int = 30
 
 
-def _cpu_seconds_of_tree(root_pid: int) -> float:
-    """utime + stime of a process and all its descendants (Postgres forks a backend per connection)."""
-    parents, ticks = machine.proc_table()
-    total, stack = 0, [root_pid]
-    while stack:
-        pid = stack.pop()
-        total += ticks.get(pid, 0)
-        stack.extend(child for child, parent in parents.items() if parent == pid)
-    return total / os.sysconf("SC_CLK_TCK")
-
-
 def _percentiles(values: Sequence[float]) -> dict[str, float | None]:
     if not values:
         return {"p50": None, "p95": None, "p99": None, "max": None}
@@ -226,12 +215,14 @@ class Bench:
         self.supervisor.stop()
         self.stack.stop()
 
-    def cpu(self) -> dict[str, float]:
-        seconds = {s.name: _cpu_seconds_of_tree(s.pid) for s in self.supervisor.status() if s.pid}
+    def cpu(self) -> dict[str, machine.Usage]:
+        """Each process's usage so far, with what it forked (Postgres its backends): :func:`machine.cpu_fields`
+        of two reads is a line's CPU."""
+        roots = {s.pid: s.name for s in self.supervisor.status() if s.pid}
         for server, pid in self.stack.status():
             if pid:
-                seconds[type(server).__name__.removesuffix("Server").lower()] = _cpu_seconds_of_tree(pid)
-        return seconds
+                roots[pid] = type(server).__name__.removesuffix("Server").lower()
+        return machine.usage_of_trees(roots)
 
     # --- workloads ---------------------------------------------------------------------------
 
@@ -417,7 +408,7 @@ class Bench:
             if rows
             else None,
             "completion_per_s": round(len(finished) / span) if span else None,
-            "cpu_s": {k: round(cpu_after.get(k, 0) - v, 1) for k, v in cpu_before.items()},
+            **machine.cpu_fields(cpu_before, cpu_after),
             "postgres_statements": statements,
             "postgres_wal_bytes": int(wal_bytes),
             "execution_updates": {k: int(v) for k, v in updates.items()},

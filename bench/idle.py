@@ -70,17 +70,6 @@ def serve(root: Path, offset: int, servers_only: bool = False) -> int:
     return runner.run(stop)
 
 
-def _owner(pid: int, parents: dict[int, int], roots: dict[int, str]) -> str | None:
-    """The named process ``pid`` belongs to: itself or its nearest named ancestor."""
-    seen = 0
-    while pid > 1 and seen < 64:
-        if pid in roots:
-            return roots[pid]
-        pid = parents.get(pid, 0)
-        seen += 1
-    return None
-
-
 def _pss_kib(pid: int) -> int:
     with contextlib.suppress(OSError):
         for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
@@ -95,19 +84,14 @@ class Sampler:
     def __init__(self, roots: dict[int, str]) -> None:
         self.roots = roots
 
-    def ticks(self) -> dict[str, int]:
-        parents, ticks = machine.proc_table()
-        total: dict[str, int] = dict.fromkeys(self.roots.values(), 0)
-        for pid, count in ticks.items():
-            if (name := _owner(pid, parents, self.roots)) is not None:
-                total[name] += count
-        return total
+    def usage(self) -> dict[str, machine.Usage]:
+        return machine.usage_of_trees(self.roots)
 
     def pss_mib(self) -> dict[str, float]:
         parents, _ = machine.proc_table()
         total: dict[str, int] = dict.fromkeys(self.roots.values(), 0)
         for pid in parents:
-            if (name := _owner(pid, parents, self.roots)) is not None:
+            if (name := machine.owner(pid, parents, self.roots)) is not None:
                 total[name] += _pss_kib(pid)
         return {name: round(kib / 1024, 1) for name, kib in total.items()}
 
@@ -157,12 +141,16 @@ def measure(root: Path, offset: int, settle: float, seconds: float, servers_only
         missing = {spec.name for spec in expected} - set(sampler.roots.values())
         if missing:
             raise RuntimeError(f"not running after the settle time: {sorted(missing)}; see {root}/logs")
-        before, started = sampler.ticks(), time.monotonic()
+        before, started = sampler.usage(), time.monotonic()
         time.sleep(seconds)
-        after, elapsed = sampler.ticks(), time.monotonic() - started
+        after, elapsed = sampler.usage(), time.monotonic() - started
         restarted = _roots(root, ports, child.pid, servers_only) != sampler.roots
         hz = os.sysconf("SC_CLK_TCK")
-        cores = {name: round((after[name] - before[name]) / hz / elapsed, 4) for name in before}
+        used = {name: after[name] - before[name] for name in before}
+        cores = {name: round(u.ticks / hz / elapsed, 4) for name, u in used.items()}
+        # The kernel's share of each (stime), and the context switches a second of each process's live threads.
+        cores_sys = {name: round(u.system / hz / elapsed, 4) for name, u in used.items()}
+        switches = {n: [round(u.voluntary / elapsed, 1), round(u.involuntary / elapsed, 1)] for n, u in used.items()}
         memory = sampler.pss_mib()
     finally:
         child.send_signal(signal.SIGTERM)
@@ -178,6 +166,13 @@ def measure(root: Path, offset: int, settle: float, seconds: float, servers_only
         "settle_s": settle,
         "total_cores": round(sum(cores.values()), 4),
         "cores": dict(sorted(cores.items(), key=lambda kv: -kv[1])),
+        "total_cores_sys": round(sum(cores_sys.values()), 4),
+        "cores_sys": dict(sorted(cores_sys.items(), key=lambda kv: -kv[1])),
+        "context_switches_per_s": dict(sorted(switches.items(), key=lambda kv: -sum(kv[1]))),
+        "context_switches_per_s_total": [
+            round(sum(v for v, _ in switches.values()), 1),
+            round(sum(i for _, i in switches.values()), 1),
+        ],
         "memory_pss_mib": memory,
         "memory_total_mib": round(sum(memory.values()), 1),
         "restarted_during_measurement": restarted,

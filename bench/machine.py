@@ -6,6 +6,7 @@ from an archive without ``.git``, and then records ``"commit": null`` rather tha
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import subprocess
@@ -56,10 +57,50 @@ def cpu_ticks(pid: int) -> int:
     return int(fields[11]) + int(fields[12])
 
 
-def proc_table() -> tuple[dict[int, int], dict[int, int]]:
-    """(parent of each pid, utime+stime ticks of each pid including its reaped children) from /proc."""
+class Usage:
+    """What a process (or a tree of them) has used so far: CPU clock ticks in user space and in the kernel
+    (utime and stime, with its reaped children's), and the context switches of its live threads — voluntary (it
+    blocked: a wait in epoll, a futex, a read) and involuntary (preempted: another runnable task took the core).
+
+    The switches are summed over ``/proc/<pid>/task/*/status``: the kernel keeps no per-process total a reader
+    can see, so an exited thread's or reaped child's switches are not counted (Postgres' backends and every
+    process's threads live for a whole bench run; a thread started and ended within it is missed).
+
+    A plain class, not a dataclass: tests load this module from its file without registering it in
+    ``sys.modules``, where a dataclass's string annotations cannot be resolved."""
+
+    __slots__ = ("involuntary", "system", "user", "voluntary")
+
+    def __init__(self, user: int = 0, system: int = 0, voluntary: int = 0, involuntary: int = 0) -> None:
+        self.user, self.system, self.voluntary, self.involuntary = user, system, voluntary, involuntary
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            self.user + other.user,
+            self.system + other.system,
+            self.voluntary + other.voluntary,
+            self.involuntary + other.involuntary,
+        )
+
+    def __sub__(self, other: Usage) -> Usage:
+        return Usage(
+            self.user - other.user,
+            self.system - other.system,
+            self.voluntary - other.voluntary,
+            self.involuntary - other.involuntary,
+        )
+
+    @property
+    def ticks(self) -> int:
+        return self.user + self.system
+
+
+def proc_table() -> tuple[dict[int, int], dict[int, Usage]]:
+    """(parent of each pid, user and system ticks of each pid including its reaped children) from /proc; the
+    context switches are left at 0 (reading every thread of the machine is slow): :func:`with_switches` adds
+    them for the pids a caller keeps."""
     parents: dict[int, int] = {}
-    ticks: dict[int, int] = {}
+    usage: dict[int, Usage] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -69,5 +110,57 @@ def proc_table() -> tuple[dict[int, int], dict[int, int]]:
             continue
         pid = int(entry.name)
         parents[pid] = int(fields[1])
-        ticks[pid] = int(fields[11]) + int(fields[12]) + int(fields[13]) + int(fields[14])
-    return parents, ticks
+        usage[pid] = Usage(user=int(fields[11]) + int(fields[13]), system=int(fields[12]) + int(fields[14]))
+    return parents, usage
+
+
+def with_switches(pid: int, usage: Usage) -> Usage:
+    """``usage`` of ``pid`` with the voluntary and involuntary context switches of its live threads."""
+    voluntary = involuntary = 0
+    with contextlib.suppress(OSError):
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(OSError):
+                for line in (task / "status").read_text().splitlines():
+                    if line.startswith("voluntary_ctxt_switches:"):
+                        voluntary += int(line.split()[1])
+                    elif line.startswith("nonvoluntary_ctxt_switches:"):
+                        involuntary += int(line.split()[1])
+    return Usage(usage.user, usage.system, voluntary, involuntary)
+
+
+def usage_of_trees(roots: dict[int, str]) -> dict[str, Usage]:
+    """The usage of each named process with its descendants, except those under another named process (a
+    name owns its subtree: Postgres its backends), from one read of /proc."""
+    parents, usage = proc_table()
+    totals = dict.fromkeys(roots.values(), Usage())
+    for pid, own in usage.items():
+        if (name := owner(pid, parents, roots)) is not None:
+            totals[name] += with_switches(pid, own)
+    return totals
+
+
+def owner(pid: int, parents: dict[int, int], roots: dict[int, str]) -> str | None:
+    """The named process ``pid`` belongs to: itself or its nearest named ancestor."""
+    seen = 0
+    while pid > 1 and seen < 64:
+        if pid in roots:
+            return roots[pid]
+        pid = parents.get(pid, 0)
+        seen += 1
+    return None
+
+
+def cpu_fields(before: dict[str, Usage], after: dict[str, Usage], digits: int = 1) -> dict[str, Any]:
+    """A result line's CPU fields from two :func:`usage_of_trees` reads: ``cpu_s`` (user + system seconds per
+    process, as every line has had), its split ``cpu_user_s`` / ``cpu_sys_s``, and ``context_switches`` per process
+    (``[voluntary, involuntary]``) with the stack's total."""
+    hz = os.sysconf("SC_CLK_TCK")
+    used = {name: after.get(name, start) - start for name, start in before.items()}
+    switches = {name: [u.voluntary, u.involuntary] for name, u in used.items()}
+    return {
+        "cpu_s": {name: round(u.ticks / hz, digits) for name, u in used.items()},
+        "cpu_user_s": {name: round(u.user / hz, digits) for name, u in used.items()},
+        "cpu_sys_s": {name: round(u.system / hz, digits) for name, u in used.items()},
+        "context_switches": switches,
+        "context_switches_total": [sum(v for v, _ in switches.values()), sum(i for _, i in switches.values())],
+    }
