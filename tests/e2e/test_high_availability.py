@@ -70,10 +70,17 @@ async def taken_by(cluster: HaCluster, holder: str) -> int | None:
     return int(rows[0]["token"]) if rows else None
 
 
+#: The handover test's lease: long enough that a takeover which waited for it (at least two thirds of it after the
+#: SIGTERM: a lease is renewed every third of its TTL) cannot be mistaken for a slow handover on a loaded machine
+#: (1.2-1.6 s seen in a CI lane at load 10, against the 2 s TTL of the other tests).
+HANDOVER_LEASE_TTL = 6.0
+
+
 async def test_sigterm_hands_every_shard_over_without_waiting_for_its_lease(cluster: HaCluster) -> None:
     cluster.start("hydrator", "hydrator")
-    cluster.start_dispatcher("alpha")
-    cluster.start_dispatcher("beta")
+    lease = {"SUNDIAL_LEASE_TTL_SEC": str(HANDOVER_LEASE_TTL)}
+    cluster.start_dispatcher("alpha", **lease)
+    cluster.start_dispatcher("beta", **lease)
     expected = placement(8, ["alpha", "beta"])
     await cluster.wait_for_leaders(lambda ls: {s: h for s, (h, _) in ls.items()} == expected, 15)
 
@@ -88,9 +95,9 @@ async def test_sigterm_hands_every_shard_over_without_waiting_for_its_lease(clus
     alpha_shards = [s for s, owner in expected.items() if owner == "alpha"]
     worst = max(gaps[s].seconds for s in alpha_shards)
     print(f"graceful handover: longest dispatch gap on alpha's shards {worst:.3f}s (a job every ~40 ms per shard)")
-    # A handover that waited for the lease would leave a gap of at least its TTL (2 s here); the handover itself
-    # takes 0.1-0.3 s on an idle machine (bench/failover.py records it) and up to ~0.55 s in the loaded CI lanes.
-    assert worst < LEASE_TTL * 0.75, f"longest dispatch gap on a handed-over shard: {worst:.3f}s ({gaps})"
+    # A handover that waited for the lease would leave a gap of at least two thirds of its TTL (4 s here); the
+    # handover itself takes 0.1-0.3 s on an idle machine (bench/failover.py records it), up to ~1.6 s at load 10.
+    assert worst < HANDOVER_LEASE_TTL / 2, f"longest dispatch gap on a handed-over shard: {worst:.3f}s ({gaps})"
 
 
 async def test_a_killed_replica_is_replaced_within_a_lease_and_gets_its_shards_back_on_restart(
