@@ -404,6 +404,9 @@ class Bench:
             "first_start_ms": _first_start(rows),
             # Where every start's lateness went, stage by stage (percentiles of each stage's own duration).
             "stages_ms": _stages(rows),
+            # How many executions were committed / produced before their due instant (the publish lead, a burst
+            # published ahead): that part of the dispatch path was paid before the instant.
+            "before_due": _before_due(rows),
             "all_started_after_due_s": round((max(r["started_at"] for r in rows) - last_due).total_seconds(), 2)
             if rows
             else None,
@@ -619,6 +622,15 @@ def _stages(rows: Sequence[Any]) -> dict[str, dict[str, float | None]]:
         stages["produce"].append((r["published_at"] - r["created_at"]).total_seconds() * 1000)
         stages["consume_start"].append((r["started_at"] - r["published_at"]).total_seconds() * 1000)
     return {name: _percentiles(values) for name, values in stages.items()}
+
+
+def _before_due(rows: Sequence[Any]) -> dict[str, int]:
+    """Executions whose dispatch transaction began (``created_at``) / whose message was produced (``published_at``)
+    before their due instant (``scheduled_for``)."""
+    return {
+        "committed": sum(1 for r in rows if r["created_at"] < r["scheduled_for"]),
+        "produced": sum(1 for r in rows if r["published_at"] is not None and r["published_at"] < r["scheduled_for"]),
+    }
 
 
 def _by_phase(rows: Sequence[Any], first_due: datetime, head_sec: float) -> dict[str, dict[str, float | None]]:
