@@ -530,9 +530,9 @@ class Bench:
 
 async def _top_statements(conn: asyncpg.Connection, limit: int = 8) -> list[dict[str, Any]]:
     """Where the database time went: the statements with the most execution and planning time since the last
-    reset (``total_ms`` executing, ``plan_ms`` planning)."""
+    reset (``total_ms`` executing, ``plan_ms`` planning, ``plans`` how many times planned)."""
     rows = await conn.fetch(
-        """SELECT calls, rows, total_exec_time, total_plan_time,
+        """SELECT calls, plans, rows, total_exec_time, total_plan_time,
                   left(regexp_replace(query, '\\s+', ' ', 'g'), 90) AS query
            FROM pg_stat_statements WHERE query NOT LIKE '%pg_stat_statements%'
            ORDER BY total_exec_time + total_plan_time DESC LIMIT $1""",
@@ -542,6 +542,8 @@ async def _top_statements(conn: asyncpg.Connection, limit: int = 8) -> list[dict
         {
             "query": r["query"],
             "calls": r["calls"],
+            # Times planned: a statement run under a generic plan (the census) is planned once per connection.
+            "plans": r["plans"],
             "rows": r["rows"],
             "total_ms": round(r["total_exec_time"]),
             "plan_ms": round(r["total_plan_time"]),
