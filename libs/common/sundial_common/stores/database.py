@@ -7,6 +7,8 @@ parse cost.
 
 from __future__ import annotations
 
+from typing import cast
+
 import asyncpg
 import orjson
 
@@ -68,3 +70,11 @@ class Database:
 
     async def ping(self) -> None:
         await self.pool.fetchval(Q["ping"])
+
+    async def fetch_every_partition(self, query: str, *args: object) -> list[asyncpg.Record]:
+        """The rows of ``query``, a statement that reads every partition of ``executions`` (an open or dead-lettered
+        execution may be in any day): planned once per connection, through index scans only (database.sql,
+        ``every_partition_plan``), instead of planning every partition at each call."""
+        async with self.pool.acquire() as conn, conn.transaction():
+            await conn.execute(Q["every_partition_plan"])
+            return cast(list[asyncpg.Record], await conn.fetch(query, *args))
