@@ -61,6 +61,7 @@ class Database:
             # executions is nearly empty (a seq scan is then cheapest) and kept as it grows by thousands of
             # rows a second, until autovacuum's next analyze. Bench W3 at 1,000/s measured the batched
             # start and finish at 14 ms a call (a scan of the table) instead of a few primary-key probes.
+            # (The exception, fetch_every_partition: statements that prune nothing, planned generic by index.)
             server_settings={"jit": "off", "plan_cache_mode": "force_custom_plan", "random_page_cost": "1.1"},
         )
         return cls(pool)
