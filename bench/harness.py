@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import functools
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -117,6 +119,66 @@ class Shape:
     #: that long with the default retention (30) carries: 38 partitions of each, not a fresh stack's 8 (today
     #: and a week ahead). Every statement that is not pruned at plan time plans each partition.
     past_days: int = 30
+
+
+def _postgres_ticks_by_client(postgres_pid: int, clients: dict[str, int]) -> dict[int, tuple[str, int]]:
+    """Each Postgres process's utime + stime ticks so far and who it works for: a backend under the name of the
+    process tree in ``clients`` that holds its connection's other end (the client port in its process title), the
+    server's own processes by their title (``autovacuum launcher``, ``checkpointer``, ``walwriter``...); the
+    postmaster is ``exited`` (its ticks include the processes it reaped: autovacuum workers, closed connections).
+    Read from /proc only, twice a run: the same source as :meth:`Bench.cpu`."""
+    parents, usage = machine.proc_table()
+    ticks = {pid: u.ticks for pid, u in usage.items()}
+    children: dict[int, list[int]] = {}
+    for pid, parent in parents.items():
+        children.setdefault(parent, []).append(pid)
+
+    def tree(root: int) -> list[int]:
+        found, stack = [], [root]
+        while stack:
+            pid = stack.pop()
+            found.append(pid)
+            stack.extend(children.get(pid, ()))
+        return found
+
+    # The local port of every TCP socket (inode -> port), then which client process holds each socket.
+    port_of_inode: dict[str, int] = {}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                fields = line.split()
+                port_of_inode[fields[9]] = int(fields[1].rsplit(":", 1)[1], 16)
+    client_of_port: dict[int, str] = {}
+    for name, root in clients.items():
+        for pid in tree(root) if name != "harness" else [root]:  # the bench's tree holds every supervised one
+            with contextlib.suppress(OSError):
+                for fd in os.scandir(f"/proc/{pid}/fd"):
+                    with contextlib.suppress(OSError):
+                        link = os.readlink(fd.path)
+                        if link.startswith("socket:[") and (port := port_of_inode.get(link[8:-1])) is not None:
+                            client_of_port.setdefault(port, name)
+    owners: dict[int, tuple[str, int]] = {postgres_pid: ("exited", ticks.get(postgres_pid, 0))}
+    for pid in children.get(postgres_pid, ()):
+        try:
+            title = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:
+            continue
+        client = re.search(r"\((\d+)\)", title)
+        if client:
+            name = client_of_port.get(int(client.group(1)), "other client")
+        else:
+            name = title.removeprefix("postgres: ").strip()
+        owners[pid] = (name, ticks.get(pid, 0))
+    return owners
+
+
+def _postgres_by_client(before: dict[int, tuple[str, int]], after: dict[int, tuple[str, int]]) -> dict[str, float]:
+    """Postgres's CPU seconds between two ``_postgres_ticks_by_client`` reads, by who asked (a process alive at
+    both reads counts its difference, one that started between them all of its ticks)."""
+    seconds: dict[str, float] = {}
+    for pid, (name, now) in after.items():
+        seconds[name] = seconds.get(name, 0.0) + (now - before.get(pid, (name, 0))[1]) / os.sysconf("SC_CLK_TCK")
+    return {name: round(s, 2) for name, s in sorted(seconds.items(), key=lambda item: -item[1])}
 
 
 def _percentiles(values: Sequence[float]) -> dict[str, float | None]:
@@ -224,6 +286,13 @@ class Bench:
                 roots[pid] = type(server).__name__.removesuffix("Server").lower()
         return machine.usage_of_trees(roots)
 
+    def postgres_ticks(self) -> dict[int, tuple[str, int]]:
+        """Postgres's processes' ticks so far and who each works for (``_postgres_ticks_by_client``): the
+        supervised processes and this bench (``harness``: its progress poll)."""
+        postgres = next((pid for server, pid in self.stack.status() if isinstance(server, PostgresServer) and pid), 0)
+        clients = {s.name: s.pid for s in self.supervisor.status() if s.pid}
+        return _postgres_ticks_by_client(postgres, {**clients, "harness": os.getpid()}) if postgres else {}
+
     # --- workloads ---------------------------------------------------------------------------
 
     async def cipher(self, tenant: str) -> TenantCipher:
@@ -321,6 +390,7 @@ class Bench:
         inserted_at = datetime.now(UTC)
         # CPU and statements count from here: registering the jobs is not what the workload measures.
         cpu_before = self.cpu()
+        postgres_before = self.postgres_ticks()
         conn = await asyncpg.connect(self.stack.postgres_dsn)
         await conn.execute("SELECT pg_stat_statements_reset()")
         wal_before = await conn.fetchval("SELECT pg_current_wal_lsn()")
@@ -355,6 +425,7 @@ class Bench:
             # CPU and statements stop counting here: the read below is the bench's own (2.5 s of Postgres CPU
             # for 75,000 rows, a sixth of what a 30 s W3 run's Postgres line used to report).
             cpu_after = self.cpu()
+            postgres_after = self.postgres_ticks()
             # Something left: where it was (bench/leftover.py), read while the stack still runs.
             left_behind: dict[str, Any] | None = None
             if done < len(due):
@@ -412,6 +483,8 @@ class Bench:
             else None,
             "completion_per_s": round(len(finished) / span) if span else None,
             **machine.cpu_fields(cpu_before, cpu_after),
+            # Postgres's CPU by who asked for it: each backend under its client's process, the server's own by name.
+            "postgres_by_client": _postgres_by_client(postgres_before, postgres_after),
             "postgres_statements": statements,
             "postgres_wal_bytes": int(wal_bytes),
             "execution_updates": {k: int(v) for k, v in updates.items()},
@@ -452,9 +525,9 @@ class Bench:
 
 async def _top_statements(conn: asyncpg.Connection, limit: int = 8) -> list[dict[str, Any]]:
     """Where the database time went: the statements with the most execution and planning time since the last
-    reset (``total_ms`` executing, ``plan_ms`` planning)."""
+    reset (``total_ms`` executing, ``plan_ms`` planning, ``plans`` how many times planned)."""
     rows = await conn.fetch(
-        """SELECT calls, rows, total_exec_time, total_plan_time,
+        """SELECT calls, plans, rows, total_exec_time, total_plan_time,
                   left(regexp_replace(query, '\\s+', ' ', 'g'), 90) AS query
            FROM pg_stat_statements WHERE query NOT LIKE '%pg_stat_statements%'
            ORDER BY total_exec_time + total_plan_time DESC LIMIT $1""",
@@ -464,6 +537,8 @@ async def _top_statements(conn: asyncpg.Connection, limit: int = 8) -> list[dict
         {
             "query": r["query"],
             "calls": r["calls"],
+            # Times planned: a statement run under a generic plan (the census) is planned once per connection.
+            "plans": r["plans"],
             "rows": r["rows"],
             "total_ms": round(r["total_exec_time"]),
             "plan_ms": round(r["total_plan_time"]),

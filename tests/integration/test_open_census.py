@@ -1,15 +1,18 @@
 """The dispatchers' fair-pass census (``TenantStore.open_executions``): what it counts per tenant and pool, and that
-it reaches the open rows through an index only (a bitmap scan revisits every dead PENDING and RUNNING version
-at each read, bench/census.py)."""
+it, and the sweeper's scans of every partition, reach the open rows through an index only (a bitmap scan revisits
+every dead PENDING and RUNNING version at each read, bench/census.py) with a plan made once per connection."""
 
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
+from typing import Any
 from uuid import UUID
 
+import pytest
+from sundial_common.queries import load_file
 from sundial_common.stores import Stores
 from sundial_common.stores.executions import Outcome
-from sundial_common.stores.tenants import Q
 
 from tests.integration.test_reliability import TENANT, make_executions
 
@@ -29,19 +32,36 @@ async def test_the_census_counts_waiting_running_and_open_executions_per_tenant_
     assert (old.pending, old.queued, old.fresh) == (3, 0, 0)
 
 
-async def test_the_census_reads_the_open_rows_by_index_scan_only(stores: Stores) -> None:
+DATABASE, DISPATCH, EXECUTIONS, TENANTS = (
+    load_file(f"{n}.sql") for n in ("database", "dispatch", "executions", "tenants")
+)
+EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
+#: The statements that read every partition (Database.fetch_every_partition), with arguments.
+EVERY_PARTITION: dict[str, tuple[str, tuple[Any, ...]]] = {
+    "census": (TENANTS["open_executions"], (30.0, 1.0)),
+    "running": (EXECUTIONS["running_executions"], (EPOCH, UUID(int=0), 1000)),
+    "dead letters": (EXECUTIONS["dead_letters"], (1000,)),
+    "stale pending": (DISPATCH["stale_pending"], (datetime.now(UTC), datetime.now(UTC), 1000)),
+    "published pools": (DISPATCH["published_pending_pools"], ()),
+    "passed pending": (DISPATCH["passed_pending"], ("census", datetime.now(UTC), 1000)),
+}
+
+
+@pytest.mark.parametrize("statement", list(EVERY_PARTITION))
+async def test_the_scans_of_every_partition_read_by_index_only_with_a_plan_kept(stores: Stores, statement: str) -> None:
     await make_executions(stores, "census", "h", count=3)
     await stores.database.pool.execute("ANALYZE executions")
+    query, args = EVERY_PARTITION[statement]
     async with stores.database.pool.acquire() as conn, conn.transaction():
-        await conn.execute(Q["open_executions_plan"])
-        plan = json.loads(await conn.fetchval("EXPLAIN (FORMAT JSON) " + Q["open_executions"], 30.0, 1.0))
+        await conn.execute(DATABASE["every_partition_plan"])
+        plan = json.loads(await conn.fetchval("EXPLAIN (FORMAT JSON) " + query, *args))
 
     def scans(node: dict[str, object]) -> list[str]:
         children = node.get("Plans", [])
         assert isinstance(children, list)
         return [str(node["Node Type"])] + [s for child in children for s in scans(child)]
 
-    found = [s for s in scans(plan[0]["Plan"]) if "Scan" in s]
+    found = [s for s in scans(plan[0]["Plan"]) if "Scan" in s and s != "Function Scan"]
     assert found and set(found) <= {"Index Scan", "Index Only Scan"}, found
 
 

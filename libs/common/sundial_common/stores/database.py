@@ -7,6 +7,8 @@ parse cost.
 
 from __future__ import annotations
 
+from typing import cast
+
 import asyncpg
 import orjson
 
@@ -59,6 +61,7 @@ class Database:
             # executions is nearly empty (a seq scan is then cheapest) and kept as it grows by thousands of
             # rows a second, until autovacuum's next analyze. Bench W3 at 1,000/s measured the batched
             # start and finish at 14 ms a call (a scan of the table) instead of a few primary-key probes.
+            # (The exception, fetch_every_partition: statements that prune nothing, planned generic by index.)
             server_settings={"jit": "off", "plan_cache_mode": "force_custom_plan", "random_page_cost": "1.1"},
         )
         return cls(pool)
@@ -68,3 +71,11 @@ class Database:
 
     async def ping(self) -> None:
         await self.pool.fetchval(Q["ping"])
+
+    async def fetch_every_partition(self, query: str, *args: object) -> list[asyncpg.Record]:
+        """The rows of ``query``, a statement that reads every partition of ``executions`` (an open or dead-lettered
+        execution may be in any day): planned once per connection, through index scans only (database.sql,
+        ``every_partition_plan``), instead of planning every partition at each call."""
+        async with self.pool.acquire() as conn, conn.transaction():
+            await conn.execute(Q["every_partition_plan"])
+            return cast(list[asyncpg.Record], await conn.fetch(query, *args))

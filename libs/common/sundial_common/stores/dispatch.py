@@ -434,7 +434,7 @@ class PostgresDispatchStore:
         ``published_before`` and never started: the sweeper sends them again."""
         return cast(
             list[Record],
-            await self._db.pool.fetch(Q["stale_pending"], unpublished_before, published_before, limit),
+            await self._db.fetch_every_partition(Q["stale_pending"], unpublished_before, published_before, limit),
         )
 
     async def pending_after(self, after: UUID, limit: int) -> list[Record]:
@@ -452,12 +452,14 @@ class PostgresDispatchStore:
 
     async def published_pending_pools(self) -> dict[str, datetime]:
         """Per pool with PENDING executions published and not started, the oldest such ``published_at``."""
-        return {r["pool"]: r["oldest"] for r in await self._db.pool.fetch(Q["published_pending_pools"])}
+        return {r["pool"]: r["oldest"] for r in await self._db.fetch_every_partition(Q["published_pending_pools"])}
 
     async def passed_pending(self, pool: str, published_before: datetime, limit: int) -> list[Record]:
         """The pool's PENDING executions published before ``published_before``, as :meth:`stale_pending` returns
         them: their messages were passed by the pool's consumer group without a start."""
-        return cast(list[Record], await self._db.pool.fetch(Q["passed_pending"], pool, published_before, limit))
+        return cast(
+            list[Record], await self._db.fetch_every_partition(Q["passed_pending"], pool, published_before, limit)
+        )
 
 
 def _insert_arguments(

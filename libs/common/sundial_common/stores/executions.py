@@ -306,7 +306,9 @@ class PostgresExecutionStore:
     async def running_executions(self, after: tuple[datetime, UUID] | None, limit: int) -> list[Record]:
         """RUNNING executions, oldest first, after the keyset position ``after`` (created_at, id)."""
         after_time, after_id = after if after else (datetime.min.replace(tzinfo=UTC), UUID(int=0))
-        return cast(list[Record], await self._db.pool.fetch(Q["running_executions"], after_time, after_id, limit))
+        return cast(
+            list[Record], await self._db.fetch_every_partition(Q["running_executions"], after_time, after_id, limit)
+        )
 
     async def fail_running(self, actor: str, attempts: Sequence[LostAttempt]) -> list[Finished]:
         """End attempts whose worker is gone or that ran past their timeout (CAS on attempt and worker)."""
@@ -328,7 +330,7 @@ class PostgresExecutionStore:
         return [_finished(row) for row in rows]
 
     async def dead_letters(self, limit: int) -> list[Record]:
-        return cast(list[Record], await self._db.pool.fetch(Q["dead_letters"], limit))
+        return cast(list[Record], await self._db.fetch_every_partition(Q["dead_letters"], limit))
 
     async def mark_dead_lettered(self, execution_ids: Sequence[UUID]) -> None:
         if execution_ids:

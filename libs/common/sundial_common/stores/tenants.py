@@ -190,9 +190,7 @@ class PostgresTenantStore:
         """Open executions per (tenant, pool); ``queued`` counts those dispatched within ``queued_within_sec``,
         ``fresh`` those within ``fresh_within_sec``."""
         fresh_sec = queued_within_sec if fresh_within_sec is None else fresh_within_sec
-        async with self._db.pool.acquire() as conn, conn.transaction():
-            await conn.execute(Q["open_executions_plan"])
-            rows = await conn.fetch(Q["open_executions"], queued_within_sec, fresh_sec)
+        rows = await self._db.fetch_every_partition(Q["open_executions"], queued_within_sec, fresh_sec)
         return [
             OpenExecutions(
                 r["tenant_id"],

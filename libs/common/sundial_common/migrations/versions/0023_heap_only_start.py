@@ -18,7 +18,7 @@ instead: ``phase`` is ``'OPEN'`` while the execution is PENDING or RUNNING, its 
 without touching an index (HOT), if the page has room: the partitions are filled to ``fillfactor`` 50 by inserts,
 which leaves each row's started version a place beside it. A finish still changes ``phase`` (the row leaves the
 open indexes) and adds its four entries. An execution now writes 10 index entries instead of 16, and the open
-indexes keep no dead entry of a start for the census to step over (tenants.sql, ``open_executions_plan``).
+indexes keep no dead entry of a start for the census to step over (database.sql, ``every_partition_plan``).
 
 Each index keeps its name and its readers, with ``phase`` where it had ``state``:
 

@@ -42,24 +42,6 @@ SELECT pg_advisory_xact_lock(hashtextextended('sundial.tenant:' || $1, 0));
 -- (primary-key lookups).
 SELECT id, tenant_id, pool, priority FROM jobs WHERE id = ANY($1::uuid[]);
 
--- name: open_executions_plan
--- Before open_executions, in its transaction: read the open rows through an index scan only. The partial
--- indexes of the open phase keep an entry for every version a row had while open that no heap-only update
--- made (each finish leaves one behind; before migration 0023 each start too) until vacuum; a bitmap scan, which
--- the planner picked (on executions_job_open_idx), visits every one of them and their heap pages, call after
--- call: 175,000
--- entries and 3,500 heap pages for 3,000 open rows after 100,000 executions, 106-183 ms a call. A plain
--- index scan marks the entries of dead versions as it passes (LP_DEAD), so each is visited about once, by
--- the next census after its version died: 209 pages and 3 ms for the same rows (bench/census.py). A
--- sequential scan would read a whole day's partition. Its plan is made in this transaction, so it keeps to
--- the index. And it is a generic plan, made once per connection, not at each call as the pool's
--- plan_cache_mode would: the statement reads every partition (an open execution may be a retry in an old day)
--- and its parameters only bound the FILTER counts, so a plan for its values prunes nothing and only costs the
--- planning of every partition's indexes, ~1 ms a call with 8 partitions, 5-17 ms with 38 (W3, bench lines'
--- plan_ms).
-SELECT set_config('enable_bitmapscan', 'off', true), set_config('enable_seqscan', 'off', true),
-       set_config('plan_cache_mode', 'force_generic_plan', true);
-
 -- name: open_executions
 -- The dispatcher's fair pass (read by each dispatcher process at most every few hundred milliseconds, shared by
 -- the shards it leads): per tenant and pool, executions waiting in Kafka (PENDING, dispatched within the last $1
@@ -67,7 +49,8 @@ SELECT set_config('enable_bitmapscan', 'off', true), set_config('enable_seqscan'
 -- ones (a pool with work waiting and none running has no worker starting it), those dispatched within the last
 -- $2 seconds (the rate-following cap's count) and open ones (PENDING or
 -- RUNNING), and how long the oldest PENDING one has waited. An index scan of a partial index over the open rows
--- only (phase OPEN, migration 0023: PENDING and RUNNING told apart on the heap; see open_executions_plan). An
+-- only (phase OPEN, migration 0023: PENDING and RUNNING told apart on the heap; run as database.sql's
+-- every_partition_plan says). An
 -- execution published ahead of its due instant (fire_at still to come: SUNDIAL_DISPATCHER_PUBLISH_LEAD_MS) waits
 -- in its worker for that instant, not behind a backlog: it is open (it counts against the tenant's concurrency)
 -- but not queued, fresh or pending, so a pool's queue cap and its stall look only at work that is due; it is
