@@ -129,36 +129,29 @@ def _postgres_ticks_by_client(postgres_pid: int, clients: dict[str, int]) -> dic
     Read from /proc only, twice a run: the same source as :meth:`Bench.cpu`."""
     parents, usage = machine.proc_table()
     ticks = {pid: u.ticks for pid, u in usage.items()}
-    children: dict[int, list[int]] = {}
-    for pid, parent in parents.items():
-        children.setdefault(parent, []).append(pid)
-
-    def tree(root: int) -> list[int]:
-        found, stack = [], [root]
-        while stack:
-            pid = stack.pop()
-            found.append(pid)
-            stack.extend(children.get(pid, ()))
-        return found
-
-    # The local port of every TCP socket (inode -> port), then which client process holds each socket.
+    # The local port of every TCP socket (inode -> port), then which client process holds each socket: a process
+    # counts for its nearest ancestor named in ``clients`` (machine.owner); the harness for itself only (its tree
+    # holds every supervised process and the servers).
     port_of_inode: dict[str, int] = {}
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         with contextlib.suppress(OSError):
             for line in Path(table).read_text().splitlines()[1:]:
                 fields = line.split()
                 port_of_inode[fields[9]] = int(fields[1].rsplit(":", 1)[1], 16)
+    roots = {pid: name for name, pid in clients.items()}
     client_of_port: dict[int, str] = {}
-    for name, root in clients.items():
-        for pid in tree(root) if name != "harness" else [root]:  # the bench's tree holds every supervised one
-            with contextlib.suppress(OSError):
-                for fd in os.scandir(f"/proc/{pid}/fd"):
-                    with contextlib.suppress(OSError):
-                        link = os.readlink(fd.path)
-                        if link.startswith("socket:[") and (port := port_of_inode.get(link[8:-1])) is not None:
-                            client_of_port.setdefault(port, name)
+    for pid in parents:
+        name = machine.owner(pid, parents, roots)
+        if name is None or (name == "harness" and pid != clients["harness"]):
+            continue
+        with contextlib.suppress(OSError):
+            for fd in os.scandir(f"/proc/{pid}/fd"):
+                with contextlib.suppress(OSError):
+                    link = os.readlink(fd.path)
+                    if link.startswith("socket:[") and (port := port_of_inode.get(link[8:-1])) is not None:
+                        client_of_port.setdefault(port, name)
     owners: dict[int, tuple[str, int]] = {postgres_pid: ("exited", ticks.get(postgres_pid, 0))}
-    for pid in children.get(postgres_pid, ()):
+    for pid in (pid for pid, parent in parents.items() if parent == postgres_pid):
         try:
             title = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
         except OSError:

@@ -25,7 +25,7 @@ import asyncpg
 from sundial_common.queries import load_file
 from sundial_common.stores.breakers import gate_retries, hold_first_fires
 from sundial_common.stores.database import Database
-from sundial_common.stores.types import Occurrence, Record, RetryDue
+from sundial_common.stores.types import Occurrence, Record, RetryDue, by_shard
 
 Q = load_file("dispatch.sql")
 _T = TypeVar("_T")
@@ -371,7 +371,6 @@ class PostgresDispatchStore:
     async def retry_ranges(self, after: Mapping[int, RetryDue], end: datetime, limit: int) -> dict[int, list[RetryDue]]:
         """Per shard of ``after``: up to ``limit`` scheduled retries due before ``end``, in (due, id) order strictly
         after the shard's position; one statement for every shard."""
-        found: dict[int, list[RetryDue]] = {shard: [] for shard in after}
         shards = list(after)
         rows = await self._db.pool.fetch(
             Q["retry_ranges"],
@@ -381,17 +380,13 @@ class PostgresDispatchStore:
             end,
             limit,
         )
-        for row in rows:
-            found[row["shard"]].append(RetryDue(row["id"], row["next_attempt_at"]))
-        return found
+        return by_shard(shards, rows, _retry_due)
 
     async def overdue_retries(self, shards: Sequence[int], before: datetime, limit: int) -> dict[int, list[RetryDue]]:
         """Per shard of ``shards``: up to ``limit`` scheduled retries due before ``before`` and still not dispatched
         (their member was lost); one statement for every shard."""
-        found: dict[int, list[RetryDue]] = {shard: [] for shard in shards}
-        for row in await self._db.pool.fetch(Q["overdue_retries"], list(shards), before, limit):
-            found[row["shard"]].append(RetryDue(row["id"], row["next_attempt_at"]))
-        return found
+        rows = await self._db.pool.fetch(Q["overdue_retries"], list(shards), before, limit)
+        return by_shard(shards, rows, _retry_due)
 
     async def dispatch_retries(self, shard: int, token: int, holder: str, claims: Sequence[RetryDue]) -> RetryDispatch:
         """The fenced retry transaction: raise the shard's fence to ``token`` (or raise :class:`FencedOut`), then
@@ -460,6 +455,10 @@ class PostgresDispatchStore:
         return cast(
             list[Record], await self._db.fetch_every_partition(Q["passed_pending"], pool, published_before, limit)
         )
+
+
+def _retry_due(row: Record) -> RetryDue:
+    return RetryDue(row["id"], row["next_attempt_at"])
 
 
 def _insert_arguments(

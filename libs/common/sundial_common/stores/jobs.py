@@ -18,7 +18,7 @@ import asyncpg
 from sundial_common.queries import load_file
 from sundial_common.stores.database import Database
 from sundial_common.stores.tenants import ActiveJobsQuotaExceeded, room_for_jobs_on
-from sundial_common.stores.types import Occurrence, Record
+from sundial_common.stores.types import Occurrence, Record, by_shard
 
 Q = load_file("jobs.sql")
 
@@ -221,7 +221,6 @@ class PostgresJobStore:
     ) -> dict[int, list[Occurrence]]:
         """Per shard of ``after``: up to ``limit`` active jobs due before ``end``, in (due, id) order strictly after
         the shard's position; one statement for every shard."""
-        found: dict[int, list[Occurrence]] = {shard: [] for shard in after}
         shards = list(after)
         rows = await self._db.pool.fetch(
             Q["hydration_ranges"],
@@ -231,19 +230,15 @@ class PostgresJobStore:
             end,
             limit,
         )
-        for row in rows:
-            found[row["shard"]].append(Occurrence(row["id"], row["next_fire_at"]))
-        return found
+        return by_shard(shards, rows, lambda row: Occurrence(row["id"], row["next_fire_at"]))
 
     async def overdue_occurrences(
         self, shards: Sequence[int], before: datetime, limit: int
     ) -> dict[int, list[Occurrence]]:
         """Per shard of ``shards``: active jobs that should have fired before ``before`` and manual triggers pending
         since before it (their member was lost), up to ``limit`` of each kind; one statement for every shard."""
-        found: dict[int, list[Occurrence]] = {shard: [] for shard in shards}
-        for row in await self._db.pool.fetch(Q["overdue_occurrences"], list(shards), before, limit):
-            found[row["shard"]].append(Occurrence(row["id"], row["at"]))
-        return found
+        rows = await self._db.pool.fetch(Q["overdue_occurrences"], list(shards), before, limit)
+        return by_shard(shards, rows, lambda row: Occurrence(row["id"], row["at"]))
 
     async def count_jobs(self) -> dict[tuple[str, str], int]:
         """How many jobs each (tenant, state) has (the sweeper's sampled gauge)."""
