@@ -35,7 +35,7 @@ from typing import Any
 import asyncpg
 from sundial_analytics.ingest import IngestConfig, Ingester
 from sundial_analytics.replica import ClickHouseReplica, ReplicaConfig
-from sundial_common.ids import new_id
+from sundial_common.domain.ids import new_id
 from sundial_common.stores import Stores
 from sundial_infra.servers.postgres import PostgresServer
 from sundial_infra.stack import BENCH_PORTS

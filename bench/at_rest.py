@@ -9,7 +9,7 @@ It starts its own Postgres and Redis (``LocalStack`` on the bench ports + ``--po
 ``.sundial/bench-at-rest/``, wiped first), migrates, and registers ``--jobs`` recurring jobs straight into
 Postgres with COPY (as a bulk registration would; the API path is measured elsewhere): a realistic mix of
 daily and hourly cron jobs in several time zones and intervals from 5 minutes to a day, each with its next
-fire computed by ``sundial_common.schedules`` exactly as the API does. Then it measures:
+fire computed by ``sundial_common.domain.schedules`` exactly as the API does. Then it measures:
 
 * Postgres size: the ``jobs`` heap, each of its indexes, the database;
 * the hydrator: one pass from an empty Redis (a rebuild: promotes the whole hot window; and when every shard
@@ -46,12 +46,12 @@ import asyncpg
 import machine  # bench/ is on sys.path: run as a script, or imported by harness.py
 from idle import Sampler  # bench/ is on sys.path, as for machine
 from redis.asyncio import Redis
-from sundial_common.hotwindow import HotWindow
-from sundial_common.ids import new_id, shard_for
-from sundial_common.migrate import upgrade
-from sundial_common.schedules import Kind, ScheduleSpec, fire_at, next_fire
+from sundial_common.domain.ids import new_id, shard_for
+from sundial_common.domain.schedules import Kind, ScheduleSpec, fire_at, next_fire
+from sundial_common.hotwindow.window import HotWindow
 from sundial_common.stores import Stores
 from sundial_common.stores.jobs import Q
+from sundial_common.stores.schema import upgrade
 from sundial_common.stores.types import Occurrence, RetryDue
 from sundial_hydrator.hydrator import Hydrator, HydratorConfig
 from sundial_infra.stack import BENCH_PORTS, LocalStack, Ports

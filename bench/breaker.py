@@ -40,7 +40,7 @@ import asyncpg
 import httpx
 import machine  # bench/ is on sys.path: run as a script
 from harness import REPO, RESULTS, Bench, Shape, _record
-from sundial_common.ids import new_id
+from sundial_common.domain.ids import new_id
 from sundial_common.stores import Stores
 from sundial_common.stores.executions import Outcome
 from sundial_infra.stack import BENCH_PORTS, Ports

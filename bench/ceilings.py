@@ -15,7 +15,7 @@ from typing import Any
 import asyncpg
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from redis.asyncio import Redis
-from sundial_common.hotwindow import HotWindow
+from sundial_common.hotwindow.window import HotWindow
 from sundial_common.stores.types import Occurrence
 
 

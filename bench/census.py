@@ -39,7 +39,7 @@ from typing import Any
 import asyncpg
 import machine  # bench/ is on sys.path: run as a script
 from harness import POSTGRES_SETTINGS, REPO, RESULTS, _record, fresh_database
-from sundial_common.ids import new_id
+from sundial_common.domain.ids import new_id
 from sundial_common.stores import Stores
 from sundial_common.stores.tenants import Q as TENANT_QUERIES
 from sundial_infra.servers.postgres import PostgresServer

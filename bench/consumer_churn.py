@@ -28,8 +28,8 @@ from types import ModuleType
 from typing import Any
 
 from confluent_kafka import Consumer, Producer, TopicPartition
-from sundial_common.broker import ensure_topics
-from sundial_common.messages import pool_topic
+from sundial_common.broker.kafka import ensure_topics
+from sundial_common.broker.messages import pool_topic
 from sundial_infra.servers.broker import BrokerServer
 from sundial_infra.stack import BENCH_PORTS
 

@@ -38,14 +38,14 @@ from pathlib import Path
 from typing import Any
 
 from redis.asyncio import Redis
-from sundial_common.broker import KafkaPublisher, ensure_topics
-from sundial_common.ids import new_id
-from sundial_common.messages import pool_topic
-from sundial_common.migrate import upgrade
-from sundial_common.ratelimit import TokenBuckets
+from sundial_common.broker.kafka import KafkaPublisher, ensure_topics
+from sundial_common.broker.messages import pool_topic
+from sundial_common.domain.ids import new_id
+from sundial_common.hotwindow.rate_limits import TokenBuckets
 from sundial_common.stores import Stores
 from sundial_common.stores.dependencies import Edge
 from sundial_common.stores.executions import Outcome
+from sundial_common.stores.schema import upgrade
 from sundial_dispatcher.fairness import FairnessConfig, OpenWork
 from sundial_dispatcher.limits import SideLimits
 from sundial_dispatcher.tenancy import TenantPolicy

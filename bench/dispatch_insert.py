@@ -37,10 +37,10 @@ import asyncpg
 import machine  # bench/ is on sys.path: run as a script
 from harness import POSTGRES_SETTINGS, REPO, RESULTS, _record, fresh_database
 from storage import TENANT, due_jobs
-from sundial_common.ids import new_execution_id
-from sundial_common.queries import load, load_file
+from sundial_common.domain.ids import new_execution_id
 from sundial_common.stores.database import _init_connection
 from sundial_common.stores.dispatch import PlannedExecution, _insert_arguments
+from sundial_common.stores.queries import load, load_file
 from sundial_infra.servers.postgres import PostgresServer
 from sundial_infra.stack import BENCH_PORTS
 

@@ -26,9 +26,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).parent))
 import harness
 import machine
-from sundial_common.ids import new_id
-from sundial_common.service import prepare_collector
-from sundial_common.telemetry import setup_tracing
+from sundial_common.domain.ids import new_id
+from sundial_common.observability.tracing import setup_tracing
+from sundial_common.runtime.service import prepare_collector
 from sundial_dispatcher import cli
 from sundial_dispatcher.dispatcher import DispatcherConfig, ShardDispatcher, _Planner
 

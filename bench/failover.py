@@ -45,11 +45,11 @@ from typing import Any
 import aetcd
 import asyncpg
 from redis.asyncio import Redis
-from sundial_common.broker import ensure_topics
-from sundial_common.hotwindow import HotWindow
-from sundial_common.ids import new_id, shard_for
-from sundial_common.messages import pool_topic
-from sundial_common.registry import ClusterKeys
+from sundial_common.broker.kafka import ensure_topics
+from sundial_common.broker.messages import pool_topic
+from sundial_common.coordination.registry import ClusterKeys
+from sundial_common.domain.ids import new_id, shard_for
+from sundial_common.hotwindow.window import HotWindow
 from sundial_common.stores import Stores
 from sundial_common.stores.types import Occurrence
 from sundial_infra.stack import BENCH_PORTS, LocalStack, Ports

@@ -43,13 +43,13 @@ import asyncpg
 import httpx
 import orjson
 from redis.asyncio import Redis
-from sundial_common.auth import issue_token
-from sundial_common.encryption import PAYLOAD, EncryptionSettings, TenantCipher, open_keyring
-from sundial_common.hotwindow import HotWindow
-from sundial_common.ids import new_id, shard_for
-from sundial_common.migrate import upgrade
-from sundial_common.settings import CommonSettings
+from sundial_common.domain.ids import new_id, shard_for
+from sundial_common.hotwindow.window import HotWindow
+from sundial_common.runtime.settings import CommonSettings
+from sundial_common.security.auth import issue_token
+from sundial_common.security.encryption import PAYLOAD, EncryptionSettings, TenantCipher, open_keyring
 from sundial_common.stores import Stores
+from sundial_common.stores.schema import upgrade
 from sundial_common.stores.types import Occurrence
 from sundial_infra.process import wait_for
 from sundial_infra.servers.postgres import PostgresServer

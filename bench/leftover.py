@@ -28,7 +28,7 @@ from typing import Any
 
 import asyncpg
 from confluent_kafka import Consumer, KafkaError, TopicPartition
-from sundial_common.messages import pool_topic
+from sundial_common.broker.messages import pool_topic
 
 #: The run's executions not SUCCEEDED, with what tells where each one is.
 _NOT_DONE = """

@@ -3,7 +3,7 @@ per message, for batches of a few sizes.
 
 librdkafka sends one produce request per partition, and Tansu's cost follows its requests and stored batches
 (README "Worker and broker, second round"), so how a batch's messages are spread over a topic's partitions is
-what this measures: the real :class:`~sundial_common.broker.KafkaPublisher` of this checkout, warmed as a
+what this measures: the real :class:`~sundial_common.broker.kafka.KafkaPublisher` of this checkout, warmed as a
 dispatcher warms it, publishing ``--batches`` batches of each size to a 4-partition topic on a broker of its own
 (memory storage, nothing else connected), one batch at a time with a 10 ms pause. Requests are librdkafka's own
 count (``statistics.interval.ms``); the broker's CPU is read from ``/proc``. Run it on two checkouts for a
@@ -29,9 +29,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 import machine
-from sundial_common.broker import KafkaPublisher, ensure_topics
-from sundial_common.ids import new_id
-from sundial_common.messages import ExecutionMessage, pool_topic
+from sundial_common.broker.kafka import KafkaPublisher, ensure_topics
+from sundial_common.broker.messages import ExecutionMessage, pool_topic
+from sundial_common.domain.ids import new_id
 from sundial_infra.servers.broker import BrokerServer
 from sundial_infra.stack import BENCH_PORTS
 

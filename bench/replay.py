@@ -34,13 +34,13 @@ from pathlib import Path
 from typing import Any
 
 from confluent_kafka import Consumer, Producer, TopicPartition
-from sundial_common.broker import ensure_topics
-from sundial_common.clock import to_ms
-from sundial_common.messages import ExecutionMessage, pool_topic
-from sundial_common.migrate import upgrade
+from sundial_common.broker.kafka import ensure_topics
+from sundial_common.broker.messages import ExecutionMessage, pool_topic
+from sundial_common.broker.topic_windows import KafkaTopicInspector
+from sundial_common.runtime.clock import to_ms
 from sundial_common.stores import Stores
 from sundial_common.stores.replays import NewReplay
-from sundial_common.topics import KafkaTopicInspector
+from sundial_common.stores.schema import upgrade
 from sundial_infra.stack import BENCH_PORTS, LocalStack, Ports
 from sundial_replayer.kafka import KafkaReplayKafka
 from sundial_replayer.replayer import Replayer, ReplayerConfig

@@ -46,8 +46,8 @@ from typing import Any
 import asyncpg
 import machine  # bench/ is on sys.path: run as a script
 from harness import EXECUTION_UPDATES, POSTGRES_SETTINGS, REPO, RESULTS, _record, fresh_database
-from sundial_common.clock import from_ms, to_ms
-from sundial_common.ids import new_id
+from sundial_common.domain.ids import new_id
+from sundial_common.runtime.clock import from_ms, to_ms
 from sundial_common.stores import Stores
 from sundial_common.stores.dispatch import PlannedExecution
 from sundial_common.stores.executions import Outcome

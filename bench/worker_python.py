@@ -28,11 +28,11 @@ import uvloop
 sys.path.insert(0, str(Path(__file__).parent))
 import harness
 import machine
-from sundial_common.encryption import PAYLOAD, TenantCipher
-from sundial_common.ids import new_id, parse_id
-from sundial_common.messages import ExecutionMessage
-from sundial_common.service import prepare_collector
-from sundial_common.telemetry import setup_tracing
+from sundial_common.broker.messages import ExecutionMessage
+from sundial_common.domain.ids import new_id, parse_id
+from sundial_common.observability.tracing import setup_tracing
+from sundial_common.runtime.service import prepare_collector
+from sundial_common.security.encryption import PAYLOAD, TenantCipher
 from sundial_worker import cli
 from sundial_worker.consumer import Delivery
 from sundial_worker.demo import worker

@@ -54,7 +54,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from redis.asyncio import Redis
-from sundial_common.broker import KafkaPublisher
+from sundial_common.broker.kafka import KafkaPublisher
 from sundial_common.stores import Stores
 from sundial_infra.servers.base import Server
 from sundial_infra.stack import TEST_PORTS, LocalStack, Ports
@@ -155,7 +155,7 @@ async def template_db(stack: LocalStack) -> str:
     It accepts no connections afterwards, because ``CREATE DATABASE … TEMPLATE`` fails while the
     template has any session.
     """
-    from sundial_common.migrate import upgrade  # imported late: unit-only runs must not need it
+    from sundial_common.stores.schema import upgrade  # imported late: unit-only runs must not need it
 
     admin = await asyncpg.connect(stack.postgres_dsn)
     try:

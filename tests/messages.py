@@ -10,8 +10,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from sundial_common.ids import new_id
-from sundial_common.messages import ExecutionMessage
+from sundial_common.broker.messages import ExecutionMessage
+from sundial_common.domain.ids import new_id
 
 
 def execution_message(pool: str, **fields: Any) -> ExecutionMessage:

@@ -9,7 +9,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from sundial_common.encryption import PAYLOAD, PROGRESS, RESULT, EncryptionSettings, Keyring, master_key_provider
+from sundial_common.security.encryption import (
+    PAYLOAD,
+    PROGRESS,
+    RESULT,
+    EncryptionSettings,
+    Keyring,
+    master_key_provider,
+)
 from sundial_common.stores import Stores
 
 _JSON_COLUMNS = {"payload": PAYLOAD, "result": RESULT, "progress": PROGRESS, "previous_progress": PROGRESS}

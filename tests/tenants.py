@@ -17,8 +17,8 @@ from collections.abc import Iterable
 from typing import Any
 
 import asyncpg
-from sundial_common.auth import issue_token
-from sundial_common.settings import CommonSettings
+from sundial_common.runtime.settings import CommonSettings
+from sundial_common.security.auth import issue_token
 
 from tests.pools import admit
 

@@ -24,7 +24,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from sundial_common.stopsignals import StopSignals
+from sundial_common.runtime.stop_signals import StopSignals
 
 from sundial_infra.process import marked_processes, read_pid_file, terminate, write_pid_file
 from sundial_infra.servers.postgres import remove_legacy_clusters

@@ -1,7 +1,7 @@
 """Sundial's Grafana dashboards as code, and ``sundial dashboards render``.
 
 This module owns what each dashboard shows (its panels and their PromQL, written against the metric
-catalogue of ``sundial_common.metrics``) and how it becomes Grafana JSON: through grafana-foundation-sdk's
+catalogue of ``sundial_common.observability.metrics``) and how it becomes Grafana JSON: through grafana-foundation-sdk's
 builders, with every panel and query on the provisioned Prometheus datasource (:data:`DATASOURCE_UID`,
 ``infra/grafana/provisioning/datasources/``). The committed JSON under ``infra/grafana/dashboards/`` is
 this module's output (``sundial dashboards render`` rewrites it; a test checks it is current).

@@ -84,7 +84,7 @@ def default_processes(
     """The Sundial processes of one development environment: HA out of the box.
 
     8 shards (the default ``SUNDIAL_SHARDS``) over two dispatcher replicas, and the hydrator, the sweeper and
-    the replayer each in two hosts (``sundial services``, :mod:`sundial_common.host`): each role is elected in
+    the replayer each in two hosts (``sundial services``, :mod:`sundial_common.commands.host`): each role is elected in
     one and stands by in the other; kill either host and the other leads every role (see the README's HA
     section). Hosted together because an idle Python process costs the same whatever it runs: two processes
     instead of six. Each replica serves ``/metrics`` on a port of ``metrics_ports`` of its own; the API on its

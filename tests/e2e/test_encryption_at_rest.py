@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import pytest
 from confluent_kafka import Consumer
-from sundial_common.messages import pool_topic
+from sundial_common.broker.messages import pool_topic
 
 from tests.e2e.conftest import SUNDIAL, Processes, free_port
 from tests.tenants import tenant_token

@@ -15,8 +15,8 @@ from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
-from sundial_common.auth import issue_token
-from sundial_common.settings import CommonSettings
+from sundial_common.runtime.settings import CommonSettings
+from sundial_common.security.auth import issue_token
 from sundial_dispatcher.balance import placement
 
 from tests.e2e.conftest import SUNDIAL, free_port

@@ -16,8 +16,8 @@ from typing import Any, TypeVar
 import httpx
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
-from sundial_common.broker import ensure_topics
-from sundial_common.messages import DLQ_TOPIC
+from sundial_common.broker.kafka import ensure_topics
+from sundial_common.broker.messages import DLQ_TOPIC
 
 from tests.e2e.conftest import Processes, free_port
 from tests.tenants import tenant_token

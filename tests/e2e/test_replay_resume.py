@@ -17,8 +17,8 @@ from datetime import UTC, datetime, timedelta
 import asyncpg
 import pytest
 from confluent_kafka import Consumer, TopicPartition
-from sundial_common.broker import ensure_topics
-from sundial_common.messages import pool_topic
+from sundial_common.broker.kafka import ensure_topics
+from sundial_common.broker.messages import pool_topic
 from sundial_common.stores import Stores
 from sundial_common.stores.replays import NewReplay
 

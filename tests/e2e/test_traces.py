@@ -19,8 +19,8 @@ from typing import Any
 
 import httpx
 import pytest
-from sundial_common.broker import ensure_topics
-from sundial_common.messages import DLQ_TOPIC
+from sundial_common.broker.kafka import ensure_topics
+from sundial_common.broker.messages import DLQ_TOPIC
 
 from tests.e2e.conftest import Processes, free_port, otlp_env
 from tests.e2e.test_reliable_execution import QUICK, until

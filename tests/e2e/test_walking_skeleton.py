@@ -16,7 +16,7 @@ from pathlib import Path
 import asyncpg
 import httpx
 import pytest
-from sundial_common.encryption import RESULT
+from sundial_common.security.encryption import RESULT
 
 from tests.e2e.conftest import Processes, free_port
 from tests.sealed import opened_values

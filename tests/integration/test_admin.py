@@ -15,10 +15,10 @@ from fastapi import FastAPI
 from redis.asyncio import Redis
 from sundial_api import ApiSettings, create_app
 from sundial_api.admin import register_replica
-from sundial_common.auth import issue_token
-from sundial_common.hotwindow import HotWindow
-from sundial_common.leadership import LeadershipConfig, ShardLeadership
-from sundial_common.registry import ClusterKeys, ReplicaRecord, ReplicaRegistration
+from sundial_common.coordination.leadership import LeadershipConfig, ShardLeadership
+from sundial_common.coordination.registry import ClusterKeys, ReplicaRecord, ReplicaRegistration
+from sundial_common.hotwindow.window import HotWindow
+from sundial_common.security.auth import issue_token
 from sundial_common.stores.types import Occurrence
 
 from tests.tenants import tenant_token

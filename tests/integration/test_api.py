@@ -28,8 +28,8 @@ from sundial_api import ApiSettings, create_app
 from sundial_api.models.common import Problem
 from sundial_api.models.executions import ExecutionDetail, ExecutionPage
 from sundial_api.models.jobs import JobDetail
-from sundial_common.hotwindow import member
-from sundial_common.ids import new_id
+from sundial_common.domain.ids import new_id
+from sundial_common.hotwindow.window import member
 from sundial_infra.stack import LocalStack
 
 from tests.tenants import tenant_token

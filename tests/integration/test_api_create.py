@@ -17,8 +17,8 @@ import asyncpg
 import pytest
 from sundial_api.state import ApiState
 from sundial_api.tenant_cache import TenantCache
-from sundial_common.pool_cache import PoolCache
 from sundial_common.stores import Stores
+from sundial_common.stores.pool_cache import PoolCache
 from sundial_common.stores.pools import Pool
 from sundial_common.stores.tenants import Tenant
 

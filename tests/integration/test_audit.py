@@ -14,7 +14,7 @@ import pytest
 from sundial_api.models.audit import AuditPage
 from sundial_client import AsyncClient, Client
 from sundial_client.cli import _executions_parser, _jobs_parser
-from sundial_common.auth import issue_token
+from sundial_common.security.auth import issue_token
 from sundial_common.stores import Stores
 from sundial_common.stores.audit import ExecutionEvent, record_execution_event
 from sundial_common.stores.executions import Outcome

@@ -11,9 +11,9 @@ from datetime import UTC, datetime, timedelta
 import asyncpg
 import pytest
 from alembic import command
-from sundial_common.ids import new_id
-from sundial_common.migrate import _config, upgrade
+from sundial_common.domain.ids import new_id
 from sundial_common.stores import Stores
+from sundial_common.stores.schema import alembic_config, upgrade
 from sundial_sweeper.partitions import PartitionLoop, PartitionLoopConfig
 
 from tests.integration.test_execution_partitions import At, day_name, empty_database, midnight, partition_names
@@ -120,7 +120,7 @@ async def test_an_upgrade_from_0019_keeps_the_trail_readable_and_its_ids_growing
     finally:
         await stores.close()
 
-    await asyncio.to_thread(command.downgrade, _config(empty_database), "0019")
+    await asyncio.to_thread(command.downgrade, alembic_config(empty_database), "0019")
     db = await asyncpg.connect(empty_database)
     try:
         assert await db.fetchval("SELECT relkind::text FROM pg_class WHERE relname = 'audit_log'") == "r"

@@ -8,8 +8,8 @@ import uuid
 from datetime import timedelta
 from typing import Any
 
-from sundial_common.broker import KafkaPublisher
-from sundial_common.ids import new_id
+from sundial_common.broker.kafka import KafkaPublisher
+from sundial_common.domain.ids import new_id
 from sundial_common.stores import Stores
 from sundial_dispatcher.backfills import BackfillConfig, BackfillDispatcher
 from sundial_dispatcher.limits import SideLimits

@@ -16,12 +16,12 @@ from typing import Any
 
 import pytest
 from redis.asyncio import Redis
-from sundial_common.broker import KafkaPublisher, ensure_topics
-from sundial_common.clock import from_ms, to_ms
-from sundial_common.hotwindow import HotWindow, member, retry_member
-from sundial_common.ids import new_id
-from sundial_common.messages import pool_topic
-from sundial_common.metrics import REGISTRY
+from sundial_common.broker.kafka import KafkaPublisher, ensure_topics
+from sundial_common.broker.messages import pool_topic
+from sundial_common.domain.ids import new_id
+from sundial_common.hotwindow.window import HotWindow, member, retry_member
+from sundial_common.observability.metrics import REGISTRY
+from sundial_common.runtime.clock import from_ms, to_ms
 from sundial_common.stores import Stores
 from sundial_common.stores.breakers import BreakerSettings
 from sundial_common.stores.dispatch import PlannedExecution

@@ -11,9 +11,9 @@ from datetime import UTC, datetime, timedelta
 
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient  # type: ignore[attr-defined]
-from sundial_common.broker import KafkaIncarnation, KafkaPublisher
-from sundial_common.hotwindow import HotWindow
-from sundial_common.messages import ExecutionMessage, pool_topic
+from sundial_common.broker.kafka import KafkaIncarnation, KafkaPublisher
+from sundial_common.broker.messages import ExecutionMessage, pool_topic
+from sundial_common.hotwindow.window import HotWindow
 from sundial_common.stores import Stores
 from sundial_common.stores.types import Occurrence
 from sundial_dispatcher.dispatcher import DispatcherConfig, ShardDispatcher

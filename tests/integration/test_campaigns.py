@@ -18,8 +18,8 @@ from typing import TypeVar
 
 import aetcd
 import pytest
-from sundial_common.leadership import LeadershipConfig, ShardLeadership
-from sundial_common.registry import ClusterKeys, Membership, ReplicaRecord, ReplicaRegistration
+from sundial_common.coordination.leadership import LeadershipConfig, ShardLeadership
+from sundial_common.coordination.registry import ClusterKeys, Membership, ReplicaRecord, ReplicaRegistration
 from sundial_common.stores.dispatch import FencedOut
 from sundial_dispatcher.balance import placement
 from sundial_dispatcher.shards import CampaignConfig, Placement, ShardCampaign, Tenure

@@ -25,8 +25,8 @@ from sundial_api import ApiSettings, create_app
 from sundial_client import AsyncClient, Client, Conflict, NotFound, Retries, ValidationFailed
 from sundial_client.cli import _executions_parser, _jobs_parser, run
 from sundial_client.tenants_cli import parser as tenants_parser
-from sundial_common.auth import issue_token
-from sundial_common.ids import new_id
+from sundial_common.domain.ids import new_id
+from sundial_common.security.auth import issue_token
 
 from tests.conftest import _test_ports
 from tests.pools import admit

@@ -15,9 +15,9 @@ from typing import Any
 
 import asyncpg
 import pytest
-from sundial_common.broker import KafkaPublisher
-from sundial_common.ids import new_id
-from sundial_common.ratelimit import TokenBuckets
+from sundial_common.broker.kafka import KafkaPublisher
+from sundial_common.domain.ids import new_id
+from sundial_common.hotwindow.rate_limits import TokenBuckets
 from sundial_common.stores import Stores
 from sundial_common.stores.dispatch import FencedOut
 from sundial_common.stores.executions import LostAttempt, Outcome

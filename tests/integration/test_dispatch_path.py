@@ -19,14 +19,14 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from opentelemetry import trace
 from redis.asyncio import Redis
-from sundial_common.broker import KafkaPublisher, ensure_topics
-from sundial_common.hotwindow import HotWindow
-from sundial_common.ids import new_id
-from sundial_common.messages import ExecutionMessage, pool_topic
+from sundial_common.broker.kafka import KafkaPublisher, ensure_topics
+from sundial_common.broker.messages import ExecutionMessage, pool_topic
+from sundial_common.domain.ids import new_id
+from sundial_common.hotwindow.window import HotWindow
+from sundial_common.observability.tracing import traceparent, tracer
 from sundial_common.stores import Stores
 from sundial_common.stores.dispatch import FencedOut, PlannedExecution
 from sundial_common.stores.types import Occurrence
-from sundial_common.telemetry import traceparent, tracer
 from sundial_dispatcher import group_commit
 from sundial_dispatcher.dispatcher import DispatcherConfig, DispatchResult, ShardDispatcher
 from sundial_dispatcher.group_commit import GroupCommit

@@ -13,10 +13,10 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from redis.asyncio import Redis
-from sundial_common.hotwindow import HotWindow
-from sundial_common.ids import new_id
+from sundial_common.broker.wakeups import WakingPublisher
+from sundial_common.domain.ids import new_id
+from sundial_common.hotwindow.window import HotWindow
 from sundial_common.stores.types import Occurrence
-from sundial_common.topic_wakeups import WakingPublisher
 from sundial_dispatcher.wakes import WakeListener
 from sundial_worker.wakeups import TopicWakes
 

@@ -12,10 +12,10 @@ from datetime import UTC, datetime
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
-from sundial_common.broker import KafkaPublisher, ensure_topics
-from sundial_common.clock import SystemClock
-from sundial_common.hotwindow import HotWindow
-from sundial_common.messages import ExecutionMessage, pool_group, pool_topic
+from sundial_common.broker.kafka import KafkaPublisher, ensure_topics
+from sundial_common.broker.messages import ExecutionMessage, pool_group, pool_topic
+from sundial_common.hotwindow.window import HotWindow
+from sundial_common.runtime.clock import SystemClock
 from sundial_common.stores import Stores
 from sundial_sweeper.consumed import ConsumedHorizon
 from sundial_sweeper.sweeper import Sweeper, SweeperConfig

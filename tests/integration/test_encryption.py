@@ -9,8 +9,8 @@ import os
 import pytest
 from sundial_api.app import create_app
 from sundial_api.settings import ApiSettings
-from sundial_common.encryption import PAYLOAD, Keyring, LocalMasterKey, MasterKeyError
-from sundial_common.keys_cli import rotate
+from sundial_common.commands.keys import rotate
+from sundial_common.security.encryption import PAYLOAD, Keyring, LocalMasterKey, MasterKeyError
 from sundial_common.stores import Stores
 
 

@@ -1,4 +1,5 @@
-"""Lease renewals on one long-lived keep-alive stream (sundial_common.etcd_client), against the test etcd."""
+"""Lease renewals on one long-lived keep-alive stream (sundial_common.coordination.etcd_client), against the test
+etcd."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any
 
 import aetcd
 import pytest
-from sundial_common.registry import etcd_client
+from sundial_common.coordination.registry import etcd_client
 
 
 async def test_renewals_of_many_leases_share_one_stream_and_each_gets_its_own_answer(etcd_endpoint: str) -> None:

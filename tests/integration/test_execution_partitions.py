@@ -12,11 +12,11 @@ from datetime import UTC, date, datetime, time, timedelta
 import asyncpg
 import pytest
 from alembic import command
-from sundial_common.clock import SystemClock
-from sundial_common.ids import id_floor, new_id
-from sundial_common.migrate import _config, upgrade
+from sundial_common.domain.ids import id_floor, new_id
+from sundial_common.runtime.clock import SystemClock
 from sundial_common.stores import Stores
 from sundial_common.stores.executions import Outcome
+from sundial_common.stores.schema import alembic_config, upgrade
 from sundial_infra.stack import LocalStack
 from sundial_sweeper.partitions import PartitionLoop, PartitionLoopConfig
 
@@ -251,7 +251,7 @@ async def test_an_upgrade_from_0017_keeps_existing_executions_readable_and_writa
     finally:
         await stores.close()
 
-    await asyncio.to_thread(command.downgrade, _config(empty_database), "0017")
+    await asyncio.to_thread(command.downgrade, alembic_config(empty_database), "0017")
     db = await asyncpg.connect(empty_database)
     try:
         assert await db.fetchval("SELECT relkind::text FROM pg_class WHERE relname = 'executions'") == "r"

@@ -14,10 +14,10 @@ from typing import Any
 import httpx
 import pytest
 from sundial_api.models.executions import Execution, ExecutionList
-from sundial_common.clock import to_ms
-from sundial_common.hotwindow import retry_member
-from sundial_common.ids import id_floor
-from sundial_common.signals import cancel_key
+from sundial_common.domain.ids import id_floor
+from sundial_common.hotwindow.execution_signals import cancel_key
+from sundial_common.hotwindow.window import retry_member
+from sundial_common.runtime.clock import to_ms
 
 from tests.integration.test_api import NOW, TENANT, Api, api, error_fields, insert_execution, one_shot
 

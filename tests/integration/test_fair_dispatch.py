@@ -12,10 +12,10 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from redis.asyncio import Redis
-from sundial_common.broker import KafkaPublisher
-from sundial_common.hotwindow import HotWindow
-from sundial_common.ids import new_id
-from sundial_common.ratelimit import TokenBuckets
+from sundial_common.broker.kafka import KafkaPublisher
+from sundial_common.domain.ids import new_id
+from sundial_common.hotwindow.rate_limits import TokenBuckets
+from sundial_common.hotwindow.window import HotWindow
 from sundial_common.stores import Stores
 from sundial_common.stores.types import Occurrence
 from sundial_dispatcher.dispatcher import DispatcherConfig, ShardDispatcher

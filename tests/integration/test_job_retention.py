@@ -12,10 +12,10 @@ from typing import Any
 
 import asyncpg
 import pytest
-from sundial_common.ids import new_id
-from sundial_common.migrate import upgrade
+from sundial_common.domain.ids import new_id
 from sundial_common.stores import Stores
 from sundial_common.stores.jobs import Q as JOBS_SQL
+from sundial_common.stores.schema import upgrade
 from sundial_sweeper.job_retention import JobRetention, JobRetentionConfig, JobRetentionPass
 
 from tests.integration.test_api import Api, api  # noqa: F401  (the `api` fixture)

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 import aetcd
 import pytest
-from sundial_common.leadership import (
+from sundial_common.coordination.leadership import (
     Clock,
     LeadershipConfig,
     LeadershipStopped,
@@ -169,7 +169,7 @@ async def test_standby_takes_over_after_the_leader_process_is_killed(
 _LEADER_PROCESS = """
 import asyncio, sys
 import aetcd
-from sundial_common.leadership import LeadershipConfig, ShardLeadership
+from sundial_common.coordination.leadership import LeadershipConfig, ShardLeadership
 
 async def main() -> None:
     endpoint, prefix, shard = sys.argv[1], sys.argv[2], int(sys.argv[3])

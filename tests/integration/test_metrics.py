@@ -20,11 +20,11 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families
 from redis.asyncio import Redis
 from sundial_api.app import create_app
 from sundial_api.settings import ApiSettings
-from sundial_common.broker import KafkaPublisher
-from sundial_common.clock import from_ms, to_ms
-from sundial_common.hotwindow import HotWindow
-from sundial_common.ids import new_id
-from sundial_common.metrics import REGISTRY, exposition
+from sundial_common.broker.kafka import KafkaPublisher
+from sundial_common.domain.ids import new_id
+from sundial_common.hotwindow.window import HotWindow
+from sundial_common.observability.metrics import REGISTRY, exposition
+from sundial_common.runtime.clock import from_ms, to_ms
 from sundial_common.stores import Stores
 from sundial_common.stores.dispatch import PlannedExecution
 from sundial_common.stores.executions import Outcome

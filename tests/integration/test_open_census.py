@@ -10,9 +10,9 @@ from typing import Any
 from uuid import UUID
 
 import pytest
-from sundial_common.queries import load_file
 from sundial_common.stores import Stores
 from sundial_common.stores.executions import Outcome
+from sundial_common.stores.queries import load_file
 
 from tests.integration.test_reliability import TENANT, make_executions
 

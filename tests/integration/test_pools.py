@@ -16,9 +16,9 @@ import pytest
 from confluent_kafka.admin import AdminClient
 from sundial_api.app import create_app
 from sundial_api.settings import ApiSettings
-from sundial_common.auth import issue_token
-from sundial_common.messages import pool_topic
-from sundial_common.migrate import upgrade
+from sundial_common.broker.messages import pool_topic
+from sundial_common.security.auth import issue_token
+from sundial_common.stores.schema import upgrade
 from sundial_infra.stack import LocalStack
 
 from tests.pools import admit, register_pool

@@ -11,9 +11,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from sundial_common.broker import KafkaPublisher
-from sundial_common.hotwindow import HotWindow
-from sundial_common.messages import pool_topic
+from sundial_common.broker.kafka import KafkaPublisher
+from sundial_common.broker.messages import pool_topic
+from sundial_common.hotwindow.window import HotWindow
 from sundial_common.stores import Stores
 from sundial_dispatcher.dispatcher import DispatcherConfig, ShardDispatcher
 

@@ -18,12 +18,12 @@ from typing import Any, cast
 
 import pytest
 from redis.asyncio import Redis
-from sundial_common.broker import KafkaPublisher
-from sundial_common.clock import to_ms
-from sundial_common.hotwindow import HotWindow
-from sundial_common.ids import new_id
-from sundial_common.messages import pool_topic
-from sundial_common.schedules import Kind, ScheduleSpec, fire_at, next_fire
+from sundial_common.broker.kafka import KafkaPublisher
+from sundial_common.broker.messages import pool_topic
+from sundial_common.domain.ids import new_id
+from sundial_common.domain.schedules import Kind, ScheduleSpec, fire_at, next_fire
+from sundial_common.hotwindow.window import HotWindow
+from sundial_common.runtime.clock import to_ms
 from sundial_common.stores import Stores
 from sundial_common.stores.dispatch import DispatchOutcome, DispatchPlan, DispatchStore, PlannedExecution, Planner
 from sundial_common.stores.types import Occurrence, Record

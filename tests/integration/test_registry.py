@@ -8,7 +8,13 @@ from typing import Any, TypeVar
 
 import aetcd
 import pytest
-from sundial_common.registry import ClusterKeys, LeftRegistry, Membership, ReplicaRecord, ReplicaRegistration
+from sundial_common.coordination.registry import (
+    ClusterKeys,
+    LeftRegistry,
+    Membership,
+    ReplicaRecord,
+    ReplicaRegistration,
+)
 
 T = TypeVar("T")
 TTL = 2.0

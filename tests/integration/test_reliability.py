@@ -19,12 +19,12 @@ from typing import Any
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from redis.asyncio import Redis
-from sundial_common.broker import KafkaPublisher, ensure_topics
-from sundial_common.clock import SystemClock, from_ms, to_ms
-from sundial_common.hotwindow import HotWindow, retry_member
-from sundial_common.ids import new_id
-from sundial_common.messages import DLQ_TOPIC, ExecutionMessage, pool_topic
-from sundial_common.signals import cancel_key, heartbeat_key
+from sundial_common.broker.kafka import KafkaPublisher, ensure_topics
+from sundial_common.broker.messages import DLQ_TOPIC, ExecutionMessage, pool_topic
+from sundial_common.domain.ids import new_id
+from sundial_common.hotwindow.execution_signals import cancel_key, heartbeat_key
+from sundial_common.hotwindow.window import HotWindow, retry_member
+from sundial_common.runtime.clock import SystemClock, from_ms, to_ms
 from sundial_common.stores import Stores
 from sundial_common.stores.dispatch import FencedOut, PlannedExecution
 from sundial_common.stores.executions import Outcome

@@ -23,13 +23,13 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from redis.asyncio import Redis
 from sundial_api import ApiSettings, create_app
-from sundial_common.auth import issue_token
-from sundial_common.broker import ensure_topics
-from sundial_common.clock import to_ms
-from sundial_common.messages import ExecutionMessage, pool_topic
-from sundial_common.settings import CommonSettings
+from sundial_common.broker.kafka import ensure_topics
+from sundial_common.broker.messages import ExecutionMessage, pool_topic
+from sundial_common.broker.topic_windows import KafkaTopicInspector
+from sundial_common.runtime.clock import to_ms
+from sundial_common.runtime.settings import CommonSettings
+from sundial_common.security.auth import issue_token
 from sundial_common.stores import Stores
-from sundial_common.topics import KafkaTopicInspector
 from sundial_replayer.kafka import KafkaReplayKafka
 from sundial_replayer.replayer import Replayer, ReplayerConfig
 from sundial_worker import Context, Worker, WorkerConfig

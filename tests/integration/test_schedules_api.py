@@ -17,7 +17,7 @@ from redis.asyncio import Redis
 from sundial_api import ApiSettings, create_app
 from sundial_api.models.jobs import Job
 from sundial_api.models.schedules import Preview
-from sundial_common.schedules import jitter
+from sundial_common.domain.schedules import jitter
 
 from tests.integration.test_api import SECRET, Api, FixedClock, error_fields, ms, rfc3339
 

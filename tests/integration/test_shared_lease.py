@@ -14,8 +14,8 @@ from typing import TypeVar
 
 import aetcd
 import pytest
-from sundial_common.leadership import LeadershipConfig, ShardLeadership
-from sundial_common.registry import ClusterKeys, ReplicaRecord, ReplicaRegistration
+from sundial_common.coordination.leadership import LeadershipConfig, ShardLeadership
+from sundial_common.coordination.registry import ClusterKeys, ReplicaRecord, ReplicaRegistration
 
 T = TypeVar("T")
 TTL = 2.0

@@ -17,7 +17,7 @@ import pytest
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient
 from redis.asyncio import Redis
-from sundial_common.settings import CommonSettings
+from sundial_common.runtime.settings import CommonSettings
 from sundial_infra.process import pid_alive, read_pid_file, wait_for
 from sundial_infra.stack import LocalStack
 from sundial_infra.supervisor import Backoff, ProcessSpec, Supervisor

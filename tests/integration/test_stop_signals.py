@@ -13,7 +13,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from sundial_common.broker import KafkaPublisher
+from sundial_common.broker.kafka import KafkaPublisher
 from sundial_common.stores import Stores
 
 from tests.integration.test_worker import dispatch, execution, publish, wait_state, worker_process

@@ -14,9 +14,9 @@ import httpx
 import pytest
 from sundial_api.app import create_app
 from sundial_api.settings import ApiSettings
-from sundial_common.auth import issue_token
-from sundial_common.ids import new_id
-from sundial_common.migrate import main as migrate_main
+from sundial_common.commands.migrate import main as migrate_main
+from sundial_common.domain.ids import new_id
+from sundial_common.security.auth import issue_token
 
 from tests.pools import admit
 from tests.tenants import tenant_token

@@ -19,7 +19,7 @@ from fastapi import FastAPI
 from sundial_api.app import create_app
 from sundial_api.settings import ApiSettings
 from sundial_client.command import main as sundial
-from sundial_common.auth import issue_token
+from sundial_common.security.auth import issue_token
 from sundial_infra.supervisor import sundial_argv
 
 from tests.tenants import tenant_token

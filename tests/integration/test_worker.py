@@ -29,17 +29,17 @@ from opentelemetry import propagate
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 from redis.asyncio import Redis
-from sundial_common.broker import KafkaPublisher, Publisher
-from sundial_common.clock import from_ms, to_ms
-from sundial_common.ids import new_id
-from sundial_common.messages import ExecutionMessage, pool_topic
-from sundial_common.signals import heartbeat_key
+from sundial_common.broker.kafka import KafkaPublisher, Publisher
+from sundial_common.broker.messages import ExecutionMessage, pool_topic
+from sundial_common.broker.wakeups import WakingPublisher
+from sundial_common.domain.ids import new_id
+from sundial_common.hotwindow.execution_signals import heartbeat_key
+from sundial_common.observability.tracing import trace_id_hex, traceparent, tracer
+from sundial_common.runtime.clock import from_ms, to_ms
 from sundial_common.stores import Stores
 from sundial_common.stores.dispatch import PlannedExecution
 from sundial_common.stores.executions import PostgresExecutionStore
 from sundial_common.stores.types import Occurrence, Record
-from sundial_common.telemetry import trace_id_hex, traceparent, tracer
-from sundial_common.topic_wakeups import WakingPublisher
 from sundial_worker import Context, Worker, WorkerConfig, WorkerRuntime
 from sundial_worker import demo as demo_app
 from sundial_worker.consumer import KafkaExecutionConsumer, consumer_group

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from confluent_kafka import OFFSET_INVALID
-from sundial_common.messages import ExecutionMessage
+from sundial_common.broker.messages import ExecutionMessage
 from sundial_common.stores import Stores
 from sundial_worker import Context, Worker
 from sundial_worker.settings import WorkerSettings

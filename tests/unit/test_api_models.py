@@ -25,8 +25,8 @@ from sundial_api.schedule import (
 )
 from sundial_api.settings import ApiSettings
 from sundial_api.tokens import VerifiedTokens
-from sundial_common.auth import Principal, issue_token
-from sundial_common.encryption import TenantCipher
+from sundial_common.security.auth import Principal, issue_token
+from sundial_common.security.encryption import TenantCipher
 
 NOW = datetime(2030, 6, 1, 12, 0, 0, 250_000, tzinfo=UTC)
 

@@ -7,7 +7,7 @@ from pydantic_settings import BaseSettings
 from sundial_analytics.settings import AnalyticsSettings
 from sundial_api.settings import ApiSettings
 from sundial_client.command import main as sundial
-from sundial_common.settings import CommonSettings, env_var
+from sundial_common.runtime.settings import CommonSettings, env_var
 from sundial_dispatcher.cluster_cli import CLUSTER_FIELDS
 from sundial_dispatcher.settings import DispatcherSettings
 from sundial_hydrator.settings import HydratorSettings

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 from sundial_api.models.admin import ClusterView
-from sundial_common.cluster import ClusterState, ReplicaState, RoleState, ShardState
-from sundial_common.registry import ClusterKeys, ReplicaRecord
+from sundial_common.coordination.cluster import ClusterState, ReplicaState, RoleState, ShardState
+from sundial_common.coordination.registry import ClusterKeys, ReplicaRecord
 from sundial_dispatcher.shards import CampaignConfig
 
 

@@ -6,11 +6,11 @@ import uuid
 
 import orjson
 import pytest
-from sundial_common.clock import from_ms, to_ms
-from sundial_common.ids import new_execution_id, new_id, parse_id, shard_for
-from sundial_common.messages import ExecutionMessage, pool_topic
-from sundial_common.queries import load
+from sundial_common.broker.messages import ExecutionMessage, pool_topic
+from sundial_common.domain.ids import new_execution_id, new_id, parse_id, shard_for
+from sundial_common.runtime.clock import from_ms, to_ms
 from sundial_common.stores import database, dispatch, executions, idempotency, jobs
+from sundial_common.stores.queries import load
 
 
 def test_new_ids_are_uuid7_and_time_ordered() -> None:

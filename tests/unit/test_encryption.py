@@ -6,7 +6,7 @@ import base64
 from pathlib import Path
 
 import pytest
-from sundial_common.encryption import (
+from sundial_common.security.encryption import (
     PAYLOAD,
     RESPONSE,
     RESULT,

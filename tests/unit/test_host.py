@@ -6,8 +6,8 @@ import asyncio
 import logging
 
 import pytest
-from sundial_common.host import hosted_services, run_side_by_side
-from sundial_common.logs import SERVICE, _ServiceField
+from sundial_common.commands.host import hosted_services, run_side_by_side
+from sundial_common.runtime.logs import SERVICE, _ServiceField
 
 
 class Life:
@@ -84,7 +84,9 @@ async def test_a_host_stopped_by_force_cancels_every_service() -> None:
 
 def test_a_log_line_says_which_hosted_service_wrote_it() -> None:
     def record() -> logging.LogRecord:
-        line = logging.LogRecord("sundial_common.leadership", logging.INFO, __file__, 1, "leading", None, None)
+        line = logging.LogRecord(
+            "sundial_common.coordination.leadership", logging.INFO, __file__, 1, "leading", None, None
+        )
         _ServiceField().filter(line)
         return line
 

@@ -12,8 +12,8 @@ import jwt
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from pydantic import ValidationError
-from sundial_common.auth import InvalidToken, Jwks, SymmetricKey, TokenVerifier, issue_token, symmetric_keys
-from sundial_common.settings import DEV_SIGNING_KEY, CommonSettings
+from sundial_common.runtime.settings import DEV_SIGNING_KEY, CommonSettings
+from sundial_common.security.auth import InvalidToken, Jwks, SymmetricKey, TokenVerifier, issue_token, symmetric_keys
 
 OLD = "an-old-signing-key-of-at-least-32-bytes!"
 NEW = "the-new-signing-key-of-at-least-32-bytes"

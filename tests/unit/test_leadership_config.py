@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from sundial_common.leadership import LeadershipConfig, ShardLeadership
+from sundial_common.coordination.leadership import LeadershipConfig, ShardLeadership
 
 
 def test_defaults_give_a_five_second_lease_renewed_three_times_per_ttl() -> None:

@@ -7,7 +7,7 @@ import asyncio
 from dataclasses import dataclass
 
 import pytest
-from sundial_common import service
+from sundial_common.runtime import service
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import httpx
 import pytest
 from prometheus_client import Counter
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
-from sundial_common.metrics import (
+from sundial_common.observability.metrics import (
     EXECUTIONS_FINISHED,
     REGISTRY,
     AttemptsEnded,

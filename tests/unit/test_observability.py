@@ -8,10 +8,10 @@ from dataclasses import dataclass
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 from sundial_api.models.executions import render_execution
-from sundial_common.encryption import TenantCipher
-from sundial_common.metrics import REGISTRY, pass_counts, serve_metrics
-from sundial_common.service import every
-from sundial_common.settings import CommonSettings
+from sundial_common.observability.metrics import REGISTRY, pass_counts, serve_metrics
+from sundial_common.runtime.service import every
+from sundial_common.runtime.settings import CommonSettings
+from sundial_common.security.encryption import TenantCipher
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,8 @@ import random
 import uuid
 
 import pytest
-from sundial_common.retry_policy import RetryPolicy
-from sundial_common.signals import cancel_key, heartbeat_key
+from sundial_common.domain.retry_policy import RetryPolicy
+from sundial_common.hotwindow.execution_signals import cancel_key, heartbeat_key
 from sundial_dispatcher.dispatcher import CANCEL_KEY
 
 
@@ -57,8 +57,8 @@ def test_signal_keys_are_the_ones_every_process_uses() -> None:
 
 
 def test_a_claim_returns_jobs_and_retries_and_drops_what_it_does_not_know() -> None:
-    from sundial_common.clock import from_ms
-    from sundial_common.hotwindow import _claimed, member, retry_member
+    from sundial_common.hotwindow.window import _claimed, member, retry_member
+    from sundial_common.runtime.clock import from_ms
     from sundial_common.stores.types import Occurrence, RetryDue
 
     job, execution = uuid.UUID(int=1), uuid.UUID(int=2)

@@ -1,4 +1,4 @@
-"""Schedule math (sundial_common.schedules): cron in time zones across DST, intervals, run lists, jitter.
+"""Schedule math (sundial_common.domain.schedules): cron in time zones across DST, intervals, run lists, jitter.
 
 The named-zone tests pin what users check first (DESIGN invariant 6). The property tests compare
 ``next_fire`` with an independent oracle: a brute-force walk over real instants, one minute (or second) at
@@ -19,7 +19,7 @@ from datetime import UTC, date, datetime, timedelta
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
-from sundial_common.schedules import (
+from sundial_common.domain.schedules import (
     Kind,
     ScheduleError,
     ScheduleSpec,

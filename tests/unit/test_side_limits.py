@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-from sundial_common.ratelimit import Grant, TokenBuckets
+from sundial_common.hotwindow.rate_limits import Grant, TokenBuckets
 from sundial_common.stores.tenants import OpenExecutions, Quotas, Tenant, TenantStore
 from sundial_dispatcher.fairness import FairnessConfig, OpenWork
 from sundial_dispatcher.limits import SideLimits

@@ -7,7 +7,7 @@ import math
 from collections.abc import Sequence
 from typing import Any, cast
 
-from sundial_common.clock import Clock, SystemClock
+from sundial_common.runtime.clock import Clock, SystemClock
 from sundial_common.stores.dependencies import DependencyStore
 from sundial_dispatcher.backfills import BackfillConfig, BackfillDispatcher
 from sundial_dispatcher.side_work import SideWork

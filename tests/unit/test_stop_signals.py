@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import signal
 
-from sundial_common.stopsignals import DUPLICATE_WINDOW_SEC, StopSignals
+from sundial_common.runtime.stop_signals import DUPLICATE_WINDOW_SEC, StopSignals
 
 
 class Clock:

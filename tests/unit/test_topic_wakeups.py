@@ -7,8 +7,8 @@ from types import TracebackType
 from typing import Any, cast
 
 from redis.asyncio import Redis
-from sundial_common.messages import ExecutionMessage
-from sundial_common.topic_wakeups import WakingPublisher, topic_wake_channel
+from sundial_common.broker.messages import ExecutionMessage
+from sundial_common.broker.wakeups import WakingPublisher, topic_wake_channel
 
 from tests.messages import execution_message
 

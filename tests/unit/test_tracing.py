@@ -1,4 +1,5 @@
-"""Sampling never loses a failure (:class:`sundial_common.telemetry.KeepFailures` on a provider of its own), and a
+"""Sampling never loses a failure (:class:`sundial_common.observability.tracing.KeepFailures` on a provider of its
+own), and a
 process without an exporter gives its executions the trace ids the SDK would (``unrecorded_span``)."""
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
-from sundial_common.telemetry import (
+from sundial_common.observability.tracing import (
     FAILURE,
     KeepFailures,
     context_from,

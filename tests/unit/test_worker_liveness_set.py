@@ -7,7 +7,7 @@ from __future__ import annotations
 import uuid
 from datetime import UTC, datetime
 
-from sundial_common.messages import ExecutionMessage
+from sundial_common.broker.messages import ExecutionMessage
 from sundial_worker.inflight import InFlight, Running
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import orjson
 import pytest
-from sundial_common.signals import heartbeat_key
+from sundial_common.hotwindow.execution_signals import heartbeat_key
 from sundial_worker import Context, Worker, WorkerConfig
 from sundial_worker.cli import AppError, load_worker
 from sundial_worker.execution import encode_result, error_text

@@ -1,7 +1,7 @@
 """`sundial analytics`: replicate execution lifecycle events from Postgres into ClickHouse, serve the history
 queries (Postgres' own retention is the sweeper's: it drops expired days of executions).
 
-Run it as a singleton: one active replica (elected in etcd, see ``sundial_common.singleton``) drains the
+Run it as a singleton: one active replica (elected in etcd, see ``sundial_common.coordination.singleton``) drains the
 outbox and binds the stats endpoint; a standby takes over within a lease TTL. With the
 embedded chDB engine the data directory belongs to one process, so run one replica per directory.
 """
@@ -15,11 +15,11 @@ from collections.abc import Generator
 
 import uvicorn
 from clickhouse_connect.driver import options
-from sundial_common.logs import setup_logging
-from sundial_common.observability import observed
-from sundial_common.service import every, run, supervise
-from sundial_common.settings import SettingsHelpParser, load_settings
-from sundial_common.singleton import run_singleton
+from sundial_common.coordination.singleton import run_singleton
+from sundial_common.runtime.instrumentation import observed
+from sundial_common.runtime.logs import setup_logging
+from sundial_common.runtime.service import every, run, supervise
+from sundial_common.runtime.settings import SettingsHelpParser, load_settings
 from sundial_common.stores import Stores
 
 from sundial_analytics.http import create_app

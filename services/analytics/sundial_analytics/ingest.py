@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from prometheus_client import Gauge, Histogram
-from sundial_common.clock import Clock, SystemClock
-from sundial_common.crashpoints import crash_point
+from sundial_common.runtime.clock import Clock, SystemClock
+from sundial_common.runtime.crashpoints import crash_point
 from sundial_common.stores.analytics import AnalyticsStore
 
 from sundial_analytics.replica import Replica

@@ -27,7 +27,7 @@ from uuid import UUID
 
 import clickhouse_connect
 from clickhouse_connect.driver.client import Client
-from sundial_common.queries import load
+from sundial_common.stores.queries import load
 
 Q = load(files("sundial_analytics").joinpath("sql", "clickhouse.sql").read_text())
 

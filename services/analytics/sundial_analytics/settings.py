@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pydantic import Field
-from sundial_common.settings import CommonSettings
+from sundial_common.runtime.settings import CommonSettings
 
 from sundial_analytics.ingest import IngestConfig
 from sundial_analytics.replica import ReplicaConfig

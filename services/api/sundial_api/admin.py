@@ -18,8 +18,8 @@ from contextlib import asynccontextmanager
 import aetcd
 from fastapi import APIRouter, FastAPI, Request
 from starlette.responses import Response
-from sundial_common.cluster import read_cluster
-from sundial_common.registry import LeftRegistry, ReplicaRecord, ReplicaRegistration, etcd_client
+from sundial_common.coordination.cluster import read_cluster
+from sundial_common.coordination.registry import LeftRegistry, ReplicaRecord, ReplicaRegistration, etcd_client
 
 from sundial_api.auth import Authenticated
 from sundial_api.models.admin import ClusterView

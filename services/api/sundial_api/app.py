@@ -2,7 +2,7 @@
 
 :func:`create_app` builds an app from :class:`~sundial_api.settings.ApiSettings`; its lifespan opens one
 asyncpg pool (shared by the :class:`~sundial_common.stores.Stores`) and one Redis connection pool (the
-:class:`~sundial_common.hotwindow.HotWindow`) and closes them on shutdown. Replicas share nothing else,
+:class:`~sundial_common.hotwindow.window.HotWindow`) and closes them on shutdown. Replicas share nothing else,
 so the API scales by running more of them.
 """
 
@@ -21,13 +21,13 @@ from fastapi.openapi.utils import get_openapi
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from redis.asyncio import Redis
-from sundial_common.auth import TokenVerifier
-from sundial_common.clock import Clock, SystemClock
-from sundial_common.encryption import open_keyring
-from sundial_common.hotwindow import HotWindow
-from sundial_common.pool_cache import PoolCache
-from sundial_common.ratelimit import TokenBuckets
+from sundial_common.hotwindow.rate_limits import TokenBuckets
+from sundial_common.hotwindow.window import HotWindow
+from sundial_common.runtime.clock import Clock, SystemClock
+from sundial_common.security.auth import TokenVerifier
+from sundial_common.security.encryption import open_keyring
 from sundial_common.stores import Stores
+from sundial_common.stores.pool_cache import PoolCache
 
 from sundial_api import (
     admin,

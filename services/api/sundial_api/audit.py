@@ -13,7 +13,7 @@ from uuid import UUID
 
 from fastapi import APIRouter, Path, Query
 from starlette.responses import Response
-from sundial_common.auth import Principal
+from sundial_common.security.auth import Principal
 from sundial_common.stores.audit import Entity
 
 from sundial_api.auth import Authenticated

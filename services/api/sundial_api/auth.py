@@ -1,7 +1,7 @@
 """Bearer-token authentication: every /v1 route runs as the tenant the token names.
 
 Tokens are JWTs: HS256 minted by ``sundial token`` or RS256/ES256 from an identity provider's JWKS, each checked
-for its key id, audience, issuer and expiry (``sundial_common.auth``). Anything wrong with the
+for its key id, audience, issuer and expiry (``sundial_common.security.auth``). Anything wrong with the
 token — missing, another scheme, bad signature, expired, no tenant — is the same 401, with
 ``WWW-Authenticate: Bearer`` as RFC 6750 asks, and says what was wrong without echoing the token.
 
@@ -18,7 +18,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from sundial_common.auth import TENANT, InvalidToken, Principal
+from sundial_common.security.auth import TENANT, InvalidToken, Principal
 
 from sundial_api.problems import ProblemError
 from sundial_api.state import ApiState, State

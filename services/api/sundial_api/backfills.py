@@ -19,8 +19,9 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path
 from starlette.responses import Response
-from sundial_common import ids, telemetry
-from sundial_common.schedules import occurrences, spec_from_row
+from sundial_common.domain import ids
+from sundial_common.domain.schedules import occurrences, spec_from_row
+from sundial_common.observability import tracing
 from sundial_common.stores.backfills import NewBackfill as BackfillRow
 
 from sundial_api.auth import Authenticated
@@ -117,7 +118,7 @@ async def backfill_job(
             rate_per_sec=body.rate_per_sec,
             total=len(missing),
             actor=principal.subject,
-            traceparent=telemetry.traceparent(),
+            traceparent=tracing.traceparent(),
         )
     )
     return OrjsonResponse(render_backfill(row), status_code=202, headers={"Location": f"/v1/backfills/{backfill_id}"})

@@ -15,8 +15,9 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Header
 from pydantic import ValidationError
 from starlette.responses import Response
-from sundial_common import ids, telemetry
-from sundial_common.schedules import fire_at
+from sundial_common.domain import ids
+from sundial_common.domain.schedules import fire_at
+from sundial_common.observability import tracing
 from sundial_common.stores.pools import Pool
 from sundial_common.stores.types import Record
 
@@ -67,7 +68,7 @@ async def create_jobs(
     results: list[dict[str, Any]] = [{} for _ in body.jobs]
     accepted: list[tuple[int, dict[str, Any]]] = []
     payloads: dict[int, Any] = {}
-    traceparent = telemetry.traceparent()
+    traceparent = tracing.traceparent()
     cipher = await state.keyring.cipher(principal.tenant)
     # Items of a batch often share a schedule (a fan-out due at one instant) and a pool: each distinct one is
     # resolved and checked once. Only successes are kept, so every failing item still gets its own problem.

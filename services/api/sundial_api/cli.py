@@ -3,7 +3,7 @@
 Options fall back to ``SUNDIAL_*`` environment variables, then to the defaults in
 :class:`~sundial_api.settings.ApiSettings`. SIGTERM and SIGINT stop it gracefully: uvicorn stops
 accepting, finishes in-flight requests, then the lifespan closes the database and Redis pools. Signals are
-read as every Sundial process reads them (``sundial_common.stopsignals``): uvicorn alone would take the
+read as every Sundial process reads them (``sundial_common.runtime.stop_signals``): uvicorn alone would take the
 second copy of one Ctrl-C under `uv run` as "exit now".
 """
 
@@ -16,11 +16,11 @@ import gc
 from types import FrameType
 
 import uvicorn
-from sundial_common.logs import setup_logging
-from sundial_common.observability import observed
-from sundial_common.service import freeze_startup_heap
-from sundial_common.settings import SettingsHelpParser, load_settings
-from sundial_common.stopsignals import StopSignals
+from sundial_common.runtime.instrumentation import observed
+from sundial_common.runtime.logs import setup_logging
+from sundial_common.runtime.service import freeze_startup_heap
+from sundial_common.runtime.settings import SettingsHelpParser, load_settings
+from sundial_common.runtime.stop_signals import StopSignals
 
 from sundial_api.admin import register_replica
 from sundial_api.app import create_app

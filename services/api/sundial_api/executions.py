@@ -25,11 +25,11 @@ from fastapi import APIRouter, Path, Query
 from opentelemetry.trace import Link, get_current_span
 from redis.exceptions import RedisError
 from starlette.responses import Response
-from sundial_common.auth import Principal
-from sundial_common.signals import CANCEL_KEY_TTL_SEC, cancel_key
+from sundial_common.hotwindow.execution_signals import CANCEL_KEY_TTL_SEC, cancel_key
+from sundial_common.observability.tracing import execution_attributes, execution_context, tracer
+from sundial_common.security.auth import Principal
 from sundial_common.stores.executions import ExecutionFilter
 from sundial_common.stores.types import Record, RetryDue
-from sundial_common.telemetry import execution_attributes, execution_context, tracer
 
 from sundial_api import stats
 from sundial_api.auth import Authenticated

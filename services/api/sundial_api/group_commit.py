@@ -31,7 +31,7 @@ from typing import Any
 
 import asyncpg
 from redis.exceptions import RedisError
-from sundial_common.hotwindow import HotWindow
+from sundial_common.hotwindow.window import HotWindow
 from sundial_common.stores.jobs import JobStore
 from sundial_common.stores.types import Occurrence, Record
 

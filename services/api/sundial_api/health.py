@@ -1,5 +1,5 @@
 """Probes and scrapes: ``/healthz`` (the process is up), ``/readyz`` (it can serve: Postgres and Redis
-answer) and ``/metrics`` (the process's Prometheus metrics, :mod:`sundial_common.metrics`).
+answer) and ``/metrics`` (the process's Prometheus metrics, :mod:`sundial_common.observability.metrics`).
 
 None needs a token — orchestrators, load balancers and Prometheus call them — and none is traced.
 ``/metrics`` is left out of the OpenAPI document: it is Prometheus' text format, not part of the JSON API.
@@ -12,7 +12,7 @@ from collections.abc import Awaitable
 
 from fastapi import APIRouter, Request
 from starlette.responses import Response
-from sundial_common.metrics import exposition
+from sundial_common.observability.metrics import exposition
 
 from sundial_api.models.common import Health, Readiness
 from sundial_api.problems import problem_body, responses

@@ -34,8 +34,8 @@ from typing import Any, TypeVar
 import orjson
 from pydantic import BaseModel
 from starlette.responses import Response
-from sundial_common.auth import Principal
-from sundial_common.encryption import RESPONSE, TenantCipher
+from sundial_common.security.auth import Principal
+from sundial_common.security.encryption import RESPONSE, TenantCipher
 from sundial_common.stores.dependencies import Edge
 from sundial_common.stores.idempotency import IdempotentResponse
 from sundial_common.stores.types import Record

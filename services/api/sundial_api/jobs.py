@@ -27,10 +27,11 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 from redis.exceptions import RedisError
 from starlette.responses import Response
-from sundial_common import ids, telemetry
-from sundial_common.auth import Principal
-from sundial_common.encryption import PAYLOAD, TenantCipher
-from sundial_common.schedules import Kind, ScheduleSpec, fire_at, local_time, preview, spec_from_row
+from sundial_common.domain import ids
+from sundial_common.domain.schedules import Kind, ScheduleSpec, fire_at, local_time, preview, spec_from_row
+from sundial_common.observability import tracing
+from sundial_common.security.auth import Principal
+from sundial_common.security.encryption import PAYLOAD, TenantCipher
 from sundial_common.stores.dependencies import Edge, GraphError
 from sundial_common.stores.tenants import ActiveJobsQuotaExceeded, Tenant
 from sundial_common.stores.types import Occurrence, Record
@@ -134,7 +135,7 @@ async def create_job(
             "next_nominal_at": resolved.next_nominal,
             "next_fire_at": fire_at(job_id, resolved.next_nominal, body.jitter_sec) if resolved.next_nominal else None,
             # The request span's context: the dispatch and the handler run continue this trace.
-            "traceparent": telemetry.traceparent(),
+            "traceparent": tracing.traceparent(),
         }
     )
     try:
@@ -506,7 +507,7 @@ async def trigger_job(job_id: JobId, state: State, principal: Authenticated) -> 
         # Cron occurrences fall on whole seconds, and (job, scheduledFor) is unique: keep clear of them.
         at += timedelta(milliseconds=1)
     row = await state.stores.jobs.trigger_job(
-        principal.tenant, ident, at, execution_id, actor=principal.subject, traceparent=telemetry.traceparent()
+        principal.tenant, ident, at, execution_id, actor=principal.subject, traceparent=tracing.traceparent()
     )
     if row is None:
         row = await _existing(state, principal.tenant, ident, job_id)

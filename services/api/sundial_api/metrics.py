@@ -1,4 +1,5 @@
-"""What the API records in the process's metrics registry (:mod:`sundial_common.metrics`), served at its own
+"""What the API records in the process's metrics registry (:mod:`sundial_common.observability.metrics`), served at
+its own
 ``/metrics`` (:mod:`sundial_api.health`).
 
 - ``sundial_api_requests_total`` and ``sundial_api_request_duration_seconds`` by ``route`` (the path template
@@ -16,7 +17,7 @@ from collections.abc import Iterable
 
 from prometheus_client import Counter, Histogram
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
-from sundial_common.metrics import API_REQUEST_DURATION, API_REQUESTS, JOBS_CREATED, Children
+from sundial_common.observability.metrics import API_REQUEST_DURATION, API_REQUESTS, JOBS_CREATED, Children
 
 #: The route label of a request no route matched (404s for unknown paths, whatever the path).
 UNMATCHED = "unmatched"

@@ -4,7 +4,7 @@
 and a replay name a pool; it must be registered (else 422 naming the field) and admit the caller's tenant —
 its owner, or one of the tenants it is shared with (else 403 naming the pool) — and, for a job's work, not be a
 staging pool (422: its workers run replayed messages only). The check runs before anything
-is written, against the registry cache (:mod:`sundial_common.pool_cache`, ``SUNDIAL_TENANT_CACHE_SEC``), so a
+is written, against the registry cache (:mod:`sundial_common.stores.pool_cache`, ``SUNDIAL_TENANT_CACHE_SEC``), so a
 create pays no extra query while the entry is fresh; a refusal reads the entry again first (at most four times a
 second per pool), so a pool registered or shared a moment ago through another replica is not refused. Each
 refusal is logged (tenant, pool, job) and counted in
@@ -26,10 +26,10 @@ from typing import Annotated, Any
 from confluent_kafka import KafkaException
 from fastapi import APIRouter, Header, Path, Query
 from starlette.responses import Response
-from sundial_common.auth import Principal
-from sundial_common.broker import ensure_topics
-from sundial_common.messages import pool_topic
-from sundial_common.metrics import POOL_REFUSALS, Children
+from sundial_common.broker.kafka import ensure_topics
+from sundial_common.broker.messages import pool_topic
+from sundial_common.observability.metrics import POOL_REFUSALS, Children
+from sundial_common.security.auth import Principal
 from sundial_common.stores.pools import Pool
 
 from sundial_api.auth import Authenticated

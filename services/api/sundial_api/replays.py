@@ -28,11 +28,11 @@ from uuid import UUID
 from confluent_kafka import KafkaException
 from fastapi import APIRouter, FastAPI, Header, Path, Query, Request
 from starlette.responses import Response
-from sundial_common.auth import Principal
-from sundial_common.messages import POOL_NAME, pool_topic
+from sundial_common.broker.messages import POOL_NAME, pool_topic
+from sundial_common.broker.topic_windows import KafkaTopicInspector, TopicInspector
+from sundial_common.security.auth import Principal
 from sundial_common.stores import replays as replay_store
 from sundial_common.stores.types import Record
-from sundial_common.topics import KafkaTopicInspector, TopicInspector
 
 from sundial_api.auth import Authenticated
 from sundial_api.idempotency import HEADER, invalid_key, request_hash, valid_key

@@ -2,7 +2,7 @@
 
 Pure functions of their arguments (``now`` is passed in), so the time logic is unit-tested without a
 clock. The schedule math itself (cron across DST, intervals, run lists, jitter) is
-:mod:`sundial_common.schedules`, shared with the dispatcher; this module reads what a client wrote —
+:mod:`sundial_common.domain.schedules`, shared with the dispatcher; this module reads what a client wrote —
 RFC 3339 instants, naive wall-clock times in the job's zone, the grace period for instants just past —
 and refuses, naming the field, what cannot fire. Fire times are kept at millisecond precision because the
 hot window scores occurrences by epoch milliseconds.
@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from sundial_common.schedules import (
+from sundial_common.domain.schedules import (
     MAX_RUN_LIST,
     Kind,
     ScheduleError,

@@ -7,7 +7,7 @@ Every field reads ``SUNDIAL_<NAME>`` from the environment (``SUNDIAL_PORT``, ``S
 from __future__ import annotations
 
 from pydantic import Field, model_validator
-from sundial_common.settings import CommonSettings
+from sundial_common.runtime.settings import CommonSettings
 
 
 class ApiSettings(CommonSettings):

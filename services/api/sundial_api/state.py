@@ -11,13 +11,13 @@ from dataclasses import dataclass, field
 from typing import Annotated
 
 from fastapi import Depends, Request
-from sundial_common.auth import TokenVerifier
-from sundial_common.clock import Clock
-from sundial_common.encryption import Keyring
-from sundial_common.hotwindow import HotWindow
-from sundial_common.pool_cache import PoolCache
-from sundial_common.ratelimit import TokenBuckets
+from sundial_common.hotwindow.rate_limits import TokenBuckets
+from sundial_common.hotwindow.window import HotWindow
+from sundial_common.runtime.clock import Clock
+from sundial_common.security.auth import TokenVerifier
+from sundial_common.security.encryption import Keyring
 from sundial_common.stores import Stores
+from sundial_common.stores.pool_cache import PoolCache
 
 from sundial_api.group_commit import CreateGroups
 from sundial_api.settings import ApiSettings

@@ -18,7 +18,7 @@ from uuid import UUID
 
 import httpx
 from fastapi import APIRouter, Query
-from sundial_common.ids import id_time
+from sundial_common.domain.ids import id_time
 
 from sundial_api.auth import Authenticated
 from sundial_api.models.stats import ExecutionStats, HandlerRanking

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from sundial_common.read_once_cache import ReadOnceCache
+from sundial_common.stores.read_once_cache import ReadOnceCache
 from sundial_common.stores.tenants import Tenant, TenantStore
 
 

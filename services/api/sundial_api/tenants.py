@@ -2,7 +2,8 @@
 (``/v1/admin/tenants``). The registry cache every request consults is :mod:`sundial_api.tenant_cache`.
 
 **Quotas** (absent = unlimited). ``maxCreatesPerSec`` is a token bucket in Redis shared by the replicas
-(:mod:`sundial_common.ratelimit`): over it, 429 with ``Retry-After``. ``maxActiveJobs`` is counted inside the
+(:mod:`sundial_common.hotwindow.rate_limits`): over it, 429 with ``Retry-After``. ``maxActiveJobs`` is counted inside
+the
 create's own transaction under a per-tenant lock (:mod:`sundial_common.stores.tenants`), so two creates can
 never both take the last slot: over it, 403 ``quota-exceeded`` naming the quota and the count. Either way
 nothing is written; a batch answers per item.
@@ -18,7 +19,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path, Query
 from redis.exceptions import RedisError
 from starlette.responses import Response
-from sundial_common.auth import Principal
+from sundial_common.security.auth import Principal
 from sundial_common.stores.breakers import BreakerSettings
 from sundial_common.stores.tenants import ACTIVE, SUSPENDED, Quotas, Tenant
 

@@ -11,7 +11,7 @@ import base64
 from collections import OrderedDict
 
 import orjson
-from sundial_common.auth import Principal
+from sundial_common.security.auth import Principal
 
 
 class VerifiedTokens:

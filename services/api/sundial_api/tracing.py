@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
-from sundial_common.telemetry import context_from, tracer
+from sundial_common.observability.tracing import context_from, tracer
 
 # Probes and scrapes hit these every few seconds; a span each would bury the traces people look for.
 UNTRACED_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})

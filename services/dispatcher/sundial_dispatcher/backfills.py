@@ -28,16 +28,11 @@ from uuid import UUID
 
 from opentelemetry.context import Context
 from opentelemetry.trace import Link, Span, SpanKind, get_current_span
-from sundial_common.broker import Publisher
-from sundial_common.clock import Clock, SystemClock
-from sundial_common.crashpoints import crash_point
-from sundial_common.ids import new_id
-from sundial_common.messages import ExecutionMessage, pool_topic
-from sundial_common.schedules import occurrences, spec_from_row
-from sundial_common.stores.backfills import BackfillAdvance, BackfillExecution, BackfillPlan, BackfillStore
-from sundial_common.stores.dispatch import DispatchStore
-from sundial_common.stores.types import Record
-from sundial_common.telemetry import (
+from sundial_common.broker.kafka import Publisher
+from sundial_common.broker.messages import ExecutionMessage, pool_topic
+from sundial_common.domain.ids import new_id
+from sundial_common.domain.schedules import occurrences, spec_from_row
+from sundial_common.observability.tracing import (
     context_from,
     execution_attributes,
     kafka_publish_attributes,
@@ -45,6 +40,11 @@ from sundial_common.telemetry import (
     traceparent,
     tracer,
 )
+from sundial_common.runtime.clock import Clock, SystemClock
+from sundial_common.runtime.crashpoints import crash_point
+from sundial_common.stores.backfills import BackfillAdvance, BackfillExecution, BackfillPlan, BackfillStore
+from sundial_common.stores.dispatch import DispatchStore
+from sundial_common.stores.types import Record
 
 from sundial_dispatcher.limits import Limits, NoLimits, Room
 from sundial_dispatcher.metrics import count_dispatched

@@ -14,16 +14,22 @@ import logging
 
 import asyncpg
 from redis.asyncio import Redis
-from sundial_common.broker import KafkaPublisher
-from sundial_common.hotwindow import HotWindow
-from sundial_common.leadership import LeadershipConfig, ShardLeadership
-from sundial_common.logs import setup_logging
-from sundial_common.observability import observed
-from sundial_common.registry import ClusterKeys, Membership, ReplicaRecord, ReplicaRegistration, etcd_client
-from sundial_common.service import run, supervise
-from sundial_common.settings import SettingsHelpParser, load_settings
+from sundial_common.broker.kafka import KafkaPublisher
+from sundial_common.broker.wakeups import WakingPublisher
+from sundial_common.coordination.leadership import LeadershipConfig, ShardLeadership
+from sundial_common.coordination.registry import (
+    ClusterKeys,
+    Membership,
+    ReplicaRecord,
+    ReplicaRegistration,
+    etcd_client,
+)
+from sundial_common.hotwindow.window import HotWindow
+from sundial_common.runtime.instrumentation import observed
+from sundial_common.runtime.logs import setup_logging
+from sundial_common.runtime.service import run, supervise
+from sundial_common.runtime.settings import SettingsHelpParser, load_settings
 from sundial_common.stores import Stores
-from sundial_common.topic_wakeups import WakingPublisher
 
 from sundial_dispatcher.dispatcher import DispatcherConfig
 from sundial_dispatcher.fairness import FairnessConfig
@@ -73,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     keys = ClusterKeys()
     # Fenced: every write of a term goes through the shard's fence in Postgres, so a leader keeps its shards
-    # through an etcd outage (sundial_common.leadership explains why that is safe).
+    # through an etcd outage (sundial_common.coordination.leadership explains why that is safe).
     leadership_config = LeadershipConfig(
         ttl_sec=settings.lease_ttl_sec, margin_sec=settings.lease_margin_sec, key_prefix=keys.shard_prefix, fenced=True
     )
@@ -90,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         except (asyncpg.PostgresError, OSError) as exc:
             log.warning("dispatcher: connections not warmed: %r", exc)
         redis = Redis.from_url(settings.redis_url)
-        # The pools' parked workers resume when told their topic has something (sundial_common.topic_wakeups).
+        # The pools' parked workers resume when told their topic has something (sundial_common.broker.wakeups).
         publisher = WakingPublisher(KafkaPublisher(settings.kafka_bootstrap), redis)
         etcd = etcd_client(settings.etcd_endpoint)
         wakes = WakeListener(redis)
@@ -123,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
             campaigns = {
                 f"shard-{shard}": ShardCampaign(
                     shard,
-                    # On the registry entry's lease: one keep-alive for the process (sundial_common.registry).
+                    # On the registry entry's lease: one keep-alive for the process
+                    # (sundial_common.coordination.registry).
                     ShardLeadership(etcd, shard, me, leadership_config, lease=registration),
                     me=me,
                     etcd=etcd,

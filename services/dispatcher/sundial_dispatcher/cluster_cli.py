@@ -1,6 +1,6 @@
 """`sundial cluster`: print the cluster — replicas, shard leaders, fences, lease TTLs, hot-window sizes.
 
-The same snapshot as ``GET /v1/admin/cluster`` (:mod:`sundial_common.cluster`), read straight from etcd,
+The same snapshot as ``GET /v1/admin/cluster`` (:mod:`sundial_common.coordination.cluster`), read straight from etcd,
 Postgres and Redis rather than through the API, so it still works when no API replica does.
 """
 
@@ -12,10 +12,10 @@ import sys
 import aetcd
 import orjson
 from redis.asyncio import Redis
-from sundial_common.cluster import read_cluster
-from sundial_common.hotwindow import HotWindow
-from sundial_common.registry import etcd_client
-from sundial_common.settings import CommonSettings, SettingsHelpParser, load_settings
+from sundial_common.coordination.cluster import read_cluster
+from sundial_common.coordination.registry import etcd_client
+from sundial_common.hotwindow.window import HotWindow
+from sundial_common.runtime.settings import CommonSettings, SettingsHelpParser, load_settings
 from sundial_common.stores import Stores
 
 # What the cluster view reads; its --help lists exactly these.

@@ -34,16 +34,12 @@ from uuid import UUID
 
 from opentelemetry.context import Context
 from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode, get_current_span
-from sundial_common.broker import Publisher
-from sundial_common.clock import Clock, SystemClock
-from sundial_common.crashpoints import crash_point
-from sundial_common.hotwindow import Claimed, HotWindow
-from sundial_common.ids import new_execution_id
-from sundial_common.messages import ExecutionMessage, pool_topic
-from sundial_common.schedules import fire_at, spec_from_row
-from sundial_common.stores.dispatch import DispatchOutcome, DispatchPlan, DispatchStore, JobAdvance, PlannedExecution
-from sundial_common.stores.types import Occurrence, Record
-from sundial_common.telemetry import (
+from sundial_common.broker.kafka import Publisher
+from sundial_common.broker.messages import ExecutionMessage, pool_topic
+from sundial_common.domain.ids import new_execution_id
+from sundial_common.domain.schedules import fire_at, spec_from_row
+from sundial_common.hotwindow.window import Claimed, HotWindow
+from sundial_common.observability.tracing import (
     context_from,
     execution_attributes,
     execution_context,
@@ -53,6 +49,10 @@ from sundial_common.telemetry import (
     tracer,
     unrecorded_traceparent,
 )
+from sundial_common.runtime.clock import Clock, SystemClock
+from sundial_common.runtime.crashpoints import crash_point
+from sundial_common.stores.dispatch import DispatchOutcome, DispatchPlan, DispatchStore, JobAdvance, PlannedExecution
+from sundial_common.stores.types import Occurrence, Record
 
 from sundial_dispatcher.fairness import FairDispatch, FairnessConfig
 from sundial_dispatcher.group_commit import GroupCommit, OccurrenceCommit
@@ -419,7 +419,7 @@ class ShardDispatcher:
         """When :meth:`_mark_published` will write the marks waiting (None: none wait).
 
         Marks are written by a pass, and an idle leader sleeps up to
-        :data:`~sundial_common.hotwindow.WAKE_HORIZON_SEC` between passes: without this bound its last publishes'
+        :data:`~sundial_common.hotwindow.window.WAKE_HORIZON_SEC` between passes: without this bound its last publishes'
         marks could land after the sweeper's ``unpublished_after_sec`` and have it publish them again.
         """
         if not self._unmarked:

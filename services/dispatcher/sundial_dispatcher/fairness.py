@@ -57,8 +57,8 @@ from datetime import datetime, timedelta
 from uuid import UUID
 
 from redis.exceptions import RedisError
-from sundial_common.hotwindow import Claimed, HotWindow
-from sundial_common.ratelimit import TokenBuckets
+from sundial_common.hotwindow.rate_limits import TokenBuckets
+from sundial_common.hotwindow.window import Claimed, HotWindow
 from sundial_common.stores.tenants import Tenant, TenantStore
 from sundial_common.stores.types import Occurrence
 

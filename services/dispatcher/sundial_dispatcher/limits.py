@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from redis.exceptions import RedisError
-from sundial_common.ratelimit import TokenBuckets
+from sundial_common.hotwindow.rate_limits import TokenBuckets
 
 from sundial_dispatcher.fairness import OpenWork
 from sundial_dispatcher.tenancy import TenantPolicy

@@ -1,4 +1,4 @@
-"""What a dispatcher records in the process's metrics registry (:mod:`sundial_common.metrics`).
+"""What a dispatcher records in the process's metrics registry (:mod:`sundial_common.observability.metrics`).
 
 - ``sundial_executions_dispatched_total{tenant,pool}``: executions a shard's leader committed as PENDING and
   handed to their pool — first attempts (:mod:`sundial_dispatcher.dispatcher`) and retries
@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from prometheus_client import Counter
-from sundial_common.metrics import (
+from sundial_common.observability.metrics import (
     DISPATCH_BATCH_SIZE,
     DISPATCH_PASS_DURATION,
     EXECUTIONS_DISPATCHED,

@@ -26,7 +26,7 @@ Every missed occurrence without a run of its own is counted in the job's ``misse
 * ``CANCEL_RUNNING``: the open executions are cancelled and the newest occurrence runs; older ones due
   together are recorded as SKIPPED (they would be cancelled at once).
 
-Every next occurrence is recomputed from the expression (:func:`sundial_common.schedules.next_fire`).
+Every next occurrence is recomputed from the expression (:func:`sundial_common.domain.schedules.next_fire`).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from uuid import UUID
 
-from sundial_common.schedules import ScheduleSpec, fire_at, next_fire
+from sundial_common.domain.schedules import ScheduleSpec, fire_at, next_fire
 
 
 class Overlap(enum.StrEnum):

@@ -10,8 +10,8 @@ from collections.abc import Collection, Mapping, Sequence
 from uuid import UUID
 
 from opentelemetry.trace import Span, Status, StatusCode
-from sundial_common.broker import Publisher
-from sundial_common.messages import ExecutionMessage
+from sundial_common.broker.kafka import Publisher
+from sundial_common.broker.messages import ExecutionMessage
 from sundial_common.stores.dispatch import DispatchStore
 
 

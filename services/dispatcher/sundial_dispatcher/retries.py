@@ -29,20 +29,20 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
-from sundial_common.broker import Publisher
-from sundial_common.clock import Clock
-from sundial_common.crashpoints import crash_point
-from sundial_common.hotwindow import HotWindow
-from sundial_common.messages import ExecutionMessage, pool_topic
-from sundial_common.stores.dispatch import DispatchStore
-from sundial_common.stores.types import Record, RetryDue
-from sundial_common.telemetry import (
+from sundial_common.broker.kafka import Publisher
+from sundial_common.broker.messages import ExecutionMessage, pool_topic
+from sundial_common.hotwindow.window import HotWindow
+from sundial_common.observability.tracing import (
     execution_attributes,
     execution_context,
     kafka_publish_attributes,
     traceparent,
     tracer,
 )
+from sundial_common.runtime.clock import Clock
+from sundial_common.runtime.crashpoints import crash_point
+from sundial_common.stores.dispatch import DispatchStore
+from sundial_common.stores.types import Record, RetryDue
 
 from sundial_dispatcher.metrics import count_dispatched
 

@@ -2,7 +2,7 @@
 
 Every dispatcher replica runs one :class:`ShardCampaign` per shard. The *placement*
 (:mod:`sundial_dispatcher.balance`, over the live replicas in the etcd registry) names each shard's
-**owner**; leadership itself is still won in etcd (:mod:`sundial_common.leadership`) and fenced in
+**owner**; leadership itself is still won in etcd (:mod:`sundial_common.coordination.leadership`) and fenced in
 Postgres. A campaign is always in one of three phases:
 
 * **Owner, standing by** — this replica should lead the shard. If the leader key is free it creates it
@@ -40,11 +40,11 @@ from datetime import datetime
 from typing import Any
 
 import aetcd
-from sundial_common.broker import Publisher
-from sundial_common.hotwindow import WAKE_HORIZON_SEC, HotWindow
-from sundial_common.leadership import LeadershipStopped, ShardLeadership, Term, cancel_watch, first_of
-from sundial_common.ratelimit import TokenBuckets
-from sundial_common.registry import ClusterKeys, Membership, ReplicaRegistration
+from sundial_common.broker.kafka import Publisher
+from sundial_common.coordination.leadership import LeadershipStopped, ShardLeadership, Term, cancel_watch, first_of
+from sundial_common.coordination.registry import ClusterKeys, Membership, ReplicaRegistration
+from sundial_common.hotwindow.rate_limits import TokenBuckets
+from sundial_common.hotwindow.window import WAKE_HORIZON_SEC, HotWindow
 from sundial_common.stores import Stores
 from sundial_common.stores.dispatch import FencedOut
 
@@ -326,7 +326,7 @@ def _dense_wait(rate: float, started: float, now: float, config: DispatcherConfi
 
 
 async def _take_shard(deps: Dependencies, tenure: Tenure, holder: str) -> int | None:
-    """Begin the term in Postgres: its fencing token (see :mod:`sundial_common.leadership`), or None if the
+    """Begin the term in Postgres: its fencing token (see :mod:`sundial_common.coordination.leadership`), or None if the
     term ended before Postgres could be reached."""
     shard = tenure.term.shard
     failures = 0

@@ -22,8 +22,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sundial_common.clock import Clock
-from sundial_common.service import sleep_or_stop
+from sundial_common.runtime.clock import Clock
+from sundial_common.runtime.service import sleep_or_stop
 from sundial_common.stores.dependencies import DependencyStore
 
 from sundial_dispatcher.wakes import Alarm

@@ -14,7 +14,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sundial_common.messages import pool_topic
+from sundial_common.broker.messages import pool_topic
 from sundial_common.stores.pools import PoolStore
 
 log = logging.getLogger(__name__)

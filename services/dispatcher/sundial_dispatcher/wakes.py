@@ -1,8 +1,9 @@
 """Waking a sleeping shard leader when a member due before its planned wake is added to its hot window.
 
 A leader's pass loop sleeps until the earliest member of its window is due, at most
-:data:`~sundial_common.hotwindow.WAKE_HORIZON_SEC` (:mod:`sundial_dispatcher.shards`). Writers announce members
-due sooner than that on :data:`~sundial_common.hotwindow.WAKE_CHANNEL` (:mod:`sundial_common.hotwindow`); one
+:data:`~sundial_common.hotwindow.window.WAKE_HORIZON_SEC` (:mod:`sundial_dispatcher.shards`). Writers announce members
+due sooner than that on :data:`~sundial_common.hotwindow.window.WAKE_CHANNEL`
+(:mod:`sundial_common.hotwindow.window`); one
 subscription per dispatcher process (:class:`WakeListener`) hands each announcement to the leader of its shard
 (:class:`Alarm`), which wakes only if the member is due before it planned to look.
 
@@ -18,7 +19,7 @@ import math
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
-from sundial_common.hotwindow import WAKE_CHANNEL
+from sundial_common.hotwindow.window import WAKE_CHANNEL
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,7 @@
 """`sundial hydrator`: promote near-due occurrences from Postgres into the Redis hot window.
 
-Run several replicas: one is active (elected in etcd, see ``sundial_common.singleton``), the others stand by
+Run several replicas: one is active (elected in etcd, see ``sundial_common.coordination.singleton``), the others
+stand by
 and take over within a lease TTL.
 """
 
@@ -10,13 +11,13 @@ import asyncio
 import logging
 
 from redis.asyncio import Redis
-from sundial_common.host import HostedService
-from sundial_common.hotwindow import HotWindow
-from sundial_common.logs import setup_logging
-from sundial_common.observability import observed
-from sundial_common.service import every, run
-from sundial_common.settings import SettingsHelpParser, load_settings
-from sundial_common.singleton import run_singleton
+from sundial_common.commands.host import HostedService
+from sundial_common.coordination.singleton import run_singleton
+from sundial_common.hotwindow.window import HotWindow
+from sundial_common.runtime.instrumentation import observed
+from sundial_common.runtime.logs import setup_logging
+from sundial_common.runtime.service import every, run
+from sundial_common.runtime.settings import SettingsHelpParser, load_settings
 from sundial_common.stores import Stores
 
 from sundial_hydrator.hydrator import Hydrator, HydratorConfig
@@ -55,7 +56,7 @@ async def serve(settings: HydratorSettings, stop: asyncio.Event) -> None:
 
 
 SERVICE = HostedService("hydrator", HydratorSettings, serve)
-"""The hydrator as ``sundial services --run hydrator,…`` hosts it (:mod:`sundial_common.host`)."""
+"""The hydrator as ``sundial services --run hydrator,…`` hosts it (:mod:`sundial_common.commands.host`)."""
 
 
 def main(argv: list[str] | None = None) -> int:

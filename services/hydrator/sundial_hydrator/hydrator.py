@@ -46,9 +46,9 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from prometheus_client import Gauge
-from sundial_common.clock import Clock, SystemClock, from_ms, to_ms
-from sundial_common.hotwindow import HotWindow
-from sundial_common.metrics import HOT_WINDOW_MEMBERS, HOT_WINDOW_OLDEST_DUE_AGE
+from sundial_common.hotwindow.window import HotWindow
+from sundial_common.observability.metrics import HOT_WINDOW_MEMBERS, HOT_WINDOW_OLDEST_DUE_AGE
+from sundial_common.runtime.clock import Clock, SystemClock, from_ms, to_ms
 from sundial_common.stores import Stores
 from sundial_common.stores.types import Occurrence, RetryDue
 

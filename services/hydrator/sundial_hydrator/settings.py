@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pydantic import Field
-from sundial_common.settings import CommonSettings
+from sundial_common.runtime.settings import CommonSettings
 
 
 class HydratorSettings(CommonSettings):

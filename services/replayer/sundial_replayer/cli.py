@@ -1,6 +1,7 @@
 """`sundial replayer`: run the replays asked for with `POST /v1/replays` (`sundial replay`).
 
-Run several replicas: one is active (elected in etcd, see ``sundial_common.singleton``), the others stand by
+Run several replicas: one is active (elected in etcd, see ``sundial_common.coordination.singleton``), the others
+stand by
 and take over within a lease TTL, resuming each RUNNING replay where its committed progress stands.
 """
 
@@ -9,14 +10,14 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from sundial_common.host import HostedService
-from sundial_common.logs import setup_logging
-from sundial_common.observability import observed
-from sundial_common.service import every, run
-from sundial_common.settings import SettingsHelpParser, load_settings
-from sundial_common.singleton import run_singleton
+from sundial_common.broker.topic_windows import KafkaTopicInspector
+from sundial_common.commands.host import HostedService
+from sundial_common.coordination.singleton import run_singleton
+from sundial_common.runtime.instrumentation import observed
+from sundial_common.runtime.logs import setup_logging
+from sundial_common.runtime.service import every, run
+from sundial_common.runtime.settings import SettingsHelpParser, load_settings
 from sundial_common.stores import Stores
-from sundial_common.topics import KafkaTopicInspector
 
 from sundial_replayer.kafka import KafkaReplayKafka
 from sundial_replayer.replayer import Replayer, ReplayPassResult
@@ -58,7 +59,7 @@ async def serve(settings: ReplayerSettings, stop: asyncio.Event) -> None:
 
 
 SERVICE = HostedService("replayer", ReplayerSettings, serve)
-"""The replayer as ``sundial services --run …,replayer`` hosts it (:mod:`sundial_common.host`)."""
+"""The replayer as ``sundial services --run …,replayer`` hosts it (:mod:`sundial_common.commands.host`)."""
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
-from sundial_common.broker import NO_METRICS_PUSH, ensure_topics
+from sundial_common.broker.kafka import NO_METRICS_PUSH, ensure_topics
 
 log = logging.getLogger("sundial.replayer.kafka")
 

@@ -4,7 +4,7 @@ Each pass (``run_once``) takes the unfinished replays in creation order and give
 ``slice_sec``:
 
 1. **Start** (PENDING): create the target topic, resolve the window to offsets per partition
-   (:meth:`~sundial_common.topics.TopicInspector.resolve_window`: offsets for ``from`` and ``to``), and
+   (:meth:`~sundial_common.broker.topic_windows.TopicInspector.resolve_window`: offsets for ``from`` and ``to``), and
    compare-and-swap the replay to RUNNING with them.
 2. **Copy** (RUNNING): read each unfinished partition from its ``next_offset`` in batches; a message counts
    as *scanned*, is *matched* when its broker timestamp lies in ``[from, to)`` and the filter (handler, job,
@@ -23,7 +23,8 @@ allows it, so the rate holds over any stretch longer than that (a replay that wa
 burst to catch up). Nothing here reads or writes a production table or consumer group: the source is read
 by assignment, and the only rows written are the replay's own.
 
-One replayer is active at a time (elected like the sweeper, :mod:`sundial_common.singleton`); a standby takes
+One replayer is active at a time (elected like the sweeper, :mod:`sundial_common.coordination.singleton`); a standby
+takes
 over a RUNNING replay where its progress stands (``resumes`` counts it).
 """
 
@@ -38,11 +39,11 @@ from typing import Any
 from uuid import UUID
 
 import orjson
-from sundial_common.clock import to_ms
-from sundial_common.messages import pool_topic
+from sundial_common.broker.messages import pool_topic
+from sundial_common.broker.topic_windows import REPLAY_HEADER_PREFIX, TopicInspector
+from sundial_common.runtime.clock import to_ms
 from sundial_common.stores import Stores
 from sundial_common.stores.replays import PartitionProgress
-from sundial_common.topics import REPLAY_HEADER_PREFIX, TopicInspector
 
 from sundial_replayer.kafka import OutRecord, ReplayKafka, SourceMessage
 

@@ -37,8 +37,9 @@ from typing import Any
 
 from prometheus_client import Gauge
 from redis.exceptions import RedisError
-from sundial_common.hotwindow import HotWindow
-from sundial_common.metrics import BREAKER_HELD, BREAKER_STATE, Children
+from sundial_common.hotwindow.window import HotWindow
+from sundial_common.observability.metrics import BREAKER_HELD, BREAKER_STATE, Children
+from sundial_common.observability.tracing import tracer
 from sundial_common.stores.breakers import (
     CLOSED,
     HALF_OPEN,
@@ -51,7 +52,6 @@ from sundial_common.stores.breakers import (
     WindowBucket,
 )
 from sundial_common.stores.types import Occurrence, RetryDue
-from sundial_common.telemetry import tracer
 
 log = logging.getLogger("sundial.breakers")
 

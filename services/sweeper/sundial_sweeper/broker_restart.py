@@ -4,7 +4,7 @@ A broker that comes back without its data (memory storage, a new cluster, wiped 
 it had acknowledged and no worker had started yet. The outbox scan (b) would find them only once they have
 waited ``unstarted_after_sec`` (60 s), a window that cannot be shortened without re-sending every message
 legitimately waiting in a backlog. So the restart itself is the trigger: each pass asks the broker whether it
-is still the incarnation we knew (:class:`~sundial_common.broker.BrokerIncarnation`, one watermark read), and
+is still the incarnation we knew (:class:`~sundial_common.broker.kafka.BrokerIncarnation`, one watermark read), and
 when it is not, every PENDING execution is published again, in pages of ``batch_size``, right away.
 
 A republish that fails (a broker just back may refuse produce requests for a moment) is tried again at the
@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from uuid import UUID
 
 from asyncpg import Record
-from sundial_common.broker import BrokerIncarnation, Publisher
+from sundial_common.broker.kafka import BrokerIncarnation, Publisher
+from sundial_common.observability.tracing import traceparent
 from sundial_common.stores.dispatch import DispatchStore
-from sundial_common.telemetry import traceparent
 
 # The outbox scan's own message and span builders: a republish after a restart is the same send.
 from sundial_sweeper.sweeper import _end_sends, _message, _send_span

@@ -3,7 +3,8 @@ move the retry circuit breakers (:mod:`sundial_sweeper.breakers`), keep the dail
 (made ahead, dropped past retention: :mod:`sundial_sweeper.partitions`), and delete jobs that ended (completed or
 cancelled, of any type) once their executions are gone (:mod:`sundial_sweeper.job_retention`).
 
-Run several replicas: one is active (elected in etcd, see ``sundial_common.singleton``), the others stand by
+Run several replicas: one is active (elected in etcd, see ``sundial_common.coordination.singleton``), the others
+stand by
 and take over within a lease TTL.
 """
 
@@ -13,13 +14,13 @@ import asyncio
 import logging
 
 from redis.asyncio import Redis
-from sundial_common.broker import KafkaIncarnation, KafkaPublisher
-from sundial_common.host import HostedService
-from sundial_common.logs import setup_logging
-from sundial_common.observability import observed
-from sundial_common.service import every, run
-from sundial_common.settings import SettingsHelpParser, load_settings
-from sundial_common.singleton import run_singleton
+from sundial_common.broker.kafka import KafkaIncarnation, KafkaPublisher
+from sundial_common.commands.host import HostedService
+from sundial_common.coordination.singleton import run_singleton
+from sundial_common.runtime.instrumentation import observed
+from sundial_common.runtime.logs import setup_logging
+from sundial_common.runtime.service import every, run
+from sundial_common.runtime.settings import SettingsHelpParser, load_settings
 from sundial_common.stores import Stores
 
 from sundial_sweeper.breakers import BreakerLoop
@@ -86,7 +87,7 @@ async def serve(settings: SweeperSettings, stop: asyncio.Event) -> None:
 
 
 SERVICE = HostedService("sweeper", SweeperSettings, serve)
-"""The sweeper as ``sundial services --run …,sweeper,…`` hosts it (:mod:`sundial_common.host`)."""
+"""The sweeper as ``sundial services --run …,sweeper,…`` hosts it (:mod:`sundial_common.commands.host`)."""
 
 
 def main(argv: list[str] | None = None) -> int:

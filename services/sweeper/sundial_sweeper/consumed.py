@@ -31,7 +31,7 @@ its last messages — the very ones a burst's end may lose — would never be pa
 later batch: when the caller says how far it must reach (``wanted``: the oldest PENDING execution's publication plus
 the skew), this read's instant is past that, no sample shows it passed, a partition's watermark has not moved since
 the previous read (nothing appended for a pass) and the group has come to its last batch there, a **marker** (a
-message with no value: :mod:`sundial_common.messages`) is appended to that partition. It lies after this read's
+message with no value: :mod:`sundial_common.broker.messages`) is appended to that partition. It lies after this read's
 instant, so the next read sees a later, higher watermark; once the group's committed offset reaches the marker —
 the workers acknowledged what was before it; they acknowledge the marker too and run nothing — every message appended
 before this read was acknowledged. A dropped last message so costs a few passes, not the 60 s window. Markers go only
@@ -52,8 +52,8 @@ from datetime import UTC, datetime
 
 from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
-from sundial_common.broker import NO_METRICS_PUSH
-from sundial_common.messages import pool_group, pool_topic
+from sundial_common.broker.kafka import NO_METRICS_PUSH
+from sundial_common.broker.messages import pool_group, pool_topic
 
 log = logging.getLogger(__name__)
 

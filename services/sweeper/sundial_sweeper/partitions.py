@@ -32,7 +32,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from datetime import date, datetime, timedelta
 
-from sundial_common.clock import Clock, SystemClock
+from sundial_common.runtime.clock import Clock, SystemClock
 from sundial_common.stores.partitions import Partition, PartitionStore
 
 log = logging.getLogger("sundial.partitions")

@@ -29,7 +29,7 @@ Each pass (``run_once``) runs these scans, each bounded by ``batch_size`` rows:
     leading removes its series (:meth:`Sweeper.forget_gauges`).
 
 Every pass also counts what it recovered (``sundial_sweeper_recoveries_total{reason}``) and, as the worker
-does, the attempts it ended (finished by state, retries, dead letters; see :mod:`sundial_common.metrics`).
+does, the attempts it ended (finished by state, retries, dead letters; see :mod:`sundial_common.observability.metrics`).
 
 Scan (c) of the issue — a scheduled retry whose hot-window member was lost — is the hydrator's: it owns
 Postgres' view of "due soon" in Redis, and its watermark and overdue scan cover retries as they cover jobs.
@@ -55,17 +55,19 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from prometheus_client import Gauge
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
-from sundial_common.broker import Publisher
-from sundial_common.clock import Clock, SystemClock
-from sundial_common.hotwindow import HotWindow
-from sundial_common.messages import DLQ_TOPIC, DeadLetter, ExecutionMessage, pool_topic
-from sundial_common.metrics import DEAD_LETTER_QUEUE_SIZE, JOBS, SWEEPER_RECOVERIES, AttemptsEnded, Children
-from sundial_common.retry_policy import RetryPolicy
-from sundial_common.signals import heartbeat_key
-from sundial_common.stores import Stores
-from sundial_common.stores.executions import Finished, LostAttempt
-from sundial_common.stores.types import Record, RetryDue
-from sundial_common.telemetry import (
+from sundial_common.broker.kafka import Publisher
+from sundial_common.broker.messages import DLQ_TOPIC, DeadLetter, ExecutionMessage, pool_topic
+from sundial_common.domain.retry_policy import RetryPolicy
+from sundial_common.hotwindow.execution_signals import heartbeat_key
+from sundial_common.hotwindow.window import HotWindow
+from sundial_common.observability.metrics import (
+    DEAD_LETTER_QUEUE_SIZE,
+    JOBS,
+    SWEEPER_RECOVERIES,
+    AttemptsEnded,
+    Children,
+)
+from sundial_common.observability.tracing import (
     FAILURE,
     execution_attributes,
     execution_context,
@@ -73,6 +75,10 @@ from sundial_common.telemetry import (
     traceparent,
     tracer,
 )
+from sundial_common.runtime.clock import Clock, SystemClock
+from sundial_common.stores import Stores
+from sundial_common.stores.executions import Finished, LostAttempt
+from sundial_common.stores.types import Record, RetryDue
 
 if TYPE_CHECKING:
     from sundial_sweeper.broker_restart import BrokerRestartRepublisher

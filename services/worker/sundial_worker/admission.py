@@ -6,7 +6,7 @@ RUNNING, DESIGN invariant 3). A won execution whose tenant the pool does not adm
 (:mod:`~sundial_worker.pool_guard`) ends FAILED at once without its handler. A message that loses the CAS —
 a duplicate delivery, an attempt that is no longer current — is acknowledged without running
 (invariant 5); an undecodable one is skipped loudly and acknowledged, a marker (no value: the sweeper's, see
-:mod:`sundial_common.messages`) quietly. Each won execution's handler starts through the
+:mod:`sundial_common.broker.messages`) quietly. Each won execution's handler starts through the
 :class:`~sundial_worker.execution.HandlerExecutor`, and then the won executions' liveness keys are renewed
 (the Redis round trip overlaps the handlers' start).
 
@@ -38,9 +38,9 @@ from typing import Any, TypeVar
 from uuid import UUID
 
 import orjson
-from sundial_common.encryption import Keyring
-from sundial_common.ids import parse_id
-from sundial_common.messages import ExecutionMessage
+from sundial_common.broker.messages import ExecutionMessage
+from sundial_common.domain.ids import parse_id
+from sundial_common.security.encryption import Keyring
 from sundial_common.stores.executions import ExecutionStore
 from sundial_common.stores.types import Record
 
@@ -353,7 +353,7 @@ class Admission:
 
     def _decode(self, delivery: Delivery) -> _Decoded | None:
         if delivery.value is None:
-            # A marker (sundial_common.messages): the sweeper's, to see the group pass it. Nothing to run.
+            # A marker (sundial_common.broker.messages): the sweeper's, to see the group pass it. Nothing to run.
             self._ack([delivery])
             return None
         try:

@@ -4,7 +4,7 @@
 from ``mymodule`` — the current directory is importable, as with uvicorn — and runs it with
 :class:`~sundial_worker.runtime.WorkerRuntime`. The first signal stops gracefully (running handlers
 get the shutdown grace); copies of it arriving within a second (one Ctrl-C under `uv run` arrives twice)
-change nothing, and only a deliberate later signal cuts the grace short (``sundial_common.stopsignals``).
+change nothing, and only a deliberate later signal cuts the grace short (``sundial_common.runtime.stop_signals``).
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ import logging
 import os
 import sys
 
-from sundial_common.logs import setup_logging
-from sundial_common.observability import observed
-from sundial_common.service import run
-from sundial_common.settings import SettingsHelpParser, load_settings
+from sundial_common.runtime.instrumentation import observed
+from sundial_common.runtime.logs import setup_logging
+from sundial_common.runtime.service import run
+from sundial_common.runtime.settings import SettingsHelpParser, load_settings
 
 from sundial_worker.sdk import Worker
 from sundial_worker.settings import WorkerSettings

@@ -16,7 +16,7 @@ nothing was behind. A backlog that builds up meanwhile (a consumer that stopped 
 interval, well inside the lag alert's 5 minutes; one that is being consumed is sampled every ``lag_interval_sec``.
 
 The loop sleeps first, then commits; like the heartbeat loop it lets an unexpected error fail the runtime
-instead of :func:`sundial_common.service.every`'s log-and-retry (the consumer already logs and retries a
+instead of :func:`sundial_common.runtime.service.every`'s log-and-retry (the consumer already logs and retries a
 failed commit itself).
 """
 

@@ -43,8 +43,8 @@ from datetime import UTC, datetime
 from typing import Any, Protocol, TypeVar
 
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaError, KafkaException, Message, TopicPartition
-from sundial_common.broker import NO_METRICS_PUSH, ensure_topics
-from sundial_common.messages import pool_group, pool_topic
+from sundial_common.broker.kafka import NO_METRICS_PUSH, ensure_topics
+from sundial_common.broker.messages import pool_group, pool_topic
 
 from sundial_worker.offsets import OffsetTracker, TopicPartitionKey
 

@@ -38,12 +38,9 @@ import orjson
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
-from sundial_common.encryption import PAYLOAD, PROGRESS, RESULT, DecryptionError, Keyring, TenantCipher
-from sundial_common.messages import ExecutionMessage
-from sundial_common.retry_policy import RetryPolicy
-from sundial_common.stores.executions import Outcome
-from sundial_common.stores.types import Record
-from sundial_common.telemetry import (
+from sundial_common.broker.messages import ExecutionMessage
+from sundial_common.domain.retry_policy import RetryPolicy
+from sundial_common.observability.tracing import (
     execution_attributes,
     execution_context,
     spans_recorded,
@@ -51,6 +48,9 @@ from sundial_common.telemetry import (
     tracer,
     unrecorded_span,
 )
+from sundial_common.security.encryption import PAYLOAD, PROGRESS, RESULT, DecryptionError, Keyring, TenantCipher
+from sundial_common.stores.executions import Outcome
+from sundial_common.stores.types import Record
 
 from sundial_worker.consumer import Delivery, consumer_group
 from sundial_worker.errors import check_positive_int, check_seconds

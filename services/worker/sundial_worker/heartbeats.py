@@ -23,7 +23,7 @@ handlers of those flagged.
 Redis trouble is never fatal here: Postgres holds the truth, and a missed renewal at worst lets the
 sweeper retry an execution. Each loop sleeps first, then runs a pass; a pass that raises anything else
 is a bug and fails the runtime (CONVENTIONS 8), which is why these loops are not
-:func:`sundial_common.service.every` (it logs and retries): a worker whose heartbeats silently stopped
+:func:`sundial_common.runtime.service.every` (it logs and retries): a worker whose heartbeats silently stopped
 would have its executions taken over by the sweeper while their handlers still run.
 """
 
@@ -39,8 +39,8 @@ from uuid import UUID
 
 from redis import Redis as SyncRedis
 from redis.asyncio import Redis
-from sundial_common.encryption import PROGRESS, Keyring
-from sundial_common.signals import cancel_key, heartbeat_key
+from sundial_common.hotwindow.execution_signals import cancel_key, heartbeat_key
+from sundial_common.security.encryption import PROGRESS, Keyring
 from sundial_common.stores.executions import ExecutionStore
 
 from sundial_worker.errors import REDIS_ERRORS, TRANSIENT_DB_ERRORS, check_seconds

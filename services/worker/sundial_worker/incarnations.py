@@ -28,9 +28,9 @@ from collections import defaultdict
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from sundial_common.hotwindow import HotWindow
-from sundial_common.metrics import AttemptsEnded
-from sundial_common.retry_policy import RetryPolicy
+from sundial_common.domain.retry_policy import RetryPolicy
+from sundial_common.hotwindow.window import HotWindow
+from sundial_common.observability.metrics import AttemptsEnded
 from sundial_common.stores import Stores
 from sundial_common.stores.executions import LostAttempt
 from sundial_common.stores.types import RetryDue

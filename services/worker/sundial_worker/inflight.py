@@ -26,7 +26,7 @@ from datetime import datetime
 from uuid import UUID
 
 from opentelemetry.trace import SpanContext
-from sundial_common.messages import ExecutionMessage
+from sundial_common.broker.messages import ExecutionMessage
 from sundial_common.stores.executions import Outcome
 
 from sundial_worker.consumer import Delivery

@@ -1,4 +1,4 @@
-"""What a worker records in the process's metrics registry (:mod:`sundial_common.metrics`).
+"""What a worker records in the process's metrics registry (:mod:`sundial_common.observability.metrics`).
 
 - **Dispatch lateness** (``sundial_dispatch_lateness_seconds{tenant,pool}``), at handler start: now minus the
   time the occurrence was due (its jittered fire time; the nominal ``scheduled_for`` for rows without one),
@@ -11,11 +11,12 @@
   time, observed when its task ends. ``handler`` is the handler's name only if this worker declares it;
   a message naming any other handler (a typo in a job, a handler removed since) is labelled ``other``, so
   job data cannot grow the label set.
-- **Ended attempts** (finished by state, retries, dead letters): :class:`~sundial_common.metrics.AttemptsEnded`,
+- **Ended attempts** (finished by state, retries, dead letters):
+:class:`~sundial_common.observability.metrics.AttemptsEnded`,
   fed by the outcome flusher with each batch Postgres accepted.
 - **Consumer lag** (``sundial_consumer_lag_messages{pool,partition}``): sampled by the offset committer.
 
-Children are bound once per label tuple (:class:`~sundial_common.metrics.Children`): recording an
+Children are bound once per label tuple (:class:`~sundial_common.observability.metrics.Children`): recording an
 execution costs two dict lookups and two observations.
 """
 
@@ -29,7 +30,13 @@ from datetime import UTC, datetime
 from typing import Any
 
 from prometheus_client import Gauge, Histogram
-from sundial_common.metrics import CONSUMER_LAG, DISPATCH_LATENESS, EXECUTION_DURATION, LATENESS_BUCKETS, Children
+from sundial_common.observability.metrics import (
+    CONSUMER_LAG,
+    DISPATCH_LATENESS,
+    EXECUTION_DURATION,
+    LATENESS_BUCKETS,
+    Children,
+)
 
 from sundial_worker.sdk import Context
 

@@ -29,11 +29,11 @@ from datetime import UTC, datetime, timedelta
 
 from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, Status, StatusCode
-from sundial_common.hotwindow import HotWindow
-from sundial_common.metrics import AttemptsEnded
+from sundial_common.hotwindow.window import HotWindow
+from sundial_common.observability.metrics import AttemptsEnded
+from sundial_common.observability.tracing import FAILURE, tracer
 from sundial_common.stores.executions import ExecutionStore, Finished
 from sundial_common.stores.types import RetryDue
-from sundial_common.telemetry import FAILURE, tracer
 
 from sundial_worker.consumer import ExecutionConsumer
 from sundial_worker.errors import REDIS_ERRORS, TRANSIENT_DB_ERRORS, check_positive_int, check_seconds

@@ -9,7 +9,7 @@ failure, so a pool fixed meanwhile runs the retry), and the refusal is logged wi
 and counted in ``sundial_pool_refusals_total{where="worker"}``.
 
 The tenant checked is the execution row's (what the start CAS returned: Postgres's truth), and the message's
-must agree with it. The pool's registry entry comes from a cache (:mod:`sundial_common.pool_cache`, refreshed
+must agree with it. The pool's registry entry comes from a cache (:mod:`sundial_common.stores.pool_cache`, refreshed
 every ``SUNDIAL_WORKER_POOL_CACHE_SEC``): one query per refresh, never one per message. Before refusing, the
 entry is read again unless that was done within the last second (:meth:`PoolGuard.fresh_entry`), so a tenant
 admitted moments ago is not refused by a stale entry, and a stream of refused messages costs at most one query a
@@ -22,8 +22,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from sundial_common.metrics import POOL_REFUSALS, Children
-from sundial_common.pool_cache import PoolCache
+from sundial_common.observability.metrics import POOL_REFUSALS, Children
+from sundial_common.stores.pool_cache import PoolCache
 from sundial_common.stores.pools import Pool
 
 log = logging.getLogger("sundial.worker")

@@ -41,12 +41,12 @@ from typing import Any
 import asyncpg
 from redis import Redis as SyncRedis
 from redis.asyncio import Redis
-from sundial_common.encryption import Keyring, open_keyring
-from sundial_common.hotwindow import HotWindow
-from sundial_common.messages import pool_topic
-from sundial_common.pool_cache import PoolCache
-from sundial_common.settings import CommonSettings
+from sundial_common.broker.messages import pool_topic
+from sundial_common.hotwindow.window import HotWindow
+from sundial_common.runtime.settings import CommonSettings
+from sundial_common.security.encryption import Keyring, open_keyring
 from sundial_common.stores import Stores
+from sundial_common.stores.pool_cache import PoolCache
 
 from sundial_worker.admission import Admission, AdmissionConfig
 from sundial_worker.commits import CommitConfig, OffsetCommitter

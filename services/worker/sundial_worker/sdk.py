@@ -31,7 +31,7 @@ from datetime import datetime
 from typing import Any, Protocol, TypeVar
 from uuid import UUID
 
-from sundial_common.messages import POOL_NAME
+from sundial_common.broker.messages import POOL_NAME
 
 log = logging.getLogger("sundial.worker")
 

@@ -8,7 +8,7 @@ them. Concurrency has three layers: ``--concurrency``, then ``SUNDIAL_WORKER_CON
 from __future__ import annotations
 
 from pydantic import Field
-from sundial_common.settings import CommonSettings
+from sundial_common.runtime.settings import CommonSettings
 
 from sundial_worker.runtime import WorkerConfig
 from sundial_worker.sdk import Worker

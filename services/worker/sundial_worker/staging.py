@@ -32,14 +32,14 @@ from typing import Any, TypeVar
 from uuid import UUID
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message
-from sundial_common.broker import NO_METRICS_PUSH, ensure_topics
-from sundial_common.encryption import PAYLOAD, TenantCipher, open_keyring
-from sundial_common.messages import ExecutionMessage, pool_topic
-from sundial_common.pool_cache import PoolCache
-from sundial_common.settings import CommonSettings
+from sundial_common.broker.kafka import NO_METRICS_PUSH, ensure_topics
+from sundial_common.broker.messages import ExecutionMessage, pool_topic
+from sundial_common.broker.topic_windows import replay_headers_of
+from sundial_common.runtime.settings import CommonSettings
+from sundial_common.security.encryption import PAYLOAD, TenantCipher, open_keyring
 from sundial_common.stores import Stores
+from sundial_common.stores.pool_cache import PoolCache
 from sundial_common.stores.replays import ReplayRun
-from sundial_common.topics import replay_headers_of
 
 from sundial_worker.consumer import consumer_group
 from sundial_worker.pool_guard import PoolGuard

@@ -1,6 +1,6 @@
 """The worker's wake-up subscription: a publisher announced its pool's topic, so a parked consumer fetches now.
 
-One Redis pub/sub subscription to :func:`~sundial_common.topic_wakeups.topic_wake_channel` of the consumer's
+One Redis pub/sub subscription to :func:`~sundial_common.broker.wakeups.topic_wake_channel` of the consumer's
 topic (task ``wakes``). Admission parks the consumer (no broker fetches) only while :attr:`TopicWakes.listening`:
 with the subscription down, an idle worker fetches as it always did, so nothing waits on a signal that cannot come.
 """
@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
-from sundial_common.topic_wakeups import topic_wake_channel
+from sundial_common.broker.wakeups import topic_wake_channel
 
 log = logging.getLogger("sundial.worker")
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
-from sundial_common.queries import load_file
 from sundial_common.stores.database import Database
+from sundial_common.stores.queries import load_file
 
 Q = load_file("analytics.sql")
 

@@ -21,8 +21,8 @@ from datetime import datetime
 from typing import Any, Literal, Protocol, cast
 from uuid import UUID
 
-from sundial_common.queries import load_file
 from sundial_common.stores.database import Database
+from sundial_common.stores.queries import load_file
 
 Q = load_file("audit.sql")
 

@@ -20,9 +20,9 @@ from datetime import datetime
 from typing import Protocol, cast
 from uuid import UUID
 
-from sundial_common.queries import load_file
 from sundial_common.stores import dispatch
 from sundial_common.stores.database import Database
+from sundial_common.stores.queries import load_file
 from sundial_common.stores.types import Record
 
 Q = load_file("backfills.sql")

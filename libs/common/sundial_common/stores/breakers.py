@@ -32,8 +32,8 @@ from uuid import UUID
 
 import asyncpg
 
-from sundial_common.queries import load_file
 from sundial_common.stores.database import Database
+from sundial_common.stores.queries import load_file
 from sundial_common.stores.types import Record
 
 Q = load_file("breakers.sql")

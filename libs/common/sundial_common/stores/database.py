@@ -12,7 +12,7 @@ from typing import cast
 import asyncpg
 import orjson
 
-from sundial_common.queries import load_file
+from sundial_common.stores.queries import load_file
 
 Q = load_file("database.sql")
 

@@ -23,10 +23,10 @@ from uuid import UUID
 
 import asyncpg
 
-from sundial_common.queries import load_file
 from sundial_common.stores import dispatch
 from sundial_common.stores.database import Database
 from sundial_common.stores.jobs import insert_job_on
+from sundial_common.stores.queries import load_file
 from sundial_common.stores.types import Record
 
 Q = load_file("dependencies.sql")

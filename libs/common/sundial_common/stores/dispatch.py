@@ -22,9 +22,9 @@ from uuid import UUID
 
 import asyncpg
 
-from sundial_common.queries import load_file
 from sundial_common.stores.breakers import gate_retries, hold_first_fires
 from sundial_common.stores.database import Database
+from sundial_common.stores.queries import load_file
 from sundial_common.stores.types import Occurrence, Record, RetryDue, by_shard
 
 Q = load_file("dispatch.sql")

@@ -14,9 +14,9 @@ from datetime import UTC, datetime
 from typing import Any, Protocol, cast
 from uuid import UUID
 
-from sundial_common.ids import new_execution_id
-from sundial_common.queries import load_file
+from sundial_common.domain.ids import new_execution_id
 from sundial_common.stores.database import Database
+from sundial_common.stores.queries import load_file
 from sundial_common.stores.types import Record, RetryDue
 
 Q = load_file("executions.sql")

@@ -15,8 +15,8 @@ from uuid import UUID
 
 import asyncpg
 
-from sundial_common.queries import load_file
 from sundial_common.stores.database import Database
+from sundial_common.stores.queries import load_file
 from sundial_common.stores.tenants import ActiveJobsQuotaExceeded, room_for_jobs_on
 from sundial_common.stores.types import Occurrence, Record, by_shard
 

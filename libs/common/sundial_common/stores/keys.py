@@ -1,6 +1,6 @@
 """The keys store: tenants' data keys, wrapped by the master key, and that master key's check value.
 
-A data key is only ever stored wrapped (:mod:`sundial_common.encryption`); ``encryption_master`` is one row
+A data key is only ever stored wrapped (:mod:`sundial_common.security.encryption`); ``encryption_master`` is one row
 saying which master key wraps them (``key_check``) and, during ``sundial keys rotate``, which one it is moving
 to (``rotating_to``). SQL: ``sql/keys.sql``.
 """
@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from sundial_common.queries import load_file
 from sundial_common.stores.database import Database
+from sundial_common.stores.queries import load_file
 
 Q = load_file("keys.sql")
 
 
 class KeyStore(Protocol):
-    """Wrapped data keys and the master key record (the :class:`~sundial_common.encryption.DataKeyStore`
+    """Wrapped data keys and the master key record (the :class:`~sundial_common.security.encryption.DataKeyStore`
     the keyring reads, plus what a rotation writes)."""
 
     async def master_check_values(self) -> tuple[str | None, str | None]: ...

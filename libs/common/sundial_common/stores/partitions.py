@@ -20,9 +20,9 @@ from typing import Any, Protocol, TypeVar
 
 import asyncpg
 
-from sundial_common.ids import id_time
-from sundial_common.queries import load_file
+from sundial_common.domain.ids import id_time
 from sundial_common.stores.database import Database
+from sundial_common.stores.queries import load_file
 
 Q = load_file("partitions.sql")
 T = TypeVar("T")

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
-from sundial_common.queries import load_file
 from sundial_common.stores.database import Database
+from sundial_common.stores.queries import load_file
 from sundial_common.stores.types import Record
 
 Q = load_file("pools.sql")

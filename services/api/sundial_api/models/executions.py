@@ -8,7 +8,7 @@ from datetime import datetime
 from typing import Any
 
 from pydantic import Field
-from sundial_common.encryption import PROGRESS, RESULT, TenantCipher
+from sundial_common.security.encryption import PROGRESS, RESULT, TenantCipher
 
 from sundial_api.models.common import ViewModel
 

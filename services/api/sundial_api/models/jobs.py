@@ -10,8 +10,8 @@ from typing import Annotated, Any
 from uuid import UUID
 
 from pydantic import ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationInfo, field_validator
-from sundial_common.encryption import PAYLOAD, TenantCipher
-from sundial_common.messages import POOL_NAME
+from sundial_common.broker.messages import POOL_NAME
+from sundial_common.security.encryption import PAYLOAD, TenantCipher
 
 from sundial_api.models.breakers import JobBreaker, JobBreakerView
 from sundial_api.models.common import RequestModel, ViewModel

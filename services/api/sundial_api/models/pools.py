@@ -7,7 +7,7 @@ from datetime import datetime
 from typing import Annotated, Any
 
 from pydantic import Field, StrictInt, StrictStr
-from sundial_common.auth import TENANT
+from sundial_common.security.auth import TENANT
 from sundial_common.stores.pools import Pool
 
 from sundial_api.models.common import RequestModel, ViewModel

@@ -11,7 +11,7 @@ from datetime import datetime
 from typing import Annotated, Any, TypeVar
 
 from pydantic import ConfigDict, Field, StrictInt, StrictStr, ValidationInfo, field_validator
-from sundial_common.schedules import MAX_RUN_LIST, ScheduleError, parse_cron
+from sundial_common.domain.schedules import MAX_RUN_LIST, ScheduleError, parse_cron
 
 from sundial_api.models.common import Instant, RequestModel, ViewModel
 from sundial_api.schedule import is_zone, suggest_zone

@@ -7,7 +7,7 @@ from datetime import datetime
 from typing import Annotated
 
 from pydantic import Field, StrictFloat, StrictInt, StrictStr
-from sundial_common.auth import TENANT
+from sundial_common.security.auth import TENANT
 from sundial_common.stores.tenants import Tenant
 
 from sundial_api.models.breakers import BreakerSettingsBody, BreakerSettingsView

@@ -1,0 +1,1 @@
+"""Server-side command-line tools: `sundial migrate`, `sundial keys`, `sundial services`."""

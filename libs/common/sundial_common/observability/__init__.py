@@ -1,0 +1,1 @@
+"""Observability: the metrics registry and OpenTelemetry tracing every process records into."""
