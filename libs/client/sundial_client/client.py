@@ -175,7 +175,7 @@ class Client:
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.retry = retry or Retries()
-        self._sleep = sleep
+        self.sleep = sleep
         self._http = httpx.Client(base_url=url, headers=_headers(token), timeout=timeout, transport=transport)
         self.jobs = Jobs(self)
         self.executions = Executions(self)
@@ -199,11 +199,11 @@ class Client:
                 failures += 1
                 if failures >= self.retry.attempts or isinstance(exc, httpx.UnsupportedProtocol):
                     raise ConnectionFailed(f"{call.method} {call.path}: {type(exc).__name__}: {exc}") from exc
-                self._sleep(self.retry.delay(failures))
+                self.sleep(self.retry.delay(failures))
                 continue
             if self.retry.retryable(response) and failures + 1 < self.retry.attempts:
                 failures += 1
-                self._sleep(self.retry.delay(failures, response))
+                self.sleep(self.retry.delay(failures, response))
                 continue
             raise_for_problem(response)
             return call.read(response)
@@ -435,7 +435,7 @@ class Executions:
                 yield current
             if current.ended:
                 return
-            self._c._sleep(poll_sec)
+            self._c.sleep(poll_sec)
 
     def wait(self, execution_id: str, *, poll_sec: float = 1.0) -> ExecutionDetail:
         """Block until the execution has ended; its final view."""
@@ -597,7 +597,7 @@ class AsyncClient:
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self.retry = retry or Retries()
-        self._sleep = sleep
+        self.sleep = sleep
         self._http = httpx.AsyncClient(base_url=url, headers=_headers(token), timeout=timeout, transport=transport)
         self.jobs = AsyncJobs(self)
         self.executions = AsyncExecutions(self)
@@ -619,11 +619,11 @@ class AsyncClient:
                 failures += 1
                 if failures >= self.retry.attempts or isinstance(exc, httpx.UnsupportedProtocol):
                     raise ConnectionFailed(f"{call.method} {call.path}: {type(exc).__name__}: {exc}") from exc
-                await self._sleep(self.retry.delay(failures))
+                await self.sleep(self.retry.delay(failures))
                 continue
             if self.retry.retryable(response) and failures + 1 < self.retry.attempts:
                 failures += 1
-                await self._sleep(self.retry.delay(failures, response))
+                await self.sleep(self.retry.delay(failures, response))
                 continue
             raise_for_problem(response)
             return call.read(response)
@@ -841,7 +841,7 @@ class AsyncExecutions:
                 yield current
             if current.ended:
                 return
-            await self._c._sleep(poll_sec)
+            await self._c.sleep(poll_sec)
 
     async def wait(self, execution_id: str, *, poll_sec: float = 1.0) -> ExecutionDetail:
         final: ExecutionDetail | None = None

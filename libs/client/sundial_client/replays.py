@@ -7,17 +7,24 @@ window of a pool's Kafka messages into a staging pool; ``watch`` follows it unti
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol, TypeVar
 
 from pydantic import Field
 
 from sundial_client.calls import MAX_PAGE, Call, _id, _model, instant
 from sundial_client.models import _Wire
 
-if TYPE_CHECKING:
-    from sundial_client.client import Client
+T = TypeVar("T")
+
+
+class Caller(Protocol):
+    """What a namespace needs of its client: a call made (with the client's retries), and its sleep."""
+
+    sleep: Callable[[float], None]
+
+    def call(self, call: Call[T]) -> T: ...
 
 
 class ReplayState(enum.StrEnum):
@@ -151,7 +158,7 @@ def replay_runs(replay_id: str, *, cursor: str | None, limit: int) -> Call[Repla
 class Replays:
     """``client.replays``."""
 
-    def __init__(self, client: Client) -> None:
+    def __init__(self, client: Caller) -> None:
         self._c = client
 
     def create(self, **fields: Any) -> Replay:
@@ -190,4 +197,4 @@ class Replays:
             yield current
             if current.ended:
                 return
-            self._c._sleep(poll_sec)
+            self._c.sleep(poll_sec)

@@ -27,7 +27,7 @@ from sundial_common.observability.tracing import traceparent
 from sundial_common.stores.dispatch import DispatchStore
 
 # The outbox scan's own message and span builders: a republish after a restart is the same send.
-from sundial_sweeper.sweeper import _end_sends, _message, _send_span
+from sundial_sweeper.resends import end_sends, execution_message, send_span
 
 log = logging.getLogger(__name__)
 
@@ -95,12 +95,13 @@ class BrokerRestartRepublisher:
 
     async def _send(self, rows: list[Record]) -> int:
         """Publish ``rows`` again; how many were sent (the others are kept for the next pass)."""
-        spans = [_send_span(row, "republish after broker restart") for row in rows]
+        spans = [send_span(row, "republish after broker restart") for row in rows]
         messages = [
-            _message(row, traceparent(span) or row["traceparent"]) for row, span in zip(rows, spans, strict=True)
+            execution_message(row, traceparent(span) or row["traceparent"])
+            for row, span in zip(rows, spans, strict=True)
         ]
         errors = await self.publisher.publish(messages)
-        _end_sends(spans, errors)
+        end_sends(spans, errors)
         ok = [row["id"] for row, error in zip(rows, errors, strict=True) if error is None]
         self._unsent += [row["id"] for row, error in zip(rows, errors, strict=True) if error is not None]
         await self.store.republished(ok)

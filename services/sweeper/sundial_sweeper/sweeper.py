@@ -47,16 +47,16 @@ import time
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+from opentelemetry.trace import Status, StatusCode
 from prometheus_client import Gauge
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 from sundial_common.broker.kafka import Publisher
-from sundial_common.broker.messages import DLQ_TOPIC, DeadLetter, ExecutionMessage, pool_topic
+from sundial_common.broker.messages import DLQ_TOPIC, DeadLetter
 from sundial_common.domain.retry_policy import RetryPolicy
 from sundial_common.hotwindow.execution_signals import heartbeat_key
 from sundial_common.hotwindow.window import HotWindow
@@ -71,7 +71,6 @@ from sundial_common.observability.tracing import (
     FAILURE,
     execution_attributes,
     execution_context,
-    kafka_publish_attributes,
     traceparent,
     tracer,
 )
@@ -79,6 +78,8 @@ from sundial_common.runtime.clock import Clock, SystemClock
 from sundial_common.stores import Stores
 from sundial_common.stores.executions import Finished, LostAttempt
 from sundial_common.stores.types import Record, RetryDue
+
+from sundial_sweeper.resends import end_sends, execution_message, send_span
 
 if TYPE_CHECKING:
     from sundial_sweeper.broker_restart import BrokerRestartRepublisher
@@ -174,37 +175,6 @@ class _Running:
     rows: dict[UUID, Record] = field(default_factory=dict)
 
 
-def _send_span(row: Record, action: str, topic: str | None = None) -> Span:
-    """A PRODUCER span in the execution's own trace for a message the sweeper sends about it."""
-    topic = topic or pool_topic(row["pool"])
-    return tracer.start_span(
-        f"send {topic}",
-        context=execution_context(row["traceparent"]),
-        kind=SpanKind.PRODUCER,
-        attributes={
-            **execution_attributes(
-                tenant=row["tenant_id"],
-                job_id=row["job_id"],
-                execution_id=row["id"],
-                attempt=row["attempt"],
-                pool=row["pool"],
-                handler=row["handler"],
-            ),
-            **kafka_publish_attributes(topic, str(row["id"])),
-            "sundial.sweeper.action": action,
-            # A dead letter reports a failure: exported whatever the sample ratio.
-            **({FAILURE: True} if topic == DLQ_TOPIC else {}),
-        },
-    )
-
-
-def _end_sends(spans: Sequence[Span], errors: Sequence[Exception | None]) -> None:
-    for span, error in zip(spans, errors, strict=True):
-        if error is not None:
-            span.set_status(Status(StatusCode.ERROR, f"publish failed: {error}"))
-        span.end()
-
-
 def _trace_recovery(row: Record, ended: Finished, started_ns: int) -> None:
     """The sweeper's end of a lost or timed-out attempt, in the execution's trace: always an error span."""
     reason = "worker lost" if ended.attempt_state == "FAILED_WORKER_LOST" else "timed out"
@@ -225,27 +195,6 @@ def _trace_recovery(row: Record, ended: Finished, started_ns: int) -> None:
         span.set_status(Status(StatusCode.ERROR, f"attempt {ended.attempt} {ended.attempt_state}; now {ended.state}"))
         if ended.next_attempt_at is not None:
             span.set_attribute("sundial.next_attempt_at", ended.next_attempt_at.isoformat())
-
-
-def _message(row: Record, parent: str | None) -> ExecutionMessage:
-    # Sent again before its due instant (a broker restart right after a publish ahead): the worker still holds it.
-    due: datetime | None = row["fire_at"]
-    if due is not None and due <= datetime.now(UTC):
-        due = None
-    return ExecutionMessage(
-        execution_id=str(row["id"]),
-        job_id=str(row["job_id"]),
-        tenant_id=row["tenant_id"],
-        pool=row["pool"],
-        handler=row["handler"],
-        attempt=row["attempt"],
-        fence_token=row["fence_token"],
-        scheduled_for=row["scheduled_for"].isoformat(),
-        timeout_sec=row["timeout_sec"],
-        payload=row["payload"],
-        traceparent=parent,
-        due_at=due.isoformat() if due is not None else None,
-    )
 
 
 def _dead_letter(row: Record, parent: str | None) -> DeadLetter:
@@ -538,12 +487,13 @@ class Sweeper:
 
     async def _republish(self, rows: Sequence[Record]) -> tuple[int, int]:
         """Publish the rows' messages again and mark them republished; returns (sent, failed)."""
-        spans = [_send_span(row, "republish") for row in rows]
+        spans = [send_span(row, "republish") for row in rows]
         messages = [
-            _message(row, traceparent(span) or row["traceparent"]) for row, span in zip(rows, spans, strict=True)
+            execution_message(row, traceparent(span) or row["traceparent"])
+            for row, span in zip(rows, spans, strict=True)
         ]
         errors = await self.publisher.publish(messages)
-        _end_sends(spans, errors)
+        end_sends(spans, errors)
         sent = [row["id"] for row, error in zip(rows, errors, strict=True) if error is None]
         await self.stores.dispatch.republished(sent)
         return len(sent), len(rows) - len(sent)
@@ -554,11 +504,11 @@ class Sweeper:
         rows = await self.stores.executions.dead_letters(self.config.batch_size)
         if not rows:
             return 0
-        spans = [_send_span(row, "dead letter", DLQ_TOPIC) for row in rows]
+        spans = [send_span(row, "dead letter", DLQ_TOPIC) for row in rows]
         errors = await self.publisher.publish(
             [_dead_letter(row, traceparent(span)) for row, span in zip(rows, spans, strict=True)]
         )
-        _end_sends(spans, errors)
+        end_sends(spans, errors)
         sent = [row["id"] for row, error in zip(rows, errors, strict=True) if error is None]
         await self.stores.executions.mark_dead_lettered(sent)
         if len(sent) < len(rows):

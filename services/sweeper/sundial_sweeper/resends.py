@@ -1,0 +1,70 @@
+"""What the sweeper sends again about an execution: its message rebuilt from its row, the PRODUCER span in the
+execution's own trace, and the end of those spans once the broker answered."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime
+
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+from sundial_common.broker.messages import DLQ_TOPIC, ExecutionMessage, pool_topic
+from sundial_common.observability.tracing import (
+    FAILURE,
+    execution_attributes,
+    execution_context,
+    kafka_publish_attributes,
+    tracer,
+)
+from sundial_common.stores.types import Record
+
+
+def send_span(row: Record, action: str, topic: str | None = None) -> Span:
+    """A PRODUCER span in the execution's own trace for a message the sweeper sends about it."""
+    topic = topic or pool_topic(row["pool"])
+    return tracer.start_span(
+        f"send {topic}",
+        context=execution_context(row["traceparent"]),
+        kind=SpanKind.PRODUCER,
+        attributes={
+            **execution_attributes(
+                tenant=row["tenant_id"],
+                job_id=row["job_id"],
+                execution_id=row["id"],
+                attempt=row["attempt"],
+                pool=row["pool"],
+                handler=row["handler"],
+            ),
+            **kafka_publish_attributes(topic, str(row["id"])),
+            "sundial.sweeper.action": action,
+            # A dead letter reports a failure: exported whatever the sample ratio.
+            **({FAILURE: True} if topic == DLQ_TOPIC else {}),
+        },
+    )
+
+
+def end_sends(spans: Sequence[Span], errors: Sequence[Exception | None]) -> None:
+    for span, error in zip(spans, errors, strict=True):
+        if error is not None:
+            span.set_status(Status(StatusCode.ERROR, f"publish failed: {error}"))
+        span.end()
+
+
+def execution_message(row: Record, parent: str | None) -> ExecutionMessage:
+    # Sent again before its due instant (a broker restart right after a publish ahead): the worker still holds it.
+    due: datetime | None = row["fire_at"]
+    if due is not None and due <= datetime.now(UTC):
+        due = None
+    return ExecutionMessage(
+        execution_id=str(row["id"]),
+        job_id=str(row["job_id"]),
+        tenant_id=row["tenant_id"],
+        pool=row["pool"],
+        handler=row["handler"],
+        attempt=row["attempt"],
+        fence_token=row["fence_token"],
+        scheduled_for=row["scheduled_for"].isoformat(),
+        timeout_sec=row["timeout_sec"],
+        payload=row["payload"],
+        traceparent=parent,
+        due_at=due.isoformat() if due is not None else None,
+    )
