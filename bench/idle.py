@@ -4,7 +4,7 @@
     uv run python bench/harness.py idle --port-offset 700    # the same, from `make bench BENCH_ARGS=idle`
     uv run python bench/idle.py --servers-only               # the floor: the servers alone, no Sundial process
 
-It runs the development environment of ``make up`` — ``sundial_infra.supervisor.DevRunner`` with its
+It runs the development environment of ``make up`` — ``sundial_infra.dev_runner.DevRunner`` with its
 default process table (api, two dispatchers, the two hosts of the hydrator, sweeper and replayer —
 ``services-1/2`` — analytics, the two demo workers), its durable Postgres, Redis, etcd, the broker and
 Prometheus scraping every process — in a child process of its own (``--serve``), on the bench ports +
@@ -37,9 +37,10 @@ from pathlib import Path
 from typing import Any
 
 import machine  # bench/ is on sys.path: run as a script, or imported by harness.py
+from sundial_infra.dev_runner import DevLayout, DevRunner, readyz_ok
 from sundial_infra.process import read_pid_file, wait_for
 from sundial_infra.stack import BENCH_PORTS, LocalStack, Ports
-from sundial_infra.supervisor import DevLayout, DevRunner, default_processes, readyz_ok
+from sundial_infra.supervisor import default_processes
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"

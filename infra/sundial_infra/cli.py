@@ -1,6 +1,6 @@
 """``sundial dev``: the local development environment from the command line (``make run/up/down/status``).
 
-This module owns the user-facing side of ``sundial_infra.supervisor``: ``up`` in the foreground (the
+This module owns the user-facing side of ``sundial_infra.dev_runner``: ``up`` in the foreground (the
 supervisor runs in this process) or in the background (a detached supervisor, and ``up`` returns once
 the API answers ``/readyz``), ``down`` (stop the supervisor, then anything a crash left behind), and
 ``status``, and ``clean`` (everything under the root stopped and deleted, with the Postgres clusters
@@ -26,20 +26,19 @@ from pathlib import Path
 
 from sundial_common.runtime.stop_signals import StopSignals
 
-from sundial_infra.process import marked_processes, read_pid_file, terminate, write_pid_file
-from sundial_infra.servers.postgres import remove_legacy_clusters
-from sundial_infra.stack import DEV_PORTS, LocalStack
-from sundial_infra.supervisor import (
+from sundial_infra.dev_runner import (
     DevLayout,
     DevRunner,
     banner,
-    default_processes,
     failure_excerpt,
     log_tails,
     readyz_ok,
-    sundial_argv,
     supervisor_running,
 )
+from sundial_infra.process import marked_processes, read_pid_file, terminate, write_pid_file
+from sundial_infra.servers.postgres import remove_legacy_clusters
+from sundial_infra.stack import DEV_PORTS, LocalStack
+from sundial_infra.supervisor import default_processes, sundial_argv
 
 log = logging.getLogger("sundial.infra.cli")
 
