@@ -18,8 +18,8 @@ from sundial_common.observability.metrics import (
     AttemptsEnded,
     Children,
     exposition,
-    serve_metrics,
 )
+from sundial_common.observability.probes import serve_probes
 from sundial_dispatcher.cli import main as dispatcher_main
 from sundial_dispatcher.metrics import Leadership, ShardPassMetrics, count_dispatched
 from sundial_hydrator.cli import main as hydrator_main
@@ -196,7 +196,7 @@ def test_exposition_answers_openmetrics_only_to_a_scraper_that_asks() -> None:
 
 
 def test_serve_metrics_negotiates_openmetrics_over_http() -> None:
-    with serve_metrics(0) as port:
+    with serve_probes(0) as port:
         url = f"http://127.0.0.1:{port}/metrics"
         scraped = httpx.get(url, headers={"Accept": OPENMETRICS})
         plain = httpx.get(url)

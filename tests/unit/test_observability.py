@@ -8,7 +8,8 @@ from dataclasses import dataclass
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 from sundial_api.models.executions import render_execution
-from sundial_common.observability.metrics import REGISTRY, pass_counts, serve_metrics
+from sundial_common.observability.metrics import REGISTRY, pass_counts
+from sundial_common.observability.probes import serve_probes
 from sundial_common.runtime.service import every
 from sundial_common.runtime.settings import CommonSettings
 from sundial_common.security.encryption import TenantCipher
@@ -76,7 +77,7 @@ async def test_the_metrics_endpoint_answers_with_loop_pass_counts() -> None:
         return 5
 
     await every(stop, 0, run_once, name="unit-hydrate")
-    with serve_metrics(0) as port:
+    with serve_probes(0) as port:
         response = await asyncio.to_thread(httpx.get, f"http://127.0.0.1:{port}/metrics", timeout=5)
 
     assert response.status_code == 200

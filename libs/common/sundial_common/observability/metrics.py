@@ -19,7 +19,8 @@ Three things live here and nowhere else:
   here once so that dashboards and alert rules have one list to read, with :class:`Children` to bind label
   children once per label-value tuple (a hot loop pays a dict lookup, never ``labels()``), and
   :class:`AttemptsEnded`, how the worker and the sweeper count ended attempts the same way.
-- :func:`serve_metrics`, the ``/metrics`` endpoint of a process without an HTTP server of its own
+- :func:`exposition`, what ``/metrics`` answers (served by :mod:`sundial_common.observability.probes` in a
+  process without an HTTP server of its own)
   (dispatcher, hydrator, sweeper, worker: on ``SUNDIAL_METRICS_PORT`` when set; see
   :mod:`sundial_common.runtime.instrumentation`). The API serves :func:`exposition` on its own port instead.
 """
@@ -28,8 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Iterable, Mapping
 from typing import Final, Generic, TypeVar
 
 import prometheus_client
@@ -340,21 +340,3 @@ def exposition(accept: str | None = None) -> tuple[bytes, str]:
     """
     encoder, content_type = choose_encoder(accept or "")
     return encoder(REGISTRY), content_type
-
-
-@contextmanager
-def serve_metrics(port: int, host: str = "127.0.0.1") -> Iterator[int]:
-    """Serve ``GET /metrics`` from :data:`REGISTRY` on ``host:port`` while the block runs; yields the bound port.
-
-    prometheus-client's own server, in a daemon thread: a scrape is answered even while the event loop is
-    busy, and a process needs no HTTP framework for it. ``port`` 0 picks a free port (tests).
-    """
-    server, thread = prometheus_client.start_http_server(port, addr=host, registry=REGISTRY)
-    bound = int(server.server_address[1])
-    log.info("serving metrics on http://%s:%d/metrics", host, bound)
-    try:
-        yield bound
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)

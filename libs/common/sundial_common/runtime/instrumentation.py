@@ -7,8 +7,9 @@ Every ``sundial <command>`` wraps its life in :func:`observed`::
 
 which installs the tracer provider (:func:`sundial_common.observability.tracing.setup_tracing`: OTLP export when
 ``SUNDIAL_OTLP_ENDPOINT`` is set; otherwise spans are not recorded but still carry real trace ids), names
-the process in ``sundial_process_info``, serves ``/metrics`` on ``SUNDIAL_METRICS_PORT`` when it is set
-(:func:`sundial_common.observability.metrics.serve_metrics`), and at the end flushes the spans still queued for export.
+the process in ``sundial_process_info``, serves ``/metrics`` and the ``/healthz`` and ``/readyz`` probes on
+``SUNDIAL_METRICS_PORT`` when it is set (:func:`sundial_common.observability.probes.serve_probes`), and at
+the end flushes the spans still queued for export.
 The API passes ``metrics=False``: it serves ``/metrics`` on its own HTTP port.
 
 What a process records goes through :mod:`sundial_common.observability.metrics` (the registry, loop pass metrics) and
@@ -25,7 +26,8 @@ from collections.abc import Iterator
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 
-from sundial_common.observability.metrics import describe_process, serve_metrics
+from sundial_common.observability.metrics import describe_process
+from sundial_common.observability.probes import serve_probes
 from sundial_common.observability.tracing import setup_tracing
 from sundial_common.runtime.settings import CommonSettings
 
@@ -37,7 +39,7 @@ def observed(service: str, settings: CommonSettings, *, metrics: bool = True) ->
     describe_process(service, settings.instance_id)
     with contextlib.ExitStack() as stack:
         if metrics and settings.metrics_port is not None:
-            stack.enter_context(serve_metrics(settings.metrics_port, settings.metrics_host))
+            stack.enter_context(serve_probes(settings.metrics_port, settings.metrics_host))
         try:
             yield
         finally:

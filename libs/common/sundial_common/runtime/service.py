@@ -20,6 +20,7 @@ from typing import Any
 
 import uvloop
 
+from sundial_common.observability.health import DEFAULT_STUCK_AFTER_SEC, HEALTH, LoopHealth
 from sundial_common.observability.metrics import LoopMetrics, pass_counts
 from sundial_common.observability.tracing import tracer
 from sundial_common.runtime.stop_signals import StopSignals
@@ -75,6 +76,7 @@ def run(
                 task.cancel()
 
         StopSignals(stop.set, force).install_on(asyncio.get_running_loop())
+        HEALTH.watch(asyncio.get_running_loop())
         await main(stop)
 
     prepare_collector(young_collection_every)
@@ -119,12 +121,33 @@ async def every(
     ``interval``. For loops that poll for rare work (the replayer, the analytics ingester): idle, they
     wake a few times a minute instead of twice a second, and the first piece of work after a quiet spell
     waits at most ``idle_interval``. Not for loops whose period is a detection window (the sweeper's).
+
+    The loop feeds the process's probes (:mod:`sundial_common.observability.health`): a failed last pass makes
+    the process not ready, a pass running far longer than ``interval`` makes it not alive.
     """
     metrics = LoopMetrics(name)
+    health = HEALTH.loop(name, stuck_after_sec=max(DEFAULT_STUCK_AFTER_SEC, 10 * interval))
+    try:
+        await _drive(stop, interval, run_once, name, again_now, idle_interval, metrics, health)
+    finally:
+        HEALTH.forget(name)
+
+
+async def _drive(
+    stop: asyncio.Event,
+    interval: float,
+    run_once: Callable[[], Awaitable[Any]],
+    name: str,
+    again_now: Callable[[Any], bool],
+    idle_interval: float | None,
+    metrics: LoopMetrics,
+    health: LoopHealth,
+) -> None:
     span_name = f"{name} pass"
     wait = interval
     while not stop.is_set():
         started = time.perf_counter()
+        health.starting()
         try:
             with tracer.start_as_current_span(span_name, attributes={"sundial.loop": name}) as span:
                 result = await run_once()
@@ -133,13 +156,15 @@ async def every(
                         span.set_attribute(f"sundial.loop.{item}", count)
         except asyncio.CancelledError:
             raise
-        except Exception:
+        except Exception as exc:
             metrics.failed(time.perf_counter() - started)
+            health.failed(exc)
             log.exception("%s pass failed; retrying in %.1fs", name, max(interval, 1.0))
             if await sleep_or_stop(stop, max(interval, 1.0)):
                 return
             continue
         metrics.passed(time.perf_counter() - started, result)
+        health.passed()
         if idle_interval is not None:
             idle = not any(pass_counts(result).values())
             wait = min(max(idle_interval, interval), wait * 2) if idle else interval
