@@ -14,10 +14,8 @@ import argparse
 import asyncio
 from collections.abc import Callable
 
-from alembic import command
-
 from sundial_common.runtime.settings import CommonSettings, SettingsHelpParser, load_settings
-from sundial_common.stores.schema import alembic_config
+from sundial_common.stores.schema import upgrade
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     args = parser.parse_args(argv)
     dsn = args.database_url or load_settings(CommonSettings, parser).database_url
-    command.upgrade(alembic_config(dsn), args.revision)
+    asyncio.run(upgrade(dsn, args.revision))
     print(f"schema at {args.revision}")
     if args.tenant:
         registered = asyncio.run(_register(dsn, args.tenant))

@@ -40,6 +40,7 @@ from sundial_common.stores.analytics import AnalyticsStore, PostgresAnalyticsSto
 from sundial_common.stores.audit import AuditStore, PostgresAuditStore
 from sundial_common.stores.backfills import BackfillStore, PostgresBackfillStore
 from sundial_common.stores.breakers import BreakerStore, PostgresBreakerStore
+from sundial_common.stores.compatibility import check_compatible
 from sundial_common.stores.database import Database
 from sundial_common.stores.dependencies import DependencyStore, PostgresDependencyStore
 from sundial_common.stores.dispatch import DispatchStore, PostgresDispatchStore
@@ -101,10 +102,17 @@ class Stores:
     async def connect(
         cls, dsn: str, *, min_size: int = 1, max_size: int = 10, max_inactive_connection_lifetime: float = 300.0
     ) -> Stores:
-        """Open the pool (see :meth:`Database.connect`) and the stores over it."""
+        """Open the pool (see :meth:`Database.connect`) and the stores over it, once the schema is one this code
+        can run on (:func:`sundial_common.stores.compatibility.check_compatible`)."""
         database = await Database.connect(
             dsn, min_size=min_size, max_size=max_size, max_inactive_connection_lifetime=max_inactive_connection_lifetime
         )
+        try:
+            async with database.pool.acquire() as connection:
+                await check_compatible(connection)
+        except BaseException:
+            await database.close()
+            raise
         return cls.over(database)
 
     async def close(self) -> None:
