@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 
 import asyncpg
 import pytest
+from sundial_common.commands.migrate import main as migrate_main
 from sundial_common.stores import Stores
 from sundial_common.stores.compatibility import SchemaTooNew, known_revisions
 from sundial_common.stores.schema import upgrade
@@ -71,3 +72,13 @@ async def test_a_process_on_a_schema_too_new_stops_with_one_line(
     assert run.returncode != 0
     assert "needs Sundial code that knows migration 9999" in run.stderr
     assert "Traceback" not in run.stderr
+
+
+async def test_waiting_for_the_schema_ends_once_it_is_migrated(
+    blank_database: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    wait = ["--database-url", blank_database, "--wait", "0"]
+    assert await asyncio.to_thread(migrate_main, wait) == 1
+    assert "schema not ready after 0 s: not migrated yet" in capsys.readouterr().err
+    await upgrade(blank_database)
+    assert await asyncio.to_thread(migrate_main, wait) == 0

@@ -12,9 +12,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
+import time
 from collections.abc import Callable
 
+import asyncpg
+
 from sundial_common.runtime.settings import CommonSettings, SettingsHelpParser, load_settings
+from sundial_common.stores.compatibility import check_compatible, known_revisions
 from sundial_common.stores.schema import upgrade
 
 
@@ -44,8 +49,19 @@ def main(argv: list[str] | None = None) -> int:
             help=f"Register this {kind} pool, owned by OWNER (a registered tenant), if it is not registered "
             "(repeatable; its topic is created by its first worker or publish).",
         )
+    parser.add_argument(
+        "--wait",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="Migrate nothing: wait up to SECONDS until the schema is one this code runs on (at its newest "
+        "migration, or newer and compatible), then exit 0; exit 1 if it is not by then. For a process's "
+        "init container while a migration Job runs.",
+    )
     args = parser.parse_args(argv)
     dsn = args.database_url or load_settings(CommonSettings, parser).database_url
+    if args.wait is not None:
+        return asyncio.run(_wait(dsn, args.wait))
     asyncio.run(upgrade(dsn, args.revision))
     print(f"schema at {args.revision}")
     if args.tenant:
@@ -55,6 +71,39 @@ def main(argv: list[str] | None = None) -> int:
         created = asyncio.run(_register_pools(dsn, [*args.pool, *args.staging_pool]))
         print(f"pools registered: {', '.join(created) or 'none new'}")
     return 0
+
+
+async def _wait(dsn: str, seconds: float) -> int:
+    deadline = time.monotonic() + seconds
+    while True:
+        why = await _not_ready(dsn)
+        if why is None:
+            print("schema ready")
+            return 0
+        if time.monotonic() >= deadline:
+            print(f"schema not ready after {seconds:g} s: {why}", file=sys.stderr)
+            return 1
+        await asyncio.sleep(1.0)
+
+
+async def _not_ready(dsn: str) -> str | None:
+    """Why this code cannot run on the schema yet (None: it can)."""
+    try:
+        connection = await asyncpg.connect(dsn, timeout=5)
+    except (OSError, asyncpg.PostgresError) as exc:
+        return f"database unreachable ({type(exc).__name__}: {exc})"
+    try:
+        try:
+            current = await connection.fetchval("SELECT version_num FROM alembic_version")
+        except asyncpg.UndefinedTableError:
+            return "not migrated yet"
+        newest = max(known_revisions())
+        if current in known_revisions() and current < newest:
+            return f"at migration {current}, this code needs {newest}"
+        await check_compatible(connection)  # newer than this code: fine while it stays compatible
+        return None
+    finally:
+        await connection.close()
 
 
 def _pool_option(kind: str) -> Callable[[str], tuple[str, str, str]]:
