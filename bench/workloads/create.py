@@ -13,13 +13,12 @@ too: less sensitive to a shared machine than the rates), the jobs and audit rows
 Postgres statements per job and the top statements (``pg_stat_statements``), and the load average before and
 after. ``--profile DIR`` records a py-spy profile (collapsed stacks) of the API during each load.
 
-Run alone: ``uv run --frozen python bench/create.py --port-offset 300`` (``--help``); ``bench/harness.py create``
-runs it with the other workloads.
+Run it alone with ``python -m bench create`` (``--create-loads single,batch``, ``--create-delay``; see
+``python -m bench --help``), or with the other workloads of :mod:`bench.suite`.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import dataclasses
 import json
@@ -29,12 +28,13 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Sequence
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import asyncpg
-import machine  # bench/ is on sys.path: run as a script, or imported by harness.py
+
+from bench import machine
+from bench.harness import Bench
 
 SCRIPT = Path(__file__).with_name("create.lua")
 POOL = "demo"
@@ -65,25 +65,12 @@ LOADS = {
 }
 
 
-class Stack(Protocol):
-    """What this workload needs of the harness' ``Bench`` (a stack on the bench ports)."""
-
-    shape: Any
-    ports: Any
-    root: Path
-    profile: Path | None
-    token: str
-    stack: Any
-
-    def start(self) -> None: ...
-
-    def stop(self) -> None: ...
-
-    def cpu(self) -> dict[str, machine.Usage]: ...
+#: The keys of a line that say how it was run (its settings, :mod:`bench.results`), not what it measured.
+SETTINGS = ("created", "idempotency_key", "connections", "batch_size", "delay_s")
 
 
 async def measure(
-    bench: Stack,
+    bench: Bench,
     duration: float,
     loads: Sequence[str] = ("single", "keyed", "batch"),
     delay_sec: int = 86400,
@@ -94,7 +81,7 @@ async def measure(
     if wrk is None:
         raise RuntimeError("wrk is not installed: `make deps` installs it (Debian package wrk)")
     shape = dataclasses.replace(bench.shape, dispatchers=0, workers=0, analytics=False)
-    stack = type(bench)(shape, bench.root, bench.ports, bench.profile)  # type: ignore[call-arg]
+    stack = Bench(shape, bench.root, bench.ports, bench.profile)
     stack.start()
     try:
         return [await _run(stack, wrk, LOADS[name], duration, delay_sec) for name in loads]
@@ -102,7 +89,7 @@ async def measure(
         stack.stop()
 
 
-async def _run(bench: Stack, wrk: str, load: Load, duration: float, delay_sec: int) -> dict[str, Any]:
+async def _run(bench: Bench, wrk: str, load: Load, duration: float, delay_sec: int) -> dict[str, Any]:
     url = f"http://127.0.0.1:{bench.ports.api}"
     run = uuid.uuid4().hex[:8]
     # Connections opened, caches filled, the first plans made: not what the line measures.
@@ -203,12 +190,12 @@ def _wrk(
     raise RuntimeError(f"wrk printed no result (exit {proc.returncode}): {err.decode()[-2000:]} {out.decode()[-2000:]}")
 
 
-def _profile(bench: Stack, load: Load, seconds: float) -> subprocess.Popen[bytes] | None:
+def _profile(bench: Bench, load: Load, seconds: float) -> subprocess.Popen[bytes] | None:
     """py-spy on the API for the measured run (collapsed stacks), when the bench records profiles."""
     if bench.profile is None:
         return None
     bench.profile.mkdir(parents=True, exist_ok=True)
-    (api,) = (s.pid for s in bench.supervisor.status() if s.name == "api")  # type: ignore[attr-defined]
+    (api,) = (s.pid for s in bench.supervisor.status() if s.name == "api")
     label = f"create-{load.mode}{'-keyed' if load.idempotency_key else ''}-api.txt"
     py_spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     return subprocess.Popen(
@@ -219,36 +206,3 @@ def _profile(bench: Stack, load: Load, seconds: float) -> subprocess.Popen[bytes
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-
-
-def main(argv: list[str] | None = None) -> int:
-    sys.path.insert(0, str(Path(__file__).parent))
-    import harness  # the stack and the results file are the harness'
-
-    parser = argparse.ArgumentParser(
-        prog="bench/create.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("loads", nargs="*", default=["single", "keyed", "batch"], help=f"of {', '.join(LOADS)}")
-    parser.add_argument("--duration", type=float, default=20.0, help="seconds of each measured wrk run")
-    parser.add_argument("--delay", type=int, default=86400, help="the jobs' delaySeconds (< 3600: in the hot window)")
-    parser.add_argument("--shards", type=int, default=8)
-    parser.add_argument("--port-offset", type=int, default=0, help="as bench/harness.py's")
-    parser.add_argument("--root", type=Path, default=harness.REPO / ".sundial" / "bench-create")
-    parser.add_argument("--results", type=Path, default=harness.RESULTS)
-    parser.add_argument("--profile", type=Path, help="py-spy the API into this directory")
-    parser.add_argument("--no-durable", action="store_true", help="Postgres without fsync (as in tests)")
-    args = parser.parse_args(argv)
-    if unknown := set(args.loads) - set(LOADS):
-        parser.error(f"unknown loads {sorted(unknown)}: choose from {', '.join(LOADS)}")
-    ports = harness.Ports(**{k: v + args.port_offset for k, v in vars(harness.BENCH_PORTS).items()})
-    shape = harness.Shape(args.shards, 0, 0, 1, not args.no_durable, analytics=False)
-    bench = harness.Bench(shape, args.root, ports, args.profile)
-    meta = {"machine": harness.machine.describe(harness.REPO), "settings": vars(shape)}
-    meta["at"] = datetime.now(UTC).isoformat()
-    for line in asyncio.run(measure(bench, args.duration, args.loads, args.delay)):
-        harness._record({**line, **meta}, results=args.results)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

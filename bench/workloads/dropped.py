@@ -1,4 +1,4 @@
-"""How long an execution whose message the broker dropped waits: `bench/dropped.py --port-offset 300`.
+"""How long an execution whose message the broker dropped waits: ``python -m bench dropped --port-offset 300``.
 
 The broker (Tansu, memory storage) rarely drops a message it acknowledged; a W2 run had one, started 62.9 s late.
 Drops cannot be made on demand, but what Sundial sees of one can: an execution PENDING, marked published, whose
@@ -21,14 +21,15 @@ import asyncio
 import re
 import statistics
 import time
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import asyncpg
-import machine
-from harness import REPO, RESULTS, Bench, Shape, _record, _spread
-from sundial_infra.stack import BENCH_PORTS, Ports
+
+from bench import results
+from bench.harness import Bench, Shape, ports_at, spread
+from bench.results import REPO, RESULTS
 
 #: Moves SUCCEEDED executions to their next attempt, PENDING and published now, as a retry whose message the broker
 #: acknowledged and dropped (dispatch.sql's dispatch_retries, then the dispatcher's mark_published). The attempt
@@ -43,12 +44,11 @@ RETURNING id, published_at"""
 
 async def measure(args: argparse.Namespace) -> dict[str, Any]:
     shape = Shape(8, 2, 2, 256, True, False, 0)
-    ports = Ports(**{k: v + args.port_offset for k, v in vars(BENCH_PORTS).items()})
-    bench = Bench(shape, args.root, ports)
+    bench = Bench(shape, args.root, ports_at(args.port_offset))
     bench.start()
     try:
         load = asyncio.create_task(
-            _spread(bench, "w3", int(args.rate * args.duration), argparse.Namespace(lead=3.0, duration=args.duration))
+            bench.run_dispatch("w3", spread(int(args.rate * args.duration), args.duration, lead=3.0))
         )
         conn = await asyncpg.connect(bench.stack.postgres_dsn)
         try:
@@ -74,9 +74,6 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     waits = sorted((started[i] - dropped[i]) / timedelta(seconds=1) for i in started)
     log = (args.root / "logs" / "sweeper.log").read_text(errors="replace").splitlines()
     return {
-        "workload": "dropped",
-        "rate_per_s": args.rate,
-        "at_end": args.at_end,
         "dropped": len(dropped),
         "started_again": len(started),
         "recovery_s": {
@@ -88,8 +85,8 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(prog="bench/dropped.py", description=__doc__)
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench dropped", description=__doc__)
     parser.add_argument("--port-offset", type=int, default=0)
     parser.add_argument("--rate", type=int, default=1000, help="W3 executions a second meanwhile")
     parser.add_argument("--duration", type=float, default=45.0, help="seconds of W3 load")
@@ -100,11 +97,12 @@ def main() -> None:
     parser.add_argument("--wait", type=float, default=90.0, help="seconds to wait for them at most")
     parser.add_argument("--root", type=Path, default=REPO / ".sundial" / "bench-dropped")
     parser.add_argument("--results", type=Path, default=RESULTS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     line = asyncio.run(measure(args))
-    meta = {"machine": machine.describe(REPO), "at": datetime.now(UTC).isoformat()}
-    _record({**line, **meta}, args.results)
+    settings = {"rate_per_s": args.rate, "duration_s": args.duration, "at_end": args.at_end}
+    results.record("dropped", line, settings, results=args.results)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -1,8 +1,8 @@
 """Where a running bench stack's CPU goes, thread by thread: user and kernel time and context switches.
 
-    uv run --frozen python bench/threads.py --parent PID --busy worker --delay 5 --seconds 15
+    uv run --frozen python -m bench threads --parent PID --busy worker --delay 5 --seconds 15
 
-Beside a running ``bench/harness.py`` (``--parent`` its pid: every process it started, with their children, is
+Beside a running ``python -m bench`` (``--parent`` its pid: every process it started, with their children, is
 looked at), waits ``--delay`` seconds, reads ``/proc/<pid>/task/*/stat`` and ``status`` of every thread, waits
 ``--seconds``, reads them again and prints one JSON line: per process (named by its command line's ``sundial``
 subcommand or its executable), its threads grouped by name (``comm``: librdkafka's ``rdk:*``, gRPC's
@@ -23,7 +23,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-import machine  # bench/ is on sys.path: run as a script
+from bench import machine
 
 
 def _descendants(parent: int) -> list[int]:
@@ -141,17 +141,18 @@ def measure(parent: int, delay: float, seconds: float, busy: str | None = None) 
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench threads", description=__doc__.split("\n\n")[0])
     parser.add_argument("--parent", type=int, required=True, help="The pid whose descendants are measured.")
     parser.add_argument("--delay", type=float, default=20.0, help="Seconds to wait before the first read.")
     parser.add_argument("--seconds", type=float, default=15.0, help="Seconds between the two reads.")
     parser.add_argument(
         "--busy", help="First wait until the processes whose name contains this use 0.3 core (e.g. worker)."
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     print(json.dumps(measure(args.parent, args.delay, args.seconds, args.busy)), flush=True)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

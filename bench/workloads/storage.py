@@ -12,8 +12,8 @@ milliseconds of each call, from pg_stat_statements the mean execution and planni
 insert (and the dispatch's ``lock_due_jobs``), start and finish statements, and per execution the CPU of the
 database's backends (/proc) and the WAL its rounds wrote.
 
-    uv run --frozen python bench/storage.py --port-offset 900
-    uv run --frozen python bench/storage.py --port-offset 900 --rows 1000000 --rounds 60
+    uv run --frozen python -m bench storage --port-offset 900
+    uv run --frozen python -m bench storage --port-offset 900 --rows 1000000 --rounds 60
 
 ``--flat 0019`` measures the audit log's partitions instead (migration 0020): ``flat`` is then 0019 (executions
 already partitioned, ``audit_log`` one table) and the head has ``--audit-days`` daily partitions of ``audit_log``
@@ -28,7 +28,7 @@ piece costs, or a candidate), against the head itself; ``--flat`` is ignored.
 then 0022 (the same partitions, the indexes on ``state``); the line also has, per database, the updates of
 ``executions`` in the measured rounds and how many of them were heap-only (``pg_stat_user_tables``).
 
-A measurement, never a pass/fail. Appends one JSON line to ``bench/results/<date>.jsonl``.
+A measurement, never a pass/fail. Appends one JSON line to ``bench/results/<workload>.jsonl``.
 """
 
 from __future__ import annotations
@@ -44,8 +44,6 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
-import machine  # bench/ is on sys.path: run as a script
-from harness import EXECUTION_UPDATES, POSTGRES_SETTINGS, REPO, RESULTS, _record, fresh_database
 from sundial_common.domain.ids import new_id
 from sundial_common.runtime.clock import from_ms, to_ms
 from sundial_common.stores import Stores
@@ -54,6 +52,10 @@ from sundial_common.stores.executions import Outcome
 from sundial_common.stores.types import Occurrence
 from sundial_infra.servers.postgres import PostgresServer
 from sundial_infra.stack import BENCH_PORTS
+
+from bench import machine, results
+from bench.harness import EXECUTION_UPDATES, POSTGRES_SETTINGS, fresh_database
+from bench.results import REPO, RESULTS
 
 TENANT = "bench-storage"
 #: The statements measured, by the comment that opens each (pg_stat_statements keeps it).
@@ -265,8 +267,7 @@ async def main_async(args: argparse.Namespace) -> None:
                 await s.close()
     finally:
         server.stop()
-    line = {
-        "workload": "storage",
+    settings = {
         "rows": args.rows,
         "batch": args.batch,
         "rounds": args.rounds,
@@ -274,17 +275,13 @@ async def main_async(args: argparse.Namespace) -> None:
         "flat": flat,
         "variant": args.variant.read_text() if args.variant else None,
         "audit_days": audit_days,
-        **result,
-        "machine": machine.describe(REPO),
-        "at": datetime.now(UTC).isoformat(),
     }
-    print({k: v for k, v in line.items() if k != "machine"}, flush=True)
-    _record(line, results=args.results)
+    results.record("storage", result, settings, results=args.results)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="bench/storage.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m bench storage", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--rows", type=int, default=300_000, help="finished executions in each database first")
     parser.add_argument("--days", type=int, default=40, help="daily partitions of the partitioned database")

@@ -7,9 +7,9 @@ What a W3 run cannot tell apart on a shared 2-core machine (its neighbours move 
 an exporter sets it up; the payload and the outcome are sealed with a real tenant key; the collector is set up as
 ``sundial worker`` sets it up (what startup built frozen; its young-generation threshold, if the CLI sets one).
 
-    uv run --frozen python bench/worker_python.py [--batch 40] [--passes 2000]
+    uv run --frozen python -m bench worker-python [--batch 40] [--passes 2000]
 
-Prints one JSON line (appended to ``bench/results/worker-python/<date>.jsonl``).
+Prints one JSON line (appended to ``bench/results/worker-python.jsonl``).
 """
 
 from __future__ import annotations
@@ -24,10 +24,6 @@ from pathlib import Path
 from typing import Any
 
 import uvloop
-
-sys.path.insert(0, str(Path(__file__).parent))
-import harness
-import machine
 from sundial_common.broker.messages import ExecutionMessage
 from sundial_common.domain.ids import new_id, parse_id
 from sundial_common.observability.tracing import setup_tracing
@@ -39,6 +35,8 @@ from sundial_worker.demo import worker
 from sundial_worker.execution import ExecutionConfig, HandlerExecutor
 from sundial_worker.inflight import InFlight, OutcomeBuffer, WorkerStats
 from sundial_worker.sdk import Context
+
+from bench import results
 
 TENANT = "acme"
 
@@ -130,22 +128,17 @@ async def measure(batch: int, passes: int) -> float:
     return elapsed / (passes * batch) * 1e6
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(prog="bench/worker_python.py", description=__doc__)
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench worker-python", description=__doc__)
     parser.add_argument("--batch", type=int, default=40, help="messages per pass")
     parser.add_argument("--passes", type=int, default=2000)
-    parser.add_argument("--results", type=Path, default=harness.RESULTS / "worker-python")
-    args = parser.parse_args()
+    parser.add_argument("--results", type=Path, default=results.RESULTS)
+    args = parser.parse_args(argv)
     setup_tracing("bench", None)  # as a process without SUNDIAL_OTLP_ENDPOINT
     prepare_collector(cli.GC_THRESHOLD)  # as the service's CLI runs it
-    line = {
-        "workload": "worker_python",
-        "batch": args.batch,
-        "passes": args.passes,
-        "gc_threshold": gc.get_threshold()[0],
-        "us_per_execution": round(uvloop.run(measure(args.batch, args.passes)), 1),
-    }
-    harness._record({**line, "machine": machine.describe(harness.REPO)}, results=args.results)
+    settings = {"batch": args.batch, "passes": args.passes, "gc_threshold": gc.get_threshold()[0]}
+    figures = {"us_per_execution": round(uvloop.run(measure(args.batch, args.passes)), 1)}
+    results.record("worker-python", figures, settings, results=args.results)
     return 0
 
 

@@ -8,29 +8,27 @@ machine's speed (the pure-Python probe is recorded beside it). Tracing as a proc
 the collector as ``sundial dispatcher`` sets it up (what startup built frozen; its young-generation threshold, if the
 CLI sets one).
 
-    uv run --frozen python bench/dispatch_python.py [--batch 40] [--passes 2000]
+    uv run --frozen python -m bench dispatch-python [--batch 40] [--passes 2000]
 
-Prints one JSON line (appended to ``bench/results/dispatch-python/<date>.jsonl``).
+Prints one JSON line (appended to ``bench/results/dispatch-python.jsonl``).
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
-import sys
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).parent))
-import harness
-import machine
 from sundial_common.domain.ids import new_id
 from sundial_common.observability.tracing import setup_tracing
 from sundial_common.runtime.service import prepare_collector
-from sundial_dispatcher import cli
+from sundial_dispatcher.cli import GC_THRESHOLD
 from sundial_dispatcher.dispatcher import DispatcherConfig, ShardDispatcher, _Planner
+
+from bench import results
 
 
 def _job(due: datetime) -> dict[str, Any]:
@@ -100,22 +98,17 @@ def measure(batch: int, passes: int) -> float:
     return (time.process_time() - started) / (passes * batch) * 1e6
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(prog="bench/dispatch_python.py", description=__doc__)
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench dispatch-python", description=__doc__)
     parser.add_argument("--batch", type=int, default=40, help="jobs per pass")
     parser.add_argument("--passes", type=int, default=2000)
-    parser.add_argument("--results", type=Path, default=harness.RESULTS / "dispatch-python")
-    args = parser.parse_args()
+    parser.add_argument("--results", type=Path, default=results.RESULTS)
+    args = parser.parse_args(argv)
     setup_tracing("bench", None)  # as a process without SUNDIAL_OTLP_ENDPOINT
-    prepare_collector(cli.GC_THRESHOLD)  # as the service's CLI runs it
-    line = {
-        "workload": "dispatch_python",
-        "batch": args.batch,
-        "passes": args.passes,
-        "gc_threshold": gc.get_threshold()[0],
-        "us_per_execution": round(measure(args.batch, args.passes), 1),
-    }
-    harness._record({**line, "machine": machine.describe(harness.REPO)}, results=args.results)
+    prepare_collector(GC_THRESHOLD)  # as the service's CLI runs it
+    settings = {"batch": args.batch, "passes": args.passes, "gc_threshold": gc.get_threshold()[0]}
+    figures = {"us_per_execution": round(measure(args.batch, args.passes), 1)}
+    results.record("dispatch-python", figures, settings, results=args.results)
     return 0
 
 

@@ -3,10 +3,10 @@
 Tansu exports ``tansu_api_requests{api_key}`` (and bytes sent and received) over OTLP when it is started with
 ``OTEL_EXPORTER_OTLP_ENDPOINT`` in its environment; the bench's stack passes its environment on. So::
 
-    uv run --frozen python bench/broker_requests.py --port 24701 --out /tmp/broker.jsonl &
+    uv run --frozen python -m bench broker-requests --port 24701 --out /tmp/broker.jsonl &
     OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:24701 OTEL_METRIC_EXPORT_INTERVAL=5000 \\
-        uv run --frozen python bench/harness.py w2
-    uv run --frozen python bench/broker_requests.py --summarize /tmp/broker.jsonl
+        uv run --frozen python -m bench w2
+    uv run --frozen python -m bench broker-requests --summarize /tmp/broker.jsonl
 
 records one line per export (the cumulative counters) and then prints the requests per second of each type
 between consecutive exports. Tansu's counters carry no client id, but the request types say who asks: Produce
@@ -105,17 +105,22 @@ def summarize(path: Path) -> None:
         previous = current
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench broker-requests",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--port", type=int, default=24701, help="where Tansu's OTLP exporter sends (below 32768)")
     parser.add_argument("--out", type=Path, default=Path("broker-requests.jsonl"))
     parser.add_argument("--summarize", type=Path, help="print the per-second rates of a recorded file and exit")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.summarize:
         summarize(args.summarize)
     else:
         serve(args.port, args.out)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

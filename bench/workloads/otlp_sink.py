@@ -1,4 +1,4 @@
-"""An OTLP/HTTP trace sink for measuring the cost of exporting: ``python bench/otlp_sink.py --port N``.
+"""An OTLP/HTTP trace sink for measuring the cost of exporting: ``python -m bench otlp-sink --port N``.
 
 It accepts what Sundial's exporters send (``POST /v1/traces``, an ExportTraceServiceRequest protobuf),
 counts requests and spans, answers 200 and keeps nothing, so a benchmark pays for exporting without a
@@ -22,10 +22,10 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 REPLY = ExportTraceServiceResponse().SerializeToString()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench otlp-sink", description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, required=True)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     counts = {"requests": 0, "spans": 0, "bytes": 0}
     lock = threading.Lock()
 
@@ -56,7 +56,8 @@ def main() -> None:
     signal.signal(signal.SIGINT, stop)
     server.serve_forever()
     print(json.dumps(counts), flush=True)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

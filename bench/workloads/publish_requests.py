@@ -9,9 +9,9 @@ dispatcher warms it, publishing ``--batches`` batches of each size to a 4-partit
 count (``statistics.interval.ms``); the broker's CPU is read from ``/proc``. Run it on two checkouts for a
 before/after::
 
-    uv run --frozen python bench/publish_requests.py [--port-offset 300 | --port P] [--sizes 2,30] [--batches 300]
+    uv run --frozen python -m bench publish-requests [--port-offset 300 | --port P] [--sizes 2,30] [--batches 300]
 
-Prints one JSON line per size (appended to ``bench/results/publish-requests/<date>.jsonl``).
+Prints one JSON line per size (appended to ``bench/results/publish-requests.jsonl``).
 """
 
 from __future__ import annotations
@@ -20,22 +20,19 @@ import argparse
 import asyncio
 import json
 import os
-import sys
 import tempfile
 import threading
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).parent))
-import machine
 from sundial_common.broker.kafka import KafkaPublisher, ensure_topics
 from sundial_common.broker.messages import ExecutionMessage, pool_topic
 from sundial_common.domain.ids import new_id
 from sundial_infra.servers.broker import BrokerServer
 from sundial_infra.stack import BENCH_PORTS
 
-REPO = Path(__file__).resolve().parent.parent
+from bench import machine, results
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -81,39 +78,39 @@ async def measure(bootstrap: str, broker_pid: int, size: int, batches: int) -> d
     finally:
         await publisher.close()
     return {
-        "workload": "publish-requests",
-        "batch": size,
-        "batches": batches,
         "produce_requests_per_batch": round(requests / batches, 2),
         "broker_cpu_ms_per_message": round(cpu * 1000 / (batches * size), 4),
     }
 
 
-async def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--port-offset", type=int, default=0, help="the broker's port = the bench broker's + this")
-    parser.add_argument("--port", type=int, help="the broker's port (instead of the bench broker's + the offset)")
-    parser.add_argument("--sizes", default="2,30", help="messages per published batch (W2 ~2, W3 ~30)")
-    parser.add_argument("--batches", type=int, default=300)
-    parser.add_argument("--results", type=Path, default=Path(__file__).parent / "results" / "publish-requests")
-    args = parser.parse_args()
+async def main_async(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(prefix="sundial-publish-") as root:
         broker = BrokerServer(Path(root) / "broker", args.port or BENCH_PORTS.broker + args.port_offset)
         broker.start()
         try:
             assert broker.pid is not None
-            lines = [
-                await measure(broker.bootstrap, broker.pid, int(size), args.batches) for size in args.sizes.split(",")
-            ]
+            for size in (int(size) for size in args.sizes.split(",")):
+                line = await measure(broker.bootstrap, broker.pid, size, args.batches)
+                settings = {"batch": size, "batches": args.batches}
+                results.record("publish-requests", line, settings, results=args.results)
         finally:
             broker.stop()
-    args.results.mkdir(parents=True, exist_ok=True)
-    with (args.results / f"{datetime.now(UTC):%Y-%m-%d}.jsonl").open("a") as sink:
-        for line in lines:
-            line = {**line, "machine": machine.describe(REPO), "at": datetime.now(UTC).isoformat()}
-            print(json.dumps(line))
-            sink.write(json.dumps(line) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench publish-requests",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--port-offset", type=int, default=0, help="the broker's port = the bench broker's + this")
+    parser.add_argument("--port", type=int, help="the broker's port (instead of the bench broker's + the offset)")
+    parser.add_argument("--sizes", default="2,30", help="messages per published batch (W2 ~2, W3 ~30)")
+    parser.add_argument("--batches", type=int, default=300)
+    parser.add_argument("--results", type=Path, default=results.RESULTS, help="directory of the <workload>.jsonl files")
+    asyncio.run(main_async(parser.parse_args(argv)))
+    return 0
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    raise SystemExit(main())

@@ -6,7 +6,7 @@ call until ``--outage`` seconds after registration, then succeeds) are created t
 endpoint with ``maxAttempts`` 5 and a short exponential backoff (``--initial-delay-ms``, default 2 s, up to
 30 s, with jitter: four retries span ~30 s, well inside the outage). ``on`` runs with the breaker at its
 defaults (≥ 50 % of ≥ 20 attempts in 60 s; 30 s cool-down doubling to 600 s; 3 probes; release over 30 s);
-``off`` with ``SUNDIAL_BREAKER_ENABLED=false``. Each mode prints and appends to ``bench/results/<date>.jsonl``:
+``off`` with ``SUNDIAL_BREAKER_ENABLED=false``. Each mode prints and appends to ``bench/results/<workload>.jsonl``:
 
 * **retries_while_open** — retries dispatched while the breaker was OPEN (audit ``retry`` rows stamped more
   than ``EDGE`` inside an OPEN period; ``..._raw`` without that margin), beside **retries_while_half_open**
@@ -18,8 +18,8 @@ defaults (≥ 50 % of ≥ 20 attempts in 60 s; 30 s cool-down doubling to 600 s;
   window-counting trigger and without it, alternating on the same database: what the breaker costs the
   worker's outcome write.
 
-    uv run --frozen python bench/breaker.py --port-offset 300                 # 1,000 executions, 120 s, on,off
-    uv run --frozen python bench/breaker.py --port-offset 300 --modes on --executions 200 --outage 30
+    uv run --frozen python -m bench breaker --port-offset 300                 # 1,000 executions, 120 s, on,off
+    uv run --frozen python -m bench breaker --port-offset 300 --modes on --executions 200 --outage 30
 
 A measurement, never a pass/fail.
 """
@@ -38,12 +38,13 @@ from typing import Any
 
 import asyncpg
 import httpx
-import machine  # bench/ is on sys.path: run as a script
-from harness import REPO, RESULTS, Bench, Shape, _record
 from sundial_common.domain.ids import new_id
 from sundial_common.stores import Stores
 from sundial_common.stores.executions import Outcome
-from sundial_infra.stack import BENCH_PORTS, Ports
+
+from bench import results
+from bench.harness import Bench, Shape, ports_at
+from bench.results import REPO, RESULTS
 
 #: Audit times are each transaction's start: a retry stamped this close to a transition may have read either state.
 EDGE = timedelta(milliseconds=250)
@@ -195,8 +196,7 @@ async def finish_cost(bench: Bench, batches: int = 80, size: int = 256, phase: i
 
 async def main_async(args: argparse.Namespace) -> None:
     shape = Shape(args.shards, 1, args.workers, args.concurrency, durable=False)
-    ports = Ports(**{k: v + args.port_offset for k, v in vars(BENCH_PORTS).items()})
-    meta = {"machine": machine.describe(REPO), "settings": vars(shape), "at": datetime.now(UTC).isoformat()}
+    ports = ports_at(args.port_offset)
     for mode in args.modes.split(","):
         enabled = {"on": "true", "off": "false"}[mode.strip()]
         os.environ["SUNDIAL_BREAKER_ENABLED"] = enabled  # the supervised processes inherit it
@@ -210,14 +210,13 @@ async def main_async(args: argparse.Namespace) -> None:
             }
         finally:
             bench.stop()
-        line = {"workload": "breaker", "breaker": enabled == "true", **result, **meta}
-        print({k: v for k, v in line.items() if k != "machine"}, flush=True)
-        _record(line, results=args.results)
+        settings = {**vars(shape), "breaker": enabled == "true", "executions": args.executions}
+        results.record("breaker", result, settings, results=args.results)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="bench/breaker.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m bench breaker", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--executions", type=int, default=1000, help="0: only the outcome-write cost (mode on)")
     parser.add_argument("--outage", type=float, default=120.0, help="seconds the handler fails every call")

@@ -17,9 +17,9 @@ Per case: the jobs deleted, wall seconds, jobs a second, the median wall millise
 pg_stat_statements the mean execution milliseconds of the statement per batch. Cases alternate over
 ``--repeat`` rounds so a drifting load falls on each.
 
-    uv run --frozen python bench/job_retention.py --port-offset 900
+    uv run --frozen python -m bench job-retention --port-offset 900
 
-A measurement, never a pass/fail. Appends one JSON line to ``bench/results/<date>.jsonl``.
+A measurement, never a pass/fail. Appends one JSON line to ``bench/results/<workload>.jsonl``.
 """
 
 from __future__ import annotations
@@ -34,11 +34,13 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
-import machine  # bench/ is on sys.path: run as a script
-from harness import POSTGRES_SETTINGS, REPO, RESULTS, _record, fresh_database
 from sundial_common.stores.jobs import Q
 from sundial_infra.servers.postgres import PostgresServer
 from sundial_infra.stack import BENCH_PORTS
+
+from bench import results
+from bench.harness import POSTGRES_SETTINGS, fresh_database
+from bench.results import REPO, RESULTS
 
 TENANT = "bench-retention"
 CASES = ("one-shot/0022", "one-shot/head", "mixed/head")
@@ -157,7 +159,7 @@ async def main_async(args: argparse.Namespace) -> None:
     server = PostgresServer(root / "postgres", BENCH_PORTS.postgres + args.port_offset, settings=POSTGRES_SETTINGS)
     server.start()
     ended = int(args.jobs * args.ended)
-    results: dict[str, list[dict[str, Any]]] = {case: [] for case in CASES}
+    cases: dict[str, list[dict[str, Any]]] = {case: [] for case in CASES}
     try:
         for round_ in range(args.repeat):
             order = CASES if round_ % 2 == 0 else tuple(reversed(CASES))
@@ -165,24 +167,16 @@ async def main_async(args: argparse.Namespace) -> None:
                 dsn = await prepare(server, case, args.jobs, ended)
                 result = await measure(dsn, case, args.batch)
                 print(case, result, flush=True)
-                results[case].append(result)
+                cases[case].append(result)
     finally:
         server.stop()
-    line = {
-        "bench": "job_retention",
-        "jobs": args.jobs,
-        "ended": ended,
-        "batch": args.batch,
-        "cases": results,
-        "machine": machine.describe(REPO),
-        "at": datetime.now(UTC).isoformat(),
-    }
-    _record(line, results=args.results)
+    settings = {"jobs": args.jobs, "ended": ended, "batch": args.batch}
+    results.record("job-retention", {"cases": cases}, settings, results=args.results)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="bench/job_retention.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m bench job-retention", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--jobs", type=int, default=300_000, help="jobs in each case's database")
     parser.add_argument("--ended", type=float, default=0.9, help="the fraction of them that ended long ago")

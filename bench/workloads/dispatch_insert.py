@@ -16,9 +16,9 @@ parameters, the arguments as 5427f15 sent them (17 arrays per execution, each in
 back); with 19, as the ninth round sent them (8 per execution: the rest is read from the job's move in SQL), every
 array full unless the form reads an empty one as its column's default (the tenth round: ``_insert_arguments``).
 
-    uv run --frozen python bench/dispatch_insert.py --port-offset 100 [--base 5427f15|FILE] [--batch 100] [--rounds 300]
+    uv run --frozen python -m bench dispatch-insert --port-offset 100 [--base 5427f15|FILE] [--batch 100] [--rounds 300]
 
-A measurement, never a pass/fail. Appends one JSON line to ``bench/results/<date>.jsonl``.
+A measurement, never a pass/fail. Appends one JSON line to ``bench/results/<workload>.jsonl``.
 """
 
 from __future__ import annotations
@@ -34,15 +34,17 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
-import machine  # bench/ is on sys.path: run as a script
-from harness import POSTGRES_SETTINGS, REPO, RESULTS, _record, fresh_database
-from storage import TENANT, due_jobs
 from sundial_common.domain.ids import new_execution_id
 from sundial_common.stores.database import _init_connection
 from sundial_common.stores.dispatch import PlannedExecution, _insert_arguments
 from sundial_common.stores.queries import load, load_file
 from sundial_infra.servers.postgres import PostgresServer
 from sundial_infra.stack import BENCH_PORTS
+
+from bench import machine, results
+from bench.harness import POSTGRES_SETTINGS, fresh_database
+from bench.results import REPO, RESULTS
+from bench.workloads.storage import TENANT, due_jobs
 
 HEAD = load_file("dispatch.sql")
 SQL = "libs/common/sundial_common/stores/sql/dispatch.sql"
@@ -150,8 +152,7 @@ async def main_async(args: argparse.Namespace, base_sql: str) -> None:
                 client_lock[form] += locking
                 ticks[form] += machine.cpu_ticks(pids[form]) - before
         executions = args.rounds * args.batch
-        line: dict[str, Any] = {"workload": "dispatch_insert", "base_commit": args.base, "batch": args.batch,
-                                "rounds": args.rounds}  # fmt: skip
+        line: dict[str, Any] = {}
         for form in forms:
             line[form] = {
                 "client_us_per_execution": round(client[form] / executions * 1e6, 2),
@@ -170,20 +171,21 @@ async def main_async(args: argparse.Namespace, base_sql: str) -> None:
                 line[form][f"{name}_plan_ms"] = round(float(row["plan_ms"]), 3) if row["calls"] else None
         for conn in (*conns.values(), setup):
             await conn.close()
-        _record({**line, "machine": machine.describe(REPO)}, results=args.results)
+        settings = {"base_commit": args.base, "batch": args.batch, "rounds": args.rounds}
+        results.record("dispatch-insert", line, settings, results=args.results)
     finally:
         server.stop()
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(prog="bench/dispatch_insert.py", description=__doc__)
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench dispatch-insert", description=__doc__)
     parser.add_argument("--base", default="5427f15", help="the commit (or a dispatch.sql) whose insert is compared")
     parser.add_argument("--batch", type=int, default=100, help="executions per dispatch transaction")
     parser.add_argument("--rounds", type=int, default=60, help="rounds per form, alternated")
     parser.add_argument("--port-offset", type=int, default=100)
     parser.add_argument("--root", type=Path, default=Path("/tmp/sundial-dispatch-insert"))
     parser.add_argument("--results", type=Path, default=RESULTS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if Path(args.base).is_file():  # a dispatch.sql not committed yet
         base = Path(args.base).read_text()
     else:

@@ -1,7 +1,7 @@
 """Replay throughput: messages a second the replayer scans and re-publishes into a staging pool.
 
-    uv run python bench/replay.py                       # 200,000 messages, ports BENCH_PORTS + 40
-    uv run python bench/replay.py --messages 500000 --port-offset 700
+    uv run python -m bench replay                       # 200,000 messages, ports BENCH_PORTS + 40
+    uv run python -m bench replay --messages 500000 --port-offset 700
 
 It starts its own stack (Postgres and the broker, under ``.sundial/bench-replay-<offset>/``), produces
 ``--messages`` execution messages into a pool topic of ``--partitions`` partitions with broker timestamps over
@@ -15,7 +15,7 @@ RUNNING to SUCCEEDED by the replay's own ``startedAt``/``finishedAt``:
 
 Beside them, ``raw_read_per_sec``: a bare consumer reading the same topic (the broker's part of the scan).
 
-Results are printed and appended as one JSON line to ``bench/results/<date>.jsonl`` with the machine. The
+Results are printed and appended as one JSON line to ``bench/results/<workload>.jsonl`` with the machine. The
 target (≥ 20,000 messages/s) is for the reader: a benchmark never passes or fails on timing.
 """
 
@@ -23,10 +23,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import json
 import shutil
-import sys
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -41,15 +39,14 @@ from sundial_common.runtime.clock import to_ms
 from sundial_common.stores import Stores
 from sundial_common.stores.replays import NewReplay
 from sundial_common.stores.schema import upgrade
-from sundial_infra.stack import BENCH_PORTS, LocalStack, Ports
+from sundial_infra.stack import LocalStack
 from sundial_replayer.kafka import KafkaReplayKafka
 from sundial_replayer.replayer import Replayer, ReplayerConfig
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "bench"))
-from machine import describe  # noqa: E402 - bench/ is not a package
+from bench import results
+from bench.harness import ports_at
+from bench.results import REPO, RESULTS
 
-RESULTS = REPO / "bench" / "results"
 POOL = "bench-replay"
 
 
@@ -150,36 +147,26 @@ async def run(args: argparse.Namespace, stack: LocalStack) -> dict[str, Any]:
     topics = KafkaTopicInspector(stack.kafka_bootstrap)
     replayer = Replayer(stores, kafka, topics, ReplayerConfig(slice_sec=30))
     try:
-        results = {}
+        replays = {}
         for name, filters in (("dry_run", {"dry_run": True}), ("filtered", {"filter_handler": "charge"}), ("copy", {})):
-            results[name] = await replay(stores, replayer, now, **filters)
-            print(name, json.dumps(results[name]), flush=True)
+            replays[name] = await replay(stores, replayer, now, **filters)
+            print(name, json.dumps(replays[name]), flush=True)
     finally:
         await topics.close()
         await kafka.close()
         await stores.close()
-    return {
-        "bench": "replay",
-        "at": datetime.now(UTC).isoformat(),
-        "messages": args.messages,
-        "partitions": args.partitions,
-        "batch_size": ReplayerConfig().batch_size,
-        "produce_sec": round(produce_sec, 2),
-        "raw_read_per_sec": round(raw),
-        **results,
-        "machine": describe(REPO),
-    }
+    return {"produce_sec": round(produce_sec, 2), "raw_read_per_sec": round(raw), **replays}
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench replay", description=__doc__.split("\n\n")[0])
     parser.add_argument("--messages", type=int, default=200_000, help="messages in the window (default 200,000)")
     parser.add_argument("--partitions", type=int, default=4, help="partitions of the source topic (default 4)")
     parser.add_argument("--port-offset", type=int, default=40, help="ports = BENCH_PORTS + this (default 40)")
-    args = parser.parse_args()
-    ports = Ports(**{f.name: getattr(BENCH_PORTS, f.name) + args.port_offset for f in dataclasses.fields(Ports)})
+    parser.add_argument("--results", type=Path, default=RESULTS, help="directory of the <workload>.jsonl files")
+    args = parser.parse_args(argv)
     root = REPO / ".sundial" / f"bench-replay-{args.port_offset}"
-    stack = LocalStack(root, ports, durable=False)
+    stack = LocalStack(root, ports_at(args.port_offset), durable=False)
     stack.stop()  # leftovers of an interrupted run
     shutil.rmtree(root, ignore_errors=True)
     print(f"starting the stack under {root} …", flush=True)
@@ -188,11 +175,8 @@ def main() -> int:
         line = asyncio.run(run(args, stack))
     finally:
         stack.stop()
-    text = json.dumps(line, default=str)
-    print(text)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    with (RESULTS / f"{datetime.now(UTC):%Y-%m-%d}.jsonl").open("a") as out:
-        out.write(text + "\n")
+    settings = {"messages": args.messages, "partitions": args.partitions, "batch_size": ReplayerConfig().batch_size}
+    results.record("replay", line, settings, results=args.results)
     return 0
 
 

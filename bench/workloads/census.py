@@ -19,10 +19,10 @@ Per mode: mean and median milliseconds of the census (wall, client side) and, fr
 mean execution milliseconds and shared buffers per call, over the last half of the rounds (when the churn has
 left the most dead versions behind).
 
-    uv run --frozen python bench/census.py --port-offset 300
-    uv run --frozen python bench/census.py --port-offset 300 --executions 200000 --open 5000
+    uv run --frozen python -m bench census --port-offset 300
+    uv run --frozen python -m bench census --port-offset 300 --executions 200000 --open 5000
 
-A measurement, never a pass/fail. Appends one JSON line to ``bench/results/<date>.jsonl``.
+A measurement, never a pass/fail. Appends one JSON line to ``bench/results/<workload>.jsonl``.
 """
 
 from __future__ import annotations
@@ -32,18 +32,19 @@ import asyncio
 import shutil
 import statistics
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import asyncpg
-import machine  # bench/ is on sys.path: run as a script
-from harness import POSTGRES_SETTINGS, REPO, RESULTS, _record, fresh_database
 from sundial_common.domain.ids import new_id
 from sundial_common.stores import Stores
 from sundial_common.stores.tenants import Q as TENANT_QUERIES
 from sundial_infra.servers.postgres import PostgresServer
 from sundial_infra.stack import BENCH_PORTS
+
+from bench import results
+from bench.harness import POSTGRES_SETTINGS, fresh_database
+from bench.results import REPO, RESULTS
 
 TENANTS = ("bench-a", "bench-b")
 CENSUS = "-- The dispatcher's fair pass (read by each dispatcher process%"
@@ -157,22 +158,13 @@ async def main_async(args: argparse.Namespace) -> None:
         result = await measure(server, args)
     finally:
         server.stop()
-    line = {
-        "workload": "census",
-        "executions": args.executions,
-        "batch": args.batch,
-        "open": args.open,
-        **result,
-        "machine": machine.describe(REPO),
-        "at": datetime.now(UTC).isoformat(),
-    }
-    print({k: v for k, v in line.items() if k != "machine"}, flush=True)
-    _record(line, results=args.results)
+    settings = {"executions": args.executions, "batch": args.batch, "open": args.open}
+    results.record("census", result, settings, results=args.results)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="bench/census.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m bench census", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--executions", type=int, default=100_000, help="executions through the churn per mode")
     parser.add_argument("--batch", type=int, default=300, help="executions per round (between two census reads)")

@@ -147,16 +147,17 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             broker.stop()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench consumer-churn", description=__doc__.split("\n\n")[0])
     parser.add_argument("--messages", type=int, default=6000)
     parser.add_argument("--churn", type=int, default=6, help="short-lived members, one every 2 s")
     parser.add_argument("--drain", type=float, default=15.0, help="seconds the last member gets to drain")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--consumer", help="another consumer.py to run instead of the installed one")
     parser.add_argument("--port-offset", type=int, default=30, help="ports = BENCH_PORTS + this")
-    print(json.dumps(asyncio.run(run(parser.parse_args()))))
+    print(json.dumps(asyncio.run(run(parser.parse_args(argv)))))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -8,7 +8,7 @@ machine's waits left out), two ways: one by one (a heap entry per occurrence, qu
 the eleventh round) and by arrival (:class:`~sundial_dispatcher.fairness.EarlyWork`): holding the burst (paid
 ahead, when it is claimed), moving it into the queue at the instant, and taking the head. Records; never fails.
 
-    uv run --frozen python bench/first_start.py [--burst 12500] [--repeat 7]
+    uv run --frozen python -m bench first-start [--burst 12500] [--repeat 7]
 """
 
 from __future__ import annotations
@@ -61,18 +61,21 @@ def _one(burst: int, way: Callable[[list[Waiting], FairQueue], tuple[float, floa
     return held, moved, time.process_time() - started
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench first-start", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--burst", type=int, default=12_500, help="occurrences of one shard due at one instant")
     parser.add_argument("--repeat", type=int, default=7)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     for label, way in (("one by one", _one_by_one), ("by arrival", _by_arrival)):
         runs = [_one(args.burst, way) for _ in range(args.repeat)]  # alternating would mix their garbage
         stages = ("held (ahead)", "moved at the instant", "head taken")
         for name, values in zip(stages, zip(*runs, strict=True), strict=True):
             ms = sorted(v * 1000 for v in values)
             print(f"{label}, {name}: min {ms[0]:.2f} / median {statistics.median(ms):.2f} / max {ms[-1]:.2f} ms")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

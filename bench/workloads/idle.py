@@ -1,8 +1,8 @@
 """Idle: what the whole ``make up`` stack costs while nothing is scheduled.
 
-    uv run python bench/idle.py --port-offset 700            # settle 30 s, measure 60 s
-    uv run python bench/harness.py idle --port-offset 700    # the same, from `make bench BENCH_ARGS=idle`
-    uv run python bench/idle.py --servers-only               # the floor: the servers alone, no Sundial process
+    uv run python -m bench.workloads.idle --port-offset 700 --seconds 30   # settle 30 s, measure 30 s
+    uv run python -m bench idle --port-offset 700         # settle 30 s, measure 60 s (`make bench BENCH_ARGS=idle`)
+    uv run python -m bench idle-floor                     # the floor: the servers alone, no Sundial process
 
 It runs the development environment of ``make up`` — ``sundial_infra.dev_runner.DevRunner`` with its
 default process table (api, two dispatchers, the two hosts of the hydrator, sweeper and replayer —
@@ -13,7 +13,7 @@ partitions it waits ``--settle`` seconds (start-up work: migrations' aftermath, 
 utime+stime of every process from ``/proc`` at the start and the end of ``--seconds`` and prints one JSON
 line: CPU per process in cores (Postgres with its backends, each process with whatever it forked), the
 total, and the memory of each (PSS, so Postgres' shared buffers count once: "make up memory"). It appends
-the line to ``bench/results/<date>.jsonl``. A measurement, not a test.
+the line to ``bench/results/<workload>.jsonl``. A measurement, not a test.
 
 ``--servers-only`` measures the floor under that figure: the same servers, set up the same way (migrated, the
 demo tenant and pools registered), with no Sundial process at all (Prometheus then has nothing to scrape).
@@ -24,7 +24,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import json
+import functools
 import os
 import shutil
 import signal
@@ -32,21 +32,21 @@ import subprocess
 import sys
 import threading
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import machine  # bench/ is on sys.path: run as a script, or imported by harness.py
 from sundial_infra.dev_runner import DevLayout, DevRunner, readyz_ok
 from sundial_infra.process import read_pid_file, wait_for
 from sundial_infra.stack import BENCH_PORTS, LocalStack, Ports
 from sundial_infra.supervisor import default_processes
 
-REPO = Path(__file__).resolve().parent.parent
-RESULTS = REPO / "bench" / "results"
+from bench import machine, results
+from bench.harness import log_mentions
+from bench.results import REPO, RESULTS
+
 #: The replicas' /metrics ports: right above the API's port of the same set (the dev stack uses 19100-19115).
 METRICS_PORT_GAP = 1
-#: The analytics stats endpoint: as in harness.py, api + 44 (the dev stack's is 8124).
+#: The analytics stats endpoint: as in bench/harness.py, api + 44 (the dev stack's is 8124).
 ANALYTICS_PORT_GAP = 44
 
 
@@ -115,8 +115,9 @@ def measure(root: Path, offset: int, settle: float, seconds: float, servers_only
     root.mkdir(parents=True)
     with open(root / "supervisor.out", "ab") as out:
         child = subprocess.Popen(
-            [sys.executable, __file__, "--serve", "--root", str(root), "--port-offset", str(offset)]
+            [sys.executable, "-m", __name__, "--serve", "--root", str(root), "--port-offset", str(offset)]
             + (["--servers-only"] if servers_only else []),
+            cwd=REPO,
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -132,9 +133,7 @@ def measure(root: Path, offset: int, settle: float, seconds: float, servers_only
             # The demo worker consumes its pool's topic; the staging one serves replays only (no consumer).
             for name, marker in (("worker", "partitions assigned"), ("worker-staging", "serving")):
                 log = root / "logs" / f"{name}.log"
-                if not wait_for(
-                    lambda log=log, m=marker: log.exists() and m in log.read_text(errors="replace"), timeout=90
-                ):
+                if not wait_for(functools.partial(log_mentions, log, marker), timeout=90):
                     raise RuntimeError(f"{name} did not start (no {marker!r} in its log); see {log}")
         time.sleep(settle)
         sampler = Sampler(_roots(root, ports, child.pid, servers_only))
@@ -162,7 +161,6 @@ def measure(root: Path, offset: int, settle: float, seconds: float, servers_only
             child.wait()
         LocalStack(root, ports, prometheus=True).stop()
     return {
-        "workload": "idle servers only" if servers_only else "idle",
         "seconds": round(elapsed, 1),
         "settle_s": settle,
         "total_cores": round(sum(cores.values()), 4),
@@ -181,8 +179,8 @@ def measure(root: Path, offset: int, settle: float, seconds: float, servers_only
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.workloads.idle", description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=60.0, help="Length of the measurement.")
     parser.add_argument("--settle", type=float, default=30.0, help="Seconds to wait after start-up before it.")
     parser.add_argument("--port-offset", type=int, default=0, help="Added to the bench ports (BENCH_PORTS).")
@@ -190,22 +188,16 @@ def main() -> None:
     parser.add_argument(
         "--servers-only", action="store_true", help="The floor: the servers alone, set up, no Sundial process."
     )
-    parser.add_argument("--results", type=Path, default=RESULTS, help="Directory of the <date>.jsonl files.")
+    parser.add_argument("--results", type=Path, default=RESULTS, help="Directory of the <workload>.jsonl files.")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)  # the child that runs the stack
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.serve:
-        raise SystemExit(serve(args.root.resolve(), args.port_offset, args.servers_only))
-    result = {
-        **measure(args.root.resolve(), args.port_offset, args.settle, args.seconds, args.servers_only),
-        "machine": machine.describe(REPO, cpu_probe=False),
-        "at": datetime.now(UTC).isoformat(),
-    }
-    text = json.dumps(result, default=str)
-    print(text, flush=True)
-    args.results.mkdir(parents=True, exist_ok=True)
-    with (args.results / f"{datetime.now(UTC):%Y-%m-%d}.jsonl").open("a") as out:
-        out.write(text + "\n")
+        return serve(args.root.resolve(), args.port_offset, args.servers_only)
+    line = measure(args.root.resolve(), args.port_offset, args.settle, args.seconds, args.servers_only)
+    workload = "idle-floor" if args.servers_only else "idle"
+    results.record(workload, line, {"settle_s": line.pop("settle_s")}, results=args.results, cpu_probe=False)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -1,4 +1,4 @@
-"""`bench/analytics.py`: the ClickHouse replica's figures — ingest rate, freshness under load, stats over 10M rows.
+"""The ClickHouse replica's figures (``python -m bench analytics``): ingest rate, freshness, stats over 10M rows.
 
 Three measurements, on a Postgres of the bench's own (``BENCH_PORTS.postgres + --port-offset``) and the
 embedded chDB engine under ``--root`` (the defaults of ``make run``):
@@ -13,21 +13,20 @@ embedded chDB engine under ``--root`` (the defaults of ``make run``):
   FINAL must collapse) generated inside ClickHouse over 30 days, then ``GET /v1/stats/executions``'s query
   (30 days by day × state; and by hour × handler over 7 days) and the handler ranking, each run 5 times.
 
-One JSON line per measurement goes to stdout and ``bench/results/analytics/<date>.jsonl``. It measures; it
-never passes or fails.
+One JSON line per measurement goes to stdout and ``bench/results/analytics.jsonl`` (:mod:`bench.results`).
+It measures; it never passes or fails.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import shutil
-import statistics
 import subprocess
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -41,18 +40,13 @@ from sundial_infra.servers.postgres import PostgresServer
 from sundial_infra.stack import BENCH_PORTS
 from sundial_infra.supervisor import sundial_argv
 
+from bench import results
+from bench.figures import percentiles
+from bench.results import REPO, RESULTS
+
 TENANT = "bench"
-
-
-def _pct(values: list[float]) -> dict[str, float | None]:
-    if not values:
-        return {"p50": None, "p95": None, "p99": None, "max": None}
-    ordered = sorted(values)
-
-    def at(q: float) -> float:
-        return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 1)
-
-    return {"p50": round(statistics.median(ordered), 1), "p95": at(0.95), "p99": at(0.99), "max": round(ordered[-1], 1)}
+#: The keys of a measurement's line that say how it was run (its settings, :mod:`bench.results`).
+SETTINGS = ("measure", "rate_per_s", "duration_s", "rows")
 
 
 async def _seed_job(conn: asyncpg.Connection) -> uuid.UUID:
@@ -182,7 +176,7 @@ async def bench_freshness(dsn: str, replica: ClickHouseReplica, rate: int, durat
         "duration_s": duration,
         "executions": len(committed),
         "replicated": len(lags),
-        "commit_to_clickhouse_ms": _pct(lags),
+        "commit_to_clickhouse_ms": percentiles(lags),
     }
 
 
@@ -239,7 +233,7 @@ async def bench_query(replica: ClickHouseReplica, rows: int) -> dict[str, Any]:
     answers: dict[str, Any] = {}
     end = start + timedelta(days=30)
     for _ in range(5):
-        queries = {
+        queries: dict[str, Callable[[], Awaitable[list[dict[str, Any]]]]] = {
             "by_day_state_30d": lambda: replica.execution_stats(TENANT, start, end, "day", "state"),
             "by_hour_handler_7d": lambda: replica.execution_stats(
                 TENANT, start, start + timedelta(days=7), "hour", "handler"
@@ -257,12 +251,12 @@ async def bench_query(replica: ClickHouseReplica, rows: int) -> dict[str, Any]:
         "rows": rows,
         "tenant_executions_counted": counted,
         "generate_s": round(generated, 1),
-        "query_ms": {name: _pct(values) for name, values in timings.items()},
-        "query_cpu_ms": {name: _pct(values) for name, values in cpu.items()},
+        "query_ms": {name: percentiles(values) for name, values in timings.items()},
+        "query_cpu_ms": {name: percentiles(values) for name, values in cpu.items()},
     }
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("measures", nargs="*", default=["ingest", "freshness", "query"])
     parser.add_argument("--events", type=int, default=200_000, help="ingest: events queued (default 200,000)")
@@ -270,15 +264,14 @@ def main() -> int:
     parser.add_argument("--duration", type=float, default=30.0, help="freshness: seconds")
     parser.add_argument("--rows", type=int, default=10_000_000, help="query: executions of the queried tenant")
     parser.add_argument("--port-offset", type=int, default=0, help="ports = BENCH_PORTS + this")
-    parser.add_argument("--root", type=Path, default=Path(".sundial/bench-analytics"))
-    parser.add_argument("--results", type=Path, default=Path("bench/results/analytics"))
-    args = parser.parse_args()
+    parser.add_argument("--root", type=Path, default=REPO / ".sundial" / "bench-analytics")
+    parser.add_argument("--results", type=Path, default=RESULTS, help="directory of the <workload>.jsonl files")
+    args = parser.parse_args(argv)
 
     shutil.rmtree(args.root, ignore_errors=True)
     postgres = PostgresServer(args.root / "postgres", BENCH_PORTS.postgres + args.port_offset, durable=True)
     postgres.start()
     replica = ClickHouseReplica(ReplicaConfig(url=None, chdb_path=(args.root / "chdb").resolve()))
-    lines = []
     try:
         env = {**os.environ, "SUNDIAL_DATABASE_URL": postgres.dsn, "SUNDIAL_ENV": "dev"}
         subprocess.run([*sundial_argv("migrate")], env=env, check=True, capture_output=True)
@@ -294,18 +287,13 @@ def main() -> int:
                     line = await bench_query(replica, args.rows)
                 else:
                     raise SystemExit(f"unknown measure {measure!r}")
-                line = {**line, "at": datetime.now(UTC).isoformat(timespec="seconds"), "cpus": os.cpu_count()}
-                print(json.dumps(line), flush=True)
-                lines.append(line)
+                settings = {key: line.pop(key) for key in SETTINGS if key in line}
+                results.record("analytics", line, settings, results=args.results)
 
         asyncio.run(run())
     finally:
         replica.close()
         postgres.stop()
-    args.results.mkdir(parents=True, exist_ok=True)
-    with (args.results / f"{datetime.now(UTC).date()}.jsonl").open("a") as out:
-        for line in lines:
-            out.write(json.dumps(line) + "\n")
     return 0
 
 

@@ -1,7 +1,7 @@
 """Dependencies: how long a parent's completion takes to become its children's executions, and what it costs.
 
-    uv run python bench/dependencies.py                         # 1,000 children, ports BENCH_PORTS + 60
-    uv run python bench/dependencies.py --children 5000 --port-offset 1100
+    uv run python -m bench dependencies                         # 1,000 children, ports BENCH_PORTS + 60
+    uv run python -m bench dependencies --children 5000 --port-offset 1100
 
 It starts its own stack (Postgres, Redis, etcd, the broker, under ``.sundial/bench-deps-<offset>/``), registers
 one parent job and ``--children`` DEPENDENT jobs on it, one shard, and then measures, with the real store calls
@@ -19,7 +19,7 @@ and the real :class:`~sundial_dispatcher.triggers.TriggerDispatcher`:
 The leader applies fair dispatch's limits (:mod:`sundial_dispatcher.limits`), as a dispatcher does by default;
 ``--no-limits`` leaves them out (a dispatcher with ``SUNDIAL_DISPATCHER_FAIRNESS=false``).
 
-Results are printed and appended as one JSON line to ``bench/results/<date>.jsonl`` with the machine. A
+Results are printed and appended as one JSON line to ``bench/results/<workload>.jsonl`` with the machine. A
 benchmark never passes or fails on timing.
 """
 
@@ -27,10 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
-import json
 import os
-import sys
 import time
 import uuid
 from datetime import UTC, datetime
@@ -50,13 +47,12 @@ from sundial_dispatcher.fairness import FairnessConfig, OpenWork
 from sundial_dispatcher.limits import SideLimits
 from sundial_dispatcher.tenancy import TenantPolicy
 from sundial_dispatcher.triggers import TriggerConfig, TriggerDispatcher
-from sundial_infra.stack import BENCH_PORTS, LocalStack, Ports
+from sundial_infra.stack import LocalStack
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "bench"))
-from machine import describe  # noqa: E402 - bench/ is not a package
+from bench import results
+from bench.harness import ports_at
+from bench.results import REPO, RESULTS
 
-RESULTS = REPO / "bench" / "results"
 POOL = "bench-deps"
 TENANT = "bench"
 
@@ -170,40 +166,31 @@ async def run(args: argparse.Namespace, stack: LocalStack) -> dict[str, Any]:
         await publisher.close()
         await stores.close()
     return {
-        "workload": "dependencies",
-        "children": args.children,
         "finish_ms": round(finish_sec * 1000, 1),
         "fan_out_s": round(fan_out_sec, 3),
         "fan_out_per_s": round(args.children / fan_out_sec),
         "one_child_ms": {"p50": round(_percentile(one_child, 0.5), 1), "p95": round(_percentile(one_child, 0.95), 1)},
-        "rounds": args.rounds,
-        "limits": not args.no_limits,
-        "machine": describe(REPO),
-        "at": datetime.now(UTC).isoformat(),
     }
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench dependencies", description=__doc__.split("\n")[0])
     parser.add_argument("--children", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=50)
     parser.add_argument("--port-offset", type=int, default=60, help="ports = BENCH_PORTS + this")
-    parser.add_argument("--results", type=Path, default=RESULTS, help="directory of the <date>.jsonl files")
+    parser.add_argument("--results", type=Path, default=RESULTS, help="directory of the <workload>.jsonl files")
     parser.add_argument("--no-limits", action="store_true", help="without fair dispatch's limits (fairness off)")
-    args = parser.parse_args()
-    os.environ.setdefault("SUNDIAL_ENV", "dev")  # the stack's development signing key (as bench/first_start.py)
-    ports = Ports(**{f.name: getattr(BENCH_PORTS, f.name) + args.port_offset for f in dataclasses.fields(Ports)})
-    stack = LocalStack(REPO / ".sundial" / f"bench-deps-{args.port_offset}", ports, durable=False)
+    args = parser.parse_args(argv)
+    os.environ.setdefault("SUNDIAL_ENV", "dev")  # the stack's development signing key
+    stack = LocalStack(REPO / ".sundial" / f"bench-deps-{args.port_offset}", ports_at(args.port_offset), durable=False)
     stack.stop()  # leftovers of an interrupted run
     stack.start()
     try:
         line = asyncio.run(run(args, stack))
     finally:
         stack.stop()
-    print(json.dumps(line))
-    args.results.mkdir(parents=True, exist_ok=True)
-    with (args.results / f"{datetime.now(UTC):%Y-%m-%d}.jsonl").open("a") as out:
-        out.write(json.dumps(line) + "\n")
+    settings = {"children": args.children, "rounds": args.rounds, "limits": not args.no_limits}
+    results.record("dependencies", line, settings, results=args.results)
     return 0
 
 

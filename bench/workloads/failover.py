@@ -1,7 +1,7 @@
 """Failover benchmark: how long a shard goes without dispatching when its leader dies or stops.
 
-    uv run python bench/failover.py                     # 10 kill -9 trials + 10 SIGTERM trials, TTL 5 s
-    uv run python bench/failover.py --trials 20 --ttl 2
+    uv run python -m bench failover                     # 10 kill -9 trials + 10 SIGTERM trials, TTL 5 s
+    uv run python -m bench failover --trials 20 --ttl 2
 
 It starts its own stack (Postgres, Redis, etcd, broker on ``BENCH_PORTS + 20``, under
 ``.sundial/bench-failover/``), a hydrator and ``--replicas`` dispatcher replicas sharing ``--shards``
@@ -17,7 +17,7 @@ its pass and revokes the lease), and reads from Postgres:
 
 Then the victim is restarted (a new replica id, as a new pod would have) and the cluster allowed to
 settle (the restarted replica may pull shard 0 back with a graceful handover, which is not measured).
-Results are printed and appended as one JSON line to ``bench/results/<date>.jsonl``. A benchmark never
+Results are printed and appended as one JSON line to ``bench/results/<workload>.jsonl``. A benchmark never
 passes or fails on timing: the targets (crash ≤ TTL + 1 s, graceful ≤ 0.5 s) are for the reader.
 """
 
@@ -27,9 +27,7 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
-import json
 import os
-import platform
 import shutil
 import signal
 import statistics
@@ -54,8 +52,9 @@ from sundial_common.stores import Stores
 from sundial_common.stores.types import Occurrence
 from sundial_infra.stack import BENCH_PORTS, LocalStack, Ports
 
-REPO = Path(__file__).resolve().parent.parent
-RESULTS = REPO / "bench" / "results"
+from bench import results
+from bench.results import REPO, RESULTS
+
 SUNDIAL = str(Path(sys.executable).with_name("sundial"))
 POOL = "bench-failover"
 SHARD = 0
@@ -285,16 +284,6 @@ class FailoverBench:
             await feeder
         undisturbed = sorted(float(r["d"]) for r in periods if r["d"] is not None)
         summary: dict[str, Any] = {
-            "workload": "failover",
-            "at": datetime.now(UTC).isoformat(timespec="seconds"),
-            "machine": {"cores": os.cpu_count(), "python": platform.python_version()},
-            "settings": {
-                "replicas": self.args.replicas,
-                "shards": self.args.shards,
-                "lease_ttl_sec": self.args.ttl,
-                "lease_margin_sec": self.args.margin,
-                "job_period_sec": self.args.period,
-            },
             "median_gap_between_dispatches_sec": round(statistics.median(undisturbed), 3) if undisturbed else None,
         }
         for kind in ("kill", "term"):
@@ -309,8 +298,8 @@ class FailoverBench:
         return summary
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench failover", description=__doc__.split("\n\n")[0])
     parser.add_argument("--trials", type=int, default=10, help="kill -9 trials (default 10)")
     parser.add_argument("--graceful-trials", type=int, default=10, help="SIGTERM trials (default 10)")
     parser.add_argument("--replicas", type=int, default=2, help="dispatcher replicas (default 2)")
@@ -319,7 +308,8 @@ def main() -> int:
     parser.add_argument("--margin", type=float, default=1.0, help="trust-window margin in seconds (default 1)")
     parser.add_argument("--period", type=float, default=0.1, help="seconds between jobs on shard 0 (default 0.1)")
     parser.add_argument("--port-offset", type=int, default=20, help="ports = BENCH_PORTS + this")
-    args = parser.parse_args()
+    parser.add_argument("--results", type=Path, default=RESULTS, help="directory of the <workload>.jsonl files")
+    args = parser.parse_args(argv)
     if args.replicas < 2:
         parser.error("--replicas must be at least 2: someone has to take over")
 
@@ -338,11 +328,15 @@ def main() -> int:
     finally:
         bench.stop_all()
         bench.stack.stop()
-    print(json.dumps({k: v for k, v in summary.items() if k != "trials"}, indent=2))
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    with (RESULTS / f"{datetime.now(UTC):%Y-%m-%d}.jsonl").open("a") as out:
-        out.write(json.dumps(summary) + "\n")
-    print(f"appended to {RESULTS.relative_to(REPO)}/{datetime.now(UTC):%Y-%m-%d}.jsonl; logs in {bench.logs}")
+    settings = {
+        "replicas": args.replicas,
+        "shards": args.shards,
+        "lease_ttl_sec": args.ttl,
+        "lease_margin_sec": args.margin,
+        "job_period_sec": args.period,
+    }
+    results.record("failover", summary, settings, results=args.results)
+    print(f"logs in {bench.logs}")
     return 0
 
 

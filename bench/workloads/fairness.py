@@ -3,12 +3,12 @@
 A's jobs are registered first, so by due time and id B's are the very last in the hot window: without
 fairness B waits for A's whole burst (in the dispatcher and then in the pool's Kafka topic). The same run is
 made on a fresh stack with ``SUNDIAL_DISPATCHER_FAIRNESS`` on and with it off (``--modes``), and each prints
-(and appends to ``bench/results/<date>.jsonl``) B's P50/P95/max lateness (handler start − due), the share of
+(and appends to ``bench/results/<workload>.jsonl``) B's P50/P95/max lateness (handler start − due), the share of
 B's jobs started within 1 s of due, and A's drain time (last A start − due). A measurement, never a pass/fail.
 
-    uv run --frozen python bench/fairness.py --port-offset 900              # 100,000 + 1,000, on then off
-    uv run --frozen python bench/fairness.py --port-offset 900 --scale 0.1  # 10,000 + 100
-    uv run --frozen python bench/fairness.py --port-offset 900 --a 50000 --b 100 --modes on  # the issue's proof
+    uv run --frozen python -m bench fairness --port-offset 900              # 100,000 + 1,000, on then off
+    uv run --frozen python -m bench fairness --port-offset 900 --scale 0.1  # 10,000 + 100
+    uv run --frozen python -m bench fairness --port-offset 900 --a 50000 --b 100 --modes on  # the issue's proof
 """
 
 from __future__ import annotations
@@ -22,9 +22,11 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
-import machine  # bench/ is on sys.path: run as a script
-from harness import REPO, RESULTS, Bench, Shape, _percentiles, _record
-from sundial_infra.stack import BENCH_PORTS, Ports
+
+from bench import results
+from bench.figures import percentiles
+from bench.harness import Bench, Shape, ports_at
+from bench.results import REPO, RESULTS
 
 
 async def run(bench: Bench, a: int, b: int, lead: float) -> dict[str, Any]:
@@ -52,24 +54,21 @@ async def run(bench: Bench, a: int, b: int, lead: float) -> dict[str, Any]:
     for r in rows:
         late[r["tenant_id"][-1]].append((r["started_at"] - due).total_seconds() * 1000)
     return {
-        "a_jobs": a,
-        "b_jobs": b,
         "started": len(rows),
         "registered_before_due_s": registered_before_due_s,
-        "b_lateness_ms": _percentiles(late["b"]),
-        "b_dispatched_ms": _percentiles(b_dispatched),
+        "b_lateness_ms": percentiles(late["b"]),
+        "b_dispatched_ms": percentiles(b_dispatched),
         "b_within_1s": round(sum(1 for ms in late["b"] if ms <= 1000) / b, 3) if b else None,
         "a_drain_s": round(max(late["a"]) / 1000, 2) if late["a"] else None,
-        "a_lateness_ms": _percentiles(late["a"]),
+        "a_lateness_ms": percentiles(late["a"]),
     }
 
 
 async def main_async(args: argparse.Namespace) -> None:
     shape = Shape(args.shards, args.dispatchers, args.workers, args.concurrency, durable=False)
-    ports = Ports(**{k: v + args.port_offset for k, v in vars(BENCH_PORTS).items()})
+    ports = ports_at(args.port_offset)
     a = args.a if args.a is not None else int(100_000 * args.scale)
     b = args.b if args.b is not None else int(1_000 * args.scale)
-    meta = {"machine": machine.describe(REPO), "settings": vars(shape), "at": datetime.now(UTC).isoformat()}
     for mode in args.modes.split(","):
         fairness = {"on": "true", "off": "false"}[mode.strip()]
         os.environ["SUNDIAL_DISPATCHER_FAIRNESS"] = fairness  # the supervised processes inherit it
@@ -79,14 +78,13 @@ async def main_async(args: argparse.Namespace) -> None:
             result = await run(bench, a, b, args.lead)
         finally:
             bench.stop()
-        line = {"workload": "fairness", "fairness": fairness == "true", **result, **meta}
-        print({k: v for k, v in line.items() if k != "machine"}, flush=True)
-        _record(line, results=args.results)
+        settings = {**vars(shape), "fairness": fairness == "true", "a_jobs": a, "b_jobs": b}
+        results.record("fairness", result, settings, results=args.results)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="bench/fairness.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m bench fairness", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--shards", type=int, default=4)
     parser.add_argument("--dispatchers", type=int, default=1)

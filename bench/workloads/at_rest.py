@@ -1,8 +1,8 @@
 """Scale at rest: N recurring jobs registered, and what they cost while they wait.
 
-    uv run python bench/at_rest.py                 # 1,000,000 jobs, 4 shards, its own servers
-    uv run python bench/at_rest.py --jobs 100000   # smaller
-    uv run python bench/at_rest.py --jobs 10000000 --keep   # W4 at 10M (~10 min here); then --reuse measures
+    uv run python -m bench at-rest                 # 1,000,000 jobs, 4 shards, its own servers
+    uv run python -m bench at-rest --jobs 100000   # smaller
+    uv run python -m bench at-rest --jobs 10000000 --keep   # W4 at 10M (~10 min here); then --reuse measures
                                                             # again without registering, and deletes the data
 
 It starts its own Postgres and Redis (``LocalStack`` on the bench ports + ``--port-offset``, under
@@ -19,7 +19,7 @@ fire computed by ``sundial_common.domain.schedules`` exactly as the API does. Th
   index range scan and never a table scan;
 * Redis: hot-window members and memory; the servers' memory (PSS).
 
-It prints one JSON line and appends it to ``bench/results/<date>.jsonl``. A measurement, not a test.
+It prints one JSON line and appends it to ``bench/results/<workload>.jsonl``. A measurement, not a test.
 """
 
 from __future__ import annotations
@@ -43,8 +43,6 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
-import machine  # bench/ is on sys.path: run as a script, or imported by harness.py
-from idle import Sampler  # bench/ is on sys.path, as for machine
 from redis.asyncio import Redis
 from sundial_common.domain.ids import new_id, shard_for
 from sundial_common.domain.schedules import Kind, ScheduleSpec, fire_at, next_fire
@@ -56,8 +54,12 @@ from sundial_common.stores.types import Occurrence, RetryDue
 from sundial_hydrator.hydrator import Hydrator, HydratorConfig
 from sundial_infra.stack import BENCH_PORTS, LocalStack, Ports
 
-REPO = Path(__file__).resolve().parent.parent
-RESULTS = REPO / "bench" / "results"
+from bench import results
+from bench.results import REPO, RESULTS
+from bench.workloads.idle import Sampler
+
+#: The keys of :func:`main_async`'s line that say how it was run (its settings, :mod:`bench.results`).
+SETTINGS = ("jobs", "created_by", "shards")
 ZONES = ["UTC", "America/New_York", "America/Los_Angeles", "Europe/London", "Europe/Berlin", "Asia/Kolkata"]
 TENANT = "bench-at-rest"
 #: Jobs per COPY (and per chunk built ahead in the child process).
@@ -297,7 +299,6 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         hydrator = await hydrate(dsn, stack.redis_url, args.shards, now, args.steady_passes)
         servers = {pid: server.name for server, pid in stack.status() if pid}
         result = {
-            "workload": "at_rest",
             "jobs": args.jobs,
             "created_by": "COPY",
             "shards": args.shards,
@@ -306,9 +307,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             "hydrator": hydrator,
             # Postgres with its backends (shared buffers counted once) and Redis holding the hot window.
             "servers_pss_mib": Sampler(servers).pss_mib(),
-            "machine": machine.describe(REPO, cpu_probe=False),
             "loadavg": os.getloadavg(),
-            "at": datetime.now(UTC).isoformat(),
         }
     finally:
         if not args.keep:
@@ -317,8 +316,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench at-rest", description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=1_000_000, help="Recurring jobs to register.")
     parser.add_argument("--shards", type=int, default=4, help="Dispatcher shards (hot-window ZSETs).")
     parser.add_argument("--steady-passes", type=int, default=30, help="Steady hydrator passes to time.")
@@ -327,13 +326,12 @@ def main() -> None:
     parser.add_argument(
         "--reuse", action="store_true", help="Measure again what a --keep run registered (no wipe, no COPY)."
     )
-    result = asyncio.run(main_async(parser.parse_args()))
-    text = json.dumps(result, default=str)
-    print(text, flush=True)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    with (RESULTS / f"{datetime.now(UTC):%Y-%m-%d}.jsonl").open("a") as out:
-        out.write(text + "\n")
+    parser.add_argument("--results", type=Path, default=RESULTS, help="Directory of the <workload>.jsonl files.")
+    args = parser.parse_args(argv)
+    line = asyncio.run(main_async(args))
+    results.record("w4", line, {key: line.pop(key) for key in SETTINGS}, results=args.results, cpu_probe=False)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -1,4 +1,4 @@
--- wrk script of the bench's `create` workload (bench/create.py): POST /v1/jobs or /v1/jobs:batch with the
+-- wrk script of the bench's `create` workload (bench/workloads/create.py): POST /v1/jobs or /v1/jobs:batch with the
 -- tenant's bearer token, a unique job name per job (and a unique Idempotency-Key per request when keyed).
 --
 -- Arguments (after wrk's `--`): token, mode ("single" or "batch"), jobs per batch, "keyed" or "plain",

@@ -4,12 +4,12 @@ Two workers (``--concurrency`` slots each) and ``--low`` LOW ``sleep`` jobs of `
 one instant (the issue: 2,000 of 1 s on two 16-slot workers, about a minute of work), then ``--high`` HIGH
 ``echo`` jobs of the same tenant due evenly over the first ``--spread`` of the drain. Each mode runs on a
 fresh stack: ``priority`` (LOW and HIGH as said) and ``normal`` (the same jobs, every one NORMAL: what the
-HIGH ones get without priority). Prints and appends to ``bench/results/<date>.jsonl`` the urgent jobs'
+HIGH ones get without priority). Prints and appends to ``bench/results/<workload>.jsonl`` the urgent jobs'
 lateness (handler start − due; the issue's target: P95 <= 0.5 s, max <= 1 s), split into dispatch (execution
 created − due) and queue (start − created), and when the backlog drained. A measurement, never a pass/fail.
 
-    uv run --frozen python bench/priority.py --port-offset 900                          # 2,000 + 50, both modes
-    uv run --frozen python bench/priority.py --port-offset 900 --low 100000 --high 1000 --seconds 0.05 --spread 0.5
+    uv run --frozen python -m bench priority --port-offset 900                          # 2,000 + 50, both modes
+    uv run --frozen python -m bench priority --port-offset 900 --low 100000 --high 1000 --seconds 0.05 --spread 0.5
 """
 
 from __future__ import annotations
@@ -22,9 +22,11 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
-import machine  # bench/ is on sys.path: run as a script
-from harness import REPO, RESULTS, Bench, Shape, _percentiles, _record
-from sundial_infra.stack import BENCH_PORTS, Ports
+
+from bench import results
+from bench.figures import percentiles
+from bench.harness import Bench, Shape, ports_at
+from bench.results import REPO, RESULTS
 
 
 async def run(bench: Bench, args: argparse.Namespace, prioritised: bool) -> dict[str, Any]:
@@ -70,14 +72,11 @@ async def run(bench: Bench, args: argparse.Namespace, prioritised: bool) -> dict
 
     last_high = max((r["started_at"] for r in high), default=None)
     return {
-        "low_jobs": args.low,
-        "high_jobs": args.high,
-        "seconds_each": args.seconds,
         "started": len(rows),
         "registered_before_due_s": registered_before_due_s,
-        "high_lateness_ms": _percentiles(ms(high, "fire_at", "started_at")),
-        "high_dispatch_ms": _percentiles(ms(high, "fire_at", "created_at")),
-        "high_queue_ms": _percentiles(ms(high, "created_at", "started_at")),
+        "high_lateness_ms": percentiles(ms(high, "fire_at", "started_at")),
+        "high_dispatch_ms": percentiles(ms(high, "fire_at", "created_at")),
+        "high_queue_ms": percentiles(ms(high, "created_at", "started_at")),
         "high_dispatched_as": sorted({r["priority"] for r in high}),
         "low_started_after_last_high": sum(1 for r in low if last_high and r["started_at"] > last_high),
         "low_drain_s": round((max(r["started_at"] for r in low) - due).total_seconds(), 2) if low else None,
@@ -86,8 +85,7 @@ async def run(bench: Bench, args: argparse.Namespace, prioritised: bool) -> dict
 
 async def main_async(args: argparse.Namespace) -> None:
     shape = Shape(args.shards, 1, args.workers, args.concurrency, durable=False)
-    ports = Ports(**{k: v + args.port_offset for k, v in vars(BENCH_PORTS).items()})
-    meta = {"machine": machine.describe(REPO), "settings": vars(shape), "at": datetime.now(UTC).isoformat()}
+    ports = ports_at(args.port_offset)
     for mode in args.modes.split(","):
         bench = Bench(shape, args.root, ports)
         bench.start()
@@ -95,14 +93,13 @@ async def main_async(args: argparse.Namespace) -> None:
             result = await run(bench, args, prioritised={"priority": True, "normal": False}[mode.strip()])
         finally:
             bench.stop()
-        line = {"workload": "priority", "mode": mode.strip(), **result, **meta}
-        print({k: v for k, v in line.items() if k != "machine"}, flush=True)
-        _record(line, results=args.results)
+        settings = {**vars(shape), "mode": mode.strip(), "low_jobs": args.low, "high_jobs": args.high}
+        results.record("priority", result, {**settings, "seconds_each": args.seconds}, results=args.results)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="bench/priority.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m bench priority", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--shards", type=int, default=4)
     parser.add_argument("--workers", type=int, default=2)
