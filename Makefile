@@ -66,8 +66,8 @@ test-unit: python-deps ## Run the unit tests only (no servers)
 lint: python-deps ## ruff lint and format check
 	uv run --frozen ruff check . && uv run --frozen ruff format --check .
 
-typecheck: python-deps ## mypy (strict) on libs, services and infra
-	uv run --frozen mypy libs/common/sundial_common libs/client/sundial_client services/*/sundial_* infra/sundial_infra
+typecheck: python-deps ## mypy (strict) on libs, services, infra and bench
+	uv run --frozen mypy libs/common/sundial_common libs/client/sundial_client services/*/sundial_* infra/sundial_infra bench
 
 clean: ## Stop everything (dev stack, servers of killed test and bench runs) and delete .sundial/: all Sundial data
 	@if [ -x .venv/bin/sundial ]; then \
