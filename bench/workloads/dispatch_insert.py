@@ -171,7 +171,9 @@ async def main_async(args: argparse.Namespace, base_sql: str) -> None:
                 line[form][f"{name}_plan_ms"] = round(float(row["plan_ms"]), 3) if row["calls"] else None
         for conn in (*conns.values(), setup):
             await conn.close()
-        settings = {"base_commit": args.base, "batch": args.batch, "rounds": args.rounds}
+        # A file outside the repository is named by what it is, not by its path.
+        base_name = "an uncommitted dispatch.sql" if Path(args.base).is_file() else args.base
+        settings = {"base_commit": base_name, "batch": args.batch, "rounds": args.rounds}
         results.record("dispatch-insert", line, settings, results=args.results)
     finally:
         server.stop()
