@@ -1,12 +1,12 @@
 """The bench's public harness: a Sundial stack of a chosen shape on the bench ports, and a dispatch run on it.
 
 :class:`Shape` says how many shards, dispatchers and workers; :class:`Bench` starts a fresh stack of that shape
-(:meth:`Bench.start`, :meth:`Bench.stop`), registers jobs straight into Postgres (:meth:`Bench.insert_jobs`: COPY,
-as a bulk registration would) and measures the scheduling path — hydrator → hot window → dispatcher → Kafka →
-worker — from registration until every job ran (:meth:`Bench.run_dispatch`), with each process's CPU
-(:meth:`Bench.cpu`). :func:`fresh_database` gives the statement benches a migrated database of their own;
-:func:`ports_at` the bench ports moved by an offset; :func:`burst` and :func:`spread` the due instants of W1 and
-of W2/W3. A benchmark measures and records; it never passes or fails on timing.
+(:meth:`Bench.start`, :meth:`Bench.stop`), registers jobs straight into Postgres (:meth:`Bench.insert_jobs`:
+COPY, as a bulk registration would, :mod:`bench.registration`) and measures the scheduling path — hydrator →
+hot window → dispatcher → Kafka → worker — from registration until every job ran (:meth:`Bench.run_dispatch`),
+with each process's CPU (:meth:`Bench.cpu`). :func:`fresh_database` gives the statement benches a migrated
+database of their own; :func:`ports_at` the bench ports moved by an offset; :func:`burst` and :func:`spread` the
+due instants of W1 and of W2/W3. A benchmark measures and records; it never passes or fails on timing.
 """
 
 from __future__ import annotations
@@ -26,30 +26,23 @@ from typing import Any
 
 import asyncpg
 import httpx
-import orjson
-from redis.asyncio import Redis
-from sundial_common.domain.ids import new_id, shard_for
-from sundial_common.hotwindow.window import HotWindow
-from sundial_common.runtime.settings import CommonSettings, EncryptionSettings
+from sundial_common.runtime.settings import CommonSettings
 from sundial_common.security.auth import issue_token
-from sundial_common.security.encryption import PAYLOAD, TenantCipher, open_keyring
-from sundial_common.stores import Stores
 from sundial_common.stores.schema import upgrade
-from sundial_common.stores.types import Occurrence
 from sundial_infra.process import wait_for
 from sundial_infra.servers.postgres import PostgresServer
 from sundial_infra.stack import BENCH_PORTS, LocalStack, Ports
 from sundial_infra.supervisor import ProcessSpec, Supervisor, sundial_argv
 from sundial_worker.consumer import consumer_group
 
-from bench import api_burst, figures, leftover, machine
+from bench import api_burst, figures, leftover, machine, profiling, registration
+from bench.registration import POOL
 from bench.results import SCRATCH
 
 #: The stack's data directory when a workload names none (deleted and made anew at every start).
 STACK_ROOT = SCRATCH / "stack"
 #: Where ``--profile`` writes py-spy's collapsed stacks when it names no directory.
 PROFILES = SCRATCH / "profiles"
-POOL = "demo"
 #: The bench's progress poll: a tenant's jobs not fired yet and its open executions (a partial index of open jobs,
 #: the range of the tenant's OPEN phase in executions_tenant_phase_idx).
 REMAINING = """SELECT (SELECT count(*) FROM jobs WHERE tenant_id = $1 AND state = 'ACTIVE')
@@ -66,13 +59,6 @@ EXECUTION_UPDATES = """
 SELECT coalesce(sum(n_tup_upd), 0) AS updates, coalesce(sum(n_tup_hot_upd), 0) AS heap_only
 FROM pg_stat_user_tables
 WHERE relid IN (SELECT inhrelid FROM pg_inherits WHERE inhparent = 'executions'::regclass)"""
-#: Make the pool admit one more tenant (shared among every bench tenant; registered by `migrate --pool`).
-ADMIT = """
-UPDATE pools SET owner = NULL,
-    shared_with = (SELECT array_agg(DISTINCT t ORDER BY t) FROM unnest(shared_with || ARRAY[owner, $2]) AS t
-                   WHERE t IS NOT NULL)
-WHERE name = $1
-"""
 #: A production Postgres is tuned; the defaults (128 MB buffers, 1 GB of WAL between checkpoints) are a
 #: laptop's. pg_stat_statements says which statements the database time goes to.
 POSTGRES_SETTINGS = {
@@ -202,15 +188,6 @@ class Bench:
 
     # --- workloads ---------------------------------------------------------------------------
 
-    async def cipher(self, tenant: str) -> TenantCipher:
-        """The tenant's data key, from the stack's master key: the bench registers jobs sealed, as the API does."""
-        stores = await Stores.connect(self.stack.postgres_dsn, min_size=1, max_size=1)
-        try:
-            settings = EncryptionSettings(env="dev", dev_root=str(self.root))
-            return await (await open_keyring(settings, stores.keys)).cipher(tenant)
-        finally:
-            await stores.close()
-
     async def insert_jobs(
         self,
         tenant: str,
@@ -220,70 +197,18 @@ class Bench:
         payload: dict[str, Any] | None = None,
         priority: str = "NORMAL",
     ) -> float:
-        """COPY one-shot jobs due at ``due`` into Postgres (``echo`` of ``{"i": i}`` unless told); returns seconds
-        taken."""
-        conn = await asyncpg.connect(self.stack.postgres_dsn)
-        try:
-            started = time.perf_counter()
-            await conn.execute("INSERT INTO tenants (id) VALUES ($1) ON CONFLICT DO NOTHING", tenant)
-            cipher = await self.cipher(tenant)
-            await conn.execute(ADMIT, POOL, tenant)  # the workers run only tenants their pool admits
-            records = []
-            for i, instant in enumerate(due):
-                job_id = new_id()
-                records.append(
-                    (
-                        job_id,
-                        tenant,
-                        f"bench-{i}",
-                        "ONE_SHOT",
-                        instant,
-                        POOL,
-                        handler,
-                        # sealed, as the API does
-                        orjson.dumps(cipher.seal_json({"i": i} if payload is None else payload, PAYLOAD)).decode(),
-                        60,
-                        "ACTIVE",
-                        shard_for(job_id, self.shape.shards),
-                        instant,
-                        priority,
-                    )
-                )
-            await conn.copy_records_to_table(
-                "jobs",
-                records=records,
-                columns=[
-                    "id",
-                    "tenant_id",
-                    "name",
-                    "type",
-                    "run_at",
-                    "pool",
-                    "handler",
-                    "payload",
-                    "timeout_sec",
-                    "state",
-                    "shard",
-                    "next_fire_at",
-                    "priority",
-                ],
-            )
-            # Like the API, the registrar puts near-due jobs into the hot window itself: the hydrator
-            # only promotes beyond its watermark (and re-adds overdue jobs after a grace).
-            redis = Redis.from_url(self.stack.redis_url)
-            try:
-                hot = HotWindow(redis)
-                by_shard: dict[int, list[Occurrence]] = {}
-                for r in records:
-                    by_shard.setdefault(r[10], []).append(Occurrence(r[0], r[11]))
-                for shard, occurrences in by_shard.items():
-                    for offset in range(0, len(occurrences), 5000):
-                        await hot.add(shard, occurrences[offset : offset + 5000])
-            finally:
-                await redis.aclose()
-            return time.perf_counter() - started
-        finally:
-            await conn.close()
+        """COPY one-shot jobs due at ``due`` into this stack (:func:`bench.registration.insert_jobs`); returns the
+        seconds taken."""
+        return await registration.insert_jobs(
+            self.stack,
+            self.root,
+            self.shape.shards,
+            tenant,
+            due,
+            handler=handler,
+            payload=payload,
+            priority=priority,
+        )
 
     async def run_dispatch(
         self, workload: str, due: list[datetime], settle_sec: float = 75.0, create: str = "copy"
@@ -403,28 +328,9 @@ class Bench:
         """py-spy on a dispatcher, a worker and the analytics service for ``seconds`` (collapsed stacks)."""
         if self.profile is None:
             return []
-        self.profile.mkdir(parents=True, exist_ok=True)
         pids = {s.name: s.pid for s in self.supervisor.status() if s.pid}
         return [
-            subprocess.Popen(
-                [
-                    "py-spy",
-                    "record",
-                    "--format",
-                    "raw",
-                    "--rate",
-                    "200",
-                    "--nonblocking",
-                    "--duration",
-                    str(max(1, round(seconds))),
-                    "--pid",
-                    str(pids[name]),
-                    "--output",
-                    str(self.profile / f"{label}-{name}.txt"),
-                ],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
+            profiling.record(pids[name], self.profile / f"{label}-{name}.txt", seconds)
             for name in ("dispatcher-0", "worker-0", "analytics")
             if name in pids
         ]

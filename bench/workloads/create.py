@@ -25,7 +25,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
@@ -33,7 +32,7 @@ from typing import Any
 
 import asyncpg
 
-from bench import machine
+from bench import machine, profiling
 from bench.harness import Bench
 
 SCRIPT = Path(__file__).with_name("create.lua")
@@ -194,15 +193,7 @@ def _profile(bench: Bench, load: Load, seconds: float) -> subprocess.Popen[bytes
     """py-spy on the API for the measured run (collapsed stacks), when the bench records profiles."""
     if bench.profile is None:
         return None
-    bench.profile.mkdir(parents=True, exist_ok=True)
     (api,) = (s.pid for s in bench.supervisor.status() if s.name == "api")
+    assert api is not None, "the API is not running"
     label = f"create-{load.mode}{'-keyed' if load.idempotency_key else ''}-api.txt"
-    py_spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
-    return subprocess.Popen(
-        [
-            *(py_spy, "record", "--format", "raw", "--rate", "200", "--nonblocking"),
-            *("--duration", str(round(seconds)), "--pid", str(api), "--output", str(bench.profile / label)),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    return profiling.record(api, bench.profile / label, seconds)
