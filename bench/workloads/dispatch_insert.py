@@ -34,8 +34,8 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+import orjson
 from sundial_common.domain.ids import new_execution_id
-from sundial_common.stores.database import _init_connection
 from sundial_common.stores.dispatch import PlannedExecution, _insert_arguments
 from sundial_common.stores.queries import load, load_file
 from sundial_infra.servers.postgres import PostgresServer
@@ -99,6 +99,17 @@ def head_arguments(rows: list[Any], ids: list[Any], traceparents: list[str]) -> 
     return _insert_arguments(planned, moves, {0: 1}, "bench")
 
 
+async def binary_jsonb(conn: asyncpg.Connection) -> None:
+    """jsonb in binary, a version byte then the JSON text, as the services' connections read and write it."""
+    await conn.set_type_codec(
+        "jsonb",
+        schema="pg_catalog",
+        encoder=lambda value: b"\x01" + orjson.dumps(value),
+        decoder=lambda data: orjson.loads(data[1:]),
+        format="binary",
+    )
+
+
 async def one_round(conn: asyncpg.Connection, form: str, lock: str, insert: str, batch: int) -> tuple[float, float]:
     """``batch`` due jobs locked through ``lock`` and dispatched through ``insert``: the client CPU seconds of the
     insert's fetch and of the lock's."""
@@ -136,7 +147,7 @@ async def main_async(args: argparse.Namespace, base_sql: str) -> None:
         await setup.execute("INSERT INTO tenants (id) VALUES ($1)", TENANT)
         conns = {form: await asyncpg.connect(dsn) for form in forms}
         for form, conn in conns.items():
-            await _init_connection(conn)  # the services' codecs (jsonb)
+            await binary_jsonb(conn)  # the services' codec
             for _ in range(5):
                 await one_round(conn, form, locks[form], forms[form], args.batch)  # plans cached, buffers warm
         await setup.execute("SELECT pg_stat_statements_reset()")
@@ -171,9 +182,7 @@ async def main_async(args: argparse.Namespace, base_sql: str) -> None:
                 line[form][f"{name}_plan_ms"] = round(float(row["plan_ms"]), 3) if row["calls"] else None
         for conn in (*conns.values(), setup):
             await conn.close()
-        # A file outside the repository is named by what it is, not by its path.
-        base_name = "an uncommitted dispatch.sql" if Path(args.base).is_file() else args.base
-        settings = {"base_commit": base_name, "batch": args.batch, "rounds": args.rounds}
+        settings = {"base_commit": args.base_name, "batch": args.batch, "rounds": args.rounds}
         results.record("dispatch-insert", line, settings, results=args.results)
     finally:
         server.stop()
@@ -188,6 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--root", type=Path, default=Path("/tmp/sundial-dispatch-insert"))
     parser.add_argument("--results", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
+    # A file outside the repository is named in the results by what it is, not by its path.
+    args.base_name = "an uncommitted dispatch.sql" if Path(args.base).is_file() else args.base
     if Path(args.base).is_file():  # a dispatch.sql not committed yet
         base = Path(args.base).read_text()
     else:
