@@ -257,7 +257,9 @@ async def bench_query(replica: ClickHouseReplica, rows: int) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m bench analytics", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("measures", nargs="*", default=["ingest", "freshness", "query"])
     parser.add_argument("--events", type=int, default=200_000, help="ingest: events queued (default 200,000)")
     parser.add_argument("--rate", type=int, default=333, help="freshness: executions per second (W2: 333)")
