@@ -1,6 +1,6 @@
 """`make bench`'s run: the workloads that share one stack shape, W1-W4, idle, the raw ceilings and API creates.
 
-Workloads (seed 002 targets: P95 dispatch latency < 1 s; 1M dispatches/min on a fleet):
+Workloads (the targets: P95 dispatch latency < 1 s; 1M dispatches/min on a fleet):
 
 - ``create``  API create rate under wrk: single POSTs (with and without Idempotency-Key) and batches
               (workloads/create.py).

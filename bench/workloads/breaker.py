@@ -1,6 +1,6 @@
 """Retry storms: 1,000 executions of a handler that fails every call for 2 minutes, with the breaker and without.
 
-Issue 22's scenario at full size (the e2e test ``tests/e2e/test_retry_breaker.py`` is the same story scaled
+The retry-storm scenario at full size (the e2e test ``tests/e2e/test_retry_breaker.py`` is the same story scaled
 down). On a fresh stack per mode, ``--executions`` one-shot jobs of the demo ``outage`` handler (fails every
 call until ``--outage`` seconds after registration, then succeeds) are created through the API's batch
 endpoint with ``maxAttempts`` 5 and a short exponential backoff (``--initial-delay-ms``, default 2 s, up to

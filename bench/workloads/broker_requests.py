@@ -3,10 +3,10 @@
 Tansu exports ``tansu_api_requests{api_key}`` (and bytes sent and received) over OTLP when it is started with
 ``OTEL_EXPORTER_OTLP_ENDPOINT`` in its environment; the bench's stack passes its environment on. So::
 
-    uv run --frozen python -m bench broker-requests --port 24701 --out /tmp/broker.jsonl &
+    uv run --frozen python -m bench broker-requests --port 24701 &
     OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:24701 OTEL_METRIC_EXPORT_INTERVAL=5000 \\
         uv run --frozen python -m bench w2
-    uv run --frozen python -m bench broker-requests --summarize /tmp/broker.jsonl
+    uv run --frozen python -m bench broker-requests --summarize .sundial/bench/broker-requests.jsonl
 
 records one line per export (the cumulative counters) and then prints the requests per second of each type
 between consecutive exports. Tansu's counters carry no client id, but the request types say who asks: Produce
@@ -23,6 +23,8 @@ from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 from typing import Any
+
+from bench.results import SCRATCH
 
 #: Kafka API keys (the ones a Sundial stack sends).
 API_KEYS = {
@@ -70,6 +72,7 @@ def _counters(body: bytes) -> dict[str, float]:
 
 
 def serve(port: int, out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
     with out.open("a") as sink:
 
         class Receiver(BaseHTTPRequestHandler):
@@ -112,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--port", type=int, default=24701, help="where Tansu's OTLP exporter sends (below 32768)")
-    parser.add_argument("--out", type=Path, default=Path("broker-requests.jsonl"))
+    parser.add_argument("--out", type=Path, default=SCRATCH / "broker-requests.jsonl", help="scratch, outside git")
     parser.add_argument("--summarize", type=Path, help="print the per-second rates of a recorded file and exit")
     args = parser.parse_args(argv)
     if args.summarize:

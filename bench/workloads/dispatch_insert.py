@@ -6,15 +6,15 @@ What a W3 pair cannot resolve on a shared 2-core machine (its neighbours move a 
 per form of the statement), rounds alternated. Each round inserts ``--batch`` due one-shot jobs and dispatches
 them in the fenced transaction (the form's ``lock_due_jobs``, then its ``insert_executions``), as
 ``PostgresDispatchStore.dispatch_shards`` does. Per form: the client's CPU microseconds per execution in the
-insert's ``fetch`` (asyncpg encodes every array element there; the arguments' lists are built before it since the
-tenth round) and in the lock's (asyncpg decodes every column of every locked job there), the CPU of the form's
-backend per execution (/proc: the job rows are the same in both), and from pg_stat_statements the insert's and the
-lock's mean execution and planning milliseconds.
+insert's ``fetch`` (asyncpg encodes every array element there; the arguments' lists are built before it) and in
+the lock's (asyncpg decodes every column of every locked job there), the CPU of the form's backend per execution
+(/proc: the job rows are the same in both), and from pg_stat_statements the insert's and the lock's mean
+execution and planning milliseconds.
 
 The other form is ``--base``'s ``dispatch.sql`` (a commit's, by git show, or a file not committed yet): with 26
 parameters, the arguments as 5427f15 sent them (17 arrays per execution, each inherited column of the job sent
-back); with 19, as the ninth round sent them (8 per execution: the rest is read from the job's move in SQL), every
-array full unless the form reads an empty one as its column's default (the tenth round: ``_insert_arguments``).
+back); with 19, the arguments with every array full (8 per execution: the rest is read from the job's move in
+SQL), unless the form reads an empty one as its column's default (as the head's ``insert_executions`` does).
 
     uv run --frozen python -m bench dispatch-insert --port-offset 100 [--base 5427f15|FILE] [--batch 100] [--rounds 300]
 
@@ -78,7 +78,7 @@ def base_arguments(rows: list[Any], ids: list[Any], traceparents: list[str]) -> 
 
 def full_arguments(rows: list[Any], ids: list[Any], traceparents: list[str]) -> list[object]:
     """The 19 parameters with every array full: a form that does not read an empty array as its column's default
-    (before the tenth round)."""
+    (as the statement was before it did)."""
     n = len(rows)
     nominal = [r["next_nominal_at"] or r["next_fire_at"] for r in rows]
     return [ids, [r["id"] for r in rows], nominal, [r["next_fire_at"] for r in rows], ["PENDING"] * n, [False] * n,
@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=100, help="executions per dispatch transaction")
     parser.add_argument("--rounds", type=int, default=60, help="rounds per form, alternated")
     parser.add_argument("--port-offset", type=int, default=100)
-    parser.add_argument("--root", type=Path, default=Path("/tmp/sundial-dispatch-insert"))
+    parser.add_argument("--root", type=Path, default=REPO / ".sundial" / "bench-dispatch-insert")
     parser.add_argument("--results", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     # A file outside the repository is named in the results by what it is, not by its path.

@@ -8,7 +8,7 @@ B's jobs started within 1 s of due, and A's drain time (last A start − due). A
 
     uv run --frozen python -m bench fairness --port-offset 900              # 100,000 + 1,000, on then off
     uv run --frozen python -m bench fairness --port-offset 900 --scale 0.1  # 10,000 + 100
-    uv run --frozen python -m bench fairness --port-offset 900 --a 50000 --b 100 --modes on  # the issue's proof
+    uv run --frozen python -m bench fairness --port-offset 900 --a 50000 --b 100 --modes on  # fairness on only
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ A burst claimed ahead (``FairnessConfig.claim_ahead_*``) waits in a shard leader
 the first pass moves it into the fair queue and takes its head (``burst_head``). A dispatcher process leads four of
 W1 100,000's eight shards, 12,500 occurrences each, and the four passes run one after the other in its event loop
 before the group commit can begin their shared transaction. This measures one shard's part in CPU time (a loaded
-machine's waits left out), two ways: one by one (a heap entry per occurrence, queued one at a time: the code before
-the eleventh round) and by arrival (:class:`~sundial_dispatcher.fairness.EarlyWork`): holding the burst (paid
+machine's waits left out), two ways: one by one (a heap entry per occurrence, queued one at a time: the earlier code)
+and by arrival (:class:`~sundial_dispatcher.fairness.EarlyWork`): holding the burst (paid
 ahead, when it is claimed), moving it into the queue at the instant, and taking the head. Records; never fails.
 
     uv run --frozen python -m bench first-start [--burst 12500] [--repeat 7]

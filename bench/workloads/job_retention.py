@@ -6,7 +6,7 @@ emptied of its ended jobs by the store call the loop makes (``prune_ended_jobs``
 until a batch comes back empty. Cases:
 
 * ``one-shot/0022``: ended one-shot jobs, deleted by migration 0022's statement (one-shot jobs only; a job any
-  edge names stays) — the statement before this round, kept here to compare;
+  edge names stays) — the earlier statement, kept here to compare;
 * ``one-shot/head``: the same backlog, deleted by the head's statement (any type, with the edges, triggers and
   backfills that hang off a job);
 * ``mixed/head``: what the head deletes beyond one-shot jobs: cancelled CRON jobs (one in ten with a finished
