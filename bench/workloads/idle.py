@@ -115,7 +115,7 @@ def measure(root: Path, offset: int, settle: float, seconds: float, servers_only
     root.mkdir(parents=True)
     with open(root / "supervisor.out", "ab") as out:
         child = subprocess.Popen(
-            [sys.executable, "-m", __name__, "--serve", "--root", str(root), "--port-offset", str(offset)]
+            [sys.executable, "-m", "bench.workloads.idle", "--serve", "--root", str(root), "--port-offset", str(offset)]
             + (["--servers-only"] if servers_only else []),
             cwd=REPO,
             stdout=out,
