@@ -66,8 +66,8 @@ test-unit: python-deps ## Run the unit tests only (no servers)
 lint: python-deps ## ruff lint and format check
 	uv run --frozen ruff check . && uv run --frozen ruff format --check .
 
-typecheck: python-deps ## mypy (strict) on libs, services and infra
-	uv run --frozen mypy libs/common/sundial_common libs/client/sundial_client services/*/sundial_* infra/sundial_infra
+typecheck: python-deps ## mypy (strict) on libs, services, infra and bench
+	uv run --frozen mypy libs/common/sundial_common libs/client/sundial_client services/*/sundial_* infra/sundial_infra bench
 
 clean: ## Stop everything (dev stack, servers of killed test and bench runs) and delete .sundial/: all Sundial data
 	@if [ -x .venv/bin/sundial ]; then \
@@ -97,6 +97,6 @@ endef
 chaos: deps ## Run the fault tests (real processes, one fault at a time) and print what each fault cost
 	@uv run --frozen pytest tests/faults -q $(PYTEST_ARGS); status=$$?; uv run --frozen python -m tests.faults.recovery; exit $$status
 
-bench: deps ## Benchmark: stack on its own ports, workloads W1-W4 + raw ceilings, then the ClickHouse replica (bench/analytics.py); appends to bench/results/
-	uv run --frozen python bench/harness.py $(BENCH_ARGS)
-	uv run --frozen python bench/analytics.py
+bench: deps ## Benchmark: stack on its own ports, workloads W1-W4 + raw ceilings, then the ClickHouse replica; appends to bench/results/<workload>.jsonl (python -m bench --help)
+	uv run --frozen python -m bench $(BENCH_ARGS)
+	uv run --frozen python -m bench analytics

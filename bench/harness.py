@@ -1,76 +1,48 @@
-"""`make bench`: start a Sundial stack of a chosen shape on its own ports and measure it.
+"""The bench's public harness: a Sundial stack of a chosen shape on the bench ports, and a dispatch run on it.
 
-Workloads (seed 002 targets: P95 dispatch latency < 1 s; 1M dispatches/min on a fleet):
-
-- ``create``  API create rate under wrk: single POSTs (with and without Idempotency-Key) and batches (create.py).
-- ``w1``      burst: N one-shot jobs all due at the same instant (``--burst 10000,100000``).
-- ``w2``      spread: 20,000 jobs due uniformly over 60 s.
-- ``w3``      sustained: a target rate of due executions per second for ``--duration`` s
-              (``--rates 1000,2500,5000,10000``).
-- ``w4``      at rest: N future recurring jobs (bench/at_rest.py); hydrator passes; table and index sizes.
-- ``idle``    the ``make up`` stack doing nothing: CPU per process over 60 s, memory (bench/idle.py).
-- ``idle-floor`` the same servers alone (set up, no Sundial process): the floor under ``idle`` (not in the default).
-- ``ceilings`` the raw parts: Postgres batched inserts, Redis ZADD and claim, broker produce/consume.
-
-Dispatch workloads insert their jobs straight into Postgres (COPY, as a bulk registration would), so
-what they measure is the scheduling path: hydrator → hot window → dispatcher → Kafka → worker. Each
-prints one JSON line and appends it to ``bench/results/<date>.jsonl`` with the machine, the git commit
-and the settings. A benchmark measures and records; it never passes or fails on timing.
+:class:`Shape` says how many shards, dispatchers and workers; :class:`Bench` starts a fresh stack of that shape
+(:meth:`Bench.start`, :meth:`Bench.stop`), registers jobs straight into Postgres (:meth:`Bench.insert_jobs`:
+COPY, as a bulk registration would, :mod:`bench.registration`) and measures the scheduling path — hydrator →
+hot window → dispatcher → Kafka → worker — from registration until every job ran (:meth:`Bench.run_dispatch`),
+with each process's CPU (:meth:`Bench.cpu`). :func:`fresh_database` gives the statement benches a migrated
+database of their own; :func:`ports_at` the bench ports moved by an offset; :func:`burst` and :func:`spread` the
+due instants of W1 and of W2/W3. A benchmark measures and records; it never passes or fails on timing.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import contextlib
 import functools
-import json
 import os
-import re
 import shutil
-import statistics
 import subprocess
-import sys
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import asyncpg
 import httpx
-import orjson
-from redis.asyncio import Redis
-from sundial_common.domain.ids import new_id, shard_for
-from sundial_common.hotwindow.window import HotWindow
 from sundial_common.runtime.settings import CommonSettings
 from sundial_common.security.auth import issue_token
-from sundial_common.security.encryption import PAYLOAD, EncryptionSettings, TenantCipher, open_keyring
-from sundial_common.stores import Stores
 from sundial_common.stores.schema import upgrade
-from sundial_common.stores.types import Occurrence
 from sundial_infra.process import wait_for
 from sundial_infra.servers.postgres import PostgresServer
 from sundial_infra.stack import BENCH_PORTS, LocalStack, Ports
 from sundial_infra.supervisor import ProcessSpec, Supervisor, sundial_argv
 from sundial_worker.consumer import consumer_group
 
-sys.path.insert(0, str(Path(__file__).parent))
-import api_burst
-import at_rest
-import ceilings
-import create
-import idle
-import leftover
-import machine
+from bench import api_burst, figures, leftover, machine, profiling, registration
+from bench.registration import POOL
+from bench.results import SCRATCH
 
-REPO = Path(__file__).resolve().parent.parent
-RESULTS = REPO / "bench" / "results"
-#: W4 (at_rest.py) runs on the bench ports + the run's offset + this, so it never meets a stack the run left.
-AT_REST_PORT_OFFSET = 10
-POOL = "demo"
+#: The stack's data directory when a workload names none (deleted and made anew at every start).
+STACK_ROOT = SCRATCH / "stack"
+#: Where ``--profile`` writes py-spy's collapsed stacks when it names no directory.
+PROFILES = SCRATCH / "profiles"
 #: The bench's progress poll: a tenant's jobs not fired yet and its open executions (a partial index of open jobs,
 #: the range of the tenant's OPEN phase in executions_tenant_phase_idx).
 REMAINING = """SELECT (SELECT count(*) FROM jobs WHERE tenant_id = $1 AND state = 'ACTIVE')
@@ -87,13 +59,6 @@ EXECUTION_UPDATES = """
 SELECT coalesce(sum(n_tup_upd), 0) AS updates, coalesce(sum(n_tup_hot_upd), 0) AS heap_only
 FROM pg_stat_user_tables
 WHERE relid IN (SELECT inhrelid FROM pg_inherits WHERE inhparent = 'executions'::regclass)"""
-#: Make the pool admit one more tenant (shared among every bench tenant; registered by `migrate --pool`).
-ADMIT = """
-UPDATE pools SET owner = NULL,
-    shared_with = (SELECT array_agg(DISTINCT t ORDER BY t) FROM unnest(shared_with || ARRAY[owner, $2]) AS t
-                   WHERE t IS NOT NULL)
-WHERE name = $1
-"""
 #: A production Postgres is tuned; the defaults (128 MB buffers, 1 GB of WAL between checkpoints) are a
 #: laptop's. pg_stat_statements says which statements the database time goes to.
 POSTGRES_SETTINGS = {
@@ -119,70 +84,6 @@ class Shape:
     #: that long with the default retention (30) carries: 38 partitions of each, not a fresh stack's 8 (today
     #: and a week ahead). Every statement that is not pruned at plan time plans each partition.
     past_days: int = 30
-
-
-def _postgres_ticks_by_client(postgres_pid: int, clients: dict[str, int]) -> dict[int, tuple[str, int]]:
-    """Each Postgres process's utime + stime ticks so far and who it works for: a backend under the name of the
-    process tree in ``clients`` that holds its connection's other end (the client port in its process title), the
-    server's own processes by their title (``autovacuum launcher``, ``checkpointer``, ``walwriter``...); the
-    postmaster is ``exited`` (its ticks include the processes it reaped: autovacuum workers, closed connections).
-    Read from /proc only, twice a run: the same source as :meth:`Bench.cpu`."""
-    parents, usage = machine.proc_table()
-    ticks = {pid: u.ticks for pid, u in usage.items()}
-    # The local port of every TCP socket (inode -> port), then which client process holds each socket: a process
-    # counts for its nearest ancestor named in ``clients`` (machine.owner); the harness for itself only (its tree
-    # holds every supervised process and the servers).
-    port_of_inode: dict[str, int] = {}
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        with contextlib.suppress(OSError):
-            for line in Path(table).read_text().splitlines()[1:]:
-                fields = line.split()
-                port_of_inode[fields[9]] = int(fields[1].rsplit(":", 1)[1], 16)
-    roots = {pid: name for name, pid in clients.items()}
-    client_of_port: dict[int, str] = {}
-    for pid in parents:
-        name = machine.owner(pid, parents, roots)
-        if name is None or (name == "harness" and pid != clients["harness"]):
-            continue
-        with contextlib.suppress(OSError):
-            for fd in os.scandir(f"/proc/{pid}/fd"):
-                with contextlib.suppress(OSError):
-                    link = os.readlink(fd.path)
-                    if link.startswith("socket:[") and (port := port_of_inode.get(link[8:-1])) is not None:
-                        client_of_port.setdefault(port, name)
-    owners: dict[int, tuple[str, int]] = {postgres_pid: ("exited", ticks.get(postgres_pid, 0))}
-    for pid in (pid for pid, parent in parents.items() if parent == postgres_pid):
-        try:
-            title = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
-        except OSError:
-            continue
-        client = re.search(r"\((\d+)\)", title)
-        if client:
-            name = client_of_port.get(int(client.group(1)), "other client")
-        else:
-            name = title.removeprefix("postgres: ").strip()
-        owners[pid] = (name, ticks.get(pid, 0))
-    return owners
-
-
-def _postgres_by_client(before: dict[int, tuple[str, int]], after: dict[int, tuple[str, int]]) -> dict[str, float]:
-    """Postgres's CPU seconds between two ``_postgres_ticks_by_client`` reads, by who asked (a process alive at
-    both reads counts its difference, one that started between them all of its ticks)."""
-    seconds: dict[str, float] = {}
-    for pid, (name, now) in after.items():
-        seconds[name] = seconds.get(name, 0.0) + (now - before.get(pid, (name, 0))[1]) / os.sysconf("SC_CLK_TCK")
-    return {name: round(s, 2) for name, s in sorted(seconds.items(), key=lambda item: -item[1])}
-
-
-def _percentiles(values: Sequence[float]) -> dict[str, float | None]:
-    if not values:
-        return {"p50": None, "p95": None, "p99": None, "max": None}
-    ordered = sorted(values)
-
-    def at(q: float) -> float:
-        return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 1)
-
-    return {"p50": round(statistics.median(ordered), 1), "p95": at(0.95), "p99": at(0.99), "max": round(ordered[-1], 1)}
 
 
 class Bench:
@@ -261,9 +162,7 @@ class Bench:
             raise RuntimeError(f"bench api not ready; see {self.supervisor.log_file('api')}")
         for i in range(self.shape.workers):
             log = self.supervisor.log_file(f"worker-{i}")
-            if not wait_for(
-                lambda log=log: log.exists() and "partitions assigned" in log.read_text(errors="replace"), timeout=60
-            ):
+            if not wait_for(functools.partial(log_mentions, log, "partitions assigned"), timeout=60):
                 raise RuntimeError(f"worker-{i} got no partitions; see {log}")
 
     def stop(self) -> None:
@@ -280,22 +179,14 @@ class Bench:
         return machine.usage_of_trees(roots)
 
     def postgres_ticks(self) -> dict[int, tuple[str, int]]:
-        """Postgres's processes' ticks so far and who each works for (``_postgres_ticks_by_client``): the
-        supervised processes and this bench (``harness``: its progress poll)."""
+        """Postgres's processes' ticks so far and who each works for
+        (:func:`bench.figures.postgres_ticks_by_client`): the supervised processes and this bench (``harness``: its
+        progress poll)."""
         postgres = next((pid for server, pid in self.stack.status() if isinstance(server, PostgresServer) and pid), 0)
         clients = {s.name: s.pid for s in self.supervisor.status() if s.pid}
-        return _postgres_ticks_by_client(postgres, {**clients, "harness": os.getpid()}) if postgres else {}
+        return figures.postgres_ticks_by_client(postgres, {**clients, "harness": os.getpid()}) if postgres else {}
 
     # --- workloads ---------------------------------------------------------------------------
-
-    async def cipher(self, tenant: str) -> TenantCipher:
-        """The tenant's data key, from the stack's master key: the bench registers jobs sealed, as the API does."""
-        stores = await Stores.connect(self.stack.postgres_dsn, min_size=1, max_size=1)
-        try:
-            settings = EncryptionSettings(**{"env": "dev", "dev_root": str(self.root)})
-            return await (await open_keyring(settings, stores.keys)).cipher(tenant)
-        finally:
-            await stores.close()
 
     async def insert_jobs(
         self,
@@ -306,70 +197,18 @@ class Bench:
         payload: dict[str, Any] | None = None,
         priority: str = "NORMAL",
     ) -> float:
-        """COPY one-shot jobs due at ``due`` into Postgres (``echo`` of ``{"i": i}`` unless told); returns seconds
-        taken."""
-        conn = await asyncpg.connect(self.stack.postgres_dsn)
-        try:
-            started = time.perf_counter()
-            await conn.execute("INSERT INTO tenants (id) VALUES ($1) ON CONFLICT DO NOTHING", tenant)
-            cipher = await self.cipher(tenant)
-            await conn.execute(ADMIT, POOL, tenant)  # the workers run only tenants their pool admits
-            records = []
-            for i, instant in enumerate(due):
-                job_id = new_id()
-                records.append(
-                    (
-                        job_id,
-                        tenant,
-                        f"bench-{i}",
-                        "ONE_SHOT",
-                        instant,
-                        POOL,
-                        handler,
-                        # sealed, as the API does
-                        orjson.dumps(cipher.seal_json({"i": i} if payload is None else payload, PAYLOAD)).decode(),
-                        60,
-                        "ACTIVE",
-                        shard_for(job_id, self.shape.shards),
-                        instant,
-                        priority,
-                    )
-                )
-            await conn.copy_records_to_table(
-                "jobs",
-                records=records,
-                columns=[
-                    "id",
-                    "tenant_id",
-                    "name",
-                    "type",
-                    "run_at",
-                    "pool",
-                    "handler",
-                    "payload",
-                    "timeout_sec",
-                    "state",
-                    "shard",
-                    "next_fire_at",
-                    "priority",
-                ],
-            )
-            # Like the API, the registrar puts near-due jobs into the hot window itself: the hydrator
-            # only promotes beyond its watermark (and re-adds overdue jobs after a grace).
-            redis = Redis.from_url(self.stack.redis_url)
-            try:
-                hot = HotWindow(redis)
-                by_shard: dict[int, list[Occurrence]] = {}
-                for r in records:
-                    by_shard.setdefault(r[10], []).append(Occurrence(r[0], r[11]))
-                for shard, occurrences in by_shard.items():
-                    for offset in range(0, len(occurrences), 5000):
-                        await hot.add(shard, occurrences[offset : offset + 5000])
-            finally:
-                await redis.aclose()
-            return time.perf_counter() - started
-        finally:
-            await conn.close()
+        """COPY one-shot jobs due at ``due`` into this stack (:func:`bench.registration.insert_jobs`); returns the
+        seconds taken."""
+        return await registration.insert_jobs(
+            self.stack,
+            self.root,
+            self.shape.shards,
+            tenant,
+            due,
+            handler=handler,
+            payload=payload,
+            priority=priority,
+        )
 
     async def run_dispatch(
         self, workload: str, due: list[datetime], settle_sec: float = 75.0, create: str = "copy"
@@ -428,7 +267,7 @@ class Bench:
                     )
                 except Exception as exc:  # a diagnosis that fails must not cost the run's line
                     left_behind = {"error": repr(exc)}
-            statements = await _top_statements(conn)
+            statements = await figures.top_statements(conn)
             wal_bytes = await conn.fetchval("SELECT pg_current_wal_lsn() - $1::pg_lsn", wal_before)
             # The updates of executions since the stack started, and how many were heap-only (no index entry
             # written; migration 0023). An idle backend reports its counts within 10 s: the last may be missing.
@@ -460,24 +299,24 @@ class Bench:
             "lost": len(due) - done,
             **({"left_behind": left_behind} if left_behind is not None else {}),
             "duplicate_starts": sum(r["starts"] - 1 for r in rows if r["starts"] > 1),
-            "lateness_ms": _percentiles(lateness),
+            "lateness_ms": figures.percentiles(lateness),
             # The same, for the jobs due in the run's first 5 s and for the rest: a slow start (a pool's queue cap
             # still growing, the first passes) shows as a tail of the first phase alone.
-            "lateness_by_phase_ms": _by_phase(rows, first_due, 5.0),
+            "lateness_by_phase_ms": figures.by_phase(rows, first_due, 5.0),
             # Where the first start's lateness went: execution row committed, message produced, start CAS done.
-            "first_start_ms": _first_start(rows),
+            "first_start_ms": figures.first_start(rows),
             # Where every start's lateness went, stage by stage (percentiles of each stage's own duration).
-            "stages_ms": _stages(rows),
+            "stages_ms": figures.stages(rows),
             # How many executions were committed / produced before their due instant (the publish lead, a burst
             # published ahead): that part of the dispatch path was paid before the instant.
-            "before_due": _before_due(rows),
+            "before_due": figures.before_due(rows),
             "all_started_after_due_s": round((max(r["started_at"] for r in rows) - last_due).total_seconds(), 2)
             if rows
             else None,
             "completion_per_s": round(len(finished) / span) if span else None,
             **machine.cpu_fields(cpu_before, cpu_after),
             # Postgres's CPU by who asked for it: each backend under its client's process, the server's own by name.
-            "postgres_by_client": _postgres_by_client(postgres_before, postgres_after),
+            "postgres_by_client": figures.postgres_by_client(postgres_before, postgres_after),
             "postgres_statements": statements,
             "postgres_wal_bytes": int(wal_bytes),
             "execution_updates": {k: int(v) for k, v in updates.items()},
@@ -489,55 +328,12 @@ class Bench:
         """py-spy on a dispatcher, a worker and the analytics service for ``seconds`` (collapsed stacks)."""
         if self.profile is None:
             return []
-        self.profile.mkdir(parents=True, exist_ok=True)
         pids = {s.name: s.pid for s in self.supervisor.status() if s.pid}
         return [
-            subprocess.Popen(
-                [
-                    "py-spy",
-                    "record",
-                    "--format",
-                    "raw",
-                    "--rate",
-                    "200",
-                    "--nonblocking",
-                    "--duration",
-                    str(max(1, round(seconds))),
-                    "--pid",
-                    str(pids[name]),
-                    "--output",
-                    str(self.profile / f"{label}-{name}.txt"),
-                ],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
+            profiling.record(pids[name], self.profile / f"{label}-{name}.txt", seconds)
             for name in ("dispatcher-0", "worker-0", "analytics")
             if name in pids
         ]
-
-
-async def _top_statements(conn: asyncpg.Connection, limit: int = 8) -> list[dict[str, Any]]:
-    """Where the database time went: the statements with the most execution and planning time since the last
-    reset (``total_ms`` executing, ``plan_ms`` planning, ``plans`` how many times planned)."""
-    rows = await conn.fetch(
-        """SELECT calls, plans, rows, total_exec_time, total_plan_time,
-                  left(regexp_replace(query, '\\s+', ' ', 'g'), 90) AS query
-           FROM pg_stat_statements WHERE query NOT LIKE '%pg_stat_statements%'
-           ORDER BY total_exec_time + total_plan_time DESC LIMIT $1""",
-        limit,
-    )
-    return [
-        {
-            "query": r["query"],
-            "calls": r["calls"],
-            # Times planned: a statement run under a generic plan (the census) is planned once per connection.
-            "plans": r["plans"],
-            "rows": r["rows"],
-            "total_ms": round(r["total_exec_time"]),
-            "plan_ms": round(r["total_plan_time"]),
-        }
-        for r in rows
-    ]
 
 
 def _ok(url: str) -> bool:
@@ -570,204 +366,30 @@ async def fresh_database(
     return dsn
 
 
-def _record(line: dict[str, Any], results: Path = RESULTS) -> None:
-    text = json.dumps(line, default=str)
-    print(text, flush=True)
-    results.mkdir(parents=True, exist_ok=True)
-    with (results / f"{datetime.now(UTC):%Y-%m-%d}.jsonl").open("a") as out:
-        out.write(text + "\n")
+def log_mentions(log: Path, text: str) -> bool:
+    """Whether the log file ``log`` exists and holds ``text`` (a process's line saying it is ready)."""
+    return log.exists() and text in log.read_text(errors="replace")
 
 
-async def main_async(args: argparse.Namespace) -> None:
-    shape = Shape(
-        args.shards,
-        args.dispatchers,
-        args.workers,
-        args.concurrency,
-        not args.no_durable,
-        not args.no_analytics,
-        args.past_days,
-    )
-    ports = Ports(**{k: v + args.port_offset for k, v in vars(BENCH_PORTS).items()})
-    bench = Bench(shape, args.root, ports, args.profile)
-    record = functools.partial(_record, results=args.results)
-    meta = {"machine": machine.describe(REPO), "settings": vars(shape), "at": datetime.now(UTC).isoformat()}
-    if "idle" in args.workloads:
-        # The `make up` stack doing nothing: CPU per process over 60 s, memory (bench/idle.py).
-        root = args.root.with_name(args.root.name + "-idle")
-        machine_at = {k: v for k, v in meta.items() if k != "settings"}  # its shape is make up's, not --shards…
-        record({**idle.measure(root, args.port_offset, settle=30.0, seconds=60.0), **machine_at})
-    if "idle-floor" in args.workloads:
-        root = args.root.with_name(args.root.name + "-idle")
-        machine_at = {k: v for k, v in meta.items() if k != "settings"}
-        record({**idle.measure(root, args.port_offset, settle=30.0, seconds=60.0, servers_only=True), **machine_at})
-    if "ceilings" in args.workloads:
-        # The parts alone, before Sundial's processes compete for the cores.
-        bench.stack.start()
-        try:
-            record(
-                {
-                    "workload": "ceilings",
-                    **await ceilings.measure_all(
-                        bench.stack.postgres_dsn, bench.stack.redis_url, bench.stack.kafka_bootstrap, args.scale
-                    ),
-                    **meta,
-                }
-            )
-        finally:
-            bench.stack.stop()
-    if "w4" in args.workloads:
-        # At rest: N future recurring jobs, one hydrator rebuild and steady passes, table and index sizes.
-        at_rest_args = argparse.Namespace(
-            jobs=int(args.at_rest * args.scale),
-            shards=args.shards,
-            steady_passes=30,
-            port_offset=args.port_offset + AT_REST_PORT_OFFSET,
-            keep=False,
-            reuse=False,
-        )
-        result = await at_rest.main_async(at_rest_args)
-        record({**result, "workload": "w4", **meta})
-    if "create" in args.workloads:
-        # One API process under wrk, single and batch creates, on a stack of their own (bench/create.py).
-        for line in await create.measure(bench, duration=max(2.0, 20 * args.scale)):
-            record({**line, **meta})
-    # Each run on a fresh stack: the broker keeps every message in memory and Postgres keeps every
-    # execution, so a run measured after another would pay for what the earlier one left behind.
-    runs: list[tuple[dict[str, Any], Callable[[], Awaitable[dict[str, Any]]]]] = []
-    for n in (int(b * args.scale) for b in args.burst) if "w1" in args.workloads else []:
-        runs.append(({"workload": "w1", "burst": n}, functools.partial(_burst, bench, n, args)))
-    if "w2" in args.workloads:
-        n = int(20_000 * args.scale)
-        runs.append(({"workload": "w2", "over_s": args.duration}, functools.partial(_spread, bench, "w2", n, args)))
-    for rate in args.rates if "w3" in args.workloads else []:
-        head = {"workload": "w3", "target_per_s": rate, "duration_s": args.duration}
-        runs.append((head, functools.partial(_spread, bench, "w3", int(rate * args.duration), args)))
-    for head, run in runs:
-        bench.start()
-        try:
-            record({**head, **await run(), **meta})
-        finally:
-            bench.stop()
+def ports_at(offset: int) -> Ports:
+    """The bench ports (:data:`sundial_infra.stack.BENCH_PORTS`) moved by ``offset``: a multiple of 100, at most
+    1500, so runs on different offsets never meet."""
+    return Ports(**{f.name: getattr(BENCH_PORTS, f.name) + offset for f in fields(Ports)})
 
 
-async def _burst(bench: Bench, n: int, args: argparse.Namespace) -> dict[str, Any]:
-    """W1: ``n`` one-shot jobs, all due at one instant."""
-    per_s = 5_000 if args.create == "api" else 50_000  # time to register them before they are due
-    due = _ms(datetime.now(UTC) + timedelta(seconds=args.lead + n / per_s))
-    return await bench.run_dispatch("w1", [due] * n, create=args.create)
-
-
-async def _spread(bench: Bench, workload: str, n: int, args: argparse.Namespace) -> dict[str, Any]:
-    """W2/W3: ``n`` one-shot jobs due uniformly over ``--duration`` seconds."""
-    start = datetime.now(UTC) + timedelta(seconds=args.lead + n / 50_000)
-    return await bench.run_dispatch(workload, [_ms(start + timedelta(seconds=args.duration * i / n)) for i in range(n)])
-
-
-def _first_start(rows: Sequence[Any]) -> dict[str, float | None] | None:
-    if not rows:
-        return None
-    first = min(rows, key=lambda r: r["started_at"])
-
-    def after_due(at: datetime | None) -> float | None:
-        return round((at - first["scheduled_for"]).total_seconds() * 1000, 1) if at is not None else None
-
-    return {
-        k: after_due(first[c])
-        for k, c in (("committed", "created_at"), ("produced", "published_at"), ("started", "started_at"))
-    }
-
-
-def _stages(rows: Sequence[Any]) -> dict[str, dict[str, float | None]]:
-    """Per stage, its duration's percentiles: due → dispatch transaction began (``created_at``) → message produced
-    (``published_at``: the broker timestamp, the producer's create time) → start CAS began (``started_at``).
-    The last stage holds the linger, the broker's ack, the consumer's fetch and the worker's batching."""
-    stages: dict[str, list[float]] = {"dispatch": [], "produce": [], "consume_start": []}
-    for r in rows:
-        if r["published_at"] is None:
-            continue
-        stages["dispatch"].append((r["created_at"] - r["scheduled_for"]).total_seconds() * 1000)
-        stages["produce"].append((r["published_at"] - r["created_at"]).total_seconds() * 1000)
-        stages["consume_start"].append((r["started_at"] - r["published_at"]).total_seconds() * 1000)
-    return {name: _percentiles(values) for name, values in stages.items()}
-
-
-def _before_due(rows: Sequence[Any]) -> dict[str, int]:
-    """Executions whose dispatch transaction began (``created_at``) / whose message was produced (``published_at``)
-    before their due instant (``scheduled_for``)."""
-    return {
-        "committed": sum(1 for r in rows if r["created_at"] < r["scheduled_for"]),
-        "produced": sum(1 for r in rows if r["published_at"] is not None and r["published_at"] < r["scheduled_for"]),
-    }
-
-
-def _by_phase(rows: Sequence[Any], first_due: datetime, head_sec: float) -> dict[str, dict[str, float | None]]:
-    """Lateness percentiles of the jobs due within ``head_sec`` of the first due instant, and of the others."""
-    phases: dict[str, list[float]] = {f"first_{head_sec:g}s": [], "rest": []}
-    head, rest = phases.values()
-    for r in rows:
-        late = (r["started_at"] - r["scheduled_for"]).total_seconds() * 1000
-        (head if (r["scheduled_for"] - first_due).total_seconds() < head_sec else rest).append(late)
-    return {name: _percentiles(values) for name, values in phases.items()}
-
-
-def _ms(instant: datetime) -> datetime:
+def whole_ms(instant: datetime) -> datetime:
+    """``instant`` cut to whole milliseconds (what the API keeps of a due instant)."""
     return instant.replace(microsecond=instant.microsecond // 1000 * 1000)
 
 
-def _ints(text: str) -> list[int]:
-    return [int(x) for x in text.split(",") if x]
+def burst(n: int, lead: float, per_s: int) -> list[datetime]:
+    """W1's due instants: ``n`` jobs all due at one instant, ``lead`` seconds after the ``per_s`` rate of
+    registration has registered them."""
+    return [whole_ms(datetime.now(UTC) + timedelta(seconds=lead + n / per_s))] * n
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="bench/harness.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument(
-        "workloads",
-        nargs="*",
-        default=["idle", "ceilings", "create", "w1", "w2", "w3", "w4"],
-        help="which workloads (default: all)",
-    )
-    parser.add_argument("--shards", type=int, default=8)
-    parser.add_argument("--dispatchers", type=int, default=2)
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--concurrency", type=int, default=256, help="handler slots per worker")
-    parser.add_argument("--burst", type=_ints, default=[10_000, 100_000], help="W1 sizes")
-    parser.add_argument("--rates", type=_ints, default=[1000, 2500, 5000, 10000], help="W3 rates per second")
-    parser.add_argument("--duration", type=float, default=60.0, help="W2/W3 seconds")
-    parser.add_argument("--at-rest", type=int, default=1_000_000, help="W4 jobs")
-    parser.add_argument("--lead", type=float, default=5.0, help="seconds between registration and first due")
-    parser.add_argument("--scale", type=float, default=1.0, help="multiply every count (0.01 = smoke)")
-    parser.add_argument("--results", type=Path, default=RESULTS, help="directory of the <date>.jsonl files")
-    parser.add_argument("--root", type=Path, default=REPO / ".sundial" / "bench", help="the stack's data directory")
-    parser.add_argument(
-        "--port-offset",
-        type=int,
-        default=0,
-        help="ports = the bench ports (sundial_infra.stack.BENCH_PORTS) + this; a multiple of 100, at most 1500",
-    )
-    parser.add_argument("--profile", type=Path, help="py-spy a dispatcher, a worker and analytics into this directory")
-    parser.add_argument(
-        "--create", choices=["api", "copy"], default="api", help="W1: jobs created through POST /v1/jobs:batch or COPY"
-    )
-    parser.add_argument("--no-durable", action="store_true", help="Postgres without fsync (as in tests)")
-    parser.add_argument(
-        "--past-days",
-        type=int,
-        default=30,
-        help="empty daily partitions of executions made for this many past days, as a stack that has run that long"
-        " with the default 30-day retention carries (38 partitions); 0: a fresh stack's 8",
-    )
-    parser.add_argument(
-        "--no-analytics",
-        action="store_true",
-        help="without the ClickHouse replica: outbox triggers disabled, no analytics service (its cost by difference)",
-    )
-    args = parser.parse_args(argv)
-    asyncio.run(main_async(args))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+def spread(n: int, duration: float, lead: float) -> list[datetime]:
+    """W2's and W3's due instants: ``n`` jobs due uniformly over ``duration`` seconds, the first ``lead`` seconds
+    after a COPY of them."""
+    start = datetime.now(UTC) + timedelta(seconds=lead + n / 50_000)
+    return [whole_ms(start + timedelta(seconds=duration * i / n)) for i in range(n)]

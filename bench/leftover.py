@@ -74,7 +74,8 @@ def _topic_scan(bootstrap: str, topic: str, group: str, wanted: set[str]) -> dic
                     if error.code() == KafkaError._PARTITION_EOF:
                         ended.add(message.partition() or 0)
                     continue
-                for name, value in message.headers() or ():
+                raw = message.headers() or []
+                for name, value in raw.items() if isinstance(raw, dict) else raw:
                     if name == "execution_id" and value is not None:
                         key = value.decode() if isinstance(value, bytes) else value
                         if key in wanted:

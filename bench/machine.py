@@ -30,8 +30,19 @@ def git_commit(repo: Path) -> str | None:
     return head.stdout.strip() + ("-dirty" if status.returncode == 0 and status.stdout.strip() else "")
 
 
+def cpu_model() -> str | None:
+    """The CPU's model name as the kernel reports it (``/proc/cpuinfo``), or None where it does not say."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() in ("model name", "Model", "cpu model") and value.strip():
+                return value.strip()
+    return None
+
+
 def describe(repo: Path, *, cpu_probe: bool = True) -> dict[str, Any]:
-    """Cores, memory, Python, the commit and (``cpu_probe``) the seconds a fixed piece of work took."""
+    """Cores, memory, CPU model, kernel, Python, the commit and (``cpu_probe``) the seconds a fixed piece of work
+    took."""
     mem_kb = next(
         int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines() if line.startswith("MemTotal")
     )
@@ -46,6 +57,8 @@ def describe(repo: Path, *, cpu_probe: bool = True) -> dict[str, Any]:
         **machine,
         "cores": os.cpu_count(),
         "memory_gib": round(mem_kb / 2**20, 1),
+        "cpu_model": cpu_model(),
+        "kernel": platform.release(),
         "python": platform.python_version(),
         "commit": git_commit(repo),
     }
@@ -64,10 +77,7 @@ class Usage:
 
     The switches are summed over ``/proc/<pid>/task/*/status``: the kernel keeps no per-process total a reader
     can see, so an exited thread's or reaped child's switches are not counted (Postgres' backends and every
-    process's threads live for a whole bench run; a thread started and ended within it is missed).
-
-    A plain class, not a dataclass: tests load this module from its file without registering it in
-    ``sys.modules``, where a dataclass's string annotations cannot be resolved."""
+    process's threads live for a whole bench run; a thread started and ended within it is missed)."""
 
     __slots__ = ("involuntary", "system", "user", "voluntary")
 

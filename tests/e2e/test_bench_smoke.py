@@ -8,16 +8,16 @@ that is not a checkout: the commit is recorded only when known.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
+from bench import machine
 from tests.conftest import port_offset
 
 REPO = Path(__file__).resolve().parents[2]
@@ -25,18 +25,9 @@ REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.timeout(300)
 
 
-def bench_machine() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_machine", REPO / "bench" / "machine.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_the_bench_records_the_commit_only_when_git_and_a_checkout_are_there(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    machine = bench_machine()
     if shutil.which("git") and (REPO / ".git").exists():
         assert machine.git_commit(REPO)  # a short hash, "-dirty" with uncommitted code
     # A tree that is not a checkout (an archive): no commit, no error.
@@ -59,7 +50,7 @@ def test_the_bench_harness_runs_every_dispatch_workload_and_records_its_figures(
     root = REPO / ".sundial" / ("bench-smoke" if offset == 0 else f"bench-smoke-{offset}")
     argv = [
         sys.executable,
-        str(REPO / "bench" / "harness.py"),
+        *("-m", "bench"),
         *("ceilings", "create", "w1", "w3"),  # W2 is W3's code with other numbers
         *("--scale", "0.01", "--burst", "2000", "--rates", "2000", "--duration", "2", "--lead", "2"),
         *("--shards", "2", "--dispatchers", "1", "--workers", "1", "--no-durable"),
@@ -73,27 +64,28 @@ def test_the_bench_harness_runs_every_dispatch_workload_and_records_its_figures(
     by_workload = {line["workload"]: line for line in lines}
     assert set(by_workload) == {"ceilings", "create", "w1", "w3"}
     for line in lines:
-        assert {"cores", "memory_gib", "commit", "cpu_probe_s"} <= set(line["machine"])
+        assert {"workload", "commit", "date", "machine", "settings", "figures"} <= set(line)
+        assert {"cores", "memory_gib", "cpu_model", "kernel", "cpu_probe_s"} <= set(line["machine"])
         assert line["settings"]["shards"] == 2
-    assert by_workload["ceilings"]["postgres_insert"]["rows_per_s"] > 0
+    assert by_workload["ceilings"]["figures"]["postgres_insert"]["rows_per_s"] > 0
     # wrk's loads (bench/create.py): single creates, with and without Idempotency-Key, and batches; every
     # request answered 2xx, every job answered is written with its audit row.
     creates = [line for line in lines if line["workload"] == "create"]
-    assert sorted((c["created"], c["idempotency_key"]) for c in creates) == [
+    assert sorted((c["settings"]["created"], c["settings"]["idempotency_key"]) for c in creates) == [
         ("API batch", False),
         ("API single", False),
         ("API single", True),
     ]
-    for line in creates:
+    for line in (c["figures"] | c["settings"] for c in creates):
         assert line["requests"] > 0 and set(line["errors"].values()) == {0}, line
         assert line["jobs_written"] == line["audit_rows"] >= line["requests"] * line["batch_size"]
         assert {"api", "postgres", "wrk"} <= set(line["cpu_s"]) and line["api_cpu_ms_per_job"] > 0
     for name in ("w1", "w3"):
-        line = by_workload[name]
+        line = by_workload[name]["figures"]
         assert line["jobs"] > 0
         assert (line["lost"], line["duplicate_starts"]) == (0, 0), line
         assert set(line["lateness_ms"]) == {"p50", "p95", "p99", "max"}
         assert {"dispatcher-0", "worker-0", "postgres", "broker"} <= set(line["cpu_s"])
-    # The same lines were appended to the results file.
-    (results,) = (tmp_path / "results").glob("*.jsonl")
-    assert len(results.read_text().splitlines()) == len(lines)
+    # The same lines were appended to their workloads' results files, one file per workload.
+    written = {path.stem: len(path.read_text().splitlines()) for path in (tmp_path / "results").glob("*.jsonl")}
+    assert written == Counter(line["workload"] for line in lines)

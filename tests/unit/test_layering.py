@@ -22,6 +22,7 @@ PACKAGES = (
     "sundial_analytics",
     "sundial_infra",
     "tests",
+    "bench",
 )
 
 
