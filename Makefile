@@ -9,7 +9,7 @@ export PATH := $(PATH):$(UV_HOME)/bin
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 APT_INSTALL := DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends
 
-.PHONY: help deps python-deps run up down status test test-unit lint typecheck clean bench chaos
+.PHONY: help deps python-deps run up down status test test-unit lint typecheck clean bench chaos release
 
 help: ## List the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-11s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -68,6 +68,9 @@ lint: python-deps ## ruff lint and format check
 
 typecheck: python-deps ## mypy (strict) on libs, services, infra and bench
 	uv run --frozen mypy libs/common/sundial_common libs/client/sundial_client services/*/sundial_* infra/sundial_infra bench
+
+release: python-deps ## Cut a release: VERSION=x.y.z versions, CHANGELOG, tag, wheels test-installed (DRY_RUN=1: build only)
+	@DRY_RUN=$(DRY_RUN) bash infra/scripts/release.sh $(VERSION)
 
 clean: ## Stop everything (dev stack, servers of killed test and bench runs) and delete .sundial/: all Sundial data
 	@if [ -x .venv/bin/sundial ]; then \

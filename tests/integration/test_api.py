@@ -13,6 +13,7 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from importlib.metadata import version
 from typing import Any
 
 import asyncpg
@@ -677,6 +678,7 @@ async def test_probes_answer_without_a_token(api: Api) -> None:
     ready = await api.client.get("/readyz")
     assert ready.status_code == 200
     assert ready.json() == {"status": "ready", "checks": {"postgres": "ok", "redis": "ok"}}
+    assert (await api.client.get("/version")).json() == {"version": version("sundial-common")}
 
 
 async def test_openapi_documents_the_api(api: Api) -> None:

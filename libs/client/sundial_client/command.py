@@ -19,7 +19,7 @@ from __future__ import annotations
 import difflib
 import sys
 from collections.abc import Callable, Sequence
-from importlib.metadata import EntryPoint, entry_points
+from importlib.metadata import EntryPoint, entry_points, version
 
 GROUP = "sundial.commands"
 
@@ -47,7 +47,7 @@ def describe(ep: EntryPoint) -> str:
 
 def _usage(commands: dict[str, EntryPoint]) -> str:
     lines = [
-        "usage: sundial <command> [args...]",
+        "usage: sundial [--version] <command> [args...]",
         "",
         "Sundial, a distributed job scheduler. `sundial <command> --help` describes a command.",
         "",
@@ -62,6 +62,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run ``sundial <command> args...``."""
     args = list(sys.argv[1:] if argv is None else argv)
     commands = discover()
+    if args[:1] == ["--version"]:
+        print(f"sundial {version('sundial-client')}")
+        return 0
     if not args or args[0] in ("-h", "--help", "help"):
         print(_usage(commands))
         return 0 if args else 2

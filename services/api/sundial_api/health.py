@@ -1,5 +1,6 @@
 """Probes and scrapes: ``/healthz`` (the process is up), ``/readyz`` (it can serve: Postgres and Redis
-answer) and ``/metrics`` (the process's Prometheus metrics, :mod:`sundial_common.observability.metrics`).
+answer), ``/version`` (the release it runs) and ``/metrics`` (the process's Prometheus metrics,
+:mod:`sundial_common.observability.metrics`).
 
 None needs a token — orchestrators, load balancers and Prometheus call them — and none is traced.
 ``/metrics`` is left out of the OpenAPI document: it is Prometheus' text format, not part of the JSON API.
@@ -13,6 +14,7 @@ from collections.abc import Awaitable
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 from sundial_common.observability.metrics import exposition
+from sundial_common.observability.probes import version
 
 from sundial_api.models.common import Health, Readiness
 from sundial_api.problems import problem_body, responses
@@ -38,6 +40,11 @@ async def _check(probe: Awaitable[object]) -> str:
 @router.get("/healthz", response_model=Health, summary="Liveness: the process is up")
 async def healthz() -> Response:
     return OrjsonResponse({"status": "ok"})
+
+
+@router.get("/version", summary="The Sundial release this process runs")
+async def release() -> Response:
+    return OrjsonResponse({"version": version()})
 
 
 @router.get("/metrics", include_in_schema=False)

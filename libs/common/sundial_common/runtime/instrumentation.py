@@ -21,15 +21,18 @@ measured and traced per pass without code of its own.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterator
 
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 
 from sundial_common.observability.metrics import describe_process
-from sundial_common.observability.probes import serve_probes
+from sundial_common.observability.probes import serve_probes, version
 from sundial_common.observability.tracing import setup_tracing
 from sundial_common.runtime.settings import CommonSettings
+
+log = logging.getLogger(__name__)
 
 
 @contextlib.contextmanager
@@ -37,6 +40,7 @@ def observed(service: str, settings: CommonSettings, *, metrics: bool = True) ->
     """Tracing and metrics for the process ``service`` (``sundial-<command>``) while the block runs."""
     setup_tracing(service, settings.otlp_endpoint, settings.trace_sample_ratio, settings.instance_id)
     describe_process(service, settings.instance_id)
+    log.info("%s %s starting (instance %s)", service, version(), settings.instance_id)
     with contextlib.ExitStack() as stack:
         if metrics and settings.metrics_port is not None:
             stack.enter_context(serve_probes(settings.metrics_port, settings.metrics_host))
