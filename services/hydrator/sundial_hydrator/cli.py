@@ -19,9 +19,11 @@ from sundial_common.runtime.logs import setup_logging
 from sundial_common.runtime.service import every, run
 from sundial_common.runtime.settings import SettingsHelpParser, load_settings
 from sundial_common.stores import Stores
+from sundial_common.stores.zone_rules import PostgresZoneRuleStore
 
 from sundial_hydrator.hydrator import Hydrator, HydratorConfig
 from sundial_hydrator.settings import HydratorSettings
+from sundial_hydrator.zone_rules import ZoneRules
 
 log = logging.getLogger("sundial.hydrator")
 
@@ -40,9 +42,14 @@ async def serve(settings: HydratorSettings, stop: asyncio.Event) -> None:
     redis = Redis.from_url(settings.redis_url)
     try:
         hydrator = Hydrator(stores, HotWindow(redis), config)
+        zone_rules = ZoneRules(PostgresZoneRuleStore(stores.database), HotWindow(redis), config.hot_window_sec)
         log.info("hydrator started: %d shards, window %ds", config.shards, config.hot_window_sec)
 
         async def hydrate_while_leading(until: asyncio.Event) -> None:
+            try:
+                await zone_rules.reconcile()  # before the first pass promotes a next fire the new rules moved
+            except Exception:
+                log.exception("time-zone rules check failed; next fires stay as stored until the next term")
             try:
                 await every(until, config.interval_sec, hydrator.run_once, name="hydrate")
             finally:
