@@ -6,7 +6,7 @@ import enum
 from datetime import datetime
 from typing import Any
 
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
 from sundial_client.models.common import ViewModel
 
@@ -90,6 +90,10 @@ class Execution(ViewModel):
 
 
 class Attempt(ViewModel):
+    # Kept, not dropped: what a newer server adds to an attempt (its traceback, say) reaches `sundial executions
+    # get` before this client knows the field.
+    model_config = ConfigDict(extra="allow")
+
     attempt: int
     worker_id: str
     state: str
