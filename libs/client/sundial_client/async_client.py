@@ -15,9 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
-from datetime import datetime
-from typing import Any, Self, TypeVar, overload
+from collections.abc import Awaitable, Callable
+from typing import Any, Self, TypeVar
 
 import httpx
 
@@ -25,7 +24,7 @@ from sundial_client.admin import AsyncAdmin
 from sundial_client.calls import Call
 from sundial_client.errors import ConnectionFailed, raise_for_problem
 from sundial_client.executions import AsyncExecutions
-from sundial_client.jobs import AsyncJobs, AsyncScheduleBuilder, JobDraft
+from sundial_client.jobs import AsyncJobs, AsyncScheduleBuilder, JobDraft, Scheduling
 from sundial_client.models import Job
 from sundial_client.replays import AsyncReplays
 from sundial_client.retries import Retries
@@ -51,7 +50,7 @@ def request_headers(call: Call[Any]) -> dict[str, str]:
     return headers
 
 
-class AsyncClient:
+class AsyncClient(Scheduling[Awaitable[Job], AsyncScheduleBuilder]):
     """The Sundial API over asyncio. ``AsyncClient(url, token=...)``; ``await aclose()`` or ``async with``."""
 
     def __init__(
@@ -104,45 +103,8 @@ class AsyncClient:
             raise_for_problem(response)
             return call.read(response)
 
-    @overload
-    def schedule(
-        self,
-        *,
-        handler: str,
-        pool: str,
-        at: datetime,
-        name: str | None = ...,
-        payload: Mapping[str, Any] | None = ...,
-        **options: Any,
-    ) -> Awaitable[Job]: ...
-
-    @overload
-    def schedule(
-        self,
-        *,
-        handler: str,
-        pool: str,
-        at: None = ...,
-        name: str | None = ...,
-        payload: Mapping[str, Any] | None = ...,
-        **options: Any,
-    ) -> AsyncScheduleBuilder: ...
-
-    def schedule(
-        self,
-        *,
-        handler: str,
-        pool: str,
-        at: datetime | None = None,
-        name: str | None = None,
-        payload: Mapping[str, Any] | None = None,
-        **options: Any,
-    ) -> Awaitable[Job] | AsyncScheduleBuilder:
-        """Register a job for ``handler`` in ``pool``: at once when ``at`` is given, else say when next
-        (``.after(seconds=30)``, ``.cron("0 3 * * *", tz=...)``, ``.every(60)``, ``.at(dt)``, ``.on([...])``);
-        ``await`` the result. ``options`` are any other job fields (``retry_policy=``, ``timeout_sec=``, …)."""
-        builder = AsyncScheduleBuilder(self.jobs, JobDraft(handler, pool, name, payload, options))
-        return builder.at(at) if at is not None else builder
+    def builder(self, draft: JobDraft) -> AsyncScheduleBuilder:
+        return AsyncScheduleBuilder(self.jobs, draft)
 
     async def aclose(self) -> None:
         await self.http.aclose()

@@ -12,9 +12,8 @@ once; listings are iterators that fetch the next page as they go.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from datetime import datetime
-from typing import Any, Self, TypeVar, overload
+from collections.abc import Callable
+from typing import Self, TypeVar
 
 import httpx
 
@@ -23,7 +22,7 @@ from sundial_client.async_client import DEFAULT_TIMEOUT_SEC, AsyncClient
 from sundial_client.blocking import Blocking, LoopThread, async_sleep, async_transport, blocking, blocking_iter
 from sundial_client.calls import Call
 from sundial_client.executions import AsyncExecutions
-from sundial_client.jobs import AsyncJobs, AsyncScheduleBuilder, JobDraft
+from sundial_client.jobs import AsyncJobs, AsyncScheduleBuilder, JobDraft, Scheduling
 from sundial_client.models import Job
 from sundial_client.replays import AsyncReplays
 from sundial_client.retries import Retries
@@ -126,7 +125,7 @@ class Replays(Blocking):
     watch = blocking_iter(AsyncReplays.watch)
 
 
-class Client:
+class Client(Scheduling[Job, ScheduleBuilder]):
     """The Sundial API over blocking calls. ``Client(url, token=...)``; close it, or use it in ``with``.
 
     ``transport`` may be a blocking or an asynchronous httpx transport; ``sleep`` (seconds → None) replaces
@@ -161,44 +160,8 @@ class Client:
         """Send one operation, retrying what is safe to retry (see :mod:`sundial_client.retries`)."""
         return self.bridge.run(self.inner.call(call))
 
-    @overload
-    def schedule(
-        self,
-        *,
-        handler: str,
-        pool: str,
-        at: datetime,
-        name: str | None = ...,
-        payload: Mapping[str, Any] | None = ...,
-        **options: Any,
-    ) -> Job: ...
-
-    @overload
-    def schedule(
-        self,
-        *,
-        handler: str,
-        pool: str,
-        at: None = ...,
-        name: str | None = ...,
-        payload: Mapping[str, Any] | None = ...,
-        **options: Any,
-    ) -> ScheduleBuilder: ...
-
-    def schedule(
-        self,
-        *,
-        handler: str,
-        pool: str,
-        at: datetime | None = None,
-        name: str | None = None,
-        payload: Mapping[str, Any] | None = None,
-        **options: Any,
-    ) -> Job | ScheduleBuilder:
-        """As :meth:`AsyncClient.schedule <sundial_client.async_client.AsyncClient.schedule>`, blocking."""
-        draft = JobDraft(handler, pool, name, payload, options)
-        builder = ScheduleBuilder(self.bridge, AsyncScheduleBuilder(self.inner.jobs, draft))
-        return builder.at(at) if at is not None else builder
+    def builder(self, draft: JobDraft) -> ScheduleBuilder:
+        return ScheduleBuilder(self.bridge, AsyncScheduleBuilder(self.inner.jobs, draft))
 
     def close(self) -> None:
         """Close the connections and stop the client's loop; safe twice."""

@@ -11,7 +11,7 @@ import math
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar, cast, overload
 
 from sundial_client import calls
 from sundial_client.caller import Caller, check_page_size, pages
@@ -84,6 +84,68 @@ def chunks(items: Iterable[NewJob | Mapping[str, Any]], size: int) -> Iterable[l
             chunk = []
     if chunk:
         yield chunk
+
+
+Now = TypeVar("Now")
+Now_co = TypeVar("Now_co", covariant=True)
+
+
+class Builder(Protocol[Now_co]):
+    """What ``schedule(...)`` answers when no ``at`` is given: the rest of the when."""
+
+    def at(self, when: datetime) -> Now_co: ...
+
+
+Later = TypeVar("Later", bound=Builder[Any])
+
+
+class Scheduling(Generic[Now, Later]):
+    """``client.schedule(...)``, written once: ``Now`` is what registering answers (a job, or an awaitable of
+    one), ``Later`` the builder that waits for the when."""
+
+    def builder(self, draft: JobDraft) -> Later:
+        raise NotImplementedError
+
+    @overload
+    def schedule(
+        self,
+        *,
+        handler: str,
+        pool: str,
+        at: datetime,
+        name: str | None = ...,
+        payload: Mapping[str, Any] | None = ...,
+        **options: Any,
+    ) -> Now: ...
+
+    @overload
+    def schedule(
+        self,
+        *,
+        handler: str,
+        pool: str,
+        at: None = ...,
+        name: str | None = ...,
+        payload: Mapping[str, Any] | None = ...,
+        **options: Any,
+    ) -> Later: ...
+
+    def schedule(
+        self,
+        *,
+        handler: str,
+        pool: str,
+        at: datetime | None = None,
+        name: str | None = None,
+        payload: Mapping[str, Any] | None = None,
+        **options: Any,
+    ) -> Now | Later:
+        """Register a job for ``handler`` in ``pool``: at once when ``at`` is given, else say when next
+        (``.after(seconds=30)``, ``.cron("0 3 * * *", tz=...)``, ``.every(60)``, ``.at(dt)``, ``.on([...])``).
+        ``options`` are any other job fields (``retry_policy=``, ``timeout_sec=``, ``jitter_sec=``, …); the
+        asynchronous client's answer is awaited."""
+        builder = self.builder(JobDraft(handler, pool, name, payload, options))
+        return cast(Now, builder.at(at)) if at is not None else builder
 
 
 class AsyncScheduleBuilder:
