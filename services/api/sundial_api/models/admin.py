@@ -1,4 +1,7 @@
-"""The cluster view (`GET /v1/admin/cluster`): replicas, shard leaders and fence tokens, singleton roles."""
+"""The cluster view (`GET /v1/admin/cluster`): replicas, shard leaders and fence tokens, singleton roles.
+
+Defined in :mod:`sundial_client.models.admin` (the views are defined once, for the API and the client).
+"""
 
 from __future__ import annotations
 

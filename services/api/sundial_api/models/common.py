@@ -1,6 +1,7 @@
 """Shapes every part of the API shares: the request and view bases, instants, problem documents, probes.
 
-Requests are camelCase, frozen and refuse unknown fields; views are camelCase and accept either name.
+Requests are camelCase, frozen and refuse unknown fields; views (defined in :mod:`sundial_client.models`) are
+camelCase and accept either name.
 """
 
 from __future__ import annotations

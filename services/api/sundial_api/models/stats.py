@@ -1,4 +1,7 @@
-"""The views of ``/v1/stats``: per-bucket execution statistics and the handler rankings."""
+"""The views of ``/v1/stats``: per-bucket execution statistics and the handler rankings.
+
+Defined in :mod:`sundial_client.models.stats` (the views are defined once, for the API and the client).
+"""
 
 from __future__ import annotations
 
