@@ -61,6 +61,8 @@ class LoopThread:
         if loop is None or thread is None:
             return
         loop.call_soon_threadsafe(loop.stop)
+        if thread is threading.current_thread():
+            return  # collected on the loop's own thread: it ends when this callback returns
         thread.join()
         loop.close()
 

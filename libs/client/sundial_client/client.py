@@ -12,6 +12,7 @@ once; listings are iterators that fetch the next page as they go.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from typing import Self, TypeVar
 
@@ -143,6 +144,8 @@ class Client(Scheduling[Job, ScheduleBuilder]):
         sleep: Callable[[float], object] | None = None,
     ) -> None:
         self.bridge = LoopThread()
+        # A client dropped without close() still stops its loop's thread when it is collected.
+        weakref.finalize(self, self.bridge.close)
         self.inner = AsyncClient(
             url, token, timeout=timeout, retry=retry, transport=async_transport(transport), sleep=async_sleep(sleep)
         )
