@@ -1,7 +1,7 @@
 """jobs_trigger_execution_idx: a triggered run is readable by its execution id before the dispatcher creates it.
 
-Revision ID: 0026
-Revises: 0025
+Revision ID: 0027
+Revises: 0026
 Create Date: 2026-11-28
 
 ``POST /v1/jobs/{id}/trigger`` answers 202 with the id of an execution the shard leader creates moments later;
@@ -14,8 +14,8 @@ dispatch that leaves ``trigger_execution_id`` NULL does not touch it (its heap-o
 
 from sundial_common.stores.schema import run_sql_script
 
-revision = "0026"
-down_revision = "0025"
+revision = "0027"
+down_revision = "0026"
 branch_labels = None
 depends_on = None
 
