@@ -1,5 +1,6 @@
-"""The client's models against the server's OpenAPI document: a field renamed, added, dropped, made
-required or an enum value changed on either side fails here, so ``sundial_client`` cannot drift silently.
+"""The client's models against the server's OpenAPI document. The views are one definition the API imports
+from ``sundial_client.models``; the request bodies are the client's own, so a field renamed, added, dropped,
+made required or an enum value changed on either side fails here, and a new endpoint without a client call too.
 """
 
 from __future__ import annotations
