@@ -108,15 +108,17 @@ def iterate(bridge: LoopThread, items: AsyncIterator[R]) -> Iterator[R]:
         if aclose is not None:
             await aclose()
 
+    exhausted = False
     try:
         while True:
             try:
                 yield bridge.run(step())
             except StopAsyncIteration:
+                exhausted = True
                 return
     finally:
-        if bridge.started:
-            bridge.run(close())
+        if not exhausted and bridge.started:
+            bridge.run(close())  # abandoned part way (break, islice): let the listing clean up
 
 
 class BlockingTransport(httpx.AsyncBaseTransport):
