@@ -12,6 +12,31 @@ from typing import Any
 from sundial_client import calls
 from sundial_client.caller import Caller, check_page_size, pages
 from sundial_client.models import Replay, ReplayRun
+from sundial_client.models.replays import (
+    FINAL_STATES,
+    ReplayFilterView,
+    ReplayList,
+    ReplayPartition,
+    ReplayRunList,
+    ReplayState,
+)
+
+# The replay shapes were importable from here before they joined the other views in sundial_client.models.
+ReplayFilter = ReplayFilterView
+ReplayPage = ReplayList
+ReplayRunPage = ReplayRunList
+
+__all__ = [
+    "FINAL_STATES",
+    "AsyncReplays",
+    "Replay",
+    "ReplayFilter",
+    "ReplayPage",
+    "ReplayPartition",
+    "ReplayRun",
+    "ReplayRunPage",
+    "ReplayState",
+]
 
 #: The largest page of a replay's runs.
 MAX_RUNS_PAGE = 1000
