@@ -13,7 +13,8 @@ from collections.abc import AsyncIterator
 import pytest
 from sundial_api.models.audit import AuditPage
 from sundial_client import AsyncClient, Client
-from sundial_client.cli import _executions_parser, _jobs_parser
+from sundial_client.cli.executions import parser as executions_parser
+from sundial_client.cli.jobs import parser as jobs_parser
 from sundial_common.security.auth import issue_token
 from sundial_common.stores import Stores
 from sundial_common.stores.audit import ExecutionEvent, record_execution_event
@@ -140,12 +141,12 @@ async def test_the_client_and_the_cli_show_who_cancelled_a_job(
     assert (cancel.actor, cancel.from_state, cancel.to_state) == (f"{TENANT}-service", "PAUSED", "CANCELLED")
     assert [e.action async for e in aclient.jobs.audit(job.job_id, page_size=1)] == ["create", "pause", "cancel"]
 
-    code, out, _ = cli(_jobs_parser(), ["audit", job.job_id, "--action", "cancel"], client, capsys)
+    code, out, _ = cli(jobs_parser(), ["audit", job.job_id, "--action", "cancel"], client, capsys)
     assert code == 0
     header, row = out.splitlines()
     assert header.split() == ["AT", "ACTION", "FROM", "TO", "ACTOR", "DETAIL"]
     assert row.split()[1:5] == ["cancel", "PAUSED", "CANCELLED", f"{TENANT}-service"]
-    code, out, _ = cli(_jobs_parser(), ["audit", job.job_id, "--json"], client, capsys)
+    code, out, _ = cli(jobs_parser(), ["audit", job.job_id, "--json"], client, capsys)
     assert code == 0 and [e["action"] for e in json.loads(out)] == ["create", "pause", "cancel"]
-    code, _, err = cli(_executions_parser(), ["audit", str(uuid.uuid4())], client, capsys)
+    code, _, err = cli(executions_parser(), ["audit", str(uuid.uuid4())], client, capsys)
     assert code == 3 and "not found" in err

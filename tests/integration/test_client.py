@@ -22,9 +22,11 @@ import httpx
 import pytest
 import uvicorn
 from sundial_api import ApiSettings, create_app
-from sundial_client import AsyncClient, Client, Conflict, NotFound, Retries, ValidationFailed
-from sundial_client.cli import _executions_parser, _jobs_parser, run
-from sundial_client.tenants_cli import parser as tenants_parser
+from sundial_client import AsyncClient, Client, Conflict, NotFound, Retries, ValidationFailed, WaitTimedOut
+from sundial_client.cli.common import run
+from sundial_client.cli.executions import parser as executions_parser
+from sundial_client.cli.jobs import parser as jobs_parser
+from sundial_client.cli.tenants import parser as tenants_parser
 from sundial_common.domain.ids import new_id
 from sundial_common.security.auth import issue_token
 
@@ -258,7 +260,7 @@ def cli(parser: Any, argv: list[str], client: Client, capsys: pytest.CaptureFixt
 
 def test_cli_creates_lists_pauses_and_shows_jobs(client: Client, capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = cli(
-        _jobs_parser(),
+        jobs_parser(),
         [
             "create",
             "--name",
@@ -280,7 +282,7 @@ def test_cli_creates_lists_pauses_and_shows_jobs(client: Client, capsys: pytest.
     job = json.loads(out)
     assert (job["type"], job["delaySeconds"], job["payload"]) == ("DELAYED", 30, {"a": 1})
     code, out, _ = cli(
-        _jobs_parser(),
+        jobs_parser(),
         [
             "create",
             "--name",
@@ -298,12 +300,12 @@ def test_cli_creates_lists_pauses_and_shows_jobs(client: Client, capsys: pytest.
         capsys,
     )
     assert code == 0 and "cron 0 3 * * * America/Los_Angeles" in out
-    assert cli(_jobs_parser(), ["pause", job["jobId"]], client, capsys)[0] == 0
-    code, out, _ = cli(_jobs_parser(), ["list", "--state", "ACTIVE", "--json"], client, capsys)
+    assert cli(jobs_parser(), ["pause", job["jobId"]], client, capsys)[0] == 0
+    code, out, _ = cli(jobs_parser(), ["list", "--state", "ACTIVE", "--json"], client, capsys)
     assert [j["name"] for j in json.loads(out)] == ["nightly"]
-    code, out, _ = cli(_jobs_parser(), ["list"], client, capsys)
+    code, out, _ = cli(jobs_parser(), ["list"], client, capsys)
     assert out.splitlines()[0].split()[:3] == ["JOB", "ID", "NAME"] and len(out.splitlines()) == 3
-    code, out, _ = cli(_jobs_parser(), ["get", job["jobId"]], client, capsys)
+    code, out, _ = cli(jobs_parser(), ["get", job["jobId"]], client, capsys)
     assert code == 0 and "PAUSED" in out
 
 
@@ -311,27 +313,27 @@ def test_cli_errors_print_field_messages_with_documented_exit_codes(
     client: Client, capsys: pytest.CaptureFixture[str]
 ) -> None:
     code, _, err = cli(
-        _jobs_parser(),
+        jobs_parser(),
         ["create", "--name", "bad", "--pool", "demo", "--handler", "echo", "--cron", "61 * * * *"],
         client,
         capsys,
     )
     assert code == 4 and "schedule:" in err
-    code, _, err = cli(_jobs_parser(), ["get", str(uuid.uuid4())], client, capsys)
+    code, _, err = cli(jobs_parser(), ["get", str(uuid.uuid4())], client, capsys)
     assert code == 3 and "not found" in err
     job = client.schedule(handler="echo", pool="demo").after(seconds=60)
     client.jobs.delete(job.job_id)
-    assert cli(_jobs_parser(), ["resume", job.job_id], client, capsys)[0] == 5
-    code, _, err = cli(_jobs_parser(), ["create", "--name", "x", "--pool", "demo", "--handler", "echo"], client, capsys)
+    assert cli(jobs_parser(), ["resume", job.job_id], client, capsys)[0] == 5
+    code, _, err = cli(jobs_parser(), ["create", "--name", "x", "--pool", "demo", "--handler", "echo"], client, capsys)
     assert code == 2 and "exactly one of" in err
     with pytest.raises(SystemExit) as exited:
-        run(_jobs_parser(), ["--help"], client)
+        run(jobs_parser(), ["--help"], client)
     assert exited.value.code == 0 and "exit codes" in capsys.readouterr().out
 
 
 def test_cli_unreachable_api_exits_7(capsys: pytest.CaptureFixture[str]) -> None:
     with Client("http://127.0.0.1:9", retry=Retries(attempts=2, backoff_base_sec=0.0)) as nowhere:
-        code, _, err = cli(_executions_parser(), ["get", str(uuid.uuid4())], nowhere, capsys)
+        code, _, err = cli(executions_parser(), ["get", str(uuid.uuid4())], nowhere, capsys)
     assert code == 7 and "cannot reach the API" in err
 
 
@@ -359,7 +361,7 @@ def test_cli_watches_an_execution_until_it_ends(
     cancel = threading.Timer(0.5, lambda: client.executions.cancel(str(ident)))
     cancel.start()
     try:
-        code, out, _ = cli(_executions_parser(), ["watch", str(ident), "--interval", "0.1"], client, capsys)
+        code, out, _ = cli(executions_parser(), ["watch", str(ident), "--interval", "0.1"], client, capsys)
     finally:
         cancel.join()
     assert code == 1
@@ -401,7 +403,7 @@ def test_dependencies_and_backfills_through_the_client_and_the_cli(
     start = datetime.now(UTC).replace(second=0, microsecond=0) - timedelta(hours=1)
     parent = client.schedule(handler="echo", pool="demo").every(60, start_at=start)
     code, out, _ = cli(
-        _jobs_parser(),
+        jobs_parser(),
         [
             "create",
             "--name",
@@ -422,13 +424,13 @@ def test_dependencies_and_backfills_through_the_client_and_the_cli(
     assert child["type"] == "DEPENDENT"
     detail = client.jobs.get(parent.job_id)
     assert [(c.job_id, c.on) for c in detail.children] == [(child["jobId"], "ANY")]
-    code, _, err = cli(_jobs_parser(), ["delete", parent.job_id], client, capsys)
+    code, _, err = cli(jobs_parser(), ["delete", parent.job_id], client, capsys)
     assert code == 5 and child["jobId"] in err  # CONFLICT: a child waits on it
 
     dry = client.jobs.backfill_dry_run(parent.job_id, start, start + timedelta(minutes=10))
     assert dry.count == 10 and dry.first[0] == start
     code, out, _ = cli(
-        _jobs_parser(),
+        jobs_parser(),
         ["backfill", parent.job_id, "--from", start.isoformat(), "--to", (start + timedelta(minutes=10)).isoformat()],
         client,
         capsys,
@@ -438,3 +440,41 @@ def test_dependencies_and_backfills_through_the_client_and_the_cli(
     assert client.jobs.cancel_backfill(backfill_id).state == "CANCELLED"
     assert client.jobs.delete(parent.job_id, cascade=True).state == "CANCELLED"
     assert client.jobs.get(child["jobId"]).state == "CANCELLED"
+
+
+def test_a_triggered_run_is_readable_before_its_dispatch(
+    client: Client, served: Served, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # No dispatcher runs here: the execution a trigger names stays the trigger's until a shard leader creates it.
+    job = client.schedule(handler="echo", pool="demo", name="on-demand").every(3600)
+    triggered = client.jobs.trigger(job.job_id)
+    pending = client.executions.get(triggered.execution_id)
+    assert (pending.state, pending.triggered, pending.attempts, pending.fence_token) == ("PENDING", True, [], 0)
+    assert (pending.job_id, pending.scheduled_for, pending.handler) == (job.job_id, triggered.scheduled_for, "echo")
+    # the same for curl: a 200, not a 404
+    answer = httpx.get(
+        f"{served.url}/v1/executions/{triggered.execution_id}", headers={"Authorization": f"Bearer {served.token}"}
+    )
+    assert answer.status_code == 200 and answer.json()["state"] == "PENDING"
+    with pytest.raises(WaitTimedOut) as caught:
+        client.executions.wait(triggered.execution_id, poll_sec=0.05, timeout=0.3)
+    assert caught.value.last.state == "PENDING"
+    code, out, _ = cli(executions_parser(), ["get", triggered.execution_id], client, capsys)
+    assert code == 0 and "waiting:    for its shard's leader to dispatch it" in out
+    with pytest.raises(NotFound):
+        client.executions.get(str(uuid.uuid4()))
+
+
+def test_a_jobs_backfills_are_listed_by_the_client_and_the_cli(
+    client: Client, capsys: pytest.CaptureFixture[str]
+) -> None:
+    start = datetime.now(UTC).replace(second=0, microsecond=0) - timedelta(hours=1)
+    job = client.schedule(handler="echo", pool="demo", name="hourly-sums").every(60, start_at=start)
+    first = client.jobs.backfill(job.job_id, start, start + timedelta(minutes=5))
+    second = client.jobs.backfill(job.job_id, start + timedelta(minutes=5), start + timedelta(minutes=8))
+    listed = list(client.jobs.backfills(job.job_id, page_size=1))
+    assert [(b.backfill_id, b.total) for b in listed] == [(second.backfill_id, 3), (first.backfill_id, 5)]
+    code, out, _ = cli(jobs_parser(), ["backfills", "hourly-sums"], client, capsys)  # by the job's name
+    assert code == 0 and [line.split()[0] for line in out.splitlines()[1:]] == [second.backfill_id, first.backfill_id]
+    with pytest.raises(NotFound):
+        list(client.jobs.backfills(str(uuid.uuid4())))

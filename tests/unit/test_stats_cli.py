@@ -7,7 +7,8 @@ import json
 import httpx
 import pytest
 from sundial_client import Client
-from sundial_client.cli import _stats_parser, run
+from sundial_client.cli.common import run
+from sundial_client.cli.stats import parser as stats_parser
 
 PCT = {"p50": 12.0, "p95": 40.0, "p99": 55.5}
 EXECUTIONS = {
@@ -64,16 +65,16 @@ def client() -> Client:
 def test_stats_executions_prints_one_row_per_bucket_and_group(
     client: Client, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert run(_stats_parser(), ["executions", "--group-by", "state"], client) == 0
+    assert run(stats_parser(), ["executions", "--group-by", "state"], client) == 0
     out = capsys.readouterr().out
     assert "DEAD" in out and "100.0%" in out and "40" in out
 
 
 def test_stats_handlers_json_is_the_apis_shape(client: Client, capsys: pytest.CaptureFixture[str]) -> None:
-    assert run(_stats_parser(), ["handlers", "--json"], client) == 0
+    assert run(stats_parser(), ["handlers", "--json"], client) == 0
     assert json.loads(capsys.readouterr().out)["mostFailing"][0]["topErrorClass"] == "RuntimeError"
 
 
 def test_a_bad_parameter_exits_4_naming_it(client: Client, capsys: pytest.CaptureFixture[str]) -> None:
-    assert run(_stats_parser(), ["executions", "--interval", "week"], client) == 4
+    assert run(stats_parser(), ["executions", "--interval", "week"], client) == 4
     assert "interval" in capsys.readouterr().err

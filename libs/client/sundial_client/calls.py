@@ -1,8 +1,8 @@
 """Every API operation as a :class:`Call`: method, path, query, body and how to read the answer.
 
-The synchronous and the asynchronous client send the same calls (``client.py``), so an operation is
-described once here and the two clients differ only in how they wait. A create is marked
-``idempotent_create``: the client generates one ``Idempotency-Key`` per call and sends it with every retry.
+Every namespace of the client (``client.jobs``, …) sends these, so an operation is described once here.
+A create is marked ``idempotent_create``: the client generates one ``Idempotency-Key`` per call and sends it
+with every retry.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from sundial_client.models import (
     AuditPage,
     Backfill,
     BackfillDryRun,
+    BackfillList,
     BackfillRequest,
     BatchResult,
     Breaker,
@@ -42,6 +43,9 @@ from sundial_client.models import (
     Pool,
     PoolList,
     Preview,
+    Replay,
+    ReplayList,
+    ReplayRunList,
     SchedulePreviewRequest,
     Tenant,
     TenantList,
@@ -49,6 +53,7 @@ from sundial_client.models import (
 )
 
 T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
 M = TypeVar("M", bound=BaseModel)
 
 #: Largest page the listing endpoints serve.
@@ -58,10 +63,12 @@ MAX_BATCH = 1000
 
 
 @dataclass(frozen=True)
-class Call(Generic[T]):
+class Call(Generic[T_co]):
+    """One operation: what to send, and how to read its answer."""
+
     method: str
     path: str
-    read: Callable[[httpx.Response], T]
+    read: Callable[[httpx.Response], T_co]
     params: Mapping[str, Any] | None = None
     body: Any = None
     headers: Mapping[str, str] = field(default_factory=dict)
@@ -135,6 +142,11 @@ def backfill_dry_run(job_id: str, request: BackfillRequest) -> Call[BackfillDryR
     return Call("POST", f"/v1/jobs/{_id(job_id)}:backfill", _model(BackfillDryRun), body=body)
 
 
+def job_backfills(job_id: str, *, cursor: str | None, limit: int) -> Call[BackfillList]:
+    params = {**_query(cursor=cursor), "limit": limit}
+    return Call("GET", f"/v1/jobs/{_id(job_id)}/backfills", _model(BackfillList), params=params)
+
+
 def get_backfill(backfill_id: str) -> Call[Backfill]:
     return Call("GET", f"/v1/backfills/{_id(backfill_id)}", _model(Backfill))
 
@@ -205,8 +217,14 @@ def list_executions(
     job_id: str | None = None,
     pool: str | None = None,
     handler: str | None = None,
+    scheduled_from: datetime | None = None,
+    scheduled_to: datetime | None = None,
 ) -> Call[ExecutionPage]:
-    params = {**_query(state=state, jobId=job_id, pool=pool, handler=handler, cursor=cursor), "limit": limit}
+    window = {
+        "scheduledFrom": scheduled_from and instant(scheduled_from),
+        "scheduledTo": scheduled_to and instant(scheduled_to),
+    }
+    params = {**_query(state=state, jobId=job_id, pool=pool, handler=handler, cursor=cursor, **window), "limit": limit}
     return Call("GET", "/v1/executions", _model(ExecutionPage), params=params)
 
 
@@ -309,3 +327,49 @@ def close_breaker(breaker_id: str) -> Call[Breaker]:
 
 def breaker_audit(breaker_id: str) -> Call[AuditPage]:
     return Call("GET", f"/v1/breakers/{_id(breaker_id)}/audit", _model(AuditPage))
+
+
+# --- replays --------------------------------------------------------------------------------------
+
+
+def create_replay(
+    *,
+    source_pool: str,
+    window_from: datetime,
+    window_to: datetime,
+    target_pool: str,
+    handler: str | None = None,
+    job_id: str | None = None,
+    tenant_id: str | None = None,
+    rate_per_sec: int | None = None,
+    dry_run: bool = False,
+) -> Call[Replay]:
+    found = {"handler": handler, "jobId": job_id, "tenantId": tenant_id}
+    body: dict[str, Any] = {
+        "sourcePool": source_pool,
+        "from": instant(window_from),
+        "to": instant(window_to),
+        "targetPool": target_pool,
+        "filter": {k: v for k, v in found.items() if v is not None},
+        "dryRun": dry_run,
+    }
+    if rate_per_sec is not None:
+        body["ratePerSec"] = rate_per_sec
+    return Call("POST", "/v1/replays", _model(Replay), body=body, idempotent_create=True)
+
+
+def get_replay(replay_id: str) -> Call[Replay]:
+    return Call("GET", f"/v1/replays/{_id(replay_id)}", _model(Replay))
+
+
+def list_replays(*, cursor: str | None, limit: int) -> Call[ReplayList]:
+    return Call("GET", "/v1/replays", _model(ReplayList), params={**_query(cursor=cursor), "limit": limit})
+
+
+def cancel_replay(replay_id: str) -> Call[Replay]:
+    return Call("POST", f"/v1/replays/{_id(replay_id)}/cancel", _model(Replay))
+
+
+def replay_runs(replay_id: str, *, cursor: str | None, limit: int) -> Call[ReplayRunList]:
+    params = {**_query(cursor=cursor), "limit": limit}
+    return Call("GET", f"/v1/replays/{_id(replay_id)}/runs", _model(ReplayRunList), params=params)

@@ -6,7 +6,8 @@ that installs only ``sundial-client`` (httpx and pydantic, no server code) gets 
 same command with ``api``, ``worker``, ``migrate``… added. Two packages declaring the same console script
 would overwrite each other's file, so exactly one does.
 
-This module owns only the dispatch and needs nothing but the standard library. Each workspace member
+This module owns only the dispatch and needs nothing but the standard library; ``sundial --help`` describes each
+command from its source (no command is imported), so it is quick. Each workspace member
 registers its subcommands as entry points in
 the group ``sundial.commands`` (``api = "sundial_api.cli:main"``); ``sundial <name> args...`` loads
 entry point ``<name>`` and calls it with the remaining arguments as ``main(argv) -> int``. Nothing here
@@ -16,10 +17,13 @@ its own command.
 
 from __future__ import annotations
 
+import ast
 import difflib
+import importlib.util
 import sys
 from collections.abc import Callable, Sequence
 from importlib.metadata import EntryPoint, entry_points, version
+from pathlib import Path
 
 GROUP = "sundial.commands"
 
@@ -31,16 +35,44 @@ def discover() -> dict[str, EntryPoint]:
     return {ep.name: ep for ep in sorted(entry_points(group=GROUP), key=lambda ep: ep.name)}
 
 
+def source_of(module: str) -> Path | None:
+    """The file of ``module``, found without importing it or its packages (a package's ``__init__`` may be
+    heavy: the API's imports FastAPI)."""
+    top, *rest = module.split(".")
+    spec = importlib.util.find_spec(top)
+    if spec is None:
+        return None
+    if not rest:
+        return Path(spec.origin) if spec.origin else None
+    for location in spec.submodule_search_locations or ():
+        base = Path(location).joinpath(*rest)
+        for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+            if candidate.is_file():
+                return candidate
+    return None
+
+
+def docstring_of(ep: EntryPoint) -> str | None:
+    """The docstring of an entry point's function, else of its module, read from the source."""
+    path = source_of(ep.module)
+    if path is None:
+        return None
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == ep.attr:
+            return ast.get_docstring(node) or ast.get_docstring(tree)
+    return ast.get_docstring(tree)
+
+
 def describe(ep: EntryPoint) -> str:
-    """One line about a command: its main's docstring, else its module's, else its package summary."""
+    """One line about a command: its main's docstring, else its module's, else its package summary — read
+    from the source, so that ``sundial --help`` imports none of the commands."""
     try:
-        target = ep.load()
-    except Exception as exc:  # a member that fails to import still gets listed, with the reason
-        return f"(unavailable: {type(exc).__name__}: {exc})"
-    module = sys.modules.get(getattr(target, "__module__", ""), None)
-    for doc in (getattr(target, "__doc__", None), getattr(module, "__doc__", None)):
-        if isinstance(doc, str) and doc.strip():
-            return doc.strip().splitlines()[0].rstrip(".").replace("``", "`")
+        doc = docstring_of(ep)
+    except (OSError, SyntaxError, ValueError, ImportError):
+        doc = None
+    if doc and doc.strip():
+        return doc.strip().splitlines()[0].rstrip(".").replace("``", "`")
     summary = ep.dist.metadata["Summary"] if ep.dist is not None else None
     return str(summary or "")
 

@@ -1,4 +1,5 @@
-"""``POST /v1/jobs/{id}:backfill``, ``GET /v1/backfills/{id}``, ``POST /v1/backfills/{id}/cancel``.
+"""``POST /v1/jobs/{id}:backfill``, ``GET /v1/jobs/{id}/backfills``, ``GET /v1/backfills/{id}``,
+``POST /v1/backfills/{id}/cancel``.
 
 A backfill runs a recurring job's occurrences whose nominal times fall in a past range ``[from, to)`` and that
 have no execution yet. The API only checks the range and counts what is missing (a dry run stops there);
@@ -17,7 +18,7 @@ import dataclasses
 from datetime import UTC, datetime, timedelta
 from typing import Annotated
 
-from fastapi import APIRouter, Path
+from fastapi import APIRouter, Path, Query
 from starlette.responses import Response
 from sundial_common.domain import ids
 from sundial_common.domain.schedules import occurrences, spec_from_row
@@ -29,12 +30,14 @@ from sundial_api.models.backfills import (
     DRY_RUN_LISTED,
     MAX_BACKFILL,
     Backfill,
+    BackfillList,
     DryRun,
     NewBackfill,
     render_backfill,
 )
 from sundial_api.models.jobs import JobState
 from sundial_api.models.schedules import RECURRING_TYPES
+from sundial_api.pagination import InvalidCursor, decode_id_cursor, encode_id_cursor
 from sundial_api.pools import usable_pool
 from sundial_api.problems import ProblemError, invalid, not_found, parse_resource_id, responses
 from sundial_api.responses import OrjsonResponse
@@ -122,6 +125,39 @@ async def backfill_job(
         )
     )
     return OrjsonResponse(render_backfill(row), status_code=202, headers={"Location": f"/v1/backfills/{backfill_id}"})
+
+
+_CURSOR_PREFIX = "b1"
+
+
+@router.get(
+    "/jobs/{job_id}/backfills",
+    response_model=BackfillList,
+    responses=responses(401, 404, 422, 503),
+    summary="A job's backfills, newest first",
+)
+async def list_job_backfills(
+    job_id: Annotated[str, Path(description="The job's id (a UUID). Unknown, malformed or another tenant's: 404.")],
+    state: State,
+    principal: Authenticated,
+    limit: Annotated[int, Query(ge=1, le=200, description="Page size.")] = 50,
+    cursor: Annotated[
+        str | None, Query(description="`nextCursor` of the previous page; omit for the first page.")
+    ] = None,
+) -> Response:
+    """Every backfill of the job, with its progress, whatever its state."""
+    ident = parse_resource_id("job", job_id)
+    try:
+        before = decode_id_cursor(_CURSOR_PREFIX, cursor) if cursor is not None else None
+    except InvalidCursor as exc:
+        raise invalid("cursor", str(exc)) from None
+    if await state.stores.jobs.get_job(principal.tenant, ident) is None:
+        raise not_found("job", job_id)
+    # One row more than the page tells whether another page exists without a count query.
+    rows = await state.stores.backfills.of_job(principal.tenant, ident, before, limit + 1)
+    page = rows[:limit]
+    next_cursor = encode_id_cursor(_CURSOR_PREFIX, page[-1]["id"]) if len(rows) > limit else None
+    return OrjsonResponse({"items": [render_backfill(row) for row in page], "nextCursor": next_cursor})
 
 
 @router.get(

@@ -1,6 +1,8 @@
 """``/v1/executions``: one occurrence's whole story, the dead-letter view, cancelling and re-running one.
 
-* ``GET /v1/executions/{id}`` — state, every attempt (worker, times, error, progress), trace.
+* ``GET /v1/executions/{id}`` — state, every attempt (worker, times, error, progress), trace. A manual run
+  accepted by ``POST /v1/jobs/{id}/trigger`` and not created by its shard leader yet is answered from the
+  job's pending trigger: PENDING, no attempt, ``fenceToken`` 0.
 * ``GET /v1/executions`` — the tenant's executions, newest first, optionally by state, job, pool, handler,
   scheduled time or trace; ``?state=DEAD`` is the dead-letter queue as ops see it (the same executions are
   published to the ``sundial.dlq`` topic).
@@ -40,6 +42,7 @@ from sundial_api.models.executions import (
     ExecutionState,
     render_attempt,
     render_execution,
+    render_pending_trigger,
 )
 from sundial_api.pagination import InvalidCursor, decode_id_cursor, encode_id_cursor
 from sundial_api.problems import ProblemError, invalid, not_found, parse_resource_id, responses
@@ -158,6 +161,13 @@ def _aware(name: str, value: datetime | None) -> datetime | None:
 async def get_execution(execution_id: ExecutionId, state: State, principal: Authenticated) -> Response:
     ident = parse_resource_id("execution", execution_id)
     execution, attempts = await state.stores.executions.execution_with_attempts(principal.tenant, ident)
+    if execution is None:
+        trigger = await state.stores.jobs.pending_trigger(principal.tenant, ident)
+        if trigger is not None:
+            return OrjsonResponse(render_pending_trigger(trigger, state.settings.trace_link))
+        # The leader creates the execution and clears its trigger in one transaction: a trigger gone between
+        # the two reads above is an execution that exists now.
+        execution, attempts = await state.stores.executions.execution_with_attempts(principal.tenant, ident)
     if execution is None:
         raise await stats.expired_execution(state, principal.tenant, ident) or not_found("execution", execution_id)
     cipher = await state.keyring.cipher(principal.tenant)

@@ -84,6 +84,8 @@ class BackfillStore(Protocol):
 
     async def cancel(self, tenant_id: str, backfill_id: UUID, actor: str) -> Record | None: ...
 
+    async def of_job(self, tenant_id: str, job_id: UUID, before: UUID | None, limit: int) -> list[Record]: ...
+
     async def existing_occurrences(self, job_id: UUID, start: datetime, end: datetime) -> set[datetime]: ...
 
     async def has_running(self, shard: int) -> bool: ...
@@ -135,6 +137,10 @@ class PostgresBackfillStore:
         """RUNNING → CANCELLED: no more executions are created (those created run on). None: not RUNNING."""
         row = await self._db.pool.fetchrow(Q["cancel_backfill"], backfill_id, tenant_id, actor)
         return None if row is None else await self.get(tenant_id, backfill_id)
+
+    async def of_job(self, tenant_id: str, job_id: UUID, before: UUID | None, limit: int) -> list[Record]:
+        """The job's backfills (with ``finished``), newest first, older than ``before`` if given."""
+        return cast(list[Record], await self._db.pool.fetch(Q["job_backfills"], job_id, tenant_id, before, limit))
 
     async def existing_occurrences(self, job_id: UUID, start: datetime, end: datetime) -> set[datetime]:
         rows = await self._db.pool.fetch(Q["existing_occurrences"], job_id, start, end)

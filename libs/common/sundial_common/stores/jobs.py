@@ -86,6 +86,8 @@ class JobStore(Protocol):
         traceparent: str | None = None,
     ) -> Record | None: ...
 
+    async def pending_trigger(self, tenant_id: str, execution_id: UUID) -> Record | None: ...
+
     async def cancel_job(self, tenant_id: str, job_id: UUID, actor: str) -> Record | None: ...
 
     async def hydration_ranges(
@@ -209,6 +211,10 @@ class PostgresJobStore:
             Record | None,
             await self._db.pool.fetchrow(Q["trigger_job"], job_id, tenant_id, at, execution_id, actor, traceparent),
         )
+
+    async def pending_trigger(self, tenant_id: str, execution_id: UUID) -> Record | None:
+        """The job whose manual run ``execution_id`` is accepted but not created yet; None otherwise."""
+        return cast(Record | None, await self._db.pool.fetchrow(Q["pending_trigger"], execution_id, tenant_id))
 
     async def cancel_job(self, tenant_id: str, job_id: UUID, actor: str) -> Record | None:
         """ACTIVE/PAUSED → CANCELLED; None when the job was not cancellable (or not this tenant's)."""

@@ -9,7 +9,8 @@
 
 Request models validate everything that can be checked without the clock or the database and name the
 offending field in camelCase (``extra="forbid"``: an unknown field is an error, not silently dropped).
-Response models document the views for OpenAPI; the handlers build the same shapes as plain dicts with
-the ``render_*`` functions beside each view (one pass over a database row, no model validation on the hot
-path), and a unit test keeps the two in step.
+The views (response models) are defined once, in :mod:`sundial_client.models`, which the client reads
+answers with; each module here imports its resource's views and documents them for OpenAPI. The handlers
+build the same shapes as plain dicts with the ``render_*`` functions beside them (one pass over a database
+row, no model validation on the hot path), and a unit test keeps the two in step.
 """

@@ -2,31 +2,24 @@
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Mapping
-from datetime import datetime
 from typing import Any
 
 from pydantic import Field, StrictBool
+from sundial_client.models.backfills import (
+    DRY_RUN_LISTED,
+    Backfill,
+    BackfillList,
+    BackfillOverlap,
+    BackfillState,
+    DryRun,
+)
 
-from sundial_api.models.common import Instant, RequestModel, ViewModel
+from sundial_api.models.common import Instant, RequestModel
 
 #: Most occurrences one backfill may run.
 MAX_BACKFILL = 10_000
 MAX_RATE_PER_SEC = 1000.0
-#: How many nominal times a dry run lists.
-DRY_RUN_LISTED = 20
-
-
-class BackfillOverlap(enum.StrEnum):
-    ALLOW = "ALLOW"
-    BUFFER_ONE = "BUFFER_ONE"
-
-
-class BackfillState(enum.StrEnum):
-    RUNNING = "RUNNING"
-    DONE = "DONE"
-    CANCELLED = "CANCELLED"
 
 
 class NewBackfill(RequestModel):
@@ -54,30 +47,6 @@ class NewBackfill(RequestModel):
     dry_run: StrictBool = Field(
         False, description="Only count: answer how many would run and the first nominal times; create nothing."
     )
-
-
-class DryRun(ViewModel):
-    count: int = Field(description="Occurrences of the range without an execution: what the backfill would run.")
-    first: list[datetime] = Field(description=f"The first {DRY_RUN_LISTED} of them, nominal times in UTC.")
-
-
-class Backfill(ViewModel):
-    backfill_id: str
-    job_id: str
-    range_from: datetime = Field(alias="from")
-    range_to: datetime = Field(alias="to")
-    overlap_policy: BackfillOverlap
-    rate_per_sec: float
-    state: BackfillState = Field(
-        description="RUNNING (creating executions); DONE (every occurrence of the range has its execution); "
-        "CANCELLED (no more are created; those created run on)."
-    )
-    total: int = Field(description="Occurrences of the range that had no execution when the backfill began.")
-    created: int = Field(description="Executions the backfill has created so far.")
-    finished: int = Field(description="Of those, the ones that reached a final state (SUCCEEDED, DEAD, CANCELLED).")
-    cursor: datetime | None = Field(description="The last nominal time handled.")
-    created_at: datetime
-    finished_at: datetime | None
 
 
 def render_backfill(row: Mapping[str, Any]) -> dict[str, Any]:

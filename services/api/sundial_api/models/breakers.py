@@ -3,29 +3,24 @@ tenants API's `breaker`), and a job's own `breaker` choice."""
 
 from __future__ import annotations
 
-import enum
-from datetime import datetime
 from typing import Annotated, Any
 
 from pydantic import Field, StrictBool, StrictFloat, StrictInt
+from sundial_client.models.breakers import (
+    BreakerList,
+    BreakerSettingsView,
+    BreakerState,
+    BreakerView,
+    FirstFires,
+    JobBreakerView,
+)
 from sundial_common.stores.breakers import Breaker, BreakerSettings
 
-from sundial_api.models.common import RequestModel, ViewModel
+from sundial_api.models.common import RequestModel
 
 _D = BreakerSettings()
 
 Seconds = Annotated[StrictFloat | StrictInt, Field(ge=1, le=86400)]
-
-
-class BreakerState(enum.StrEnum):
-    CLOSED = "CLOSED"
-    OPEN = "OPEN"
-    HALF_OPEN = "HALF_OPEN"
-
-
-class FirstFires(enum.StrEnum):
-    RUN = "RUN"
-    HOLD = "HOLD"
 
 
 class BreakerSettingsBody(RequestModel):
@@ -66,17 +61,6 @@ class BreakerSettingsBody(RequestModel):
         return {BreakerSettingsBody.model_fields[f].alias or f: v for f, v in given.items()} or None
 
 
-class BreakerSettingsView(ViewModel):
-    enabled: bool | None = None
-    failure_ratio: float | None = None
-    min_attempts: int | None = None
-    window_sec: float | None = None
-    cooldown_sec: float | None = None
-    max_cooldown_sec: float | None = None
-    probes: int | None = None
-    release_spread_sec: float | None = None
-
-
 class JobBreaker(RequestModel):
     """How the job meets its handler's retry circuit breaker."""
 
@@ -88,38 +72,6 @@ class JobBreaker(RequestModel):
         description="While the breaker is OPEN or HALF_OPEN: `RUN` fires the job's occurrences as usual; `HOLD` "
         "lets them wait (the job's next fire stays due) until the breaker closes.",
     )
-
-
-class JobBreakerView(ViewModel):
-    enabled: bool = True
-    first_fires: FirstFires = FirstFires.RUN
-
-
-class BreakerView(ViewModel):
-    id: str = Field(description="The breaker's id (`POST /v1/breakers/{id}:close`).")
-    pool: str
-    handler: str
-    state: BreakerState = Field(
-        description="`CLOSED`: retries run. `OPEN`: retries are held (not attempted, not counted as attempts). "
-        "`HALF_OPEN`: a few probe retries run; success closes it, a failure re-opens it."
-    )
-    failure_ratio: float | None = Field(description="Failed / finished attempts in the current window (null: none).")
-    attempts: int = Field(description="Finished attempts in the current window.")
-    failures: int = Field(description="Failed attempts in the current window.")
-    held: int = Field(description="Scheduled retries the breaker holds now.")
-    opened_at: datetime | None
-    next_probe_at: datetime | None = Field(
-        description="OPEN: when it goes half-open. HALF_OPEN: when unanswered probes are sent again."
-    )
-    cooldown_sec: float
-    probes_sent: int
-    opens: int = Field(description="How many times it opened (re-opens included).")
-    manual: bool = Field(description="Opened by an operator: stays open until `:close`.")
-    updated_at: datetime
-
-
-class BreakerList(ViewModel):
-    items: list[BreakerView]
 
 
 def render_breaker(b: Breaker) -> dict[str, object]:

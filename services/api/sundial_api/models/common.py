@@ -1,6 +1,7 @@
 """Shapes every part of the API shares: the request and view bases, instants, problem documents, probes.
 
-Requests are camelCase, frozen and refuse unknown fields; views are camelCase and accept either name.
+Requests are camelCase, frozen and refuse unknown fields; views (defined in :mod:`sundial_client.models`) are
+camelCase and accept either name.
 """
 
 from __future__ import annotations
@@ -8,8 +9,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict
 from pydantic.alias_generators import to_camel
+from sundial_client.models.common import FieldError, Health, Problem, Readiness, ViewModel
 
 from sundial_api.schedule import parse_instant
 
@@ -28,31 +30,3 @@ def _instant(value: Any) -> Any:
 
 #: An RFC 3339 instant; without an offset it is wall-clock time in the job's ``timezone``.
 Instant = Annotated[datetime, BeforeValidator(_instant)]
-
-
-class ViewModel(BaseModel):
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True)
-
-
-class FieldError(ViewModel):
-    field: str = Field(description="Dotted camelCase path of the offending input, e.g. `target.pool`.")
-    message: str
-
-
-class Problem(ViewModel):
-    """An RFC 9457 problem document (`application/problem+json`)."""
-
-    type: str
-    title: str
-    status: int
-    detail: str
-    errors: list[FieldError] = Field(default_factory=list)
-
-
-class Health(ViewModel):
-    status: str
-
-
-class Readiness(ViewModel):
-    status: str
-    checks: dict[str, str] = Field(description="Per dependency: `ok` or what went wrong.")

@@ -2,25 +2,19 @@
 
 from __future__ import annotations
 
-import enum
-from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated
 
 from pydantic import Field, StrictInt, StrictStr
+from sundial_client.models.pools import PoolKind, PoolList, PoolView
 from sundial_common.security.auth import TENANT
 from sundial_common.stores.pools import Pool
 
-from sundial_api.models.common import RequestModel, ViewModel
+from sundial_api.models.common import RequestModel
 from sundial_api.models.jobs import MAX_TIMEOUT_SEC, RetryPolicy
 
 MAX_SHARED = 100
 
 TenantName = Annotated[StrictStr, Field(pattern=TENANT)]
-
-
-class PoolKind(enum.StrEnum):
-    PRODUCTION = "production"
-    STAGING = "staging"
 
 
 class PoolCreate(RequestModel):
@@ -70,25 +64,6 @@ class PoolPatch(RequestModel):
     kind: PoolKind | None = None
     default_timeout_sec: Annotated[StrictInt, Field(ge=1, le=MAX_TIMEOUT_SEC)] | None = None
     default_retry_policy: RetryPolicy | None = None
-
-
-class PoolView(ViewModel):
-    name: str
-    owner: str | None = Field(description="The owning tenant; null for a shared pool.")
-    shared_with: list[str] = Field(description="The tenants a shared pool admits; empty for an owned pool.")
-    kind: PoolKind
-    partitions: int | None = Field(description="Partitions its topic was created with (null: created elsewhere).")
-    retention_ms: int | None
-    default_timeout_sec: int | None
-    default_retry_policy: dict[str, Any] | None
-    version: int
-    created_at: datetime | None
-    updated_at: datetime | None
-
-
-class PoolList(ViewModel):
-    items: list[PoolView]
-    next_cursor: str | None
 
 
 def render_pool(pool: Pool) -> dict[str, object]:

@@ -2,23 +2,23 @@
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 from uuid import UUID
 
 from pydantic import Field, field_validator
+from sundial_client.models.replays import (
+    Replay,
+    ReplayFilterView,
+    ReplayList,
+    ReplayPartition,
+    ReplayRun,
+    ReplayRunList,
+    ReplayState,
+)
 
-from sundial_api.models.common import Instant, RequestModel, ViewModel
-
-
-class ReplayState(enum.StrEnum):
-    PENDING = "PENDING"
-    RUNNING = "RUNNING"
-    SUCCEEDED = "SUCCEEDED"
-    FAILED = "FAILED"
-    CANCELLED = "CANCELLED"
+from sundial_api.models.common import Instant, RequestModel
 
 
 class ReplayFilter(RequestModel):
@@ -52,71 +52,6 @@ class NewReplay(RequestModel):
         if value.tzinfo is None:
             raise ValueError("must carry a UTC offset (e.g. 2026-05-05T10:00:00Z): broker timestamps are UTC")
         return value
-
-
-class ReplayPartition(ViewModel):
-    partition: int
-    start_offset: int
-    end_offset: int | None = Field(description="Null until found by reading (a broker without a time index).")
-    next_offset: int = Field(description="The first offset not re-published yet.")
-    scanned: int
-    matched: int
-    published: int
-
-
-class ReplayFilterView(ViewModel):
-    handler: str | None
-    job_id: str | None
-    tenant_id: str | None
-
-
-class Replay(ViewModel):
-    replay_id: str
-    state: ReplayState
-    source_pool: str
-    target_pool: str
-    window_from: datetime = Field(alias="from")
-    window_to: datetime = Field(alias="to")
-    filter: ReplayFilterView
-    rate_per_sec: int | None
-    dry_run: bool
-    scanned: int = Field(description="Messages of the source topic read.")
-    matched: int = Field(description="Of those, in the window and selected by the filter.")
-    published: int = Field(description="Re-published into the target pool's topic (0 for a dry run).")
-    duplicates: int | None = Field(
-        None, description="Deliveries to staging beyond the first (a resumed replay re-publishes its last batch)."
-    )
-    resumes: int = Field(description="How often a replayer took it over mid-way.")
-    partitions: list[ReplayPartition]
-    created_by: str
-    cancel_requested_at: datetime | None
-    created_at: datetime
-    started_at: datetime | None
-    finished_at: datetime | None
-    error: str | None
-
-
-class ReplayList(ViewModel):
-    items: list[Replay]
-    next_cursor: str | None = Field(description="Pass as `cursor` for the next page; null on the last page.")
-
-
-class ReplayRun(ViewModel):
-    original_execution_id: str
-    source_partition: int
-    source_offset: int
-    handler: str
-    outcome: str = Field(description="SUCCEEDED, FAILED or TIMED_OUT.")
-    error: str | None
-    duration_ms: float
-    worker_id: str
-    deliveries: int = Field(description="How many times staging received it (1 unless replayed again).")
-    recorded_at: datetime
-
-
-class ReplayRunList(ViewModel):
-    items: list[ReplayRun]
-    next_cursor: str | None = Field(description="Pass as `cursor` for the next page; null on the last page.")
 
 
 def render_partition(row: Mapping[str, Any]) -> dict[str, Any]:

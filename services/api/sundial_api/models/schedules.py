@@ -6,29 +6,20 @@ others; bounds (`startAt`, `endAt`, `maxRuns`) are for recurring types only.
 
 from __future__ import annotations
 
-import enum
 from datetime import datetime
 from typing import Annotated, Any, TypeVar
 
 from pydantic import ConfigDict, Field, StrictInt, StrictStr, ValidationInfo, field_validator
+from sundial_client.models.schedules import Fire, JobType, Preview
 from sundial_common.domain.schedules import MAX_RUN_LIST, ScheduleError, parse_cron
 
-from sundial_api.models.common import Instant, RequestModel, ViewModel
+from sundial_api.models.common import Instant, RequestModel
 from sundial_api.schedule import is_zone, suggest_zone
 
 MAX_DELAY_SECONDS = 10 * 365 * 24 * 3600  # ten years
 MAX_INTERVAL_SEC = 10 * 365 * 24 * 3600
 MAX_PREVIEW = 1000
 _T = TypeVar("_T")
-
-
-class JobType(enum.StrEnum):
-    ONE_SHOT = "ONE_SHOT"
-    DELAYED = "DELAYED"
-    CRON = "CRON"
-    INTERVAL = "INTERVAL"
-    RUN_LIST = "RUN_LIST"
-    DEPENDENT = "DEPENDENT"
 
 
 RECURRING_TYPES = frozenset({JobType.CRON, JobType.INTERVAL, JobType.RUN_LIST})
@@ -189,16 +180,3 @@ class SchedulePreviewRequest(ScheduleFields):
     )
 
     count: Annotated[StrictInt, Field(ge=1, le=MAX_PREVIEW)] = Field(10, description="How many fires to list (1–1000).")
-
-
-class Fire(ViewModel):
-    """One upcoming fire of a schedule."""
-
-    scheduled_for: datetime = Field(description="The occurrence's nominal instant, UTC.")
-    fire_at: datetime = Field(description="When it fires: `scheduledFor` plus the job's jitter, UTC.")
-    local: str = Field(description="`scheduledFor` on the wall clock of the schedule's zone, with its offset.")
-
-
-class Preview(ViewModel):
-    timezone: str
-    fires: list[Fire] = Field(description="The next fires, soonest first; fewer than asked if the schedule ends.")

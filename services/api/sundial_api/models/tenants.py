@@ -2,24 +2,18 @@
 
 from __future__ import annotations
 
-import enum
-from datetime import datetime
 from typing import Annotated
 
 from pydantic import Field, StrictFloat, StrictInt, StrictStr
+from sundial_client.models.tenants import QuotasView, TenantList, TenantState, TenantView
 from sundial_common.security.auth import TENANT
 from sundial_common.stores.tenants import Tenant
 
-from sundial_api.models.breakers import BreakerSettingsBody, BreakerSettingsView
-from sundial_api.models.common import RequestModel, ViewModel
+from sundial_api.models.breakers import BreakerSettingsBody
+from sundial_api.models.common import RequestModel
 from sundial_api.models.jobs import MAX_JITTER_SEC
 
 MAX_WEIGHT = 1000
-
-
-class TenantState(enum.StrEnum):
-    ACTIVE = "ACTIVE"
-    SUSPENDED = "SUSPENDED"
 
 
 PositiveRate = Annotated[StrictFloat | StrictInt, Field(gt=0, le=1_000_000)]
@@ -74,33 +68,6 @@ class TenantPatch(RequestModel):
     breaker: BreakerSettingsBody | None = Field(
         None, description="Replaces the tenant's breaker settings (null or `{}`: back to the service defaults)."
     )
-
-
-class QuotasView(ViewModel):
-    max_active_jobs: int | None
-    max_creates_per_sec: float | None
-    max_concurrent_executions: int | None
-    max_dispatch_per_sec: float | None
-
-
-class TenantView(ViewModel):
-    id: str
-    display_name: str | None
-    weight: int
-    quotas: QuotasView
-    default_jitter_sec: int
-    breaker: BreakerSettingsView | None = Field(
-        None, description="The tenant's own retry circuit breaker settings (null: the service defaults)."
-    )
-    state: TenantState
-    version: int
-    created_at: datetime | None
-    updated_at: datetime | None
-
-
-class TenantList(ViewModel):
-    items: list[TenantView]
-    next_cursor: str | None
 
 
 def render_tenant(tenant: Tenant) -> dict[str, object]:

@@ -26,6 +26,17 @@ SELECT b.*,
         WHERE e.backfill_id = b.id AND e.phase IN ('SUCCEEDED', 'DEAD', 'CANCELLED')) AS finished
 FROM backfills b WHERE b.id = $1 AND b.tenant_id = $2;
 
+-- name: job_backfills
+-- A job's backfills, newest first (ids are UUIDv7), those older than $3 (NULL: from the newest), at most $4;
+-- backfills_job_idx. With `finished` as get_backfill counts it.
+SELECT b.*,
+       (SELECT count(*) FROM executions e
+        WHERE e.backfill_id = b.id AND e.phase IN ('SUCCEEDED', 'DEAD', 'CANCELLED')) AS finished
+FROM backfills b
+WHERE b.job_id = $1 AND b.tenant_id = $2 AND ($3::uuid IS NULL OR b.id < $3)
+ORDER BY b.id DESC
+LIMIT $4;
+
 -- name: existing_occurrences
 -- The nominal times of [$2, $3) that already have an execution (every partition's occurrence key, 0018).
 SELECT scheduled_for FROM executions WHERE job_id = $1 AND scheduled_for >= $2 AND scheduled_for < $3;

@@ -143,6 +143,12 @@ WITH job AS (
 )
 SELECT * FROM job;
 
+-- name: pending_trigger
+-- The job holding a manual run whose execution ($1, trigger_job's id) the shard leader has not created yet: the
+-- API answers that execution as PENDING meanwhile. The leader creates it and clears the trigger in one
+-- transaction, so a run is always found here or in executions (jobs_trigger_execution_idx).
+SELECT * FROM jobs WHERE trigger_execution_id = $1 AND tenant_id = $2;
+
 -- name: update_job
 -- PATCH: compare-and-set on the version the client saw ($3) and on the occurrence the new values were
 -- computed from ($4, the next fire read with it), so a dispatch committed in between is never overwritten.

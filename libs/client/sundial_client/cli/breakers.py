@@ -1,18 +1,19 @@
 """``sundial breakers``: the tenant's retry circuit breakers — ``list`` (state, failure ratio, held retries,
 next probe), ``show``, and an operator's ``open`` / ``close``.
 
-Connection, ``--json`` and exit codes as for ``sundial jobs`` (:mod:`sundial_client.cli`).
+Connection, ``--json`` and exit codes as for ``sundial jobs`` (:mod:`sundial_client.cli.common`).
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sundial_client.cli import EXIT_CODES, OK, _dump, _sub, run, table
-from sundial_client.client import Client
-from sundial_client.models import Breaker
+from sundial_client.cli.common import OK, dump, main, sub, table, top_parser
+
+if TYPE_CHECKING:
+    from sundial_client.client import Client
+    from sundial_client.models import Breaker
 
 COLUMNS = ("ID", "POOL", "HANDLER", "STATE", "FAILED", "HELD", "OPENED AT", "NEXT PROBE", "OPENS")
 
@@ -23,12 +24,12 @@ def _row(b: Breaker) -> list[Any]:
 
 
 def _print(args: argparse.Namespace, breaker: Breaker) -> None:
-    print(_dump(breaker) if args.json else table(COLUMNS, [_row(breaker)]))
+    print(dump(breaker) if args.json else table(COLUMNS, [_row(breaker)]))
 
 
 def list_breakers(client: Client, args: argparse.Namespace) -> int:
     breakers = client.breakers.list(pool=args.pool, state=args.state)
-    print(_dump(list(breakers)) if args.json else table(COLUMNS, map(_row, breakers)))
+    print(dump(breakers) if args.json else table(COLUMNS, map(_row, breakers)))
     return OK
 
 
@@ -48,25 +49,29 @@ def close_breaker(client: Client, args: argparse.Namespace) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    top = argparse.ArgumentParser(
-        prog="sundial breakers",
-        description="The tenant's retry circuit breakers, one per (pool, handler): while one is OPEN its handler's "
+    top, subparsers = top_parser(
+        "sundial breakers",
+        "The tenant's retry circuit breakers, one per (pool, handler): while one is OPEN its handler's "
         "retries are held (not attempted, not counted); `open` holds them by hand until `close`.",
-        epilog=EXIT_CODES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    sub = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    listing = _sub(sub, "list", "List the breakers (FAILED: failed/finished attempts in the window).", list_breakers)
+    listing = sub(
+        subparsers, "list", "List the breakers (FAILED: failed/finished attempts in the window).", list_breakers
+    )
     listing.add_argument("--pool", help="Only this pool's.")
     listing.add_argument("--state", choices=("CLOSED", "OPEN", "HALF_OPEN"), help="Only breakers in this state.")
-    _sub(sub, "show", "Show a breaker.", show).add_argument("id")
-    _sub(sub, "open", "Open a breaker: hold its handler's retries until `close`.", open_breaker).add_argument("id")
-    _sub(
-        sub, "close", "Close a breaker: release its held retries (spread), start its window again.", close_breaker
+    sub(subparsers, "show", "Show a breaker.", show).add_argument("id")
+    sub(subparsers, "open", "Open a breaker: hold its handler's retries until `close`.", open_breaker).add_argument(
+        "id"
+    )
+    sub(
+        subparsers,
+        "close",
+        "Close a breaker: release its held retries (spread), start its window again.",
+        close_breaker,
     ).add_argument("id")
     return top
 
 
 def breakers_main(argv: list[str] | None = None) -> int:
     """The tenant's retry circuit breakers: list, show, open, close"""
-    return run(parser(), list(sys.argv[1:] if argv is None else argv))
+    return main(parser, argv)

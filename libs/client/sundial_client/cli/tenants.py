@@ -1,19 +1,20 @@
 """``sundial tenants``: the operators' command for the tenant registry (an admin token).
 
 ``create|list|show|update|suspend|resume``. A quota option takes a number, or ``unlimited`` to clear it.
-Connection, ``--json`` and exit codes as for ``sundial jobs`` (:mod:`sundial_client.cli`).
+Connection, ``--json`` and exit codes as for ``sundial jobs`` (:mod:`sundial_client.cli.common`).
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 from itertools import islice
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sundial_client.cli import EXIT_CODES, OK, _dump, _positive, _sub, run, table
-from sundial_client.client import Client
-from sundial_client.models import Tenant
+from sundial_client.cli.common import OK, dump, main, positive, sub, table, top_parser
+
+if TYPE_CHECKING:
+    from sundial_client.client import Client
+    from sundial_client.models import Tenant
 
 COLUMNS = ("ID", "STATE", "WEIGHT", "MAX JOBS", "CREATES/S", "CONCURRENT", "DISPATCH/S", "JITTER", "NAME")
 _QUOTAS = {
@@ -40,7 +41,7 @@ def _row(t: Tenant) -> list[Any]:
 
 
 def _print(args: argparse.Namespace, tenant: Tenant) -> None:
-    print(_dump(tenant) if args.json else table(COLUMNS, [_row(tenant)]))
+    print(dump(tenant) if args.json else table(COLUMNS, [_row(tenant)]))
 
 
 def _quota(kind: type[int] | type[float]) -> Any:
@@ -77,7 +78,7 @@ def create(client: Client, args: argparse.Namespace) -> int:
 
 def list_tenants(client: Client, args: argparse.Namespace) -> int:
     tenants = list(islice(client.admin.tenants(page_size=min(args.limit, 500)), args.limit))
-    print(_dump(list(tenants)) if args.json else table(COLUMNS, map(_row, tenants)))
+    print(dump(tenants) if args.json else table(COLUMNS, map(_row, tenants)))
     return OK
 
 
@@ -104,7 +105,7 @@ def resume(client: Client, args: argparse.Namespace) -> int:
 def _registry_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("id", help="The tenant's name, as its tokens carry it.")
     parser.add_argument("--display-name", help="A name for people.")
-    parser.add_argument("--weight", type=_positive, help="Share of dispatch under contention (default 1).")
+    parser.add_argument("--weight", type=positive, help="Share of dispatch under contention (default 1).")
     parser.add_argument(
         "--default-jitter-sec", type=int, metavar="SECONDS", help="Jitter of CRON jobs that set none (default 0)."
     )
@@ -116,24 +117,33 @@ def _registry_options(parser: argparse.ArgumentParser) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-    top = argparse.ArgumentParser(
-        prog="sundial tenants",
-        description="Register tenants and set their weight, quotas and default cron jitter (an admin token).",
-        epilog=EXIT_CODES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    top, subparsers = top_parser(
+        "sundial tenants",
+        "Register tenants and set their weight, quotas and default cron jitter (an admin token).",
     )
-    sub = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    _registry_options(_sub(sub, "create", "Register a tenant: its tokens are accepted from then on.", create))
-    listing = _sub(sub, "list", "List registered tenants, in id order.", list_tenants)
-    listing.add_argument("--limit", type=_positive, default=100, help="At most this many (default 100).")
-    _sub(sub, "show", "Show a tenant.", show).add_argument("id")
-    _registry_options(_sub(sub, "update", "Change a tenant's fields (the others keep their values).", update))
-    _sub(sub, "suspend", "Refuse the tenant's writes (403) and stop dispatching its jobs.", suspend).add_argument("id")
-    _sub(sub, "resume", "Accept a suspended tenant again; missed fires follow each job's catch-up policy.", resume)
-    sub.choices["resume"].add_argument("id")
+    _registry_options(
+        sub(subparsers, "create", "Register a tenant: its tokens are accepted from then on.", create, admin=True)
+    )
+    listing = sub(subparsers, "list", "List registered tenants, in id order.", list_tenants, admin=True)
+    listing.add_argument("--limit", type=positive, default=100, help="At most this many (default 100).")
+    sub(subparsers, "show", "Show a tenant.", show, admin=True).add_argument("id")
+    _registry_options(
+        sub(subparsers, "update", "Change a tenant's fields (the others keep their values).", update, admin=True)
+    )
+    sub(
+        subparsers, "suspend", "Refuse the tenant's writes (403) and stop dispatching its jobs.", suspend, admin=True
+    ).add_argument("id")
+    sub(
+        subparsers,
+        "resume",
+        "Accept a suspended tenant again; missed fires follow each job's catch-up policy.",
+        resume,
+        admin=True,
+    )
+    subparsers.choices["resume"].add_argument("id")
     return top
 
 
 def tenants_main(argv: list[str] | None = None) -> int:
     """Register tenants and set their weight and quotas over the API (admin)"""
-    return run(parser(), list(sys.argv[1:] if argv is None else argv))
+    return main(parser, argv)

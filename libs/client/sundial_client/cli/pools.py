@@ -2,19 +2,20 @@
 ``mine`` (any tenant's token: the pools it may send work into).
 
 A pool is owned (``--owner T``) or shared (``--shared-with A,B``); ``--kind staging`` makes it a replay target.
-Connection, ``--json`` and exit codes as for ``sundial jobs`` (:mod:`sundial_client.cli`).
+Connection, ``--json`` and exit codes as for ``sundial jobs`` (:mod:`sundial_client.cli.common`).
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 from itertools import islice
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sundial_client.cli import EXIT_CODES, OK, _dump, _positive, _sub, run, table
-from sundial_client.client import Client
-from sundial_client.models import Pool
+from sundial_client.cli.common import OK, dump, main, positive, sub, table, top_parser
+
+if TYPE_CHECKING:
+    from sundial_client.client import Client
+    from sundial_client.models import Pool
 
 COLUMNS = ("NAME", "KIND", "OWNER", "SHARED WITH", "PARTITIONS", "RETENTION MS", "TIMEOUT", "VERSION")
 
@@ -33,7 +34,7 @@ def _row(p: Pool) -> list[Any]:
 
 
 def _print(args: argparse.Namespace, pool: Pool) -> None:
-    print(_dump(pool) if args.json else table(COLUMNS, [_row(pool)]))
+    print(dump(pool) if args.json else table(COLUMNS, [_row(pool)]))
 
 
 def _tenants(text: str) -> list[str]:
@@ -61,13 +62,13 @@ def create(client: Client, args: argparse.Namespace) -> int:
 
 def list_pools(client: Client, args: argparse.Namespace) -> int:
     pools = list(islice(client.admin.pools(page_size=min(args.limit, 500)), args.limit))
-    print(_dump(list(pools)) if args.json else table(COLUMNS, map(_row, pools)))
+    print(dump(pools) if args.json else table(COLUMNS, map(_row, pools)))
     return OK
 
 
 def mine(client: Client, args: argparse.Namespace) -> int:
     pools = list(islice(client.pools.usable(page_size=min(args.limit, 500)), args.limit))
-    print(_dump(list(pools)) if args.json else table(COLUMNS, map(_row, pools)))
+    print(dump(pools) if args.json else table(COLUMNS, map(_row, pools)))
     return OK
 
 
@@ -98,40 +99,47 @@ def _registry_options(parser: argparse.ArgumentParser, *, creating: bool) -> Non
     parser.add_argument(
         "--kind", choices=("production", "staging"), help="`staging`: fed only by replays (default production)."
     )
-    parser.add_argument("--default-timeout-sec", type=_positive, metavar="SECONDS", help="Jobs' default timeoutSec.")
+    parser.add_argument("--default-timeout-sec", type=positive, metavar="SECONDS", help="Jobs' default timeoutSec.")
     parser.add_argument(
-        "--max-attempts", type=_positive, metavar="N", help="Jobs' default retry policy: this many attempts."
+        "--max-attempts", type=positive, metavar="N", help="Jobs' default retry policy: this many attempts."
     )
     if creating:
-        parser.add_argument("--partitions", type=_positive, help="Partitions of its topic (default 4).")
+        parser.add_argument("--partitions", type=positive, help="Partitions of its topic (default 4).")
         parser.add_argument(
-            "--retention-ms", type=_positive, metavar="MS", help="Its topic's retention (how far a replay reaches)."
+            "--retention-ms", type=positive, metavar="MS", help="Its topic's retention (how far a replay reaches)."
         )
 
 
 def parser() -> argparse.ArgumentParser:
-    top = argparse.ArgumentParser(
-        prog="sundial pools",
-        description="Register pools: who may send work into each (an owner or shared tenants), its kind (production "
+    top, subparsers = top_parser(
+        "sundial pools",
+        "Register pools: who may send work into each (an owner or shared tenants), its kind (production "
         "or staging) and its jobs' defaults (an admin token; `mine` takes any tenant's token).",
-        epilog=EXIT_CODES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    sub = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    _registry_options(_sub(sub, "create", "Register a pool and create its topic.", create), creating=True)
-    listing = _sub(sub, "list", "List every registered pool, in name order.", list_pools)
-    listing.add_argument("--limit", type=_positive, default=100, help="At most this many (default 100).")
-    mine_parser = _sub(sub, "mine", "List the pools your tenant may send work into.", mine)
-    mine_parser.add_argument("--limit", type=_positive, default=100, help="At most this many (default 100).")
-    _sub(sub, "show", "Show a pool.", show).add_argument("name")
     _registry_options(
-        _sub(sub, "update", "Change who may use a pool, its kind or its defaults (the rest is kept).", update),
+        sub(subparsers, "create", "Register a pool and create its topic.", create, admin=True), creating=True
+    )
+    listing = sub(subparsers, "list", "List every registered pool, in name order.", list_pools, admin=True)
+    listing.add_argument("--limit", type=positive, default=100, help="At most this many (default 100).")
+    mine_parser = sub(subparsers, "mine", "List the pools your tenant may send work into.", mine)
+    mine_parser.add_argument("--limit", type=positive, default=100, help="At most this many (default 100).")
+    sub(subparsers, "show", "Show a pool.", show, admin=True).add_argument("name")
+    _registry_options(
+        sub(
+            subparsers,
+            "update",
+            "Change who may use a pool, its kind or its defaults (the rest is kept).",
+            update,
+            admin=True,
+        ),
         creating=False,
     )
-    _sub(sub, "delete", "Delete a pool no active job targets (409 names how many do).", delete).add_argument("name")
+    sub(
+        subparsers, "delete", "Delete a pool no active job targets (409 names how many do).", delete, admin=True
+    ).add_argument("name")
     return top
 
 
 def pools_main(argv: list[str] | None = None) -> int:
     """Register pools: owner or shared tenants, kind, job defaults (admin)"""
-    return run(parser(), list(sys.argv[1:] if argv is None else argv))
+    return main(parser, argv)

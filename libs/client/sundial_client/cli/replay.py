@@ -3,7 +3,7 @@
 ``sundial replay --pool P --from T1 --to T2 --into staging-P [--handler H] [--job J] [--tenant T] [--rate N]
 [--dry-run] [--wait]`` asks for one (``--wait`` shows its progress — scanned / published, rate, ETA — and a
 summary, and exits 0 only if it SUCCEEDED); ``sundial replay list``, ``show ID``, ``cancel ID`` and ``runs ID``
-read and stop them. Connection, ``--json`` and exit codes as ``sundial jobs`` (:mod:`sundial_client.cli`).
+read and stop them. Connection, ``--json`` and exit codes as ``sundial jobs`` (:mod:`sundial_client.cli.common`).
 """
 
 from __future__ import annotations
@@ -13,11 +13,24 @@ import json
 import sys
 import time
 from itertools import islice
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sundial_client.cli import EXIT_CODES, FAILED, OK, _cell, _common, _dump, _instant, _positive, run, table
-from sundial_client.client import Client
-from sundial_client.replays import Replay, ReplayState
+from sundial_client.cli.common import (
+    EXIT_CODES,
+    FAILED,
+    OK,
+    cell,
+    connection_options,
+    dump,
+    instant,
+    main,
+    positive,
+    table,
+)
+
+if TYPE_CHECKING:
+    from sundial_client.client import Client
+    from sundial_client.models import Replay
 
 SUBCOMMANDS = ("list", "show", "cancel", "runs")
 REPLAY_COLUMNS = ("REPLAY ID", "STATE", "SOURCE", "TARGET", "FROM", "TO", "SCANNED", "MATCHED", "PUBLISHED")
@@ -41,12 +54,12 @@ def _text(r: Replay) -> str:
     wanted = ", ".join(f"{k}={v}" for k, v in r.filter.model_dump(by_alias=True).items() if v) or "everything"
     lines = [
         f"replay {r.replay_id}  {r.state}{'  (dry run)' if r.dry_run else ''}",
-        f"  {r.source_pool} [{_cell(r.window_from)}, {_cell(r.window_to)}) -> {r.target_pool}  filter: {wanted}"
+        f"  {r.source_pool} [{cell(r.window_from)}, {cell(r.window_to)}) -> {r.target_pool}  filter: {wanted}"
         + (f"  rate: {r.rate_per_sec}/s" if r.rate_per_sec else ""),
         f"  scanned {r.scanned}  matched {r.matched}  published {r.published}"
         + (f"  duplicates {r.duplicates}" if r.duplicates else "")
         + (f"  resumed {r.resumes}x" if r.resumes else ""),
-        f"  started {_cell(r.started_at)}  finished {_cell(r.finished_at)}",
+        f"  started {cell(r.started_at)}  finished {cell(r.finished_at)}",
     ]
     if r.error:
         lines.append(f"  error: {r.error}")
@@ -96,14 +109,14 @@ def follow(client: Client, replay: Replay, args: argparse.Namespace) -> int:
         elapsed = (last.finished_at - last.started_at).total_seconds() if last.finished_at and last.started_at else None
         speed = f" in {elapsed:.1f}s ({last.scanned / elapsed:,.0f} scanned/s)" if elapsed else ""
         print(f"{_text(last)}\nsummary: {last.state}: {last.matched} matched, {last.published} published{speed}")
-    return OK if last.state is ReplayState.SUCCEEDED else FAILED
+    return OK if last.state == "SUCCEEDED" else FAILED
 
 
 def replay_create(client: Client, args: argparse.Namespace) -> int:
     replay = client.replays.create(
         source_pool=args.pool,
-        window_from=_instant(args.window_from, "--from"),
-        window_to=_instant(args.window_to, "--to"),
+        window_from=instant(args.window_from, "--from"),
+        window_to=instant(args.window_to, "--to"),
         target_pool=args.into,
         handler=args.handler,
         job_id=args.job,
@@ -113,13 +126,13 @@ def replay_create(client: Client, args: argparse.Namespace) -> int:
     )
     if args.wait:
         return follow(client, replay, args)
-    print(_dump(replay) if args.json else f"{replay.replay_id}  {replay.state}")
+    print(dump(replay) if args.json else f"{replay.replay_id}  {replay.state}")
     return OK
 
 
 def replay_list(client: Client, args: argparse.Namespace) -> int:
     replays = list(islice(client.replays.list(page_size=min(args.limit, 200)), args.limit))
-    print(_dump(list(replays)) if args.json else table(REPLAY_COLUMNS, [_row(r) for r in replays]))
+    print(dump(replays) if args.json else table(REPLAY_COLUMNS, [_row(r) for r in replays]))
     return OK
 
 
@@ -127,13 +140,13 @@ def replay_show(client: Client, args: argparse.Namespace) -> int:
     replay = client.replays.get(args.id)
     if args.wait:
         return follow(client, replay, args)
-    print(_dump(replay) if args.json else _text(replay))
+    print(dump(replay) if args.json else _text(replay))
     return OK
 
 
 def replay_cancel(client: Client, args: argparse.Namespace) -> int:
     replay = client.replays.cancel(args.id)
-    print(_dump(replay) if args.json else f"{replay.replay_id}  {replay.state}  (cancel requested)")
+    print(dump(replay) if args.json else f"{replay.replay_id}  {replay.state}  (cancel requested)")
     return OK
 
 
@@ -150,7 +163,7 @@ def replay_runs(client: Client, args: argparse.Namespace) -> int:
     return OK
 
 
-def _parser(argv: list[str]) -> argparse.ArgumentParser:
+def replay_parser(argv: list[str]) -> argparse.ArgumentParser:
     common: dict[str, Any] = {"epilog": EXIT_CODES, "formatter_class": argparse.RawDescriptionHelpFormatter}
     if argv and argv[0] in SUBCOMMANDS:
         parser = argparse.ArgumentParser(prog="sundial replay", description="Read and stop replays.", **common)
@@ -158,11 +171,11 @@ def _parser(argv: list[str]) -> argparse.ArgumentParser:
 
         def add(name: str, help: str, func: Any) -> argparse.ArgumentParser:
             p: argparse.ArgumentParser = sub.add_parser(name, help=help, description=help, **common)
-            _common(p)
+            connection_options(p)
             p.set_defaults(run=func)
             return p
 
-        add("list", "Replays, newest first.", replay_list).add_argument("--limit", type=_positive, default=50)
+        add("list", "Replays, newest first.", replay_list).add_argument("--limit", type=positive, default=50)
         show = add("show", "A replay: state, counts, per-partition offsets.", replay_show)
         show.add_argument("id")
         show.add_argument("--wait", action="store_true", help="Follow it until it ends (exit 0 if it SUCCEEDED).")
@@ -170,7 +183,7 @@ def _parser(argv: list[str]) -> argparse.ArgumentParser:
         add("cancel", "Cancel a replay (a running one stops at its next batch).", replay_cancel).add_argument("id")
         runs = add("runs", "What the staging workers did with each replayed message.", replay_runs)
         runs.add_argument("id")
-        runs.add_argument("--limit", type=_positive, default=100)
+        runs.add_argument("--limit", type=positive, default=100)
         return parser
     parser = argparse.ArgumentParser(
         prog="sundial replay",
@@ -179,7 +192,7 @@ def _parser(argv: list[str]) -> argparse.ArgumentParser:
         "`sundial replay list`, `show ID [--wait]`, `cancel ID`, `runs ID`.",
         **common,
     )
-    _common(parser)
+    connection_options(parser)
     parser.set_defaults(run=replay_create)
     parser.add_argument("--pool", required=True, help="The source pool.")
     parser.add_argument("--from", dest="window_from", required=True, metavar="INSTANT", help="RFC 3339, inclusive.")
@@ -188,7 +201,7 @@ def _parser(argv: list[str]) -> argparse.ArgumentParser:
     parser.add_argument("--handler", help="Only this handler's messages.")
     parser.add_argument("--job", metavar="JOB_ID", help="Only this job's messages.")
     parser.add_argument("--tenant", help="Only this tenant's (a tenant token: always its own).")
-    parser.add_argument("--rate", type=_positive, metavar="N", help="At most N messages re-published a second.")
+    parser.add_argument("--rate", type=positive, metavar="N", help="At most N messages re-published a second.")
     parser.add_argument("--dry-run", action="store_true", help="Count what would be replayed; publish nothing.")
     parser.add_argument("--wait", action="store_true", help="Show progress until it ends, then a summary.")
     parser.add_argument("--interval", type=float, default=1.0, metavar="SECONDS", help="Progress poll interval.")
@@ -198,4 +211,4 @@ def _parser(argv: list[str]) -> argparse.ArgumentParser:
 def replay_main(argv: list[str] | None = None) -> int:
     """Replay a window of a pool's Kafka messages into a staging pool; list, show, cancel replays"""
     args = list(sys.argv[1:] if argv is None else argv)
-    return run(_parser(args), args)
+    return main(lambda: replay_parser(args), args)

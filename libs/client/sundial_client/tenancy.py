@@ -1,0 +1,96 @@
+"""The tenant's smaller namespaces: ``client.pools`` (where it may send work), ``client.breakers`` (its retry
+circuit breakers), ``client.stats`` (its history) and ``client.schedules`` (trying a schedule).
+
+Written once, over asyncio; the blocking client runs these same methods on its own event loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from datetime import datetime
+from typing import Any
+
+from sundial_client import calls
+from sundial_client.admin import MAX_REGISTRY_PAGE
+from sundial_client.caller import Caller, check_page_size, pages
+from sundial_client.models import (
+    AuditPage,
+    Breaker,
+    ExecutionStats,
+    HandlerRanking,
+    Pool,
+    Preview,
+    SchedulePreviewRequest,
+)
+
+
+class AsyncPools:
+    """``client.pools``."""
+
+    def __init__(self, client: Caller) -> None:
+        self.client = client
+
+    def usable(self, *, page_size: int = 100) -> AsyncIterator[Pool]:
+        """The pools this client's tenant may send work into, in name order (``GET /v1/pools``)."""
+        size = check_page_size(page_size, MAX_REGISTRY_PAGE)
+        return pages(self.client, lambda cursor: calls.list_pools(cursor=cursor, limit=size, mine=True))
+
+
+class AsyncBreakers:
+    """``client.breakers``: the tenant's retry circuit breakers, one per (pool, handler) its attempts ran on."""
+
+    def __init__(self, client: Caller) -> None:
+        self.client = client
+
+    async def list(self, *, pool: str | None = None, state: str | None = None) -> list[Breaker]:
+        return (await self.client.call(calls.list_breakers(pool=pool, state=state))).items
+
+    async def get(self, breaker_id: str) -> Breaker:
+        return await self.client.call(calls.get_breaker(breaker_id))
+
+    async def open(self, breaker_id: str) -> Breaker:
+        """Hold the handler's retries until :meth:`close` (an operator's open stays open)."""
+        return await self.client.call(calls.open_breaker(breaker_id))
+
+    async def close(self, breaker_id: str) -> Breaker:
+        """Close it: its window starts again and its held retries are released, spread at random."""
+        return await self.client.call(calls.close_breaker(breaker_id))
+
+    async def audit(self, breaker_id: str) -> AuditPage:
+        return await self.client.call(calls.breaker_audit(breaker_id))
+
+
+class AsyncStats:
+    """``client.stats``: the tenant's history from the ClickHouse replica (seconds behind Postgres; kept past
+    its retention)."""
+
+    def __init__(self, client: Caller) -> None:
+        self.client = client
+
+    async def executions(
+        self,
+        start: datetime | None = None,
+        end: datetime | None = None,
+        *,
+        interval: str = "hour",
+        group_by: str | None = None,
+    ) -> ExecutionStats:
+        """Counts, failure rate, lateness and duration percentiles per hour or day (and state, pool or handler)."""
+        return await self.client.call(calls.execution_stats(start, end, interval, group_by))
+
+    async def handlers(
+        self, start: datetime | None = None, end: datetime | None = None, *, limit: int = 10
+    ) -> HandlerRanking:
+        """The slowest and the most failing handlers."""
+        return await self.client.call(calls.handler_stats(start, end, limit))
+
+
+class AsyncSchedules:
+    """``client.schedules``."""
+
+    def __init__(self, client: Caller) -> None:
+        self.client = client
+
+    async def preview(self, request: SchedulePreviewRequest | Mapping[str, Any]) -> Preview:
+        """The next fires of a schedule, without creating anything."""
+        return await self.client.call(calls.preview_schedule(request))
