@@ -1,7 +1,7 @@
 """The time-zone rules each zone's stored next fires were computed with.
 
-Revision ID: 0027
-Revises: 0026
+Revision ID: 0028
+Revises: 0027
 Create Date: 2026-11-28
 
 Governments move DST dates and an upgrade brings new tzdata: a CRON job's stored next fire, computed under the
@@ -13,8 +13,8 @@ and, when its own differ, recomputes that zone's next fires once (``sundial_hydr
 
 from sundial_common.stores.schema import run_sql_script
 
-revision = "0027"
-down_revision = "0026"
+revision = "0028"
+down_revision = "0027"
 branch_labels = None
 depends_on = None
 
