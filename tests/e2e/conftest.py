@@ -19,7 +19,7 @@ from sundial_infra.servers.prometheus import PrometheusServer
 from sundial_infra.stack import TEST_PORTS, LocalStack
 
 from tests.conftest import port_offset
-from tests.otlp import OtlpReceiver
+from tests.support.otlp import OtlpReceiver
 
 SUNDIAL = str(Path(sys.executable).with_name("sundial"))
 
@@ -157,7 +157,7 @@ def prometheus(stack: LocalStack) -> Iterator[PrometheusServer]:
 
 @pytest.fixture
 def otlp() -> Iterator[OtlpReceiver]:
-    """A real OTLP/HTTP receiver (:mod:`tests.otlp`); pass ``otlp_env(otlp)`` to the processes that export."""
+    """A real OTLP/HTTP receiver (:mod:`tests.support.otlp`); pass ``otlp_env(otlp)`` to the processes that export."""
     receiver = OtlpReceiver()
     try:
         yield receiver

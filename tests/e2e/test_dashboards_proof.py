@@ -22,7 +22,7 @@ from sundial_infra.dashboards import DASHBOARDS, TENANT_DASHBOARD, build, target
 from sundial_infra.servers.prometheus import PrometheusServer, ScrapeTarget, write_targets
 
 from tests.e2e.conftest import Processes, free_port
-from tests.tenants import tenant_token
+from tests.support.tenants import tenant_token
 
 FAST = {
     "SUNDIAL_SWEEPER_INTERVAL_SEC": "0.5",

@@ -1,7 +1,7 @@
 """High availability with real processes: fencing of a paused leader, graceful handover, crash failover,
 balance across replicas, standby hydrator and sweeper, several API replicas.
 
-Leases are short here (TTL 2 s, margin 0.5 s, see ``tests/e2e/ha.py``); every wait is a poll with a
+Leases are short here (TTL 2 s, margin 0.5 s, see ``tests/support/ha.py``); every wait is a poll with a
 deadline well above what the behaviour needs. Jobs are put straight into the shard under test so that a
 leader can be chosen and hurt on purpose; checks read Postgres (the executions) and etcd (the leaders).
 """
@@ -20,8 +20,8 @@ from sundial_common.security.auth import issue_token
 from sundial_dispatcher.balance import placement
 
 from tests.e2e.conftest import SUNDIAL, free_port
-from tests.e2e.ha import LEASE_TTL, HaCluster, cluster_fixture, eventually, every, process_state
-from tests.tenants import tenant_token
+from tests.support.ha import LEASE_TTL, HaCluster, cluster_fixture, eventually, every, process_state
+from tests.support.tenants import tenant_token
 
 pytestmark = pytest.mark.e2e
 __all__ = ["cluster_fixture"]  # the `cluster` fixture

@@ -23,7 +23,7 @@ import httpx
 import pytest
 
 from tests.e2e.conftest import Processes, free_port
-from tests.tenants import tenant_token
+from tests.support.tenants import tenant_token
 
 LOW = 600  # x 0.25 s on 8 slots: ~19 s of work
 HIGH_WAVES = (4.0, 8.0, 12.0)  # seconds into the drain

@@ -20,7 +20,7 @@ from sundial_common.broker.kafka import ensure_topics
 from sundial_common.broker.messages import DLQ_TOPIC
 
 from tests.e2e.conftest import Processes, free_port
-from tests.tenants import tenant_token
+from tests.support.tenants import tenant_token
 
 T = TypeVar("T")
 FAST = {

@@ -33,7 +33,7 @@ from sundial_common.domain.ids import new_id
 from sundial_common.hotwindow.window import member
 from sundial_infra.stack import LocalStack
 
-from tests.tenants import tenant_token
+from tests.support.tenants import tenant_token
 
 SECRET = "test-signing-key-for-the-api-suite"
 TENANT = "acme"

@@ -31,7 +31,7 @@ from sundial_api.app import create_app
 from sundial_api.settings import ApiSettings
 
 from tests.conftest import _test_ports
-from tests.tenants import tenant_token
+from tests.support.tenants import tenant_token
 
 SECRET = "fuzzing-signing-key-0123456789abcdef"
 #: Requests per operation: ~1 s per operation on a loaded 2-core machine, ~35 s for the whole document.

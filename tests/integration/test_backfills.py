@@ -16,7 +16,7 @@ from sundial_dispatcher.limits import SideLimits
 
 from tests.integration.test_api import NOW, TENANT, Api, api, error_fields, rfc3339  # noqa: F401  (the `api` fixture)
 from tests.integration.test_dependencies import side_limits
-from tests.tenants import register_tenant
+from tests.support.tenants import register_tenant
 
 START = NOW.replace(second=0, microsecond=0) - timedelta(hours=2)
 

@@ -29,8 +29,8 @@ from sundial_common.domain.ids import new_id
 from sundial_common.security.auth import issue_token
 
 from tests.conftest import _test_ports
-from tests.pools import admit
-from tests.tenants import tenant_token
+from tests.support.pools import admit
+from tests.support.tenants import tenant_token
 
 SECRET = "test-signing-key-for-the-client-suite"
 TENANT = "acme"

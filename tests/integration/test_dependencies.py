@@ -27,7 +27,7 @@ from sundial_dispatcher.tenancy import TenantPolicy
 from sundial_dispatcher.triggers import TriggerConfig, TriggerDispatcher
 
 from tests.integration.test_api import NOW, TENANT, Api, api, delayed, error_fields  # noqa: F401  (the `api` fixture)
-from tests.tenants import register_tenant
+from tests.support.tenants import register_tenant
 
 
 def dependent(parents: list[str], on: str = "SUCCEEDED", **overrides: Any) -> dict[str, Any]:

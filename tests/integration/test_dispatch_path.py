@@ -33,7 +33,7 @@ from sundial_dispatcher.group_commit import GroupCommit
 from sundial_hydrator.hydrator import Hydrator, HydratorConfig
 from sundial_sweeper.sweeper import Sweeper, SweeperConfig
 
-from tests.messages import execution_message
+from tests.support.messages import execution_message
 
 
 def _ms(instant: datetime) -> datetime:

@@ -24,7 +24,7 @@ from sundial_worker.settings import WorkerSettings
 from tests.integration.test_broker_incarnation import three_published
 from tests.integration.test_dispatch_path import consume, hot_window, pool
 from tests.integration.test_worker import demo_worker, serving, settings
-from tests.pools import admit
+from tests.support.pools import admit
 
 __all__ = ["hot_window", "pool", "settings"]  # fixtures
 

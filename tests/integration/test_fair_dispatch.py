@@ -23,7 +23,7 @@ from sundial_dispatcher.fairness import FairDispatch, FairnessConfig
 from sundial_dispatcher.tenancy import TenantPolicy
 
 from tests.integration.test_recurring_dispatch import MovableClock
-from tests.tenants import register_tenant
+from tests.support.tenants import register_tenant
 
 DUE = datetime.now(UTC).replace(microsecond=0) - timedelta(seconds=1)
 

@@ -36,8 +36,8 @@ from sundial_worker import Context, Worker, WorkerConfig, WorkerRuntime
 from sundial_worker.settings import WorkerSettings
 
 from tests.integration.test_worker import JOIN_SEC, publish, wait_until
-from tests.pools import admit
-from tests.sealed import opened, opened_all
+from tests.support.pools import admit
+from tests.support.sealed import opened, opened_all
 
 TENANT = "acme"
 FAST = WorkerConfig(

@@ -3,7 +3,7 @@
 The API refuses a job whose ``target.pool`` is not registered (422) or does not admit the caller's tenant (403),
 and a worker refuses the executions of tenants its pool does not admit. So a test registers every pool it sends
 work into, for every tenant that sends it: :func:`admit` (or ``tenant_token(db, tenant, pools=[...])`` from
-:mod:`tests.tenants`, which calls it). The first tenant admitted owns the pool; admitting another makes the pool
+:mod:`tests.support.tenants`, which calls it). The first tenant admitted owns the pool; admitting another makes the pool
 shared among them — a test never has to care which. Idempotent, synchronous (fixtures, harnesses and sync tests
 alike; it runs on a thread of its own inside a running event loop), once per (database, pool, tenant) a session.
 :func:`register_pool` writes one registry entry exactly (a test about the registry itself).

@@ -10,7 +10,7 @@ from redis.asyncio import Redis
 from sundial_common.broker.messages import ExecutionMessage
 from sundial_common.broker.wakeups import WakingPublisher, topic_wake_channel
 
-from tests.messages import execution_message
+from tests.support.messages import execution_message
 
 
 class _Pipeline:

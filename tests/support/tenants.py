@@ -5,7 +5,7 @@ its tenant is in the registry of the database the API uses. :func:`tenant_token`
 (idempotent; registry fields may be given, e.g. ``weight=2``, ``max_active_jobs=10``) and mints its token. It
 is synchronous so fixtures, harnesses and sync tests alike can call it; it works inside a running event loop
 too (the registration runs on a thread of its own). Each (database, tenant) is registered once per session.
-``pools=["demo"]`` also makes those pools admit the tenant (:func:`tests.pools.admit`): the API refuses work
+``pools=["demo"]`` also makes those pools admit the tenant (:func:`tests.support.pools.admit`): the API refuses work
 for a pool that is not registered or not open to the caller's tenant.
 """
 
@@ -20,7 +20,7 @@ import asyncpg
 from sundial_common.runtime.settings import CommonSettings
 from sundial_common.security.auth import issue_token
 
-from tests.pools import admit
+from tests.support.pools import admit
 
 _registered: set[tuple[str, str]] = set()
 _lock = threading.Lock()
