@@ -11,9 +11,9 @@ import asyncpg
 import httpx
 import pytest
 
-from tests.e2e.conftest import Processes
 from tests.e2e.test_dependencies import FAST, start_stack
 from tests.support.ha import eventually
+from tests.support.processes import Processes
 from tests.support.tenants import tenant_token
 
 

@@ -21,7 +21,7 @@ import pytest
 from sundial_infra.dashboards import DASHBOARDS, TENANT_DASHBOARD, build, targets
 from sundial_infra.servers.prometheus import PrometheusServer, ScrapeTarget, write_targets
 
-from tests.e2e.conftest import Processes, free_port
+from tests.support.processes import Processes, free_port
 from tests.support.tenants import tenant_token
 
 FAST = {

@@ -23,7 +23,7 @@ import pytest
 from confluent_kafka import Consumer
 from sundial_common.broker.messages import pool_topic
 
-from tests.e2e.conftest import SUNDIAL, Processes, free_port
+from tests.support.processes import SUNDIAL, Processes, free_port
 from tests.support.tenants import tenant_token
 
 MARKER = "tok-PLAINTEXT-MARKER-7c1e"

@@ -19,8 +19,8 @@ from sundial_common.runtime.settings import CommonSettings
 from sundial_common.security.auth import issue_token
 from sundial_dispatcher.balance import placement
 
-from tests.e2e.conftest import SUNDIAL, free_port
 from tests.support.ha import LEASE_TTL, HaCluster, cluster_fixture, eventually, every, process_state
+from tests.support.processes import SUNDIAL, free_port
 from tests.support.tenants import tenant_token
 
 pytestmark = pytest.mark.e2e

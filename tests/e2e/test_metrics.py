@@ -13,7 +13,7 @@ import pytest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from tests.e2e.conftest import Processes, free_port
+from tests.support.processes import Processes, free_port
 from tests.support.tenants import tenant_token
 
 OPENMETRICS = {"Accept": "application/openmetrics-text; version=1.0.0,text/plain;version=0.0.4;q=0.5"}

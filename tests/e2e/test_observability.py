@@ -13,8 +13,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.e2e.conftest import Processes, free_port
 from tests.support.otlp import OtlpReceiver
+from tests.support.processes import Processes, free_port
 
 
 def loop_passes(metrics_port: int, loop: str) -> tuple[float, set[str]]:

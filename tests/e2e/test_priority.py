@@ -22,7 +22,7 @@ import asyncpg
 import httpx
 import pytest
 
-from tests.e2e.conftest import Processes, free_port
+from tests.support.processes import Processes, free_port
 from tests.support.tenants import tenant_token
 
 LOW = 600  # x 0.25 s on 8 slots: ~19 s of work

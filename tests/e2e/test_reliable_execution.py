@@ -19,7 +19,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from sundial_common.broker.kafka import ensure_topics
 from sundial_common.broker.messages import DLQ_TOPIC
 
-from tests.e2e.conftest import Processes, free_port
+from tests.support.processes import Processes, free_port
 from tests.support.tenants import tenant_token
 
 T = TypeVar("T")

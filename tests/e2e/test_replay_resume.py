@@ -22,8 +22,8 @@ from sundial_common.broker.messages import pool_topic
 from sundial_common.stores import Stores
 from sundial_common.stores.replays import NewReplay
 
-from tests.e2e.conftest import Processes
 from tests.integration.test_replays import PARTITIONS, history, produce
+from tests.support.processes import Processes
 
 pytestmark = pytest.mark.e2e
 

@@ -22,9 +22,9 @@ import pytest
 from sundial_common.broker.kafka import ensure_topics
 from sundial_common.broker.messages import DLQ_TOPIC
 
-from tests.e2e.conftest import Processes, free_port, otlp_env
 from tests.e2e.test_reliable_execution import QUICK, until
-from tests.support.otlp import OtlpReceiver, ReceivedSpan, tree_problems
+from tests.support.otlp import OtlpReceiver, ReceivedSpan, otlp_env, tree_problems
+from tests.support.processes import Processes, free_port
 from tests.support.tenants import tenant_token
 
 FAST = {

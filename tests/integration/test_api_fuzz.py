@@ -30,7 +30,7 @@ from schemathesis.specs.openapi.checks import (
 from sundial_api.app import create_app
 from sundial_api.settings import ApiSettings
 
-from tests.conftest import _test_ports
+from tests.support.ports import session_ports
 from tests.support.tenants import tenant_token
 
 SECRET = "fuzzing-signing-key-0123456789abcdef"
@@ -44,7 +44,7 @@ WITHOUT_ANALYTICS = [status_code_conformance, content_type_conformance, response
 
 @pytest.fixture
 def served(database_url: str, redis_url: str, etcd_endpoint: str) -> Iterator[tuple[str, dict[str, Any]]]:
-    ports, _ = _test_ports()
+    ports, _ = session_ports()
     settings = ApiSettings(
         database_url=database_url,
         redis_url=redis_url,

@@ -34,7 +34,7 @@ from sundial_common.hotwindow.window import HotWindow
 from sundial_common.stores import Stores
 from sundial_common.stores.types import Occurrence
 
-from tests.e2e.conftest import Processes
+from tests.support.processes import Processes
 
 T = TypeVar("T")
 

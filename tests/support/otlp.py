@@ -146,3 +146,8 @@ def tree_problems(spans: Iterable[ReceivedSpan]) -> list[str]:
     if orphans:
         problems.append(f"orphans: {orphans}")
     return problems
+
+
+def otlp_env(receiver: OtlpReceiver) -> dict[str, str]:
+    # OTEL_BSP_SCHEDULE_DELAY: export within moments, not the SDK's 5 s.
+    return {"SUNDIAL_OTLP_ENDPOINT": receiver.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "200"}
