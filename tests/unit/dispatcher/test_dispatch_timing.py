@@ -10,6 +10,7 @@ from uuid import UUID, uuid4
 import pytest
 from sundial_common.hotwindow.window import WAKE_HORIZON_SEC
 from sundial_common.stores.types import Occurrence
+from sundial_common.testing import FakeClock
 from sundial_dispatcher.dispatcher import DispatcherConfig, ShardDispatcher
 from sundial_dispatcher.fairness import FairDispatch, FairnessConfig, FairQueue, Waiting
 from sundial_dispatcher.shards import _dense_wait, _idle_wait
@@ -95,14 +96,10 @@ async def test_published_marks_are_written_together_once_the_oldest_has_waited_a
 def test_an_idle_leader_wakes_for_its_published_marks_before_the_sweeper_would_publish_them_again(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    class Fixed:
-        def now(self) -> datetime:
-            return NOW
-
     now = [100.0]
     monkeypatch.setattr("sundial_dispatcher.dispatcher.time.monotonic", lambda: now[0])
     config = DispatcherConfig(mark_published_after_sec=1.0, mark_published_every_sec=0.5)
-    leader = ShardDispatcher(0, 1, "a", None, None, None, config, clock=Fixed())  # type: ignore[arg-type]
+    leader = ShardDispatcher(0, 1, "a", None, None, None, config, clock=FakeClock(NOW))  # type: ignore[arg-type]
     assert leader.next_look() is None, "nothing in the window, no marks: the horizon bounds the sleep"
     leader._unmarked.append((100.0, [uuid4()]))
     now[0] = 100.4
@@ -115,13 +112,9 @@ def test_an_idle_leader_wakes_for_its_published_marks_before_the_sweeper_would_p
 
 
 def test_due_work_waiting_for_room_in_the_fair_buffer_is_looked_at_every_poll_interval() -> None:
-    class Fixed:
-        def now(self) -> datetime:
-            return NOW
-
     config = DispatcherConfig(poll_interval_sec=0.05, fairness=FairnessConfig(buffer_cap=10, claim_size=10))
     fair = FairDispatch(0, None, None, None, None, config.fairness, 100)  # type: ignore[arg-type]
-    leader = ShardDispatcher(0, 1, "a", None, None, None, config, clock=Fixed(), fair=fair)  # type: ignore[arg-type]
+    leader = ShardDispatcher(0, 1, "a", None, None, None, config, clock=FakeClock(NOW), fair=fair)  # type: ignore[arg-type]
     fair._window_next = NOW + timedelta(milliseconds=300)
     assert leader.next_look() == NOW + timedelta(milliseconds=300), "nothing waits: the window's next member"
     fair.queue.add([Waiting(Occurrence(uuid4(), NOW), "a", "p")])

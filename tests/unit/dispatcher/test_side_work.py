@@ -7,8 +7,9 @@ import math
 from collections.abc import Sequence
 from typing import Any, cast
 
-from sundial_common.runtime.clock import Clock, SystemClock
+from sundial_common.runtime.clock import Clock
 from sundial_common.stores.dependencies import DependencyStore
+from sundial_common.testing import FakeClock
 from sundial_dispatcher.backfills import BackfillConfig, BackfillDispatcher
 from sundial_dispatcher.side_work import SideWork
 from sundial_dispatcher.triggers import TriggerConfig, TriggerDispatcher, TriggerResult
@@ -26,14 +27,6 @@ class Census:
         return self.pending & set(shards), self.running & set(shards)
 
 
-class _Clock(SystemClock):
-    def __init__(self) -> None:
-        self.at = 0.0
-
-    def monotonic(self) -> float:
-        return self.at
-
-
 def _dispatchers(shard: int, clock: Clock | None = None) -> tuple[TriggerDispatcher, BackfillDispatcher]:
     none = cast(Any, None)
     return (
@@ -45,7 +38,7 @@ def _dispatchers(shard: int, clock: Clock | None = None) -> tuple[TriggerDispatc
 async def test_an_idle_watched_leader_waits_for_the_census_and_is_woken_by_it() -> None:
     census = Census()
     side_work = SideWork(cast(DependencyStore, census))
-    clock = _Clock()
+    clock = FakeClock()
     triggers, backfills = _dispatchers(3, clock)
     alarm = Alarm()
     leading = [True]
@@ -58,12 +51,12 @@ async def test_an_idle_watched_leader_waits_for_the_census_and_is_woken_by_it() 
     # Idle looks double the interval (0.2, 0.4, 0.8 s); at the idle interval the leader stops looking on its own.
     waits = []
     while math.isfinite(wait := triggers.cadence.next_run_in()):
-        clock.at += max(wait, 0.0)
+        clock.advance(max(wait, 0.0))
         assert await triggers.run_if_due() is not None
         waits.append(round(triggers.cadence.next_run_in(), 3))
         assert len(waits) < 10
     assert waits == [0.2, 0.4, 0.8, math.inf]
-    clock.at += 3600
+    clock.advance(3600)
     assert await triggers.run_if_due() is None
 
     assert await side_work.run_once() == 0

@@ -5,27 +5,20 @@ from __future__ import annotations
 import asyncio
 import time
 
+from sundial_common.testing import FakeClock
 from sundial_worker.holding import Holding
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_items_come_back_only_once_their_instant_has_come_earliest_first_and_as_many_as_asked() -> None:
-    clock = Clock()
-    holding: Holding[str] = Holding(cap=3, on_due=lambda: None, clock=clock)
+    clock = FakeClock(monotonic=100.0)
+    holding: Holding[str] = Holding(cap=3, on_due=lambda: None, clock=clock.monotonic)
     holding.hold(105.0, "late")
     holding.hold(101.0, "early")
     holding.hold(103.0, "middle")
     assert holding.full()
     assert holding.due(10) == [] and not holding.waiting()
 
-    clock.now = 104.0
+    clock.advance(4.0)
     assert holding.waiting()
     assert holding.due(1) == ["early"]  # one free slot: the earliest
     assert holding.due(10) == ["middle"]

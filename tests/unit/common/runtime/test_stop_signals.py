@@ -5,21 +5,14 @@ from __future__ import annotations
 import signal
 
 from sundial_common.runtime.stop_signals import DUPLICATE_WINDOW_SEC, StopSignals
+from sundial_common.testing import FakeClock
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def make(with_force: bool = True) -> tuple[StopSignals, list[str], Clock]:
+def make(with_force: bool = True) -> tuple[StopSignals, list[str], FakeClock]:
     calls: list[str] = []
-    clock = Clock()
+    clock = FakeClock()
     signals = StopSignals(
-        lambda: calls.append("stop"), (lambda: calls.append("force")) if with_force else None, clock=clock
+        lambda: calls.append("stop"), (lambda: calls.append("force")) if with_force else None, clock=clock.monotonic
     )
     return signals, calls, clock
 
@@ -34,9 +27,9 @@ def test_a_copy_within_the_window_is_the_same_request() -> None:
     # The terminal's SIGINT and `uv run`'s forwarded copy, ~200 ms apart.
     signals, calls, clock = make()
     signals.handle(signal.SIGINT)
-    clock.now += 0.2
+    clock.advance(0.2)
     signals.handle(signal.SIGINT)
-    clock.now += DUPLICATE_WINDOW_SEC - 0.3
+    clock.advance(DUPLICATE_WINDOW_SEC - 0.3)
     signals.handle(signal.SIGTERM)
     assert calls == ["stop"] and not signals.forced
 
@@ -44,11 +37,11 @@ def test_a_copy_within_the_window_is_the_same_request() -> None:
 def test_a_deliberate_later_signal_forces_once() -> None:
     signals, calls, clock = make()
     signals.handle(signal.SIGINT)
-    clock.now += 0.2
+    clock.advance(0.2)
     signals.handle(signal.SIGINT)
-    clock.now += DUPLICATE_WINDOW_SEC
+    clock.advance(DUPLICATE_WINDOW_SEC)
     signals.handle(signal.SIGINT)
-    clock.now += 5
+    clock.advance(5)
     signals.handle(signal.SIGINT)
     assert calls == ["stop", "force"] and signals.forced
 
@@ -56,6 +49,6 @@ def test_a_deliberate_later_signal_forces_once() -> None:
 def test_without_a_force_action_the_stop_stays_graceful() -> None:
     signals, calls, clock = make(with_force=False)
     signals.handle(signal.SIGINT)
-    clock.now += 10
+    clock.advance(10)
     signals.handle(signal.SIGINT)
     assert calls == ["stop"] and not signals.forced
