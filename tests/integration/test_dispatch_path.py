@@ -27,6 +27,7 @@ from sundial_common.observability.tracing import traceparent, tracer
 from sundial_common.stores import Stores
 from sundial_common.stores.dispatch import FencedOut, PlannedExecution
 from sundial_common.stores.types import Occurrence
+from sundial_common.testing import FakeClock
 from sundial_dispatcher import group_commit
 from sundial_dispatcher.dispatcher import DispatcherConfig, DispatchResult, ShardDispatcher
 from sundial_dispatcher.group_commit import GroupCommit
@@ -122,37 +123,26 @@ async def test_hydrator_promotes_only_the_hot_window_and_rebuilds_after_a_flush(
     assert await hot_window.size(0) == 3
 
 
-class _SteppedClock:
-    def __init__(self, now: datetime) -> None:
-        self.current = now
-
-    def now(self) -> datetime:
-        return self.current
-
-    def monotonic(self) -> float:
-        return self.current.timestamp()
-
-
 async def test_an_idle_hydrator_scans_postgres_once_per_promotion_slice_and_still_rebuilds_a_flush_at_once(
     stores: Stores, hot_window: HotWindow, pool: str
 ) -> None:
-    clock = _SteppedClock(datetime.now(UTC))
+    clock = FakeClock(datetime.now(UTC))
     config = HydratorConfig(shards=2, hot_window_sec=3600, promote_slice_sec=10)
     hydrator = Hydrator(stores, hot_window, config, clock=clock)
     assert (await hydrator.run_once()).scanned_shards == 2  # first pass: no watermark yet
 
-    clock.current += timedelta(seconds=1)
+    clock.advance(1)
     assert (await hydrator.run_once()).scanned_shards == 0  # the edge moved 1 s: within the slice
 
     # A job at the window's edge, registered straight in Postgres (as nothing near-due would be): promoted
     # once the edge is a slice past the watermark, still an hour before it is due.
-    edge = await make_job(stores, clock.current + timedelta(seconds=3600 + 5), pool)
-    clock.current += timedelta(seconds=10)
+    edge = await make_job(stores, clock.now() + timedelta(seconds=3600 + 5), pool)
+    clock.advance(10)
     promoted = await hydrator.run_once()
     assert (promoted.scanned_shards, promoted.promoted) == (2, 1)
     assert await hot_window.redis.zscore(hot_window.key(0), f"j:{edge}") is not None
 
-    clock.current += timedelta(seconds=1)
+    clock.advance(1)
     await hot_window.redis.flushall()
     rebuilt = await hydrator.run_once()  # the very next pass, slice or not
     assert (rebuilt.rebuilt_shards, await hot_window.size(0)) == (2, 1)

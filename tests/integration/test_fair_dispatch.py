@@ -18,11 +18,11 @@ from sundial_common.hotwindow.rate_limits import TokenBuckets
 from sundial_common.hotwindow.window import HotWindow
 from sundial_common.stores import Stores
 from sundial_common.stores.types import Occurrence
+from sundial_common.testing import FakeClock
 from sundial_dispatcher.dispatcher import DispatcherConfig, ShardDispatcher
 from sundial_dispatcher.fairness import FairDispatch, FairnessConfig
 from sundial_dispatcher.tenancy import TenantPolicy
 
-from tests.integration.test_recurring_dispatch import MovableClock
 from tests.support.tenants import register_tenant
 
 DUE = datetime.now(UTC).replace(microsecond=0) - timedelta(seconds=1)
@@ -208,14 +208,14 @@ async def test_what_a_contended_pass_kept_for_its_instant_goes_out_with_the_next
     config = DispatcherConfig(batch_size=100, publish_lead_sec=0.2, fairness=fairness)
     policy = TenantPolicy(stores.tenants, refresh_sec=0)
     fair = FairDispatch(0, hot_window, stores.tenants, policy, TokenBuckets(hot_window.redis), fairness, 100)
-    clock = MovableClock(t0 - 150 * ms)
+    clock = FakeClock(t0 - 150 * ms)
     shard = ShardDispatcher(
         0, 1, "replica-a", stores.dispatch, hot_window, publisher, config, clock=clock, tenants=policy, fair=fair
     )
 
     assert (await shard.run_once()).dispatched == 0, "three within the lead, room for two: kept for their instants"
     await due_jobs(stores, hot_window, "a", 1, pool, due=t0 + 100 * ms)
-    clock.current = t0
+    clock.set(t0)
     assert (await shard.run_once()).dispatched == 2, "the first kept one, due, with the next lead's member"
     fired = await stores.database.pool.fetch("SELECT fire_at FROM executions ORDER BY fire_at")
     assert [r["fire_at"] for r in fired] == [t0, t0 + 100 * ms]

@@ -24,11 +24,12 @@ from sundial_common.broker.messages import DLQ_TOPIC, ExecutionMessage, pool_top
 from sundial_common.domain.ids import new_id
 from sundial_common.hotwindow.execution_signals import cancel_key, heartbeat_key
 from sundial_common.hotwindow.window import HotWindow, retry_member
-from sundial_common.runtime.clock import SystemClock, from_ms, to_ms
+from sundial_common.runtime.clock import from_ms, to_ms
 from sundial_common.stores import Stores
 from sundial_common.stores.dispatch import FencedOut, PlannedExecution
 from sundial_common.stores.executions import Outcome
 from sundial_common.stores.types import Occurrence, Record, RetryDue
+from sundial_common.testing import FakeClock
 from sundial_dispatcher.dispatcher import DispatcherConfig, ShardDispatcher
 from sundial_hydrator.hydrator import Hydrator, HydratorConfig
 from sundial_sweeper.sweeper import Sweeper, SweeperConfig
@@ -50,16 +51,6 @@ FAST = WorkerConfig(
     cancel_grace_sec=1.0,
 )
 NO_JITTER_RETRY = {"maxAttempts": 3, "backoff": "FIXED", "initialDelayMs": 200, "maxDelayMs": 200, "jitter": False}
-
-
-class FakeClock(SystemClock):
-    """Real wall-clock time, hand-driven monotonic time."""
-
-    def __init__(self) -> None:
-        self.mono = 1000.0
-
-    def monotonic(self) -> float:
-        return self.mono
 
 
 @pytest.fixture
@@ -480,7 +471,7 @@ async def test_the_sweeper_declares_a_worker_lost_only_once_its_heartbeat_stayed
 ) -> None:
     [message] = await make_executions(stores, pool, "echo", retry_policy=NO_JITTER_RETRY, timeout_sec=600)
     ident = await running(stores, message, "w1", started_ago_sec=120)
-    clock = FakeClock()
+    clock = FakeClock(datetime.now(UTC))
     config = SweeperConfig(heartbeat_ttl_sec=30, lost_confirm_sec=10)
     sweeper = Sweeper(stores, publisher, config, clock, redis=redis)
 
@@ -489,15 +480,15 @@ async def test_the_sweeper_declares_a_worker_lost_only_once_its_heartbeat_stayed
     # Redis flushed: the key is gone but the worker is alive and renews it before the confirmation runs out.
     await redis.flushall()
     assert (await sweeper.run_once()).suspected == 1
-    clock.mono += 5
+    clock.advance(5)
     await redis.set(heartbeat_key(ident), "w1")
     assert (await sweeper.run_once()).lost == 0
     # The worker died: its key expires and stays missing.
     await redis.delete(heartbeat_key(ident))
     await sweeper.run_once()
-    clock.mono += 9
+    clock.advance(9)
     assert (await sweeper.run_once()).lost == 0
-    clock.mono += 2
+    clock.advance(2)
     assert (await sweeper.run_once()).lost == 1
     row = await row_of(stores, ident)
     assert (row["state"], row["worker_id"]) == ("FAILED_WORKER_LOST", "w1")
