@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import statistics
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 
 import asyncpg
@@ -34,9 +35,9 @@ def iso(at: datetime) -> str:
     return at.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-async def register(client: httpx.AsyncClient, token: str, jobs: list[dict[str, object]]) -> None:
+async def register(client: httpx.AsyncClient, token: str, jobs: Sequence[Mapping[str, object]]) -> None:
     for start in range(0, len(jobs), 500):
-        batch = jobs[start : start + 500]
+        batch = list(jobs[start : start + 500])
         answer = await client.post("/v1/jobs:batch", json={"jobs": batch}, headers={"Authorization": f"Bearer {token}"})
         assert answer.status_code == 200 and answer.json()["created"] == len(batch), answer.text[:500]
 

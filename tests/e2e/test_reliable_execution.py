@@ -53,8 +53,9 @@ def dead_letters(bootstrap: str, execution_id: str, timeout: float = 15.0) -> li
         deadline = time.monotonic() + timeout
         while not found and time.monotonic() < deadline:
             for raw in consumer.consume(num_messages=500, timeout=0.3):
-                if raw.error() is None and raw.value() is not None:
-                    letter = orjson.loads(raw.value())
+                value = raw.value()
+                if raw.error() is None and value is not None:
+                    letter = orjson.loads(value)
                     if letter["execution_id"] == execution_id:
                         found.append(letter)
         return found

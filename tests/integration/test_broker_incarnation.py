@@ -10,8 +10,8 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
 from confluent_kafka import KafkaException
-from confluent_kafka.admin import AdminClient  # type: ignore[attr-defined]
-from sundial_common.broker.kafka import KafkaIncarnation, KafkaPublisher
+from confluent_kafka.admin import AdminClient
+from sundial_common.broker.kafka import KafkaIncarnation, KafkaPublisher, Publisher
 from sundial_common.broker.messages import ExecutionMessage, pool_topic
 from sundial_common.hotwindow.window import HotWindow
 from sundial_common.stores import Stores
@@ -60,7 +60,7 @@ class Restarted:
         return None
 
 
-async def three_published(stores: Stores, hot_window: HotWindow, publisher: KafkaPublisher, pool: str) -> None:
+async def three_published(stores: Stores, hot_window: HotWindow, publisher: Publisher, pool: str) -> None:
     """Three due jobs dispatched: three PENDING executions whose messages are in the pool's topic."""
     due = datetime.now(UTC) - timedelta(milliseconds=10)
     jobs = [await make_job(stores, due, pool) for _ in range(3)]

@@ -124,7 +124,7 @@ async def fire_all(
 
 
 async def children_executions(db: asyncpg.Connection, job_id: str) -> list[asyncpg.Record]:
-    return await db.fetch("SELECT * FROM executions WHERE job_id = $1 ORDER BY scheduled_for", uuid.UUID(job_id))
+    return list(await db.fetch("SELECT * FROM executions WHERE job_id = $1 ORDER BY scheduled_for", uuid.UUID(job_id)))
 
 
 # --- the graph over HTTP ----------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from sundial_common.hotwindow.window import HotWindow
 from sundial_common.observability.tracing import traceparent, tracer
 from sundial_common.stores import Stores
 from sundial_common.stores.dispatch import FencedOut, PlannedExecution
-from sundial_common.stores.types import Occurrence
+from sundial_common.stores.types import Occurrence, RetryDue
 from sundial_common.testing import FakeClock
 from sundial_dispatcher import group_commit
 from sundial_dispatcher.dispatcher import DispatcherConfig, DispatchResult, ShardDispatcher
@@ -34,7 +34,8 @@ from sundial_dispatcher.group_commit import GroupCommit
 from sundial_hydrator.hydrator import Hydrator, HydratorConfig
 from sundial_sweeper.sweeper import Sweeper, SweeperConfig
 
-from tests.support.messages import execution_message
+from tests.support.hot_window import window_members
+from tests.support.messages import execution_message, header
 
 
 def _ms(instant: datetime) -> datetime:
@@ -89,12 +90,12 @@ def consume(bootstrap: str, topic: str, count: int, timeout: float = 15.0) -> li
         deadline = datetime.now(UTC) + timedelta(seconds=timeout)
         while len(messages) < count and datetime.now(UTC) < deadline:
             for raw in consumer.consume(num_messages=count, timeout=0.5):
-                if raw.error() is None and raw.value() is not None:  # not the sweeper's markers (no value)
-                    decoded = ExecutionMessage.decode(raw.value())
-                    headers = dict(raw.headers() or [])
-                    assert headers["execution_id"].decode() == decoded.execution_id
-                    assert int(headers["fence_token"]) == decoded.fence_token
-                    assert headers["tenant"].decode() == decoded.tenant_id
+                value = raw.value()
+                if raw.error() is None and value is not None:  # not the sweeper's markers (no value)
+                    decoded = ExecutionMessage.decode(value)
+                    assert header(raw, "execution_id").decode() == decoded.execution_id
+                    assert int(header(raw, "fence_token")) == decoded.fence_token
+                    assert header(raw, "tenant").decode() == decoded.tenant_id
                     messages.append(decoded)
         return messages
     finally:
@@ -112,7 +113,7 @@ async def test_hydrator_promotes_only_the_hot_window_and_rebuilds_after_a_flush(
     result = await hydrator.run_once()
 
     assert result.promoted == 3
-    members = {m.decode() for m in await hot_window.redis.zrange(hot_window.key(0), 0, -1)}
+    members = await window_members(hot_window.redis, hot_window.key(0))
     assert members == {f"j:{j}" for j in soon}
     assert f"j:{later}" not in members
     assert (await hydrator.run_once()).promoted == 0  # idempotent: the watermark moved
@@ -149,7 +150,7 @@ async def test_an_idle_hydrator_scans_postgres_once_per_promotion_slice_and_stil
 
 
 async def test_a_rebuild_restores_every_shards_next_jobs_before_any_shards_later_ones(
-    stores: Stores, hot_window: HotWindow, pool: str
+    stores: Stores, hot_window: HotWindow, pool: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """After a flush at scale, the last shard's near-due jobs must not wait for the other shards' whole hour."""
     now = datetime.now(UTC)
@@ -159,12 +160,18 @@ async def test_a_rebuild_restores_every_shards_next_jobs_before_any_shards_later
     landed: list[tuple[int, datetime]] = []  # (shard, latest due) of each page, in the order Redis got them
     hydrate = hot_window.hydrate
 
-    async def spy(shard: int, expected: int | None, new: int | None, occurrences: Any, retries: Any = ()) -> bool:
+    async def spy(
+        shard: int,
+        expected: int | None,
+        new: int | None,
+        occurrences: Sequence[Occurrence],
+        retries: Sequence[RetryDue] = (),
+    ) -> bool:
         if occurrences:
             landed.append((shard, max(o.due for o in occurrences)))
         return await hydrate(shard, expected, new, occurrences, retries)
 
-    hot_window.hydrate = spy  # type: ignore[method-assign]
+    monkeypatch.setattr(hot_window, "hydrate", spy)
     result = await Hydrator(stores, hot_window, HydratorConfig(shards=3, batch_size=2)).run_once()
 
     assert (result.rebuilt_shards, result.promoted) == (3, 18)
@@ -203,9 +210,7 @@ async def test_the_overdue_scan_re_adds_each_shards_lost_jobs_and_triggers_to_th
     hydrator._last_overdue_scan = float("-inf")  # the next overdue scan is due now
     result = await hydrator.run_once()
 
-    members = {
-        shard: {m.decode() for m in await hot_window.redis.zrange(hot_window.key(shard), 0, -1)} for shard in range(3)
-    }
+    members = {shard: await window_members(hot_window.redis, hot_window.key(shard)) for shard in range(3)}
     # Up to batch_size of each kind per shard: one shard's backlog does not crowd another's out.
     assert len(members[0]) == len(members[2]) == 2 and result.recovered == 5
     assert members[0] <= {f"j:{job}" for job in lost[0]} and members[2] <= {f"j:{job}" for job in lost[2]}

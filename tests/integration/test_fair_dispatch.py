@@ -9,6 +9,7 @@ import uuid
 from collections import Counter
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
+from typing import TypedDict, Unpack
 
 import pytest
 from redis.asyncio import Redis
@@ -44,9 +45,10 @@ async def due_jobs(
     priority: str = "NORMAL",
     due: datetime = DUE,
 ) -> None:
+    ids = [new_id() for _ in range(n)]
     rows = [
         {
-            "id": new_id(),
+            "id": job_id,
             "tenant_id": tenant,
             "name": "burst",
             "type": "ONE_SHOT",
@@ -58,14 +60,27 @@ async def due_jobs(
             "next_fire_at": due,
             "priority": priority,
         }
-        for _ in range(n)
+        for job_id in ids
     ]
     await stores.jobs.insert_jobs(rows, actor="test")
-    await hot_window.add(0, [Occurrence(r["id"], due) for r in rows])
+    await hot_window.add(0, [Occurrence(job_id, due) for job_id in ids])
+
+
+class Fairness(TypedDict, total=False):
+    """The fairness settings these tests vary (the rest keep FairnessConfig's defaults)."""
+
+    pool_queue_cap: int
+    pool_queue_min: int
+    claim_size: int
+    claim_ahead_sec: float
+    claim_ahead_min: int
+    burst_ahead_sec: float
+    burst_ahead_min: int
+    burst_head: int
 
 
 def dispatcher(
-    stores: Stores, hot_window: HotWindow, publisher: KafkaPublisher, batch: int, **fairness: float
+    stores: Stores, hot_window: HotWindow, publisher: KafkaPublisher, batch: int, **fairness: Unpack[Fairness]
 ) -> ShardDispatcher:
     # Counts read afresh every pass: the test changes executions between passes. A fixed pool cap (the
     # rate-following one has tests of its own in tests/unit/test_open_work.py).
@@ -180,9 +195,11 @@ async def test_a_smaller_burst_is_claimed_ahead_over_the_shorter_horizon(
     await due_jobs(stores, hot_window, "a", 50, pool, due=soon)
     # Far below the long horizon's count; the short horizon's (10 s here, so a loaded machine keeps it ahead).
     # The whole burst in one pass (no head: the test above has it).
-    fairness = {"claim_ahead_sec": 10, "claim_ahead_min": 10_000, "burst_ahead_sec": 10, "burst_head": 0}
-    quiet = dispatcher(stores, hot_window, publisher, batch=100, burst_ahead_min=51, **fairness)
-    burst = dispatcher(stores, hot_window, publisher, batch=100, burst_ahead_min=50, **fairness)
+    fairness: Fairness = {"claim_ahead_sec": 10, "claim_ahead_min": 10_000, "burst_ahead_sec": 10, "burst_head": 0}
+    just_above: Fairness = {**fairness, "burst_ahead_min": 51}
+    just_at: Fairness = {**fairness, "burst_ahead_min": 50}
+    quiet = dispatcher(stores, hot_window, publisher, batch=100, **just_above)
+    burst = dispatcher(stores, hot_window, publisher, batch=100, **just_at)
 
     await quiet.run_once()
     assert await hot_window.size(0) == 50, "fewer due within the short horizon than its threshold: nothing early"

@@ -67,7 +67,7 @@ async def make_job(
     hot_window: HotWindow,
     pool: str,
     *,
-    schedule: str = "* * * * *",
+    schedule: str | None = "* * * * *",
     zone: str = "UTC",
     first: datetime = T0,
     jitter_sec: int = 0,
@@ -485,7 +485,7 @@ class _ReadingStore:
         def reading(rows: Sequence[Record]) -> list[PlannedExecution] | DispatchPlan:
             for row in rows:
                 self.given |= set(row.keys())
-            return plan([_Reading(row, self.read) for row in rows])  # type: ignore[misc]
+            return plan([_Reading(row, self.read) for row in rows])
 
         return await self._store.dispatch_occurrences(shard, token, holder, claims, reading)
 

@@ -37,6 +37,7 @@ from sundial_worker import Context, Worker, WorkerConfig, WorkerRuntime
 from sundial_worker.settings import WorkerSettings
 
 from tests.integration.test_worker import JOIN_SEC, publish, wait_until
+from tests.support.hot_window import window_members
 from tests.support.pools import admit
 from tests.support.sealed import opened, opened_all
 
@@ -166,8 +167,9 @@ def consume(bootstrap: str, topic: str, wanted: set[str], timeout: float = 15.0)
         deadline = time.monotonic() + timeout
         while not wanted <= {m.execution_id for m in seen} and time.monotonic() < deadline:
             for raw in consumer.consume(num_messages=100, timeout=0.3):
-                if raw.error() is None and raw.value() is not None:
-                    seen.append(ExecutionMessage.decode(raw.value()))
+                value = raw.value()
+                if raw.error() is None and value is not None:
+                    seen.append(ExecutionMessage.decode(value))
         return [m for m in seen if m.execution_id in wanted]
     finally:
         consumer.close()
@@ -215,6 +217,7 @@ async def test_the_next_attempt_is_dispatched_fenced_and_resumes_from_the_last_c
         if ctx.attempt == 1:
             await ctx.heartbeat(progress={"done": 7})
             raise RuntimeError("crashed half way")
+        assert ctx.previous_progress is not None, "the first attempt's progress comes back"
         return {"resumed_from": ctx.previous_progress["done"]}
 
     leader = dispatcher(stores, redis, publisher, token=5)
@@ -343,12 +346,12 @@ async def test_the_hydrator_promotes_scheduled_retries_and_rebuilds_them_after_a
     hydrator = Hydrator(stores, window, HydratorConfig(shards=1, overdue_grace_sec=15))
     key = window.key(0)
     await hydrator.run_once()
-    members = {m.decode() for m in await redis.zrange(key, 0, -1)}
+    members = await window_members(redis, key)
     # The rebuild pass (no watermark yet) brings back everything due before the horizon, overdue included.
     assert members == {retry_member(ids[0]), retry_member(ids[2])}
     await redis.flushall()
     await hydrator.run_once()
-    assert {m.decode() for m in await redis.zrange(key, 0, -1)} == members
+    assert await window_members(redis, key) == members
     await redis.zrem(key, retry_member(ids[2]))
     hydrator._last_overdue_scan = float("-inf")  # the next overdue scan is due now
     await hydrator.run_once()
@@ -377,7 +380,7 @@ async def test_each_shards_retries_are_promoted_page_by_page_and_re_added_to_tha
     hydrator = Hydrator(stores, window, HydratorConfig(shards=2, batch_size=2, overdue_grace_sec=15))
     await hydrator.run_once()
     for shard in (0, 1):
-        assert {m.decode() for m in await redis.zrange(window.key(shard), 0, -1)} == expected[shard]
+        assert await window_members(redis, window.key(shard)) == expected[shard]
 
     lost = {shard: retry_member(ids[6 + shard]) for shard in (0, 1)}
     for shard, member in lost.items():

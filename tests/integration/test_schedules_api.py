@@ -54,7 +54,7 @@ async def api(database_url: str, redis_url: str) -> AsyncIterator[Api]:
         await db.close()
 
 
-def cron(schedule: str = "*/5 * * * *", **overrides: Any) -> dict[str, Any]:
+def cron(schedule: str | None = "*/5 * * * *", **overrides: Any) -> dict[str, Any]:
     body: dict[str, Any] = {
         "name": "report",
         "type": "CRON",

@@ -10,17 +10,18 @@ its shard.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
 import signal
 import subprocess
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 import aetcd
 import asyncpg
@@ -57,12 +58,22 @@ def process_state(pid: int) -> str:
         return "?"
 
 
-async def eventually(check: Callable[[], Any], within: float, what: str, interval: float = 0.05) -> Any:
-    """Await/poll ``check`` until it returns something truthy; fail after ``within`` seconds."""
+@overload
+async def eventually(
+    check: Callable[[], Awaitable[T | None]], within: float, what: str, interval: float = 0.05
+) -> T: ...
+
+
+@overload
+async def eventually(check: Callable[[], T | None], within: float, what: str, interval: float = 0.05) -> T: ...
+
+
+async def eventually(check: Callable[[], object], within: float, what: str, interval: float = 0.05) -> object:
+    """Await/poll ``check`` until it returns something truthy, and return that; fail after ``within`` seconds."""
     deadline = time.monotonic() + within
     while True:
         value = check()
-        if asyncio.iscoroutine(value):
+        if inspect.isawaitable(value):
             value = await value
         if value:
             return value

@@ -9,32 +9,26 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from sundial_common.security.encryption import (
-    PAYLOAD,
-    PROGRESS,
-    RESULT,
-    EncryptionSettings,
-    Keyring,
-    master_key_provider,
-)
+from sundial_common.runtime.settings import EncryptionSettings
+from sundial_common.security.encryption import PAYLOAD, PROGRESS, RESULT, Keyring, master_key_provider
 from sundial_common.stores import Stores
 
 _JSON_COLUMNS = {"payload": PAYLOAD, "result": RESULT, "progress": PROGRESS, "previous_progress": PROGRESS}
 
 
 async def opened_all(stores: Stores, rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    rows = [dict(row) for row in rows]
+    plain = [dict(row) for row in rows]
     keyring = Keyring(master_key_provider(EncryptionSettings()), stores.keys)
     await keyring.start()
-    ciphers = await keyring.ciphers({row["tenant_id"] for row in rows})
-    for row in rows:
+    ciphers = await keyring.ciphers({row["tenant_id"] for row in plain})
+    for row in plain:
         cipher = ciphers[row["tenant_id"]]
         for column, kind in _JSON_COLUMNS.items():
             if column in row:
                 row[column] = cipher.open_json(row[column], kind)
         if "error" in row:
             row["error"] = cipher.open_error(row["error"])
-    return rows
+    return plain
 
 
 async def opened(stores: Stores, row: Mapping[str, Any] | None) -> dict[str, Any] | None:

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import asyncio
 from datetime import UTC, datetime, timedelta
+from typing import Any, cast
 from uuid import UUID, uuid4
 
 import pytest
 from sundial_common.hotwindow.window import WAKE_HORIZON_SEC
+from sundial_common.stores.dispatch import DispatchStore
 from sundial_common.stores.types import Occurrence
 from sundial_common.testing import FakeClock
 from sundial_dispatcher.dispatcher import DispatcherConfig, ShardDispatcher
@@ -80,7 +82,8 @@ async def test_published_marks_are_written_together_once_the_oldest_has_waited_a
     now = [100.0]
     monkeypatch.setattr("sundial_dispatcher.dispatcher.time.monotonic", lambda: now[0])
     config = DispatcherConfig(mark_published_after_sec=1.0, mark_published_every_sec=0.5)
-    leader = ShardDispatcher(0, 1, "a", Outbox(), None, None, config)
+    none = cast(Any, None)  # the window and the publisher: this test reaches neither
+    leader = ShardDispatcher(0, 1, "a", cast(DispatchStore, Outbox()), none, none, config)
     passes = [[uuid4()] for _ in range(4)]
     for i, ids in enumerate(passes):  # a pass every 0.2 s publishes one execution
         now[0] = 100.0 + 0.2 * i

@@ -7,6 +7,7 @@ import math
 from collections.abc import Sequence
 from typing import Any, cast
 
+import pytest
 from sundial_common.runtime.clock import Clock
 from sundial_common.stores.dependencies import DependencyStore
 from sundial_common.testing import FakeClock
@@ -35,7 +36,7 @@ def _dispatchers(shard: int, clock: Clock | None = None) -> tuple[TriggerDispatc
     )
 
 
-async def test_an_idle_watched_leader_waits_for_the_census_and_is_woken_by_it() -> None:
+async def test_an_idle_watched_leader_waits_for_the_census_and_is_woken_by_it(monkeypatch: pytest.MonkeyPatch) -> None:
     census = Census()
     side_work = SideWork(cast(DependencyStore, census))
     clock = FakeClock()
@@ -47,7 +48,7 @@ async def test_an_idle_watched_leader_waits_for_the_census_and_is_woken_by_it() 
     async def nothing() -> TriggerResult:
         return TriggerResult()
 
-    triggers.run_once = nothing
+    monkeypatch.setattr(triggers, "run_once", nothing)
     # Idle looks double the interval (0.2, 0.4, 0.8 s); at the idle interval the leader stops looking on its own.
     waits = []
     while math.isfinite(wait := triggers.cadence.next_run_in()):
@@ -76,7 +77,9 @@ async def test_an_idle_watched_leader_waits_for_the_census_and_is_woken_by_it() 
     assert len(census.asked) == looks
 
 
-async def test_a_busy_leader_keeps_its_own_cadence_and_looks_again_at_once_after_a_full_batch() -> None:
+async def test_a_busy_leader_keeps_its_own_cadence_and_looks_again_at_once_after_a_full_batch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     triggers, _ = _dispatchers(0)
     triggers.cadence.watched = True
     fired = [1]
@@ -84,7 +87,7 @@ async def test_a_busy_leader_keeps_its_own_cadence_and_looks_again_at_once_after
     async def fire() -> TriggerResult:
         return TriggerResult(fired=fired[0])
 
-    triggers.run_once = fire
+    monkeypatch.setattr(triggers, "run_once", fire)
     await triggers.run_if_due()
     assert 0 < triggers.cadence.next_run_in() <= TriggerConfig().interval_sec
     fired[0] = TriggerConfig().batch_children

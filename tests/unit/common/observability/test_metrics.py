@@ -11,7 +11,6 @@ from unittest import mock
 import httpx
 import pytest
 from prometheus_client import Counter
-from prometheus_client.openmetrics.parser import text_string_to_metric_families
 from sundial_common.observability.metrics import (
     EXECUTIONS_FINISHED,
     REGISTRY,
@@ -27,6 +26,8 @@ from sundial_sweeper.cli import main as sweeper_main
 from sundial_worker.cli import main as worker_main
 from sundial_worker.metrics import OTHER_HANDLER, ExecutionMetrics, LagGauge
 from sundial_worker.sdk import Context
+
+from tests.support.openmetrics import metric_families
 
 OPENMETRICS = "application/openmetrics-text; version=1.0.0,text/plain;version=0.0.4;q=0.5"
 
@@ -127,7 +128,7 @@ async def test_a_handler_the_worker_does_not_declare_is_labelled_other() -> None
     body, _ = exposition(OPENMETRICS)
     exemplars = [
         s.exemplar.labels
-        for family in text_string_to_metric_families(body.decode())
+        for family in metric_families(body.decode())
         if family.name == "sundial_dispatch_lateness_seconds"
         for s in family.samples
         if s.labels.get("tenant") == tenant and s.exemplar is not None
@@ -146,7 +147,7 @@ def test_a_slow_lateness_bucket_gets_its_own_exemplar_after_a_fast_one() -> None
     body, _ = exposition(OPENMETRICS)
     exemplars = {
         s.labels["le"]: s.exemplar.labels["trace_id"]
-        for family in text_string_to_metric_families(body.decode())
+        for family in metric_families(body.decode())
         if family.name == "sundial_dispatch_lateness_seconds"
         for s in family.samples
         if s.labels.get("tenant") == tenant and s.exemplar is not None

@@ -6,12 +6,12 @@ import base64
 from pathlib import Path
 
 import pytest
+from sundial_common.runtime.settings import EncryptionSettings
 from sundial_common.security.encryption import (
     PAYLOAD,
     RESPONSE,
     RESULT,
     DecryptionError,
-    EncryptionSettings,
     MasterKeyError,
     TenantCipher,
     dev_master_key,

@@ -76,7 +76,7 @@ async def test_audience_is_required_and_checked_and_expiry_has_a_small_leeway() 
     with pytest.raises(InvalidToken, match="expired"):
         await verifier.verify(issue_token(NEW, "acme", ttl_sec=-60))
     with pytest.raises(InvalidToken, match="algorithm 'none'"):
-        await verifier.verify(jwt.encode({"sub": "s"}, None, algorithm="none"))
+        await verifier.verify(jwt.encode({"sub": "s"}, "", algorithm="none"))
     with pytest.raises(ValidationError):
         CommonSettings(env="dev", jwt_leeway_sec=3600)
 
@@ -96,7 +96,7 @@ async def test_an_identity_providers_rs256_and_es256_tokens_verify_from_a_jwks_f
     jwks_file.write_text(json.dumps({"keys": [_jwk(rsa_key.public_key(), "idp-rsa")]}))
     jwks = Jwks(str(jwks_file), refresh_sec=300, min_refresh_sec=0)
     verifier = TokenVerifier([], jwks=jwks, issuers=["sundial", "https://idp.example"])
-    claims = {"iss": "https://idp.example", "sub": "alice@acme", "aud": "sundial", "tenant": "acme"}
+    claims: dict[str, object] = {"iss": "https://idp.example", "sub": "alice@acme", "aud": "sundial", "tenant": "acme"}
     claims["exp"] = int(time.time()) + 60
 
     rs256 = jwt.encode(claims, rsa_key, algorithm="RS256", headers={"kid": "idp-rsa"})
