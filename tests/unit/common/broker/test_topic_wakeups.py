@@ -9,6 +9,7 @@ from typing import Any, cast
 from redis.asyncio import Redis
 from sundial_common.broker.messages import ExecutionMessage
 from sundial_common.broker.wakeups import WakingPublisher, topic_wake_channel
+from sundial_common.testing import FakeClock
 
 from tests.support.messages import execution_message
 
@@ -52,15 +53,15 @@ class _Acks:
 
 
 async def test_a_topic_is_announced_at_most_once_per_interval_and_only_for_acknowledged_batches() -> None:
-    redis, now = _Redis(), [0.0]
-    publisher = WakingPublisher(_Acks(), cast(Redis, cast(Any, redis)), min_interval_sec=0.1, clock=lambda: now[0])
+    redis, clock = _Redis(), FakeClock(monotonic=0.0)  # from 0: 0.05 + 0.05 is exactly the 0.1 s interval
+    publisher = WakingPublisher(_Acks(), cast(Redis, cast(Any, redis)), min_interval_sec=0.1, clock=clock.monotonic)
     a, b = topic_wake_channel(execution_message("a").topic), topic_wake_channel(execution_message("b").topic)
 
     await publisher.publish([execution_message("a"), execution_message("a")])
     assert redis.sent == [a]
-    now[0] = 0.05  # a was announced 50 ms ago: its woken workers are still fetching
+    clock.advance(0.05)  # a was announced 50 ms ago: its woken workers are still fetching
     await publisher.publish([execution_message("a"), execution_message("b"), execution_message("refused")])
     assert redis.sent == [a, b]
-    now[0] = 0.1
+    clock.advance(0.05)
     await publisher.publish([execution_message("a")])
     assert redis.sent == [a, b, a]
