@@ -38,7 +38,7 @@ from tests.support.hot_window import window_members
 from tests.support.messages import execution_message, header
 
 
-def _ms(instant: datetime) -> datetime:
+def ms_precision(instant: datetime) -> datetime:
     """Fire times are stored at millisecond precision, as the API writes them."""
     return instant.replace(microsecond=instant.microsecond // 1000 * 1000)
 
@@ -66,13 +66,13 @@ async def make_job(
             "tenant_id": "acme",
             "name": "test",
             "type": "ONE_SHOT",
-            "run_at": _ms(due),
+            "run_at": ms_precision(due),
             "pool": pool,
             "handler": "echo",
             "payload": {"n": str(job_id)},
             "timeout_sec": 30,
             "shard": shard,
-            "next_fire_at": _ms(due),
+            "next_fire_at": ms_precision(due),
             "traceparent": traceparent_value,
         },
         actor="test",
@@ -222,7 +222,7 @@ async def test_dispatch_commits_one_execution_per_occurrence_and_publishes_it(
 ) -> None:
     due = datetime.now(UTC) - timedelta(milliseconds=10)
     jobs = [await make_job(stores, due, pool) for _ in range(5)]
-    await hot_window.add(0, [Occurrence(j, _ms(due)) for j in jobs])
+    await hot_window.add(0, [Occurrence(j, ms_precision(due)) for j in jobs])
     config = DispatcherConfig(mark_published_after_sec=0)
     dispatcher = ShardDispatcher(0, 42, "replica-a", stores.dispatch, hot_window, publisher, config)
 
@@ -240,7 +240,7 @@ async def test_dispatch_commits_one_execution_per_occurrence_and_publishes_it(
     assert all(m.fence_token == 42 and m.attempt == 1 and m.handler == "echo" for m in messages)
 
     # The same occurrence claimed again (a stale or re-added member) creates nothing.
-    await hot_window.add(0, [Occurrence(jobs[0], _ms(due))])
+    await hot_window.add(0, [Occurrence(jobs[0], ms_precision(due))])
     again = await dispatcher.run_once()
     assert (again.claimed, again.dispatched) == (1, 0)
     assert await stores.database.pool.fetchval("SELECT count(*) FROM executions") == 5
@@ -282,7 +282,7 @@ async def test_published_at_is_marked_later_and_only_on_executions_still_waiting
 ) -> None:
     due = datetime.now(UTC) - timedelta(milliseconds=10)
     waiting, started = await make_job(stores, due, pool), await make_job(stores, due, pool)
-    await hot_window.add(0, [Occurrence(waiting, _ms(due)), Occurrence(started, _ms(due))])
+    await hot_window.add(0, [Occurrence(waiting, ms_precision(due)), Occurrence(started, ms_precision(due))])
     config = DispatcherConfig(mark_published_after_sec=0.2, mark_published_every_sec=0)
     dispatcher = ShardDispatcher(0, 42, "replica-a", stores.dispatch, hot_window, publisher, config)
     assert (await dispatcher.run_once()).published == 2
@@ -308,9 +308,9 @@ async def test_a_fenced_out_leader_writes_nothing(
     successor = ShardDispatcher(0, 200, "replica-b", stores.dispatch, hot_window, publisher, DispatcherConfig())
     stale = ShardDispatcher(0, 100, "replica-a", stores.dispatch, hot_window, publisher, DispatcherConfig())
 
-    await hot_window.add(0, [Occurrence(first, _ms(due))])
+    await hot_window.add(0, [Occurrence(first, ms_precision(due))])
     assert (await successor.run_once()).dispatched == 1
-    await hot_window.add(0, [Occurrence(second, _ms(due))])
+    await hot_window.add(0, [Occurrence(second, ms_precision(due))])
     with pytest.raises(FencedOut):
         await stale.run_once()
 
@@ -327,7 +327,7 @@ async def test_dispatch_continues_the_creating_requests_trace(
         origin = traceparent()
     due = datetime.now(UTC) - timedelta(milliseconds=10)
     job_id = await make_job(stores, due, pool, traceparent_value=origin)
-    await hot_window.add(0, [Occurrence(job_id, _ms(due))])
+    await hot_window.add(0, [Occurrence(job_id, ms_precision(due))])
 
     await ShardDispatcher(0, 1, "replica-a", stores.dispatch, hot_window, publisher, DispatcherConfig()).run_once()
 
@@ -351,7 +351,7 @@ async def test_sweeper_republishes_executions_whose_message_was_never_sent(
         0,
         1,
         "replica-a",
-        [Occurrence(job_id, _ms(due))],
+        [Occurrence(job_id, ms_precision(due))],
         lambda jobs: [PlannedExecution(execution_id, j, None, None) for j in jobs],
     )
     await stores.database.pool.execute("UPDATE executions SET created_at = now() - interval '1 minute'")
@@ -376,7 +376,7 @@ async def test_each_term_takes_a_larger_token_from_postgres_and_fences_out_the_o
 
     due = datetime.now(UTC) - timedelta(milliseconds=10)
     job = await make_job(stores, due, pool)
-    await hot_window.add(0, [Occurrence(job, _ms(due))])
+    await hot_window.add(0, [Occurrence(job, ms_precision(due))])
     stale = ShardDispatcher(0, first, "replica-a", stores.dispatch, hot_window, publisher, DispatcherConfig())
     with pytest.raises(FencedOut):
         await stale.run_once()
@@ -392,7 +392,7 @@ async def test_a_pass_whose_transaction_fails_puts_its_claim_back(
 ) -> None:
     due = datetime.now(UTC) - timedelta(milliseconds=10)
     jobs = [await make_job(stores, due, pool) for _ in range(3)]
-    await hot_window.add(0, [Occurrence(j, _ms(due)) for j in jobs])
+    await hot_window.add(0, [Occurrence(j, ms_precision(due)) for j in jobs])
 
     class Unreachable:
         """The dispatch store, except that the dispatch transaction cannot reach Postgres."""
@@ -421,7 +421,7 @@ async def test_warming_the_dispatch_connections_writes_nothing(stores: Stores, p
     # And the warmed connections dispatch as any other.
     job_id = await make_job(stores, datetime.now(UTC) - timedelta(seconds=1), pool)
     token = await stores.dispatch.take_shard(0, "replica-a")
-    claims = [Occurrence(job_id, _ms(datetime.now(UTC)))]
+    claims = [Occurrence(job_id, ms_precision(datetime.now(UTC)))]
     created = await stores.dispatch.dispatch(
         0, token, "replica-a", claims, lambda jobs: [PlannedExecution(new_id(), j, None, None) for j in jobs]
     )
@@ -436,7 +436,7 @@ async def test_warming_a_workers_start_connections_writes_nothing(stores: Stores
     # And a warmed connection starts an execution as any other.
     job_id = await make_job(stores, datetime.now(UTC) - timedelta(seconds=1), pool)
     token = await stores.dispatch.take_shard(0, "replica-a")
-    claims = [Occurrence(job_id, _ms(datetime.now(UTC)))]
+    claims = [Occurrence(job_id, ms_precision(datetime.now(UTC)))]
     (created,) = await stores.dispatch.dispatch(
         0, token, "replica-a", claims, lambda jobs: [PlannedExecution(new_id(), j, None, None) for j in jobs]
     )
@@ -458,7 +458,7 @@ async def test_passes_of_several_shards_commit_in_one_transaction_each_under_its
     outcomes = await asyncio.gather(
         *(
             commits.dispatch_occurrences(
-                shard, tokens[shard], "replica-a", [Occurrence(j, _ms(due)) for j in jobs[shard]], plan
+                shard, tokens[shard], "replica-a", [Occurrence(j, ms_precision(due)) for j in jobs[shard]], plan
             )
             for shard in (0, 1)
         )
@@ -484,8 +484,8 @@ async def test_a_fenced_out_shard_writes_nothing_in_a_shared_transaction_and_the
     config = DispatcherConfig(shards=2)
     leader = ShardDispatcher(0, led_token, "replica-a", stores.dispatch, hot_window, publisher, config, commit=commits)
     stale = ShardDispatcher(1, stale_token, "replica-a", stores.dispatch, hot_window, publisher, config, commit=commits)
-    await hot_window.add(0, [Occurrence(led, _ms(due))])
-    await hot_window.add(1, [Occurrence(lost, _ms(due))])
+    await hot_window.add(0, [Occurrence(led, ms_precision(due))])
+    await hot_window.add(1, [Occurrence(lost, ms_precision(due))])
 
     led_pass, stale_pass = await asyncio.gather(leader.run_once(), stale.run_once(), return_exceptions=True)
 
@@ -527,7 +527,7 @@ async def _leaders(
     made: list[uuid.UUID] = []
     for shard in shards:
         mine = [await make_job(stores, due, pool, shard=shard) for _ in range(jobs)]
-        await hot_window.add(shard, [Occurrence(j, _ms(due)) for j in mine])
+        await hot_window.add(shard, [Occurrence(j, ms_precision(due)) for j in mine])
         made += mine
     commits = GroupCommit(stores.dispatch)
     config = DispatcherConfig(shards=len(shards), mark_published_after_sec=0)
