@@ -14,7 +14,7 @@ import pytest
 import yaml
 from sundial_infra.kubernetes import stale
 
-ROOT = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes"
+ROOT = Path(__file__).resolve().parents[3] / "deploy" / "kubernetes"
 OVERLAYS = ("dev", "production")
 #: Custom resources whose schemas the validator does not carry (the Prometheus Operator's).
 CUSTOM_KINDS = {("monitoring.coreos.com/v1", "PodMonitor"), ("monitoring.coreos.com/v1", "PrometheusRule")}
