@@ -51,7 +51,7 @@ def test_a_blocked_event_loop_makes_the_process_not_alive() -> None:
 
 def test_a_condition_that_raises_reads_as_not_ready() -> None:
     health = Health()
-    health.require("consumer", lambda: 1 // 0 and None)
+    health.require("consumer", lambda: str(1 // 0))
     assert health.readiness() == ["consumer: ZeroDivisionError: integer division or modulo by zero"]
 
 
