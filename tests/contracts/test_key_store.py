@@ -3,7 +3,7 @@ known master key, and a rotation moves every key before it finishes."""
 
 from __future__ import annotations
 
-from tests.contracts.conftest import Registries
+from tests.contracts.registries import Registries
 
 OLD, NEW, OTHER = "check-old", "check-new", "check-other"
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from sundial_common.stores.pools import STAGING, Deleted, Pool, Updated
 from sundial_common.stores.tenants import Tenant
 
-from tests.contracts.conftest import Registries
+from tests.contracts.registries import Registries
 
 
 async def tenants(registries: Registries, *names: str) -> None:

@@ -7,7 +7,7 @@ import uuid
 
 from sundial_common.stores.tenants import SUSPENDED, Quotas, Tenant
 
-from tests.contracts.conftest import Registries
+from tests.contracts.registries import Registries
 
 
 async def test_a_tenant_is_created_once_at_version_1_and_read_back_as_written(registries: Registries) -> None:
