@@ -7,6 +7,7 @@ from collections import Counter
 from datetime import UTC, datetime, timedelta
 
 from sundial_common.stores.types import Occurrence
+from sundial_common.testing import InMemoryTenantStore
 from sundial_dispatcher.fairness import EarlyWork, FairDispatch, FairnessConfig, FairQueue, OpenWork, Waiting
 
 DUE = datetime(2026, 1, 1, tzinfo=UTC)
@@ -157,7 +158,7 @@ def test_a_tenants_low_work_yields_the_pool_to_its_high_work_waiting_in_another_
 
 
 def test_a_shard_whose_term_ended_no_longer_holds_back_the_others() -> None:
-    work = OpenWork(None, FairnessConfig())  # type: ignore[arg-type]
+    work = OpenWork(InMemoryTenantStore(), FairnessConfig())
     ended = FairDispatch(1, None, None, None, None, FairnessConfig(), 100, 2, work)  # type: ignore[arg-type]
     ended.queue.add(items("a", 1, priority="HIGH"))
     assert work.best_lane_elsewhere(0)("a", "p") == 0

@@ -8,14 +8,17 @@ from datetime import UTC, datetime
 
 from sundial_common.stores.tenants import OpenExecutions
 from sundial_common.stores.types import Occurrence
-from sundial_common.testing import FakeClock
+from sundial_common.testing import FakeClock, InMemoryTenantStore
 from sundial_dispatcher.fairness import FairnessConfig, FairQueue, OpenWork, Waiting
 
 DUE = datetime(2026, 1, 1, tzinfo=UTC)
 
 
-class Counts:
+class Counts(InMemoryTenantStore):
+    """The in-memory tenant registry with a scripted census of open executions (which it does not hold)."""
+
     def __init__(self) -> None:
+        super().__init__()
         self.rows: list[OpenExecutions] = []
         self.reads = 0
 
@@ -30,7 +33,7 @@ def open_work(counts: Counts, clock: FakeClock, pool_queue_min: int = 1000) -> O
     config = FairnessConfig(
         pool_queue_cap=1000, pool_queue_min=pool_queue_min, stalled_pool_sec=3.0, counts_refresh_sec=0.25
     )
-    return OpenWork(counts, config, clock.monotonic)  # type: ignore[arg-type]
+    return OpenWork(counts, config, clock.monotonic)
 
 
 async def test_a_pool_with_work_waiting_and_none_running_is_not_held_back_once_stalled() -> None:
