@@ -42,6 +42,9 @@ async def test_a_shared_pool_admits_the_tenants_it_is_shared_with(registries: Re
     policy["maxAttempts"] = 9
     stored = await registries.pools.get_pool("shared")
     assert stored is not None and stored.default_retry_policy == {"maxAttempts": 3, "backoff": "FIXED"}
+    stored.default_retry_policy["backoff"] = "EXPONENTIAL"  # what a read hands out is the reader's own
+    again = await registries.pools.get_pool("shared")
+    assert again is not None and again.default_retry_policy == {"maxAttempts": 3, "backoff": "FIXED"}
 
 
 async def test_pools_are_listed_in_name_order_and_for_a_tenant_only_those_it_may_use(registries: Registries) -> None:

@@ -74,6 +74,10 @@ async def test_the_stored_breaker_settings_are_the_stores_own_copy(registries: R
     settings["failureRatio"] = 0.9
     stored = await registries.tenants.get_tenant("acme")
     assert stored is not None and stored.breaker == {"failureRatio": 0.5, "minAttempts": 20}
+    assert isinstance(stored.breaker, dict)
+    stored.breaker["minAttempts"] = 1  # what a read hands out is the reader's own
+    again = await registries.tenants.get_tenant("acme")
+    assert again is not None and again.breaker == {"failureRatio": 0.5, "minAttempts": 20}
 
 
 async def test_a_tenant_without_jobs_or_executions_counts_none(registries: Registries) -> None:

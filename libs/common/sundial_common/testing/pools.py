@@ -26,15 +26,16 @@ class InMemoryPoolStore:
         at = self._clock.now()
         created = _stored(pool, version=1, created_at=at, updated_at=at)
         self._pools[pool.name] = created
-        return created
+        return _read(created)
 
     async def get_pool(self, name: str) -> Pool | None:
-        return self._pools.get(name)
+        pool = self._pools.get(name)
+        return _read(pool) if pool is not None else None
 
     async def list_pools(self, after: str | None, limit: int, tenant: str | None = None) -> list[Pool]:
         """Up to ``limit`` pools in name order after ``after``; with ``tenant``, only those it may use."""
         names = sorted(n for n in self._pools if after is None or n > after)
-        pools = (self._pools[n] for n in names)
+        pools = (_read(self._pools[n]) for n in names)
         return [p for p in pools if tenant is None or p.admits(tenant)][:limit]
 
     async def update_pool(self, pool: Pool, expected_version: int | None = None) -> Updated:
@@ -51,7 +52,7 @@ class InMemoryPoolStore:
             updated_at=self._clock.now(),
         )
         self._pools[pool.name] = updated
-        return Updated(updated, 0)
+        return Updated(_read(updated), 0)
 
     async def delete_pool(self, name: str) -> Deleted:
         found = self._pools.pop(name, None) is not None
@@ -65,3 +66,8 @@ def _stored(pool: Pool, *, version: int, created_at: datetime | None, updated_at
     return dataclasses.replace(
         pool, default_retry_policy=policy, version=version, created_at=created_at, updated_at=updated_at
     )
+
+
+def _read(pool: Pool) -> Pool:
+    """A stored pool as a read hands it out: a copy, as every read of the table is."""
+    return dataclasses.replace(pool, default_retry_policy=copy.deepcopy(pool.default_retry_policy))

@@ -28,17 +28,18 @@ class InMemoryTenantStore:
         at = self._clock.now()
         created = _stored(tenant, version=1, created_at=at, updated_at=at)
         self._tenants[tenant.id] = created
-        return created
+        return _read(created)
 
     async def get_tenant(self, tenant_id: str) -> Tenant | None:
-        return self._tenants.get(tenant_id)
+        tenant = self._tenants.get(tenant_id)
+        return _read(tenant) if tenant is not None else None
 
     async def list_tenants(self, after: str | None, limit: int) -> list[Tenant]:
         """Up to ``limit`` tenants in id order, with ids after ``after``."""
         return [t for t in await self.all_tenants() if after is None or t.id > after][:limit]
 
     async def all_tenants(self) -> list[Tenant]:
-        return [self._tenants[k] for k in sorted(self._tenants)]
+        return [_read(self._tenants[k]) for k in sorted(self._tenants)]
 
     async def update_tenant(self, tenant: Tenant, expected_version: int | None = None) -> Tenant | None:
         """Write every field of ``tenant``; None if it is unknown or not at ``expected_version``."""
@@ -49,7 +50,7 @@ class InMemoryTenantStore:
             tenant, version=current.version + 1, created_at=current.created_at, updated_at=self._clock.now()
         )
         self._tenants[tenant.id] = updated
-        return updated
+        return _read(updated)
 
     async def count_open_jobs(self, tenant_id: str) -> int:
         return 0
@@ -68,3 +69,8 @@ def _stored(tenant: Tenant, *, version: int, created_at: datetime | None, update
     value is the database's own, not the caller's dict)."""
     breaker = copy.deepcopy(dict(tenant.breaker)) if tenant.breaker is not None else None
     return dataclasses.replace(tenant, breaker=breaker, version=version, created_at=created_at, updated_at=updated_at)
+
+
+def _read(tenant: Tenant) -> Tenant:
+    """A stored tenant as a read hands it out: a copy, as every read of the table is."""
+    return dataclasses.replace(tenant, breaker=copy.deepcopy(tenant.breaker))
