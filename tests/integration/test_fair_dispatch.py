@@ -83,7 +83,7 @@ def dispatcher(
     stores: Stores, hot_window: HotWindow, publisher: KafkaPublisher, batch: int, **fairness: Unpack[Fairness]
 ) -> ShardDispatcher:
     # Counts read afresh every pass: the test changes executions between passes. A fixed pool cap (the
-    # rate-following one has tests of its own in tests/unit/test_open_work.py).
+    # rate-following one has tests of its own in tests/unit/dispatcher/test_open_work.py).
     fairness.setdefault("pool_queue_min", fairness.get("pool_queue_cap", FairnessConfig.pool_queue_cap))
     config = DispatcherConfig(batch_size=batch, fairness=FairnessConfig(counts_refresh_sec=0, **fairness))
     policy = TenantPolicy(stores.tenants, refresh_sec=0)
