@@ -66,8 +66,8 @@ test-unit: python-deps ## Run the unit tests only (no servers)
 lint: python-deps ## ruff lint and format check
 	uv run --frozen ruff check . && uv run --frozen ruff format --check .
 
-typecheck: python-deps ## mypy (strict) on libs, services, infra and bench
-	uv run --frozen mypy libs/common/sundial_common libs/client/sundial_client services/*/sundial_* infra/sundial_infra bench
+typecheck: python-deps ## mypy (strict) on libs, services, infra, bench and tests
+	uv run --frozen mypy libs/common/sundial_common libs/client/sundial_client services/*/sundial_* infra/sundial_infra bench tests
 
 release: python-deps ## Cut a release: VERSION=x.y.z versions, CHANGELOG, tag, wheels test-installed (DRY_RUN=1: build only)
 	@DRY_RUN=$(DRY_RUN) bash infra/scripts/release.sh $(VERSION)

@@ -34,7 +34,6 @@ os.environ["SUNDIAL_ENV"] = "dev"
 
 import atexit
 import contextlib
-import dataclasses
 import fcntl
 import shutil
 import signal
@@ -57,32 +56,15 @@ from redis.asyncio import Redis
 from sundial_common.broker.kafka import KafkaPublisher
 from sundial_common.stores import Stores
 from sundial_infra.servers.base import Server
-from sundial_infra.stack import TEST_PORTS, LocalStack, Ports
+from sundial_infra.stack import LocalStack, Ports
+
+from tests.support.ports import port_offset, session_ports
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TEMPLATE_DB = "sundial_template"
 ETCD_PREFIX = b"/sundial/"
 # Under pytest-timeout's default (300 s) so that a session waiting for the ports fails with our message.
 PORT_LOCK_WAIT_SEC = 240.0
-
-
-#: Port distance between the stacks of two xdist workers of one session.
-XDIST_WORKER_PORT_STRIDE = 100
-
-
-def port_offset() -> int:
-    """This session's (this xdist worker's) offset from ``TEST_PORTS``."""
-    base = int(os.environ.get("SUNDIAL_TEST_PORT_OFFSET", "0") or "0")
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "")  # "gw0", "gw1", … under xdist; unset otherwise
-    index = int(worker[2:]) if worker.startswith("gw") else 0
-    return base + XDIST_WORKER_PORT_STRIDE * index
-
-
-def _test_ports() -> tuple[Ports, Path]:
-    offset = port_offset()
-    ports = Ports(**{f.name: getattr(TEST_PORTS, f.name) + offset for f in dataclasses.fields(Ports)})
-    root = REPO_ROOT / ".sundial" / ("test" if offset == 0 else f"test-{offset}")
-    return ports, root
 
 
 @contextlib.contextmanager
@@ -117,7 +99,7 @@ def _exclusive(ports: Ports) -> Iterator[None]:
 @pytest.fixture(scope="session")
 def stack() -> Iterator[LocalStack]:
     """Postgres (non-durable), Redis, etcd and the broker, started once per session on the test ports."""
-    ports, root = _test_ports()
+    ports, root = session_ports()
     with _exclusive(ports):
         local = LocalStack(root, ports, durable=False)
         local.stop()  # servers a killed session left behind (their pid files are under root)

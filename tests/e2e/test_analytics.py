@@ -23,8 +23,8 @@ import asyncpg
 import httpx
 import pytest
 
-from tests.e2e.conftest import Processes, free_port
-from tests.tenants import tenant_token
+from tests.support.processes import Processes, free_port
+from tests.support.tenants import tenant_token
 
 TENANTS = ("alpha", "beta")
 #: Per tenant: (handler, jobs, maxAttempts).

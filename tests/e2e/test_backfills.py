@@ -11,10 +11,10 @@ import asyncpg
 import httpx
 import pytest
 
-from tests.e2e.conftest import Processes
-from tests.e2e.ha import eventually
 from tests.e2e.test_dependencies import FAST, start_stack
-from tests.tenants import tenant_token
+from tests.support.ha import eventually
+from tests.support.processes import Processes
+from tests.support.tenants import tenant_token
 
 
 def rfc3339(instant: datetime) -> str:

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from bench import machine
-from tests.conftest import port_offset
+from tests.support.ports import port_offset
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -21,8 +21,8 @@ import pytest
 from sundial_infra.dashboards import DASHBOARDS, TENANT_DASHBOARD, build, targets
 from sundial_infra.servers.prometheus import PrometheusServer, ScrapeTarget, write_targets
 
-from tests.e2e.conftest import Processes, free_port
-from tests.tenants import tenant_token
+from tests.support.processes import Processes, free_port
+from tests.support.tenants import tenant_token
 
 FAST = {
     "SUNDIAL_SWEEPER_INTERVAL_SEC": "0.5",
@@ -187,8 +187,8 @@ async def test_every_panel_of_every_dashboard_has_data_and_a_tenant_sees_only_it
             assert series and {s["metric"].get("tenant") for s in series} == {tenant_a}, (title, metric)
             other = query(prometheus, f"{metric}{{{matchers.replace(tenant_a, tenant_b)}}}")
             assert other, f"{metric}: tenant B has no series, so the filter proves nothing"
-        for series in query(prometheus, substitute(expr, tenant_a)):
-            assert series["metric"].get("tenant") in (None, tenant_a), (title, series)
+        for one in query(prometheus, substitute(expr, tenant_a)):
+            assert one["metric"].get("tenant") in (None, tenant_a), (title, one)
 
     # The alerts read the real series: on this healthy stack every shard has a leader, every process reports.
     rules = loaded_rules(prometheus)

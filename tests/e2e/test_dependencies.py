@@ -15,9 +15,9 @@ import asyncpg
 import httpx
 import pytest
 
-from tests.e2e.conftest import Processes, free_port
-from tests.e2e.ha import eventually
-from tests.tenants import tenant_token
+from tests.support.ha import eventually
+from tests.support.processes import Processes, free_port
+from tests.support.tenants import tenant_token
 
 FAST = {"SUNDIAL_SWEEPER_INTERVAL_SEC": "0.5", "SUNDIAL_SWEEPER_UNPUBLISHED_AFTER_SEC": "2"}
 ONCE = {"maxAttempts": 1}

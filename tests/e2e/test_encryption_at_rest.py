@@ -23,8 +23,8 @@ import pytest
 from confluent_kafka import Consumer
 from sundial_common.broker.messages import pool_topic
 
-from tests.e2e.conftest import SUNDIAL, Processes, free_port
-from tests.tenants import tenant_token
+from tests.support.processes import SUNDIAL, Processes, free_port
+from tests.support.tenants import tenant_token
 
 MARKER = "tok-PLAINTEXT-MARKER-7c1e"
 PG_DUMP = "/usr/lib/postgresql/15/bin/pg_dump"

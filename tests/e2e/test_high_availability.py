@@ -1,7 +1,7 @@
 """High availability with real processes: fencing of a paused leader, graceful handover, crash failover,
 balance across replicas, standby hydrator and sweeper, several API replicas.
 
-Leases are short here (TTL 2 s, margin 0.5 s, see ``tests/e2e/ha.py``); every wait is a poll with a
+Leases are short here (TTL 2 s, margin 0.5 s, see ``tests/support/ha.py``); every wait is a poll with a
 deadline well above what the behaviour needs. Jobs are put straight into the shard under test so that a
 leader can be chosen and hurt on purpose; checks read Postgres (the executions) and etcd (the leaders).
 """
@@ -11,7 +11,9 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
+from collections.abc import Awaitable
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import httpx
 import pytest
@@ -19,9 +21,9 @@ from sundial_common.runtime.settings import CommonSettings
 from sundial_common.security.auth import issue_token
 from sundial_dispatcher.balance import placement
 
-from tests.e2e.conftest import SUNDIAL, free_port
-from tests.e2e.ha import LEASE_TTL, HaCluster, cluster_fixture, eventually, every, process_state
-from tests.tenants import tenant_token
+from tests.support.ha import LEASE_TTL, HaCluster, cluster_fixture, eventually, every, process_state
+from tests.support.processes import SUNDIAL, free_port
+from tests.support.tenants import tenant_token
 
 pytestmark = pytest.mark.e2e
 __all__ = ["cluster_fixture"]  # the `cluster` fixture
@@ -50,7 +52,7 @@ async def test_a_leader_paused_past_its_lease_is_fenced_out_when_it_resumes(clus
 
     async def successor_dispatched() -> bool:
         rows = await cluster.fetch("SELECT count(*) AS n FROM executions WHERE fence_token = $1", successor_token)
-        return rows[0]["n"] > 0
+        return bool(rows[0]["n"] > 0)
 
     await eventually(successor_dispatched, 10, "the successor dispatches")
 
@@ -150,7 +152,11 @@ async def test_a_standby_hydrator_and_sweeper_take_over_when_the_active_ones_die
         assert leader in names
         cluster.kill(leader)
         survivor = next(n for n in names if n != leader)
-        await eventually(lambda r=role, s=survivor: _is(active(), r, s), LEASE_TTL + 5, f"{survivor} takes over")
+
+        async def took_over(role: str = role, survivor: str = survivor) -> bool:
+            return (await active()).get(role) == survivor
+
+        await eventually(took_over, LEASE_TTL + 5, f"{survivor} takes over")
         cluster.processes.wait_for_log(survivor, "is now the active one")
 
 
@@ -192,13 +198,9 @@ async def test_the_hosts_of_the_singletons_fail_over_every_role_when_one_dies(cl
     assert cluster.terminate(survivor) == 0
 
 
-async def _both(roles: asyncio.Future[dict[str, str]] | object) -> dict[str, str] | None:
-    found = await roles  # type: ignore[misc]
+async def _both(roles: Awaitable[dict[str, str]]) -> dict[str, str] | None:
+    found = await roles
     return found if {"hydrator", "sweeper"} <= set(found) else None
-
-
-async def _is(roles: object, role: str, holder: str) -> bool:
-    return (await roles).get(role) == holder  # type: ignore[misc,no-any-return]
 
 
 async def test_several_api_replicas_serve_at_once_and_the_cluster_view_shows_every_replica(
@@ -243,7 +245,7 @@ async def test_several_api_replicas_serve_at_once_and_the_cluster_view_shows_eve
 
         async def all_succeeded() -> bool:
             rows = await cluster.fetch("SELECT count(*) AS n FROM executions WHERE state = 'SUCCEEDED'")
-            return rows[0]["n"] == 40
+            return bool(rows[0]["n"] == 40)
 
         await eventually(all_succeeded, 60, "every job succeeds")
         # Either replica reads what the other wrote: they share nothing but Postgres and Redis.
@@ -251,7 +253,7 @@ async def test_several_api_replicas_serve_at_once_and_the_cluster_view_shows_eve
             job = (await clients[(i + 1) % 2].get(f"/v1/jobs/{job_id}", headers=tenant)).json()
             assert job["state"] == "COMPLETED"
 
-        async def full_view() -> dict[str, object] | None:
+        async def full_view() -> dict[str, Any] | None:
             view = (await clients[1].get("/v1/admin/cluster", headers=admin)).json()
             kinds = sorted(r["kind"] for r in view["replicas"])
             return view if kinds == ["api", "api", "dispatcher", "dispatcher", "hydrator", "sweeper"] else None
@@ -261,13 +263,13 @@ async def test_several_api_replicas_serve_at_once_and_the_cluster_view_shows_eve
         for client in clients:
             await client.aclose()
 
-    replicas = {r["id"]: r for r in view["replicas"]}  # type: ignore[index]
+    replicas = {r["id"]: r for r in view["replicas"]}
     assert {"api-0", "api-1", "alpha", "beta", "hydrator", "sweeper"} == set(replicas)
     assert sorted(replicas["alpha"]["leadsShards"] + replicas["beta"]["leadsShards"]) == list(range(8))
     assert len(replicas["alpha"]["leadsShards"]) == len(replicas["beta"]["leadsShards"]) == 4
     assert replicas["api-0"]["pid"] == cluster.pid("api-0")
-    assert all(s["leader"] in ("alpha", "beta") and s["fenceToken"] for s in view["shards"])  # type: ignore[index]
-    roles = {r["role"]: r["leader"] for r in view["roles"]}  # type: ignore[index]
+    assert all(s["leader"] in ("alpha", "beta") and s["fenceToken"] for s in view["shards"])
+    roles = {r["role"]: r["leader"] for r in view["roles"]}
     # Every singleton role is listed; this cluster runs no replayer or analytics, so those have no leader.
     assert roles == {"hydrator": "hydrator", "sweeper": "sweeper", "replayer": None, "analytics": None}
 
@@ -279,7 +281,7 @@ async def test_several_api_replicas_serve_at_once_and_the_cluster_view_shows_eve
     assert printed.returncode == 0, printed.stderr
     direct = json.loads(printed.stdout)
     assert {r["id"] for r in direct["replicas"]} == set(replicas)
-    assert [s["leader"] for s in direct["shards"]] == [s["leader"] for s in view["shards"]]  # type: ignore[index]
+    assert [s["leader"] for s in direct["shards"]] == [s["leader"] for s in view["shards"]]
     table = await asyncio.to_thread(
         subprocess.run, [SUNDIAL, "cluster"], env=env, capture_output=True, text=True, timeout=60
     )

@@ -10,11 +10,11 @@ import uuid
 import asyncpg
 import httpx
 import pytest
-from prometheus_client.openmetrics.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from tests.e2e.conftest import Processes, free_port
-from tests.tenants import tenant_token
+from tests.support.openmetrics import metric_families
+from tests.support.processes import Processes, free_port
+from tests.support.tenants import tenant_token
 
 OPENMETRICS = {"Accept": "application/openmetrics-text; version=1.0.0,text/plain;version=0.0.4;q=0.5"}
 
@@ -22,7 +22,7 @@ OPENMETRICS = {"Accept": "application/openmetrics-text; version=1.0.0,text/plain
 def scrape(port: int) -> list[Sample]:
     reply = httpx.get(f"http://127.0.0.1:{port}/metrics", headers=OPENMETRICS, timeout=5)
     assert reply.headers["content-type"].startswith("application/openmetrics-text")
-    return [s for family in text_string_to_metric_families(reply.text) for s in family.samples]
+    return [s for family in metric_families(reply.text) for s in family.samples]
 
 
 def series(samples: list[Sample], name: str, **labels: str) -> list[Sample]:

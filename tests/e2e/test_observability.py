@@ -1,7 +1,7 @@
 """Every process goes through the same observability setup: real hydrator and sweeper processes serve
 ``/metrics`` with their loop pass counts, and export spans with real trace ids to an OTLP/HTTP receiver.
 
-The receiver (:mod:`tests.otlp`) is a small HTTP server of the test's own that decodes the exported
+The receiver (:mod:`tests.support.otlp`) is a small HTTP server of the test's own that decodes the exported
 protobuf (opentelemetry-proto) — exactly what Jaeger's OTLP endpoint receives.
 """
 
@@ -13,8 +13,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.e2e.conftest import Processes, free_port
-from tests.otlp import OtlpReceiver
+from tests.support.otlp import OtlpReceiver
+from tests.support.processes import Processes, free_port
 
 
 def loop_passes(metrics_port: int, loop: str) -> tuple[float, set[str]]:

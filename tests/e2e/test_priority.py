@@ -16,14 +16,15 @@ from __future__ import annotations
 
 import asyncio
 import statistics
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 
 import asyncpg
 import httpx
 import pytest
 
-from tests.e2e.conftest import Processes, free_port
-from tests.tenants import tenant_token
+from tests.support.processes import Processes, free_port
+from tests.support.tenants import tenant_token
 
 LOW = 600  # x 0.25 s on 8 slots: ~19 s of work
 HIGH_WAVES = (4.0, 8.0, 12.0)  # seconds into the drain
@@ -34,9 +35,9 @@ def iso(at: datetime) -> str:
     return at.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-async def register(client: httpx.AsyncClient, token: str, jobs: list[dict[str, object]]) -> None:
+async def register(client: httpx.AsyncClient, token: str, jobs: Sequence[Mapping[str, object]]) -> None:
     for start in range(0, len(jobs), 500):
-        batch = jobs[start : start + 500]
+        batch = list(jobs[start : start + 500])
         answer = await client.post("/v1/jobs:batch", json={"jobs": batch}, headers={"Authorization": f"Bearer {token}"})
         assert answer.status_code == 200 and answer.json()["created"] == len(batch), answer.text[:500]
 

@@ -8,7 +8,7 @@ import time
 import httpx
 import pytest
 
-from tests.e2e.conftest import Processes, free_port
+from tests.support.processes import Processes, free_port
 
 
 def wait_for(url: str, status: int, timeout: float = 30.0) -> httpx.Response:

@@ -19,8 +19,8 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from sundial_common.broker.kafka import ensure_topics
 from sundial_common.broker.messages import DLQ_TOPIC
 
-from tests.e2e.conftest import Processes, free_port
-from tests.tenants import tenant_token
+from tests.support.processes import Processes, free_port
+from tests.support.tenants import tenant_token
 
 T = TypeVar("T")
 FAST = {
@@ -53,8 +53,9 @@ def dead_letters(bootstrap: str, execution_id: str, timeout: float = 15.0) -> li
         deadline = time.monotonic() + timeout
         while not found and time.monotonic() < deadline:
             for raw in consumer.consume(num_messages=500, timeout=0.3):
-                if raw.error() is None and raw.value() is not None:
-                    letter = orjson.loads(raw.value())
+                value = raw.value()
+                if raw.error() is None and value is not None:
+                    letter = orjson.loads(value)
                     if letter["execution_id"] == execution_id:
                         found.append(letter)
         return found

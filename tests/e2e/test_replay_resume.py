@@ -22,8 +22,9 @@ from sundial_common.broker.messages import pool_topic
 from sundial_common.stores import Stores
 from sundial_common.stores.replays import NewReplay
 
-from tests.e2e.conftest import Processes
 from tests.integration.test_replays import PARTITIONS, history, produce
+from tests.support.messages import header
+from tests.support.processes import Processes
 
 pytestmark = pytest.mark.e2e
 
@@ -49,8 +50,7 @@ def _staged(bootstrap: str, topic: str, at_least: int) -> list[str]:
             batch = [m for m in consumer.consume(5000, 0.5) if m.error() is None]
             idle = 0 if batch else idle + 1
             for m in batch:
-                headers = dict(m.headers() or [])
-                ids.append(headers["sundial-replay-execution-id"].decode())
+                ids.append(header(m, "sundial-replay-execution-id").decode())
         return ids
     finally:
         consumer.close()

@@ -16,16 +16,18 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import asyncpg
 import httpx
 import pytest
 
-from tests.e2e.conftest import Processes, free_port
-from tests.tenants import tenant_token
+from tests.support.processes import Processes, free_port
+from tests.support.tenants import tenant_token
 
+T = TypeVar("T")
 N = 200
 OUTAGE_SEC = 20.0
 PROBES = 3
@@ -114,7 +116,8 @@ async def test_breaker_holds_retries_through_an_outage_and_releases_them(process
         )
         assert echo.status_code == 201, echo.text
         await _until(lambda: _job_succeeded(a, echo.json()["jobId"]), 20, "echo to succeed while the breaker is open")
-        assert (await _breaker(a, None))["state"] in ("OPEN", "HALF_OPEN")
+        meanwhile = await _breaker(a, None)
+        assert meanwhile is not None and meanwhile["state"] in ("OPEN", "HALF_OPEN")
         assert all(x["state"] == "CLOSED" for x in (await b.get("/v1/breakers")).json()["items"])  # off: never opens
 
         # After the outage: every execution of tenant on succeeds, none dead; the breaker closed.
@@ -124,7 +127,7 @@ async def test_breaker_holds_retries_through_an_outage_and_releases_them(process
         off_states = await _states(db, "breaker-off", "outage")
         assert on_states == {"SUCCEEDED": N}, on_states
         closed = await _breaker(a, None)
-        assert closed["state"] == "CLOSED" and closed["held"] == 0 and closed["opens"] >= 1
+        assert closed is not None and closed["state"] == "CLOSED" and closed["held"] == 0 and closed["opens"] >= 1
 
         # While OPEN no retry was dispatched; while HALF_OPEN at most the probes.
         trail = (await a.get(f"/v1/breakers/{closed['id']}/audit")).json()["items"]
@@ -141,7 +144,7 @@ async def test_breaker_holds_retries_through_an_outage_and_releases_them(process
         assert off_states.get("DEAD", 0) > 0, off_states
 
 
-async def _until(check: Any, within: float, what: str) -> Any:
+async def _until(check: Callable[[], Awaitable[T | None]], within: float, what: str) -> T:
     deadline = time.monotonic() + within
     while True:
         value = await check()

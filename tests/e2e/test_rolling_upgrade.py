@@ -28,7 +28,7 @@ import pytest
 from sundial_common.stores.schema import upgrade
 from sundial_infra.stack import LocalStack
 
-from tests.e2e.conftest import Processes, free_port
+from tests.support.processes import Processes, free_port
 
 #: The previous release: the last commit before this release's first migration.
 PREVIOUS = "9fccdc3c196f1a55d91afe1ea8432b5533400909"

@@ -20,8 +20,8 @@ import asyncpg
 import httpx
 import pytest
 
-from tests.e2e.conftest import Processes, free_port
-from tests.tenants import tenant_token
+from tests.support.processes import Processes, free_port
+from tests.support.tenants import tenant_token
 
 BURST = 3000  # ten times the pool queue cap below: most of it waits in the dispatcher
 URGENT = 100

@@ -1,7 +1,7 @@
 """One trace per execution, as a person looking at Jaeger would see it, from real processes.
 
 Every Sundial process (API, hydrator, dispatcher, sweeper, demo worker) exports over OTLP/HTTP to the
-test's own receiver (:mod:`tests.otlp`, the protobuf Jaeger's OTLP endpoint receives). For each story —
+test's own receiver (:mod:`tests.support.otlp`, the protobuf Jaeger's OTLP endpoint receives). For each story —
 success; failure, retry, success; dead after its last attempt (and its dead letter); cancel of a running
 execution; a worker killed mid-handler and recovered by the sweeper; a recurring job's fire; a trigger —
 the spans tagged with the execution are one trace whose id is the execution's ``traceId``, with one root,
@@ -22,10 +22,10 @@ import pytest
 from sundial_common.broker.kafka import ensure_topics
 from sundial_common.broker.messages import DLQ_TOPIC
 
-from tests.e2e.conftest import Processes, free_port, otlp_env
 from tests.e2e.test_reliable_execution import QUICK, until
-from tests.otlp import OtlpReceiver, ReceivedSpan, tree_problems
-from tests.tenants import tenant_token
+from tests.support.otlp import OtlpReceiver, ReceivedSpan, otlp_env, tree_problems
+from tests.support.processes import Processes, free_port
+from tests.support.tenants import tenant_token
 
 FAST = {
     "SUNDIAL_SWEEPER_INTERVAL_SEC": "0.5",

@@ -18,9 +18,9 @@ import httpx
 import pytest
 from sundial_common.security.encryption import RESULT
 
-from tests.e2e.conftest import Processes, free_port
-from tests.sealed import opened_values
-from tests.tenants import tenant_token
+from tests.support.processes import Processes, free_port
+from tests.support.sealed import opened_values
+from tests.support.tenants import tenant_token
 
 JOBS = 500
 

@@ -34,9 +34,9 @@ import asyncpg
 import httpx
 from sundial_infra.supervisor import Backoff, ProcessSpec, Supervisor, sundial_argv
 
-from tests.e2e.conftest import Processes, free_port
-from tests.e2e.ha import eventually
-from tests.tenants import tenant_token
+from tests.support.ha import eventually
+from tests.support.processes import Processes, free_port
+from tests.support.tenants import tenant_token
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCALE = float(os.environ.get("SUNDIAL_FAULT_SCALE", "1") or "1")

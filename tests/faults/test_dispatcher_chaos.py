@@ -34,7 +34,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.ha import LEASE_TTL, HaCluster, cluster_fixture, eventually, process_state
+from tests.support.ha import LEASE_TTL, HaCluster, cluster_fixture, eventually, process_state
 
 __all__ = ["cluster_fixture"]  # the `cluster` fixture
 

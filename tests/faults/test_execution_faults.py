@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import statistics
+import subprocess
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -24,7 +25,8 @@ from pathlib import Path
 import pytest
 from sundial_infra.stack import LocalStack
 
-from tests.faults.harness import FaultStack, budget, eventually, one_shots, scaled
+from tests.faults.harness import FaultStack, budget, one_shots, scaled
+from tests.support.ha import eventually
 
 JOBS = scaled(1000)
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(int(budget(300)))]
@@ -53,7 +55,11 @@ async def test_the_dispatcher_killed_at_each_crash_point_loses_and_doubles_nothi
     for point in ("dispatcher.after_claim", "dispatcher.after_commit"):
         name = f"crash-{point.split('.')[1]}"
         proc = faults.extra.start(name, "dispatcher", env={"SUNDIAL_CRASH_POINT": point, "SUNDIAL_INSTANCE_ID": name})
-        await eventually(lambda p=proc: p.poll() is not None, 60, f"{name} to reach {point}")  # type: ignore[misc]
+
+        def crashed(p: subprocess.Popen[bytes] = proc) -> bool:
+            return p.poll() is not None
+
+        await eventually(crashed, 60, f"{name} to reach {point}")
         assert proc.returncode == 137 and f"crash point {point} reached" in faults.log(name), faults.log(name)[-2000:]
     job_ids = await creating
     await faults.wait_terminal(len(job_ids), within=120)

@@ -28,8 +28,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults.harness import FaultStack, budget, eventually, one_shots, scaled
+from tests.faults.harness import FaultStack, budget, one_shots, scaled
 from tests.faults.recovery import Recovery, record
+from tests.support.ha import eventually
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(int(budget(300)))]
 

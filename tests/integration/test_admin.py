@@ -21,7 +21,7 @@ from sundial_common.hotwindow.window import HotWindow
 from sundial_common.security.auth import issue_token
 from sundial_common.stores.types import Occurrence
 
-from tests.tenants import tenant_token
+from tests.support.tenants import tenant_token
 
 SECRET = "admin-test-signing-key-of-32-bytes-at-least"
 SHARDS = 4

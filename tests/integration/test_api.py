@@ -31,9 +31,10 @@ from sundial_api.models.executions import ExecutionDetail, ExecutionPage
 from sundial_api.models.jobs import JobDetail
 from sundial_common.domain.ids import new_id
 from sundial_common.hotwindow.window import member
+from sundial_common.testing import FakeClock
 from sundial_infra.stack import LocalStack
 
-from tests.tenants import tenant_token
+from tests.support.tenants import tenant_token
 
 SECRET = "test-signing-key-for-the-api-suite"
 TENANT = "acme"
@@ -42,17 +43,6 @@ POOLS = ("demo", "email-sender", "reports")
 # A fixed "now" (millisecond-aligned) makes fire times exact; it is near the real time because the
 # dispatcher-facing code compares against Redis scores, and readers of these rows expect sane dates.
 NOW = datetime.now(UTC).replace(microsecond=123000) + timedelta(days=1)
-
-
-class FixedClock:
-    def __init__(self, now: datetime) -> None:
-        self.current = now
-
-    def now(self) -> datetime:
-        return self.current
-
-    def monotonic(self) -> float:
-        return time.monotonic()
 
 
 def rfc3339(instant: datetime) -> str:
@@ -69,7 +59,7 @@ class Api:
     db: asyncpg.Connection
     redis: Redis
     settings: ApiSettings
-    clock: FixedClock
+    clock: FakeClock
     app: FastAPI
 
     def auth(self, tenant: str = TENANT) -> dict[str, str]:
@@ -93,7 +83,7 @@ class Api:
 async def api(request: pytest.FixtureRequest, database_url: str, redis_url: str) -> AsyncIterator[Api]:
     overrides: dict[str, Any] = getattr(request, "param", {})  # settings of a test's own (indirect parametrize)
     settings = ApiSettings(database_url=database_url, redis_url=redis_url, jwt_secret=SECRET, shards=4, **overrides)
-    clock = FixedClock(NOW)
+    clock = FakeClock(NOW)
     app = create_app(settings, clock=clock)
     # Registered (with the pools the tests send work into) before any test can stop Postgres, and every tenant
     # of a pool before the API first reads it (its registry cache would answer 403 to one admitted later).

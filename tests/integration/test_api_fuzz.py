@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
@@ -22,6 +22,7 @@ import schemathesis
 import uvicorn
 from hypothesis import HealthCheck, Phase
 from schemathesis.checks import not_a_server_error
+from schemathesis.core.result import Ok
 from schemathesis.specs.openapi.checks import (
     content_type_conformance,
     response_schema_conformance,
@@ -30,8 +31,8 @@ from schemathesis.specs.openapi.checks import (
 from sundial_api.app import create_app
 from sundial_api.settings import ApiSettings
 
-from tests.conftest import _test_ports
-from tests.tenants import tenant_token
+from tests.support.ports import session_ports
+from tests.support.tenants import tenant_token
 
 SECRET = "fuzzing-signing-key-0123456789abcdef"
 #: Requests per operation: ~1 s per operation on a loaded 2-core machine, ~35 s for the whole document.
@@ -44,7 +45,7 @@ WITHOUT_ANALYTICS = [status_code_conformance, content_type_conformance, response
 
 @pytest.fixture
 def served(database_url: str, redis_url: str, etcd_endpoint: str) -> Iterator[tuple[str, dict[str, Any]]]:
-    ports, _ = _test_ports()
+    ports, _ = session_ports()
     settings = ApiSettings(
         database_url=database_url,
         redis_url=redis_url,
@@ -72,7 +73,11 @@ def served(database_url: str, redis_url: str, etcd_endpoint: str) -> Iterator[tu
         thread.join(timeout=30)
 
 
-def _fuzz(operation: Any, base_url: str, headers: dict[str, Any]) -> Any:
+#: An operation of the API's document, as schemathesis reads it (its parameters and schema are the OpenAPI loader's).
+Operation = schemathesis.APIOperation[Any, Any, Any, Any]
+
+
+def _fuzz(operation: Operation, base_url: str, headers: dict[str, str]) -> Callable[[], None]:
     checks = WITHOUT_ANALYTICS if operation.path.startswith("/v1/stats") else CHECKS
 
     @hypothesis.settings(
@@ -84,7 +89,7 @@ def _fuzz(operation: Any, base_url: str, headers: dict[str, Any]) -> Any:
         suppress_health_check=list(HealthCheck),
     )
     @hypothesis.given(case=operation.as_strategy())
-    def check(case: schemathesis.Case) -> None:
+    def check(case: schemathesis.Case[Operation]) -> None:
         response = case.call(base_url=base_url, headers=headers, timeout=30)
         case.validate_response(response, checks=checks)
 
@@ -101,6 +106,7 @@ def test_every_operation_answers_as_documented_and_never_5xx(
     failures: dict[str, str] = {}
     operations = 0
     for result in schema.get_all_operations():
+        assert isinstance(result, Ok), f"the document has an operation schemathesis cannot read: {result.err()!r}"
         operation = result.ok()
         operations += 1
         headers = admin if operation.path.startswith("/v1/admin") else tenant

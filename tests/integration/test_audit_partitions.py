@@ -14,9 +14,10 @@ from alembic import command
 from sundial_common.domain.ids import new_id
 from sundial_common.stores import Stores
 from sundial_common.stores.schema import alembic_config, upgrade
+from sundial_common.testing import FakeClock
 from sundial_sweeper.partitions import PartitionLoop, PartitionLoopConfig
 
-from tests.integration.test_execution_partitions import At, day_name, empty_database, midnight, partition_names
+from tests.integration.test_execution_partitions import day_name, empty_database, midnight, partition_names
 from tests.integration.test_reliability import TENANT, make_executions
 
 __all__ = ["empty_database"]  # the fixture
@@ -46,10 +47,10 @@ async def test_retention_drops_expired_audit_days_and_the_log_stays_append_only(
     # 89 days after today ended nothing goes; 90 days after, today's audit rows do (not today's executions: 30
     # days of execution retention would drop them anyway, so keep those forever here to see the two apart).
     config = PartitionLoopConfig(retention_days=0, audit_retention_days=90)
-    almost = PartitionLoop(stores.partitions, config, clock=At(midnight(today + timedelta(days=90))))
+    almost = PartitionLoop(stores.partitions, config, clock=FakeClock(midnight(today + timedelta(days=90))))
     assert (await almost.run_once()).audit_dropped == 0
     later = midnight(today + timedelta(days=91)) + timedelta(hours=1)
-    result = await PartitionLoop(stores.partitions, config, clock=At(later)).run_once()
+    result = await PartitionLoop(stores.partitions, config, clock=FakeClock(later)).run_once()
     assert (result.audit_dropped, result.dropped, result.busy) == (1, 0, 0)  # today's day of audit rows
     assert result.audit_created == 1  # the day a week after the later today (the earlier pass made the rest)
     names = await partition_names(stores, "audit_log")
@@ -59,7 +60,7 @@ async def test_retention_drops_expired_audit_days_and_the_log_stays_append_only(
     assert (await stores.executions.get_execution(TENANT, execution)) is not None
     # Retention 0 keeps every day.
     keep = PartitionLoop(
-        stores.partitions, PartitionLoopConfig(audit_retention_days=0), clock=At(later + timedelta(days=400))
+        stores.partitions, PartitionLoopConfig(audit_retention_days=0), clock=FakeClock(later + timedelta(days=400))
     )
     assert (await keep.run_once()).audit_dropped == 0
 
@@ -112,7 +113,7 @@ async def test_an_upgrade_from_0019_keeps_the_trail_readable_and_its_ids_growing
         # The legacy partition goes once its newest day is past retention.
         later = midnight(tomorrow + timedelta(days=31))
         result = await PartitionLoop(
-            stores.partitions, PartitionLoopConfig(retention_days=0, audit_retention_days=30), clock=At(later)
+            stores.partitions, PartitionLoopConfig(retention_days=0, audit_retention_days=30), clock=FakeClock(later)
         ).run_once()
         assert "audit_log_legacy" not in await partition_names(stores, "audit_log")
         assert result.audit_dropped >= 1

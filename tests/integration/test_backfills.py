@@ -16,7 +16,7 @@ from sundial_dispatcher.limits import SideLimits
 
 from tests.integration.test_api import NOW, TENANT, Api, api, error_fields, rfc3339  # noqa: F401  (the `api` fixture)
 from tests.integration.test_dependencies import side_limits
-from tests.tenants import register_tenant
+from tests.support.tenants import register_tenant
 
 START = NOW.replace(second=0, microsecond=0) - timedelta(hours=2)
 
@@ -145,7 +145,7 @@ async def test_bad_ranges_are_refused_naming_the_field_and_nothing_is_written(ap
             {"name": "once", "type": "DELAYED", "delaySeconds": 60, "target": {"pool": "demo", "handler": "echo"}}
         )
     ).json()["jobId"]
-    for target, fields, field in [
+    cases: list[tuple[str, dict[str, Any], str]] = [
         (job_id, {"from": minutes(10), "to": minutes(10)}, "to"),
         (job_id, {"from": minutes(10), "to": rfc3339(NOW + timedelta(minutes=1))}, "to"),
         (job_id, {"from": minutes(-10), "to": minutes(10)}, "from"),
@@ -153,7 +153,8 @@ async def test_bad_ranges_are_refused_naming_the_field_and_nothing_is_written(ap
         (job_id, {"from": minutes(0), "to": minutes(10), "ratePerSec": 0}, "ratePerSec"),
         (job_id, {"from": minutes(0), "to": minutes(10), "overlapPolicy": "SKIP"}, "overlapPolicy"),
         (one_shot, {"from": minutes(0), "to": minutes(10)}, "jobId"),
-    ]:
+    ]
+    for target, fields, field in cases:
         response = await backfill(api, target, **fields)
         assert response.status_code == 422, response.text
         assert error_fields(response) == [field], response.text

@@ -31,7 +31,7 @@ from sundial_sweeper.breakers import BreakerLoop, BreakerLoopConfig, BreakerPass
 
 from tests.integration.test_api import Api, api  # noqa: F401  (the `api` fixture)
 from tests.integration.test_reliability import TENANT, dispatcher, make_executions
-from tests.pools import admit
+from tests.support.pools import admit
 
 
 @pytest.fixture

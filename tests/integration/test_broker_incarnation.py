@@ -10,8 +10,8 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
 from confluent_kafka import KafkaException
-from confluent_kafka.admin import AdminClient  # type: ignore[attr-defined]
-from sundial_common.broker.kafka import KafkaIncarnation, KafkaPublisher
+from confluent_kafka.admin import AdminClient
+from sundial_common.broker.kafka import KafkaIncarnation, KafkaPublisher, Publisher
 from sundial_common.broker.messages import ExecutionMessage, pool_topic
 from sundial_common.hotwindow.window import HotWindow
 from sundial_common.stores import Stores
@@ -20,7 +20,7 @@ from sundial_dispatcher.dispatcher import DispatcherConfig, ShardDispatcher
 from sundial_sweeper.broker_restart import BrokerRestartRepublisher
 from sundial_sweeper.sweeper import Sweeper, SweeperConfig
 
-from tests.integration.test_dispatch_path import _ms, consume, hot_window, make_job, pool
+from tests.integration.test_dispatch_path import consume, hot_window, make_job, ms_precision, pool
 
 __all__ = ["hot_window", "pool"]  # fixtures
 
@@ -60,11 +60,11 @@ class Restarted:
         return None
 
 
-async def three_published(stores: Stores, hot_window: HotWindow, publisher: KafkaPublisher, pool: str) -> None:
+async def three_published(stores: Stores, hot_window: HotWindow, publisher: Publisher, pool: str) -> None:
     """Three due jobs dispatched: three PENDING executions whose messages are in the pool's topic."""
     due = datetime.now(UTC) - timedelta(milliseconds=10)
     jobs = [await make_job(stores, due, pool) for _ in range(3)]
-    await hot_window.add(0, [Occurrence(j, _ms(due)) for j in jobs])
+    await hot_window.add(0, [Occurrence(j, ms_precision(due)) for j in jobs])
     config = DispatcherConfig(mark_published_after_sec=0)
     assert (await ShardDispatcher(0, 1, "d", stores.dispatch, hot_window, publisher, config).run_once()).published == 3
 

@@ -30,9 +30,9 @@ from sundial_client.cli.tenants import parser as tenants_parser
 from sundial_common.domain.ids import new_id
 from sundial_common.security.auth import issue_token
 
-from tests.conftest import _test_ports
-from tests.pools import admit
-from tests.tenants import tenant_token
+from tests.support.pools import admit
+from tests.support.ports import session_ports
+from tests.support.tenants import tenant_token
 
 SECRET = "test-signing-key-for-the-client-suite"
 TENANT = "acme"
@@ -47,7 +47,7 @@ class Served:
 
 @pytest.fixture
 def served(database_url: str, redis_url: str) -> Iterator[Served]:
-    ports, _ = _test_ports()
+    ports, _ = session_ports()
     settings = ApiSettings(database_url=database_url, redis_url=redis_url, jwt_secret=SECRET, shards=4)
     server = uvicorn.Server(
         uvicorn.Config(create_app(settings), host="127.0.0.1", port=ports.api, lifespan="on", log_level="warning")

@@ -27,7 +27,7 @@ from sundial_dispatcher.tenancy import TenantPolicy
 from sundial_dispatcher.triggers import TriggerConfig, TriggerDispatcher
 
 from tests.integration.test_api import NOW, TENANT, Api, api, delayed, error_fields  # noqa: F401  (the `api` fixture)
-from tests.tenants import register_tenant
+from tests.support.tenants import register_tenant
 
 
 def dependent(parents: list[str], on: str = "SUCCEEDED", **overrides: Any) -> dict[str, Any]:
@@ -124,7 +124,7 @@ async def fire_all(
 
 
 async def children_executions(db: asyncpg.Connection, job_id: str) -> list[asyncpg.Record]:
-    return await db.fetch("SELECT * FROM executions WHERE job_id = $1 ORDER BY scheduled_for", uuid.UUID(job_id))
+    return list(await db.fetch("SELECT * FROM executions WHERE job_id = $1 ORDER BY scheduled_for", uuid.UUID(job_id)))
 
 
 # --- the graph over HTTP ----------------------------------------------------------------------------

@@ -26,17 +26,19 @@ from sundial_common.hotwindow.window import HotWindow
 from sundial_common.observability.tracing import traceparent, tracer
 from sundial_common.stores import Stores
 from sundial_common.stores.dispatch import FencedOut, PlannedExecution
-from sundial_common.stores.types import Occurrence
+from sundial_common.stores.types import Occurrence, RetryDue
+from sundial_common.testing import FakeClock
 from sundial_dispatcher import group_commit
 from sundial_dispatcher.dispatcher import DispatcherConfig, DispatchResult, ShardDispatcher
 from sundial_dispatcher.group_commit import GroupCommit
 from sundial_hydrator.hydrator import Hydrator, HydratorConfig
 from sundial_sweeper.sweeper import Sweeper, SweeperConfig
 
-from tests.messages import execution_message
+from tests.support.hot_window import window_members
+from tests.support.messages import execution_message, header
 
 
-def _ms(instant: datetime) -> datetime:
+def ms_precision(instant: datetime) -> datetime:
     """Fire times are stored at millisecond precision, as the API writes them."""
     return instant.replace(microsecond=instant.microsecond // 1000 * 1000)
 
@@ -64,13 +66,13 @@ async def make_job(
             "tenant_id": "acme",
             "name": "test",
             "type": "ONE_SHOT",
-            "run_at": _ms(due),
+            "run_at": ms_precision(due),
             "pool": pool,
             "handler": "echo",
             "payload": {"n": str(job_id)},
             "timeout_sec": 30,
             "shard": shard,
-            "next_fire_at": _ms(due),
+            "next_fire_at": ms_precision(due),
             "traceparent": traceparent_value,
         },
         actor="test",
@@ -88,12 +90,12 @@ def consume(bootstrap: str, topic: str, count: int, timeout: float = 15.0) -> li
         deadline = datetime.now(UTC) + timedelta(seconds=timeout)
         while len(messages) < count and datetime.now(UTC) < deadline:
             for raw in consumer.consume(num_messages=count, timeout=0.5):
-                if raw.error() is None and raw.value() is not None:  # not the sweeper's markers (no value)
-                    decoded = ExecutionMessage.decode(raw.value())
-                    headers = dict(raw.headers() or [])
-                    assert headers["execution_id"].decode() == decoded.execution_id
-                    assert int(headers["fence_token"]) == decoded.fence_token
-                    assert headers["tenant"].decode() == decoded.tenant_id
+                value = raw.value()
+                if raw.error() is None and value is not None:  # not the sweeper's markers (no value)
+                    decoded = ExecutionMessage.decode(value)
+                    assert header(raw, "execution_id").decode() == decoded.execution_id
+                    assert int(header(raw, "fence_token")) == decoded.fence_token
+                    assert header(raw, "tenant").decode() == decoded.tenant_id
                     messages.append(decoded)
         return messages
     finally:
@@ -111,7 +113,7 @@ async def test_hydrator_promotes_only_the_hot_window_and_rebuilds_after_a_flush(
     result = await hydrator.run_once()
 
     assert result.promoted == 3
-    members = {m.decode() for m in await hot_window.redis.zrange(hot_window.key(0), 0, -1)}
+    members = await window_members(hot_window.redis, hot_window.key(0))
     assert members == {f"j:{j}" for j in soon}
     assert f"j:{later}" not in members
     assert (await hydrator.run_once()).promoted == 0  # idempotent: the watermark moved
@@ -122,44 +124,33 @@ async def test_hydrator_promotes_only_the_hot_window_and_rebuilds_after_a_flush(
     assert await hot_window.size(0) == 3
 
 
-class _SteppedClock:
-    def __init__(self, now: datetime) -> None:
-        self.current = now
-
-    def now(self) -> datetime:
-        return self.current
-
-    def monotonic(self) -> float:
-        return self.current.timestamp()
-
-
 async def test_an_idle_hydrator_scans_postgres_once_per_promotion_slice_and_still_rebuilds_a_flush_at_once(
     stores: Stores, hot_window: HotWindow, pool: str
 ) -> None:
-    clock = _SteppedClock(datetime.now(UTC))
+    clock = FakeClock(datetime.now(UTC))
     config = HydratorConfig(shards=2, hot_window_sec=3600, promote_slice_sec=10)
     hydrator = Hydrator(stores, hot_window, config, clock=clock)
     assert (await hydrator.run_once()).scanned_shards == 2  # first pass: no watermark yet
 
-    clock.current += timedelta(seconds=1)
+    clock.advance(1)
     assert (await hydrator.run_once()).scanned_shards == 0  # the edge moved 1 s: within the slice
 
     # A job at the window's edge, registered straight in Postgres (as nothing near-due would be): promoted
     # once the edge is a slice past the watermark, still an hour before it is due.
-    edge = await make_job(stores, clock.current + timedelta(seconds=3600 + 5), pool)
-    clock.current += timedelta(seconds=10)
+    edge = await make_job(stores, clock.now() + timedelta(seconds=3600 + 5), pool)
+    clock.advance(10)
     promoted = await hydrator.run_once()
     assert (promoted.scanned_shards, promoted.promoted) == (2, 1)
     assert await hot_window.redis.zscore(hot_window.key(0), f"j:{edge}") is not None
 
-    clock.current += timedelta(seconds=1)
+    clock.advance(1)
     await hot_window.redis.flushall()
     rebuilt = await hydrator.run_once()  # the very next pass, slice or not
     assert (rebuilt.rebuilt_shards, await hot_window.size(0)) == (2, 1)
 
 
 async def test_a_rebuild_restores_every_shards_next_jobs_before_any_shards_later_ones(
-    stores: Stores, hot_window: HotWindow, pool: str
+    stores: Stores, hot_window: HotWindow, pool: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """After a flush at scale, the last shard's near-due jobs must not wait for the other shards' whole hour."""
     now = datetime.now(UTC)
@@ -169,12 +160,18 @@ async def test_a_rebuild_restores_every_shards_next_jobs_before_any_shards_later
     landed: list[tuple[int, datetime]] = []  # (shard, latest due) of each page, in the order Redis got them
     hydrate = hot_window.hydrate
 
-    async def spy(shard: int, expected: int | None, new: int | None, occurrences: Any, retries: Any = ()) -> bool:
+    async def spy(
+        shard: int,
+        expected: int | None,
+        new: int | None,
+        occurrences: Sequence[Occurrence],
+        retries: Sequence[RetryDue] = (),
+    ) -> bool:
         if occurrences:
             landed.append((shard, max(o.due for o in occurrences)))
         return await hydrate(shard, expected, new, occurrences, retries)
 
-    hot_window.hydrate = spy  # type: ignore[method-assign]
+    monkeypatch.setattr(hot_window, "hydrate", spy)
     result = await Hydrator(stores, hot_window, HydratorConfig(shards=3, batch_size=2)).run_once()
 
     assert (result.rebuilt_shards, result.promoted) == (3, 18)
@@ -213,9 +210,7 @@ async def test_the_overdue_scan_re_adds_each_shards_lost_jobs_and_triggers_to_th
     hydrator._last_overdue_scan = float("-inf")  # the next overdue scan is due now
     result = await hydrator.run_once()
 
-    members = {
-        shard: {m.decode() for m in await hot_window.redis.zrange(hot_window.key(shard), 0, -1)} for shard in range(3)
-    }
+    members = {shard: await window_members(hot_window.redis, hot_window.key(shard)) for shard in range(3)}
     # Up to batch_size of each kind per shard: one shard's backlog does not crowd another's out.
     assert len(members[0]) == len(members[2]) == 2 and result.recovered == 5
     assert members[0] <= {f"j:{job}" for job in lost[0]} and members[2] <= {f"j:{job}" for job in lost[2]}
@@ -227,7 +222,7 @@ async def test_dispatch_commits_one_execution_per_occurrence_and_publishes_it(
 ) -> None:
     due = datetime.now(UTC) - timedelta(milliseconds=10)
     jobs = [await make_job(stores, due, pool) for _ in range(5)]
-    await hot_window.add(0, [Occurrence(j, _ms(due)) for j in jobs])
+    await hot_window.add(0, [Occurrence(j, ms_precision(due)) for j in jobs])
     config = DispatcherConfig(mark_published_after_sec=0)
     dispatcher = ShardDispatcher(0, 42, "replica-a", stores.dispatch, hot_window, publisher, config)
 
@@ -245,7 +240,7 @@ async def test_dispatch_commits_one_execution_per_occurrence_and_publishes_it(
     assert all(m.fence_token == 42 and m.attempt == 1 and m.handler == "echo" for m in messages)
 
     # The same occurrence claimed again (a stale or re-added member) creates nothing.
-    await hot_window.add(0, [Occurrence(jobs[0], _ms(due))])
+    await hot_window.add(0, [Occurrence(jobs[0], ms_precision(due))])
     again = await dispatcher.run_once()
     assert (again.claimed, again.dispatched) == (1, 0)
     assert await stores.database.pool.fetchval("SELECT count(*) FROM executions") == 5
@@ -287,7 +282,7 @@ async def test_published_at_is_marked_later_and_only_on_executions_still_waiting
 ) -> None:
     due = datetime.now(UTC) - timedelta(milliseconds=10)
     waiting, started = await make_job(stores, due, pool), await make_job(stores, due, pool)
-    await hot_window.add(0, [Occurrence(waiting, _ms(due)), Occurrence(started, _ms(due))])
+    await hot_window.add(0, [Occurrence(waiting, ms_precision(due)), Occurrence(started, ms_precision(due))])
     config = DispatcherConfig(mark_published_after_sec=0.2, mark_published_every_sec=0)
     dispatcher = ShardDispatcher(0, 42, "replica-a", stores.dispatch, hot_window, publisher, config)
     assert (await dispatcher.run_once()).published == 2
@@ -313,9 +308,9 @@ async def test_a_fenced_out_leader_writes_nothing(
     successor = ShardDispatcher(0, 200, "replica-b", stores.dispatch, hot_window, publisher, DispatcherConfig())
     stale = ShardDispatcher(0, 100, "replica-a", stores.dispatch, hot_window, publisher, DispatcherConfig())
 
-    await hot_window.add(0, [Occurrence(first, _ms(due))])
+    await hot_window.add(0, [Occurrence(first, ms_precision(due))])
     assert (await successor.run_once()).dispatched == 1
-    await hot_window.add(0, [Occurrence(second, _ms(due))])
+    await hot_window.add(0, [Occurrence(second, ms_precision(due))])
     with pytest.raises(FencedOut):
         await stale.run_once()
 
@@ -332,7 +327,7 @@ async def test_dispatch_continues_the_creating_requests_trace(
         origin = traceparent()
     due = datetime.now(UTC) - timedelta(milliseconds=10)
     job_id = await make_job(stores, due, pool, traceparent_value=origin)
-    await hot_window.add(0, [Occurrence(job_id, _ms(due))])
+    await hot_window.add(0, [Occurrence(job_id, ms_precision(due))])
 
     await ShardDispatcher(0, 1, "replica-a", stores.dispatch, hot_window, publisher, DispatcherConfig()).run_once()
 
@@ -356,7 +351,7 @@ async def test_sweeper_republishes_executions_whose_message_was_never_sent(
         0,
         1,
         "replica-a",
-        [Occurrence(job_id, _ms(due))],
+        [Occurrence(job_id, ms_precision(due))],
         lambda jobs: [PlannedExecution(execution_id, j, None, None) for j in jobs],
     )
     await stores.database.pool.execute("UPDATE executions SET created_at = now() - interval '1 minute'")
@@ -381,7 +376,7 @@ async def test_each_term_takes_a_larger_token_from_postgres_and_fences_out_the_o
 
     due = datetime.now(UTC) - timedelta(milliseconds=10)
     job = await make_job(stores, due, pool)
-    await hot_window.add(0, [Occurrence(job, _ms(due))])
+    await hot_window.add(0, [Occurrence(job, ms_precision(due))])
     stale = ShardDispatcher(0, first, "replica-a", stores.dispatch, hot_window, publisher, DispatcherConfig())
     with pytest.raises(FencedOut):
         await stale.run_once()
@@ -397,7 +392,7 @@ async def test_a_pass_whose_transaction_fails_puts_its_claim_back(
 ) -> None:
     due = datetime.now(UTC) - timedelta(milliseconds=10)
     jobs = [await make_job(stores, due, pool) for _ in range(3)]
-    await hot_window.add(0, [Occurrence(j, _ms(due)) for j in jobs])
+    await hot_window.add(0, [Occurrence(j, ms_precision(due)) for j in jobs])
 
     class Unreachable:
         """The dispatch store, except that the dispatch transaction cannot reach Postgres."""
@@ -426,7 +421,7 @@ async def test_warming_the_dispatch_connections_writes_nothing(stores: Stores, p
     # And the warmed connections dispatch as any other.
     job_id = await make_job(stores, datetime.now(UTC) - timedelta(seconds=1), pool)
     token = await stores.dispatch.take_shard(0, "replica-a")
-    claims = [Occurrence(job_id, _ms(datetime.now(UTC)))]
+    claims = [Occurrence(job_id, ms_precision(datetime.now(UTC)))]
     created = await stores.dispatch.dispatch(
         0, token, "replica-a", claims, lambda jobs: [PlannedExecution(new_id(), j, None, None) for j in jobs]
     )
@@ -441,7 +436,7 @@ async def test_warming_a_workers_start_connections_writes_nothing(stores: Stores
     # And a warmed connection starts an execution as any other.
     job_id = await make_job(stores, datetime.now(UTC) - timedelta(seconds=1), pool)
     token = await stores.dispatch.take_shard(0, "replica-a")
-    claims = [Occurrence(job_id, _ms(datetime.now(UTC)))]
+    claims = [Occurrence(job_id, ms_precision(datetime.now(UTC)))]
     (created,) = await stores.dispatch.dispatch(
         0, token, "replica-a", claims, lambda jobs: [PlannedExecution(new_id(), j, None, None) for j in jobs]
     )
@@ -463,7 +458,7 @@ async def test_passes_of_several_shards_commit_in_one_transaction_each_under_its
     outcomes = await asyncio.gather(
         *(
             commits.dispatch_occurrences(
-                shard, tokens[shard], "replica-a", [Occurrence(j, _ms(due)) for j in jobs[shard]], plan
+                shard, tokens[shard], "replica-a", [Occurrence(j, ms_precision(due)) for j in jobs[shard]], plan
             )
             for shard in (0, 1)
         )
@@ -489,8 +484,8 @@ async def test_a_fenced_out_shard_writes_nothing_in_a_shared_transaction_and_the
     config = DispatcherConfig(shards=2)
     leader = ShardDispatcher(0, led_token, "replica-a", stores.dispatch, hot_window, publisher, config, commit=commits)
     stale = ShardDispatcher(1, stale_token, "replica-a", stores.dispatch, hot_window, publisher, config, commit=commits)
-    await hot_window.add(0, [Occurrence(led, _ms(due))])
-    await hot_window.add(1, [Occurrence(lost, _ms(due))])
+    await hot_window.add(0, [Occurrence(led, ms_precision(due))])
+    await hot_window.add(1, [Occurrence(lost, ms_precision(due))])
 
     led_pass, stale_pass = await asyncio.gather(leader.run_once(), stale.run_once(), return_exceptions=True)
 
@@ -532,7 +527,7 @@ async def _leaders(
     made: list[uuid.UUID] = []
     for shard in shards:
         mine = [await make_job(stores, due, pool, shard=shard) for _ in range(jobs)]
-        await hot_window.add(shard, [Occurrence(j, _ms(due)) for j in mine])
+        await hot_window.add(shard, [Occurrence(j, ms_precision(due)) for j in mine])
         made += mine
     commits = GroupCommit(stores.dispatch)
     config = DispatcherConfig(shards=len(shards), mark_published_after_sec=0)

@@ -20,7 +20,7 @@ from sundial_common.stores.types import Occurrence
 from sundial_dispatcher.wakes import WakeListener
 from sundial_worker.wakeups import TopicWakes
 
-from tests.messages import execution_message
+from tests.support.messages import execution_message
 
 
 @pytest.fixture

@@ -15,8 +15,8 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from sundial_common.broker.kafka import KafkaPublisher, ensure_topics
 from sundial_common.broker.messages import ExecutionMessage, pool_group, pool_topic
 from sundial_common.hotwindow.window import HotWindow
-from sundial_common.runtime.clock import SystemClock
 from sundial_common.stores import Stores
+from sundial_common.testing import FakeClock
 from sundial_sweeper.consumed import ConsumedHorizon
 from sundial_sweeper.sweeper import Sweeper, SweeperConfig
 from sundial_worker.settings import WorkerSettings
@@ -24,7 +24,7 @@ from sundial_worker.settings import WorkerSettings
 from tests.integration.test_broker_incarnation import three_published
 from tests.integration.test_dispatch_path import consume, hot_window, pool
 from tests.integration.test_worker import demo_worker, serving, settings
-from tests.pools import admit
+from tests.support.pools import admit
 
 __all__ = ["hot_window", "pool", "settings"]  # fixtures
 
@@ -102,15 +102,6 @@ async def test_messages_the_broker_dropped_are_sent_again_once_the_group_has_pas
     assert (await sweeper.run_once()).republished_passed == 0, "sent again just now: in the topic, not yet passed"
 
 
-class Later(SystemClock):
-    """The system's clock, its monotonic time moved on by ``ahead`` seconds."""
-
-    ahead = 0.0
-
-    def monotonic(self) -> float:
-        return super().monotonic() + self.ahead
-
-
 async def test_a_message_passed_again_without_a_start_is_sent_again_only_after_a_backoff(
     stores: Stores,
     hot_window: HotWindow,
@@ -120,7 +111,7 @@ async def test_a_message_passed_again_without_a_start_is_sent_again_only_after_a
     horizon: ConsumedHorizon,
 ) -> None:
     await three_published(stores, hot_window, Drops(), pool)
-    clock = Later()
+    clock = FakeClock(datetime.now(UTC))
     sweeper = Sweeper(stores, publisher, CONFIG, clock, consumed=horizon)
     await sweeper.run_once()
     await asyncio.to_thread(append_to_every_partition, kafka_bootstrap, pool)
@@ -132,7 +123,7 @@ async def test_a_message_passed_again_without_a_start_is_sent_again_only_after_a
     await asyncio.to_thread(commit_everything, kafka_bootstrap, pool)
 
     assert (await sweeper.run_once()).republished_passed == 0, "not at every pass: they wait a backoff"
-    clock.ahead = 5.0
+    clock.advance(5.0)
     assert (await sweeper.run_once()).republished_passed == 3, "and are sent again once it has passed"
 
 

@@ -31,8 +31,15 @@ async def test_a_wrong_master_key_is_refused_at_start(database_url: str, redis_u
     with pytest.raises(MasterKeyError, match="is not the one that wrapped this database's data keys"):
         async with wrong.router.lifespan_context(wrong):
             pass
-    production = {"env": "production", "jwt_secret": "a-production-signing-key-of-at-least-32-bytes"}
-    missing = create_app(ApiSettings(database_url=database_url, redis_url=redis_url, master_key=None, **production))
+    missing = create_app(
+        ApiSettings(
+            database_url=database_url,
+            redis_url=redis_url,
+            master_key=None,
+            env="production",
+            jwt_secret="a-production-signing-key-of-at-least-32-bytes",
+        )
+    )
     with pytest.raises(MasterKeyError, match="no master key: set SUNDIAL_MASTER_KEY"):
         async with missing.router.lifespan_context(missing):
             pass

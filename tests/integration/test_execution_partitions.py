@@ -13,22 +13,14 @@ import asyncpg
 import pytest
 from alembic import command
 from sundial_common.domain.ids import id_floor, new_id
-from sundial_common.runtime.clock import SystemClock
 from sundial_common.stores import Stores
 from sundial_common.stores.executions import Outcome
 from sundial_common.stores.schema import alembic_config, upgrade
+from sundial_common.testing import FakeClock
 from sundial_infra.stack import LocalStack
 from sundial_sweeper.partitions import PartitionLoop, PartitionLoopConfig
 
 from tests.integration.test_reliability import TENANT, make_executions
-
-
-class At(SystemClock):
-    def __init__(self, instant: datetime) -> None:
-        self.instant = instant
-
-    def now(self) -> datetime:
-        return self.instant
 
 
 def midnight(day: date) -> datetime:
@@ -107,7 +99,9 @@ async def test_retention_drops_only_expired_days_holding_nothing_open_and_makes_
 
     # 30 days after the end of the queued day: today and the four days are past retention.
     later = midnight(queued_day + timedelta(days=31)) + timedelta(hours=1)
-    loop = PartitionLoop(stores.partitions, PartitionLoopConfig(retention_days=30, ahead_days=7), clock=At(later))
+    loop = PartitionLoop(
+        stores.partitions, PartitionLoopConfig(retention_days=30, ahead_days=7), clock=FakeClock(later)
+    )
     result = await loop.run_once()
     assert (result.dropped, result.kept, result.busy) == (2, 3, 0)  # today's and the finished day's went
     assert result.created == 8  # the later today and its week ahead
@@ -134,7 +128,7 @@ async def test_retention_drops_only_expired_days_holding_nothing_open_and_makes_
     # A second pass has nothing left to do; retention 0 keeps everything.
     assert (await loop.run_once()).dropped == 0
     keep = PartitionLoop(
-        stores.partitions, PartitionLoopConfig(retention_days=0), clock=At(later + timedelta(days=400))
+        stores.partitions, PartitionLoopConfig(retention_days=0), clock=FakeClock(later + timedelta(days=400))
     )
     assert (await keep.run_once()).dropped == 0
 
@@ -142,7 +136,7 @@ async def test_retention_drops_only_expired_days_holding_nothing_open_and_makes_
 async def test_a_busy_parent_makes_the_pass_give_up_instead_of_queueing_writes(stores: Stores) -> None:
     later = datetime.now(UTC) + timedelta(days=40)
     loop = PartitionLoop(
-        stores.partitions, PartitionLoopConfig(retention_days=30, lock_timeout_ms=100), clock=At(later)
+        stores.partitions, PartitionLoopConfig(retention_days=30, lock_timeout_ms=100), clock=FakeClock(later)
     )
     async with stores.database.pool.acquire() as writer, writer.transaction():
         # A writer in the middle of a transaction on executions (as a dispatch or a finish is).

@@ -9,6 +9,7 @@ import uuid
 from collections import Counter
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
+from typing import TypedDict, Unpack
 
 import pytest
 from redis.asyncio import Redis
@@ -18,12 +19,12 @@ from sundial_common.hotwindow.rate_limits import TokenBuckets
 from sundial_common.hotwindow.window import HotWindow
 from sundial_common.stores import Stores
 from sundial_common.stores.types import Occurrence
+from sundial_common.testing import FakeClock
 from sundial_dispatcher.dispatcher import DispatcherConfig, ShardDispatcher
 from sundial_dispatcher.fairness import FairDispatch, FairnessConfig
 from sundial_dispatcher.tenancy import TenantPolicy
 
-from tests.integration.test_recurring_dispatch import MovableClock
-from tests.tenants import register_tenant
+from tests.support.tenants import register_tenant
 
 DUE = datetime.now(UTC).replace(microsecond=0) - timedelta(seconds=1)
 
@@ -44,9 +45,10 @@ async def due_jobs(
     priority: str = "NORMAL",
     due: datetime = DUE,
 ) -> None:
+    ids = [new_id() for _ in range(n)]
     rows = [
         {
-            "id": new_id(),
+            "id": job_id,
             "tenant_id": tenant,
             "name": "burst",
             "type": "ONE_SHOT",
@@ -58,17 +60,30 @@ async def due_jobs(
             "next_fire_at": due,
             "priority": priority,
         }
-        for _ in range(n)
+        for job_id in ids
     ]
     await stores.jobs.insert_jobs(rows, actor="test")
-    await hot_window.add(0, [Occurrence(r["id"], due) for r in rows])
+    await hot_window.add(0, [Occurrence(job_id, due) for job_id in ids])
+
+
+class Fairness(TypedDict, total=False):
+    """The fairness settings these tests vary (the rest keep FairnessConfig's defaults)."""
+
+    pool_queue_cap: int
+    pool_queue_min: int
+    claim_size: int
+    claim_ahead_sec: float
+    claim_ahead_min: int
+    burst_ahead_sec: float
+    burst_ahead_min: int
+    burst_head: int
 
 
 def dispatcher(
-    stores: Stores, hot_window: HotWindow, publisher: KafkaPublisher, batch: int, **fairness: float
+    stores: Stores, hot_window: HotWindow, publisher: KafkaPublisher, batch: int, **fairness: Unpack[Fairness]
 ) -> ShardDispatcher:
     # Counts read afresh every pass: the test changes executions between passes. A fixed pool cap (the
-    # rate-following one has tests of its own in tests/unit/test_open_work.py).
+    # rate-following one has tests of its own in tests/unit/dispatcher/test_open_work.py).
     fairness.setdefault("pool_queue_min", fairness.get("pool_queue_cap", FairnessConfig.pool_queue_cap))
     config = DispatcherConfig(batch_size=batch, fairness=FairnessConfig(counts_refresh_sec=0, **fairness))
     policy = TenantPolicy(stores.tenants, refresh_sec=0)
@@ -180,9 +195,11 @@ async def test_a_smaller_burst_is_claimed_ahead_over_the_shorter_horizon(
     await due_jobs(stores, hot_window, "a", 50, pool, due=soon)
     # Far below the long horizon's count; the short horizon's (10 s here, so a loaded machine keeps it ahead).
     # The whole burst in one pass (no head: the test above has it).
-    fairness = {"claim_ahead_sec": 10, "claim_ahead_min": 10_000, "burst_ahead_sec": 10, "burst_head": 0}
-    quiet = dispatcher(stores, hot_window, publisher, batch=100, burst_ahead_min=51, **fairness)
-    burst = dispatcher(stores, hot_window, publisher, batch=100, burst_ahead_min=50, **fairness)
+    fairness: Fairness = {"claim_ahead_sec": 10, "claim_ahead_min": 10_000, "burst_ahead_sec": 10, "burst_head": 0}
+    just_above: Fairness = {**fairness, "burst_ahead_min": 51}
+    just_at: Fairness = {**fairness, "burst_ahead_min": 50}
+    quiet = dispatcher(stores, hot_window, publisher, batch=100, **just_above)
+    burst = dispatcher(stores, hot_window, publisher, batch=100, **just_at)
 
     await quiet.run_once()
     assert await hot_window.size(0) == 50, "fewer due within the short horizon than its threshold: nothing early"
@@ -208,14 +225,14 @@ async def test_what_a_contended_pass_kept_for_its_instant_goes_out_with_the_next
     config = DispatcherConfig(batch_size=100, publish_lead_sec=0.2, fairness=fairness)
     policy = TenantPolicy(stores.tenants, refresh_sec=0)
     fair = FairDispatch(0, hot_window, stores.tenants, policy, TokenBuckets(hot_window.redis), fairness, 100)
-    clock = MovableClock(t0 - 150 * ms)
+    clock = FakeClock(t0 - 150 * ms)
     shard = ShardDispatcher(
         0, 1, "replica-a", stores.dispatch, hot_window, publisher, config, clock=clock, tenants=policy, fair=fair
     )
 
     assert (await shard.run_once()).dispatched == 0, "three within the lead, room for two: kept for their instants"
     await due_jobs(stores, hot_window, "a", 1, pool, due=t0 + 100 * ms)
-    clock.current = t0
+    clock.set(t0)
     assert (await shard.run_once()).dispatched == 2, "the first kept one, due, with the next lead's member"
     fired = await stores.database.pool.fetch("SELECT fire_at FROM executions ORDER BY fire_at")
     assert [r["fire_at"] for r in fired] == [t0, t0 + 100 * ms]

@@ -22,7 +22,7 @@ from tests.integration.test_api import Api, api  # noqa: F401  (the `api` fixtur
 from tests.integration.test_backfills import START, backfill, interval_job, minutes
 from tests.integration.test_dependencies import dependent, make
 from tests.integration.test_execution_partitions import empty_database  # noqa: F401  (the fixture)
-from tests.pools import admit_async
+from tests.support.pools import admit_async
 
 TENANT = "acme"
 

@@ -25,39 +25,12 @@ from sundial_common.coordination.leadership import (
     Term,
     run_as_leader,
 )
+from sundial_common.testing import FakeClock
 
 T = TypeVar("T")
 TTL = 2.0
 MARGIN = 0.5
 SHARD = 7
-
-
-class FakeClock:
-    """A monotonic clock that moves only when the test says so; sleepers wake when their time comes."""
-
-    def __init__(self) -> None:
-        self.now = 1_000.0
-        self._sleepers: list[tuple[float, asyncio.Future[None]]] = []
-
-    def monotonic(self) -> float:
-        return self.now
-
-    async def sleep(self, seconds: float) -> None:
-        if seconds <= 0:
-            await asyncio.sleep(0)
-            return
-        entry = (self.now + seconds, asyncio.get_running_loop().create_future())
-        self._sleepers.append(entry)
-        try:
-            await entry[1]
-        finally:
-            self._sleepers.remove(entry)
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-        for deadline, future in self._sleepers:
-            if deadline <= self.now and not future.done():
-                future.set_result(None)
 
 
 async def within(seconds: float, aw: Awaitable[T]) -> T:

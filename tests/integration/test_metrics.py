@@ -16,7 +16,6 @@ from typing import Any
 
 import httpx
 import pytest
-from prometheus_client.openmetrics.parser import text_string_to_metric_families
 from redis.asyncio import Redis
 from sundial_api.app import create_app
 from sundial_api.settings import ApiSettings
@@ -36,8 +35,9 @@ from sundial_worker import Context, Worker, WorkerConfig, WorkerRuntime
 from sundial_worker.settings import WorkerSettings
 
 from tests.integration.test_worker import JOIN_SEC, wait_until
-from tests.pools import admit
-from tests.tenants import tenant_token
+from tests.support.openmetrics import metric_families
+from tests.support.pools import admit
+from tests.support.tenants import tenant_token
 
 FAST = WorkerConfig(concurrency=8, heartbeat_interval_sec=0.3, heartbeat_ttl_sec=5.0, commit_interval_sec=0.1)
 SECRET = "test-signing-key-for-the-metrics-suite"
@@ -189,7 +189,7 @@ async def test_dispatcher_and_worker_record_each_tenants_executions_under_its_ow
     }
     exemplars = {
         s.exemplar.labels["trace_id"]
-        for family in text_string_to_metric_families(body.decode())
+        for family in metric_families(body.decode())
         if family.name == "sundial_dispatch_lateness_seconds"
         for s in family.samples
         if s.labels.get("tenant") == a and s.exemplar is not None
@@ -313,7 +313,7 @@ async def test_the_api_serves_request_and_job_creation_metrics_in_openmetrics(
     assert plain.headers["content-type"].startswith("text/plain")
     samples = {
         (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(scraped.text)
+        for family in metric_families(scraped.text)
         for s in family.samples
     }
 

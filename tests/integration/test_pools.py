@@ -21,8 +21,8 @@ from sundial_common.security.auth import issue_token
 from sundial_common.stores.schema import upgrade
 from sundial_infra.stack import LocalStack
 
-from tests.pools import admit, register_pool
-from tests.tenants import tenant_token
+from tests.support.pools import admit, register_pool
+from tests.support.tenants import tenant_token
 
 SECRET = "pools-test-secret-0123456789abcdef01"
 ADMIN = {"Authorization": f"Bearer {issue_token(SECRET, 'ops', admin=True)}"}

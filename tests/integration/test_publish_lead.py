@@ -15,10 +15,11 @@ from sundial_common.broker.kafka import KafkaPublisher
 from sundial_common.broker.messages import pool_topic
 from sundial_common.hotwindow.window import HotWindow
 from sundial_common.stores import Stores
+from sundial_common.testing import FakeClock
 from sundial_dispatcher.dispatcher import DispatcherConfig, ShardDispatcher
 
 from tests.integration.test_dispatch_path import consume, hot_window, pool
-from tests.integration.test_recurring_dispatch import MINUTE, T0, MovableClock, at, executions, make_job
+from tests.integration.test_recurring_dispatch import MINUTE, T0, at, executions, make_job
 
 __all__ = ["hot_window", "pool"]  # fixtures
 
@@ -27,12 +28,12 @@ LEAD_DELTA = timedelta(seconds=LEAD.publish_lead_sec)
 
 
 @pytest.fixture
-def clock() -> MovableClock:
-    return MovableClock(T0)
+def clock() -> FakeClock:
+    return FakeClock(T0)
 
 
 @pytest.fixture
-def ahead(stores: Stores, hot_window: HotWindow, publisher: KafkaPublisher, clock: MovableClock) -> ShardDispatcher:
+def ahead(stores: Stores, hot_window: HotWindow, publisher: KafkaPublisher, clock: FakeClock) -> ShardDispatcher:
     return ShardDispatcher(0, 1, "replica-a", stores.dispatch, hot_window, publisher, LEAD, clock=clock)
 
 
@@ -40,7 +41,7 @@ async def test_a_pass_dispatches_what_falls_due_within_the_lead_and_its_message_
     stores: Stores,
     hot_window: HotWindow,
     ahead: ShardDispatcher,
-    clock: MovableClock,
+    clock: FakeClock,
     pool: str,
     kafka_bootstrap: str,
 ) -> None:
@@ -66,7 +67,7 @@ async def test_a_pass_dispatches_what_falls_due_within_the_lead_and_its_message_
 
 @pytest.mark.parametrize("operation", ["pause_job", "cancel_job"])
 async def test_pausing_or_cancelling_a_job_withdraws_its_execution_dispatched_ahead_not_one_already_due(
-    stores: Stores, hot_window: HotWindow, ahead: ShardDispatcher, clock: MovableClock, pool: str, operation: str
+    stores: Stores, hot_window: HotWindow, ahead: ShardDispatcher, clock: FakeClock, pool: str, operation: str
 ) -> None:
     # Due after Postgres's now() whenever this runs (the module's T0 is two minutes after collection, and the
     # suite may reach this test later than that): the withdrawal compares the due instant with now().
@@ -98,7 +99,7 @@ async def test_pausing_or_cancelling_a_job_withdraws_its_execution_dispatched_ah
 
 
 async def test_a_dense_shard_takes_nothing_ahead(
-    stores: Stores, hot_window: HotWindow, ahead: ShardDispatcher, clock: MovableClock, pool: str
+    stores: Stores, hot_window: HotWindow, ahead: ShardDispatcher, clock: FakeClock, pool: str
 ) -> None:
     # Its workers would release what one pass sent together one due instant at a time, a start CAS each.
     job_id = await make_job(stores, hot_window, pool)

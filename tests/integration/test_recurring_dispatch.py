@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import time
 import uuid
 import zoneinfo
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
@@ -27,6 +26,7 @@ from sundial_common.runtime.clock import to_ms
 from sundial_common.stores import Stores
 from sundial_common.stores.dispatch import DispatchOutcome, DispatchPlan, DispatchStore, PlannedExecution, Planner
 from sundial_common.stores.types import Occurrence, Record
+from sundial_common.testing import FakeClock
 from sundial_dispatcher.dispatcher import CANCEL_KEY, DispatcherConfig, DispatchResult, ShardDispatcher
 from sundial_dispatcher.tenancy import TenantPolicy
 from sundial_hydrator.hydrator import Hydrator, HydratorConfig
@@ -34,17 +34,6 @@ from sundial_hydrator.hydrator import Hydrator, HydratorConfig
 from tests.integration.test_dispatch_path import consume
 
 MINUTE = timedelta(minutes=1)
-
-
-class MovableClock:
-    def __init__(self, now: datetime) -> None:
-        self.current = now
-
-    def now(self) -> datetime:
-        return self.current
-
-    def monotonic(self) -> float:
-        return time.monotonic()
 
 
 @pytest.fixture
@@ -64,14 +53,12 @@ T0 = datetime.now(UTC).replace(second=0, microsecond=0) + timedelta(minutes=2)
 
 
 @pytest.fixture
-def clock() -> MovableClock:
-    return MovableClock(T0)
+def clock() -> FakeClock:
+    return FakeClock(T0)
 
 
 @pytest.fixture
-def dispatcher(
-    stores: Stores, hot_window: HotWindow, publisher: KafkaPublisher, clock: MovableClock
-) -> ShardDispatcher:
+def dispatcher(stores: Stores, hot_window: HotWindow, publisher: KafkaPublisher, clock: FakeClock) -> ShardDispatcher:
     return ShardDispatcher(0, 1, "replica-a", stores.dispatch, hot_window, publisher, DispatcherConfig(), clock=clock)
 
 
@@ -80,7 +67,7 @@ async def make_job(
     hot_window: HotWindow,
     pool: str,
     *,
-    schedule: str = "* * * * *",
+    schedule: str | None = "* * * * *",
     zone: str = "UTC",
     first: datetime = T0,
     jitter_sec: int = 0,
@@ -113,8 +100,8 @@ async def make_job(
     return job_id
 
 
-async def at(clock: MovableClock, dispatcher: ShardDispatcher, instant: datetime) -> DispatchResult:
-    clock.current = instant
+async def at(clock: FakeClock, dispatcher: ShardDispatcher, instant: datetime) -> DispatchResult:
+    clock.set(instant)
     return await dispatcher.run_once()
 
 
@@ -139,7 +126,7 @@ async def test_each_fire_recomputes_the_next_from_the_schedule_and_requeues_it(
     stores: Stores,
     hot_window: HotWindow,
     dispatcher: ShardDispatcher,
-    clock: MovableClock,
+    clock: FakeClock,
     pool: str,
     kafka_bootstrap: str,
 ) -> None:
@@ -167,7 +154,7 @@ async def test_each_fire_recomputes_the_next_from_the_schedule_and_requeues_it(
 
 
 async def test_a_jittered_fire_keeps_its_nominal_time_beside_the_actual_one(
-    stores: Stores, hot_window: HotWindow, dispatcher: ShardDispatcher, clock: MovableClock, pool: str
+    stores: Stores, hot_window: HotWindow, dispatcher: ShardDispatcher, clock: FakeClock, pool: str
 ) -> None:
     job_id = await make_job(stores, hot_window, pool, jitter_sec=30)
     due = fire_at(job_id, T0, 30)
@@ -190,7 +177,7 @@ async def test_the_dispatcher_follows_the_dst_rule_through_a_fall_back_day(
     stores: Stores,
     hot_window: HotWindow,
     dispatcher: ShardDispatcher,
-    clock: MovableClock,
+    clock: FakeClock,
     pool: str,
     schedule: str,
     fires_that_day: int,
@@ -222,7 +209,7 @@ def first_of(schedule: str, zone: str, start: datetime) -> datetime:
 
 
 async def test_overlap_skip_records_a_skipped_execution_and_never_publishes_it(
-    stores: Stores, hot_window: HotWindow, dispatcher: ShardDispatcher, clock: MovableClock, pool: str
+    stores: Stores, hot_window: HotWindow, dispatcher: ShardDispatcher, clock: FakeClock, pool: str
 ) -> None:
     job_id = await make_job(stores, hot_window, pool, overlap_policy="SKIP")
     await at(clock, dispatcher, T0)  # PENDING: no worker picks it up
@@ -247,7 +234,7 @@ async def test_overlap_skip_records_a_skipped_execution_and_never_publishes_it(
 
 
 async def test_buffer_one_waits_for_the_open_execution_then_runs_and_drops_what_came_meanwhile(
-    stores: Stores, hot_window: HotWindow, dispatcher: ShardDispatcher, clock: MovableClock, pool: str
+    stores: Stores, hot_window: HotWindow, dispatcher: ShardDispatcher, clock: FakeClock, pool: str
 ) -> None:
     job_id = await make_job(stores, hot_window, pool, overlap_policy="BUFFER_ONE", catchup_window_sec=3600)
     await at(clock, dispatcher, T0)
@@ -275,7 +262,7 @@ async def test_buffer_one_waits_for_the_open_execution_then_runs_and_drops_what_
 
 
 async def test_cancel_running_asks_the_open_execution_to_stop_and_runs_the_new_one(
-    stores: Stores, hot_window: HotWindow, dispatcher: ShardDispatcher, clock: MovableClock, pool: str
+    stores: Stores, hot_window: HotWindow, dispatcher: ShardDispatcher, clock: FakeClock, pool: str
 ) -> None:
     job_id = await make_job(stores, hot_window, pool, overlap_policy="CANCEL_RUNNING")
     await at(clock, dispatcher, T0)
@@ -311,7 +298,7 @@ async def test_catch_up_after_downtime_follows_the_policy_and_counts_missed_fire
     stores: Stores,
     hot_window: HotWindow,
     publisher: KafkaPublisher,
-    clock: MovableClock,
+    clock: FakeClock,
     pool: str,
     policy: str,
     cap: int,
@@ -337,7 +324,7 @@ async def test_catch_up_after_downtime_follows_the_policy_and_counts_missed_fire
 
 
 async def test_occurrences_late_within_the_window_each_run(
-    stores: Stores, hot_window: HotWindow, dispatcher: ShardDispatcher, clock: MovableClock, pool: str
+    stores: Stores, hot_window: HotWindow, dispatcher: ShardDispatcher, clock: FakeClock, pool: str
 ) -> None:
     job_id = await make_job(stores, hot_window, pool, catchup_policy="SKIP", catchup_window_sec=300)
     result = await at(clock, dispatcher, T0 + 3 * MINUTE)  # a dispatcher restart: 4 due, none missed
@@ -349,7 +336,7 @@ async def test_occurrences_late_within_the_window_each_run(
 
 
 async def test_max_runs_and_end_at_complete_the_job(
-    stores: Stores, hot_window: HotWindow, dispatcher: ShardDispatcher, clock: MovableClock, pool: str
+    stores: Stores, hot_window: HotWindow, dispatcher: ShardDispatcher, clock: FakeClock, pool: str
 ) -> None:
     limited = await make_job(stores, hot_window, pool, max_runs=2)
     ending = await make_job(stores, hot_window, pool, end_at=T0 + MINUTE)
@@ -375,7 +362,7 @@ async def test_max_runs_and_end_at_complete_the_job(
 
 @pytest.mark.parametrize("state", ["ACTIVE", "PAUSED"])
 async def test_a_trigger_runs_once_without_moving_the_schedule(
-    stores: Stores, hot_window: HotWindow, dispatcher: ShardDispatcher, clock: MovableClock, pool: str, state: str
+    stores: Stores, hot_window: HotWindow, dispatcher: ShardDispatcher, clock: FakeClock, pool: str, state: str
 ) -> None:
     job_id = await make_job(stores, hot_window, pool, first=T0 + timedelta(days=1), schedule="0 0 * * *")
     execution_id = new_id()
@@ -403,7 +390,7 @@ async def test_a_trigger_runs_once_without_moving_the_schedule(
 
 
 async def test_a_member_that_raced_ahead_of_a_reschedule_is_put_back_where_it_belongs(
-    stores: Stores, hot_window: HotWindow, dispatcher: ShardDispatcher, clock: MovableClock, pool: str
+    stores: Stores, hot_window: HotWindow, dispatcher: ShardDispatcher, clock: FakeClock, pool: str
 ) -> None:
     moved = await make_job(stores, hot_window, pool)
     cancelled = await make_job(stores, hot_window, pool)
@@ -436,7 +423,7 @@ async def test_the_hydrator_recovers_a_trigger_whose_member_was_lost(
 
 
 async def test_a_suspended_tenants_jobs_wait_and_resume_with_the_catch_up_policy(
-    stores: Stores, hot_window: HotWindow, publisher: KafkaPublisher, clock: MovableClock, pool: str
+    stores: Stores, hot_window: HotWindow, publisher: KafkaPublisher, clock: FakeClock, pool: str
 ) -> None:
     tenants = TenantPolicy(stores.tenants, refresh_sec=0)
     dispatcher = ShardDispatcher(
@@ -498,7 +485,7 @@ class _ReadingStore:
         def reading(rows: Sequence[Record]) -> list[PlannedExecution] | DispatchPlan:
             for row in rows:
                 self.given |= set(row.keys())
-            return plan([_Reading(row, self.read) for row in rows])  # type: ignore[misc]
+            return plan([_Reading(row, self.read) for row in rows])
 
         return await self._store.dispatch_occurrences(shard, token, holder, claims, reading)
 
@@ -507,7 +494,7 @@ class _ReadingStore:
 
 
 async def test_the_dispatch_reads_only_columns_the_lock_returns(
-    stores: Stores, hot_window: HotWindow, publisher: KafkaPublisher, clock: MovableClock, pool: str
+    stores: Stores, hot_window: HotWindow, publisher: KafkaPublisher, clock: FakeClock, pool: str
 ) -> None:
     store = _ReadingStore(stores.dispatch)
     dispatcher = ShardDispatcher(

@@ -24,11 +24,12 @@ from sundial_common.broker.messages import DLQ_TOPIC, ExecutionMessage, pool_top
 from sundial_common.domain.ids import new_id
 from sundial_common.hotwindow.execution_signals import cancel_key, heartbeat_key
 from sundial_common.hotwindow.window import HotWindow, retry_member
-from sundial_common.runtime.clock import SystemClock, from_ms, to_ms
+from sundial_common.runtime.clock import from_ms, to_ms
 from sundial_common.stores import Stores
 from sundial_common.stores.dispatch import FencedOut, PlannedExecution
 from sundial_common.stores.executions import Outcome
 from sundial_common.stores.types import Occurrence, Record, RetryDue
+from sundial_common.testing import FakeClock
 from sundial_dispatcher.dispatcher import DispatcherConfig, ShardDispatcher
 from sundial_hydrator.hydrator import Hydrator, HydratorConfig
 from sundial_sweeper.sweeper import Sweeper, SweeperConfig
@@ -36,8 +37,9 @@ from sundial_worker import Context, Worker, WorkerConfig, WorkerRuntime
 from sundial_worker.settings import WorkerSettings
 
 from tests.integration.test_worker import JOIN_SEC, publish, wait_until
-from tests.pools import admit
-from tests.sealed import opened, opened_all
+from tests.support.hot_window import window_members
+from tests.support.pools import admit
+from tests.support.sealed import opened, opened_all
 
 TENANT = "acme"
 FAST = WorkerConfig(
@@ -50,16 +52,6 @@ FAST = WorkerConfig(
     cancel_grace_sec=1.0,
 )
 NO_JITTER_RETRY = {"maxAttempts": 3, "backoff": "FIXED", "initialDelayMs": 200, "maxDelayMs": 200, "jitter": False}
-
-
-class FakeClock(SystemClock):
-    """Real wall-clock time, hand-driven monotonic time."""
-
-    def __init__(self) -> None:
-        self.mono = 1000.0
-
-    def monotonic(self) -> float:
-        return self.mono
 
 
 @pytest.fixture
@@ -175,8 +167,9 @@ def consume(bootstrap: str, topic: str, wanted: set[str], timeout: float = 15.0)
         deadline = time.monotonic() + timeout
         while not wanted <= {m.execution_id for m in seen} and time.monotonic() < deadline:
             for raw in consumer.consume(num_messages=100, timeout=0.3):
-                if raw.error() is None and raw.value() is not None:
-                    seen.append(ExecutionMessage.decode(raw.value()))
+                value = raw.value()
+                if raw.error() is None and value is not None:
+                    seen.append(ExecutionMessage.decode(value))
         return [m for m in seen if m.execution_id in wanted]
     finally:
         consumer.close()
@@ -224,6 +217,7 @@ async def test_the_next_attempt_is_dispatched_fenced_and_resumes_from_the_last_c
         if ctx.attempt == 1:
             await ctx.heartbeat(progress={"done": 7})
             raise RuntimeError("crashed half way")
+        assert ctx.previous_progress is not None, "the first attempt's progress comes back"
         return {"resumed_from": ctx.previous_progress["done"]}
 
     leader = dispatcher(stores, redis, publisher, token=5)
@@ -352,12 +346,12 @@ async def test_the_hydrator_promotes_scheduled_retries_and_rebuilds_them_after_a
     hydrator = Hydrator(stores, window, HydratorConfig(shards=1, overdue_grace_sec=15))
     key = window.key(0)
     await hydrator.run_once()
-    members = {m.decode() for m in await redis.zrange(key, 0, -1)}
+    members = await window_members(redis, key)
     # The rebuild pass (no watermark yet) brings back everything due before the horizon, overdue included.
     assert members == {retry_member(ids[0]), retry_member(ids[2])}
     await redis.flushall()
     await hydrator.run_once()
-    assert {m.decode() for m in await redis.zrange(key, 0, -1)} == members
+    assert await window_members(redis, key) == members
     await redis.zrem(key, retry_member(ids[2]))
     hydrator._last_overdue_scan = float("-inf")  # the next overdue scan is due now
     await hydrator.run_once()
@@ -386,7 +380,7 @@ async def test_each_shards_retries_are_promoted_page_by_page_and_re_added_to_tha
     hydrator = Hydrator(stores, window, HydratorConfig(shards=2, batch_size=2, overdue_grace_sec=15))
     await hydrator.run_once()
     for shard in (0, 1):
-        assert {m.decode() for m in await redis.zrange(window.key(shard), 0, -1)} == expected[shard]
+        assert await window_members(redis, window.key(shard)) == expected[shard]
 
     lost = {shard: retry_member(ids[6 + shard]) for shard in (0, 1)}
     for shard, member in lost.items():
@@ -480,7 +474,7 @@ async def test_the_sweeper_declares_a_worker_lost_only_once_its_heartbeat_stayed
 ) -> None:
     [message] = await make_executions(stores, pool, "echo", retry_policy=NO_JITTER_RETRY, timeout_sec=600)
     ident = await running(stores, message, "w1", started_ago_sec=120)
-    clock = FakeClock()
+    clock = FakeClock(datetime.now(UTC))
     config = SweeperConfig(heartbeat_ttl_sec=30, lost_confirm_sec=10)
     sweeper = Sweeper(stores, publisher, config, clock, redis=redis)
 
@@ -489,15 +483,15 @@ async def test_the_sweeper_declares_a_worker_lost_only_once_its_heartbeat_stayed
     # Redis flushed: the key is gone but the worker is alive and renews it before the confirmation runs out.
     await redis.flushall()
     assert (await sweeper.run_once()).suspected == 1
-    clock.mono += 5
+    clock.advance(5)
     await redis.set(heartbeat_key(ident), "w1")
     assert (await sweeper.run_once()).lost == 0
     # The worker died: its key expires and stays missing.
     await redis.delete(heartbeat_key(ident))
     await sweeper.run_once()
-    clock.mono += 9
+    clock.advance(9)
     assert (await sweeper.run_once()).lost == 0
-    clock.mono += 2
+    clock.advance(2)
     assert (await sweeper.run_once()).lost == 1
     row = await row_of(stores, ident)
     assert (row["state"], row["worker_id"]) == ("FAILED_WORKER_LOST", "w1")

@@ -36,8 +36,8 @@ from sundial_worker import Context, Worker, WorkerConfig
 from sundial_worker.consumer import consumer_group
 from sundial_worker.staging import StagingRuntime
 
-from tests.pools import admit
-from tests.tenants import register_tenant
+from tests.support.pools import admit
+from tests.support.tenants import register_tenant
 
 SECRET = "test-signing-key-for-the-replay-suite"
 PARTITIONS = 3

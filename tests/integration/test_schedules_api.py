@@ -18,8 +18,9 @@ from sundial_api import ApiSettings, create_app
 from sundial_api.models.jobs import Job
 from sundial_api.models.schedules import Preview
 from sundial_common.domain.schedules import jitter
+from sundial_common.testing import FakeClock
 
-from tests.integration.test_api import SECRET, Api, FixedClock, error_fields, ms, rfc3339
+from tests.integration.test_api import SECRET, Api, error_fields, ms, rfc3339
 
 # A fixed, millisecond-aligned "now": a fixed date, so no expectation depends on where the wall clock stands —
 # 20 minutes into the hour (an hourly fire plus 10 min of jitter stays inside the 60-min hot window), mid-January
@@ -38,7 +39,7 @@ async def api(database_url: str, redis_url: str) -> AsyncIterator[Api]:
         shards=4,
         min_interval_sec=MIN_INTERVAL_SEC,
     )
-    clock = FixedClock(NOW)
+    clock = FakeClock(NOW)
     app = create_app(settings, clock=clock)
     db = await asyncpg.connect(database_url)
     redis = Redis.from_url(redis_url)
@@ -53,7 +54,7 @@ async def api(database_url: str, redis_url: str) -> AsyncIterator[Api]:
         await db.close()
 
 
-def cron(schedule: str = "*/5 * * * *", **overrides: Any) -> dict[str, Any]:
+def cron(schedule: str | None = "*/5 * * * *", **overrides: Any) -> dict[str, Any]:
     body: dict[str, Any] = {
         "name": "report",
         "type": "CRON",

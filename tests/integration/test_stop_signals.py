@@ -17,7 +17,7 @@ from sundial_common.broker.kafka import KafkaPublisher
 from sundial_common.stores import Stores
 
 from tests.integration.test_worker import dispatch, execution, publish, wait_state, worker_process
-from tests.pools import admit
+from tests.support.pools import admit
 
 
 @pytest.fixture

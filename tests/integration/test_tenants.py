@@ -18,8 +18,8 @@ from sundial_common.commands.migrate import main as migrate_main
 from sundial_common.domain.ids import new_id
 from sundial_common.security.auth import issue_token
 
-from tests.pools import admit
-from tests.tenants import tenant_token
+from tests.support.pools import admit
+from tests.support.tenants import tenant_token
 
 SECRET = "tenants-test-secret-0123456789abcdef"
 ADMIN = {"Authorization": f"Bearer {issue_token(SECRET, 'ops', admin=True)}"}

@@ -22,7 +22,7 @@ from sundial_client.command import main as sundial
 from sundial_common.security.auth import issue_token
 from sundial_infra.supervisor import sundial_argv
 
-from tests.tenants import tenant_token
+from tests.support.tenants import tenant_token
 
 OLD = "rotation-old-signing-key-0123456789abcdef"
 NEW = "rotation-new-signing-key-0123456789abcdef"

@@ -45,8 +45,8 @@ from sundial_worker import demo as demo_app
 from sundial_worker.consumer import KafkaExecutionConsumer, consumer_group
 from sundial_worker.settings import WorkerSettings
 
-from tests.pools import admit
-from tests.sealed import opened, opened_all
+from tests.support.pools import admit
+from tests.support.sealed import opened, opened_all
 
 TENANT = "acme"
 FAST = WorkerConfig(

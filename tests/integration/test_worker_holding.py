@@ -31,7 +31,7 @@ from tests.integration.test_worker import (
     wait_state,
     wait_until,
 )
-from tests.pools import admit
+from tests.support.pools import admit
 
 HOLD = timedelta(seconds=5)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 from sundial_dispatcher.dispatcher import DispatcherConfig
 from sundial_hydrator.hydrator import HydratorConfig
@@ -24,7 +26,9 @@ from sundial_sweeper.sweeper import SweeperConfig
         (PartitionLoopConfig, {"lock_timeout_ms": 0}, "lock_timeout_ms"),
     ],
 )
-def test_bad_loop_config_is_rejected_with_the_field_named(factory: type, kwargs: dict, message: str) -> None:
+def test_bad_loop_config_is_rejected_with_the_field_named(
+    factory: Callable[..., object], kwargs: dict[str, float], message: str
+) -> None:
     with pytest.raises(ValueError, match=message):
         factory(**kwargs)
 

@@ -1,0 +1,127 @@
+"""When a shard leader looks at its window next (sundial_dispatcher.shards._idle_wait), what wakes it early, and when
+it writes its published marks."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+from typing import Any, cast
+from uuid import UUID, uuid4
+
+import pytest
+from sundial_common.hotwindow.window import WAKE_HORIZON_SEC
+from sundial_common.stores.dispatch import DispatchStore
+from sundial_common.stores.types import Occurrence
+from sundial_common.testing import FakeClock
+from sundial_dispatcher.dispatcher import DispatcherConfig, ShardDispatcher
+from sundial_dispatcher.fairness import FairDispatch, FairnessConfig, FairQueue, Waiting
+from sundial_dispatcher.shards import _dense_wait, _idle_wait
+from sundial_dispatcher.wakes import Alarm
+
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def test_a_leader_sleeps_until_the_next_due_member_and_no_longer_than_the_horizon() -> None:
+    assert _idle_wait(NOW, NOW + timedelta(milliseconds=200), 10.0, 0.05, True) == pytest.approx(0.201)
+    assert _idle_wait(NOW, NOW + timedelta(hours=1), 10.0, 0.05, True) == WAKE_HORIZON_SEC
+    assert _idle_wait(NOW, None, 10.0, 0.05, True) == WAKE_HORIZON_SEC
+
+
+def test_without_wake_ups_a_leader_looks_every_poll_interval() -> None:
+    assert _idle_wait(NOW, None, 10.0, 0.05, False) == 0.05
+    assert _idle_wait(NOW, NOW + timedelta(seconds=5), 10.0, 0.05, False) == 0.05
+
+
+def test_a_member_that_came_due_during_the_pass_is_claimed_at_once_and_side_work_bounds_the_sleep() -> None:
+    assert _idle_wait(NOW, NOW, 10.0, 0.05, True) == 0.0
+    assert _idle_wait(NOW, NOW - timedelta(milliseconds=10), 10.0, 0.05, True) == 0.0
+    assert _idle_wait(NOW, NOW - timedelta(milliseconds=10), 10.0, 0.05, False) == 0.0
+    assert _idle_wait(NOW, None, 0.3, 0.05, True) == 0.3
+    assert _idle_wait(NOW, None, -1.0, 0.05, True) == 0.0
+
+
+def test_dense_shards_of_a_process_pass_at_the_same_instants_and_an_overrun_pass_is_followed_at_once() -> None:
+    config = DispatcherConfig()  # 50 ms polls; dense passes take ~32 members, at most 100 ms apart
+    # 312 members a second (W3 at 2,500/s over 8 shards): every 100 ms, on the grid, whenever each pass began.
+    ends = [start + 0.004 + _dense_wait(312.0, start, start + 0.004, config) for start in (10.003, 10.041, 10.077)]
+    assert ends == [pytest.approx(10.1)] * 3
+    # 625 a second: every 50 ms (32 / 625 = 51 ms, in whole poll intervals).
+    assert 20.012 + _dense_wait(625.0, 20.01, 20.012, config) == pytest.approx(20.05)
+    assert _dense_wait(312.0, 30.0, 30.15, config) == 0.0, "a pass longer than the spacing: the next at once"
+
+
+async def test_an_alarm_rings_for_members_due_before_the_planned_look_only() -> None:
+    alarm = Alarm()
+    alarm.awake()
+    alarm.plan(1_000)
+    alarm.added(2_000)
+    assert not alarm.ring.is_set()
+    alarm.added(500)
+    assert alarm.ring.is_set()
+    await asyncio.wait_for(alarm.ring.wait(), 1)
+
+
+def test_a_member_announced_while_the_pass_runs_cuts_the_following_sleep_short() -> None:
+    alarm = Alarm()
+    alarm.awake()
+    alarm.added(5_000)  # announced after the claim read the window, before the pass planned its sleep
+    alarm.plan(10_000)
+    assert alarm.ring.is_set()
+
+
+async def test_published_marks_are_written_together_once_the_oldest_has_waited_a_little_longer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    written: list[list[UUID]] = []
+
+    class Outbox:
+        async def mark_published(self, execution_ids: list[UUID]) -> None:
+            if execution_ids:
+                written.append(list(execution_ids))
+
+    now = [100.0]
+    monkeypatch.setattr("sundial_dispatcher.dispatcher.time.monotonic", lambda: now[0])
+    config = DispatcherConfig(mark_published_after_sec=1.0, mark_published_every_sec=0.5)
+    none = cast(Any, None)  # the window and the publisher: this test reaches neither
+    leader = ShardDispatcher(0, 1, "a", cast(DispatchStore, Outbox()), none, none, config)
+    passes = [[uuid4()] for _ in range(4)]
+    for i, ids in enumerate(passes):  # a pass every 0.2 s publishes one execution
+        now[0] = 100.0 + 0.2 * i
+        leader._unmarked.append((now[0], ids))
+    now[0] = 101.2
+    await leader._mark_published()
+    assert written == [], "the oldest has waited 1.2 s: not yet"
+    now[0] = 101.5
+    await leader._mark_published()
+    assert written == [passes[0] + passes[1] + passes[2]], "one statement for everything published 1 s ago"
+
+
+def test_an_idle_leader_wakes_for_its_published_marks_before_the_sweeper_would_publish_them_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    now = [100.0]
+    monkeypatch.setattr("sundial_dispatcher.dispatcher.time.monotonic", lambda: now[0])
+    config = DispatcherConfig(mark_published_after_sec=1.0, mark_published_every_sec=0.5)
+    leader = ShardDispatcher(0, 1, "a", None, None, None, config, clock=FakeClock(NOW))  # type: ignore[arg-type]
+    assert leader.next_look() is None, "nothing in the window, no marks: the horizon bounds the sleep"
+    leader._unmarked.append((100.0, [uuid4()]))
+    now[0] = 100.4
+    assert leader.next_look() == NOW + timedelta(seconds=1.1), "the marks are written 1.5 s after the publish"
+    assert _idle_wait(NOW, leader.next_look(), float("inf"), 0.05, True) == pytest.approx(1.101)
+    leader._window_next = NOW + timedelta(milliseconds=300)
+    assert leader.next_look() == NOW + timedelta(milliseconds=300), "a member due sooner comes first"
+    now[0] = 103.0
+    assert leader.next_look() == NOW, "overdue marks: a pass at once"
+
+
+def test_due_work_waiting_for_room_in_the_fair_buffer_is_looked_at_every_poll_interval() -> None:
+    config = DispatcherConfig(poll_interval_sec=0.05, fairness=FairnessConfig(buffer_cap=10, claim_size=10))
+    fair = FairDispatch(0, None, None, None, None, config.fairness, 100)  # type: ignore[arg-type]
+    leader = ShardDispatcher(0, 1, "a", None, None, None, config, clock=FakeClock(NOW), fair=fair)  # type: ignore[arg-type]
+    fair._window_next = NOW + timedelta(milliseconds=300)
+    assert leader.next_look() == NOW + timedelta(milliseconds=300), "nothing waits: the window's next member"
+    fair.queue.add([Waiting(Occurrence(uuid4(), NOW), "a", "p")])
+    assert leader.next_look() == NOW + timedelta(milliseconds=50), "room comes with the next read, not at once"
+    fair.queue = FairQueue()
+    fair.early.push(Waiting(Occurrence(uuid4(), NOW + timedelta(seconds=1)), "a", "p") for _ in range(10))
+    assert leader.next_look() == NOW + timedelta(milliseconds=50), "a full buffer: looked at every poll interval"

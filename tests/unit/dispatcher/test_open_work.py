@@ -1,0 +1,229 @@
+"""The pool room a fair pass has: the queue cap (fixed, or following the start rate), what the process took since
+its read, and stalled pools."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+
+from sundial_common.stores.tenants import OpenExecutions
+from sundial_common.stores.types import Occurrence
+from sundial_common.testing import FakeClock, InMemoryTenantStore
+from sundial_dispatcher.fairness import FairnessConfig, FairQueue, OpenWork, Waiting
+
+DUE = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+class Counts(InMemoryTenantStore):
+    """The in-memory tenant registry with a scripted census of open executions (which it does not hold)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: list[OpenExecutions] = []
+        self.reads = 0
+
+    async def open_executions(
+        self, queued_within_sec: float, fresh_within_sec: float | None = None
+    ) -> list[OpenExecutions]:
+        self.reads += 1
+        return self.rows
+
+
+def open_work(counts: Counts, clock: FakeClock, pool_queue_min: int = 1000) -> OpenWork:
+    config = FairnessConfig(
+        pool_queue_cap=1000, pool_queue_min=pool_queue_min, stalled_pool_sec=3.0, counts_refresh_sec=0.25
+    )
+    return OpenWork(counts, config, clock.monotonic)
+
+
+async def test_a_pool_with_work_waiting_and_none_running_is_not_held_back_once_stalled() -> None:
+    counts, clock = Counts(), FakeClock()
+    work = open_work(counts, clock)
+    counts.rows = [OpenExecutions("a", "idle", queued=1000, pending=1000, running=0, open=1000)]
+    await work.refresh()
+    assert work.pool_room(shards=4, batch_size=500)[0]["idle"] == 0  # full, and not stalled yet
+    clock.advance(3.0)
+    await work.refresh()
+    assert work.pool_room(shards=4, batch_size=500)[0]["idle"] == 500  # nothing ran for 3 s: no cap
+    counts.rows = [OpenExecutions("a", "idle", queued=1000, pending=1000, running=1, open=1001)]
+    clock.advance(1.0)
+    await work.refresh()
+    assert work.pool_room(shards=4, batch_size=500)[0]["idle"] == 0  # a worker runs there again: the cap holds
+
+
+async def test_a_busy_pool_is_never_stalled_and_what_a_pass_took_counts_until_the_next_read() -> None:
+    counts, clock = Counts(), FakeClock()
+    work = open_work(counts, clock)
+    counts.rows = [OpenExecutions("a", "busy", queued=600, pending=600, running=64, open=664)]
+    for _ in range(5):
+        clock.advance(2.0)
+        await work.refresh()
+    room, default = work.pool_room(shards=4, batch_size=500)
+    assert room["busy"] == 100 and default == 250  # a quarter of the room left, of the cap for other pools
+    work.took_unattributed(200)
+    await work.refresh()  # within counts_refresh_sec: not read again
+    assert counts.reads == 5
+    room, default = work.pool_room(shards=4, batch_size=500)
+    assert room["busy"] == 50 and default == 200
+
+
+async def test_a_new_leader_dates_a_stall_from_the_oldest_waiting_execution() -> None:
+    counts, clock = Counts(), FakeClock()
+    work = open_work(counts, clock)
+    counts.rows = [OpenExecutions("a", "idle", queued=1000, pending=1000, running=0, open=1000, waited_sec=4.0)]
+    await work.refresh()
+    assert work.stalled("idle")  # waiting for 4 s with none running, before this process looked
+
+
+def pending(pool: str, n: int, running: int = 32) -> OpenExecutions:
+    return OpenExecutions("a", pool, queued=n, pending=n, running=running, open=n + running)
+
+
+async def test_a_backlogged_pools_cap_follows_its_start_rate_and_grows_while_its_workers_keep_up() -> None:
+    counts, clock = Counts(), FakeClock()
+    work = open_work(counts, clock, pool_queue_min=16)
+    counts.rows = [pending("p", 0, running=0)]
+    await work.refresh()
+    # Nothing seen starting in the pool yet (maybe no worker at all): the fixed cap, as without priority.
+    assert work.pool_room(shards=1, batch_size=500)[0]["p"] == 1000 and work.pool_room(1, 500)[1] == 1000
+    counts.rows = [pending("p", 0, running=1)]
+    clock.advance(0.25)
+    await work.refresh()
+    assert work.cap("p") == 16  # its workers run: from now on its cap follows them, from the smallest
+    # The workers start everything the cap lets through, and a pass held more back: the cap doubles per read.
+    for expected in (32, 64, 128):
+        counts.rows = [pending("p", 0)]
+        work.took([Waiting(Occurrence(uuid.uuid4(), DUE), "a", "p") for _ in range(work.cap("p"))])
+        work.limited(["p"])
+        clock.advance(0.25)
+        await work.refresh()
+        assert work.cap("p") == expected
+    # Backlogged: 128 queued, the workers started 40 in 0.25 s (160/s) -> half a second of starts.
+    counts.rows = [pending("p", 128)]
+    clock.advance(0.25)
+    await work.refresh()
+    counts.rows = [pending("p", 88)]
+    clock.advance(0.25)
+    await work.refresh()
+    assert work.cap("p") == 80
+    assert work.pool_room(shards=1, batch_size=500)[0]["p"] == 0  # 88 queued: nothing more until it drains
+    assert work.high_room()["p"] == 72, "a tenant's HIGH work may fill it to twice the cap"
+    # Slow 1 s handlers on 8 slots (8 starts/s): the cap drops to its floor; nobody publishing keeps it there.
+    counts.rows = [pending("p", 86)]
+    clock.advance(0.25)
+    await work.refresh()
+    assert work.cap("p") == 16
+    clock.advance(0.25)
+    await work.refresh()
+    assert work.cap("p") == 16
+
+
+async def test_work_stuck_with_a_stopped_worker_does_not_hold_the_live_workers_back() -> None:
+    counts, clock = Counts(), FakeClock()
+    work = open_work(counts, clock, pool_queue_min=4)
+    counts.rows = [OpenExecutions("a", "p", queued=40, pending=40, running=8, open=48, fresh=40)]
+    await work.refresh()
+    clock.advance(0.25)
+    counts.rows = [OpenExecutions("a", "p", queued=36, pending=36, running=8, open=44, fresh=36)]
+    await work.refresh()
+    assert work.pool_room(shards=1, batch_size=500)[0]["p"] == 0, "a backlog: the cap follows the starts (8)"
+    # The same 36 wait, none dispatched within the last second: they sit with a worker that was killed.
+    clock.advance(0.25)
+    counts.rows = [OpenExecutions("a", "p", queued=36, pending=36, running=8, open=44, fresh=0)]
+    await work.refresh()
+    assert work.pool_room(shards=1, batch_size=500)[0]["p"] == 4, "the live workers get work again"
+
+
+async def test_a_pool_first_seen_starting_work_gets_the_cap_of_its_start_rate_not_the_floor() -> None:
+    counts, clock = Counts(), FakeClock()
+    work = open_work(counts, clock, pool_queue_min=4)
+    counts.rows = [pending("p", 0, running=0)]
+    await work.refresh()
+    # Uncontended passes publish 80 in 0.25 s without looking up whose they are (one pool has work: it is its).
+    work.took_unattributed(80)
+    counts.rows = [pending("p", 5, running=3)]
+    clock.advance(0.25)
+    await work.refresh()
+    assert work.cap("p") == 150  # 75 started in 0.25 s (300/s): half a second of them, at once
+    room = work.pool_room(shards=1, batch_size=500)[0]["p"]
+    assert room == 145, "the stream goes on without waiting for the cap to grow"
+
+
+async def test_takes_not_attributed_count_for_no_pool_while_several_have_work() -> None:
+    counts, clock = Counts(), FakeClock()
+    work = open_work(counts, clock, pool_queue_min=4)
+    counts.rows = [pending("p", 0, running=0), pending("q", 0, running=0)]
+    await work.refresh()
+    work.took_unattributed(80)  # whose is not known: the caps err short
+    counts.rows = [pending("p", 5, running=3), pending("q", 5, running=3)]
+    clock.advance(0.25)
+    await work.refresh()
+    assert work.cap("p") == 4 and work.cap("q") == 4
+
+
+async def test_a_pool_whose_workers_empty_its_queue_gets_the_cap_of_their_rate_not_just_twice_its_own() -> None:
+    counts, clock = Counts(), FakeClock()
+    work = open_work(counts, clock, pool_queue_min=4)
+    counts.rows = [pending("p", 0)]
+    await work.refresh()
+    clock.advance(0.25)
+    await work.refresh()
+    assert work.cap("p") == 4
+    # 500 waited (published before the cap was measured), and all started within 0.25 s while work was held back.
+    counts.rows = [pending("p", 500)]
+    clock.advance(0.25)
+    await work.refresh()
+    work.limited(["p"])
+    counts.rows = [pending("p", 0)]
+    clock.advance(0.25)
+    await work.refresh()
+    assert work.cap("p") == 1000  # 2,000/s: a second of them (its ceiling), not 8
+
+
+async def test_the_drain_counts_what_the_other_dispatchers_published_for_their_shards() -> None:
+    counts, clock = Counts(), FakeClock()
+    work = open_work(counts, clock, pool_queue_min=4)
+    work.queues = {0: FairQueue(), 1: FairQueue()}  # this process leads 2 of the 4 shards
+    counts.rows = [pending("p", 200)]
+    await work.refresh()
+    work.pool_room(shards=4, batch_size=500)
+    # This process published 100 in 0.25 s; the other, leading the other two shards, as many: the queue held.
+    work.took([Waiting(Occurrence(uuid.uuid4(), DUE), "a", "p") for _ in range(100)])
+    clock.advance(0.25)
+    await work.refresh()
+    assert work.cap("p") == 400  # 200 started in 0.25 s (800/s), not the 100 this process's count alone says
+
+
+async def test_a_pool_with_no_worker_is_not_taken_for_one_draining_when_the_other_dispatcher_publishes_less() -> None:
+    counts, clock = Counts(), FakeClock()
+    work = open_work(counts, clock, pool_queue_min=4)
+    work.queues = {0: FairQueue(), 1: FairQueue()}  # this process leads 2 of the 4 shards
+    counts.rows = [pending("p", 200, running=0)]
+    await work.refresh()
+    work.pool_room(shards=4, batch_size=500)
+    # This process published 100; the other one, handing its shards over, only 20: nothing started at all.
+    work.took([Waiting(Occurrence(uuid.uuid4(), DUE), "a", "p") for _ in range(100)])
+    counts.rows = [pending("p", 320, running=0)]
+    clock.advance(0.25)
+    await work.refresh()
+    assert "p" not in work.started_work
+    assert work.pool_room(shards=4, batch_size=500)[0]["p"] == 170  # its share of pool_queue_cap, not of a tiny cap
+
+
+async def test_work_published_ahead_and_held_by_a_worker_is_not_taken_for_a_start() -> None:
+    # A sparse shard publishes ahead of the due instant (the worker holds the message until then): at the next
+    # read the execution is neither started nor due. Counted as drained, a pool with no worker at all would look
+    # like one starting work, get a short cap, and stop dispatching until the stalled-pool rule lifted it.
+    counts, clock = Counts(), FakeClock()
+    work = open_work(counts, clock, pool_queue_min=16)
+    counts.rows = [OpenExecutions("a", "p", queued=0, pending=0, running=0, open=0)]
+    await work.refresh()
+    work.took([Waiting(Occurrence(uuid.uuid4(), DUE), "a", "p") for _ in range(3)])
+    counts.rows = [OpenExecutions("a", "p", queued=0, pending=0, running=0, open=3, ahead=3)]
+    clock.advance(0.25)
+    await work.refresh()
+    assert "p" not in work.started_work and work.cap("p") == 1000  # nothing started: the fixed cap still
+    counts.rows = [OpenExecutions("a", "p", queued=2, pending=2, running=0, open=3, ahead=1)]
+    clock.advance(0.25)
+    await work.refresh()
+    assert "p" not in work.started_work  # two came due, none started
