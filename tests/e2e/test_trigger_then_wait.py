@@ -14,8 +14,8 @@ import subprocess
 import pytest
 from sundial_client import AsyncClient, Client, Retries
 
-from tests.e2e.conftest import SUNDIAL, Processes, free_port
-from tests.tenants import tenant_token
+from tests.support.processes import SUNDIAL, Processes, free_port
+from tests.support.tenants import tenant_token
 
 RUNS = 20
 AT_ONCE = 100

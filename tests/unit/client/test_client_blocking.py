@@ -33,7 +33,7 @@ def test_listings_page_lazily_and_stop_when_abandoned() -> None:
     with Client("http://api.test", token="t", transport=httpx.MockTransport(answer)) as client:
         trail = client.jobs.audit(JOB, page_size=1)
         assert [next(trail).action, next(trail).action] == ["a0", "a1"]
-        trail.close()
+        trail.close()  # type: ignore[attr-defined]  # typed as an Iterator, it is a generator: closable
         assert asked == ["", "1"]  # two pages fetched, no more
         assert [e.action for e in client.executions.audit(JOB, page_size=1)] == ["a0", "a1", "a2", "a3", "a4"]
 

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 from sundial_client import Client, models
-from sundial_client.cli import common
+from sundial_client.cli import common, connection
 from sundial_client.cli.common import run
 from sundial_client.cli.connection import UsageError, resolve_connection
 from sundial_client.cli.executions import parser as executions_parser
@@ -147,7 +147,7 @@ def test_a_job_is_found_by_its_name_and_shown_in_its_zone(capsys: pytest.Capture
 def test_a_name_shared_by_two_jobs_is_refused_with_their_ids(capsys: pytest.CaptureFixture[str]) -> None:
     api = Api([job(), job(job_id="0196f1c2-0000-7000-8000-000000000003")])
     code, _, err = cli(api, jobs_parser(), ["pause", "nightly-report"], capsys)
-    assert code == common.USAGE and "2 jobs are called `nightly-report`" in err and JOB_ID in err
+    assert code == connection.USAGE and "2 jobs are called `nightly-report`" in err and JOB_ID in err
     code, _, err = cli(Api([]), jobs_parser(), ["get", "nobody"], capsys)
     assert code == common.NOT_FOUND and "no job is called `nobody`" in err
 
@@ -219,7 +219,7 @@ def test_no_token_says_where_it_looked(tmp_path: Path) -> None:
     with pytest.raises(UsageError) as caught:
         resolve_connection(namespace(), env, tmp_path, admin=True)
     message = str(caught.value)
-    assert caught.value.code == common.AUTH
+    assert caught.value.code == connection.AUTH
     for place in ("--token", "$SUNDIAL_TOKEN", str(tmp_path / "none.toml"), f".sundial/admin-token in {tmp_path}"):
         assert place in message
     assert "make up" in message and "sundial token" in message
