@@ -35,12 +35,17 @@ from sundial_common.runtime.settings import CommonSettings
 log = logging.getLogger(__name__)
 
 
+def announce(service: str, instance: str) -> None:
+    """Log which release this process runs, as it starts."""
+    log.info("%s %s starting (instance %s)", service, version(), instance)
+
+
 @contextlib.contextmanager
 def observed(service: str, settings: CommonSettings, *, metrics: bool = True) -> Iterator[None]:
     """Tracing and metrics for the process ``service`` (``sundial-<command>``) while the block runs."""
     setup_tracing(service, settings.otlp_endpoint, settings.trace_sample_ratio, settings.instance_id)
     describe_process(service, settings.instance_id)
-    log.info("%s %s starting (instance %s)", service, version(), settings.instance_id)
+    announce(service, settings.instance_id)
     with contextlib.ExitStack() as stack:
         if metrics and settings.metrics_port is not None:
             stack.enter_context(serve_probes(settings.metrics_port, settings.metrics_host))
