@@ -19,6 +19,7 @@ from starlette.responses import Response
 from sundial_common.stores.breakers import CLOSED, OPEN, Breaker, Transition
 
 from sundial_api.auth import Authenticated
+from sundial_api.json_body import JsonRoute
 from sundial_api.models.audit import AuditPage, render_entry
 from sundial_api.models.breakers import BreakerList, BreakerState, BreakerView, render_breaker
 from sundial_api.problems import ProblemError, not_found, parse_resource_id, responses
@@ -27,7 +28,7 @@ from sundial_api.state import ApiState, State
 
 log = logging.getLogger("sundial.api")
 
-router = APIRouter(prefix="/v1", tags=["breakers"])
+router = APIRouter(prefix="/v1", tags=["breakers"], route_class=JsonRoute)
 
 BreakerId = Annotated[str, Path(description="The breaker's id (from `GET /v1/breakers`).")]
 

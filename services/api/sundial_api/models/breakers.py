@@ -20,7 +20,9 @@ from sundial_api.models.common import RequestModel
 
 _D = BreakerSettings()
 
-Seconds = Annotated[StrictFloat | StrictInt, Field(ge=1, le=86400)]
+# StrictFloat takes an integer too (never a string); bounds on a union with StrictInt would reach the OpenAPI
+# document under pydantic's names (`ge`, `le`) rather than JSON Schema's (`minimum`, `maximum`).
+Seconds = Annotated[StrictFloat, Field(ge=1, le=86400)]
 
 
 class BreakerSettingsBody(RequestModel):
@@ -30,13 +32,13 @@ class BreakerSettingsBody(RequestModel):
     enabled: StrictBool | None = Field(
         None, description=f"Breakers of this tenant open at all (default {str(_D.enabled).lower()})."
     )
-    failure_ratio: Annotated[StrictFloat | StrictInt, Field(gt=0, le=1)] | None = Field(
+    failure_ratio: Annotated[StrictFloat, Field(gt=0, le=1)] | None = Field(
         None, description=f"Opens at this share of failed attempts in the window (default {_D.failure_ratio:g})."
     )
     min_attempts: Annotated[StrictInt, Field(ge=1, le=1_000_000)] | None = Field(
         None, description=f"... of at least this many finished attempts (default {_D.min_attempts})."
     )
-    window_sec: Annotated[StrictFloat | StrictInt, Field(ge=1, le=3600)] | None = Field(
+    window_sec: Annotated[StrictFloat, Field(ge=1, le=3600)] | None = Field(
         None, description=f"The sliding window, seconds (default {_D.window_sec:g})."
     )
     cooldown_sec: Seconds | None = Field(
@@ -49,7 +51,7 @@ class BreakerSettingsBody(RequestModel):
     probes: Annotated[StrictInt, Field(ge=1, le=100)] | None = Field(
         None, description=f"Retries a half-open breaker lets through as probes (default {_D.probes})."
     )
-    release_spread_sec: Annotated[StrictFloat | StrictInt, Field(ge=0, le=3600)] | None = Field(
+    release_spread_sec: Annotated[StrictFloat, Field(ge=0, le=3600)] | None = Field(
         None,
         description=f"A closing breaker releases its held retries at random over this many seconds "
         f"(default {_D.release_spread_sec:g}).",
