@@ -53,13 +53,6 @@ async def list_breakers(
     return OrjsonResponse({"items": [render_breaker(b) for b in rows]})
 
 
-@router.get(
-    "/breakers/{breaker_id}", response_model=BreakerView, responses=responses(401, 404, 503), summary="A breaker"
-)
-async def get_breaker(breaker_id: BreakerId, state: State, principal: Authenticated) -> Response:
-    return OrjsonResponse(render_breaker(await _get(state, principal.tenant, breaker_id)))
-
-
 @router.post(
     "/breakers/{breaker_id}:open",
     response_model=BreakerView,
@@ -103,6 +96,14 @@ async def close_breaker(breaker_id: BreakerId, state: State, principal: Authenti
             "closed_by_operator",
         )
     return OrjsonResponse(render_breaker(moved))
+
+
+# After the `:open` and `:close` routes: the first route matching a path is the one whose methods a 405 lists.
+@router.get(
+    "/breakers/{breaker_id}", response_model=BreakerView, responses=responses(401, 404, 503), summary="A breaker"
+)
+async def get_breaker(breaker_id: BreakerId, state: State, principal: Authenticated) -> Response:
+    return OrjsonResponse(render_breaker(await _get(state, principal.tenant, breaker_id)))
 
 
 @router.get(
