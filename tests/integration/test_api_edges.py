@@ -140,7 +140,9 @@ async def test_a_dependent_item_in_a_batch_is_refused_alone(api: Api) -> None:
     assert await api.db.fetchval("SELECT count(*) FROM jobs WHERE name = 'child'") == 0
 
 
-@pytest.mark.parametrize("token", [b"garbage", b"a.b.c", b"\xb7\xb7.\xb7", b"eyJhbGciOiJIUzI1NiJ9.t2s.x", b"t7c.t7c.t7c"])
+@pytest.mark.parametrize(
+    "token", [b"garbage", b"a.b.c", b"\xb7\xb7.\xb7", b"eyJhbGciOiJIUzI1NiJ9.t2s.x", b"t7c.t7c.t7c"]
+)
 async def test_a_malformed_token_is_a_plain_401(api: Api, token: bytes) -> None:
     response = await api.client.get("/v1/jobs", headers={"Authorization": b"Bearer " + token})
     assert response.status_code == 401
@@ -190,7 +192,7 @@ async def test_a_10_mb_body_without_expect_gets_a_readable_413(unused_port: int)
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=unused_port, lifespan="off", log_level="error"))
     serving = asyncio.create_task(server.serve())
     try:
-        while not server.started:
+        while not server.started:  # noqa: ASYNC110 - uvicorn offers no event for it
             await asyncio.sleep(0.02)
         reader, writer = await asyncio.open_connection("127.0.0.1", unused_port)
         size = 10 * 1024 * 1024

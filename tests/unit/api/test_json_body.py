@@ -40,7 +40,10 @@ def test_the_errors_are_the_standard_librarys(body: bytes) -> None:
 
 @pytest.mark.parametrize("depth", [MAX_DEPTH + 1, 5000])
 def test_a_body_nested_too_deep_is_a_400_not_a_recursion_error(depth: int) -> None:
-    for body in (b"[" * depth + b"]" * depth, b'{"n": 12345678901234567890, "x": ' + b"[" * depth + b"]" * depth + b"}"):
+    for body in (
+        b"[" * depth + b"]" * depth,
+        b'{"n": 12345678901234567890, "x": ' + b"[" * depth + b"]" * depth + b"}",
+    ):
         with pytest.raises(BodyRefused) as refused:
             loads(body)
         assert refused.value.status_code == 400 and refused.value.errors[0]["field"] == "body"

@@ -14,7 +14,7 @@ from sundial_client.models.breakers import (
     FirstFires,
     JobBreakerView,
 )
-from sundial_common.stores.breakers import Breaker, BreakerSettings
+from sundial_common.stores.breakers import MAX_HOLD_SEC, Breaker, BreakerSettings
 
 from sundial_api.models.common import RequestModel
 
@@ -56,6 +56,11 @@ class BreakerSettingsBody(RequestModel):
         description=f"A closing breaker releases its held retries at random over this many seconds "
         f"(default {_D.release_spread_sec:g}).",
     )
+    max_hold_sec: Annotated[StrictFloat, Field(ge=1, le=MAX_HOLD_SEC)] | None = Field(
+        None,
+        description=f"The longest a retry is held; then its attempt ends without running (`BreakerHeld`, DEAD if it "
+        f"was the last) — a handler that stays broken fills the dead-letter queue (default {_D.max_hold_sec:g}).",
+    )
 
     def overrides(self) -> dict[str, Any] | None:
         """The fields given, camelCase, as ``tenants.breaker`` stores them (None: all defaults)."""
@@ -73,6 +78,11 @@ class JobBreaker(RequestModel):
         FirstFires.RUN,
         description="While the breaker is OPEN or HALF_OPEN: `RUN` fires the job's occurrences as usual; `HOLD` "
         "lets them wait (the job's next fire stays due) until the breaker closes.",
+    )
+    max_hold_sec: Annotated[StrictFloat, Field(ge=1, le=MAX_HOLD_SEC)] | None = Field(
+        None,
+        description="The longest this job's retries are held; then the attempt ends without running (`BreakerHeld`, "
+        "DEAD if it was the last). Absent: the tenant's `maxHoldSec`.",
     )
 
 
