@@ -121,7 +121,9 @@ def definition(body: JobCreate, resolved: Resolved, default_timeout_sec: int, ci
         "timeout_sec": body.timeout_sec if body.timeout_sec is not None else default_timeout_sec,
         "priority": body.priority.value,
         "labels": body.labels,
-        "breaker": body.breaker.model_dump(mode="json", by_alias=True) if body.breaker is not None else None,
+        "breaker": body.breaker.model_dump(mode="json", by_alias=True, exclude_none=True)
+        if body.breaker is not None
+        else None,
     }
 
 
