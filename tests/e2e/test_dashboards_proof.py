@@ -65,12 +65,13 @@ def every_panel_query(tenant: str) -> list[tuple[str, str]]:
 
 
 async def panels_without_data(
-    prometheus: PrometheusServer, tenant: str, when: str, since: float
+    prometheus: PrometheusServer, tenant: str, when: str, since: float, within: float = 60.0
 ) -> list[tuple[str, str]]:
-    """The panel queries still without a series after waiting up to 30 s for them (scrapes every second, the
-    sweeper's gauges every second), printed with how many had data."""
+    """The panel queries still without a series after waiting up to ``within`` seconds for them (scrapes every
+    second, the sweeper's gauges every second; a rate needs two samples in its window), printed with how many had
+    data."""
     panels = every_panel_query(tenant)
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + within
     while True:
         empty = [(where, expr) for where, expr in panels if not query(prometheus, expr)]
         if not empty or time.monotonic() > deadline:
