@@ -219,3 +219,29 @@ def unused_port() -> int:
         probe.bind(("127.0.0.1", 0))
         port: int = probe.getsockname()[1]
     return port
+
+
+#: What schemathesis never puts in a parameter: a NUL, a lone surrogate (its UTF-8 bytes), a number past 64 bits.
+HOSTILE = ("a%00b", "%ED%A0%80", "9" * 30)
+
+
+async def test_no_parameter_of_any_operation_answers_5xx_to_what_a_fuzzer_never_sends(api: Api) -> None:
+    document = (await api.client.get("/openapi.json")).json()
+    admin = {"Authorization": f"Bearer {issue_token(SECRET, 'ops', admin=True)}"}
+    job = (await api.create(delayed())).json()["jobId"]
+    sent = 0
+    for template, item in document["paths"].items():
+        for method, operation in item.items():
+            parameters = [p for p in operation.get("parameters", []) if p["in"] in ("query", "path")]
+            headers = admin if template.startswith("/v1/admin") else api.auth()
+            for target in parameters:
+                for value in HOSTILE:
+                    path = template
+                    for p in parameters:
+                        if p["in"] == "path":
+                            path = path.replace("{" + p["name"] + "}", value if p is target else job)
+                    query = f"?{target['name']}={value}" if target["in"] == "query" else ""
+                    response = await api.client.request(method.upper(), path + query, headers=headers)
+                    sent += 1
+                    assert response.status_code < 500, (method, path + query, response.text)
+    assert sent > 100  # every operation's parameters were tried
