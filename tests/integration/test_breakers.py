@@ -370,3 +370,35 @@ async def test_retries_held_past_max_hold_end_without_running_and_reach_dead(
         == failures
     )  # the handler was never called: its window says nothing new
     assert len(await stores.executions.dead_letters(2000)) >= 1000  # the dead-letter queue shows the problem
+
+
+async def test_a_jobs_own_max_hold_bounds_its_retries_and_not_the_others(
+    stores: Stores,
+    client: Redis,
+    publisher: KafkaPublisher,
+    pool: str,
+    kafka_bootstrap: str,
+) -> None:
+    ensure_topics(kafka_bootstrap, [pool_topic(pool)])
+    messages = await make_executions(stores, pool, "down", 30, retry_policy=RETRY)
+    ids = [uuid.UUID(m.execution_id) for m in messages]
+    short = ids[:10]
+    await stores.database.pool.execute(
+        "UPDATE jobs SET breaker = $2 WHERE id IN (SELECT job_id FROM executions WHERE id = ANY($1))",
+        short,
+        {"maxHoldSec": 60},
+    )
+    await fail_attempts(stores, ids, 1)
+    await loop(stores, client).run_once()
+    await due_now(stores, client, ids)
+    await dispatcher(stores, client, publisher, token=5).run_once()
+    # 61 s later: past the job's own 60 s, well inside the tenant's hour.
+    await stores.database.pool.execute("UPDATE executions SET held_since = held_since - interval '61 seconds'")
+    await due_now(stores, client, ids)
+    await dispatcher(stores, client, publisher, token=6).run_once()
+    rows = await stores.database.pool.fetch("SELECT id, attempt, state, error FROM executions WHERE id = ANY($1)", ids)
+    ended = {r["id"] for r in rows if r["attempt"] == 2}
+    assert ended == set(short)
+    assert all(r["state"] == "FAILED" and r["error"].startswith("BreakerHeld") for r in rows if r["id"] in ended)
+    [breaker] = await stores.breakers.tenant_breakers(TENANT, pool, None)
+    assert breaker.held == 30  # the ended ones wait for their next attempt, held again
