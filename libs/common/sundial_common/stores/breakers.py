@@ -17,7 +17,8 @@ sweeper see the same state and a leader change neither releases held retries ear
 - **A bound on holding**: an execution held longer than ``maxHoldSec`` (its job's ``breaker.maxHoldSec``, else
   its tenant's) since a breaker first held it is not held again when its retry comes due: the gate ends that
   attempt without running it (error ``BreakerHeld``, counted as a failed attempt of the execution but not in the
-  breaker's window), DEAD if it was the last — so a handler that stays broken fills the dead-letter queue within
+  breaker's window), DEAD if it was the last. A held retry is scheduled no later than its bound, so it is
+  judged then, not a cool-down later: a handler that stays broken fills the dead-letter queue within
   ``maxHoldSec`` plus its backoff, and no call reaches a downstream that is still down.
 - **Transitions** (:meth:`BreakerStore.transition`) are compare-and-sets on the breaker's version that write
   their audit row in the same statement; closing releases the held retries spread over a window

@@ -114,13 +114,17 @@ RETURNING id, shard, next_attempt_at;
 -- job has not opted out), with the breaker locked so two shards' leaders share one probe budget; and whether
 -- each has been held longer than its bound (the job's breaker.maxHoldSec, else its breaker's).
 SELECT e.id, b.id AS breaker_id, b.state, b.probe_limit, b.probes_sent, e.attempt, j.retry_policy,
-       -- An operator's open has no probe time: its held retries look again every minute.
-       greatest(coalesce(b.next_probe_at, now() + interval '60 seconds'), now()) AS hold_until,
-       e.held_since IS NOT NULL AND e.held_since + make_interval(
-           secs => coalesce((j.breaker ->> 'maxHoldSec')::float8, b.max_hold_sec)) <= now() AS hold_expired
+       -- An operator's open has no probe time: its held retries look again every minute. A hold ends at its bound
+       -- if that comes first, so the attempt is ended then, not at a probe time up to a cool-down later.
+       least(greatest(coalesce(b.next_probe_at, now() + interval '60 seconds'), now()),
+             coalesce(e.held_since, now()) + h.bound) AS hold_until,
+       e.held_since IS NOT NULL AND e.held_since + h.bound <= now() AS hold_expired
 FROM executions e
 JOIN breakers b ON b.tenant_id = e.tenant_id AND b.pool = e.pool AND b.handler = e.handler
 JOIN jobs j ON j.id = e.job_id
+CROSS JOIN LATERAL (
+    SELECT make_interval(secs => coalesce((j.breaker ->> 'maxHoldSec')::float8, b.max_hold_sec)) AS bound
+) h
 WHERE e.id = ANY($1::uuid[]) AND b.state <> 'CLOSED' AND coalesce((j.breaker ->> 'enabled')::boolean, true)
 ORDER BY b.id, e.id
 FOR UPDATE OF b;
