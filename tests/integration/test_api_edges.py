@@ -1,7 +1,8 @@
 """Input a fuzzer never sends, each answered with a 4xx naming the field or the limit — never a 5xx — and nothing
-written: bodies nested past the parser's limit, lone surrogates and NUL characters in every kind of field, query
-filter and id, cron steps past their field, a DEPENDENT item in a batch, a garbage token, a 10 MB body sent
-without ``Expect``, and the OpenAPI document's promises (bounds as JSON Schema, empty cursors, ``OPTIONS``).
+written: bodies nested past the parser's limit (and payloads nested within it), lone surrogates and NUL characters
+in every kind of field, query filter and id, cron steps past their field, a DEPENDENT item in a batch, a garbage
+token, a 10 MB body sent without ``Expect``, hostile values in every parameter of every operation, and the
+OpenAPI document's promises (bounds as JSON Schema, empty cursors, ``OPTIONS``).
 
 In-process API on real Postgres and Redis (the ``api`` fixture of ``test_api``); the 413 goes through a real
 uvicorn socket, where a reset would lose it.
@@ -245,3 +246,21 @@ async def test_no_parameter_of_any_operation_answers_5xx_to_what_a_fuzzer_never_
                     sent += 1
                     assert response.status_code < 500, (method, path + query, response.text)
     assert sent > 100  # every operation's parameters were tried
+
+
+@pytest.mark.parametrize("depth", [300, 1000])
+async def test_a_payload_nested_within_the_parsers_limit_is_refused_by_itself(api: Api, depth: int) -> None:
+    # Parsed (orjson takes 1,024 levels) but not storable (jsonb, and orjson's writer, take 255): a 422 naming the
+    # payload — also where the request is hashed for its Idempotency-Key, which writes the body back out.
+    payload = b"[" * depth + b"]" * depth
+    item = json.dumps(delayed(payload=None)).encode().replace(b'"payload": null', b'"payload": ' + payload)
+    before = await api.counts()
+    for key in (None, f"deep-{depth}"):
+        headers = {"Content-Type": "application/json", **api.auth(), **({"Idempotency-Key": key} if key else {})}
+        single = await api.client.post("/v1/jobs", content=item, headers=headers)
+        await refused(api, single, 422, "payload", before)
+        batch = await api.client.post("/v1/jobs:batch", content=b'{"jobs": [' + item + b"]}", headers=headers)
+        assert batch.status_code == 200, batch.text
+        [result] = batch.json()["results"]
+        assert result["status"] == 422 and result["problem"]["errors"][0]["field"] == "payload", result
+    assert (await api.counts())["jobs"] == before["jobs"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from sundial_api.idempotency import canonical_json
 from sundial_api.json_body import MAX_DEPTH, loads
 from sundial_api.problems import BodyRefused
 
@@ -68,3 +69,12 @@ def test_text_postgres_cannot_store_is_a_422_naming_the_field(body: bytes, field
 
 def test_an_escaped_backslash_before_u0000_is_text_not_a_nul() -> None:
     assert loads(b'{"name": "a\\\\u0000"}') == {"name": "a\\u0000"}
+
+
+def test_the_idempotency_hash_writes_any_depth_as_the_standard_library_writes_json() -> None:
+    for value in ({"b": [1, {"z": None, "a": "\u00e9"}], "a": 1.5}, [], {}, [[[]]], "}", 10**30, {"k": [True]}):
+        assert canonical_json(value) == json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
+    deep: list[object] = []
+    for _ in range(5000):
+        deep = [deep]
+    assert canonical_json(deep) == b"[" * 5001 + b"]" * 5001
