@@ -1,7 +1,7 @@
 """How long a breaker may hold a retry: when an execution's hold began, and each breaker's bound.
 
-Revision ID: 0027
-Revises: 0026
+Revision ID: 0029
+Revises: 0028
 Create Date: 2026-11-28
 
 An open breaker held a retry until the breaker closed, however long: the executions of a handler that stays
@@ -16,8 +16,8 @@ previous release's processes run on this schema unchanged.
 
 from sundial_common.stores.schema import run_sql_script
 
-revision = "0027"
-down_revision = "0026"
+revision = "0029"
+down_revision = "0028"
 branch_labels = None
 depends_on = None
 
