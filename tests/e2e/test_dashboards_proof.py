@@ -163,7 +163,7 @@ async def test_every_panel_of_every_dashboard_has_data_and_a_tenant_sees_only_it
         await asyncio.sleep(3.5)
         assert (await client.post(f"/v1/jobs/{recurring_id}/resume")).status_code == 200
 
-    async def healthy(client: httpx.AsyncClient) -> None:
+    async def succeeding_only(client: httpx.AsyncClient) -> None:
         """Only jobs that succeed: nothing fails, retries, dies or is missed."""
         ids = []
         for i in range(3):
@@ -193,7 +193,7 @@ async def test_every_panel_of_every_dashboard_has_data_and_a_tenant_sees_only_it
             headers={"Authorization": f"Bearer {token_b}"},
         ) as b,
     ):
-        await asyncio.gather(healthy(a), healthy(b))
+        await asyncio.gather(succeeding_only(a), succeeding_only(b))
         empty = await panels_without_data(prometheus, tenant_a, "on a healthy stack", time.monotonic())
         assert not empty, f"healthy stack: {len(empty)} panel queries returned no series: " + "; ".join(
             where for where, _ in empty

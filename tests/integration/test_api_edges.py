@@ -145,7 +145,7 @@ async def test_a_dependent_item_in_a_batch_is_refused_alone(api: Api) -> None:
     "token", [b"garbage", b"a.b.c", b"\xb7\xb7.\xb7", b"eyJhbGciOiJIUzI1NiJ9.t2s.x", b"t7c.t7c.t7c"]
 )
 async def test_a_malformed_token_is_a_plain_401(api: Api, token: bytes) -> None:
-    response = await api.client.get("/v1/jobs", headers={"Authorization": b"Bearer " + token})
+    response = await api.client.get("/v1/jobs", headers={b"Authorization": b"Bearer " + token})
     assert response.status_code == 401
     assert response.json()["detail"] == "malformed bearer token"
 

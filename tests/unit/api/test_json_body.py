@@ -72,7 +72,16 @@ def test_an_escaped_backslash_before_u0000_is_text_not_a_nul() -> None:
 
 
 def test_the_idempotency_hash_writes_any_depth_as_the_standard_library_writes_json() -> None:
-    for value in ({"b": [1, {"z": None, "a": "\u00e9"}], "a": 1.5}, [], {}, [[[]]], "}", 10**30, {"k": [True]}):
+    values: tuple[object, ...] = (
+        {"b": [1, {"z": None, "a": "\u00e9"}], "a": 1.5},
+        [],
+        {},
+        [[[]]],
+        "}",
+        10**30,
+        {"k": [True]},
+    )
+    for value in values:
         assert canonical_json(value) == json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
     deep: list[object] = []
     for _ in range(5000):
