@@ -5,7 +5,8 @@ down). On a fresh stack per mode, ``--executions`` one-shot jobs of the demo ``o
 call until ``--outage`` seconds after registration, then succeeds) are created through the API's batch
 endpoint with ``maxAttempts`` 5 and a short exponential backoff (``--initial-delay-ms``, default 2 s, up to
 30 s, with jitter: four retries span ~30 s, well inside the outage). ``on`` runs with the breaker at its
-defaults (≥ 50 % of ≥ 20 attempts in 60 s; 30 s cool-down doubling to 600 s; 3 probes; release over 30 s);
+defaults (≥ 50 % of ≥ 20 attempts in 60 s; 30 s cool-down doubling to 120 s; 10 probes judged by their failure
+ratio; release over 30 s; a retry held at most an hour);
 ``off`` with ``SUNDIAL_BREAKER_ENABLED=false``. Each mode prints and appends to ``bench/results/<workload>.jsonl``:
 
 * **retries_while_open** — retries dispatched while the breaker was OPEN (audit ``retry`` rows stamped more
@@ -40,6 +41,7 @@ import asyncpg
 import httpx
 from sundial_common.domain.ids import new_id
 from sundial_common.stores import Stores
+from sundial_common.stores.breakers import BreakerSettings
 from sundial_common.stores.executions import Outcome
 
 from bench import results
@@ -48,7 +50,8 @@ from bench.results import REPO, RESULTS
 
 #: Audit times are each transaction's start: a retry stamped this close to a transition may have read either state.
 EDGE = timedelta(milliseconds=250)
-PROBES = 3
+#: The probes a half-open breaker allows at the defaults the sweeper runs with.
+PROBES = BreakerSettings().probes
 
 
 async def run(bench: Bench, args: argparse.Namespace) -> dict[str, Any]:

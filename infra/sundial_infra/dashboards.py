@@ -54,10 +54,27 @@ class Panel:
     description: str = ""
 
 
+#: A query counting events: a rate, increase or count of changes of a counter (not a quantile of a histogram).
+_COUNTS_EVENTS = re.compile(r"\b(rate|increase|changes)\(")
+#: What an event-counting query answers when no series exists yet: a single 0 ("none happened"), only then.
+ZERO_FALLBACK = " or on() vector(0)"
+
+
+def counts_events(expr: str) -> bool:
+    """``expr`` counts events (so "none" is 0, not "No data"): a rate, increase or change count of a ``sundial_``
+    counter — not a quantile, which has no value without events, nor a process's CPU rate."""
+    return bool(_COUNTS_EVENTS.search(expr)) and "histogram_quantile" not in expr and "sundial_" in expr
+
+
 def _p(
     title: str, *queries: tuple[str, str] | str, unit: str = "short", kind: Kind = "timeseries", help: str = ""
 ) -> Panel:
+    """A panel. A query that counts events falls back to 0 where its series cannot exist yet (no missed fire since
+    the process started, no retry …), so a viewer tells "none" from "broken"; ``on()`` keeps the 0 out whenever
+    any series exists. The dashboard test checks every metric a query names is in the registry, so the fallback
+    cannot hide a misspelt one."""
     qs = tuple(Query(q) if isinstance(q, str) else Query(*q) for q in queries)
+    qs = tuple(dataclasses.replace(q, expr=q.expr + ZERO_FALLBACK) if counts_events(q.expr) else q for q in qs)
     return Panel(title, qs, unit, kind, help)
 
 

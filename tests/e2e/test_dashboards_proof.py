@@ -1,11 +1,13 @@
 """Every panel of every dashboard returns data from the real Prometheus scraping the real processes.
 
 The api, hydrator, dispatcher, sweeper and worker run with metrics ports, announced to Prometheus through a
-file-SD target file (as ``make up`` does); two tenants put a short load through them (succeeding, failing,
-retried, dead and cancelled executions, and a recurring job that misses fires while paused). Then every
-target expression of every panel of every dashboard (``$tenant`` and ``$__rate_interval`` substituted) is
-evaluated through Prometheus' HTTP query API and must return at least one series, and tenant A's rendered
-dashboard reads only tenant A's series. A panel added later without data fails here.
+file-SD target file (as ``make up`` does). Every target expression of every panel of every dashboard (``$tenant``
+and ``$__rate_interval`` substituted) is evaluated through Prometheus' HTTP query API and must return at least one
+series twice: first on a healthy stack where two tenants ran only succeeding jobs — no failure, retry, dead
+letter or missed fire happened, so those panels say 0 rather than nothing — then after a load with every fault
+(succeeding, failing, retried, dead and cancelled executions, and a recurring job that misses fires while
+paused), where tenant A's rendered dashboard must read only tenant A's series. A panel added later without data
+fails here.
 """
 
 from __future__ import annotations
@@ -62,6 +64,28 @@ def every_panel_query(tenant: str) -> list[tuple[str, str]]:
     return out
 
 
+async def panels_without_data(
+    prometheus: PrometheusServer, tenant: str, when: str, since: float, within: float = 60.0
+) -> list[tuple[str, str]]:
+    """The panel queries still without a series after waiting up to ``within`` seconds for them (scrapes every
+    second, the sweeper's gauges every second; a rate needs two samples in its window), printed with how many had
+    data."""
+    panels = every_panel_query(tenant)
+    deadline = time.monotonic() + within
+    while True:
+        empty = [(where, expr) for where, expr in panels if not query(prometheus, expr)]
+        if not empty or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(1)
+    print(
+        f"\n{when}: {len(panels) - len(empty)}/{len(panels)} panel queries returned series "
+        f"(data in {time.monotonic() - since:.1f}s)"
+    )
+    for where, expr in empty:
+        print(f"  no data: {where}: {expr}")
+    return empty
+
+
 @pytest.mark.e2e
 async def test_every_panel_of_every_dashboard_has_data_and_a_tenant_sees_only_its_own(
     processes: Processes, prometheus: PrometheusServer
@@ -84,7 +108,6 @@ async def test_every_panel_of_every_dashboard_has_data_and_a_tenant_sees_only_it
     processes.wait_for_log("dispatcher", "leading with fence token")
     processes.wait_for_log("worker", "partitions assigned")
 
-    started = time.monotonic()
     run = uuid.uuid4().hex[:6]
     tenant_a, tenant_b = f"proof-a-{run}", f"proof-b-{run}"
 
@@ -140,6 +163,22 @@ async def test_every_panel_of_every_dashboard_has_data_and_a_tenant_sees_only_it
         await asyncio.sleep(3.5)
         assert (await client.post(f"/v1/jobs/{recurring_id}/resume")).status_code == 200
 
+    async def succeeding_only(client: httpx.AsyncClient) -> None:
+        """Only jobs that succeed: nothing fails, retries, dies or is missed."""
+        ids = []
+        for i in range(3):
+            body = {"name": "echo", "type": "DELAYED", "delaySeconds": 0, "target": {"pool": "demo", "handler": "echo"}}
+            response = await client.post("/v1/jobs", json={**body, "payload": {"n": i}})
+            assert response.status_code == 201, response.text
+            ids.append(response.json()["jobId"])
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            jobs = [(await client.get(f"/v1/jobs/{job_id}")).json() for job_id in ids]
+            if all(j["latestExecutions"] and j["latestExecutions"][0]["state"] == "SUCCEEDED" for j in jobs):
+                return
+            await asyncio.sleep(0.2)
+        raise AssertionError(f"the echo jobs did not succeed within 30 s: {jobs}")
+
     base = f"http://127.0.0.1:{api_port}"
     token_a, token_b = (
         tenant_token(processes.env["SUNDIAL_DATABASE_URL"], t, pools=["demo"]) for t in (tenant_a, tenant_b)
@@ -154,27 +193,16 @@ async def test_every_panel_of_every_dashboard_has_data_and_a_tenant_sees_only_it
             headers={"Authorization": f"Bearer {token_b}"},
         ) as b,
     ):
+        await asyncio.gather(succeeding_only(a), succeeding_only(b))
+        empty = await panels_without_data(prometheus, tenant_a, "on a healthy stack", time.monotonic())
+        assert not empty, f"healthy stack: {len(empty)} panel queries returned no series: " + "; ".join(
+            where for where, _ in empty
+        )
         await asyncio.gather(load(a), load(b))
 
     loaded = time.monotonic()
-    # Scrapes every second; the sweeper samples its gauges every second: wait until every panel has data.
-    panels = every_panel_query(tenant_a)
-    deadline = time.monotonic() + 30
-    while True:
-        empty = [(where, expr) for where, expr in panels if not query(prometheus, expr)]
-        if not empty or time.monotonic() > deadline:
-            break
-        await asyncio.sleep(1)
-    with_data = len(panels) - len(empty)
-    print(
-        f"\n{with_data}/{len(panels)} panel queries returned series "
-        f"(load {loaded - started:.1f}s, then data in {time.monotonic() - loaded:.1f}s)"
-    )
-    for where, expr in empty:
-        print(f"  no data: {where}: {expr}")
-    assert not empty, f"{len(empty)} of {len(panels)} panel queries returned no series: " + "; ".join(
-        where for where, _ in empty
-    )
+    empty = await panels_without_data(prometheus, tenant_a, "after the fault load", loaded)
+    assert not empty, f"{len(empty)} panel queries returned no series: " + "; ".join(where for where, _ in empty)
 
     # Tenant A's own dashboard: every selector names tenant A, and reads A's series only, while B has its own.
     fixed = build(TENANT_DASHBOARD.for_tenant(tenant_a))

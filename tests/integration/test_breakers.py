@@ -282,3 +282,123 @@ async def test_first_fires_run_as_usual_unless_the_job_chose_to_hold_them(
     released = await stores.database.pool.fetchval("SELECT next_fire_at FROM jobs WHERE id = $1", jobs["hold"])
     assert released < datetime.now(UTC) + timedelta(seconds=SETTINGS.release_spread_sec)
     assert await client.zscore(HotWindow(client).key(0), member(jobs["hold"])) == to_ms(released)
+
+
+async def test_a_flaky_handlers_probes_close_the_breaker_though_one_failed(
+    stores: Stores,
+    client: Redis,
+    publisher: KafkaPublisher,
+    pool: str,
+    kafka_bootstrap: str,
+) -> None:
+    ensure_topics(kafka_bootstrap, [pool_topic(pool)])
+    ids = [uuid.UUID(m.execution_id) for m in await make_executions(stores, pool, "flaky", 20, retry_policy=RETRY)]
+    breakers = loop(stores, client)
+    await fail_attempts(stores, ids, 1)
+    await breakers.run_once()
+    await stores.database.pool.execute("UPDATE breakers SET next_probe_at = now() - interval '1 second'")
+    await breakers.run_once()
+    await due_now(stores, client, ids)
+    assert (await dispatcher(stores, client, publisher, token=5).run_once()).retried == SETTINGS.probes
+    probes = [
+        r["id"]
+        for r in await stores.database.pool.fetch("SELECT id FROM executions WHERE id = ANY($1) AND attempt = 2", ids)
+    ]
+    await fail_attempts(stores, probes[:1], 2)  # one of three: a ratio below failureRatio (0.5)
+    await fail_attempts(stores, probes[1:], 2, "SUCCEEDED")
+    assert (await breakers.run_once()).closed == 1
+    [breaker] = await stores.breakers.tenant_breakers(TENANT, pool, None)
+    assert (breaker.state, breaker.held) == ("CLOSED", 0)
+
+
+@pytest.mark.parametrize("max_attempts", [2, 3])
+async def test_retries_held_past_max_hold_end_without_running_and_reach_dead(
+    stores: Stores,
+    client: Redis,
+    publisher: KafkaPublisher,
+    pool: str,
+    kafka_bootstrap: str,
+    max_attempts: int,
+) -> None:
+    """A handler that stays broken: 1,000 executions, held by its open breaker past maxHoldSec, all end DEAD within
+    their remaining backoff — each attempt after the bound ends at once (BreakerHeld), never calling the handler,
+    and never counted in the breaker's window."""
+    ensure_topics(kafka_bootstrap, [pool_topic(pool)])
+    retry = {**RETRY, "maxAttempts": max_attempts}
+    ids = [uuid.UUID(m.execution_id) for m in await make_executions(stores, pool, "broken", 1000, retry_policy=retry)]
+    breakers = loop(stores, client)
+    await fail_attempts(stores, ids, 1)
+    await breakers.run_once()
+    await due_now(stores, client, ids)
+    for _ in range(20):
+        await dispatcher(stores, client, publisher, token=5).run_once()
+        held = await stores.database.pool.fetchval(
+            "SELECT count(*) FROM executions WHERE id = ANY($1) AND held_since IS NOT NULL", ids
+        )
+        if held == 1000:
+            break
+    assert held == 1000
+    assert await stores.database.pool.fetchval("SELECT count(*) FROM executions WHERE state = 'RUNNING'") == 0
+    failures = await stores.database.pool.fetchval("SELECT sum(failures) FROM breaker_counts WHERE pool = $1", pool)
+
+    # An hour later (the default maxHoldSec), the breaker still open: each held retry that comes due ends.
+    await stores.database.pool.execute("UPDATE executions SET held_since = held_since - interval '3601 seconds'")
+    for _ in range(20):
+        await due_now(stores, client, ids)
+        await dispatcher(stores, client, publisher, token=6).run_once()
+        states = await stores.database.pool.fetch(
+            "SELECT state, count(*) FROM executions WHERE id = ANY($1) GROUP BY state", ids
+        )
+        if dict(states) == {"DEAD": 1000}:
+            break
+    assert dict(
+        await stores.database.pool.fetch(
+            "SELECT state, count(*) FROM executions WHERE id = ANY($1) GROUP BY state", ids
+        )
+    ) == {"DEAD": 1000}
+    rows = await stores.database.pool.fetch(
+        "SELECT attempt, error, held_by, next_attempt_at FROM executions WHERE id = ANY($1)", ids
+    )
+    assert {(r["attempt"], r["held_by"], r["next_attempt_at"]) for r in rows} == {(max_attempts, None, None)}
+    assert all(r["error"].startswith("BreakerHeld") for r in rows)
+    ended = await stores.database.pool.fetchval(
+        "SELECT count(*) FROM execution_attempts WHERE execution_id = ANY($1) AND worker_id = 'breaker'", ids
+    )
+    assert ended == 1000 * (max_attempts - 1)  # every attempt after the first ended without running
+    assert (
+        await stores.database.pool.fetchval("SELECT sum(failures) FROM breaker_counts WHERE pool = $1", pool)
+        == failures
+    )  # the handler was never called: its window says nothing new
+    assert len(await stores.executions.dead_letters(2000)) >= 1000  # the dead-letter queue shows the problem
+
+
+async def test_a_jobs_own_max_hold_bounds_its_retries_and_not_the_others(
+    stores: Stores,
+    client: Redis,
+    publisher: KafkaPublisher,
+    pool: str,
+    kafka_bootstrap: str,
+) -> None:
+    ensure_topics(kafka_bootstrap, [pool_topic(pool)])
+    messages = await make_executions(stores, pool, "down", 30, retry_policy=RETRY)
+    ids = [uuid.UUID(m.execution_id) for m in messages]
+    short = ids[:10]
+    await stores.database.pool.execute(
+        "UPDATE jobs SET breaker = $2 WHERE id IN (SELECT job_id FROM executions WHERE id = ANY($1))",
+        short,
+        {"maxHoldSec": 60},
+    )
+    await fail_attempts(stores, ids, 1)
+    await loop(stores, client).run_once()
+    await due_now(stores, client, ids)
+    await dispatcher(stores, client, publisher, token=5).run_once()
+    # 61 s later: past the job's own 60 s, well inside the tenant's hour.
+    await stores.database.pool.execute("UPDATE executions SET held_since = held_since - interval '61 seconds'")
+    await due_now(stores, client, ids)
+    await dispatcher(stores, client, publisher, token=6).run_once()
+    rows = await stores.database.pool.fetch("SELECT id, attempt, state, error FROM executions WHERE id = ANY($1)", ids)
+    ended = {r["id"] for r in rows if r["attempt"] == 2}
+    assert ended == set(short)
+    assert all(r["state"] == "FAILED" and r["error"].startswith("BreakerHeld") for r in rows if r["id"] in ended)
+    [breaker] = await stores.breakers.tenant_breakers(TENANT, pool, None)
+    assert breaker.held == 30  # the ended ones wait for their next attempt, held again

@@ -22,6 +22,7 @@ from sundial_common.coordination.cluster import read_cluster
 from sundial_common.coordination.registry import LeftRegistry, ReplicaRecord, ReplicaRegistration, etcd_client
 
 from sundial_api.auth import Authenticated
+from sundial_api.json_body import JsonRoute
 from sundial_api.models.admin import ClusterView
 from sundial_api.problems import ProblemError, responses
 from sundial_api.responses import OrjsonResponse
@@ -78,7 +79,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         await etcd.close()
 
 
-router = APIRouter(prefix="/v1/admin", tags=["admin"], lifespan=_lifespan)
+router = APIRouter(prefix="/v1/admin", tags=["admin"], lifespan=_lifespan, route_class=JsonRoute)
 
 
 @router.get(

@@ -38,7 +38,9 @@ from sundial_api import (
     executions,
     health,
     job_list,
+    job_preview,
     jobs,
+    openapi_document,
     pools,
     problems,
     replays,
@@ -46,6 +48,7 @@ from sundial_api import (
     tenants,
 )
 from sundial_api.group_commit import HOT_WINDOW_MARGIN, CreateGroups
+from sundial_api.input_guard import InputGuardMiddleware
 from sundial_api.limits import BodyLimitMiddleware
 from sundial_api.metrics import RequestMetricsMiddleware
 from sundial_api.responses import OrjsonResponse
@@ -167,21 +170,26 @@ def create_app(settings: ApiSettings | None = None, *, clock: Clock | None = Non
     # Whole-request limit: 413 before the body is parsed. The payload's own, smaller limit is checked
     # after parsing, where the field can be named. Tracing goes outermost so that 413s are traced too.
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_bytes)
+    # Before routing: a NUL character in the path or the query (which no stored value can hold) is a 404 or 422.
+    app.add_middleware(InputGuardMiddleware)
     app.add_middleware(TracingMiddleware)
     # Outermost: the request counts and durations include every middleware's answer (a 413, a 500).
     app.add_middleware(RequestMetricsMiddleware)
     app.include_router(batch.router)  # before jobs: `/v1/jobs:batch` must not match `/v1/jobs/{id}`
+    # Before jobs too: for `/v1/jobs/{id}:backfill` the first route matching the path is the one whose methods a
+    # 405 (an OPTIONS, say) lists, not `GET /v1/jobs/{id}`'s.
+    app.include_router(backfills.router)
     app.include_router(jobs.create_router)
     app.include_router(jobs.router)
     app.include_router(job_list.router)
-    app.include_router(jobs.schedules_router)
+    app.include_router(job_preview.router)
+    app.include_router(job_preview.schedules_router)
     app.include_router(executions.router)
     app.include_router(health.router)
     app.include_router(admin.router)
     app.include_router(replays.router)
     app.include_router(stats.router)
     app.include_router(tenants.router)
-    app.include_router(backfills.router)
     app.include_router(audit.router)
     app.include_router(pools.admin_router)
     app.include_router(pools.router)
@@ -189,7 +197,7 @@ def create_app(settings: ApiSettings | None = None, *, clock: Clock | None = Non
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
-            app.openapi_schema = _problem_media_types(
+            app.openapi_schema = openapi_document.corrected(
                 get_openapi(
                     title=app.title,
                     version=app.version,
@@ -203,27 +211,3 @@ def create_app(settings: ApiSettings | None = None, *, clock: Clock | None = Non
 
     app.openapi = openapi  # type: ignore[method-assign]
     return app
-
-
-def _problem_media_types(schema: dict[str, Any]) -> dict[str, Any]:
-    """Publish error responses as they are sent: ``application/problem+json`` with the Problem schema.
-
-    FastAPI files every documented response model under the route's default media type (JSON), and adds
-    its own ``HTTPValidationError`` 422 to routes with parameters; the API answers every validation error
-    with a Problem instead (see ``problems.py``), so the document says that.
-    """
-    problem = {"$ref": "#/components/schemas/Problem"}
-    for path_item in schema.get("paths", {}).values():
-        for operation in path_item.values():
-            for status, response in operation.get("responses", {}).items():
-                content = response.get("content", {})
-                if str(status)[0] in "45" and "application/json" in content:
-                    media = content["application/json"]
-                    if media.get("schema", {}).get("$ref", "").endswith("/HTTPValidationError"):
-                        media = {"schema": problem}
-                        response["description"] = "Invalid input; `errors` names each field at fault."
-                    response["content"] = {"application/problem+json": media}
-    schemas = schema.get("components", {}).get("schemas", {})
-    for unused in ("HTTPValidationError", "ValidationError"):
-        schemas.pop(unused, None)
-    return schema

@@ -18,7 +18,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from sundial_common.security.auth import TENANT, InvalidToken, Principal
+from sundial_common.security.auth import TENANT, InvalidToken, MalformedToken, Principal
 
 from sundial_api.problems import ProblemError
 from sundial_api.state import ApiState, State
@@ -55,6 +55,8 @@ async def authenticate(
     if principal is None:
         try:
             principal = await state.verifier.verify(token)
+        except MalformedToken as exc:
+            raise _unauthorized(str(exc), "invalid_token") from None
         except InvalidToken as exc:
             raise _unauthorized(f"invalid bearer token: {exc}", "invalid_token") from None
         if not _TENANT.match(principal.tenant):

@@ -26,6 +26,7 @@ from sundial_common.observability import tracing
 from sundial_common.stores.backfills import NewBackfill as BackfillRow
 
 from sundial_api.auth import Authenticated
+from sundial_api.json_body import JsonRoute
 from sundial_api.models.backfills import (
     DRY_RUN_LISTED,
     MAX_BACKFILL,
@@ -43,7 +44,7 @@ from sundial_api.problems import ProblemError, invalid, not_found, parse_resourc
 from sundial_api.responses import OrjsonResponse
 from sundial_api.state import State
 
-router = APIRouter(prefix="/v1", tags=["backfills"])
+router = APIRouter(prefix="/v1", tags=["backfills"], route_class=JsonRoute)
 
 _BEFORE = timedelta(microseconds=1)
 

@@ -3,7 +3,8 @@
 Tenant services register in bulk (a nightly import, a fan-out of reminders). Each item is validated
 exactly like a single `POST /v1/jobs`; the valid ones are written in ONE statement and put into the
 hot window with one call per shard, the invalid ones come back as problem documents naming their
-field. One bad item never rejects the others; nothing is written for an invalid item.
+field. One bad item never rejects the others; nothing is written for an invalid item. A ``DEPENDENT`` item is
+refused (422 naming ``type``): its parents are checked and written with it, a job at a time, by ``POST /v1/jobs``.
 """
 
 from __future__ import annotations
@@ -25,12 +26,13 @@ from sundial_api import idempotency
 from sundial_api.auth import Authenticated
 from sundial_api.create_route import CreateRoute
 from sundial_api.group_commit import HOT_WINDOW_MARGIN, add_near_due
-from sundial_api.jobs import _check_payload, _definition, _resolve, with_tenant_defaults
+from sundial_api.job_definition import check_payload, definition, resolve, with_tenant_defaults
 from sundial_api.metrics import count_created
 from sundial_api.models.batch import JobBatch
 from sundial_api.models.jobs import JobCreate, JobState, render_job
+from sundial_api.models.schedules import JobType
 from sundial_api.pools import usable_pool, with_pool_defaults
-from sundial_api.problems import ProblemError, describe, problem_body, responses
+from sundial_api.problems import ProblemError, describe, invalid, problem_body, responses
 from sundial_api.responses import OrjsonResponse
 from sundial_api.schedule import Resolved
 from sundial_api.state import State
@@ -77,11 +79,14 @@ async def create_jobs(
     for index, raw in enumerate(body.jobs):
         try:
             job = with_tenant_defaults(JobCreate.model_validate(raw), tenant)
-            _check_payload(job.payload, settings.max_payload_bytes)
+            if job.type is JobType.DEPENDENT:
+                # Its parents are locked, checked for cycles and written with it, one job per transaction.
+                raise invalid("type", "DEPENDENT jobs are not created in a batch: create each with POST /v1/jobs")
+            check_payload(job.payload, settings.max_payload_bytes)
             key = _schedule_key(job)
             resolved = schedules.get(key) if key is not None else None
             if resolved is None:
-                resolved = _resolve(job, state, now)
+                resolved = resolve(job, state, now)
                 if key is not None:
                     schedules[key] = resolved
             pool = pools.get(job.target.pool)
@@ -103,7 +108,7 @@ async def create_jobs(
             continue
         assert resolved.next_nominal is not None
         job_id = ids.new_id()
-        values = _definition(job, resolved, settings.default_timeout_sec, cipher)
+        values = definition(job, resolved, settings.default_timeout_sec, cipher)
         values.update(
             {
                 "id": job_id,
@@ -157,7 +162,7 @@ async def create_jobs(
 
 
 def _schedule_key(job: JobCreate) -> tuple[Any, ...] | None:
-    """What ``_resolve`` reads of ``job`` (besides the batch's one ``now``): items with equal keys resolve alike.
+    """What ``resolve`` reads of ``job`` (besides the batch's one ``now``): items with equal keys resolve alike.
 
     Instants count with their zone and fold, so only identical inputs share a result; RUN_LIST jobs (a list of
     instants each) are resolved on their own.

@@ -19,6 +19,7 @@ from starlette.responses import Response
 from sundial_common.stores.breakers import CLOSED, OPEN, Breaker, Transition
 
 from sundial_api.auth import Authenticated
+from sundial_api.json_body import JsonRoute
 from sundial_api.models.audit import AuditPage, render_entry
 from sundial_api.models.breakers import BreakerList, BreakerState, BreakerView, render_breaker
 from sundial_api.problems import ProblemError, not_found, parse_resource_id, responses
@@ -27,7 +28,7 @@ from sundial_api.state import ApiState, State
 
 log = logging.getLogger("sundial.api")
 
-router = APIRouter(prefix="/v1", tags=["breakers"])
+router = APIRouter(prefix="/v1", tags=["breakers"], route_class=JsonRoute)
 
 BreakerId = Annotated[str, Path(description="The breaker's id (from `GET /v1/breakers`).")]
 
@@ -50,13 +51,6 @@ async def list_breakers(
         principal.tenant, pool, breaker_state.value if breaker_state is not None else None
     )
     return OrjsonResponse({"items": [render_breaker(b) for b in rows]})
-
-
-@router.get(
-    "/breakers/{breaker_id}", response_model=BreakerView, responses=responses(401, 404, 503), summary="A breaker"
-)
-async def get_breaker(breaker_id: BreakerId, state: State, principal: Authenticated) -> Response:
-    return OrjsonResponse(render_breaker(await _get(state, principal.tenant, breaker_id)))
 
 
 @router.post(
@@ -102,6 +96,14 @@ async def close_breaker(breaker_id: BreakerId, state: State, principal: Authenti
             "closed_by_operator",
         )
     return OrjsonResponse(render_breaker(moved))
+
+
+# After the `:open` and `:close` routes: the first route matching a path is the one whose methods a 405 lists.
+@router.get(
+    "/breakers/{breaker_id}", response_model=BreakerView, responses=responses(401, 404, 503), summary="A breaker"
+)
+async def get_breaker(breaker_id: BreakerId, state: State, principal: Authenticated) -> Response:
+    return OrjsonResponse(render_breaker(await _get(state, principal.tenant, breaker_id)))
 
 
 @router.get(

@@ -57,6 +57,7 @@ class CreateRoute(APIRoute):
                     body = model.model_validate(loads(await request.body()))
                 except ValueError:  # not JSON, or invalid (pydantic's ValidationError): FastAPI's errors answer
                     pass
+                # A body too deep or holding text Postgres refuses raises BodyRefused: answered as it is, 4xx.
                 else:
                     state = await get_state(request)
                     principal = await principal_of(request, state)

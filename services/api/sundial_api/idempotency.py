@@ -23,6 +23,7 @@ its completion finds another token and its transaction — job included — roll
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import logging
@@ -64,14 +65,56 @@ def valid_key(key: str) -> bool:
 
 def request_hash(body: BaseModel) -> bytes:
     """The body as the client sent it (set fields only, keys sorted): equal requests hash equal."""
-    canonical = body.model_dump(mode="json", by_alias=True, exclude_unset=True)
+    try:
+        canonical = body.model_dump(mode="json", by_alias=True, exclude_unset=True)
+    except ValueError:  # nested past pydantic's serialization depth (a batch item refused later, by itself)
+        fields = type(body).model_fields
+        text = canonical_json({fields[name].alias or name: getattr(body, name) for name in body.model_fields_set})
+        return hashlib.sha256(text).digest()
     try:
         text = orjson.dumps(canonical, option=orjson.OPT_SORT_KEYS)
     except orjson.JSONEncodeError:
         # Valid JSON orjson cannot write (an integer beyond 64 bits, a lone surrogate, deep nesting) in a batch
         # item that is refused later with a 422 naming it: hashed all the same, never a 500 (found by fuzzing).
-        text = json.dumps(canonical, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+        text = canonical_json(canonical)
     return hashlib.sha256(text).digest()
+
+
+def canonical_json(value: Any) -> bytes:
+    """``value`` as JSON with sorted keys, ASCII only, written without recursion: any depth the parser accepted
+    (``json.dumps`` recurses, and stops at Python's recursion limit)."""
+    out: list[str] = []
+    stack: list[Any] = [value]
+    close = object()  # marks where a container's closing bracket goes
+    while stack:
+        item = stack.pop()
+        if item is close:
+            out.append(stack.pop())
+        elif isinstance(item, _Text):
+            out.append(item.text)
+        elif isinstance(item, dict):
+            pairs = sorted(item.items(), key=lambda kv: str(kv[0]))
+            stack += ["}", close]
+            for i, (key, child) in reversed(list(enumerate(pairs))):
+                stack += [child, _Text(("," if i else "") + json.dumps(str(key)) + ":")]
+            out.append("{")
+        elif isinstance(item, list | tuple):
+            stack += ["]", close]
+            for i, child in reversed(list(enumerate(item))):
+                stack += [child, _Text("," if i else "")]
+            out.append("[")
+        elif isinstance(item, BaseModel):
+            stack.append(item.model_dump(mode="json", by_alias=True, exclude_unset=True))
+        else:
+            out.append(json.dumps(item if isinstance(item, str | int | float | bool | None) else str(item)))
+    return "".join(out).encode()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Text:
+    """Text :func:`canonical_json` writes as it is (a separator or a key)."""
+
+    text: str
 
 
 def _replay(row: Mapping[str, Any], cipher: TenantCipher) -> Response:

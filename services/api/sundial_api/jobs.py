@@ -1,4 +1,7 @@
-"""``/v1/jobs``: register, read, change, pause, resume, trigger, preview, page through and cancel jobs.
+"""``/v1/jobs``: register, read, change, pause, resume, trigger, page through and cancel jobs.
+
+What a job body defines, and how it is validated, is :mod:`sundial_api.job_definition`'s; previews of fires are
+:mod:`sundial_api.job_preview`'s.
 
 Creating a job is one INSERT statement (tenant, job and audit row together, so nothing is ever half
 written), then — only if it is due within the hot window — one ZADD; concurrent creates share that statement
@@ -15,41 +18,44 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 from collections.abc import Awaitable, Callable, Mapping
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Annotated, Any
 from uuid import UUID
 
-import orjson
 from fastapi import APIRouter, Body, Header, Path, Query
-from fastapi.exceptions import RequestValidationError
-from pydantic import ValidationError
 from redis.exceptions import RedisError
 from starlette.responses import Response
 from sundial_common.domain import ids
-from sundial_common.domain.schedules import Kind, ScheduleSpec, fire_at, local_time, preview, spec_from_row
+from sundial_common.domain.schedules import fire_at, spec_from_row
 from sundial_common.observability import tracing
 from sundial_common.security.auth import Principal
-from sundial_common.security.encryption import PAYLOAD, TenantCipher
-from sundial_common.stores.dependencies import Edge, GraphError
-from sundial_common.stores.tenants import ActiveJobsQuotaExceeded, Tenant
+from sundial_common.security.encryption import TenantCipher
+from sundial_common.stores.dependencies import GraphError
+from sundial_common.stores.tenants import ActiveJobsQuotaExceeded
 from sundial_common.stores.types import Occurrence, Record
 
 from sundial_api import idempotency
 from sundial_api.auth import Authenticated
 from sundial_api.create_route import CreateRoute
 from sundial_api.group_commit import HOT_WINDOW_MARGIN
+from sundial_api.job_definition import (
+    as_body,
+    check_payload,
+    definition,
+    edges_of,
+    graph_problem,
+    merged,
+    resolve,
+    with_tenant_defaults,
+)
+from sundial_api.json_body import JsonRoute
 from sundial_api.metrics import count_created
 from sundial_api.models.executions import ExecutionPage, render_execution
 from sundial_api.models.jobs import Job, JobCreate, JobDetail, JobPatch, JobState, Triggered, render_job
 from sundial_api.models.schedules import (
-    MAX_PREVIEW,
     SCHEDULE_FIELDS,
-    TYPE_FIELDS,
     JobType,
-    Preview,
-    SchedulePreviewRequest,
 )
 from sundial_api.pagination import InvalidCursor, decode_cursor, encode_cursor
 from sundial_api.pools import usable_pool, with_pool_defaults
@@ -62,22 +68,18 @@ from sundial_api.problems import (
     responses,
 )
 from sundial_api.responses import OrjsonResponse
-from sundial_api.schedule import Resolved, ScheduleError, resolve_schedule
+from sundial_api.schedule import Resolved
 from sundial_api.state import ApiState, State
 from sundial_api.tenants import QuotaExceededError, check_create_rate
 
 log = logging.getLogger("sundial.api")
 
-router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"], route_class=JsonRoute)
 #: ``POST /v1/jobs`` alone: its endpoint is called directly (:mod:`sundial_api.create_route`).
 create_router = APIRouter(prefix="/v1/jobs", tags=["jobs"], route_class=CreateRoute)
-schedules_router = APIRouter(prefix="/v1", tags=["jobs"])
 
 LATEST_EXECUTIONS = 10
 LISTED_CHILDREN = 100
-# An escaped NUL in JSON text: ``\u0000`` after an even number of backslashes, none included (after an odd
-# run it is the literal text "\u0000", which is fine). jsonb refuses the NUL character.
-_NUL_ESCAPE = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")
 
 JobId = Annotated[str, Path(description="The job's id (a UUID). Unknown, malformed or another tenant's: 404.")]
 
@@ -110,14 +112,14 @@ async def create_job(
     written when the request fails.
     """
     settings = state.settings
-    _check_payload(body.payload, settings.max_payload_bytes)
+    check_payload(body.payload, settings.max_payload_bytes)
     tenant = await state.tenant_cache.get(principal.tenant)
     asked = body
     pool = await usable_pool(state, principal.tenant, body.target.pool, "target.pool")
     body = with_pool_defaults(with_tenant_defaults(body, tenant), pool)
     now = state.clock.now()
-    edges = _edges(body)
-    resolved = _resolve(body, state, now)
+    edges = edges_of(body)
+    resolved = resolve(body, state, now)
     assert resolved.next_nominal is not None or edges  # a new job always has an occurrence (else 422 above)
     await check_create_rate(state, tenant)
     max_active_jobs = tenant.quotas.max_active_jobs if tenant is not None else None
@@ -125,7 +127,7 @@ async def create_job(
     job_id = ids.new_id()
     shard = ids.shard_for(job_id, settings.shards)
     cipher = await state.keyring.cipher(principal.tenant)
-    values = _definition(body, resolved, settings.default_timeout_sec, cipher)
+    values = definition(body, resolved, settings.default_timeout_sec, cipher)
     values.update(
         {
             "id": job_id,
@@ -158,7 +160,7 @@ async def create_job(
     except ActiveJobsQuotaExceeded as exc:
         raise QuotaExceededError("maxActiveJobs", exc.limit, exc.current) from None
     except GraphError as exc:
-        raise _graph_problem(exc) from None
+        raise graph_problem(exc) from None
     count_created(((row["tenant_id"], row["type"]),))
     if idempotency_key is not None or edges or max_active_jobs is not None:
         await _sync_hot_window(state, row, principal.tenant, removing=False)
@@ -168,103 +170,6 @@ async def create_job(
         status_code=201,
         headers={"Location": f"/v1/jobs/{job_id}", **_etag(row)},
     )
-
-
-def _edges(body: JobCreate) -> list[Edge]:
-    """A DEPENDENT job's parents (422 when it names none); none for the other types."""
-    if body.type is not JobType.DEPENDENT:
-        return []
-    if not body.depends_on:
-        raise invalid("dependsOn", "is required for DEPENDENT jobs: name at least one parent job")
-    return [Edge(d.job_id, d.on.value) for d in body.depends_on]
-
-
-def _graph_problem(exc: GraphError) -> ProblemError:
-    if exc.status == 404:
-        return ProblemError(404, f"`{exc.field}`: {exc.message}", errors=[field_error(exc.field, exc.message)])
-    return invalid(exc.field, exc.message)
-
-
-def with_tenant_defaults(body: JobCreate, tenant: Tenant | None) -> JobCreate:
-    """``body`` with the tenant's defaults filled in: its default jitter for a CRON job that sets none."""
-    if tenant is None or not tenant.default_jitter_sec or body.type is not JobType.CRON:
-        return body
-    if "jitter_sec" in body.model_fields_set:  # `jitterSec: 0` opts out
-        return body
-    return body.model_copy(update={"jitter_sec": tenant.default_jitter_sec})
-
-
-def _check_payload(payload: Any, max_bytes: int) -> None:
-    # Valid JSON that Postgres' jsonb cannot hold must be a 422 here, not a 500 at the INSERT.
-    try:
-        payload_json = orjson.dumps(payload)
-    except orjson.JSONEncodeError as exc:  # integers beyond 64 bits, nesting deeper than 255
-        raise invalid("payload", f"cannot be stored: {exc}") from None
-    if b"\\u0000" in payload_json and _NUL_ESCAPE.search(payload_json):
-        raise invalid("payload", "cannot contain the NUL character (\\u0000)")
-    payload_size = len(payload_json)
-    if payload_size > max_bytes:
-        message = f"is {payload_size} bytes as JSON; at most {max_bytes} are accepted"
-        raise ProblemError(413, f"`payload` {message}", errors=[field_error("payload", message)])
-
-
-def _resolve(body: JobCreate | SchedulePreviewRequest, state: ApiState, now: datetime, runs: int = 0) -> Resolved:
-    """The request's schedule and its next occurrence; 422 naming the field when it cannot fire."""
-    if body.type is JobType.DEPENDENT:  # no clock: it fires after its parents
-        return Resolved(ScheduleSpec(kind=Kind.DEPENDENT, timezone=body.timezone), None)
-    try:
-        return resolve_schedule(
-            body.type,
-            zone=body.timezone,
-            now=now,
-            grace_sec=state.settings.run_at_grace_sec,
-            min_interval_sec=state.settings.min_interval_sec,
-            run_at=body.run_at,
-            delay_seconds=body.delay_seconds,
-            cron=body.schedule,
-            interval_sec=body.interval_sec,
-            run_list=body.run_list,
-            start_at=body.start_at,
-            end_at=body.end_at,
-            max_runs=body.max_runs,
-            jitter_sec=body.jitter_sec if isinstance(body, JobCreate) else 0,
-            runs=runs,
-        )
-    except ScheduleError as exc:
-        raise invalid(exc.field, exc.message) from None
-
-
-def _definition(body: JobCreate, resolved: Resolved, default_timeout_sec: int, cipher: TenantCipher) -> dict[str, Any]:
-    """The ``jobs`` columns that define a job (what ``insert_job`` and ``update_job`` write)."""
-    spec = resolved.spec
-    return {
-        "name": body.name,
-        "type": body.type.value,
-        "schedule": spec.cron,
-        "timezone": body.timezone,
-        # ONE_SHOT keeps the instant it was asked for; DELAYED's instant is its first occurrence.
-        "run_at": spec.run_at if body.type is JobType.ONE_SHOT else None,
-        "delay_seconds": body.delay_seconds,
-        "interval_sec": spec.interval_sec,
-        "run_list": list(spec.run_list) or None,
-        "start_at": spec.start_at,
-        "end_at": spec.end_at,
-        "max_runs": spec.max_runs,
-        "jitter_sec": body.jitter_sec,
-        "overlap_policy": body.overlap_policy.value,
-        "catchup_policy": body.catchup_policy.value,
-        "catchup_window_sec": body.catchup_window_sec,
-        "pool": body.target.pool,
-        "handler": body.target.handler,
-        # Sealed here, once: the dispatcher copies it into Kafka as it is, only the worker opens it.
-        "payload": cipher.seal_json(body.payload, PAYLOAD),
-        # camelCase, as the client wrote it and as the dispatcher reads it (``maxAttempts``).
-        "retry_policy": body.retry_policy.model_dump(mode="json", by_alias=True),
-        "timeout_sec": body.timeout_sec if body.timeout_sec is not None else default_timeout_sec,
-        "priority": body.priority.value,
-        "labels": body.labels,
-        "breaker": body.breaker.model_dump(mode="json", by_alias=True) if body.breaker is not None else None,
-    }
 
 
 def _etag(row: Record) -> dict[str, str]:
@@ -533,61 +438,6 @@ def _if_match(header: str | None) -> int | None:
     return int(text)
 
 
-def _as_body(row: Record, cipher: TenantCipher) -> dict[str, Any]:
-    """A stored job as the request body that would create it (camelCase, instants as RFC 3339)."""
-
-    def iso(value: datetime | None) -> str | None:
-        return None if value is None else value.isoformat()
-
-    body: dict[str, Any] = {
-        "name": row["name"],
-        "type": row["type"],
-        "timezone": row["timezone"],
-        "runAt": iso(row["run_at"]),
-        "delaySeconds": row["delay_seconds"],
-        "schedule": row["schedule"],
-        "intervalSec": row["interval_sec"],
-        "runList": [iso(i) for i in row["run_list"]] if row["run_list"] else None,
-        "startAt": iso(row["start_at"]),
-        "endAt": iso(row["end_at"]),
-        "maxRuns": row["max_runs"],
-        "jitterSec": row["jitter_sec"],
-        "overlapPolicy": row["overlap_policy"],
-        "catchupPolicy": row["catchup_policy"],
-        "catchupWindowSec": row["catchup_window_sec"],
-        "target": {"pool": row["pool"], "handler": row["handler"]},
-        "payload": cipher.open_json(row["payload"], PAYLOAD),
-        "retryPolicy": row["retry_policy"],
-        "timeoutSec": row["timeout_sec"],
-        "priority": row["priority"],
-        "labels": row["labels"],
-        "breaker": row["breaker"],
-    }
-    if row["type"] == JobType.DEPENDENT:
-        body.pop("overlapPolicy")  # its catch-up policy applies to late triggers; overlap is not its
-    elif row["type"] not in (JobType.CRON, JobType.INTERVAL, JobType.RUN_LIST):
-        for name in ("overlapPolicy", "catchupPolicy", "catchupWindowSec"):
-            body.pop(name)  # defaults a one-off cannot be given explicitly
-    return body
-
-
-def _merged(row: Record, patch: Mapping[str, Any], cipher: TenantCipher) -> JobCreate:
-    """The job as changed, validated like a new one (a 422 names the field, as for a create)."""
-    body = _as_body(row, cipher)
-    new_type = patch.get("type")
-    if new_type is not None and new_type != row["type"]:
-        for name in TYPE_FIELDS.values():  # the old type's own field goes with it
-            body[name] = None
-        if new_type not in (JobType.CRON, JobType.INTERVAL, JobType.RUN_LIST):
-            for name in ("startAt", "endAt", "maxRuns", "overlapPolicy", "catchupPolicy", "catchupWindowSec"):
-                body[name] = None
-    body.update(patch)
-    try:
-        return JobCreate.model_validate({k: v for k, v in body.items() if v is not None})
-    except ValidationError as exc:
-        raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in exc.errors()]) from None
-
-
 def _change_detail(
     current: Record, values: Mapping[str, Any], changed: list[str], cipher: TenantCipher
 ) -> dict[str, Any]:
@@ -596,7 +446,7 @@ def _change_detail(
     A payload's value is never copied into the audit log (it may carry secrets, and is kept encrypted where the
     job is): that it changed is recorded, not what it became.
     """
-    before, after = _as_body(current, cipher), _as_body({**current, **values}, cipher)
+    before, after = as_body(current, cipher), as_body({**current, **values}, cipher)
     shown = [name for name in changed if name != "payload"]
     return {
         "changed": changed,
@@ -636,7 +486,7 @@ async def update_job(
     expected = _if_match(if_match)
     patch = body.model_dump(by_alias=True, include=body.model_fields_set)
     if "payload" in patch:
-        _check_payload(patch["payload"], state.settings.max_payload_bytes)
+        check_payload(patch["payload"], state.settings.max_payload_bytes)
     reschedule = bool(patch.keys() & SCHEDULE_FIELDS)
     cipher = await state.keyring.cipher(principal.tenant)
     await _patch_parents(state, principal, ident, job_id, patch, cipher)
@@ -654,17 +504,17 @@ async def update_job(
             )
         if current["state"] not in (JobState.ACTIVE, JobState.PAUSED):
             raise ProblemError(409, f"job {job_id} is {current['state']}: only ACTIVE or PAUSED jobs change")
-        changed = _merged(current, patch, cipher)
+        changed = merged(current, patch, cipher)
         if "target" in patch:
             await usable_pool(state, principal.tenant, changed.target.pool, "target.pool", job_id=ident)
         now = state.clock.now()
         if reschedule:
-            resolved = _resolve(changed, state, now, runs=current["fire_count"])
+            resolved = resolve(changed, state, now, runs=current["fire_count"])
             nominal = resolved.next_nominal
         else:
             resolved = Resolved(spec_from_row(current), current["next_nominal_at"] or current["next_fire_at"])
             nominal = resolved.next_nominal
-        values = _definition(changed, resolved, state.settings.default_timeout_sec, cipher)
+        values = definition(changed, resolved, state.settings.default_timeout_sec, cipher)
         if changed.type is JobType.DELAYED and not reschedule:
             values["run_at"] = None
         values["next_nominal_at"] = nominal
@@ -695,70 +545,9 @@ async def _patch_parents(
         raise invalid("dependsOn", f"is only for DEPENDENT jobs, not {current['type']}")
     if current["state"] not in (JobState.ACTIVE, JobState.PAUSED):
         raise ProblemError(409, f"job {job_id} is {current['state']}: only ACTIVE or PAUSED jobs change")
-    body = _merged(current, {"dependsOn": patch["dependsOn"]}, cipher)
-    edges = _edges(body)
+    body = merged(current, {"dependsOn": patch["dependsOn"]}, cipher)
+    edges = edges_of(body)
     try:
         await state.stores.dependencies.replace_parents(principal.tenant, ident, edges, actor=principal.subject)
     except GraphError as exc:
-        raise _graph_problem(exc) from None
-
-
-# --- preview -------------------------------------------------------------------------------------------
-
-
-def _fires(spec: ScheduleSpec, first: datetime | None, count: int, runs: int, job_id: UUID | None) -> dict[str, Any]:
-    nominals = [] if first is None else [first, *preview(spec, first, count - 1, runs + 1)]
-    return {
-        "timezone": spec.timezone,
-        "fires": [
-            {
-                "scheduledFor": n,
-                "fireAt": fire_at(job_id, n, spec.jitter_sec) if job_id is not None else n,
-                "local": local_time(n, spec.timezone).isoformat(),
-            }
-            for n in nominals
-        ],
-    }
-
-
-@router.get(
-    "/{job_id}/preview",
-    response_model=Preview,
-    responses=responses(401, 404, 422, 503),
-    summary="The next fires of a job",
-)
-async def preview_job(
-    job_id: JobId,
-    state: State,
-    principal: Authenticated,
-    count: Annotated[int, Query(ge=1, le=MAX_PREVIEW, description="How many fires to list.")] = 10,
-) -> Response:
-    """The job's next `count` fires — nominal and with jitter, in UTC and on the wall clock of its zone — as
-    the dispatcher will compute them. A paused job lists those after now (resuming may add catch-up runs);
-    a completed or cancelled one, none.
-    """
-    ident = parse_resource_id("job", job_id)
-    job = await _existing(state, principal.tenant, ident, job_id)
-    spec = spec_from_row(job)
-    runs = job["fire_count"]
-    first: datetime | None = None
-    if job["state"] == JobState.ACTIVE:
-        first = job["next_nominal_at"] or job["next_fire_at"]
-    elif job["state"] == JobState.PAUSED and job["next_fire_at"] is not None:
-        upcoming = preview(spec, state.clock.now(), 1, runs)
-        first = upcoming[0] if upcoming else None
-    return OrjsonResponse(_fires(spec, first, count, runs, ident))
-
-
-@schedules_router.post(
-    "/schedules:preview",
-    response_model=Preview,
-    responses=responses(401, 422, 503),
-    summary="Try a schedule: its next fires, without creating a job",
-)
-async def preview_schedule(body: SchedulePreviewRequest, state: State, principal: Authenticated) -> Response:
-    """The next `count` fires of the schedule in the body (a job body's schedule fields), in UTC and on the
-    wall clock of its zone. Validated as a job would be: an invalid schedule is a 422 naming the field.
-    """
-    resolved = _resolve(body, state, state.clock.now())
-    return OrjsonResponse(_fires(resolved.spec, resolved.next_nominal, body.count, 0, None))
+        raise graph_problem(exc) from None

@@ -33,6 +33,7 @@ from sundial_common.security.auth import Principal
 from sundial_common.stores.pools import Pool
 
 from sundial_api.auth import Authenticated
+from sundial_api.json_body import JsonRoute
 from sundial_api.models.jobs import JobCreate, RetryPolicy
 from sundial_api.models.pools import PoolCreate, PoolList, PoolPatch, PoolView, render_pool
 from sundial_api.problems import ProblemError, field_error, invalid, responses
@@ -95,8 +96,8 @@ def with_pool_defaults(body: JobCreate, pool: Pool) -> JobCreate:
 
 # --- the registry endpoints ---------------------------------------------------------------------------
 
-admin_router = APIRouter(prefix="/v1/admin/pools", tags=["pools"])
-router = APIRouter(prefix="/v1/pools", tags=["pools"])
+admin_router = APIRouter(prefix="/v1/admin/pools", tags=["pools"], route_class=JsonRoute)
+router = APIRouter(prefix="/v1/pools", tags=["pools"], route_class=JsonRoute)
 
 PoolName = Annotated[str, Path(description="The pool's name.")]
 _CURSOR = "p1:"

@@ -24,7 +24,7 @@ from typing import Any
 from uuid import UUID
 
 import asyncpg
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -93,6 +93,16 @@ class ProblemError(Exception):
         self.errors = list(errors)
         self.headers = dict(headers or {})
         self.slug = slug
+
+
+class BodyRefused(HTTPException):
+    """A request body refused while it is read (:mod:`sundial_api.json_body`): too deep, or holding text Postgres
+    cannot store. FastAPI's body reading lets its ``HTTPException`` through (anything else would become its
+    generic 400), so this one is answered as raised, with the field named."""
+
+    def __init__(self, status: int, detail: str, errors: FieldErrors = ()) -> None:
+        super().__init__(status_code=status, detail=detail)
+        self.errors = list(errors)
 
 
 def field_error(field: str, message: str) -> dict[str, str]:
@@ -278,11 +288,19 @@ async def _on_validation(request: Request, exc: Exception) -> Response:
     return problem_response(422, f"invalid request: {fields}", errors)
 
 
+#: What FastAPI answers (400) for a JSON body it cannot decode other than as malformed JSON (not UTF-8, say).
+_UNPARSABLE = "There was an error parsing the body"
+
+
 async def _on_http(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, StarletteHTTPException)
     headers = dict(exc.headers or {})
     detail = exc.detail if isinstance(exc.detail, str) else HTTPStatus(exc.status_code).phrase
-    return problem_response(exc.status_code, detail, headers=headers)
+    errors: FieldErrors = getattr(exc, "errors", ())
+    if exc.status_code == 400 and detail == _UNPARSABLE:
+        message = "cannot be parsed: send JSON encoded as UTF-8"
+        detail, errors = f"the request body {message}", [field_error("body", message)]
+    return problem_response(exc.status_code, detail, errors, headers=headers)
 
 
 async def _on_database_unavailable(request: Request, exc: Exception) -> Response:
@@ -321,6 +339,7 @@ def install(app: FastAPI) -> None:
 def responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
     """OpenAPI ``responses`` for a route's error statuses (the app publishes them as problem+json)."""
     descriptions = {
+        400: "The body cannot be parsed: not JSON in UTF-8, or nested deeper than 1,024 levels.",
         401: "Missing or invalid bearer token.",
         404: "No such resource for this tenant.",
         409: "The resource's state does not allow this.",

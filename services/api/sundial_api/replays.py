@@ -36,6 +36,7 @@ from sundial_common.stores.types import Record
 
 from sundial_api.auth import Authenticated
 from sundial_api.idempotency import HEADER, invalid_key, request_hash, valid_key
+from sundial_api.json_body import JsonRoute
 from sundial_api.models.replays import NewReplay, Replay, ReplayList, ReplayRunList, render_replay, render_run
 from sundial_api.pagination import InvalidCursor, decode_id_cursor, decode_token, encode_id_cursor, encode_token
 from sundial_api.pools import refused, usable_pool
@@ -57,7 +58,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         await inspector.close()
 
 
-router = APIRouter(prefix="/v1/replays", tags=["replays"], lifespan=_lifespan)
+router = APIRouter(prefix="/v1/replays", tags=["replays"], lifespan=_lifespan, route_class=JsonRoute)
 
 ReplayId = Annotated[str, Path(description="The replay's id (a UUID). Unknown, malformed or another tenant's: 404.")]
 

@@ -24,6 +24,7 @@ from sundial_common.stores.breakers import BreakerSettings
 from sundial_common.stores.tenants import ACTIVE, SUSPENDED, Quotas, Tenant
 
 from sundial_api.auth import Authenticated
+from sundial_api.json_body import JsonRoute
 from sundial_api.models.breakers import BreakerSettingsBody
 from sundial_api.models.tenants import QuotasBody, TenantCreate, TenantList, TenantPatch, TenantView, render_tenant
 from sundial_api.problems import ProblemError, field_error, invalid, responses
@@ -81,7 +82,7 @@ def rate_limited(rate: float, retry_after_ms: int) -> ProblemError:
 
 # --- the registry endpoints ---------------------------------------------------------------------------
 
-router = APIRouter(prefix="/v1/admin/tenants", tags=["tenants"])
+router = APIRouter(prefix="/v1/admin/tenants", tags=["tenants"], route_class=JsonRoute)
 
 TenantId = Annotated[str, Path(description="The tenant's id (the name its tokens carry).")]
 

@@ -10,15 +10,27 @@ The active sweeper runs this loop (``breakers``) beside its sweep. Each pass:
    then hold that handler's retries (:func:`sundial_common.stores.breakers.gate_retries`);
 3. **OPEN → HALF_OPEN** once its cool-down has passed: the first ``probes`` retries that come due are
    dispatched as probes;
-4. **HALF_OPEN → CLOSED** when ``probes`` attempts ended since it went half-open and none failed: the held
-   retries are released at random over ``releaseSpreadSec`` (no thundering herd) and put into their shards'
-   hot windows. **HALF_OPEN → OPEN** at the first failure, with the cool-down doubled (up to
-   ``maxCooldownSec``). A half-open breaker whose probes brought no verdict by their deadline (one cool-down)
-   lets new probes through;
+4. half-open, the attempts that ended since are judged by their failure *rate*, as resilience4j judges its
+   permitted calls: **HALF_OPEN → CLOSED** when ``probes`` of them ended with a failure ratio below
+   ``failureRatio`` — a flaky handler that fails a fair share of its calls, but less than the threshold, is not
+   held like a dead one — and the held retries are released at random over ``releaseSpreadSec`` (no thundering
+   herd) into their shards' hot windows. **HALF_OPEN → OPEN** as soon as the failures reach ``failureRatio`` of
+   ``probes`` (the ratio can no longer end below it), with the cool-down doubled up to ``maxCooldownSec``. With
+   nothing more held to probe with, what did end decides. A half-open breaker whose probes brought no verdict by
+   their deadline (one cool-down) lets new probes through;
 5. a breaker of a tenant that turned its breaker off closes (and releases what it held); a breaker an
    operator opened (``POST /v1/breakers/{id}:open``) stays open until an operator closes it; a CLOSED breaker
    that still holds retries (closed by an operator, or by a sweeper that stopped before releasing) releases
    them on the next pass.
+
+Each transition also writes the tenant's ``maxHoldSec`` on the breaker, where the dispatcher's retry gate reads
+it: a retry held longer than that ends without running (``BreakerHeld``, DEAD after the last attempt), so a
+handler that stays broken fills the dead-letter queue within ``maxHoldSec`` plus its backoff.
+
+Breaker state is data, like a job: it survives a restart of the stack (``make down``/``make up``) because a
+handler that was failing before the restart is, as far as anyone knows, failing still — forgetting it would send
+every held retry at once into a downstream that may still be down. ``sundial breakers list`` and
+``GET /v1/breakers`` show what is open; an operator closes a breaker with ``:close``.
 
 Every transition is a compare-and-set on the breaker's version with its audit row in the same statement, so
 a second sweeper (after a failover) can only lose the race, and gets a span event (``breaker.opened`` …).
@@ -223,12 +235,17 @@ class BreakerLoop:
                     attempts=attempts,
                     failures=failures,
                     detail={"attempts": attempts, "failures": failures, "cooldownSec": s.cooldown_sec},
+                    max_hold_sec=s.max_hold_sec,
                 )
             return None
         if b.state == OPEN:
             return _half_open(b, s, actor, "half_opened") if b.probe_due else None
-        # HALF_OPEN: what ended since it went half-open decides.
-        if failures > 0:
+        # HALF_OPEN: the failure rate of what ended since it went half-open decides.
+        limit = max(b.probe_limit, 1)
+        settled = attempts >= limit or (b.held == 0 and (attempts > 0 or b.probe_due))
+        if failures > 0 and (
+            failures >= s.failure_ratio * limit or (settled and failures >= s.failure_ratio * attempts)
+        ):
             cooldown = min(max(b.cooldown_sec, s.cooldown_sec) * 2, s.max_cooldown_sec)
             return Transition(
                 b,
@@ -240,11 +257,19 @@ class BreakerLoop:
                 attempts=attempts,
                 failures=failures,
                 detail={"attempts": attempts, "failures": failures, "cooldownSec": cooldown},
+                max_hold_sec=s.max_hold_sec,
             )
-        # Enough probes succeeded — or fewer, when nothing more is held to probe with (else a handler with
-        # one held retry would stay half-open for ever).
-        if attempts >= b.probe_limit or (b.held == 0 and (attempts > 0 or b.probe_due)):
-            return Transition(b, CLOSED, "closed", actor, detail={"probesSucceeded": attempts, "held": b.held})
+        # Enough calls ended below the threshold — or fewer, when nothing more is held to probe with (else a handler
+        # with one held retry would stay half-open for ever).
+        if settled:
+            return Transition(
+                b,
+                CLOSED,
+                "closed",
+                actor,
+                detail={"probes": attempts, "probesFailed": failures, "held": b.held},
+                max_hold_sec=s.max_hold_sec,
+            )
         if b.probe_due:  # the probes brought no verdict in time (lost, or nothing to retry): send new ones
             return _half_open(b, s, actor, "probes_renewed")
         return None
@@ -271,6 +296,7 @@ def _half_open(b: Breaker, s: BreakerSettings, actor: str, event: str) -> Transi
         cooldown_sec=b.cooldown_sec,
         probe_limit=s.probes,
         detail={"probes": s.probes},
+        max_hold_sec=s.max_hold_sec,
     )
 
 

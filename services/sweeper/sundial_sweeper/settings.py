@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 from sundial_common.runtime.settings import CommonSettings
-from sundial_common.stores.breakers import BreakerSettings
+from sundial_common.stores.breakers import MAX_HOLD_SEC, BreakerSettings
 
 from sundial_sweeper.breakers import BreakerLoopConfig
 from sundial_sweeper.job_retention import JobRetentionConfig
@@ -61,6 +61,12 @@ class SweeperSettings(CommonSettings):
     breaker_release_spread_sec: float = Field(
         _B.release_spread_sec, ge=0, description="A closing breaker releases its held retries over this many seconds."
     )
+    breaker_max_hold_sec: float = Field(
+        _B.max_hold_sec,
+        ge=1,
+        le=MAX_HOLD_SEC,
+        description="The longest a breaker holds a retry; then the attempt ends without running (DEAD if the last).",
+    )
 
     # The daily partitions of executions and attempts (retention: SUNDIAL_EXECUTION_RETENTION_DAYS) and audit_log.
     partitions_interval_sec: float = Field(
@@ -100,6 +106,7 @@ class SweeperSettings(CommonSettings):
                 max_cooldown_sec=self.breaker_max_cooldown_sec,
                 probes=self.breaker_probes,
                 release_spread_sec=self.breaker_release_spread_sec,
+                max_hold_sec=self.breaker_max_hold_sec,
             ),
             actor=f"sweeper:{self.instance_id}",
         )

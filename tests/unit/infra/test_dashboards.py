@@ -1,13 +1,26 @@
-"""The Grafana dashboards: committed JSON is the generator's output, and every dashboard is well formed."""
+"""The Grafana dashboards: committed JSON is the generator's output, every dashboard is well formed, every metric a
+panel reads is exported, and a panel counting events says 0 rather than nothing."""
 
 from __future__ import annotations
 
+import importlib
 import json
+import re
 from pathlib import Path
 
 import pytest
+from sundial_common.observability.metrics import REGISTRY
 from sundial_infra import dashboards
-from sundial_infra.dashboards import DASHBOARDS, DASHBOARDS_DIR, TENANT_DASHBOARD, build, problems, render, targets
+from sundial_infra.dashboards import (
+    DASHBOARDS,
+    DASHBOARDS_DIR,
+    TENANT_DASHBOARD,
+    ZERO_FALLBACK,
+    build,
+    problems,
+    render,
+    targets,
+)
 
 PROVISIONING = DASHBOARDS_DIR.parent / "provisioning"
 
@@ -59,3 +72,44 @@ def test_a_tenant_dashboard_has_the_tenant_fixed_in_every_query_and_no_variable(
 def test_render_refuses_what_is_not_a_tenant_id(bad: str, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="not a tenant id"):
         render(tmp_path, bad)
+
+
+#: Series Prometheus makes itself, not a process's registry.
+PROMETHEUS_SERIES = {"up"}
+_METRIC = re.compile(r"\b(sundial_[a-z0-9_]+|process_[a-z0-9_]+|up)\b(?!\s*\()")
+_SUFFIXES = ("_bucket", "_count", "_sum", "_total", "_created")
+
+
+def _registered() -> set[str]:
+    names: set[str] = set()
+    for family in REGISTRY.collect():
+        names.add(family.name)
+        names.update(sample.name for sample in family.samples)
+        names.update(family.name + suffix for suffix in _SUFFIXES)
+    return names
+
+
+@pytest.mark.parametrize("spec", DASHBOARDS, ids=lambda s: s.uid)
+def test_every_metric_a_panel_reads_is_in_the_registry(spec: dashboards.DashboardSpec) -> None:
+    # A fallback to 0 must never hide a misspelt metric: what a query names is what the processes export.
+    importlib.import_module("sundial_api.metrics")  # the API's own request metrics register on import
+    registered = _registered() | PROMETHEUS_SERIES
+    for title, expr in targets(build(spec)):
+        named = set(_METRIC.findall(expr))
+        assert named, f"{title}: {expr} reads no metric"
+        assert named <= registered, f"{title}: {sorted(named - registered)} are not in the registry"
+
+
+@pytest.mark.parametrize("spec", DASHBOARDS, ids=lambda s: s.uid)
+def test_every_panel_that_counts_events_says_0_rather_than_nothing(spec: dashboards.DashboardSpec) -> None:
+    counting = [(t, e) for t, e in targets(build(spec)) if dashboards.counts_events(e.removesuffix(ZERO_FALLBACK))]
+    assert all(e.endswith(ZERO_FALLBACK) for _, e in counting), counting
+    assert all(
+        not e.endswith(ZERO_FALLBACK) for _, e in targets(build(spec)) if "histogram_quantile" in e
+    )  # a quantile of nothing is not 0
+
+
+def test_missed_fires_fall_back_to_0() -> None:
+    exprs = {title: expr for spec in DASHBOARDS for title, expr in targets(build(spec))}
+    for title in ("Missed fires", "Missed fires by tenant"):
+        assert exprs[title].endswith(" or on() vector(0)"), exprs[title]

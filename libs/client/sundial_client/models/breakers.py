@@ -30,11 +30,13 @@ class BreakerSettingsView(ViewModel):
     max_cooldown_sec: float | None = None
     probes: int | None = None
     release_spread_sec: float | None = None
+    max_hold_sec: float | None = None
 
 
 class JobBreakerView(ViewModel):
     enabled: bool = True
     first_fires: FirstFires = FirstFires.RUN
+    max_hold_sec: float | None = None
 
 
 class BreakerView(ViewModel):
@@ -43,7 +45,7 @@ class BreakerView(ViewModel):
     handler: str
     state: BreakerState = Field(
         description="`CLOSED`: retries run. `OPEN`: retries are held (not attempted, not counted as attempts). "
-        "`HALF_OPEN`: a few probe retries run; success closes it, a failure re-opens it."
+        "`HALF_OPEN`: probe retries run; a failure ratio below `failureRatio` closes it, else it re-opens."
     )
     failure_ratio: float | None = Field(description="Failed / finished attempts in the current window (null: none).")
     attempts: int = Field(description="Finished attempts in the current window.")

@@ -267,10 +267,14 @@ def _item(spec: _Field, item: str) -> set[int]:
     base, slash, step_text = item.partition("/")
     step = 1
     if slash:
-        if not step_text.isdigit() or int(step_text) == 0:
+        if not (step_text.isascii() and step_text.isdigit()) or int(step_text) == 0:
             raise ValueError(f"step `{step_text}` must be a whole number of at least 1")
         step = int(step_text)
     open_high = spec.high if spec.open_high is None else spec.open_high
+    # A step past the field's span selects its first value only: `*/61` in minutes would fire hourly.
+    span = open_high - spec.low + 1
+    if slash and step > span:
+        raise ValueError(f"step {step_text} is beyond the {spec.name} field's range (at most {span})")
     if base in ("*", "?"):
         low, high = spec.low, open_high
     elif "-" in base:

@@ -54,6 +54,13 @@ class InvalidToken(Exception):
     pass
 
 
+class MalformedToken(InvalidToken):
+    """Not a JWT at all (its parts do not decode): said plainly, without the decoder's words."""
+
+    def __init__(self) -> None:
+        super().__init__("malformed bearer token")
+
+
 @dataclass(frozen=True, slots=True)
 class SymmetricKey:
     """One HS256 key; ``kid`` None for the single ``SUNDIAL_JWT_SECRET`` (its tokens carry no ``kid``)."""
@@ -193,7 +200,7 @@ class TokenVerifier:
         try:
             header = jwt.get_unverified_header(token)
         except jwt.PyJWTError as exc:
-            raise InvalidToken(str(exc)) from exc
+            raise MalformedToken from exc
         algorithm, kid = header.get("alg"), header.get("kid")
         if kid is not None and not isinstance(kid, str):
             raise InvalidToken("`kid` is not a string")
@@ -238,6 +245,8 @@ class TokenVerifier:
                 raise InvalidToken(f"wrong audience: `aud` must be {self.audience!r}") from exc
             except jwt.InvalidIssuerError as exc:
                 raise InvalidToken(f"unknown issuer: `iss` must be one of {self.issuers}") from exc
+            except jwt.DecodeError as exc:  # the claims' part does not decode
+                raise MalformedToken from exc
             except jwt.PyJWTError as exc:
                 raise InvalidToken(str(exc)) from exc
         raise InvalidToken(str(failure))

@@ -14,6 +14,12 @@ sweeper see the same state and a leader change neither releases held retries ear
   number; its ``next_attempt_at`` moves to the breaker's next probe (plus jitter) and ``held_by`` names the
   breaker. Held retries are never attempted, never counted as attempts, and never lost: they are ordinary
   scheduled retries the hydrator and the overdue scan know.
+- **A bound on holding**: an execution held longer than ``maxHoldSec`` (its job's ``breaker.maxHoldSec``, else
+  its tenant's) since a breaker first held it is not held again when its retry comes due: the gate ends that
+  attempt without running it (error ``BreakerHeld``, counted as a failed attempt of the execution but not in the
+  breaker's window), DEAD if it was the last. A held retry is scheduled no later than its bound, so it is
+  judged then, not a cool-down later: a handler that stays broken fills the dead-letter queue within
+  ``maxHoldSec`` plus its backoff, and no call reaches a downstream that is still down.
 - **Transitions** (:meth:`BreakerStore.transition`) are compare-and-sets on the breaker's version that write
   their audit row in the same statement; closing releases the held retries spread over a window
   (:meth:`BreakerStore.release_held`).
@@ -32,6 +38,7 @@ from uuid import UUID
 
 import asyncpg
 
+from sundial_common.domain.retry_policy import RetryPolicy
 from sundial_common.stores.database import Database
 from sundial_common.stores.queries import load_file
 from sundial_common.stores.types import Record
@@ -47,6 +54,10 @@ STATE_VALUES: Mapping[str, int] = {CLOSED: 0, HALF_OPEN: 1, OPEN: 2}
 
 #: Seconds of jitter spread over the held retries coming due at a probe time.
 HOLD_JITTER_SEC = 2.0
+#: The largest ``maxHoldSec`` (a week).
+MAX_HOLD_SEC = 604_800
+#: Who the audit log and the attempt row name for an attempt a breaker ended without running.
+HOLD_ACTOR = "breaker"
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,13 +71,18 @@ class BreakerSettings:
     min_attempts: int = 20
     #: The sliding window, seconds.
     window_sec: float = 60.0
-    #: Open this long before the first probes; doubled on each re-open, up to ``max_cooldown_sec``.
+    #: Open this long before the first probes; doubled on each re-open, up to ``max_cooldown_sec`` — two minutes by
+    #: default: a handler that recovered is found within two minutes, and a handler still down meets only
+    #: ``probes`` calls per cool-down (ten in two minutes is nothing to a downstream that is down).
     cooldown_sec: float = 30.0
-    max_cooldown_sec: float = 600.0
-    #: Half-open lets this many retries through; all succeeding closes the breaker, one failing re-opens it.
-    probes: int = 3
+    max_cooldown_sec: float = 120.0
+    #: Half-open lets this many calls through and judges them as a window: their failure ratio below
+    #: ``failure_ratio`` closes the breaker, at or above it re-opens it (a flaky handler is not a dead one).
+    probes: int = 10
     #: Closing releases the held retries at random over this many seconds.
     release_spread_sec: float = 30.0
+    #: The longest a retry is held before its attempt ends without running (``BreakerHeld``); a job may set its own.
+    max_hold_sec: float = 3600.0
 
     def __post_init__(self) -> None:
         def bad(name: str, message: str) -> ValueError:
@@ -86,6 +102,8 @@ class BreakerSettings:
             raise bad("probes", "must be between 1 and 100")
         if not 0 <= self.release_spread_sec <= 3600:
             raise bad("release_spread_sec", "must be between 0 and 3600 seconds")
+        if not 1 <= self.max_hold_sec <= MAX_HOLD_SEC:
+            raise bad("max_hold_sec", f"must be between 1 and {MAX_HOLD_SEC} seconds")
 
     def merged(self, overrides: Mapping[str, Any] | None) -> BreakerSettings:
         """These settings with a tenant's overrides (camelCase keys, as stored from the API) applied."""
@@ -130,6 +148,8 @@ class Breaker:
     manual: bool
     version: int
     updated_at: datetime
+    #: How long it may hold a retry (its tenant's ``maxHoldSec`` when the sweeper last moved it).
+    max_hold_sec: float = 3600.0
     #: Retries it holds now.
     held: int = 0
     #: Its next probe time has come (the database's clock).
@@ -178,6 +198,8 @@ class Transition:
     #: ... and what the window's bucket of that second held by then (not the new state's to judge).
     since_attempts: int = 0
     since_failures: int = 0
+    #: The hold bound the breaker carries from now (None: unchanged).
+    max_hold_sec: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,6 +219,8 @@ class GateResult:
     held: frozenset[UUID] = frozenset()
     #: Claims let through as half-open probes.
     probes: frozenset[UUID] = frozenset()
+    #: Of ``held``, the claims held past their bound whose attempt ended without running (DEAD if the last).
+    ended: frozenset[UUID] = frozenset()
 
 
 class BreakerStore(Protocol):
@@ -301,6 +325,7 @@ class PostgresBreakerStore:
             move.since,
             move.since_attempts,
             move.since_failures,
+            move.max_hold_sec,
         )
         return Breaker.from_row(row) if row is not None else None
 
@@ -318,7 +343,8 @@ class PostgresBreakerStore:
 
 async def gate_retries(conn: asyncpg.Connection, execution_ids: Sequence[UUID]) -> GateResult:
     """Inside the dispatcher's fenced retry transaction: hold the claimed retries whose breaker is OPEN, let a
-    HALF_OPEN breaker's remaining probes through (the breaker row locked: two shards share one budget).
+    HALF_OPEN breaker's remaining probes through (the breaker row locked: two shards share one budget), and end
+    without running the attempts of those held past their bound (see the module docstring).
 
     The common case — every breaker CLOSED — costs one primary-key join that returns nothing.
     """
@@ -328,6 +354,7 @@ async def gate_retries(conn: asyncpg.Connection, execution_ids: Sequence[UUID]) 
     if not rows:
         return GateResult()
     held: list[tuple[UUID, UUID, datetime]] = []
+    ended: list[tuple[UUID, int, int]] = []
     probes: list[UUID] = []
     budget: dict[UUID, int] = {}
     for row in rows:
@@ -338,9 +365,17 @@ async def gate_retries(conn: asyncpg.Connection, execution_ids: Sequence[UUID]) 
                 budget[breaker_id] = left - 1
                 probes.append(row["id"])
                 continue
-        held.append((row["id"], breaker_id, row["hold_until"]))
+        if row["hold_expired"]:
+            policy = RetryPolicy.from_json(row["retry_policy"])
+            ended.append((row["id"], row["attempt"], policy.delay_ms(row["attempt"] + 1)))
+        else:
+            held.append((row["id"], breaker_id, row["hold_until"]))
     if held:
         await conn.execute(Q["hold"], [h[0] for h in held], [h[1] for h in held], HOLD_JITTER_SEC, [h[2] for h in held])
+    if ended:
+        await conn.execute(
+            Q["end_held"], [e[0] for e in ended], [e[1] for e in ended], [e[2] for e in ended], HOLD_ACTOR
+        )
     if probes:
         sent: dict[UUID, int] = {}
         for row in rows:
@@ -348,7 +383,8 @@ async def gate_retries(conn: asyncpg.Connection, execution_ids: Sequence[UUID]) 
                 sent[row["breaker_id"]] = sent.get(row["breaker_id"], 0) + 1
         await conn.execute(Q["count_probes"], list(sent), list(sent.values()))
         await conn.execute(Q["unhold"], probes)
-    return GateResult(held=frozenset(h[0] for h in held), probes=frozenset(probes))
+    not_dispatched = frozenset(h[0] for h in held) | frozenset(e[0] for e in ended)
+    return GateResult(held=not_dispatched, probes=frozenset(probes), ended=frozenset(e[0] for e in ended))
 
 
 def holds_first_fires(job: Record) -> bool:

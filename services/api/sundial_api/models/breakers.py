@@ -14,13 +14,15 @@ from sundial_client.models.breakers import (
     FirstFires,
     JobBreakerView,
 )
-from sundial_common.stores.breakers import Breaker, BreakerSettings
+from sundial_common.stores.breakers import MAX_HOLD_SEC, Breaker, BreakerSettings
 
 from sundial_api.models.common import RequestModel
 
 _D = BreakerSettings()
 
-Seconds = Annotated[StrictFloat | StrictInt, Field(ge=1, le=86400)]
+# StrictFloat takes an integer too (never a string); bounds on a union with StrictInt would reach the OpenAPI
+# document under pydantic's names (`ge`, `le`) rather than JSON Schema's (`minimum`, `maximum`).
+Seconds = Annotated[StrictFloat, Field(ge=1, le=86400)]
 
 
 class BreakerSettingsBody(RequestModel):
@@ -30,13 +32,13 @@ class BreakerSettingsBody(RequestModel):
     enabled: StrictBool | None = Field(
         None, description=f"Breakers of this tenant open at all (default {str(_D.enabled).lower()})."
     )
-    failure_ratio: Annotated[StrictFloat | StrictInt, Field(gt=0, le=1)] | None = Field(
+    failure_ratio: Annotated[StrictFloat, Field(gt=0, le=1)] | None = Field(
         None, description=f"Opens at this share of failed attempts in the window (default {_D.failure_ratio:g})."
     )
     min_attempts: Annotated[StrictInt, Field(ge=1, le=1_000_000)] | None = Field(
         None, description=f"... of at least this many finished attempts (default {_D.min_attempts})."
     )
-    window_sec: Annotated[StrictFloat | StrictInt, Field(ge=1, le=3600)] | None = Field(
+    window_sec: Annotated[StrictFloat, Field(ge=1, le=3600)] | None = Field(
         None, description=f"The sliding window, seconds (default {_D.window_sec:g})."
     )
     cooldown_sec: Seconds | None = Field(
@@ -49,10 +51,15 @@ class BreakerSettingsBody(RequestModel):
     probes: Annotated[StrictInt, Field(ge=1, le=100)] | None = Field(
         None, description=f"Retries a half-open breaker lets through as probes (default {_D.probes})."
     )
-    release_spread_sec: Annotated[StrictFloat | StrictInt, Field(ge=0, le=3600)] | None = Field(
+    release_spread_sec: Annotated[StrictFloat, Field(ge=0, le=3600)] | None = Field(
         None,
         description=f"A closing breaker releases its held retries at random over this many seconds "
         f"(default {_D.release_spread_sec:g}).",
+    )
+    max_hold_sec: Annotated[StrictFloat, Field(ge=1, le=MAX_HOLD_SEC)] | None = Field(
+        None,
+        description=f"The longest a retry is held; then its attempt ends without running (`BreakerHeld`, DEAD if it "
+        f"was the last) — a handler that stays broken fills the dead-letter queue (default {_D.max_hold_sec:g}).",
     )
 
     def overrides(self) -> dict[str, Any] | None:
@@ -71,6 +78,11 @@ class JobBreaker(RequestModel):
         FirstFires.RUN,
         description="While the breaker is OPEN or HALF_OPEN: `RUN` fires the job's occurrences as usual; `HOLD` "
         "lets them wait (the job's next fire stays due) until the breaker closes.",
+    )
+    max_hold_sec: Annotated[StrictFloat, Field(ge=1, le=MAX_HOLD_SEC)] | None = Field(
+        None,
+        description="The longest this job's retries are held; then the attempt ends without running (`BreakerHeld`, "
+        "DEAD if it was the last). Absent: the tenant's `maxHoldSec`.",
     )
 
 

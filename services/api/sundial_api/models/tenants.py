@@ -16,7 +16,7 @@ from sundial_api.models.jobs import MAX_JITTER_SEC
 MAX_WEIGHT = 1000
 
 
-PositiveRate = Annotated[StrictFloat | StrictInt, Field(gt=0, le=1_000_000)]
+PositiveRate = Annotated[StrictFloat, Field(gt=0, le=1_000_000)]
 
 
 class QuotasBody(RequestModel):

@@ -73,8 +73,8 @@ WHERE b.id = n.id AND (b.attempts, b.failures) IS DISTINCT FROM (n.attempts, n.f
 -- Move breaker $1 from version $2 to state $3, compare-and-set. $4: seconds to the next probe (NULL: none);
 -- $5: the cool-down; $6: how many probes half-open lets through; $7: held open by an operator; $8/$9: the
 -- window's counts; $10: the action audited, $11: the actor, $12: audit detail; $13: when the new state's
--- counting starts (NULL: now) and $14/$15 what its second's bucket already held then. No row: someone moved
--- first.
+-- counting starts (NULL: now) and $14/$15 what its second's bucket already held then; $16: its hold bound
+-- from now (NULL: unchanged). No row: someone moved first.
 WITH old AS (
     SELECT id, state FROM breakers WHERE id = $1 AND version = $2 FOR UPDATE
 ), moved AS (
@@ -86,6 +86,7 @@ WITH old AS (
         opened_at = CASE WHEN $3 = 'CLOSED' THEN NULL WHEN b.state = 'CLOSED' THEN now() ELSE b.opened_at END,
         next_probe_at = CASE WHEN $4::float8 IS NULL THEN NULL ELSE now() + make_interval(secs => $4::float8) END,
         cooldown_sec = $5, probe_limit = $6, probes_sent = 0, manual = $7, attempts = $8, failures = $9,
+        max_hold_sec = coalesce($16::float8, b.max_hold_sec),
         opens = b.opens + CASE WHEN $3 = 'OPEN' THEN 1 ELSE 0 END,
         version = b.version + 1, updated_at = now()
     FROM old WHERE b.id = old.id
@@ -99,9 +100,10 @@ SELECT m.*, (SELECT count(*) FROM executions e WHERE e.held_by = m.id AND e.next
 FROM moved m;
 
 -- name: release_held
--- A closed breaker lets its held retries go, spread over $2 seconds at random (no thundering herd at close).
+-- A closed breaker lets its held retries go, spread over $2 seconds at random (no thundering herd at close);
+-- their hold is over, so its clock starts again should a breaker hold them later.
 UPDATE executions
-SET held_by = NULL,
+SET held_by = NULL, held_since = NULL,
     next_attempt_at = CASE WHEN next_attempt_at IS NULL THEN NULL
                            ELSE now() + random() * make_interval(secs => $2) END
 WHERE held_by = $1
@@ -109,13 +111,20 @@ RETURNING id, shard, next_attempt_at;
 
 -- name: gate
 -- Inside the dispatcher's fenced retry transaction: the claimed retries whose breaker is not CLOSED (and whose
--- job has not opted out), with the breaker locked so two shards' leaders share one probe budget.
-SELECT e.id, b.id AS breaker_id, b.state, b.probe_limit, b.probes_sent,
-       -- An operator's open has no probe time: its held retries look again every minute.
-       greatest(coalesce(b.next_probe_at, now() + interval '60 seconds'), now()) AS hold_until
+-- job has not opted out), with the breaker locked so two shards' leaders share one probe budget; and whether
+-- each has been held longer than its bound (the job's breaker.maxHoldSec, else its breaker's).
+SELECT e.id, b.id AS breaker_id, b.state, b.probe_limit, b.probes_sent, e.attempt, j.retry_policy,
+       -- An operator's open has no probe time: its held retries look again every minute. A hold ends at its bound
+       -- if that comes first, so the attempt is ended then, not at a probe time up to a cool-down later.
+       least(greatest(coalesce(b.next_probe_at, now() + interval '60 seconds'), now()),
+             coalesce(e.held_since, now()) + h.bound) AS hold_until,
+       e.held_since IS NOT NULL AND e.held_since + h.bound <= now() AS hold_expired
 FROM executions e
 JOIN breakers b ON b.tenant_id = e.tenant_id AND b.pool = e.pool AND b.handler = e.handler
 JOIN jobs j ON j.id = e.job_id
+CROSS JOIN LATERAL (
+    SELECT make_interval(secs => coalesce((j.breaker ->> 'maxHoldSec')::float8, b.max_hold_sec)) AS bound
+) h
 WHERE e.id = ANY($1::uuid[]) AND b.state <> 'CLOSED' AND coalesce((j.breaker ->> 'enabled')::boolean, true)
 ORDER BY b.id, e.id
 FOR UPDATE OF b;
@@ -124,10 +133,42 @@ FOR UPDATE OF b;
 -- Hold retries: their failed state and attempt stay, the next attempt moves to the breaker's next probe plus
 -- $3 seconds of jitter (held retries become due over a spread, not at one instant).
 UPDATE executions e
-SET held_by = h.breaker_id,
+SET held_by = h.breaker_id, held_since = coalesce(e.held_since, now()),
     next_attempt_at = h.until + make_interval(secs => 1) + random() * make_interval(secs => $3)
 FROM unnest($1::uuid[], $2::uuid[], $4::timestamptz[]) AS h (id, breaker_id, until)
 WHERE e.id = h.id AND e.next_attempt_at IS NOT NULL;
+
+-- name: end_held
+-- Inside the dispatcher's fenced retry transaction: held retries past their bound end their next attempt without
+-- running it (the claimed attempt number $2 compared-and-set): error BreakerHeld, a failed attempt; DEAD after the
+-- last, else the next one $3 ms from now (its policy's backoff), where the gate will judge it again. The attempt
+-- ends at clock_timestamp(), not now(): the breaker_counts trigger counts what ends at now(), and an attempt
+-- that never called the handler says nothing about it. $4: the actor.
+WITH ended AS (
+    UPDATE executions e
+    SET attempt = e.attempt + 1,
+        state = CASE WHEN e.attempt + 1 >= e.max_attempts THEN 'DEAD' ELSE 'FAILED' END,
+        next_attempt_at = CASE WHEN e.attempt + 1 >= e.max_attempts THEN NULL
+                               ELSE now() + f.delay_ms * interval '1 millisecond' END,
+        held_by = CASE WHEN e.attempt + 1 >= e.max_attempts THEN NULL ELSE e.held_by END,
+        error = 'BreakerHeld: held by an open circuit breaker longer than maxHoldSec; not attempted',
+        worker_id = NULL, started_at = NULL, finished_at = clock_timestamp(), dlq_published_at = NULL
+    FROM unnest($1::uuid[], $2::int[], $3::bigint[]) AS f (id, attempt, delay_ms)
+    WHERE e.id = f.id AND e.attempt = f.attempt AND e.next_attempt_at IS NOT NULL
+    RETURNING e.id, e.tenant_id, e.attempt, e.state, e.error, e.finished_at, e.next_attempt_at
+), attempts AS (
+    INSERT INTO execution_attempts (execution_id, attempt, tenant_id, worker_id, state, started_at, finished_at, error)
+    SELECT id, attempt, tenant_id, $4, 'FAILED', finished_at, finished_at, error FROM ended
+), audit AS (
+    INSERT INTO audit_log (tenant_id, entity, entity_id, action, from_state, to_state, actor, detail)
+    SELECT tenant_id, 'execution', id, 'breaker_held', 'FAILED', state, $4,
+           jsonb_build_object('attempt', attempt, 'nextAttemptAt', next_attempt_at, 'errorClass', 'BreakerHeld')
+    FROM ended
+    UNION ALL
+    SELECT tenant_id, 'execution', id, 'dead', 'FAILED', 'DEAD', $4, jsonb_build_object('attempt', attempt)
+    FROM ended WHERE state = 'DEAD'
+)
+SELECT count(*) FROM ended;
 
 -- name: count_probes
 UPDATE breakers b SET probes_sent = b.probes_sent + n.sent
