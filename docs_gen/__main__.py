@@ -8,17 +8,19 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-REFERENCE = Path(__file__).resolve().parent.parent / "docs" / "reference"
+DOCS = Path(__file__).resolve().parent.parent / "docs"
 
 
 def pages() -> dict[str, Callable[[], str]]:
-    from docs_gen import cli, http_api, metrics_page, settings_page
+    from docs_gen import cli, essay, http_api, metrics_page, performance, settings_page
 
     return {
-        "http-api.md": http_api.render,
-        "cli.md": cli.render,
-        "configuration.md": settings_page.render,
-        "metrics.md": metrics_page.render,
+        "reference/http-api.md": http_api.render,
+        "reference/cli.md": cli.render,
+        "reference/configuration.md": settings_page.render,
+        "reference/metrics.md": metrics_page.render,
+        "architecture/leadership.md": essay.render,
+        "performance.md": lambda: performance.render(),
     }
 
 
@@ -30,8 +32,13 @@ def generate() -> dict[str, str]:
     return {name: render() for name, render in pages().items()}
 
 
-def stale(texts: dict[str, str], directory: Path = REFERENCE) -> list[str]:
-    return [name for name, text in texts.items() if not (directory / name).exists() or (directory / name).read_text() != text]
+def stale(texts: dict[str, str], directory: Path = DOCS) -> list[str]:
+    """The pages whose file under ``directory`` differs from ``texts`` (or is missing)."""
+    return [
+        name
+        for name, text in texts.items()
+        if not (directory / name).is_file() or (directory / name).read_text() != text
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,12 +49,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         out_of_date = stale(texts)
         for name in out_of_date:
-            print(f"docs/reference/{name} is stale: run `make docs-reference`", file=sys.stderr)
+            print(f"docs/{name} is stale: run `make docs-reference`", file=sys.stderr)
         return 1 if out_of_date else 0
-    REFERENCE.mkdir(parents=True, exist_ok=True)
     for name, text in texts.items():
-        (REFERENCE / name).write_text(text)
-        print(f"wrote docs/reference/{name}")
+        (DOCS / name).parent.mkdir(parents=True, exist_ok=True)
+        (DOCS / name).write_text(text)
+        print(f"wrote docs/{name}")
     return 0
 
 

@@ -20,7 +20,7 @@ def render() -> str:
         for sample in metric.samples:
             labels.update(k for k in sample.labels if k not in ("le", "quantile"))
         # A metric with labels has no sample until a child exists: read the declared label names instead.
-        collector = prometheus_client.REGISTRY._names_to_collectors.get(metric.name)  # noqa: SLF001
+        collector = prometheus_client.REGISTRY._names_to_collectors.get(metric.name)
         labels.update(getattr(collector, "_labelnames", ()) or ())
         name = metric.name + ("_total" if metric.type == "counter" else "")
         rows[name] = (metric.type, ", ".join(f"`{label}`" for label in sorted(labels)), metric.documentation)

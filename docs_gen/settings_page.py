@@ -55,7 +55,9 @@ def render() -> str:
     common = classes["common"]
     shared = set(common.model_fields)
     for name, cls in classes.items():
-        fields = cls.model_fields if name == "common" else {k: v for k, v in cls.model_fields.items() if k not in shared}
+        fields = (
+            cls.model_fields if name == "common" else {k: v for k, v in cls.model_fields.items() if k not in shared}
+        )
         title = "Every process" if name == "common" else f"`sundial {name}`"
         lines += [f"## {title}", ""]
         if not fields:

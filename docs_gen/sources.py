@@ -60,3 +60,7 @@ def import_all(package: str) -> Iterator[str]:
             continue
         importlib.import_module(info.name)
         yield info.name
+
+
+#: The module whose opening essay is the architecture's page on leadership.
+LEADERSHIP_MODULE = "sundial_common.coordination.leadership"

@@ -66,7 +66,9 @@ def blocks(path: Path) -> list[Block]:
         reason = _NOT_RUN.match(before)
         if lang in LANGUAGES:
             found.append(
-                Block(str(path.relative_to(REPO_ROOT)), start + 1, lang, code, reason.group("reason") if reason else None)
+                Block(
+                    str(path.relative_to(REPO_ROOT)), start + 1, lang, code, reason.group("reason") if reason else None
+                )
             )
         i = j + 1
     return found

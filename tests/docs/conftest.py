@@ -29,6 +29,10 @@ from tests.e2e.conftest import SUNDIAL, Processes
 DEV_API_URL = "http://127.0.0.1:8080"
 
 
+#: Each command's start time on stderr, so a slow example shows where its time went (pytest -s prints it).
+_TIMED = "exec {trace}>>.trace.log; BASH_XTRACEFD=$trace; PS4='+ $(date +%T.%N | cut -c1-12) '; set -x\n"
+
+
 @dataclass(frozen=True)
 class DocsStack:
     api_url: str
@@ -39,7 +43,7 @@ class DocsStack:
     def run(self, script: str, *, timeout: float = 90.0, shell: str = "bash") -> subprocess.CompletedProcess[str]:
         """Run a shell script of the docs in the sandbox, as a user would, against this stack."""
         return subprocess.run(
-            [shell, "-euo", "pipefail", "-c", script.replace(DEV_API_URL, self.api_url)],
+            [shell, "-euo", "pipefail", "-c", _TIMED + script.replace(DEV_API_URL, self.api_url)],
             cwd=self.sandbox,
             env=self.env,
             capture_output=True,
