@@ -29,7 +29,7 @@ from tests.e2e.conftest import SUNDIAL, Processes
 DEV_API_URL = "http://127.0.0.1:8080"
 
 
-#: Each command's start time on stderr, so a slow example shows where its time went (pytest -s prints it).
+#: Each command with its start time, in the sandbox's .trace.log: where a slow or failing example spent its time.
 _TIMED = "exec {trace}>>.trace.log; BASH_XTRACEFD=$trace; PS4='+ $(date +%T.%N | cut -c1-12) '; set -x\n"
 
 
@@ -39,6 +39,11 @@ class DocsStack:
     sandbox: Path
     env: dict[str, str]
     processes: Processes
+
+    def trace(self, lines: int = 40) -> str:
+        """The last commands the examples ran, with their start times."""
+        path = self.sandbox / ".trace.log"
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
 
     def run(self, script: str, *, timeout: float = 90.0, shell: str = "bash") -> subprocess.CompletedProcess[str]:
         """Run a shell script of the docs in the sandbox, as a user would, against this stack."""

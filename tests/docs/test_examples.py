@@ -50,7 +50,8 @@ def _run_page(docs_stack: DocsStack, blocks: list[Block]) -> None:
         pytest.fail(f"{blocks[0].page}: the examples did not finish in {exc.timeout}s\n{exc.stdout}\n{exc.stderr}")
     assert result.returncode == 0, (
         f"{blocks[0].page}: an example failed (exit {result.returncode})\n"
-        f"--- stdout\n{result.stdout[-4000:]}\n--- stderr\n{result.stderr[-4000:]}"
+        f"--- stdout\n{result.stdout[-4000:]}\n--- stderr\n{result.stderr[-4000:]}\n"
+        f"--- the last commands\n{docs_stack.trace()}"
     )
 
 
