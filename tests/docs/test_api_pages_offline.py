@@ -13,7 +13,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sundial_api.app import create_app
 from sundial_infra.stack import LocalStack
-from sundial_infra.supervisor import DevLayout, banner
+from sundial_infra.dev_runner import DevLayout, banner
 
 
 class _Assets(HTMLParser):
