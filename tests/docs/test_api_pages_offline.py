@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 from sundial_api.app import create_app
-from sundial_infra.stack import LocalStack
 from sundial_infra.dev_runner import DevLayout, banner
+from sundial_infra.stack import LocalStack
 
 
 class _Assets(HTMLParser):
