@@ -179,7 +179,7 @@ class OpenWork:
     start work its cap is set from that drain too, not from ``pool_queue_min`` (W2: doubling from 4 to the
     ~166 it needed held its work back for its first 1.5-2 s). Ordering the work
     (priority inside a tenant, the round robin across tenants) therefore happens in the buffer, not behind a
-    long queue, with one topic per pool: no priority lanes in Kafka (README "Priority" gives the figures).
+    long queue, with one topic per pool: no priority lanes in Kafka (docs/guides/priority.md says why).
 
     *What was published since the last read* is this process's count: what its passes took for the pool, and,
     while one pool alone has open work, what its uncontended passes took without looking up whose it was (the

@@ -12,8 +12,8 @@ SELECT 1;
 -- each call's values, as the pool's plan_cache_mode would, plans every partition's indexes at every call and prunes
 -- nothing. A generic plan is made once per connection and kept until a partition's statistics change: the census
 -- planned 5-17 ms a call with 38 partitions (W3 lines' plan_ms); the sweeper's four scans of a pass cost its
--- backend ~16 ms of CPU with 40 partitions and 1,000 RUNNING rows, ~5.5 ms with generic plans (README, "Twelfth
--- round: Postgres's CPU beyond the three writes"). Index scans only: the partial indexes of the open phase keep an
+-- backend ~16 ms of CPU with 40 partitions and 1,000 RUNNING rows, ~5.5 ms with generic plans.
+-- Index scans only: the partial indexes of the open phase keep an
 -- entry for every version a row had while open that no heap-only update made (each finish leaves one behind)
 -- until vacuum; a bitmap scan, which the planner picked for the census (on executions_job_open_idx), visits every
 -- one of them and their heap pages, call after call: 175,000 entries and 3,500 heap pages for 3,000 open rows after
