@@ -3,7 +3,7 @@
 A fenced block in one of :data:`LANGUAGES` runs under ``tests/docs`` unless the line before it is
 ``<!-- not-run: <reason> -->``. A page's runnable shell blocks run in order as one script (a later block uses the
 variables an earlier one set); a Python block whose first line is ``# <name>.py`` is written to that file in the
-sandbox (a module a later block imports or runs); any other Python block is run as a script.
+sandbox (a module a later block imports or runs) and imported there; any other Python block is run as a script.
 """
 
 from __future__ import annotations

@@ -29,8 +29,9 @@ from tests.e2e.conftest import SUNDIAL, Processes
 DEV_API_URL = "http://127.0.0.1:8080"
 
 
-#: Each command with its start time, in the sandbox's .trace.log: where a slow or failing example spent its time.
-_TIMED = "exec {trace}>>.trace.log; BASH_XTRACEFD=$trace; PS4='+ $(date +%T.%N | cut -c1-12) '; set -x\n"
+#: Each command with its start time, in the sandbox's .trace.log (one page's run at a time): where a slow or failing
+#: example spent its time.
+_TIMED = "exec {trace}>.trace.log; BASH_XTRACEFD=$trace; PS4='+ $(date +%T.%N | cut -c1-12) '; set -x\n"
 
 
 @dataclass(frozen=True)

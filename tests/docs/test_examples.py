@@ -37,6 +37,8 @@ def _run_page(docs_stack: DocsStack, blocks: list[Block]) -> None:
     for block in blocks:
         if block.module_file is not None:
             (docs_stack.sandbox / block.module_file).write_text(block.code)
+            module = block.module_file.removesuffix(".py")
+            script.append(f"# --- {block.id}: the module imports\n.venv/bin/python -c 'import {module}'\n")
             continue
         if block.shell:
             script.append(f"# --- {block.id}\n{block.code}")
