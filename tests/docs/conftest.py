@@ -1,7 +1,8 @@
 """One real Sundial stack for the whole docs suite, shaped like the one `make up` starts.
 
 The session's servers (``stack``) with a database of the suite's own, and the processes `make up` runs for the
-examples: the API, a dispatcher, a ``services`` host (hydrator and sweeper) and the demo worker, with the tenant
+examples: the API, a dispatcher, a ``services`` host (hydrator, sweeper, replayer) and the demo workers (``demo``
+and its staging pool ``staging-demo``), with the tenant
 ``demo`` and its pools registered by the same ``sundial migrate`` that `make up` runs. The examples run in a
 sandbox directory laid out like a checkout after `make up` (``.venv`` and ``.sundial/dev-token``), so a block
 reads exactly as a user types it; the one difference is the API's port, which :data:`DEV_API_URL` is replaced
@@ -112,11 +113,13 @@ def docs_stack(stack: LocalStack, template_db: str, tmp_path_factory: pytest.Tem
     try:
         processes.start("api", "api", "--host", "127.0.0.1", "--port", str(api_port))
         processes.start("dispatcher", "dispatcher")
-        processes.start("services", "services", "--run", "hydrator,sweeper")
+        processes.start("services", "services", "--run", "hydrator,sweeper,replayer")
         processes.start("worker", "worker", "--app", "sundial_worker.demo:worker")
+        processes.start("worker-staging", "worker", "--app", "sundial_worker.demo:staging_worker")
         processes.wait_http_ok("api", f"{api_url}/readyz")
         processes.wait_for_log("dispatcher", "leading with fence token")
         processes.wait_for_log("worker", "partitions assigned")
+        processes.wait_for_log("worker-staging", "serving staging-demo")
         # The shell the examples run in: the CLI finds this stack as it finds `make up`'s (URL and token), and the
         # Python examples find the client package in the sandbox's .venv.
         shell_env = {
