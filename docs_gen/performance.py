@@ -35,31 +35,49 @@ def newest_records(results: Path = RESULTS) -> dict[str, dict[str, Any]]:
     return newest
 
 
+#: Nested figures worth a column of their own (percentiles); other nested values are left to the records.
+_NESTED = ("lateness_ms", "first_start_ms")
+
+
+def _scalars(values: dict[str, Any]) -> list[str]:
+    return [f"{k} {v}" for k, v in values.items() if not isinstance(v, dict | list) and v is not None]
+
+
 def _figures(record: dict[str, Any]) -> str:
     figures = record.get("figures")
     if not isinstance(figures, dict):
         figures = {k: v for k, v in record.items() if k not in ("commit", "date", "at", "machine", "workload")}
-    parts = []
-    for key, value in figures.items():
-        if isinstance(value, dict):
-            value = " / ".join(f"{k} {v}" for k, v in value.items() if not isinstance(v, dict | list))
-        elif isinstance(value, list):
-            continue
-        parts.append(f"{key}: {value}")
+    parts = _scalars(figures)
+    for key in _NESTED:
+        if isinstance(figures.get(key), dict):
+            parts.append(f"{key} " + " / ".join(_scalars(figures[key])))
     return "; ".join(parts)
+
+
+def _shape(record: dict[str, Any]) -> str:
+    settings = record.get("settings")
+    return ", ".join(_scalars(settings)) if isinstance(settings, dict) else ""
 
 
 def table(records: dict[str, dict[str, Any]]) -> str:
     if not records:
-        return "No per-workload result records yet: the table below was measured by hand."
-    lines = ["| workload | date | commit | machine | figures |", "| --- | --- | --- | --- | --- |"]
+        return "No result records yet: run `make bench`."
+    lines = [
+        "The newest record of each workload in `bench/results/`, as the bench wrote it:",
+        "",
+        "| workload | date | commit | machine | shape | figures |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
     for workload, record in sorted(records.items()):
         machine = record.get("machine") or {}
         commit = record.get("commit") or (machine.get("commit") if isinstance(machine, dict) else "") or ""
         date = str(record.get("date") or record.get("at") or "")[:10]
         if isinstance(machine, dict):
-            machine = ", ".join(f"{k} {v}" for k, v in machine.items() if k != "commit")
-        lines.append(f"| {workload} | {date} | `{commit}` | {cell(str(machine))} | {cell(_figures(record))} |")
+            machine = ", ".join(f"{k} {v}" for k, v in machine.items() if k != "commit" and v is not None)
+        lines.append(
+            f"| {workload} | {date} | `{commit}` | {cell(str(machine))} | {cell(_shape(record))} | "
+            f"{cell(_figures(record))} |"
+        )
     return "\n".join(lines)
 
 

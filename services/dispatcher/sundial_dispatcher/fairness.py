@@ -624,7 +624,7 @@ class EarlyWork:
     """Occurrences claimed ahead of their due instant (a burst), waiting for it: one :class:`Arrival` per claim and
     instant, earliest first. A burst due at one instant is one entry, not a heap entry per occurrence: popping
     12,500 entries one by one at the instant and queueing them one by one took ~25 ms of CPU a shard (a process
-    leads four), all before the burst's first transaction could begin (``bench/first_start.py``)."""
+    leads four), all before the burst's first transaction could begin (``bench/workloads/first_start.py``)."""
 
     def __init__(self) -> None:
         self._heap: list[tuple[datetime, int, Arrival]] = []

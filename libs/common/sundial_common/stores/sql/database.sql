@@ -19,7 +19,7 @@ SELECT 1;
 -- one of them and their heap pages, call after call: 175,000 entries and 3,500 heap pages for 3,000 open rows after
 -- 100,000 executions, 106-183 ms a call. A plain index scan marks the entries of dead versions as it passes
 -- (LP_DEAD), so each is visited about once, by the next scan after its version died: 209 pages and 3 ms for the
--- same rows (bench/census.py). A sequential scan would read a whole day's partition, and a generic plan made
+-- same rows (bench/workloads/census.py). A sequential scan would read a whole day's partition, and a generic plan made
 -- while the partitions are nearly empty would keep it.
 SELECT set_config('enable_bitmapscan', 'off', true), set_config('enable_seqscan', 'off', true),
        set_config('plan_cache_mode', 'force_generic_plan', true);
