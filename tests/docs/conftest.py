@@ -23,11 +23,13 @@ import asyncpg
 import pytest
 from sundial_infra.stack import TEST_PORTS, LocalStack
 
-from tests.conftest import REPO_ROOT, port_offset
+from tests.conftest import REPO_ROOT, _ensure_running, port_offset
 from tests.e2e.conftest import SUNDIAL, Processes
 
 #: The API address the documentation shows (`make up`'s).
 DEV_API_URL = "http://127.0.0.1:8080"
+#: How long each process of the stack may take to come up.
+START_TIMEOUT = 150.0
 
 
 #: Each command with its start time, in the sandbox's .trace.log (one page's run at a time): where a slow or failing
@@ -80,6 +82,8 @@ async def _drop_database(stack: LocalStack, name: str) -> None:
 
 @pytest.fixture(scope="package")
 def docs_stack(stack: LocalStack, template_db: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[DocsStack]:
+    for server in (stack.postgres, stack.redis, stack.etcd, stack.broker):
+        _ensure_running(server)  # a test before this suite may have stopped one
     template = template_db.rsplit("/", 1)[-1].split("?", 1)[0]
     database = asyncio.run(_create_database(stack, template))
     sandbox = tmp_path_factory.mktemp("checkout")
@@ -116,10 +120,11 @@ def docs_stack(stack: LocalStack, template_db: str, tmp_path_factory: pytest.Tem
         processes.start("services", "services", "--run", "hydrator,sweeper,replayer")
         processes.start("worker", "worker", "--app", "sundial_worker.demo:worker")
         processes.start("worker-staging", "worker", "--app", "sundial_worker.demo:staging_worker")
-        processes.wait_http_ok("api", f"{api_url}/readyz")
-        processes.wait_for_log("dispatcher", "leading with fence token")
-        processes.wait_for_log("worker", "partitions assigned")
-        processes.wait_for_log("worker-staging", "serving staging-demo")
+        # Generous: on a machine as loaded as a CI lane beside two others, a process takes tens of seconds to start.
+        processes.wait_http_ok("api", f"{api_url}/readyz", timeout=START_TIMEOUT)
+        processes.wait_for_log("dispatcher", "leading with fence token", timeout=START_TIMEOUT)
+        processes.wait_for_log("worker", "partitions assigned", timeout=START_TIMEOUT)
+        processes.wait_for_log("worker-staging", "serving staging-demo", timeout=START_TIMEOUT)
         # The shell the examples run in: the CLI finds this stack as it finds `make up`'s (URL and token), and the
         # Python examples find the client package in the sandbox's .venv.
         shell_env = {

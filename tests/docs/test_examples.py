@@ -14,6 +14,8 @@ import pytest
 from tests.docs.blocks import Block, all_blocks
 from tests.docs.conftest import DocsStack
 
+#: A page's examples, all together (under pytest-timeout's 300 s for the test).
+PAGE_TIMEOUT = 270.0
 BLOCKS = all_blocks()
 RUNNABLE: dict[str, list[Block]] = defaultdict(list)
 for _block in BLOCKS:
@@ -47,7 +49,7 @@ def _run_page(docs_stack: DocsStack, blocks: list[Block]) -> None:
     if not script:
         return
     try:
-        result = docs_stack.run("\n".join(script), timeout=150)
+        result = docs_stack.run("\n".join(script), timeout=PAGE_TIMEOUT)
     except subprocess.TimeoutExpired as exc:
         pytest.fail(f"{blocks[0].page}: the examples did not finish in {exc.timeout}s\n{exc.stdout}\n{exc.stderr}")
     assert result.returncode == 0, (
