@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.conftest import REPO_ROOT
+from tests.support.ports import REPO_ROOT
 
 LANGUAGES = {"bash", "sh", "shell", "python"}
 _FENCE = re.compile(r"^(?P<indent> *)```(?P<lang>[\w+-]*)\s*$")

@@ -23,8 +23,9 @@ import asyncpg
 import pytest
 from sundial_infra.stack import TEST_PORTS, LocalStack
 
-from tests.conftest import REPO_ROOT, _ensure_running, port_offset
-from tests.e2e.conftest import SUNDIAL, Processes
+from tests.conftest import _ensure_running
+from tests.support.ports import REPO_ROOT, port_offset
+from tests.support.processes import SUNDIAL, Processes
 
 #: The API address the documentation shows (`make up`'s).
 DEV_API_URL = "http://127.0.0.1:8080"

@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.conftest import REPO_ROOT
+from tests.support.ports import REPO_ROOT
 
 #: What the repository must not cite: issue numbers, work rounds, a conventions file kept elsewhere.
 HISTORY = (
