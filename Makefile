@@ -9,10 +9,11 @@ export PATH := $(PATH):$(UV_HOME)/bin
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 APT_INSTALL := DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends
 
-.PHONY: help deps python-deps run up down status test test-unit lint typecheck clean bench chaos release
+.PHONY: help deps python-deps run up down status test test-unit lint typecheck clean bench chaos release docs docs-serve \
+	docs-reference
 
 help: ## List the targets
-	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-11s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 deps: python-deps ## Install what is missing (Debian packages of the servers and wrk, uv, Python dependencies); idempotent
 	@missing=""; \
@@ -103,3 +104,12 @@ chaos: deps ## Run the fault tests (real processes, one fault at a time) and pri
 bench: deps ## Benchmark: stack on its own ports, workloads W1-W4 + raw ceilings, then the ClickHouse replica; appends to bench/results/<workload>.jsonl (python -m bench --help)
 	uv run --frozen python -m bench $(BENCH_ARGS)
 	uv run --frozen python -m bench analytics
+
+docs: python-deps ## Build the documentation site into site/ (mkdocs, strict: a broken link or a missing page fails)
+	uv run --frozen mkdocs build --strict
+
+docs-serve: python-deps ## Serve the documentation site on http://127.0.0.1:8000, rebuilt as you edit
+	uv run --frozen mkdocs serve --dev-addr 127.0.0.1:8000
+
+docs-reference: python-deps ## Regenerate the reference pages (HTTP API, CLI, configuration, metrics) from the code
+	uv run --frozen python -m docs_gen

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `make test`: the suite in three lanes at once, each a pytest session with a server stack of its own:
 #   in-process — tests/unit, tests/contracts and tests/integration (and the bench smoke, which runs a stack of its
-#                own and asserts no timing), at ports TEST_PORTS + SUNDIAL_TEST_PORT_OFFSET;
+#                own and asserts no timing; and tests/docs, the documentation's examples on one stack of real
+#                processes of its own), at ports TEST_PORTS + SUNDIAL_TEST_PORT_OFFSET;
 #   e2e        — tests/e2e (real Sundial processes, one test at a time), at that offset + 100;
 #   faults     — tests/faults (real processes, one fault at a time), at that offset + 200.
 # The process lanes mostly wait on real time (leases, timeouts, restarts), so three fit two cores.
@@ -26,7 +27,7 @@ lane() {  # name, port offset, pytest arguments...
     SUNDIAL_TEST_PORT_OFFSET=$offset setsid uv run --frozen pytest --durations=15 "$@" >"$logs/$name.log" 2>&1 &
     pids[$name]=$!
 }
-lane in-process "$base" tests/unit tests/contracts tests/integration tests/e2e/test_bench_smoke.py "$@"
+lane in-process "$base" tests/unit tests/contracts tests/integration tests/e2e/test_bench_smoke.py tests/docs "$@"
 lane e2e $((base + 100)) tests/e2e --ignore=tests/e2e/test_bench_smoke.py "$@"
 lane faults $((base + 200)) tests/faults "$@"
 

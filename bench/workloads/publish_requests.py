@@ -1,8 +1,8 @@
 """The dispatchers' publisher against the broker alone: produce requests per published batch and broker (Tansu) CPU
 per message, for batches of a few sizes.
 
-librdkafka sends one produce request per partition, and Tansu's cost follows its requests and stored batches
-(README "Worker and broker, second round"), so how a batch's messages are spread over a topic's partitions is
+librdkafka sends one produce request per partition, and Tansu's cost follows its requests and stored batches,
+so how a batch's messages are spread over a topic's partitions is
 what this measures: the real :class:`~sundial_common.broker.kafka.KafkaPublisher` of this checkout, warmed as a
 dispatcher warms it, publishing ``--batches`` batches of each size to a 4-partition topic on a broker of its own
 (memory storage, nothing else connected), one batch at a time with a 10 ms pause. Requests are librdkafka's own

@@ -132,6 +132,7 @@ def banner(layout: DevLayout, stack: LocalStack) -> str:
     return f"""
 Sundial is up.
   API        {api}   (OpenAPI: {api}/openapi.json)
+  API docs   {api}/docs   (Swagger UI; ReDoc: {api}/redoc)
   Postgres   {stack.postgres_dsn}
   Redis      {stack.redis_url}
   etcd       {stack.etcd_endpoint}

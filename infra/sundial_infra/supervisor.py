@@ -74,10 +74,10 @@ def default_processes(
 
     8 shards (the default ``SUNDIAL_SHARDS``) over two dispatcher replicas, and the hydrator, the sweeper and
     the replayer each in two hosts (``sundial services``, :mod:`sundial_common.commands.host`): each role is elected in
-    one and stands by in the other; kill either host and the other leads every role (see the README's HA
-    section). Hosted together because an idle Python process costs the same whatever it runs: two processes
-    instead of six. Each replica serves ``/metrics`` on a port of ``metrics_ports`` of its own; the API on its
-    HTTP port.
+    one and stands by in the other; kill either host and the other leads every role (see
+    docs/operations/high-availability.md). Hosted together because an idle Python process costs the same whatever
+    it runs: two processes instead of six. Each replica serves ``/metrics`` on a port of ``metrics_ports`` of its
+    own; the API on its HTTP port.
     """
     replicas = [
         ("services-1", "services", "--run", SINGLETONS),

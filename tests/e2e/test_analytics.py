@@ -130,7 +130,7 @@ async def test_the_replica_converges_to_postgres_after_the_ingester_is_killed_tw
     assert handlers["mostFailing"][0]["topErrorClass"] == "RuntimeError"
 
     # Freshness: a final state reaches ClickHouse within seconds of its Postgres commit (measured precisely by
-    # bench/analytics.py; here a bound a machine twice as slow keeps).
+    # bench/workloads/analytics.py; here a bound a machine twice as slow keeps).
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{api_port}", headers=headers, timeout=30) as api:
         created = await api.post(
             "/v1/jobs",

@@ -68,7 +68,7 @@ def test_the_bench_harness_runs_every_dispatch_workload_and_records_its_figures(
         assert {"cores", "memory_gib", "cpu_model", "kernel", "cpu_probe_s"} <= set(line["machine"])
         assert line["settings"]["shards"] == 2
     assert by_workload["ceilings"]["figures"]["postgres_insert"]["rows_per_s"] > 0
-    # wrk's loads (bench/create.py): single creates, with and without Idempotency-Key, and batches; every
+    # wrk's loads (bench/workloads/create.py): single creates, with and without Idempotency-Key, and batches; every
     # request answered 2xx, every job answered is written with its audit row.
     creates = [line for line in lines if line["workload"] == "create"]
     assert sorted((c["settings"]["created"], c["settings"]["idempotency_key"]) for c in creates) == [

@@ -9,7 +9,7 @@ nothing HIGH waits behind the backlog; behind it, in first-in-first-out order, t
 ~7 s). The bound is loose on purpose: a loaded CI machine has stretched a start to 2.07 s (the queue, not the
 dispatch), and the test tells priority from no priority, not how fast. The LOW backlog still drains completely,
 and each execution shows the priority it was dispatched with. The exact figures (P95, max) come from
-``bench/priority.py``, beside the same run with every job NORMAL.
+``bench/workloads/priority.py``, beside the same run with every job NORMAL.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The retry circuit breaker end to end: a downstream outage with and without the breaker, real processes.
 
-Issue 22's proof, scaled down so it runs in well under a minute (the full size — 1,000 executions, a 2-minute
-outage — is ``bench/breaker.py``): two tenants share pool ``demo``; each fires 200 executions of the demo
+The retry breaker's proof, scaled down so it runs in well under a minute (the full size — 1,000 executions, a 2-minute
+outage — is ``bench/workloads/breaker.py``): two tenants share pool ``demo``; each fires 200 executions of the demo
 ``outage`` handler, which fails every call for ~20 s and then recovers, with ``maxAttempts`` 5 and a 1 s
 backoff. Tenant ``on`` has the breaker (the sweeper's window and cool-downs shortened through settings);
 tenant ``off`` turned it off through the admin tenants API. Meanwhile ``echo`` jobs of tenant ``on``, same

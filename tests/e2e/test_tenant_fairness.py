@@ -5,7 +5,7 @@ instant (created last, so by due time and id they are the very last in the hot w
 must start before half of the burst has: the dispatcher serves tenants round-robin and keeps the pool's
 Kafka queue short, so nothing of ``urgent``'s waits behind ``burst``'s backlog. Then two tenants of equal
 weight, both saturated, must get about half of the dispatch each. The issue's 50,000-job scenario runs in
-``bench/fairness.py`` (100,000 + 1,000, beside the same run with fairness off); this one keeps the e2e lane
+``bench/workloads/fairness.py`` (100,000 + 1,000, beside the same run with fairness off); this one keeps the e2e lane
 short. Lateness figures are printed (measurements, not assertions).
 """
 

@@ -5,7 +5,7 @@ test's own receiver (:mod:`tests.support.otlp`, the protobuf Jaeger's OTLP endpo
 success; failure, retry, success; dead after its last attempt (and its dead letter); cancel of a running
 execution; a worker killed mid-handler and recovered by the sweeper; a recurring job's fire; a trigger —
 the spans tagged with the execution are one trace whose id is the execution's ``traceId``, with one root,
-no orphan and no trace id 0, and the parents are the ones the README describes. The reverse lookup
+no orphan and no trace id 0, and the parents are the ones docs/operations/observability.md describes. The reverse lookup
 ``GET /v1/executions?traceId=…`` finds the execution of each trace. With the sample ratio at 0, a failed
 execution's failure spans still reach the receiver under its trace id, and a successful one sends nothing.
 """

@@ -1,6 +1,6 @@
 """Trigger, then wait, on the real processes: the execution a trigger's 202 names is readable at once.
 
-The README's client example — ``client.jobs.trigger(job)`` then ``client.executions.wait(id)`` — once failed
+The client example — ``client.jobs.trigger(job)`` then ``client.executions.wait(id)`` — once failed
 four times in five with a 404, because the shard leader creates the execution moments after the 202. Here
 it runs 20 times in a row, each wait ending in the run's real outcome; then 100 jobs are triggered and waited
 for at once, and the CLI triggers one by its name and follows it to its end.

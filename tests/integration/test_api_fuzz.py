@@ -1,4 +1,4 @@
-"""schemathesis over the API's own OpenAPI document, against the real API (issue 15).
+"""schemathesis over the API's own OpenAPI document, against the real API.
 
 For every operation the document describes, schemathesis generates requests from its schema (bodies, query
 and path parameters, valid and not), sends them over HTTP to a real uvicorn server of the app on this test's

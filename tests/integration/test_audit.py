@@ -1,4 +1,4 @@
-"""The audit trail users read (issue 15): ``GET /v1/jobs/{id}/audit`` and ``GET /v1/executions/{id}/audit``.
+"""The audit trail users read: ``GET /v1/jobs/{id}/audit`` and ``GET /v1/executions/{id}/audit``.
 
 In-process API on real Postgres (the ``api`` fixture of ``test_api``): every mutation is in the trail with the
 token's subject, the state before and after, in order; pages walk it whole; another tenant sees a 404.

@@ -1,6 +1,6 @@
 """The dispatch path on real Postgres, Redis and the broker: hydrator → dispatcher → Kafka, and the sweeper.
 
-Components are driven one pass at a time through ``run_once()`` (CONVENTIONS 3), so nothing here
+Components are driven one pass at a time through ``run_once()``, so nothing here
 sleeps and hopes.
 """
 

@@ -1,6 +1,6 @@
 """The dispatchers' fair-pass census (``TenantStore.open_executions``): what it counts per tenant and pool, and that
 it, and the sweeper's scans of every partition, reach the open rows through an index only (a bitmap scan revisits
-every dead PENDING and RUNNING version at each read, bench/census.py) with a plan made once per connection."""
+every dead PENDING and RUNNING version at each read, bench/workloads/census.py) with a plan made once per connection."""
 
 from __future__ import annotations
 

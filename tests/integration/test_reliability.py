@@ -1,7 +1,7 @@
 """Reliable execution on real Postgres, Redis and the broker: retries, cancellation, the sweeper's scans.
 
 Components run in-process: the worker runtime as in ``test_worker``, the dispatcher, hydrator and sweeper one
-``run_once()`` at a time (CONVENTIONS 3). Every wait polls a condition against a deadline; the sweeper's
+``run_once()`` at a time. Every wait polls a condition against a deadline; the sweeper's
 "missing for long enough" is driven by a fake monotonic clock, not by sleeping.
 """
 

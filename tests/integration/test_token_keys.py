@@ -1,4 +1,4 @@
-"""Keys and tokens end to end (issue 15): every Sundial process refuses the development key outside
+"""Keys and tokens end to end: every Sundial process refuses the development key outside
 SUNDIAL_ENV=dev, and the API accepts rotated kids, an identity provider's RS256 tokens from a JWKS, and refuses a
 token for another audience."""
 

@@ -799,7 +799,7 @@ async def test_handler_span_continues_the_dispatch_trace(
 
     @worker.handler("traced")
     async def traced(ctx: Context, payload: Any) -> str | None:
-        # The handler's own work, as README's "Tracing" shows it: a span of its own and an outgoing call.
+        # The handler's own work, as docs/operations/observability.md shows it: a span of its own and an outgoing call.
         with tracer.start_as_current_span("charge card"):
             propagate.inject(outgoing)
         return ctx.trace_id

@@ -1,4 +1,4 @@
-"""Background loops validate their configuration where it is built (CONVENTIONS 3, 11)."""
+"""Background loops validate their configuration where it is built."""
 
 from __future__ import annotations
 

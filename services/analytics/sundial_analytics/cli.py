@@ -66,9 +66,8 @@ def main(argv: list[str] | None = None) -> int:
         description="Copy every execution lifecycle event (created, started, finished, retried, dead-lettered, "
         "cancelled, skipped) from Postgres' execution_events outbox into ClickHouse — a server at "
         "SUNDIAL_CLICKHOUSE_URL, else the embedded chDB engine under SUNDIAL_ANALYTICS_CHDB_PATH — in batches; "
-        "answer the API's /v1/stats queries on a loopback port (SUNDIAL_ANALYTICS_PORT); delete finished "
-        "executions older than SUNDIAL_EXECUTION_RETENTION_DAYS from Postgres. One replica is active (elected "
-        "through etcd).",
+        "answer the API's /v1/stats queries on a loopback port (SUNDIAL_ANALYTICS_PORT). One replica is active "
+        "(elected through etcd). Postgres' own retention is the sweeper's.",
     )
     parser.add_argument("--log-level", help="Logging level (env SUNDIAL_LOG_LEVEL).")
     parser.add_argument("--port", type=int, help="Stats endpoint port (env SUNDIAL_ANALYTICS_PORT).")

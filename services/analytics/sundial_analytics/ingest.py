@@ -49,7 +49,7 @@ class IngestConfig:
 
     batch_size: int = 10_000
     # A pass costs ~20 ms of chDB (a part per insert) plus four Postgres round trips (begin, set, copy,
-    # commit) whatever its size: at 0.5 s that was a quarter of the service's CPU at W3 1,500/s (issue 18).
+    # commit) whatever its size: at 0.5 s that was a quarter of the service's CPU at 1,500 executions/s.
     # 1 s halves it; the freshness target (P95 < 5 s from the final state's commit) keeps a wide margin.
     interval_sec: float = 1.0
     idle_interval_sec: float = 4.0

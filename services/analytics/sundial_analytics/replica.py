@@ -169,7 +169,7 @@ class ClickHouseReplica:
             return
 
         # As text ClickHouse parses (in C++): clickhouse-connect's Native serialization converted each value in
-        # Python (a datetime's ticks, a UUID's halves), the largest part of the service's CPU (issue 18).
+        # Python (a datetime's ticks, a UUID's halves), the largest part of the service's CPU.
         def insert(client: Client) -> None:
             client.raw_insert(f"{self._db}.execution_events", EVENT_COLUMNS, rows, fmt="TabSeparated")
 

@@ -35,6 +35,7 @@ from sundial_api import (
     backfills,
     batch,
     breakers,
+    docs_ui,
     executions,
     health,
     job_list,
@@ -160,6 +161,8 @@ def create_app(settings: ApiSettings | None = None, *, clock: Clock | None = Non
         openapi_tags=TAGS,
         lifespan=lifespan,
         default_response_class=OrjsonResponse,
+        # Swagger UI (/docs) and ReDoc (/redoc) are installed by docs_ui, with assets served from this process.
+        docs_url=None,
         redoc_url=None,
         # FastAPI's own OpenTelemetry instrumentation would open a second SERVER span per request (and two
         # INTERNAL ones, on the benchmark path); Sundial's request span is TracingMiddleware's, which
@@ -167,6 +170,7 @@ def create_app(settings: ApiSettings | None = None, *, clock: Clock | None = Non
         telemetry={"tracing": False, "metrics": False, "logs": False, "operation_spans": False},
     )
     problems.install(app)
+    docs_ui.install(app)
     # Whole-request limit: 413 before the body is parsed. The payload's own, smaller limit is checked
     # after parsing, where the field can be named. Tracing goes outermost so that 413s are traced too.
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_bytes)

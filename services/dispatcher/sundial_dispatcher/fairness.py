@@ -179,7 +179,7 @@ class OpenWork:
     start work its cap is set from that drain too, not from ``pool_queue_min`` (W2: doubling from 4 to the
     ~166 it needed held its work back for its first 1.5-2 s). Ordering the work
     (priority inside a tenant, the round robin across tenants) therefore happens in the buffer, not behind a
-    long queue, with one topic per pool: no priority lanes in Kafka (README "Priority" gives the figures).
+    long queue, with one topic per pool: no priority lanes in Kafka (docs/guides/priority.md says why).
 
     *What was published since the last read* is this process's count: what its passes took for the pool, and,
     while one pool alone has open work, what its uncontended passes took without looking up whose it was (the
@@ -624,7 +624,7 @@ class EarlyWork:
     """Occurrences claimed ahead of their due instant (a burst), waiting for it: one :class:`Arrival` per claim and
     instant, earliest first. A burst due at one instant is one entry, not a heap entry per occurrence: popping
     12,500 entries one by one at the instant and queueing them one by one took ~25 ms of CPU a shard (a process
-    leads four), all before the burst's first transaction could begin (``bench/first_start.py``)."""
+    leads four), all before the burst's first transaction could begin (``bench/workloads/first_start.py``)."""
 
     def __init__(self) -> None:
         self._heap: list[tuple[datetime, int, Arrival]] = []

@@ -13,7 +13,7 @@ class DispatcherSettings(CommonSettings):
         True,
         description="Weighted fair dispatch across tenants, with short pool queues and the tenants' "
         "maxConcurrentExecutions/maxDispatchPerSec quotas (off: earliest due first, whoever it belongs to, and "
-        'those quotas do not act). See README "Tenants".',
+        "those quotas do not act). See the tenants guide.",
     )
     dispatcher_pool_queue_cap: int = Field(
         1000,

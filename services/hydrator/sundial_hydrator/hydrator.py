@@ -24,7 +24,7 @@ slice for the next ~59 minutes, and whoever registers a job due sooner than the 
 to Redis itself (the API, the dispatcher, the worker's retries). So an idle pass is one MGET of the
 watermarks and the census (two Redis round trips), where it was two range scans in Postgres, a GET and
 a script per shard, every second; the watermarks are still read every second, so a flushed Redis is
-rebuilt on the next pass as before. Measured in README "Idle and at rest".
+rebuilt on the next pass as before. Measured by bench/workloads/idle.py and bench/workloads/at_rest.py.
 
 The shards being promoted take turns, a page each, each shard's pages in due order. A rebuild at scale (a flushed
 Redis under 10,000,000 recurring jobs: minutes of pages) therefore restores every shard's next minute in its first

@@ -55,7 +55,8 @@ from sundial_worker.pool_guard import PoolGuard
 log = logging.getLogger("sundial.worker")
 
 # Capped low: messages wait on this retry while Postgres restarts, and every second of it is a second of
-# lateness once Postgres is back (issue 24: max lateness <= the outage + 1 s). A retry is one connect attempt.
+# lateness once Postgres is back (the fault tests hold max lateness <= the outage + 1 s). A retry is one connect
+# attempt.
 _BACKOFF_MAX_SEC = 0.5
 #: How long a parked consumer's periodic look waits: a few broker fetches.
 _PARK_CHECK_WAIT_SEC = 0.03

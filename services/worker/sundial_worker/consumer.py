@@ -1,6 +1,6 @@
 """The worker's side of Kafka: one consumer group per pool, and offsets committed only behind Postgres.
 
-:class:`ExecutionConsumer` is the small interface the runtime depends on (CONVENTIONS 1);
+:class:`ExecutionConsumer` is the small interface the runtime depends on;
 :class:`KafkaExecutionConsumer` is its confluent-kafka implementation.
 
 Threading. confluent-kafka blocks and is not asyncio-aware, and its consumer must not be closed

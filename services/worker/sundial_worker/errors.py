@@ -3,7 +3,7 @@ side task, and the message for a bad configuration field.
 
 Database and Redis errors listed here are transient (connection trouble, failover, overload, lock
 conflicts): a loop logs them and tries again. Any other exception is a bug and fails the runtime loudly
-(:class:`WorkerCrashed`) instead of retrying forever (CONVENTIONS 8).
+(:class:`WorkerCrashed`) instead of retrying forever.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Running handlers: one task per won execution, its timeout and cancel, and its outcome.
 
 :meth:`HandlerExecutor.launch` starts a won execution's handler as a task of its own (an async handler
-on the event loop, a sync one in the executor's thread pool — the runtime's one sync/async bridge,
-CONVENTIONS 9) inside a consumer span linked to the dispatcher's trace. The handler gets a
+on the event loop, a sync one in the executor's thread pool — the runtime's one sync/async bridge)
+inside a consumer span linked to the dispatcher's trace. The handler gets a
 :class:`~sundial_worker.sdk.Context` whose ``heartbeat`` goes to the heartbeat loop.
 
 Ending an attempt. A handler that returns is SUCCEEDED; one that raises, FAILED. At the job's
@@ -166,7 +166,7 @@ class HandlerExecutor:
             attempt=message.attempt,
             trace_id=row.get("trace_id"),
         )
-        # The audit trail records this refusal too once it exists (see README "Pools").
+        # The audit trail records this refusal too once it exists (see docs/guides/tenants.md, "Pools").
         logger.warning("%s: handler %s not called", error, message.handler)
         self._stats.refused += 1
         self._stats.failed += 1

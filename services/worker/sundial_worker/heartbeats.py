@@ -22,7 +22,7 @@ handlers of those flagged.
 
 Redis trouble is never fatal here: Postgres holds the truth, and a missed renewal at worst lets the
 sweeper retry an execution. Each loop sleeps first, then runs a pass; a pass that raises anything else
-is a bug and fails the runtime (CONVENTIONS 8), which is why these loops are not
+is a bug and fails the runtime, which is why these loops are not
 :func:`sundial_common.runtime.service.every` (it logs and retries): a worker whose heartbeats silently stopped
 would have its executions taken over by the sweeper while their handlers still run.
 """

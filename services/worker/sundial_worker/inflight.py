@@ -12,7 +12,7 @@ liveness thread (:mod:`sundial_worker.heartbeats`) reads it, so that set alone i
 keys cover the unsettled executions, not only the running ones: an execution whose handler ended is still RUNNING in
 Postgres until its outcome is written, and under load that write can wait longer than the keys' TTL plus the
 sweeper's confirmation (~10 s) — the sweeper would then end such an execution FAILED_WORKER_LOST, reject the outcome
-written after, and run it again (reasoned, not observed: README, "Ninth round: executions left unfinished").
+written after, and run it again (reasoned, not observed).
 """
 
 from __future__ import annotations

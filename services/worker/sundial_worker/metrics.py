@@ -6,7 +6,7 @@
   retry's start is late by its backoff on purpose, which is not the scheduler's lateness. A bucket shows only
   its latest exemplar, so each bucket of a series takes one at most every ``EXEMPLAR_EVERY_SEC``: setting one
   (prometheus-client validates its labels, builds it and takes a lock) cost twice the observation itself,
-  ~7 of a worker's ~40 µs of Python per execution (``bench/worker_python.py``).
+  ~7 of a worker's ~40 µs of Python per execution (``bench/workloads/worker_python.py``).
 - **Execution duration** (``sundial_execution_duration_seconds{tenant,pool,handler}``): the handler's run
   time, observed when its task ends. ``handler`` is the handler's name only if this worker declares it;
   a message naming any other handler (a typo in a job, a handler removed since) is labelled ``other``, so

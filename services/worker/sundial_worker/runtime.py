@@ -17,7 +17,7 @@ consumer) and the start/stop contract, and builds its parts from one :class:`Wor
 So the only per-message round trip is the handler itself: starts, finishes and heartbeats travel in
 batches. Each side task is named ``sundial-worker-<loop>``; one that dies (or returns, or is cancelled
 before a stop) fails the whole runtime loudly — :meth:`WorkerRuntime.run_until` raises
-:class:`~sundial_worker.errors.WorkerCrashed` (CONVENTIONS 8).
+:class:`~sundial_worker.errors.WorkerCrashed`.
 
 Start: take this worker's next incarnation and declare what an earlier one left RUNNING lost
 (:mod:`~sundial_worker.incarnations`), then join the pool's consumer group.

@@ -18,7 +18,7 @@ execution's result. Handlers are delivered *at least once*: ``ctx.execution_id``
 ``ctx.fence_token`` are what a handler dedupes its side effects with (DESIGN invariant 5).
 
 Async handlers run on the worker's event loop; plain functions run in a thread pool, which is the
-one sync→async bridge in Sundial (CONVENTIONS 9).
+one sync→async bridge in Sundial.
 """
 
 from __future__ import annotations
@@ -243,7 +243,7 @@ def context_logger(
     attempt: int,
     trace_id: str | None,
 ) -> logging.LoggerAdapter[logging.Logger]:
-    """A logger adapter carrying the structured fields of CONVENTIONS 19."""
+    """A logger adapter carrying the structured log fields (tenant, job, execution, attempt, trace)."""
     return logging.LoggerAdapter(
         logger,
         {

@@ -136,7 +136,7 @@ class StagingRuntime:
                 "session.timeout.ms": 6000,
                 "heartbeat.interval.ms": 1000,
                 # A staging pool takes replays, not due work: 1 s fetch waits cost the broker ~0.002 of a core per
-                # idle consumer where 250 ms cost ~0.004 and 10 ms ~0.04 (measured on Tansu; README "Latency"); a
+                # idle consumer where 250 ms cost ~0.004 and 10 ms ~0.04 (measured on Tansu); a
                 # replayed message arrives ~130 ms after its produce at the median (~28 ms at 250, ~3 ms at 10).
                 "fetch.wait.max.ms": 1000,
                 **NO_METRICS_PUSH,
@@ -319,7 +319,7 @@ class StagingRuntime:
             handler=message.handler,
             outcome=outcome,
             # Kept readable: a run has no tenant column for the API to open it with (an admin replay spans
-            # tenants); see README "Encryption at rest".
+            # tenants); see docs/operations/security.md.
             error=error,
             duration_ms=(time.perf_counter() - started) * 1000,
             worker_id=self.worker_id,

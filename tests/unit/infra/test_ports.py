@@ -29,7 +29,7 @@ def test_every_port_of_every_set_and_offset_is_below_the_ephemeral_range_and_off
         p for o in OFFSETS for s in (TEST_PORTS, BENCH_PORTS) for p in _listening(_moved(s, o))
     ]
     assert all(1024 < port < EPHEMERAL.start for port in used), sorted(p for p in used if p >= EPHEMERAL.start)
-    # The dev API keeps 8080, which the README's examples use.
+    # The dev API keeps 8080, which the documentation's examples use.
     assert DEV_PORTS.api == 8080
     assert not set(used) & WELL_KNOWN, set(used) & WELL_KNOWN
 

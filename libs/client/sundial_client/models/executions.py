@@ -24,7 +24,7 @@ class ExecutionState(enum.StrEnum):
 
 
 class Priority(enum.StrEnum):
-    """Orders a tenant's work in its pool (README "Priority"); never across tenants."""
+    """Orders a tenant's work in its pool (docs/guides/priority.md); never across tenants."""
 
     LOW = "LOW"
     NORMAL = "NORMAL"
@@ -66,7 +66,7 @@ class Execution(ViewModel):
     handler: str
     priority: Priority = Field(
         description="The job's priority when this execution was dispatched (a later PATCH of the job changes its "
-        'next fires, not this). Orders work within the tenant: README "Priority".'
+        "next fires, not this). Orders work within the tenant: see the priority guide."
     )
     worker_id: str | None
     created_at: datetime

@@ -1,6 +1,6 @@
 """What a replay needs to know of a pool's topic: does it exist, how far back it reaches, and where a window lies.
 
-:class:`TopicInspector` is the small interface (CONVENTIONS 1) the API (to validate ``POST /v1/replays``) and
+:class:`TopicInspector` is the small interface the API (to validate ``POST /v1/replays``) and
 the replayer (to resolve a window to offsets) depend on; :class:`KafkaTopicInspector` is its confluent-kafka
 implementation. It reads offsets and configs only: it joins no consumer group and commits nothing.
 

@@ -1,7 +1,7 @@
 """`sundial services --run hydrator,sweeper,replayer`: several singleton services in one process.
 
 Each idle Python process costs the machine about the same whatever it runs (~0.0015–0.002 core: its event loop,
-its etcd client's gRPC threads, its metrics endpoint; README "Ninth round: the idle stack's CPU"), and the
+its etcd client's gRPC threads, its metrics endpoint; measured by bench/workloads/idle.py), and the
 hydrator, the sweeper and the replayer are each a mostly idle loop with a standby. Hosting them together turns
 six such processes into two. Nothing about the services changes: each keeps its own settings, its own registry
 entry and election (its own lease), so a standby takes one role over exactly as it would from a process of its

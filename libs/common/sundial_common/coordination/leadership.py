@@ -9,7 +9,8 @@ a transaction that succeeds only if the key does not exist (``create_revision ==
 lease this replica was granted. A term is ``(holder id, revision)``: the revision is the key's
 ``create_revision``, which tells this holder's key from any later one. It is *not* the fencing token.
 
-**etcd elects, Postgres fences.** The fencing token of DESIGN.md invariant 4 must never go backwards, and
+**etcd elects, Postgres fences.** The fencing token of DESIGN invariant 4 (docs/architecture/design.md)
+must never go backwards, and
 etcd's revisions can: an etcd rebuilt empty (a wiped data directory beside a kept database, a new cluster)
 or restored from an old snapshot starts counting again, below the tokens Postgres has recorded, and a
 token taken from it would be fenced out for as long as it takes the revisions to catch up. So a leader that
@@ -817,7 +818,7 @@ async def run_as_leader(
     """Campaign until ``stop``; during each term run ``work(until)``, where ``until`` is set when the term
     ends (lost, trust window over) or the process stops. Then resign and stand by again.
 
-    Leader-only work is grouped here (CONVENTIONS 5): it is started when a term begins and told to stop
+    Leader-only work is grouped here: it is started when a term begins and told to stop
     when it ends, rather than checking ``if leader:`` in every pass. This is for loops that are safe to
     overlap for a moment (every write compare-and-set, DESIGN invariant 3), like the hydrator's and the
     sweeper's: a pass that is running when the term ends finishes, and nothing fences it.

@@ -5,7 +5,7 @@ DESIGN invariant 3), so they need no fencing; they are elected anyway so that N 
 the Postgres scans and Redis writes. A standby watches the role's leader key and takes over the moment it
 is deleted (the leader stopped) or expires (it died): a gap of at most one lease TTL in work whose own
 thresholds are seconds (the sweeper) or that only recovers what the API and the dispatcher already keep
-current (the hydrator). See the README's high-availability section.
+current (the hydrator). See docs/operations/high-availability.md.
 """
 
 from __future__ import annotations

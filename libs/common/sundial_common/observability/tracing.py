@@ -133,7 +133,7 @@ def unrecorded_traceparent(parent: str | None) -> str:
     """``traceparent(unrecorded_span(parent))`` without the span: where nothing records spans (no exporter:
     :func:`spans_recorded` is false), all a new execution needs of its first span is its traceparent, and the
     span object, its context and the formatting back from integers were ~3 µs of the dispatch planner's ~23 µs
-    per execution (issue 18, tenth round)."""
+    per execution."""
     trace_hex, flags = _parent_trace(parent)
     if trace_hex is None:
         trace_hex = f"{_ids.generate_trace_id():032x}"
@@ -173,7 +173,7 @@ def spans_recorded() -> bool:
     Without an OTLP endpoint :func:`setup_tracing` installs ``ALWAYS_OFF``: every span is then a non-recording
     one that only carries its parent's trace id, and a hot path (the dispatch planner and the worker, per
     execution) may skip building spans — their attribute dicts, the sampler call, the context managers: a third
-    of a worker's CPU per execution in py-spy — and use :func:`unrecorded_span` instead (issue 18).
+    of a worker's CPU per execution in py-spy — and use :func:`unrecorded_span` instead.
     """
     provider = trace.get_tracer_provider()
     return isinstance(provider, TracerProvider) and provider.sampler is not ALWAYS_OFF

@@ -1,7 +1,7 @@
 """Process logging: text for people, JSON lines for machines, with Sundial's domain fields.
 
 Pass ``extra={"tenant": …, "job_id": …, "execution_id": …, "attempt": …, "trace_id": …}`` and the
-fields appear in both formats (CONVENTIONS 19).
+fields appear in both formats.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """How a Sundial process lives: uvloop, signals, named supervised tasks, periodic loops.
 
-Every background loop has the same anatomy (CONVENTIONS 3): a component with ``run_once()`` that
+Every background loop has the same anatomy: a component with ``run_once()`` that
 does one pass and returns counts, driven by :func:`every` until the stop event is set. Side tasks
-are named and supervised (CONVENTIONS 8): if one dies, the process fails loudly instead of limping.
+are named and supervised: if one dies, the process fails loudly instead of limping.
 
 :func:`every` is also where a loop reports its passes: each pass runs in a span named ``"<loop> pass"``
 (so whatever the pass traces is one tree) and is recorded in the process's metrics registry (passes,
@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 def freeze_startup_heap() -> None:
     """Move everything built so far (imported modules, the app) out of the collector's sight.
 
-    It lives as long as the process, yet every full collection walked it (py-spy, issue 18: collections triggered
+    It lives as long as the process, yet every full collection walked it (py-spy: collections triggered
     by the per-execution allocations of the workers and the analytics ingest walked the import heap — chDB's
     pandas alone is ~40,000 objects; ~8 % of the API's CPU under wrk). Collected first, so no garbage is frozen.
     """

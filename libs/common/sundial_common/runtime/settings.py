@@ -74,7 +74,7 @@ class CommonSettings(EncryptionSettings):
         "a job's shard is stored with it.",
     )
     hot_window_sec: int = Field(3600, ge=10, description="Occurrences due within this horizon live in Redis.")
-    # --- keys and tokens (issue 15; sundial_common.security.auth) ---
+    # --- keys and tokens (sundial_common.security.auth) ---
     # `env` (dev or production) comes with the master key's settings (EncryptionSettings).
     jwt_secret: str = Field(
         DEV_SIGNING_KEY,
@@ -135,14 +135,14 @@ class CommonSettings(EncryptionSettings):
         default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}",
         description="Identity of this process in leases, heartbeats and attempts (default: <hostname>-<pid>).",
     )
-    # --- replay (issue 13) ---
+    # --- replay ---
     topic_retention_ms: int = Field(
         7 * 24 * 3600 * 1000,
         ge=60_000,
         description="`retention.ms` of the pool topics Sundial creates (default 7 days): how far back a replay can "
         "reach on a real Kafka. Tansu keeps messages while it runs, whatever this says.",
     )
-    # --- analytics (issue 16) ---
+    # --- analytics ---
     execution_retention_days: float = Field(
         30.0,
         ge=0,

@@ -35,7 +35,7 @@ class PostgresAnalyticsStore:
 
     async def take_events(self, limit: int, send: Callable[[bytes], Awaitable[None]]) -> int:
         # One statement deletes the batch and formats it (COPY: bytes, not records: at thousands of events a
-        # second, decoding and re-encoding each value in Python was most of the service's CPU, issue 18); the
+        # second, decoding and re-encoding each value in Python was most of the service's CPU); the
         # transaction stays open while ClickHouse inserts, so the delete commits only once the rows are there.
         chunks: list[bytes] = []
 

@@ -1,6 +1,6 @@
 """Named SQL queries: each store's ``.sql`` file under ``sundial_common/stores/sql``, split by ``-- name:``.
 
-SQL lives in one file per store (CONVENTIONS 2); a store refers to a statement by its ``-- name:``.
+SQL lives in one file per store; a store refers to a statement by its ``-- name:``.
 """
 
 from __future__ import annotations

@@ -200,7 +200,7 @@ class JobCreate(ScheduleFields):
         description="Orders this tenant's work in its pool: when more is due than the pool's workers can start, "
         "HIGH starts before NORMAL before LOW (one start in ten still goes to the tenant's longest-waiting work). "
         "Never across tenants: it buys no share of a pool from another tenant. A PATCH applies from the next "
-        'fire. README "Priority".',
+        "fire. See the priority guide.",
     )
     labels: dict[str, Any] = Field(
         default_factory=dict,

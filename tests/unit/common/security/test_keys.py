@@ -1,4 +1,4 @@
-"""Signing keys and bearer tokens (issue 15): the development key refused outside SUNDIAL_ENV=dev, short keys
+"""Signing keys and bearer tokens: the development key refused outside SUNDIAL_ENV=dev, short keys
 refused, several keys by ``kid`` for rotation, RS256/ES256 keys from a JWKS file, ``aud`` required, clock-skew
 leeway. (That every process refuses the key at start is tests/integration/test_token_keys.py.)"""
 

@@ -103,7 +103,7 @@ WHERE j.shard = $3;
 -- lock_due_jobs locked those rows earlier in this transaction, so they are the versions the planner saw (no other
 -- transaction can change them before commit), and the move changes none of these columns. Read from the move,
 -- not from jobs again: a join of the batch to jobs cost ~70 µs more backend CPU an execution than the arrays it
--- replaced (bench/dispatch_insert.py; README, ninth round). So every execution needs its job's move in the batch
+-- replaced (bench/workloads/dispatch_insert.py). So every execution needs its job's move in the batch
 -- (the planner always makes one: PostgresDispatchStore checks it), and an execution whose job did not move
 -- (its compare-and-set failed, which the lock rules out) is not created either.
 -- Each execution carries its shard's term token: $9/$10 are the transaction's shards and tokens (one statement

@@ -19,7 +19,7 @@
 -- `e.id = ANY($1)` on executions, a range of the batch's smallest and largest id on execution_attempts. Each
 -- one on purpose:
 -- * ANY on executions: one index scan that reads exactly the batch, whatever the statistics; a range of
---   whole days was tried (README Storage): on a partition not analysed yet the planner guessed it at 0.5 % and
+--   whole days was tried (bench/workloads/storage.py): on a partition not analysed yet the planner guessed it at 0.5 % and
 --   a 50-row start read the whole day.
 -- * The CAS filters are written `texteq(e.state, 'PENDING')`: a function call, which no index serves (see
 --   above) and whose selectivity the planner guesses at a third. As operators (an unknown expression at

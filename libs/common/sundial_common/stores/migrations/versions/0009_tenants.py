@@ -10,7 +10,7 @@ already exist (tenants that have jobs) stay registered and active, so an upgrade
 
 Quota columns are nullable: NULL is unlimited. ``jobs_tenant_open_idx`` makes the ``maxActiveJobs`` check an
 index-only count of the tenant's ACTIVE and PAUSED jobs. ``jobs.labels`` (a string map) is filtered with
-``@>`` after the tenant's index narrows the rows (a GIN index would cost every insert; see README Tenants).
+``@>`` after the tenant's index narrows the rows (a GIN index would cost every insert; see docs/guides/tenants.md).
 Every added column is nullable or has a constant default: a catalogue change, not a rewrite.
 """
 

@@ -9,7 +9,7 @@ an attempt whose worker was lost counts neither way) per (tenant, pool, handler)
 statement-level trigger on ``executions`` fills it, like ``execution_events`` (0010): whoever ends an attempt
 — a worker's batched outcome write, the sweeper ending a lost or timed-out one — stamps ``finished_at =
 now()`` and so counts it in the same transaction without knowing, one ``INSERT … ON CONFLICT`` per
-statement (no measurable cost on a 256-outcome finish: bench/breaker.py). The ``slot`` (the backend's pid
+statement (no measurable cost on a 256-outcome finish: bench/workloads/breaker.py). The ``slot`` (the backend's pid
 modulo 8) keeps two writers of the same handler off the same row, so counting never serialises the workers'
 outcome writes. The breaker loop (the sweeper) reads the last window's buckets and deletes older ones.
 

@@ -14,7 +14,7 @@ dispatch), ranged per UTC day: ``[sundial_id_floor(day), sundial_id_floor(day + 
 API's reads and cancels — is pruned to one partition (plan time for a constant, run time for each row of an
 ``unnest`` join), with no new argument anywhere. ``execution_attempts`` is ranged the same way on
 ``execution_id``, so an execution and its attempts always live (and are dropped) together. (A batch's join is
-pruned at run time; it is still planned over every partition: see executions.sql and README Storage.)
+pruned at run time; it is still planned over every partition: see executions.sql.)
 
 What partitioning by id costs: a unique index of a partitioned table must contain the partition key, so the
 occurrence key ``(job_id, scheduled_for)`` and the trigger key ``(job_id, trigger_id)`` become *per-partition*

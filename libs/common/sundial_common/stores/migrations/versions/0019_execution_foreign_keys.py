@@ -7,7 +7,7 @@ Create Date: 2026-11-24
 Every execution paid three referential-integrity checks on the hot path: its insert looked up its tenant
 and its job, its first attempt's insert its tenant again (each an after-row trigger event and a ``SELECT 1 ...
 FOR KEY SHARE`` statement, planned at each call under ``plan_cache_mode = force_custom_plan``). Measured with
-``pg_stat_statements.track = all`` on dispatch + start + finish rounds of 250 (bench/storage.py's rounds, 40
+``pg_stat_statements.track = all`` on dispatch + start + finish rounds of 250 (bench/workloads/storage.py's rounds, 40
 partitions, three runs on the loaded VM): 9–25 µs a tenant check and ~16 µs a job check with their planning,
 0.035–0.065 ms of Postgres per execution before counting the
 trigger queue; and every concurrent dispatch and start ``KEY SHARE``-locked the same tenant row, which makes

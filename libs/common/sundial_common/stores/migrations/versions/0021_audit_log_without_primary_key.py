@@ -8,7 +8,7 @@ An execution writes three or four audit rows (``dispatch``, ``start``, ``finish`
 ``complete``), each inserted into two B-trees: ``audit_entity_idx (entity_id, id)``, which every read of a
 trail uses, and the primary key ``(id, at)`` (0020), which no statement reads: a trail is found by its entity,
 paged by ``id`` within it, and retention drops whole days. Index inserts are about a third of the Postgres CPU
-of the three statements that write an execution (perf on bench/storage.py's rounds: ``ExecInsertIndexTuples``
+of the three statements that write an execution (perf on bench/workloads/storage.py's rounds: ``ExecInsertIndexTuples``
 34 % of the backends' samples), so this key cost about one in eight of an execution's B-tree inserts.
 
 The ids stay unique without it: every row takes its id from one sequence (``audit_log_id_seq``), as the

@@ -9,7 +9,7 @@ tenant listing's and the backfill count's keys, the dead-letter outbox's predica
 index names (key, expression or predicate) makes an update write a new entry into *every* index of the table:
 the worker's start and finish each added six B-tree entries (pkey, occurrence key, tenant, trace, the two open
 ones), 16 an execution with the insert's, and B-tree inserts were a third of the Postgres backends' CPU
-(README "Sixth round: Postgres rows per execution").
+(bench/workloads/storage.py).
 
 No reader needs an index to tell PENDING from RUNNING: the dispatcher's census and the sweeper's scans read every
 open row and tell them apart on the heap, an open listing is short. So the indexes name a generated column
