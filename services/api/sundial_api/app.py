@@ -47,6 +47,7 @@ from sundial_api import (
     stats,
     tenants,
 )
+from sundial_api.console import install as install_console
 from sundial_api.group_commit import HOT_WINDOW_MARGIN, CreateGroups
 from sundial_api.input_guard import InputGuardMiddleware
 from sundial_api.limits import BodyLimitMiddleware
@@ -194,6 +195,7 @@ def create_app(settings: ApiSettings | None = None, *, clock: Clock | None = Non
     app.include_router(pools.admin_router)
     app.include_router(pools.router)
     app.include_router(breakers.router)
+    install_console(app)
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
