@@ -9,7 +9,7 @@ export PATH := $(PATH):$(UV_HOME)/bin
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 APT_INSTALL := DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends
 
-.PHONY: help deps python-deps run up down status test test-unit lint typecheck clean bench chaos release
+.PHONY: help deps python-deps test-deps run up down status test test-unit lint typecheck clean bench chaos release
 
 help: ## List the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-11s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -57,7 +57,15 @@ down: ## Stop everything `make up`/`make run` started (works even before `make d
 status: ## Show what runs, with pids, URLs and logs
 	@if [ -x .venv/bin/sundial ]; then .venv/bin/sundial dev status; else echo "not installed yet: run make deps"; fi
 
-test: deps ## Run the whole test suite against real servers it starts on its own ports (three lanes at once; slowest 15 of each)
+# The browser suite (tests/console) drives Debian's chromium through Playwright; a server running Sundial needs no
+# browser, so only the tests install it (Playwright's own browser download is not used).
+test-deps: deps ## Install what only the tests need: Debian's chromium for the console's browser suite; idempotent
+	@command -v chromium >/dev/null || { \
+		echo "installing Debian package: chromium (the console's browser tests)"; \
+		$(SUDO) apt-get update -qq && $(APT_INSTALL) chromium >/dev/null; \
+	}
+
+test: deps test-deps ## Run the whole test suite against real servers it starts on its own ports (three lanes at once; slowest 15 of each)
 	@bash tests/lanes.sh $(PYTEST_ARGS)
 
 test-unit: python-deps ## Run the unit tests only (no servers)

@@ -7,7 +7,7 @@
   problem of the API's own endpoints keeps its status, e.g. 404 for another tenant's job), never a 500 for
   bad input, and sets the headers every console response carries — a Content-Security-Policy with no inline
   script or style and ``frame-ancestors 'none'``, ``Cache-Control: no-store`` (pages hold tenant data),
-  ``X-Content-Type-Options: nosniff`` and ``Referrer-Policy: no-referrer``.
+  ``X-Content-Type-Options: nosniff`` and ``Referrer-Policy: same-origin``.
 
 The session cookie is ``HttpOnly``, ``SameSite=Strict``, ``Path=/ui`` and ``Secure`` unless the browser is on
 this machine over plain HTTP (loopback), so it never authenticates ``/v1``, whose routes read only a bearer token.
@@ -46,7 +46,9 @@ SECURITY_HEADERS = {
     "Cache-Control": "no-store",
     "X-Content-Type-Options": "nosniff",
     "X-Frame-Options": "DENY",
-    "Referrer-Policy": "no-referrer",
+    # same-origin, not no-referrer: under no-referrer the browser sends `Origin: null` with the forms, which
+    # the origin check must refuse; other sites (a trace link) still get no referrer.
+    "Referrer-Policy": "same-origin",
     "Cross-Origin-Opener-Policy": "same-origin",
 }
 _READS = frozenset({"GET", "HEAD"})
