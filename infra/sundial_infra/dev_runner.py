@@ -131,6 +131,7 @@ def banner(layout: DevLayout, stack: LocalStack) -> str:
     )
     return f"""
 Sundial is up.
+  Console    {api}/ui   (one-click sign-in as tenant demo from this machine)
   API        {api}   (OpenAPI: {api}/openapi.json)
   Postgres   {stack.postgres_dsn}
   Redis      {stack.redis_url}
