@@ -6,6 +6,7 @@ drive it with JavaScript off: plain GETs and urlencoded form POSTs, following th
 
 from __future__ import annotations
 
+import asyncio
 import re
 import uuid
 from datetime import timedelta
@@ -262,3 +263,39 @@ async def test_a_suspended_tenants_sessions_end(api: Api, browser: Browser) -> N
         assert response.status_code == 303 and "session-ended" in response.headers["location"]
     finally:
         await api.db.execute("UPDATE tenants SET state = 'ACTIVE' WHERE id = $1", TENANT)
+
+
+_SEEN = re.compile(r'"X-Console-Seen": "([^"]*)"')
+
+
+async def test_a_live_region_is_answered_from_the_change_feed_until_the_tenant_changes(
+    api: Api, browser: Browser
+) -> None:
+    async def seen() -> str:
+        page = await browser.http.get("/ui/jobs")
+        match = _SEEN.search(page.text)
+        assert match, page.text[:3000]
+        return match.group(1)
+
+    async def refresh(version: str) -> httpx.Response:
+        return await browser.http.get("/ui/jobs", headers={"HX-Request": "true", "X-Console-Seen": version})
+
+    version = await seen()
+    for _ in range(100):  # the feed's first poll, then the version it shows
+        if version.split("@")[0] and (await refresh(version)).status_code == 204:
+            break
+        await asyncio.sleep(0.1)
+        version = await seen()
+    assert (await refresh(version)).status_code == 204  # nothing changed: nothing read, nothing sent
+    # Another tenant's change is not this tenant's.
+    await a_job(api, tenant="other", name="elsewhere")
+    await asyncio.sleep(2.5)  # more than a poll of the feed
+    assert (await refresh(version)).status_code == 204
+    await a_job(api, name="fresh-one")
+    for _ in range(50):
+        response = await refresh(version)
+        if response.status_code == 200:
+            break
+        await asyncio.sleep(0.1)
+    assert response.status_code == 200 and "fresh-one" in response.text
+    assert "<html" not in response.text  # only the live region

@@ -17,6 +17,7 @@ from starlette.responses import RedirectResponse, Response
 from sundial_api import audit, executions
 from sundial_api.console.answers import answer
 from sundial_api.console.guard import ConsoleRoute, Signed, read_form
+from sundial_api.console.live import skip_unchanged
 from sundial_api.console.render import page
 from sundial_api.models.executions import ExecutionState
 from sundial_api.problems import parse_resource_id
@@ -30,6 +31,7 @@ ExecutionId = Annotated[str, Path(max_length=64)]
 
 @router.get("/executions/{execution_id}")
 async def execution_page(request: Request, state: State, session: Signed, execution_id: ExecutionId) -> Response:
+    skip_unchanged(request, state, session)
     principal = session.principal
     execution, trail = await asyncio.gather(
         answer(executions.get_execution(execution_id, state, principal)),
@@ -49,6 +51,7 @@ async def dead_letters_page(
     handler: Annotated[str, Query(max_length=128)] = "",
     cursor: Annotated[str, Query(max_length=200)] = "",
 ) -> Response:
+    skip_unchanged(request, state, session)
     listing = await answer(
         executions.list_executions(
             state,

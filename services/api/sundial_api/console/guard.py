@@ -30,6 +30,7 @@ from redis.exceptions import RedisError
 from starlette.exceptions import HTTPException
 from starlette.responses import RedirectResponse, Response
 
+from sundial_api.console.live import Unchanged
 from sundial_api.console.render import is_htmx, page
 from sundial_api.console.sessions import COOKIE, ConsoleSession, SessionStore
 from sundial_api.problems import ProblemError
@@ -174,6 +175,8 @@ class ConsoleRoute(APIRoute):
             response: Response
             try:
                 response = await generic(request)
+            except Unchanged:
+                response = Response(status_code=204)
             except SignInRequired as exc:
                 response = _sign_in_redirect(request, exc.notice)
             except ProblemError as exc:

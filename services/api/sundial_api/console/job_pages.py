@@ -17,6 +17,7 @@ from sundial_api import audit, job_list, jobs
 from sundial_api.console.answers import answer
 from sundial_api.console.counts import StateCounts
 from sundial_api.console.guard import ConsoleRoute, Signed
+from sundial_api.console.live import skip_unchanged
 from sundial_api.console.render import page
 from sundial_api.models.jobs import JobState
 from sundial_api.models.schedules import JobType
@@ -64,6 +65,7 @@ async def jobs_page(
     handler: Annotated[str, Query(max_length=128)] = "",
     cursor: Annotated[str, Query(max_length=200)] = "",
 ) -> Response:
+    skip_unchanged(request, state, session)
     principal = session.principal
     listing, counts = await asyncio.gather(
         answer(
@@ -84,7 +86,7 @@ async def jobs_page(
                 cursor=cursor or None,
             )
         ),
-        _counts(request, state).of(principal.tenant),
+        _counts(request, state).of(principal.tenant, state.changes.version(principal.tenant)),
     )
     filters = {"q": q, "state": job_state, "type": job_type, "pool": pool, "handler": handler}
     return page(
@@ -106,6 +108,7 @@ async def jobs_page(
 
 @router.get("/{job_id}")
 async def job_page(request: Request, state: State, session: Signed, job_id: JobId) -> Response:
+    skip_unchanged(request, state, session)
     principal = session.principal
     job = await answer(jobs.get_job(job_id, state, principal))
     executions, fires, trail = await asyncio.gather(

@@ -99,6 +99,7 @@ def page(
         "refresh_sec": settings.console_refresh_sec,
         "refresh_ms": int(settings.console_refresh_sec * 1000),
         "notice": NOTICES.get(notice or ""),
+        "live_seen": getattr(request.state, "console_seen", ""),
         "live_url": request.url.path + (f"?{request.url.query}" if request.url.query else ""),
         **context,
     }
