@@ -108,6 +108,7 @@ endef
 chaos: deps ## Run the fault tests (real processes, one fault at a time) and print what each fault cost
 	@uv run --frozen pytest tests/faults -q $(PYTEST_ARGS); status=$$?; uv run --frozen python -m tests.faults.recovery; exit $$status
 
-bench: deps ## Benchmark: stack on its own ports, workloads W1-W4 + raw ceilings, then the ClickHouse replica; appends to bench/results/<workload>.jsonl (python -m bench --help)
+bench: deps ## Benchmark: stack on its own ports, workloads W1-W4 + raw ceilings, then the ClickHouse replica and the console's pages; appends to bench/results/<workload>.jsonl (python -m bench --help)
 	uv run --frozen python -m bench $(BENCH_ARGS)
 	uv run --frozen python -m bench analytics
+	uv run --frozen python -m bench console

@@ -33,7 +33,7 @@ from starlette.responses import RedirectResponse, Response
 from sundial_api.console.live import Unchanged
 from sundial_api.console.render import is_htmx, page
 from sundial_api.console.sessions import COOKIE, ConsoleSession, SessionStore
-from sundial_api.problems import ProblemError
+from sundial_api.problems import DATABASE_UNAVAILABLE, ProblemError
 from sundial_api.state import State
 
 log = logging.getLogger("sundial.api.console")
@@ -185,9 +185,12 @@ class ConsoleRoute(APIRoute):
                 response = error_page(request, 422, "invalid input", _validation_errors(exc))
             except HTTPException as exc:
                 response = error_page(request, exc.status_code, str(exc.detail))
-            except (RedisError, OSError) as exc:
+            except RedisError as exc:
                 log.warning("console: the session store is unavailable: %r", exc)
                 response = error_page(request, 503, "the console's session store (Redis) is unavailable; try again")
+            except DATABASE_UNAVAILABLE as exc:
+                log.warning("console: database unavailable: %r", exc)
+                response = error_page(request, 503, "the database is unavailable; try again shortly")
             response.headers.update(SECURITY_HEADERS)
             return response
 
