@@ -15,6 +15,7 @@ import httpx
 import pytest
 from sundial_api.console.guard import CONTENT_SECURITY_POLICY
 from sundial_api.console.sessions import COOKIE, SIGN_IN_COOKIE
+from sundial_common.security.auth import SymmetricKey
 
 from tests.integration.test_api import NOW, SECRET, TENANT, Api, api, insert_execution, one_shot
 from tests.tenants import tenant_token
@@ -299,3 +300,16 @@ async def test_a_live_region_is_answered_from_the_change_feed_until_the_tenant_c
         await asyncio.sleep(0.1)
     assert response.status_code == 200 and "fresh-one" in response.text
     assert "<html" not in response.text  # only the live region
+
+
+async def test_rotating_out_the_signing_key_ends_the_sessions_it_vouched_for(api: Api, browser: Browser) -> None:
+    assert (await browser.http.get("/ui/jobs")).status_code == 200
+    verifier = api.app.state.api.verifier
+    kept = verifier.keys
+    verifier.keys = (SymmetricKey("next", "a-new-signing-key-after-rotation-0123456789"),)
+    try:
+        response = await browser.http.get("/ui/jobs")
+        assert response.status_code == 303 and "session-ended" in response.headers["location"]
+    finally:
+        verifier.keys = kept
+    assert (await browser.http.get("/ui/jobs")).status_code == 303  # ended, not merely refused

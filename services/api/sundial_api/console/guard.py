@@ -1,8 +1,9 @@
 """What stands between a browser and the console's pages: the session, CSRF, and the response headers.
 
 * :func:`current_session` (the ``Signed`` dependency) finds the request's session by its cookie, ends it if
-  its tenant is no longer registered and active, and, for a state-changing request, checks that it came
-  from this origin and carries the session's CSRF token. No session: the browser is sent to sign in.
+  its tenant is no longer registered and active or the API no longer trusts the key that signed its token,
+  and, for a state-changing request, checks that it came from this origin and carries the session's CSRF
+  token. No session: the browser is sent to sign in.
 * :class:`ConsoleRoute` is the route class of every console page: it answers errors as HTML pages (a
   problem of the API's own endpoints keeps its status, e.g. 404 for another tenant's job), never a 500 for
   bad input, and sets the headers every console response carries — a Content-Security-Policy with no inline
@@ -33,6 +34,7 @@ from starlette.responses import RedirectResponse, Response
 from sundial_api.console.live import Unchanged
 from sundial_api.console.render import is_htmx, page
 from sundial_api.console.sessions import COOKIE, ConsoleSession, SessionStore
+from sundial_api.console.signing_keys import still_trusted
 from sundial_api.problems import DATABASE_UNAVAILABLE, ProblemError
 from sundial_api.state import State
 
@@ -130,8 +132,8 @@ async def current_session(request: Request, state: State) -> ConsoleSession:
     if session is None:
         raise SignInRequired("session-ended")
     tenant = await state.tenant_cache.get(session.tenant)
-    if tenant is None or not tenant.active:
-        await store.end(session_id)  # suspension or removal ends every session of the tenant
+    if tenant is None or not tenant.active or not await still_trusted(session.signing_key, state.verifier):
+        await store.end(session_id)  # suspension, removal or the key's rotation ends every session it covers
         raise SignInRequired("session-ended")
     if request.method not in _READS:
         await check_csrf(request, session.csrf)

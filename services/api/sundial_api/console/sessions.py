@@ -35,6 +35,8 @@ class ConsoleSession:
     admin: bool
     expires_at: float
     csrf: str
+    #: The signing key that vouched for the token (:mod:`sundial_api.console.signing_keys`); None: none known.
+    signing_key: str | None = None
 
     @property
     def principal(self) -> Principal:
@@ -52,7 +54,9 @@ class SessionStore:
     def __init__(self, redis: Redis) -> None:
         self._redis = redis
 
-    async def open(self, principal: Principal, expires_at: float, now: float) -> tuple[str, ConsoleSession]:
+    async def open(
+        self, principal: Principal, expires_at: float, now: float, signing_key: str | None = None
+    ) -> tuple[str, ConsoleSession]:
         """A new session for ``principal`` until ``expires_at`` (epoch seconds): its id (for the cookie) and it."""
         session_id = secrets.token_urlsafe(32)
         session = ConsoleSession(
@@ -61,10 +65,11 @@ class SessionStore:
             admin=principal.admin,
             expires_at=expires_at,
             csrf=secrets.token_urlsafe(32),
+            signing_key=signing_key,
         )
         value = orjson.dumps(
             {"tenant": session.tenant, "subject": session.subject, "admin": session.admin,
-             "expiresAt": session.expires_at, "csrf": session.csrf}
+             "expiresAt": session.expires_at, "csrf": session.csrf, "signingKey": session.signing_key}
         )  # fmt: skip
         await self._redis.set(_key(session_id), value, ex=max(1, int(expires_at - now)))
         return session_id, session
@@ -83,6 +88,7 @@ class SessionStore:
             admin=bool(data["admin"]),
             expires_at=float(data["expiresAt"]),
             csrf=data["csrf"],
+            signing_key=data.get("signingKey"),
         )
         return session if session.expires_at > now else None
 

@@ -5,7 +5,8 @@
   session that lasts as long as the token. The token is not kept, and never put in a URL.
 * ``POST /ui/sign-in/dev`` opens a session for ``SUNDIAL_CONSOLE_DEV_TENANT`` in one click, only when
   ``SUNDIAL_ENV=dev`` and the browser is on this machine.
-* ``POST /ui/sign-out`` ends the session server-side (a copied cookie stops working too).
+* ``POST /ui/sign-out`` ends the session server-side (a copied cookie stops working too); so do the tenant's
+  suspension and the rotation of the key that signed the token (:mod:`sundial_api.console.signing_keys`).
 
 Before any session exists, the sign-in forms carry a token that must match a ``SameSite=Strict`` cookie set
 with the form (double submit), so another site cannot sign a browser in as someone else.
@@ -32,6 +33,7 @@ from sundial_api.console.guard import (
 )
 from sundial_api.console.render import page
 from sundial_api.console.sessions import COOKIE, SIGN_IN_COOKIE, SessionStore
+from sundial_api.console.signing_keys import key_of
 from sundial_api.problems import ProblemError
 from sundial_api.state import ApiState, State
 from sundial_api.tokens import expiry_of
@@ -83,9 +85,11 @@ async def _checked_form(request: Request) -> dict[str, str]:
     return form
 
 
-async def _open(request: Request, state: ApiState, principal: Principal, expires_at: float) -> Response:
+async def _open(
+    request: Request, state: ApiState, principal: Principal, expires_at: float, signing_key: str | None = None
+) -> Response:
     now = time.time()
-    session_id, _ = await SessionStore(state.hot_window.redis).open(principal, expires_at, now)
+    session_id, _ = await SessionStore(state.hot_window.redis).open(principal, expires_at, now, signing_key)
     response = RedirectResponse("/ui/jobs", status_code=303)
     response.set_cookie(
         COOKIE, session_id, max_age=max(1, int(expires_at - now)), path="/ui", httponly=True, samesite="strict",
@@ -120,7 +124,7 @@ async def sign_in(request: Request, state: State) -> Response:
     refused = await _registered(state, principal.tenant)
     if refused is not None:
         return _sign_in_form(request, state, status_code=403, error=refused)
-    return await _open(request, state, principal, expiry_of(token))
+    return await _open(request, state, principal, expiry_of(token), key_of(token, state.verifier))
 
 
 @router.post("/sign-in/dev")
