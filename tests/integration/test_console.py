@@ -15,9 +15,12 @@ import httpx
 import pytest
 from sundial_api.console.guard import CONTENT_SECURITY_POLICY
 from sundial_api.console.sessions import COOKIE, SIGN_IN_COOKIE
+from sundial_common.broker.kafka import ensure_topics
+from sundial_common.broker.messages import pool_topic
 from sundial_common.security.auth import SymmetricKey
 
 from tests.integration.test_api import NOW, SECRET, TENANT, Api, api, insert_execution, one_shot
+from tests.pools import admit
 from tests.tenants import tenant_token
 
 __all__ = ["api"]  # the fixture
@@ -313,3 +316,39 @@ async def test_rotating_out_the_signing_key_ends_the_sessions_it_vouched_for(api
     finally:
         verifier.keys = kept
     assert (await browser.http.get("/ui/jobs")).status_code == 303  # ended, not merely refused
+
+
+@pytest.fixture
+def broker_pool(monkeypatch: pytest.MonkeyPatch, kafka_bootstrap: str) -> str:
+    """A pool of this test's own with its topic on the session's broker, which the API built after this uses
+    (replays read the source topic's offsets)."""
+    monkeypatch.setenv("SUNDIAL_KAFKA_BOOTSTRAP", kafka_bootstrap)
+    pool = f"console-{uuid.uuid4().hex[:8]}"
+    ensure_topics(kafka_bootstrap, [pool_topic(pool)])
+    return pool
+
+
+async def test_a_replay_starts_as_a_dry_run_and_can_be_cancelled(broker_pool: str, api: Api, browser: Browser) -> None:
+    admit(api.settings.database_url, broker_pool, TENANT)
+    admit(api.settings.database_url, f"staging-{broker_pool}", TENANT, kind="staging")
+    csrf = await browser.csrf()
+    start = (NOW - timedelta(hours=1)).isoformat().replace("+00:00", "Z")
+    end = (NOW - timedelta(minutes=1)).isoformat().replace("+00:00", "Z")
+    form = {"csrf": csrf, "sourcePool": broker_pool, "targetPool": f"staging-{broker_pool}", "from": start, "to": end,
+            "handler": "echo", "dryRun": "yes"}  # fmt: skip
+    refused = await browser.http.post("/ui/replays", data={**form, "targetPool": broker_pool})
+    assert refused.status_code in (403, 422) and "targetPool" in refused.text
+    response = await browser.http.post("/ui/replays", data=form)
+    assert response.status_code == 303, response.text[:2000]
+    page = await browser.http.get(response.headers["location"])
+    assert "(dry run)" in page.text and 'data-testid="replay-state">PENDING<' in page.text
+    listing = await browser.http.get("/ui/replays")
+    assert response.headers["location"].removeprefix("/ui/replays/") in listing.text
+    cancelled = await browser.http.post(f"{response.headers['location']}/cancel", data={"csrf": csrf})
+    assert cancelled.status_code == 303
+    page = await browser.http.get(response.headers["location"])
+    assert 'data-testid="replay-state">CANCELLED<' in page.text
+    # Another tenant sees none of it.
+    other = Browser(api)
+    await other.sign_in(token(api, "other"))
+    assert (await other.http.get(response.headers["location"])).status_code == 404
