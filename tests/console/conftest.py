@@ -1,5 +1,5 @@
-"""The console's browser suite: real Sundial processes (api, hydrator, dispatcher, worker) and Debian's chromium
-driven by Playwright.
+"""The console's browser suite: real Sundial processes (api, hydrator, dispatcher, worker, replayer) and
+Debian's chromium driven by Playwright.
 
 Chromium is launched so that it never leaves loopback (every host name but 127.0.0.1 resolves to nothing,
 no background networking, no component updates); Playwright's own browser download is never used.
@@ -17,6 +17,7 @@ import pytest
 from playwright.async_api import Browser, Page, async_playwright
 
 from tests.e2e.conftest import Processes, free_port, processes
+from tests.pools import admit
 from tests.tenants import tenant_token
 
 __all__ = ["processes"]  # the fixture, re-exported for this directory
@@ -53,11 +54,13 @@ def console(processes: Processes, database_url: str) -> Console:
     port = free_port()
     token = tenant_token(database_url, TENANT, pools=("demo",))
     tenant_token(database_url, DEV_TENANT, pools=("demo",))
+    admit(database_url, "staging-demo", TENANT, kind="staging")  # where the tenant's replays go
     # Breakers and the console's live parts at their defaults; the worker polls cancel flags every second.
     processes.start("api", "api", "--host", "127.0.0.1", "--port", str(port))
     processes.start("hydrator", "hydrator")
     processes.start("dispatcher", "dispatcher")
     processes.start("worker", "worker", "--app", "sundial_worker.demo:worker", "--concurrency", "8")
+    processes.start("replayer", "replayer")
     processes.wait_http_ok("api", f"http://127.0.0.1:{port}/readyz")
     processes.wait_for_log("dispatcher", "leading with fence token")
     processes.wait_for_log("worker", "partitions assigned")

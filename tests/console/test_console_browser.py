@@ -3,7 +3,8 @@
 One story per stack (starting the processes is the slow part): a tenant signs in with its token, creates a
 cron job in a time zone through the form, triggers it and watches the execution turn SUCCEEDED without a
 reload, pauses and resumes it, reads a failed execution's error, re-drives it from the dead letters, cancels
-a running one; then a second tenant (signed in with the one-click development sign-in) sees none of it.
+a running one, counts a replay with a dry run; then a second tenant (signed in with the one-click development
+sign-in) sees none of it.
 """
 
 from __future__ import annotations
@@ -120,6 +121,18 @@ async def cancel_a_running_execution(page: Page, console: Console) -> None:
     await console.screenshot(page, "06-execution-cancelled")
 
 
+async def count_a_replay_before_running_it(page: Page, console: Console) -> None:
+    """A dry run over the last hour of the demo pool's messages (the runs above): counted, nothing published."""
+    await page.get_by_role("link", name="Replays").click()
+    await page.get_by_role("button", name="Start replay").click()  # the form's defaults: a dry run, last hour
+    await expect(page.get_by_role("heading", level=1)).to_contain_text("(dry run)")
+    await expect(page.get_by_test_id("replay-state")).to_have_text("SUCCEEDED", timeout=LIVE_TIMEOUT_MS)
+    matched = int(await page.get_by_test_id("replay-matched").inner_text())
+    assert matched >= 3  # the triggered run, the failed one's two attempts, the cancelled sleep
+    await expect(page.get_by_role("button", name="Replay for real")).to_be_visible()
+    await console.screenshot(page, "09-replay-dry-run")
+
+
 async def a_second_tenant_sees_none_of_it(browser: Browser, console: Console, job_id: str, execution_url: str) -> None:
     context = await browser.new_context(viewport={"width": 1280, "height": 800})
     page = await context.new_page()
@@ -133,6 +146,8 @@ async def a_second_tenant_sees_none_of_it(browser: Browser, console: Console, jo
         assert response is not None and response.status == 404, url
     await page.goto(f"{console.url}/ui/dead-letters")
     await expect(page.get_by_role("cell", name="No dead letters.")).to_be_visible()
+    await page.goto(f"{console.url}/ui/replays")
+    await expect(page.get_by_role("cell", name="No replays.")).to_be_visible()
     await context.close()
 
 
@@ -150,6 +165,7 @@ async def test_a_tenant_runs_its_jobs_from_the_console_and_another_sees_none(
     await pause_and_resume(page)
     execution_url = await read_a_failure_and_re_drive_it(page, console)
     await cancel_a_running_execution(page, console)
+    await count_a_replay_before_running_it(page, console)
     await page.get_by_role("link", name="Pools").click()
     await expect(page.get_by_role("heading", name="Retry circuit breakers")).to_be_visible()
     await console.screenshot(page, "07-pools")
