@@ -352,3 +352,35 @@ async def test_a_replay_starts_as_a_dry_run_and_can_be_cancelled(broker_pool: st
     other = Browser(api)
     await other.sign_in(token(api, "other"))
     assert (await other.http.get(response.headers["location"])).status_code == 404
+
+
+@pytest.fixture
+def etcd_env(monkeypatch: pytest.MonkeyPatch, etcd_endpoint: str) -> None:
+    """The session's etcd for the API built after this (the cluster view reads the leases there)."""
+    monkeypatch.setenv("SUNDIAL_ETCD_ENDPOINT", etcd_endpoint)
+
+
+async def test_operator_pages_are_for_admin_sessions_only(etcd_env: None, api: Api, browser: Browser) -> None:
+    jobs = await browser.http.get("/ui/jobs")
+    assert "/ui/cluster" not in jobs.text and "/ui/tenants" not in jobs.text
+    for path in ("/ui/cluster", "/ui/tenants"):
+        assert (await browser.http.get(path)).status_code == 403, path
+    refused = await browser.http.post("/ui/tenants/other/suspend", data={"csrf": csrf_of(jobs.text), "confirm": "yes"})
+    assert refused.status_code == 403
+
+    admin = Browser(api)
+    await admin.sign_in(tenant_token(api.settings.database_url, TENANT, secret=SECRET, admin=True))
+    cluster = await admin.http.get("/ui/cluster")
+    assert cluster.status_code == 200 and "Shards" in cluster.text and "/ui/tenants" in cluster.text
+    listing = await admin.http.get("/ui/tenants")
+    assert listing.status_code == 200 and ">other<" in listing.text.replace(" <small>", "<")
+    csrf = csrf_of(listing.text)
+    suspended = await admin.http.post("/ui/tenants/other/suspend", data={"csrf": csrf, "confirm": "yes"})
+    assert suspended.status_code == 303
+    assert await api.db.fetchval("SELECT state FROM tenants WHERE id = 'other'") == "SUSPENDED"
+    resumed = await admin.http.post("/ui/tenants/other/resume", data={"csrf": csrf, "confirm": "yes"})
+    assert resumed.status_code == 303
+    assert await api.db.fetchval("SELECT state FROM tenants WHERE id = 'other'") == "ACTIVE"
+    unconfirmed = await admin.http.post("/ui/tenants/other/suspend", data={"csrf": csrf})
+    assert unconfirmed.status_code == 422
+    assert (await admin.http.post("/ui/tenants/other/delete", data={"csrf": csrf, "confirm": "yes"})).status_code == 404

@@ -12,7 +12,15 @@ from __future__ import annotations
 from fastapi import FastAPI
 from starlette.staticfiles import StaticFiles
 
-from sundial_api.console import execution_pages, job_form, job_pages, pool_pages, replay_pages, sign_in
+from sundial_api.console import (
+    admin_pages,
+    execution_pages,
+    job_form,
+    job_pages,
+    pool_pages,
+    replay_pages,
+    sign_in,
+)
 from sundial_api.console.render import STATIC
 
 
@@ -24,4 +32,5 @@ def install(app: FastAPI) -> None:
     app.include_router(execution_pages.router)
     app.include_router(pool_pages.router)
     app.include_router(replay_pages.router)
+    app.include_router(admin_pages.router)
     app.mount("/ui/static", StaticFiles(directory=STATIC), name="console-static")
