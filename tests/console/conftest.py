@@ -41,6 +41,7 @@ class Console:
 
     url: str
     token: str
+    admin_token: str
     database_url: str
     processes: Processes
 
@@ -64,7 +65,8 @@ def console(processes: Processes, database_url: str) -> Console:
     processes.wait_http_ok("api", f"http://127.0.0.1:{port}/readyz")
     processes.wait_for_log("dispatcher", "leading with fence token")
     processes.wait_for_log("worker", "partitions assigned")
-    return Console(f"http://127.0.0.1:{port}", token, database_url, processes)
+    admin_token = tenant_token(database_url, TENANT, admin=True)
+    return Console(f"http://127.0.0.1:{port}", token, admin_token, database_url, processes)
 
 
 @pytest.fixture

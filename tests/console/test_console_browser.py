@@ -151,6 +151,22 @@ async def a_second_tenant_sees_none_of_it(browser: Browser, console: Console, jo
     await context.close()
 
 
+async def an_operator_sees_the_cluster_and_the_tenants(browser: Browser, console: Console) -> None:
+    context = await browser.new_context(viewport={"width": 1280, "height": 800})
+    page = await context.new_page()
+    await page.goto(f"{console.url}/ui/sign-in")
+    await page.get_by_label(re.compile("Bearer token")).fill(console.admin_token)
+    await page.get_by_role("button", name="Sign in", exact=True).click()
+    await page.get_by_role("link", name="Cluster").click()
+    await expect(page.get_by_role("heading", name="Shards")).to_be_visible()
+    await expect(page.get_by_role("cell", name=re.compile("^dispatcher")).first).to_be_visible()
+    await console.screenshot(page, "10-cluster")
+    await page.get_by_role("link", name="Tenants").click()
+    await expect(page.get_by_test_id("tenant-state").first).to_have_text("ACTIVE")
+    await console.screenshot(page, "11-tenants")
+    await context.close()
+
+
 @pytest.mark.e2e
 async def test_a_tenant_runs_its_jobs_from_the_console_and_another_sees_none(
     console: Console, browser: Browser
@@ -178,3 +194,4 @@ async def test_a_tenant_runs_its_jobs_from_the_console_and_another_sees_none(
     # No Content-Security-Policy violation and no script error on any page.
     assert errors == [], errors
     await a_second_tenant_sees_none_of_it(browser, console, job_id, execution_url)
+    await an_operator_sees_the_cluster_and_the_tenants(browser, console)
