@@ -175,6 +175,9 @@ async def test_a_tenant_sees_and_changes_only_its_own(api: Api, browser: Browser
     execution = await insert_execution(api, theirs, NOW, state="DEAD", tenant_id="other", error=None)
     listing = await browser.http.get("/ui/jobs")
     assert "mine-visible" in listing.text and "theirs-hidden" not in listing.text
+    await a_job(api, name="labelled", labels={"team": "payments"})
+    labelled = await browser.http.get("/ui/jobs", params={"label": "team:payments"})
+    assert "labelled" in labelled.text and "mine-visible" not in labelled.text
     assert (await browser.http.get(f"/ui/jobs/{theirs}")).status_code == 404
     assert (await browser.http.get(f"/ui/executions/{execution}")).status_code == 404
     assert str(execution) not in (await browser.http.get("/ui/dead-letters")).text
@@ -218,6 +221,7 @@ async def test_bad_input_is_a_clear_4xx_page(api: Api, browser: Browser) -> None
         ("/ui/jobs/not-a-uuid", 404),
         ("/ui/executions/12", 404),
         (f"/ui/jobs?q={'x' * 300}", 422),
+        ("/ui/jobs?label=nocolon", 422),
     ):
         response = await browser.http.get(path)
         assert response.status_code == status, (path, response.text[:500])

@@ -63,6 +63,7 @@ async def jobs_page(
     job_type: Annotated[str, Query(alias="type", max_length=20)] = "",
     pool: Annotated[str, Query(max_length=63)] = "",
     handler: Annotated[str, Query(max_length=128)] = "",
+    label: Annotated[str, Query(max_length=200, description="`key:value`")] = "",
     cursor: Annotated[str, Query(max_length=200)] = "",
 ) -> Response:
     skip_unchanged(request, state, session)
@@ -77,7 +78,7 @@ async def jobs_page(
                 pool=pool or None,
                 handler=handler or None,
                 name_prefix=q or None,
-                label=None,
+                label=[label] if label else None,
                 created_from=None,
                 created_to=None,
                 next_fire_from=None,
@@ -88,7 +89,7 @@ async def jobs_page(
         ),
         _counts(request, state).of(principal.tenant, state.changes.version(principal.tenant)),
     )
-    filters = {"q": q, "state": job_state, "type": job_type, "pool": pool, "handler": handler}
+    filters = {"q": q, "state": job_state, "type": job_type, "pool": pool, "handler": handler, "label": label}
     return page(
         request,
         "jobs.html",
