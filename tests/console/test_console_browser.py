@@ -188,6 +188,10 @@ async def test_a_tenant_runs_its_jobs_from_the_console_and_another_sees_none(
     await page.get_by_role("link", name="Jobs", exact=True).click()
     await expect(page.get_by_role("link", name="nightly-report <b>")).to_be_visible()
     await console.screenshot(page, "00-jobs")
+    await page.set_viewport_size({"width": 390, "height": 844})  # a phone
+    assert await page.evaluate("document.documentElement.scrollWidth") <= 390  # nothing wider than the screen
+    await console.screenshot(page, "12-jobs-phone")
+    await page.set_viewport_size({"width": 1280, "height": 800})
     await page.get_by_role("button", name="Sign out").click()
     await expect(page).to_have_url(re.compile(r"/ui/sign-in\?notice=signed-out$"))
     await context.close()
