@@ -51,8 +51,7 @@ class ChangeFeed:
         Asking (re)starts the feed: it polls while someone asked within ``idle_sec``.
         """
         self._asked_at = time.monotonic()
-        if self._task is None or self._task.done():
-            self._ready = False
+        if self._task is None or self._task.done():  # a task that ended cleared what it knew
             self._task = asyncio.get_running_loop().create_task(self._run(), name="console-change-feed")
         if not self._ready:
             return None
