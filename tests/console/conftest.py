@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 from playwright.async_api import Browser, Page, async_playwright
 
-from tests.e2e.conftest import Processes, free_port, processes
-from tests.pools import admit
-from tests.tenants import tenant_token
+from tests.e2e.conftest import processes
+from tests.support.pools import admit
+from tests.support.processes import Processes, free_port
+from tests.support.tenants import tenant_token
 
 __all__ = ["processes"]  # the fixture, re-exported for this directory
 

@@ -20,8 +20,8 @@ from sundial_common.broker.messages import pool_topic
 from sundial_common.security.auth import SymmetricKey
 
 from tests.integration.test_api import NOW, SECRET, TENANT, Api, api, insert_execution, one_shot
-from tests.pools import admit
-from tests.tenants import tenant_token
+from tests.support.pools import admit
+from tests.support.tenants import tenant_token
 
 __all__ = ["api"]  # the fixture
 
