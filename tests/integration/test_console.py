@@ -388,3 +388,27 @@ async def test_operator_pages_are_for_admin_sessions_only(etcd_env: None, api: A
     unconfirmed = await admin.http.post("/ui/tenants/other/suspend", data={"csrf": csrf})
     assert unconfirmed.status_code == 422
     assert (await admin.http.post("/ui/tenants/other/delete", data={"csrf": csrf, "confirm": "yes"})).status_code == 404
+
+
+async def test_breakers_are_opened_and_closed_with_a_confirmation(api: Api, browser: Browser) -> None:
+    mine = await api.db.fetchval(
+        "INSERT INTO breakers (tenant_id, pool, handler) VALUES ($1, 'demo', 'send') RETURNING id", TENANT
+    )
+    theirs = await api.db.fetchval(
+        "INSERT INTO breakers (tenant_id, pool, handler) VALUES ('other', 'demo', 'theirs') RETURNING id"
+    )
+    page = await browser.http.get("/ui/pools")
+    assert f"/ui/breakers/{mine}/open" in page.text and str(theirs) not in page.text
+    csrf = csrf_of(page.text)
+    assert (await browser.http.post(f"/ui/breakers/{mine}/open", data={"csrf": csrf})).status_code == 422
+    opened = await browser.http.post(f"/ui/breakers/{mine}/open", data={"csrf": csrf, "confirm": "yes"})
+    assert opened.status_code == 303
+    assert await api.db.fetchval("SELECT state FROM breakers WHERE id = $1", mine) == "OPEN"
+    page = await browser.http.get("/ui/pools")
+    assert 'data-testid="breaker-state">OPEN<' in page.text and f"/ui/breakers/{mine}/close" in page.text
+    closed = await browser.http.post(f"/ui/breakers/{mine}/close", data={"csrf": csrf, "confirm": "yes"})
+    assert closed.status_code == 303
+    assert await api.db.fetchval("SELECT state FROM breakers WHERE id = $1", mine) == "CLOSED"
+    refused = await browser.http.post(f"/ui/breakers/{theirs}/open", data={"csrf": csrf, "confirm": "yes"})
+    assert refused.status_code == 404
+    assert await api.db.fetchval("SELECT state FROM breakers WHERE id = $1", theirs) == "CLOSED"

@@ -4,7 +4,8 @@ A live region carries the version of its tenant's data it shows (``X-Console-See
 sent back by htmx with each refresh). When the process's change feed (:mod:`sundial_api.change_feed`) has the
 same version for the tenant, the refresh is answered ``204 No Content`` without reading anything and htmx
 leaves the region as it is; a changed version, no version yet, or a region older than :data:`MAX_STALE_SEC`
-(what the audit log does not record, e.g. progress heartbeats) renders it afresh.
+(what the audit log does not record, e.g. progress heartbeats) renders it afresh. A confirmation box inside a
+live region carries ``hx-preserve`` and an id, so a refresh never unticks what the viewer just ticked.
 """
 
 from __future__ import annotations
