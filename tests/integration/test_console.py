@@ -167,6 +167,11 @@ async def test_actions_need_the_csrf_token_and_write_the_apis_audit(api: Api, br
     # The job page shows its next 10 fires in its zone.
     page = await browser.http.get(f"/ui/jobs/{job_id}")
     assert "Next 10 fires (Europe/Paris)" in page.text
+    cancelled = await browser.http.post(f"/ui/jobs/{job_id}/cancel", data={"csrf": csrf, "confirm": "yes"})
+    assert cancelled.status_code == 303
+    assert await api.db.fetchval("SELECT state FROM jobs WHERE id = $1", uuid.UUID(job_id)) == "CANCELLED"
+    page = await browser.http.get(f"/ui/jobs/{job_id}")
+    assert "Cancel job" not in page.text and "Pause" not in page.text  # no action a cancelled job cannot take
 
 
 async def test_a_tenant_sees_and_changes_only_its_own(api: Api, browser: Browser) -> None:
