@@ -13,7 +13,7 @@ from typing import Annotated, TypeVar
 from fastapi import APIRouter, Path, Query, Request
 from starlette.responses import RedirectResponse, Response
 
-from sundial_api import audit, job_list, jobs
+from sundial_api import audit, job_list, job_preview, jobs
 from sundial_api.console.answers import answer
 from sundial_api.console.counts import StateCounts
 from sundial_api.console.guard import ConsoleRoute, Signed
@@ -114,7 +114,7 @@ async def job_page(request: Request, state: State, session: Signed, job_id: JobI
     job = await answer(jobs.get_job(job_id, state, principal))
     executions, fires, trail = await asyncio.gather(
         answer(jobs.list_executions(job_id, state, principal, limit=20, cursor=None)),
-        answer(jobs.preview_job(job_id, state, principal, count=10)),
+        answer(job_preview.preview_job(job_id, state, principal, count=10)),
         answer(audit.job_audit(job_id, state, principal, action=None, limit=100, cursor=None)),
     )
     return page(
