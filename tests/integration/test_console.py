@@ -242,6 +242,11 @@ async def test_bad_input_is_a_clear_4xx_page(api: Api, browser: Browser) -> None
                               "pool": "demo", "handler": "echo", "payload": "{}"},
     )  # fmt: skip
     assert bad.status_code == 422 and "schedule" in bad.text
+    bad = await browser.http.post(
+        "/ui/jobs/new", data={"csrf": csrf, "name": "a\x00b", "type": "DELAYED", "delaySeconds": "5",
+                              "pool": "demo", "handler": "echo"},
+    )  # fmt: skip
+    assert bad.status_code == 422 and "cannot contain NUL" in bad.text
     assert await api.db.fetchval("SELECT count(*) FROM jobs WHERE name = 'x'") == 0
 
 

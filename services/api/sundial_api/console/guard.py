@@ -35,7 +35,7 @@ from sundial_api.console.live import Unchanged
 from sundial_api.console.render import is_htmx, page
 from sundial_api.console.sessions import COOKIE, ConsoleSession, SessionStore
 from sundial_api.console.signing_keys import still_trusted
-from sundial_api.problems import DATABASE_UNAVAILABLE, ProblemError
+from sundial_api.problems import DATABASE_UNAVAILABLE, ProblemError, field_error
 from sundial_api.state import State
 
 log = logging.getLogger("sundial.api.console")
@@ -104,6 +104,12 @@ async def read_form(request: Request) -> dict[str, str]:
         form = dict(parse_qsl(body.decode(), keep_blank_values=True, max_num_fields=100))
     except (UnicodeDecodeError, ValueError):
         raise ProblemError(400, "the form is not valid urlencoded UTF-8") from None
+    # Postgres' text cannot hold NUL: refused here, naming the field, rather than failing a statement later.
+    for name, value in form.items():
+        if "\x00" in name or "\x00" in value:
+            raise ProblemError(
+                422, "invalid form", errors=[field_error(name.replace("\x00", ""), "cannot contain NUL")]
+            )
     request.state.console_form = form
     return form
 
