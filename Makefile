@@ -9,8 +9,8 @@ export PATH := $(PATH):$(UV_HOME)/bin
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 APT_INSTALL := DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends
 
-.PHONY: help deps python-deps run up down status test test-unit lint typecheck clean bench chaos release docs docs-serve \
-	docs-reference
+.PHONY: help deps python-deps test-deps run up down status test test-unit lint typecheck clean bench chaos release \
+	docs docs-serve docs-reference
 
 help: ## List the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -58,7 +58,15 @@ down: ## Stop everything `make up`/`make run` started (works even before `make d
 status: ## Show what runs, with pids, URLs and logs
 	@if [ -x .venv/bin/sundial ]; then .venv/bin/sundial dev status; else echo "not installed yet: run make deps"; fi
 
-test: deps ## Run the whole test suite against real servers it starts on its own ports (three lanes at once; slowest 15 of each)
+# The browser suite (tests/console) drives Debian's chromium through Playwright; a server running Sundial needs no
+# browser, so only the tests install it (Playwright's own browser download is not used).
+test-deps: deps ## Install what only the tests need: Debian's chromium for the console's browser suite; idempotent
+	@command -v chromium >/dev/null || { \
+		echo "installing Debian package: chromium (the console's browser tests)"; \
+		$(SUDO) apt-get update -qq && $(APT_INSTALL) chromium >/dev/null; \
+	}
+
+test: deps test-deps ## Run the whole test suite against real servers it starts on its own ports (three lanes at once; slowest 15 of each)
 	@bash tests/lanes.sh $(PYTEST_ARGS)
 
 test-unit: python-deps ## Run the unit tests only (no servers)
@@ -101,9 +109,10 @@ endef
 chaos: deps ## Run the fault tests (real processes, one fault at a time) and print what each fault cost
 	@uv run --frozen pytest tests/faults -q $(PYTEST_ARGS); status=$$?; uv run --frozen python -m tests.faults.recovery; exit $$status
 
-bench: deps ## Benchmark: stack on its own ports, workloads W1-W4 + raw ceilings, then the ClickHouse replica; appends to bench/results/<workload>.jsonl (python -m bench --help)
+bench: deps ## Benchmark: stack on its own ports, workloads W1-W4 + raw ceilings, then the ClickHouse replica and the console's pages; appends to bench/results/<workload>.jsonl (python -m bench --help)
 	uv run --frozen python -m bench $(BENCH_ARGS)
 	uv run --frozen python -m bench analytics
+	uv run --frozen python -m bench console
 
 docs: python-deps ## Build the documentation site into site/ (mkdocs, strict: a broken link or a missing page fails)
 	uv run --frozen mkdocs build --strict

@@ -36,6 +36,7 @@ COMMANDS = {
     "analytics": Entry("bench.workloads.analytics", "the ClickHouse replica: ingest rate, freshness, stats queries"),
     "at-rest": Entry("bench.workloads.at_rest", "W4 alone, with --keep and --reuse for 10M-job runs"),
     "breaker": Entry("bench.workloads.breaker", "a retry storm of a failing handler, with the breaker and without"),
+    "console": Entry("bench.workloads.console", "the web console's pages at 100k jobs / 1M executions of a tenant"),
     "census": Entry("bench.workloads.census", "the fair pass's census of open executions under churn"),
     "dependencies": Entry("bench.workloads.dependencies", "a parent's completion to its children's executions"),
     "dispatch-insert": Entry("bench.workloads.dispatch_insert", "the dispatch statements against an earlier commit's"),

@@ -3,7 +3,8 @@
 #   in-process — tests/unit, tests/contracts and tests/integration (and the bench smoke, which runs a stack of its
 #                own and asserts no timing; and tests/docs, the documentation's examples on one stack of real
 #                processes of its own), at ports TEST_PORTS + SUNDIAL_TEST_PORT_OFFSET;
-#   e2e        — tests/e2e (real Sundial processes, one test at a time), at that offset + 100;
+#   e2e        — tests/e2e and tests/console (real Sundial processes, one test at a time; the console's in a real
+#                browser), at that offset + 100;
 #   faults     — tests/faults (real processes, one fault at a time), at that offset + 200.
 # The process lanes mostly wait on real time (leases, timeouts, restarts), so three fit two cores.
 # Each lane writes .sundial/test-logs/<lane>.log; a lane's whole log is printed when it ends (the slowest 15 tests
@@ -28,7 +29,7 @@ lane() {  # name, port offset, pytest arguments...
     pids[$name]=$!
 }
 lane in-process "$base" tests/unit tests/contracts tests/integration tests/e2e/test_bench_smoke.py tests/docs "$@"
-lane e2e $((base + 100)) tests/e2e --ignore=tests/e2e/test_bench_smoke.py "$@"
+lane e2e $((base + 100)) tests/e2e tests/console --ignore=tests/e2e/test_bench_smoke.py "$@"
 lane faults $((base + 200)) tests/faults "$@"
 
 stop() {

@@ -131,6 +131,7 @@ def banner(layout: DevLayout, stack: LocalStack) -> str:
     )
     return f"""
 Sundial is up.
+  Console    {api}/ui   (one-click sign-in as tenant demo from this machine)
   API        {api}   (OpenAPI: {api}/openapi.json)
   API docs   {api}/docs   (Swagger UI; ReDoc: {api}/redoc)
   Postgres   {stack.postgres_dsn}

@@ -48,6 +48,8 @@ from sundial_api import (
     stats,
     tenants,
 )
+from sundial_api.change_feed import ChangeFeed
+from sundial_api.console import install as install_console
 from sundial_api.group_commit import HOT_WINDOW_MARGIN, CreateGroups
 from sundial_api.input_guard import InputGuardMiddleware
 from sundial_api.limits import BodyLimitMiddleware
@@ -140,11 +142,13 @@ def create_app(settings: ApiSettings | None = None, *, clock: Clock | None = Non
                 max_jobs=settings.create_group_max,
                 writers=settings.create_group_writers,
             ),
+            changes=ChangeFeed(stores.audit),
         )
         log.info("api ready (shards=%d, hot window=%ds)", settings.shards, settings.hot_window_sec)
         try:
             yield
         finally:
+            await app.state.api.changes.stop()
             await redis.aclose()
             await stores.close()
             # Export the spans still queued here: after a graceful SIGTERM shutdown uvicorn re-raises the
@@ -198,6 +202,7 @@ def create_app(settings: ApiSettings | None = None, *, clock: Clock | None = Non
     app.include_router(pools.admin_router)
     app.include_router(pools.router)
     app.include_router(breakers.router)
+    install_console(app)
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:

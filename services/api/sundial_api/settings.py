@@ -74,6 +74,14 @@ class ApiSettings(CommonSettings):
         "from ClickHouse.",
     )
     analytics_timeout_sec: float = Field(10.0, gt=0, description="How long a /v1/stats query may take.")
+    console_dev_tenant: str = Field(
+        "demo",
+        description="The tenant the web console's one-click sign-in opens a session for; offered only when "
+        "SUNDIAL_ENV=dev and the browser is on this machine (loopback).",
+    )
+    console_refresh_sec: float = Field(
+        2.0, gt=0, le=60, description="How often the web console's live parts (lists, detail pages) refresh."
+    )
 
     @model_validator(mode="after")
     def _can_verify_tokens(self) -> ApiSettings:

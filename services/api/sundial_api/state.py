@@ -19,6 +19,7 @@ from sundial_common.security.encryption import Keyring
 from sundial_common.stores import Stores
 from sundial_common.stores.pool_cache import PoolCache
 
+from sundial_api.change_feed import ChangeFeed
 from sundial_api.group_commit import CreateGroups
 from sundial_api.settings import ApiSettings
 from sundial_api.tenant_cache import TenantCache
@@ -42,6 +43,8 @@ class ApiState:
     pool_cache: PoolCache
     #: Concurrent single creates, written together (:mod:`sundial_api.group_commit`).
     create_groups: CreateGroups
+    #: Which tenants' data changed lately, for the console's live regions (:mod:`sundial_api.change_feed`).
+    changes: ChangeFeed
     verified_tokens: VerifiedTokens = field(default_factory=VerifiedTokens)
 
 

@@ -39,9 +39,12 @@ class VerifiedTokens:
         return principal
 
     def put(self, token: str, principal: Principal) -> None:
-        # The token verified, so its payload is well-formed JSON with a numeric ``exp`` (required).
-        payload = token.split(".")[1]
-        expires = float(orjson.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))["exp"])
-        self._entries[token] = (principal, expires)
+        self._entries[token] = (principal, expiry_of(token))
         if len(self._entries) > self.max_size:
             self._entries.popitem(last=False)
+
+
+def expiry_of(token: str) -> float:
+    """The ``exp`` (epoch seconds) of a token that verified: its payload is JSON with a numeric ``exp`` (required)."""
+    payload = token.split(".")[1]
+    return float(orjson.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))["exp"])

@@ -70,6 +70,14 @@ class AuditStore(Protocol):
         """Append ``events`` (one statement); the number recorded (events of unknown executions are dropped)."""
         ...
 
+    async def newest_id(self) -> int:
+        """The highest audit row id written so far (0 for none)."""
+        ...
+
+    async def changes_since(self, after: int) -> tuple[dict[str, tuple[int, int]], int]:
+        """Per tenant, how many audit rows have an id above ``after`` and the sum of their ids; and the highest id."""
+        ...
+
 
 class PostgresAuditStore:
     def __init__(self, db: Database) -> None:
@@ -112,6 +120,14 @@ class PostgresAuditStore:
             [dict(event.detail) for event in events],
         )
         return len(rows)
+
+    async def newest_id(self) -> int:
+        return int(await self._db.pool.fetchval(Q["newest_id"]))
+
+    async def changes_since(self, after: int) -> tuple[dict[str, tuple[int, int]], int]:
+        rows = await self._db.pool.fetch(Q["changes_since"], after)
+        changes = {row["tenant_id"]: (int(row["changed"]), int(row["ids"])) for row in rows}
+        return changes, max((int(row["newest"]) for row in rows), default=after)
 
 
 async def record_execution_event(store: AuditStore, execution_id: UUID, action: str, actor: str, **detail: Any) -> bool:

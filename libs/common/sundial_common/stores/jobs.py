@@ -102,6 +102,8 @@ class JobStore(Protocol):
 
     async def count_jobs(self) -> dict[tuple[str, str], int]: ...
 
+    async def count_tenant_jobs(self, tenant_id: str) -> dict[str, int]: ...
+
     async def prune_ended_jobs(self, before: datetime, limit: int) -> int: ...
 
 
@@ -250,6 +252,11 @@ class PostgresJobStore:
         """How many jobs each (tenant, state) has (the sweeper's sampled gauge)."""
         rows = await self._db.pool.fetch(Q["count_jobs"])
         return {(row["tenant_id"], row["state"]): row["jobs"] for row in rows}
+
+    async def count_tenant_jobs(self, tenant_id: str) -> dict[str, int]:
+        """How many jobs the tenant has in each state (the console's counts, one pass over its jobs)."""
+        rows = await self._db.pool.fetch(Q["count_tenant_jobs"], tenant_id)
+        return {row["state"]: row["jobs"] for row in rows}
 
     async def prune_ended_jobs(self, before: datetime, limit: int) -> int:
         """Delete up to ``limit`` jobs that ended (of any type) and last changed before ``before``, oldest first,

@@ -23,3 +23,15 @@ SELECT e.tenant_id, 'execution', e.id, r.action, e.state, e.state, r.actor, r.de
 FROM unnest($1::uuid[], $2::text[], $3::text[], $4::jsonb[]) AS r (execution_id, action, actor, detail)
 JOIN executions e ON e.id = r.execution_id
 RETURNING entity_id;
+
+-- name: newest_id
+-- Where the web console's change feed starts: the highest row id (each partition's primary key answers).
+SELECT coalesce(max(id), 0) FROM audit_log;
+
+-- name: changes_since
+-- The web console's change feed, once a second per API process: per tenant, the rows above id $1 (a range on
+-- each partition's primary key), their count and id sum (any new row changes the pair) and the newest id.
+SELECT tenant_id, count(*) AS changed, sum(id) AS ids, max(id) AS newest
+FROM audit_log
+WHERE id > $1
+GROUP BY tenant_id;

@@ -209,6 +209,11 @@ CROSS JOIN LATERAL (
 -- The sweeper's sample of sundial_jobs{tenant,state}: one scan of jobs every SUNDIAL_SWEEPER_GAUGES_INTERVAL_SEC.
 SELECT tenant_id, state, count(*) AS jobs FROM jobs GROUP BY tenant_id, state;
 
+-- name: count_tenant_jobs
+-- The web console's counts by state: one pass over one tenant's jobs (jobs_tenant_idx finds them). The console
+-- keeps the answer for a few seconds per tenant, so open tabs do not repeat it on every refresh.
+SELECT state, count(*) AS jobs FROM jobs WHERE tenant_id = $1 GROUP BY state;
+
 -- name: list_jobs
 -- GET /v1/jobs: one tenant's jobs, newest first, keyset on the id (UUIDv7, so newest first is creation
 -- order and a job created while a client pages lands before its cursor, never shifting a later page).

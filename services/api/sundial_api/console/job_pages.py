@@ -1,0 +1,153 @@
+"""The console's job pages: the jobs list, one job, and the job actions (trigger, pause, resume, cancel).
+
+Every read and every action is the ``/v1`` endpoint's own (:mod:`sundial_api.console.answers`), run as the
+session's principal; an action is a plain form POST answered by a redirect to the page it came from
+(post/redirect/get), so it works with JavaScript off, and writes the audit row the API writes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated, TypeVar
+
+from fastapi import APIRouter, Path, Query, Request
+from starlette.responses import RedirectResponse, Response
+
+from sundial_api import audit, job_list, job_preview, jobs
+from sundial_api.console.answers import answer
+from sundial_api.console.counts import StateCounts
+from sundial_api.console.guard import ConsoleRoute, Signed
+from sundial_api.console.live import skip_unchanged
+from sundial_api.console.render import page
+from sundial_api.models.jobs import JobState
+from sundial_api.models.schedules import JobType
+from sundial_api.problems import invalid, parse_resource_id
+from sundial_api.state import ApiState, State
+
+router = APIRouter(prefix="/ui/jobs", route_class=ConsoleRoute, include_in_schema=False)
+
+PAGE_SIZE = 50
+JOB_STATES = [s.value for s in JobState]
+JOB_TYPES = [t.value for t in JobType]
+
+JobId = Annotated[str, Path(max_length=64)]
+Text = Annotated[str, Query(max_length=200)]
+
+
+Choice = TypeVar("Choice", JobState, JobType)
+
+
+def _choice(kind: type[Choice], field: str, raw: str) -> Choice | None:
+    if not raw:
+        return None
+    try:
+        return kind(raw)
+    except ValueError:
+        raise invalid(field, f"is not one of {', '.join(kind)}") from None
+
+
+def _counts(request: Request, state: ApiState) -> StateCounts:
+    counts: StateCounts | None = getattr(request.app.state, "console_counts", None)
+    if counts is None:
+        counts = request.app.state.console_counts = StateCounts(state.stores.jobs)
+    return counts
+
+
+@router.get("")
+async def jobs_page(
+    request: Request,
+    state: State,
+    session: Signed,
+    q: Text = "",
+    job_state: Annotated[str, Query(alias="state", max_length=20)] = "",
+    job_type: Annotated[str, Query(alias="type", max_length=20)] = "",
+    pool: Annotated[str, Query(max_length=63)] = "",
+    handler: Annotated[str, Query(max_length=128)] = "",
+    label: Annotated[str, Query(max_length=200, description="`key:value`")] = "",
+    cursor: Annotated[str, Query(max_length=200)] = "",
+) -> Response:
+    skip_unchanged(request, state, session)
+    principal = session.principal
+    listing, counts = await asyncio.gather(
+        answer(
+            job_list.list_jobs_route(
+                state,
+                principal,
+                job_state=_choice(JobState, "state", job_state),
+                job_type=_choice(JobType, "type", job_type),
+                pool=pool or None,
+                handler=handler or None,
+                name_prefix=q or None,
+                label=[label] if label else None,
+                created_from=None,
+                created_to=None,
+                next_fire_from=None,
+                next_fire_to=None,
+                limit=PAGE_SIZE,
+                cursor=cursor or None,
+            )
+        ),
+        _counts(request, state).of(principal.tenant, state.changes.version(principal.tenant)),
+    )
+    filters = {"q": q, "state": job_state, "type": job_type, "pool": pool, "handler": handler, "label": label}
+    return page(
+        request,
+        "jobs.html",
+        {
+            "jobs": listing["items"],
+            "next_cursor": listing["nextCursor"],
+            "paged": bool(cursor),
+            "filters": filters,
+            "counts": counts,
+            "total": sum(counts.values()),
+            "job_states": JOB_STATES,
+            "job_types": JOB_TYPES,
+        },
+        live="jobs_live.html",
+    )
+
+
+@router.get("/{job_id}")
+async def job_page(request: Request, state: State, session: Signed, job_id: JobId) -> Response:
+    skip_unchanged(request, state, session)
+    principal = session.principal
+    job = await answer(jobs.get_job(job_id, state, principal))
+    executions, fires, trail = await asyncio.gather(
+        answer(jobs.list_executions(job_id, state, principal, limit=20, cursor=None)),
+        answer(job_preview.preview_job(job_id, state, principal, count=10)),
+        answer(audit.job_audit(job_id, state, principal, action=None, limit=100, cursor=None)),
+    )
+    return page(
+        request,
+        "job.html",
+        {"job": job, "executions": executions["items"], "fires": fires, "audit": trail["items"]},
+        live="job_live.html",
+    )
+
+
+def _back(job_id: str, notice: str) -> Response:
+    return RedirectResponse(f"/ui/jobs/{parse_resource_id('job', job_id)}?notice={notice}", status_code=303)
+
+
+@router.post("/{job_id}/trigger")
+async def trigger(state: State, session: Signed, job_id: JobId) -> Response:
+    await jobs.trigger_job(job_id, state, session.principal)
+    return _back(job_id, "triggered")
+
+
+@router.post("/{job_id}/pause")
+async def pause(state: State, session: Signed, job_id: JobId) -> Response:
+    await jobs.pause_job(job_id, state, session.principal)
+    return _back(job_id, "paused")
+
+
+@router.post("/{job_id}/resume")
+async def resume(state: State, session: Signed, job_id: JobId) -> Response:
+    await jobs.resume_job(job_id, state, session.principal)
+    return _back(job_id, "resumed")
+
+
+@router.post("/{job_id}/cancel")
+async def cancel(state: State, session: Signed, job_id: JobId) -> Response:
+    await jobs.cancel_job(job_id, state, session.principal, cascade=False)
+    return _back(job_id, "cancelled")
