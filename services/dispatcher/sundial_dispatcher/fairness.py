@@ -89,6 +89,17 @@ class FairnessConfig:
     #: that read (not this floor: doubling from 4 held W2's first 1.5-2 s back), then follows its workers.
     #: Small: it is what a slow pool's queue holds (8 slots of 1 s handlers: 4 queued is half a second).
     pool_queue_min: int = 4
+    #: The cap of a pool whose start rate this process has not measured yet (every pool after a dispatcher start
+    #: or a failover, and a new pool): what its first burst may put in the topic before a read has seen its workers
+    #: start anything. With ``pool_queue_cap`` there, a first burst of 1,000 ``LOW`` jobs went to the topic whole
+    #: and ``HIGH`` work due during its drain waited behind all of it (one worker of 1 s handlers: P50 33 s). About
+    #: a second of one small worker's starts (4 slots of 0.5 s handlers), so ``HIGH`` work due during a first burst
+    #: waits behind about that much: what waits in the topic longer than ``stuck_queue_sec`` stops counting against
+    #: the rate-following cap, so a larger first cap stays in front of a slow pool's ``HIGH`` work for as long as
+    #: the backlog lasts (32 with 8 starts/s: 4-7 s). The cost is a fast pool's first second: its cap then grows
+    #: from the drain, doubling per read (``counts_refresh_sec``) while its workers keep up, and reaches
+    #: ``pool_queue_cap`` in about seven reads. Kept within ``pool_queue_min`` .. ``pool_queue_cap``.
+    pool_queue_first: int = 8
     #: Most claimed occurrences one shard leader holds waiting for their turn.
     buffer_cap: int = 200_000
     #: Members claimed from the hot window into the buffer per pass. Deep, so a burst is in the buffer (and
@@ -174,10 +185,12 @@ class OpenWork:
     it while the passes held its work back (the cap, not the workers, was the limit) doubles it, or takes the
     drain's rate if that is more (W3: a queue emptied at 2,000/s while its cap was 8). Between
     ``pool_queue_min`` and ``pool_queue_cap``. A pool nobody publishes to keeps its cap. A pool this process
-    has not seen start anything (no worker yet, or this dispatcher just started and the pool is idle) has
-    ``pool_queue_cap``, as before priority: its first burst goes out at once; at the first read that sees it
-    start work its cap is set from that drain too, not from ``pool_queue_min`` (W2: doubling from 4 to the
-    ~166 it needed held its work back for its first 1.5-2 s). Ordering the work
+    has not seen start anything (no worker yet, or this dispatcher just started and the pool is idle) has the
+    small ``pool_queue_first``: its first burst waits in the buffer, in priority order, beyond that, so ``HIGH``
+    work due during it is not queued behind the whole burst; at the first read that sees it start work its cap
+    is set from that drain, not from ``pool_queue_min`` (W2: doubling from 4 to the ~166 it needed held its work
+    back for its first 1.5-2 s). A pool with no worker at all keeps that small cap until the stalled-pool rule
+    lifts it (``stalled_pool_sec``). Ordering the work
     (priority inside a tenant, the round robin across tenants) therefore happens in the buffer, not behind a
     long queue, with one topic per pool: no priority lanes in Kafka (README "Priority" gives the figures).
 
@@ -214,8 +227,7 @@ class OpenWork:
         #: this process published there since (attributed), and whether a pass held work back for it since.
         self.caps: dict[str, int] = {}
         #: Pools this process has seen start work (one RUNNING, or its queue drained): only their caps follow
-        #: the start rate. Elsewhere the cap is ``pool_queue_cap`` (a pool with no worker yet: keeping its queue
-        #: short would only stop dispatch until the stalled-pool rule lifts the cap, 3 s later).
+        #: the start rate. Elsewhere the cap is the small ``pool_queue_first`` (:attr:`first_cap`).
         self.started_work: set[str] = set()
         #: The fair queues of the shards this process leads (see :meth:`best_lane_elsewhere`).
         self.queues: dict[int, FairQueue] = {}
@@ -315,8 +327,14 @@ class OpenWork:
 
     def cap(self, pool: str) -> int:
         if pool not in self.started_work:
-            return self.config.pool_queue_cap
+            return self.first_cap
         return self.caps.get(pool, self.config.pool_queue_min)
+
+    @property
+    def first_cap(self) -> int:
+        """The cap of a pool this process has not seen start work (``FairnessConfig.pool_queue_first``)."""
+        cfg = self.config
+        return min(cfg.pool_queue_cap, max(cfg.pool_queue_min, cfg.pool_queue_first))
 
     def limited(self, pools: Iterable[str]) -> None:
         """A pass held work back because these pools' queues were full."""
@@ -333,7 +351,8 @@ class OpenWork:
         room = {pool: self._room(pool, 1) for pool in self.queued.keys() | self.started_work}
         room.update({pool: batch_size for pool in self._flowing_at if self.stalled(pool)})
         room[_NOBODY] = batch_size  # jobs gone meanwhile: nothing will be published for them
-        return room, self._share(self.config.pool_queue_cap, 0)
+        # A pool not seen at all (nothing open there at the last read) has not been seen start work either.
+        return room, self._share(self.first_cap, 0)
 
     def high_room(self) -> dict[str, int]:
         """Room of this shard's pass per pool for a tenant's ``HIGH`` work: up to twice the rate-following cap.
