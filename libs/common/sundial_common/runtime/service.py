@@ -35,7 +35,7 @@ ResultT = TypeVar("ResultT")
 def freeze_startup_heap() -> None:
     """Move everything built so far (imported modules, the app) out of the collector's sight.
 
-    It lives as long as the process, yet every full collection walked it (py-spy, issue 18: collections triggered
+    It lives as long as the process, yet every full collection walked it (py-spy: collections triggered
     by the per-execution allocations of the workers and the analytics ingest walked the import heap — chDB's
     pandas alone is ~40,000 objects; ~8 % of the API's CPU under wrk). Collected first, so no garbage is frozen.
     """

@@ -453,7 +453,7 @@ def _insert_arguments(
 def _unless_all(values: list[_T], default: _T) -> list[_T]:
     """``values``, or an empty list when each is ``default``: ``insert_executions`` unnests its arrays together, so a
     shorter one is padded with NULLs, which it reads as the column's default. asyncpg encodes each element of an
-    array in Python (~0.2 µs: README, ninth round); in the common case 9 of an execution's 16 are defaults."""
+    array in Python (~0.2 µs each); in the common case 9 of an execution's 16 are defaults."""
     return [] if values.count(default) == len(values) else values
 
 
