@@ -137,23 +137,23 @@ async def test_high_jobs_start_on_time_behind_the_first_low_burst_a_fresh_dispat
     processes.start("api", "api", "--host", "127.0.0.1", "--port", str(port))
     processes.start("hydrator", "hydrator")
     processes.start("dispatcher", "dispatcher")
-    processes.start("worker", "worker", "--app", "tests.e2e.priority_app:worker", "--concurrency", "4")
+    processes.start("worker", "worker", "--app", "tests.e2e.priority_app:first_burst", "--concurrency", "4")
     processes.wait_http_ok("api", f"http://127.0.0.1:{port}/readyz")
     processes.wait_for_log("dispatcher", "leading with fence token")
     processes.wait_for_log("worker", "partitions assigned")
-    token = tenant_token(database_url, "acme", pools=("priority",))
+    token = tenant_token(database_url, "acme", pools=("priority-first",))
 
     conn = await asyncpg.connect(database_url)
     try:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
             start = (datetime.now(UTC) + timedelta(seconds=3)).replace(microsecond=0)
-            target = {"pool": "priority", "handler": "sleep"}
+            target = {"pool": "priority-first", "handler": "sleep"}
             low = {"name": "burst", "type": "ONE_SHOT", "runAt": iso(start), "target": target, "priority": "LOW"}
             high = {
                 "name": "urgent",
                 "type": "ONE_SHOT",
                 "runAt": iso(start + timedelta(seconds=FIRST_HIGH_AT)),
-                "target": {"pool": "priority", "handler": "echo"},
+                "target": {"pool": "priority-first", "handler": "echo"},
                 "priority": "HIGH",
             }
             await register(client, token, [{**low, "payload": {"seconds": 0.25}}] * FIRST_LOW + [high] * FIRST_HIGH)
