@@ -3,9 +3,11 @@ its read, and stalled pools."""
 
 from __future__ import annotations
 
+import logging
 import uuid
 from datetime import UTC, datetime
 
+import pytest
 from sundial_common.stores.tenants import OpenExecutions
 from sundial_common.stores.types import Occurrence
 from sundial_common.testing import FakeClock, InMemoryTenantStore
@@ -229,3 +231,22 @@ async def test_work_published_ahead_and_held_by_a_worker_is_not_taken_for_a_star
     clock.advance(0.25)
     await work.refresh()
     assert "p" not in work.started_work  # two came due, none started
+
+
+async def test_a_pool_that_stalls_between_two_reads_is_said_to_be_stalled_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    counts, clock = Counts(), Clock()
+    work = open_work(counts, clock)
+    counts.rows = [OpenExecutions("a", "idle", queued=10, pending=10, running=0, open=10)]
+    await work.refresh()
+    clock.now += 2.0
+    await work.refresh()  # waiting 2 s: not stalled yet
+    clock.now += 2.0
+    with caplog.at_level(logging.INFO, logger="sundial_dispatcher.fairness.pool_room"):
+        await work.refresh()  # 4 s: stalled since this read
+        await work.refresh()  # within counts_refresh_sec: not read again
+        clock.now += 1.0
+        await work.refresh()
+    said = [r.getMessage() for r in caplog.records if "pool idle" in r.getMessage()]
+    assert len(said) == 1 and "none running" in said[0], said

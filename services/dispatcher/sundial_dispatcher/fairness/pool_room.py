@@ -79,6 +79,8 @@ class OpenWork:
         #: Per pool with work waiting: the last time (``clock``) it was seen running something or just began
         #: waiting. Absent: nothing waits there.
         self._flowing_at: dict[str, float] = {}
+        #: The pools stalled at the last read (their change is logged).
+        self._stalled_seen: set[str] = set()
         #: Per pool: its queue cap now (absent: ``pool_queue_min``), the PENDING count at the last read, what
         #: this process published there since (attributed), and whether a pass held work back for it since.
         self.caps: dict[str, int] = {}
@@ -121,7 +123,9 @@ class OpenWork:
                     # A pool first seen (this process just started or took over) with none running: the
                     # oldest wait says since when at the latest, so a new leader does not wait afresh.
                     flowing_at[pool] = now if running.get(pool) else self._flowing_at.get(pool, now - waited[pool])
-            was_stalled = {pool for pool in self._flowing_at if self.stalled(pool)}
+            # Stalled as of the last read (not the old map read at the new time: a pool that crossed the threshold
+            # between the two reads would be in both sets, and its stall never said).
+            was_stalled = self._stalled_seen
             busy = {pool for pool, n in running.items() if n}
             self.started_work.update(busy)
             if self._read_at is not None and now > self._read_at:
@@ -130,7 +134,8 @@ class OpenWork:
             self.queued, self.fresh, self.open, self.unattributed = queued, fresh, opened, 0
             self._flowing_at = flowing_at
             self._read_at = now
-            for pool in sorted({pool for pool in flowing_at if self.stalled(pool)} ^ was_stalled):
+            self._stalled_seen = {pool for pool in flowing_at if self.stalled(pool)}
+            for pool in sorted(self._stalled_seen ^ was_stalled):
                 if pool in was_stalled:
                     log.info("pool %s: no longer stalled (one runs, or none waits); its queue cap holds again", pool)
                 else:
