@@ -236,17 +236,17 @@ async def test_work_published_ahead_and_held_by_a_worker_is_not_taken_for_a_star
 async def test_a_pool_that_stalls_between_two_reads_is_said_to_be_stalled_once(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    counts, clock = Counts(), Clock()
+    counts, clock = Counts(), FakeClock()
     work = open_work(counts, clock)
     counts.rows = [OpenExecutions("a", "idle", queued=10, pending=10, running=0, open=10)]
     await work.refresh()
-    clock.now += 2.0
+    clock.advance(2.0)
     await work.refresh()  # waiting 2 s: not stalled yet
-    clock.now += 2.0
+    clock.advance(2.0)
     with caplog.at_level(logging.INFO, logger="sundial_dispatcher.fairness.pool_room"):
         await work.refresh()  # 4 s: stalled since this read
         await work.refresh()  # within counts_refresh_sec: not read again
-        clock.now += 1.0
+        clock.advance(1.0)
         await work.refresh()
     said = [r.getMessage() for r in caplog.records if "pool idle" in r.getMessage()]
     assert len(said) == 1 and "none running" in said[0], said
