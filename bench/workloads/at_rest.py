@@ -80,6 +80,9 @@ class FixedClock:
     def monotonic(self) -> float:
         return time.monotonic()
 
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(max(0.0, seconds))
+
 
 @functools.lru_cache(maxsize=200_000)
 def _next_fire(spec: ScheduleSpec, now: datetime) -> datetime:

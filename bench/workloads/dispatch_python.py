@@ -26,7 +26,8 @@ from sundial_common.domain.ids import new_id
 from sundial_common.observability.tracing import setup_tracing
 from sundial_common.runtime.service import prepare_collector
 from sundial_dispatcher.cli import GC_THRESHOLD
-from sundial_dispatcher.dispatcher import DispatcherConfig, ShardDispatcher, _Planner
+from sundial_dispatcher.dispatcher import DispatcherConfig
+from sundial_dispatcher.occurrences import OccurrencePlanner, occurrence_message
 
 from bench import results
 
@@ -73,18 +74,16 @@ def measure(batch: int, passes: int) -> float:
     now = datetime.now(UTC)
     jobs = [_job(now - timedelta(milliseconds=5)) for _ in range(batch)]
     config = DispatcherConfig(shards=8)
-    leader = ShardDispatcher.__new__(ShardDispatcher)  # only its message building is used
-    leader.token = 7
 
     def one_pass() -> None:
-        planner = _Planner(now=now, config=config)
+        planner = OccurrencePlanner(now=now, config=config)
         plan = planner(jobs)
         planned = plan.executions
         # The arrays PostgresDispatchStore.dispatch_occurrences sends (insert_executions, with the jobs' moves).
         _ = [p.job["id"] for p in planned]
         _ = [(p.execution_id, p.nominal, p.due, p.state, p.triggered, p.note, p.traceparent) for p in planned]
         _ = [(a.job_id, a.prev_fire_at, a.next_fire_at, a.next_nominal_at, a.runs, a.advance) for a in plan.advances]
-        for message in [leader._message(p, None) for p in planned]:
+        for message in [occurrence_message(p, 7, None) for p in planned]:
             message.encode()
             message.headers()
         for span in planner.spans.values():

@@ -23,3 +23,8 @@ async def sleep(ctx: Context, payload: Any) -> dict[str, float]:
     seconds = float(payload.get("seconds", 1)) if isinstance(payload, dict) else 1.0
     await asyncio.sleep(seconds)
     return {"slept": seconds}
+
+
+#: The first-burst proof's pool (``--app tests.e2e.priority_app:first_burst``): a consumer group of its own, so its
+#: worker never waits for the other proof's workers to leave theirs.
+first_burst = worker.for_pool("priority-first")

@@ -118,3 +118,71 @@ async def test_high_jobs_start_on_time_behind_a_low_backlog_of_their_own_tenant(
     )
     assert len(late) == len(high) and late[-1] <= 4.0, f"HIGH (buffered s, queued s): {waits}"
     assert low_after >= 50, "the backlog was not draining any more when the HIGH jobs ran"
+
+
+FIRST_LOW = 200  # x 0.25 s on 4 slots: ~12.5 s of work
+FIRST_HIGH_AT = 4.0  # seconds into the drain
+FIRST_HIGH = 10
+
+
+@pytest.mark.e2e
+async def test_high_jobs_start_on_time_behind_the_first_low_burst_a_fresh_dispatcher_sees(
+    processes: Processes, database_url: str
+) -> None:
+    """No warm-up: the dispatcher has never seen the pool start work when its first burst comes due, so the pool's
+    start rate is not measured yet. The burst must not go to the pool's topic whole (first in, first out: the HIGH
+    jobs would wait ~8.5 s behind it); the HIGH jobs due during its drain start within 4 s of due, before the LOW
+    backlog has drained."""
+    port = free_port()
+    processes.start("api", "api", "--host", "127.0.0.1", "--port", str(port))
+    processes.start("hydrator", "hydrator")
+    processes.start("dispatcher", "dispatcher")
+    processes.start("worker", "worker", "--app", "tests.e2e.priority_app:first_burst", "--concurrency", "4")
+    processes.wait_http_ok("api", f"http://127.0.0.1:{port}/readyz")
+    processes.wait_for_log("dispatcher", "leading with fence token")
+    processes.wait_for_log("worker", "partitions assigned")
+    token = tenant_token(database_url, "acme", pools=("priority-first",))
+
+    conn = await asyncpg.connect(database_url)
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
+            start = (datetime.now(UTC) + timedelta(seconds=3)).replace(microsecond=0)
+            target = {"pool": "priority-first", "handler": "sleep"}
+            low = {"name": "burst", "type": "ONE_SHOT", "runAt": iso(start), "target": target, "priority": "LOW"}
+            high = {
+                "name": "urgent",
+                "type": "ONE_SHOT",
+                "runAt": iso(start + timedelta(seconds=FIRST_HIGH_AT)),
+                "target": {"pool": "priority-first", "handler": "echo"},
+                "priority": "HIGH",
+            }
+            await register(client, token, [{**low, "payload": {"seconds": 0.25}}] * FIRST_LOW + [high] * FIRST_HIGH)
+            assert datetime.now(UTC) < start, "registration ran past the burst's due time"
+
+            deadline = start + timedelta(seconds=60)
+            expected = FIRST_LOW + FIRST_HIGH
+            while await conn.fetchval("SELECT count(*) FROM executions WHERE started_at IS NOT NULL") < expected:
+                assert datetime.now(UTC) < deadline, "the burst did not drain"
+                await asyncio.sleep(0.5)  # polling Postgres for progress; there is no event to wait on
+            rows = await conn.fetch(
+                "SELECT e.priority, e.started_at, e.created_at, coalesce(e.fire_at, e.scheduled_for) AS due"
+                " FROM executions e WHERE e.tenant_id = 'acme'"
+            )
+    finally:
+        await conn.close()
+
+    late = sorted((r["started_at"] - r["due"]).total_seconds() for r in rows if r["priority"] == "HIGH")
+    last_high = max(r["started_at"] for r in rows if r["priority"] == "HIGH")
+    low_after = sum(1 for r in rows if r["priority"] == "LOW" and r["started_at"] > last_high)
+    # Where a late one waited: before its execution was created (the buffer) or after (the pool's topic).
+    waits = sorted(
+        ((r["created_at"] - r["due"]).total_seconds(), (r["started_at"] - r["created_at"]).total_seconds())
+        for r in rows
+        if r["priority"] == "HIGH"
+    )
+    print(
+        f"\nfirst burst, HIGH lateness: P50 {statistics.median(late):.2f} s, max {late[-1]:.2f} s;"
+        f" {low_after} LOW jobs started after the last HIGH one; (buffered s, queued s): {waits}"
+    )
+    assert len(late) == FIRST_HIGH and late[-1] <= 4.0, f"HIGH (buffered s, queued s): {waits}"
+    assert low_after >= 20, "the LOW burst was not draining any more when the HIGH jobs ran"

@@ -400,7 +400,7 @@ async def test_a_pass_whose_transaction_fails_puts_its_claim_back(
         def __getattr__(self, name: str) -> object:
             return getattr(stores.dispatch, name)
 
-        async def dispatch_occurrences(self, *args: object) -> None:
+        def occurrence_transaction(self, *args: object) -> None:
             raise ConnectionRefusedError("Postgres is restarting")
 
     broken = ShardDispatcher(0, 1, "replica-a", stores.dispatch, hot_window, publisher, DispatcherConfig())

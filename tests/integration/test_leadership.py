@@ -18,13 +18,13 @@ from typing import Any, TypeVar
 import aetcd
 import pytest
 from sundial_common.coordination.leadership import (
-    Clock,
     LeadershipConfig,
     LeadershipStopped,
     ShardLeadership,
     Term,
     run_as_leader,
 )
+from sundial_common.runtime.clock import Clock
 from sundial_common.testing import FakeClock
 
 T = TypeVar("T")

@@ -7,6 +7,7 @@ milliseconds and nothing sleeps.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import uuid
@@ -24,7 +25,13 @@ from sundial_common.domain.schedules import Kind, ScheduleSpec, fire_at, next_fi
 from sundial_common.hotwindow.window import HotWindow
 from sundial_common.runtime.clock import to_ms
 from sundial_common.stores import Stores
-from sundial_common.stores.dispatch import DispatchOutcome, DispatchPlan, DispatchStore, PlannedExecution, Planner
+from sundial_common.stores.dispatch import (
+    DispatchStore,
+    FencedOut,
+    LockedShard,
+    OccurrenceTransaction,
+    ShardClaims,
+)
 from sundial_common.stores.types import Occurrence, Record
 from sundial_common.testing import FakeClock
 from sundial_dispatcher.dispatcher import CANCEL_KEY, DispatcherConfig, DispatchResult, ShardDispatcher
@@ -471,26 +478,43 @@ class _Reading(Mapping[str, Any]):
 
 
 class _ReadingStore:
-    """The dispatch store, handing the planner its locked rows as :class:`_Reading` (the messages are built from
-    them too): ``read`` is every column the dispatch read, ``given`` every column it was given."""
+    """The dispatch store, handing the dispatcher its locked rows as :class:`_Reading` (the plan and the messages are
+    built from them): ``read`` is every column the dispatch read, ``given`` every column it was given."""
 
     def __init__(self, store: DispatchStore) -> None:
         self._store = store
         self.read: set[str] = set()
         self.given: set[str] = set()
 
-    async def dispatch_occurrences(
-        self, shard: int, token: int, holder: str, claims: Sequence[Occurrence], plan: Planner
-    ) -> DispatchOutcome:
-        def reading(rows: Sequence[Record]) -> list[PlannedExecution] | DispatchPlan:
-            for row in rows:
-                self.given |= set(row.keys())
-            return plan([_Reading(row, self.read) for row in rows])
-
-        return await self._store.dispatch_occurrences(shard, token, holder, claims, reading)
+    @contextlib.asynccontextmanager
+    async def occurrence_transaction(self, holder: str) -> AsyncIterator[Any]:
+        async with self._store.occurrence_transaction(holder) as tx:
+            yield _ReadingTransaction(tx, self)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._store, name)
+
+
+class _ReadingTransaction:
+    """An open dispatch transaction whose locked rows come back as :class:`_Reading`."""
+
+    def __init__(self, tx: OccurrenceTransaction, store: _ReadingStore) -> None:
+        self._tx = tx
+        self._store = store
+
+    async def lock(self, parts: Sequence[ShardClaims]) -> list[LockedShard | FencedOut]:
+        locked: list[LockedShard | FencedOut] = []
+        for lock in await self._tx.lock(parts):
+            if isinstance(lock, LockedShard):
+                for row in lock.due:
+                    self._store.given |= set(row.keys())
+                rows: list[Record] = [_Reading(row, self._store.read) for row in lock.due]
+                lock = dataclasses.replace(lock, due=rows)
+            locked.append(lock)
+        return locked
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._tx, name)
 
 
 async def test_the_dispatch_reads_only_columns_the_lock_returns(

@@ -7,7 +7,8 @@ next nominal times after its cursor — as many as its rate allows since its las
 elapsed, the elapsed time capped so that a leader coming back after an outage does not burst), or one at a
 time under ``BUFFER_ONE`` once the previous one has ended — become executions, unless the occurrence already
 has one (``(job_id, scheduled_for)`` is unique); the cursor moves in the same transaction. Then they are
-published, as any dispatch; a crash before that leaves PENDING rows the sweeper sends.
+sent through the outbox sender, as any dispatch (:mod:`sundial_dispatcher.sources`); a crash before that leaves
+PENDING rows the sweeper sends.
 
 A leader killed mid-backfill loses nothing and doubles nothing: the next one continues from the committed
 cursor, and an occurrence committed by the dead one is found taken.
@@ -30,6 +31,7 @@ from opentelemetry.context import Context
 from opentelemetry.trace import Link, Span, SpanKind, get_current_span
 from sundial_common.broker.kafka import Publisher
 from sundial_common.broker.messages import ExecutionMessage, pool_topic
+from sundial_common.broker.outbox import OutboxSender
 from sundial_common.domain.ids import new_id
 from sundial_common.domain.schedules import occurrences, spec_from_row
 from sundial_common.observability.tracing import (
@@ -42,14 +44,21 @@ from sundial_common.observability.tracing import (
 )
 from sundial_common.runtime.clock import Clock, SystemClock
 from sundial_common.runtime.crashpoints import crash_point
-from sundial_common.stores.backfills import BackfillAdvance, BackfillExecution, BackfillPlan, BackfillStore
+from sundial_common.stores.backfills import (
+    BackfillAdvance,
+    BackfillExecution,
+    BackfillOutcome,
+    BackfillPlan,
+    BackfillStore,
+)
 from sundial_common.stores.dispatch import DispatchStore
 from sundial_common.stores.types import Record
 
+from sundial_dispatcher.dispatch_spans import end_duplicates, end_failed, end_rate_limited
 from sundial_dispatcher.limits import Limits, NoLimits, Room
 from sundial_dispatcher.metrics import count_dispatched
-from sundial_dispatcher.publishing import end_duplicates, end_failed, end_rate_limited, publish_committed
 from sundial_dispatcher.side_work import Cadence
+from sundial_dispatcher.sources import dispatch_once
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +96,7 @@ class BackfillResult:
 
 
 @dataclass
-class _Planner:
+class BackfillStepPlanner:
     """Decides, inside the step's transaction, each backfill's next occurrences within its rate budget and ``room``,
     then takes their dispatch-rate tokens from ``limits``."""
 
@@ -192,8 +201,18 @@ class _Planner:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class _Stepped:
+    """What one backfill step committed, and the planner that decided it (its spans, the backfills it saw)."""
+
+    outcome: BackfillOutcome
+    planner: BackfillStepPlanner
+
+
 class BackfillDispatcher:
-    """Leader-only: one shard's running backfills stepped under one term's fencing token."""
+    """Leader-only: one shard's running backfills stepped under one term's fencing token; a dispatch source
+    (:mod:`sundial_dispatcher.sources`) whose claim is the room fair dispatch leaves it (the backfills' cursors
+    are in Postgres: nothing to put back)."""
 
     def __init__(
         self,
@@ -212,7 +231,7 @@ class BackfillDispatcher:
         self.holder = holder
         self.store = store
         self.outbox = outbox
-        self.publisher = publisher
+        self.sender = OutboxSender(publisher, "backfill", token)
         self.config = config
         self.clock = clock or SystemClock()
         #: Fair dispatch's limits (none when fairness is off: occurrences go out at the backfill's own rate).
@@ -229,10 +248,21 @@ class BackfillDispatcher:
 
     async def run_once(self) -> BackfillResult:
         """One fenced step of every running backfill, then the publishes. Raises ``FencedOut``."""
+        return await dispatch_once(self)
+
+    def nothing(self) -> BackfillResult:
+        return BackfillResult()
+
+    async def claim(self) -> Room | None:
         if not await self.store.has_running(self.shard):
-            return BackfillResult()
-        room = await self.limits.room()
-        planner = _Planner(self.config, room, self.limits)
+            return None
+        return await self.limits.room()
+
+    async def put_back(self, claimed: Room) -> None:
+        """Nothing: the backfills' cursors did not move."""
+
+    async def commit(self, room: Room) -> _Stepped:
+        planner = BackfillStepPlanner(self.config, room, self.limits)
         try:
             outcome = await self.store.step(
                 self.shard,
@@ -251,17 +281,23 @@ class BackfillDispatcher:
             crash_point("backfills.after_commit")  # committed, not published: the sweeper's to send
         # Planned but not created: the occurrence already had an execution.
         end_duplicates(planner.spans, {p.execution_id for p in outcome.created})
-        result = BackfillResult(created=len(outcome.created), running=planner.running)
-        if not outcome.created:
+        return _Stepped(outcome, planner)
+
+    async def send(self, stepped: _Stepped) -> BackfillResult:
+        created = stepped.outcome.created
+        result = BackfillResult(created=len(created), running=stepped.planner.running)
+        if not created:
             return result
-        count_dispatched((p.backfill["tenant_id"], p.backfill["pool"]) for p in outcome.created)
-        messages = [self._message(p) for p in outcome.created]
-        result.publish_failed = await publish_committed(self.publisher, self.outbox, messages, planner.spans)
-        result.published = len(messages) - result.publish_failed
-        if result.publish_failed:
-            log.warning(
-                "shard %d: %d backfill publishes failed; the sweeper will send them", self.shard, result.publish_failed
-            )
+        count_dispatched((p.backfill["tenant_id"], p.backfill["pool"]) for p in created)
+        sent = await self.sender.send(
+            [self._message(p) for p in created],
+            [p.execution_id for p in created],
+            [stepped.planner.spans[p.execution_id] for p in created],
+            mark=self.outbox.mark_published,
+        )
+        result.published, result.publish_failed = len(sent.sent), sent.failed
+        if sent.failed:
+            log.warning("shard %d: %d backfill publishes failed; the sweeper will send them", self.shard, sent.failed)
         return result
 
     def _message(self, p: BackfillExecution) -> ExecutionMessage:
@@ -273,7 +309,7 @@ class BackfillDispatcher:
             pool=b["pool"],
             handler=b["handler"],
             attempt=1,
-            fence_token=self.token,
+            fence_token=self.sender.fence_token,
             scheduled_for=p.scheduled_for.isoformat(),
             timeout_sec=b["timeout_sec"],
             payload=b["payload"],

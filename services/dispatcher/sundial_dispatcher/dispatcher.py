@@ -1,6 +1,8 @@
-"""One shard's dispatch pass: claim due members, commit their executions (fenced), publish them.
+"""One shard's dispatch pass: claim due members, commit their executions (fenced), send them.
 
-The order is what makes dispatch safe (DESIGN invariants 1, 2 and 4):
+The due occurrences of a shard's jobs are a dispatch source (:mod:`sundial_dispatcher.sources`); the order is
+what makes dispatch safe (nothing accepted is lost, one occurrence gets one execution, a deposed leader writes
+nothing):
 
 1. **Claim** due members from the shard's hot window with one atomic Lua call. If the pass fails
    after this (Postgres down, fenced out), it puts them back at once; if the process dies, the members
@@ -8,11 +10,13 @@ The order is what makes dispatch safe (DESIGN invariants 1, 2 and 4):
    back.
 2. **Commit** one Postgres transaction: raise the shard fence to our token (or learn we are fenced
    out and stop), lock the jobs that still match, insert one execution per occurrence (unique, so a
-   repeated claim creates nothing), advance each job's next fire with compare-and-set. The passes of the
-   shards one process leads share their transactions when they coincide
-   (:mod:`sundial_dispatcher.group_commit`); the fence is still raised, and checked, per shard.
-3. **Publish** the created executions to their pools' topics, then mark them published. If the
-   process dies before publishing, the execution rows are the outbox: the sweeper republishes
+   repeated claim creates nothing), advance each job's next fire with compare-and-set; what to create is
+   decided between the lock and the write (:mod:`sundial_dispatcher.occurrences`). The passes of the shards
+   one process leads share their transactions when they coincide (:mod:`sundial_dispatcher.group_commit`); the
+   fence is still raised, and checked, per shard. Scheduled retries claimed with the jobs go out first, as a
+   source of their own (:mod:`sundial_dispatcher.retries`).
+3. **Send** the created executions to their pools' topics through the outbox sender, then mark them
+   published. If the process dies before sending, the execution rows are the outbox: the sweeper republishes
    PENDING executions that were never published.
 
 Leader-only: a :class:`ShardDispatcher` exists only while its process holds the shard's term.
@@ -22,8 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
-import functools
 import logging
 import time
 from collections import deque
@@ -32,40 +34,25 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from uuid import UUID
 
-from opentelemetry.context import Context
-from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode, get_current_span
 from sundial_common.broker.kafka import Publisher
-from sundial_common.broker.messages import ExecutionMessage, pool_topic
-from sundial_common.domain.ids import new_execution_id
-from sundial_common.domain.schedules import fire_at, spec_from_row
+from sundial_common.broker.outbox import OutboxSender
 from sundial_common.hotwindow.window import Claimed, HotWindow
-from sundial_common.observability.tracing import (
-    context_from,
-    execution_attributes,
-    execution_context,
-    kafka_publish_attributes,
-    spans_recorded,
-    traceparent,
-    tracer,
-    unrecorded_traceparent,
-)
 from sundial_common.runtime.clock import Clock, SystemClock
 from sundial_common.runtime.crashpoints import crash_point
-from sundial_common.stores.dispatch import DispatchOutcome, DispatchPlan, DispatchStore, JobAdvance, PlannedExecution
-from sundial_common.stores.types import Occurrence, Record
+from sundial_common.stores.dispatch import DispatchOutcome, DispatchStore
+from sundial_common.stores.types import Occurrence, RetryDue
 
+from sundial_dispatcher.dispatch_spans import end_duplicates, end_failed
 from sundial_dispatcher.fairness import FairDispatch, FairnessConfig
-from sundial_dispatcher.group_commit import GroupCommit, OccurrenceCommit
+from sundial_dispatcher.group_commit import GroupCommit, OccurrenceCommit, SoleCommit
 from sundial_dispatcher.metrics import count_dispatched, count_missed
-from sundial_dispatcher.planning import Catchup, Overlap, Policies, decide
+from sundial_dispatcher.occurrences import OccurrencePlanner, occurrence_message
 from sundial_dispatcher.retries import RetryDispatcher
+from sundial_dispatcher.sources import dispatch_once
 from sundial_dispatcher.tenancy import TenantPolicy
 
 log = logging.getLogger(__name__)
 
-#: Job types whose executions continue the trace of the request that created them. A recurring
-#: job's fires each start a trace of their own, linked to the creating request.
-_ONE_OFF = frozenset({"ONE_SHOT", "DELAYED"})
 #: Redis key a worker watches to stop a running execution (set for CANCEL_RUNNING; Postgres has the truth
 #: in ``executions.cancel_requested_at``).
 CANCEL_KEY = "sundial:cancel:{execution_id}"
@@ -153,189 +140,19 @@ class DispatchResult:
     again: bool = False
 
 
-@functools.lru_cache(maxsize=256)
-def _policies(overlap: str, catchup: str, catchup_window_sec: int, fire_all_cap: int) -> Policies:
-    """A job's policies (frozen), built once per distinct combination (a handful in practice), not per execution:
-    two enum lookups and a frozen dataclass were ~1.4 µs of each planned one."""
-    return Policies(Overlap(overlap), Catchup(catchup), catchup_window_sec, fire_all_cap)
-
-
 @dataclass
-class _Planner:
-    """Decides, inside the dispatch transaction, each locked job's executions and its move.
+class _Committed:
+    """What a pass committed: its claim's size, the retries sent, and the occurrences' outcome and planner."""
 
-    For a job whose schedule is due it applies the catch-up and overlap policies
-    (:func:`~sundial_dispatcher.planning.decide`) and recomputes the next occurrence from the schedule; a
-    pending manual trigger becomes one more execution that leaves the schedule where it is.
-    """
-
-    now: datetime
-    config: DispatcherConfig
-    #: The dispatch span of each PENDING execution, while this process records spans (:func:`spans_recorded`);
-    #: without an exporter none is made, only each execution's traceparent (:func:`unrecorded_traceparent`).
-    spans: dict[UUID, Span] = field(default_factory=dict)
-    #: Jobs to look at again soon (BUFFER_ONE waiting on an open execution).
-    holds: list[Occurrence] = field(default_factory=list)
-    #: Where each locked job's hot-window member belongs after this transaction (None: nowhere).
-    members: dict[UUID, datetime | None] = field(default_factory=dict)
-    #: Occurrences missed beyond their catch-up window, per tenant (sundial_missed_fires_total).
-    missed: dict[str, int] = field(default_factory=dict)
-    #: Tenants whose jobs wait (sundial_dispatcher.tenancy).
-    suspended: frozenset[str] = frozenset()
-    #: Whether this process records spans (an exporter is set up), asked once a pass rather than per execution.
-    recorded: bool = field(default_factory=spans_recorded)
-
-    def __call__(self, jobs: Sequence[Record]) -> DispatchPlan:
-        executions: list[PlannedExecution] = []
-        advances: list[JobAdvance] = []
-        cancel: list[UUID] = []
-        for job in jobs:
-            if job["tenant_id"] in self.suspended:
-                # Left as it is: once the tenant is resumed, what came due meets the catch-up policy.
-                self.holds.append(Occurrence(job["id"], self.now + timedelta(seconds=self.config.suspended_poll_sec)))
-                self.members[job["id"]] = None
-                continue
-            claimed = job["claimed_due"]
-            schedule_due = (
-                job["state"] == "ACTIVE" and job["next_fire_at"] is not None and job["next_fire_at"] <= claimed
-            )
-            trigger_due = job["trigger_at"] is not None and job["trigger_at"] <= claimed
-            next_fire_at = job["next_fire_at"] if job["state"] == "ACTIVE" else None
-            advance: JobAdvance | None = None
-            nominals: set[datetime] = set()
-            if schedule_due:
-                advance, planned, to_cancel = self._schedule(job)
-                executions += planned
-                cancel += to_cancel
-                nominals = {p.nominal for p in planned}
-                if advance is not None:
-                    next_fire_at = advance.next_fire_at
-                else:  # held: its member comes back with the holds, not at its (past) fire time
-                    next_fire_at = None
-            if trigger_due:
-                at = job["trigger_at"]
-                while at in nominals:  # one occurrence, one execution: a trigger never lands on a scheduled one
-                    at += timedelta(milliseconds=1)
-                executions.append(self._execution(job, job["trigger_execution_id"], at, at, triggered=True))
-                advance = (
-                    JobAdvance(job["id"], job["next_fire_at"], None, None, advance=False, trigger_done=True)
-                    if advance is None
-                    else dataclasses.replace(advance, trigger_done=True)
-                )
-            if advance is not None:
-                advances.append(advance)
-            pending_trigger = job["trigger_at"] if not trigger_due else None
-            candidates = [t for t in (next_fire_at, pending_trigger) if t is not None]
-            self.members[job["id"]] = min(candidates) if candidates else None
-        return DispatchPlan(executions, advances, cancel)
-
-    def _schedule(self, job: Record) -> tuple[JobAdvance | None, list[PlannedExecution], list[UUID]]:
-        """The due schedule of ``job``: its executions, its move (None: held, nothing changes), what to cancel."""
-        spec = spec_from_row(job)
-        nominal = job["next_nominal_at"] or job["next_fire_at"]
-        decision = decide(
-            spec,
-            job["id"],
-            nominal,
-            self.now,
-            runs_so_far=job["fire_count"],
-            policies=_policies(
-                job["overlap_policy"], job["catchup_policy"], job["catchup_window_sec"], self.config.fire_all_cap
-            ),
-            open_executions=job["open_execution_ids"] or (),
-        )
-        if decision.missed:
-            self.missed[job["tenant_id"]] = self.missed.get(job["tenant_id"], 0) + decision.missed
-        if decision.hold:
-            retry_at = self.now + timedelta(seconds=self.config.buffer_poll_sec)
-            self.holds.append(Occurrence(job["id"], retry_at))
-            return None, [], []
-        planned = [
-            self._execution(job, new_execution_id(), n, fire_at(job["id"], n, spec.jitter_sec)) for n in decision.runs
-        ]
-        planned += [
-            self._execution(
-                job, new_execution_id(), n, fire_at(job["id"], n, spec.jitter_sec), state="SKIPPED", note=why
-            )
-            for n, why in decision.skipped
-        ]
-        following = decision.next_nominal
-        advance = JobAdvance(
-            job["id"],
-            job["next_fire_at"],
-            fire_at(job["id"], following, spec.jitter_sec) if following is not None else None,
-            following,
-            runs=len(decision.runs),
-            missed=decision.missed,
-        )
-        return advance, planned, decision.cancel
-
-    def _execution(
-        self,
-        job: Record,
-        execution_id: UUID,
-        nominal: datetime,
-        due: datetime,
-        *,
-        state: str = "PENDING",
-        triggered: bool = False,
-        note: str | None = None,
-    ) -> PlannedExecution:
-        parent = None
-        if state == "PENDING" and self.recorded:  # a SKIPPED occurrence is never published: no dispatch span
-            span = self._span(job, execution_id, nominal, triggered)
-            self.spans[execution_id] = span
-            parent = traceparent(span)
-        elif state == "PENDING":  # the same trace ids, without building what nobody records
-            parent = unrecorded_traceparent(
-                job["trigger_traceparent"] if triggered else job["traceparent"] if job["type"] in _ONE_OFF else None
-            )
-        return PlannedExecution(
-            execution_id=execution_id,
-            job=job,
-            next_fire_at=None,
-            traceparent=parent,
-            scheduled_for=nominal,
-            fire_at=due,
-            state=state,
-            triggered=triggered,
-            note=note,
-        )
-
-    @staticmethod
-    def _span(job: Record, execution_id: UUID, nominal: datetime, triggered: bool) -> Span:
-        """The execution's first span, the anchor of its trace (its traceparent is stored on the row)."""
-        attributes = {
-            **execution_attributes(
-                tenant=job["tenant_id"],
-                job_id=job["id"],
-                execution_id=execution_id,
-                attempt=1,
-                pool=job["pool"],
-                handler=job["handler"],
-            ),
-            **kafka_publish_attributes(pool_topic(job["pool"]), str(execution_id)),
-            "sundial.scheduled_for": nominal.isoformat(),
-        }
-        name = f"send {pool_topic(job['pool'])}"
-        if triggered:
-            # A trigger's execution continues the trace of the request that asked for it.
-            attributes["sundial.triggered"] = True
-            parent = execution_context(job["trigger_traceparent"])
-            return tracer.start_span(name, context=parent, kind=SpanKind.PRODUCER, attributes=attributes)
-        origin = context_from(job["traceparent"])
-        if job["type"] in _ONE_OFF:
-            # A one-off job has one execution: it continues the trace of the request that created the job.
-            return tracer.start_span(
-                name, context=execution_context(job["traceparent"]), kind=SpanKind.PRODUCER, attributes=attributes
-            )
-        # Each fire of a recurring job is a trace of its own, linked to the request that created the job.
-        links = [Link(get_current_span(origin).get_span_context())] if origin else []
-        return tracer.start_span(name, context=Context(), kind=SpanKind.PRODUCER, attributes=attributes, links=links)
+    claimed: int
+    retried: int
+    outcome: DispatchOutcome | None = None
+    planner: OccurrencePlanner | None = None
 
 
 class ShardDispatcher:
-    """Leader-only work for one shard under one term (``token`` is the term's fencing token)."""
+    """Leader-only work for one shard under one term (``token`` is the term's fencing token): the due occurrences
+    of its jobs as a dispatch source (:mod:`sundial_dispatcher.sources`)."""
 
     def __init__(
         self,
@@ -356,15 +173,17 @@ class ShardDispatcher:
         self.holder = holder
         self.store = store
         self.hot_window = hot_window
-        self.publisher = publisher
+        #: Every message of this term leaves through these (first attempts, retries), stamped with its token.
+        self.sender = OutboxSender(publisher, "dispatch", token)
+        self.retry_sender = OutboxSender(publisher, "retry", token)
         self.config = config
         self.clock = clock or SystemClock()
         self.tenants = tenants
         #: None: a pass takes the earliest due members, whoever they belong to.
         self.fair = fair
         #: Where a pass commits its claims: with the other shards' passes of this process (a GroupCommit), or
-        #: (None) in a transaction of its own, through the store.
-        self.commit = commit
+        #: (None) in a transaction of its own (:class:`~sundial_dispatcher.group_commit.SoleCommit`).
+        self.commit_with = commit
         #: Published executions not yet marked in Postgres: (monotonic time of the publish, ids).
         self._unmarked: deque[tuple[float, list[UUID]]] = deque()
         #: When the earliest member left in the window after the last claim is due (None: empty).
@@ -383,22 +202,23 @@ class ShardDispatcher:
 
     async def run_once(self) -> DispatchResult:
         """One pass. Raises ``FencedOut`` if a newer leader has written for this shard."""
+        result = await dispatch_once(self)
+        result.again = self.fair is not None and self.fair.cut_short
+        return result
+
+    def nothing(self) -> DispatchResult:
+        return DispatchResult()
+
+    async def claim(self) -> Claimed | None:
+        """The shard's due members (jobs and scheduled retries), after writing the published marks now due."""
         await self._mark_published()
-        with self.commit.claiming() if self.commit is not None else contextlib.nullcontext():
+        with self.commit_with.claiming() if self.commit_with is not None else contextlib.nullcontext():
             if self.fair is not None:
                 claimed = await self.fair.claim(self.clock.now(), self.lead)
             else:
                 claimed = await self.hot_window.claim_due(self.shard, self.due_by(), self.config.batch_size)
                 self._window_next = claimed.next_due
-        if not claimed:
-            return DispatchResult()
-        try:
-            result = await self._dispatch_claimed(claimed)
-        except BaseException:
-            await self._put_back(claimed)
-            raise
-        result.again = self.fair is not None and self.fair.cut_short
-        return result
+        return claimed if claimed else None
 
     def next_look(self) -> datetime | None:
         """The earliest instant the next pass may have work (None: nothing known): the window's earliest member
@@ -428,7 +248,7 @@ class ShardDispatcher:
         due_in = self._unmarked[0][0] + self.config.mark_published_after_sec + grouped - time.monotonic()
         return now + timedelta(seconds=max(due_in, 0.0))
 
-    async def _put_back(self, claimed: Claimed) -> None:
+    async def put_back(self, claimed: Claimed) -> None:
         """A pass that failed after its claim (Postgres down, fenced out, cancelled) returns what it claimed.
 
         Its members go back at the scores they were claimed at, so the next pass of this leader or of the
@@ -447,28 +267,33 @@ class ShardDispatcher:
         await self.hot_window.add_retries(self.shard, claimed.retries, only_new=True)
         log.info("shard %d: failed pass put back %d claimed members", self.shard, len(claimed))
 
-    async def _dispatch_claimed(self, claimed: Claimed) -> DispatchResult:
+    async def commit(self, claimed: Claimed) -> _Committed:
+        """The claimed retries' pass (committed and sent), then the claimed occurrences' fenced transaction."""
         crash_point("dispatcher.after_claim")
         # Scheduled retries claimed with the jobs (see sundial_dispatcher.retries).
-        retried = (await self._retries().dispatch(claimed.retries)).retried if claimed.retries else 0
-        claims = claimed.jobs
-        if not claims:
-            return DispatchResult(claimed=len(claimed), retried=retried)
+        retried = (await self._retries(claimed.retries).dispatch()).retried if claimed.retries else 0
+        if not claimed.jobs:
+            return _Committed(len(claimed), retried)
         suspended = await self.tenants.suspended() if self.tenants is not None else frozenset[str]()
-        planner = _Planner(now=self.due_by(), config=self.config, suspended=suspended)
+        planner = OccurrencePlanner(now=self.due_by(), config=self.config, suspended=suspended)
+        committer: OccurrenceCommit = self.commit_with if self.commit_with is not None else SoleCommit(self.store)
         try:
-            commit: OccurrenceCommit = self.commit if self.commit is not None else self.store
-            outcome = await commit.dispatch_occurrences(self.shard, self.token, self.holder, claims, planner)
+            outcome = await committer.dispatch_occurrences(self.shard, self.token, self.holder, claimed.jobs, planner)
         except BaseException:
-            for span in planner.spans.values():
-                span.set_status(Status(StatusCode.ERROR, "dispatch transaction failed"))
-                span.end()
+            end_failed(planner.spans, "dispatch")
             raise
         crash_point("dispatcher.after_commit")
+        return _Committed(len(claimed), retried, outcome, planner)
+
+    async def send(self, committed: _Committed) -> DispatchResult:
+        """Count, requeue the jobs' next fires, flag cancellations and send the created executions."""
+        outcome, planner = committed.outcome, committed.planner
+        if outcome is None or planner is None:
+            return DispatchResult(claimed=committed.claimed, retried=committed.retried)
         planned = [p for p in outcome.created if p.state == "PENDING"]
         result = DispatchResult(
-            claimed=len(claimed),
-            retried=retried,
+            claimed=committed.claimed,
+            retried=committed.retried,
             dispatched=len(planned),
             skipped=len(outcome.created) - len(planned),
             held=len(planner.holds),
@@ -476,37 +301,30 @@ class ShardDispatcher:
         )
         count_dispatched((p.job["tenant_id"], p.job["pool"]) for p in planned)
         count_missed(planner.missed)
-        created = {p.execution_id for p in planned}
-        for execution_id, span in planner.spans.items():
-            if execution_id not in created:  # the occurrence already had its execution
-                span.set_attribute("sundial.duplicate", True)
-                span.end()
+        # Planned but not created: the occurrence already had its execution.
+        end_duplicates(planner.spans, {p.execution_id for p in planned})
         await self._requeue_next_fires(planner, outcome)
         await self._flag_cancellations(outcome.cancel_requested)
         if not planned:
             return result
         ahead = self.clock.now() if self.config.publish_lead_sec else None  # a burst's may be sent ahead too
-        errors = await self.publisher.publish([self._message(p, ahead) for p in planned])
-        published: list[UUID] = []
-        for p, error in zip(planned, errors, strict=True):
-            if error is None:
-                published.append(p.execution_id)
-            if (sent := planner.spans.get(p.execution_id)) is not None:  # a span only while spans are recorded
-                if error is not None:
-                    sent.set_status(Status(StatusCode.ERROR, f"publish failed: {error}"))
-                sent.end()
-        result.published = len(published)
-        result.publish_failed = len(planned) - len(published)
-        if result.publish_failed:
+        sent = await self.sender.send(
+            [occurrence_message(p, self.sender.fence_token, ahead) for p in planned],
+            [p.execution_id for p in planned],
+            [planner.spans.get(p.execution_id) for p in planned] if planner.spans else (),
+        )
+        result.published = len(sent.sent)
+        result.publish_failed = sent.failed
+        if sent.failed:
             # Not lost: the executions stay PENDING and unpublished, and the sweeper sends them again.
             log.warning(
                 "shard %d: %d publishes failed (%s); the sweeper will retry them",
                 self.shard,
-                result.publish_failed,
-                next(e for e in errors if e),
+                sent.failed,
+                sent.first_error,
             )
-        if published:
-            self._unmarked.append((time.monotonic(), published))
+        if sent.sent:
+            self._unmarked.append((time.monotonic(), sent.sent))
         await self._mark_published()
         return result
 
@@ -530,20 +348,20 @@ class ShardDispatcher:
             due += self._unmarked.popleft()[1]
         await self.store.mark_published(due)
 
-    def _retries(self) -> RetryDispatcher:
+    def _retries(self, claims: Sequence[RetryDue]) -> RetryDispatcher:
         return RetryDispatcher(
             self.shard,
-            self.token,
             self.holder,
             self.store,
             self.hot_window,
-            self.publisher,
+            self.retry_sender,
             self.clock,
             self.config.hot_window_sec,
+            claims,
             ahead=self.config.publish_lead_sec > 0,
         )
 
-    async def _requeue_next_fires(self, planner: _Planner, outcome: DispatchOutcome) -> None:
+    async def _requeue_next_fires(self, planner: OccurrencePlanner, outcome: DispatchOutcome) -> None:
         """Put the dispatched jobs' members back where they now belong, if that is inside the hot window.
 
         The claim removed each member; a job's next fire (or a trigger still pending) due soon goes straight
@@ -564,22 +382,3 @@ class ShardDispatcher:
             for execution_id in execution_ids:
                 pipe.set(CANCEL_KEY.format(execution_id=execution_id), "1", ex=CANCEL_KEY_TTL_SEC)
             await pipe.execute()
-
-    def _message(self, p: PlannedExecution, now: datetime | None) -> ExecutionMessage:
-        """``now``: with a publish lead, an execution due after it carries its due instant (the worker holds it)."""
-        job = p.job
-        due = p.due
-        return ExecutionMessage(
-            execution_id=str(p.execution_id),
-            job_id=str(job["id"]),
-            tenant_id=job["tenant_id"],
-            pool=job["pool"],
-            handler=job["handler"],
-            attempt=1,
-            fence_token=self.token,
-            scheduled_for=p.nominal.isoformat(),
-            timeout_sec=job["timeout_sec"],
-            payload=job["payload"],
-            traceparent=p.traceparent,
-            due_at=due.isoformat() if now is not None and due > now else None,
-        )

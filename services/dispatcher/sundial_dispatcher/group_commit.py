@@ -6,8 +6,8 @@ fixed costs in Postgres and here — BEGIN, two statements planned and sent, COM
 executions each in W3. :class:`GroupCommit` is what the shards' passes commit through instead: a pass that finds
 no transaction in flight starts one at once, except that it waits for the passes claiming their members at that
 moment (a Redis round trip, at most :data:`GATHER_SEC`); passes that come while one is in flight wait for it and
-then go together, in one transaction (:meth:`~sundial_common.stores.dispatch.PostgresDispatchStore.
-dispatch_shards`). A dense shard passes on a grid its process's shards share (:mod:`sundial_dispatcher.shards`),
+then go together, in one transaction (:func:`commit_parts`: the store locks, each pass's planner decides here,
+the store writes). A dense shard passes on a grid its process's shards share (:mod:`sundial_dispatcher.shards`),
 so they claim together and commit together: one transaction a tick rather than one a shard.
 
 The invariants hold per shard, as in a transaction of its own: each shard's fence is raised in the shared
@@ -28,10 +28,19 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from sundial_common.stores.dispatch import DispatchOutcome, DispatchStore, FencedOut, Planner, ShardClaims
+from sundial_common.stores.dispatch import (
+    DispatchOutcome,
+    DispatchPlan,
+    DispatchStore,
+    FencedOut,
+    LockedShard,
+    PlannedExecution,
+    Planner,
+    ShardClaims,
+)
 from sundial_common.stores.types import Occurrence
 
-__all__ = ["GATHER_SEC", "GroupCommit", "OccurrenceCommit"]
+__all__ = ["GATHER_SEC", "GroupCommit", "OccurrenceCommit", "SoleCommit", "commit_parts"]
 
 #: Longest a transaction about to start waits for the passes still claiming their members (a Redis round trip):
 #: passes that woke together (the dense shards' shared grid, ``sundial_dispatcher.shards``) then commit together.
@@ -39,17 +48,54 @@ GATHER_SEC = 0.005
 
 
 class OccurrenceCommit(Protocol):
-    """How a shard's pass commits its claims: the store's own transaction, or a :class:`GroupCommit`."""
+    """How a shard's pass commits its claims: a transaction of its own (:class:`SoleCommit`), or a
+    :class:`GroupCommit`. ``plan`` runs here, between the store's lock and its write."""
 
     async def dispatch_occurrences(
         self, shard: int, token: int, holder: str, claims: Sequence[Occurrence], plan: Planner
     ) -> DispatchOutcome: ...
 
 
+async def commit_parts(
+    store: DispatchStore, holder: str, parts: Sequence[ShardClaims], plans: Sequence[Planner]
+) -> list[DispatchOutcome | FencedOut]:
+    """One fenced dispatch transaction of ``parts`` (distinct shards led by ``holder``), driven from here: the store
+    locks each part's due jobs, each part's planner (``plans``, in order) decides from them here, and the store
+    writes the decisions. Per part, its outcome or :class:`FencedOut` (nothing of it written, the others commit)."""
+    results: list[DispatchOutcome | FencedOut] = []
+    async with store.occurrence_transaction(holder) as tx:
+        locked = await tx.lock(parts)
+        decided: list[tuple[LockedShard, list[PlannedExecution] | DispatchPlan]] = [
+            (lock, plan(lock.due) if lock.due else DispatchPlan([], []))
+            for lock, plan in zip(locked, plans, strict=True)
+            if isinstance(lock, LockedShard)
+        ]
+        outcomes = iter(await tx.write(decided))
+        for lock in locked:
+            results.append(lock if isinstance(lock, FencedOut) else next(outcomes))
+    return results
+
+
+class SoleCommit:
+    """A shard's pass committing in a transaction of its own (a dispatcher without a :class:`GroupCommit`)."""
+
+    def __init__(self, store: DispatchStore) -> None:
+        self._store = store
+
+    async def dispatch_occurrences(
+        self, shard: int, token: int, holder: str, claims: Sequence[Occurrence], plan: Planner
+    ) -> DispatchOutcome:
+        (outcome,) = await commit_parts(self._store, holder, [ShardClaims(shard, token, claims)], [plan])
+        if isinstance(outcome, FencedOut):
+            raise outcome
+        return outcome
+
+
 @dataclass(frozen=True, slots=True)
 class _Waiting:
     holder: str
     part: ShardClaims
+    plan: Planner
     answer: asyncio.Future[DispatchOutcome]
 
 
@@ -73,7 +119,7 @@ class GroupCommit:
         """Commit one shard's claimed members (as ``DispatchStore.dispatch_occurrences``), with whatever other
         shards' passes are waiting. Raises :class:`FencedOut` if a newer term has taken ``shard``."""
         answer: asyncio.Future[DispatchOutcome] = asyncio.get_running_loop().create_future()
-        self._waiting.append(_Waiting(holder, ShardClaims(shard, token, claims, plan), answer))
+        self._waiting.append(_Waiting(holder, ShardClaims(shard, token, claims), plan, answer))
         if self._running is None:
             self._running = asyncio.create_task(self._drain(), name="sundial-dispatch-group-commit")
         return await answer
@@ -126,7 +172,9 @@ class GroupCommit:
         self.transactions += 1
         self.passes += len(group)
         try:
-            outcomes = await self._store.dispatch_shards(group[0].holder, [w.part for w in group])
+            outcomes = await commit_parts(
+                self._store, group[0].holder, [w.part for w in group], [w.plan for w in group]
+            )
         except asyncio.CancelledError:
             for waiting in group:
                 waiting.answer.cancel()

@@ -45,12 +45,13 @@ from sundial_common.coordination.leadership import LeadershipStopped, ShardLeade
 from sundial_common.coordination.registry import ClusterKeys, Membership, ReplicaRegistration
 from sundial_common.hotwindow.rate_limits import TokenBuckets
 from sundial_common.hotwindow.window import WAKE_HORIZON_SEC, HotWindow
+from sundial_common.runtime.service import drive
 from sundial_common.stores import Stores
 from sundial_common.stores.dispatch import FencedOut
 
 from sundial_dispatcher.backfills import BackfillConfig, BackfillDispatcher
 from sundial_dispatcher.balance import placement
-from sundial_dispatcher.dispatcher import DispatcherConfig, ShardDispatcher
+from sundial_dispatcher.dispatcher import DispatcherConfig, DispatchResult, ShardDispatcher
 from sundial_dispatcher.fairness import FairDispatch, OpenWork
 from sundial_dispatcher.group_commit import GroupCommit
 from sundial_dispatcher.limits import SideLimits
@@ -224,13 +225,16 @@ def dispatch_work(deps: Dependencies, config: DispatcherConfig, holder: str) -> 
             BackfillConfig(),
             limits=limits,
         )
-        failures = 0
         metrics = ShardPassMetrics(shard)
         alarm = deps.wakes.alarm(shard) if deps.wakes is not None else None
         if deps.side_work is not None:  # idle, the process's census looks for them (sundial_dispatcher.side_work)
             deps.side_work.watch(shard, tenure.active, triggers.cadence, backfills.cadence, alarm)
         claims: deque[tuple[float, int]] = deque()  # (pass start, members claimed) over the last second
-        while tenure.active():
+        started = 0.0
+
+        async def one_pass() -> DispatchResult:
+            """The dispatch pass, then the dependency triggers and backfills when their cadence says."""
+            nonlocal started
             try:
                 if alarm is not None:
                     alarm.awake()  # from here on, any member announced for this shard wakes the next pause
@@ -239,42 +243,55 @@ def dispatch_work(deps: Dependencies, config: DispatcherConfig, holder: str) -> 
                 metrics.passed(time.perf_counter() - started, result.claimed)
                 await triggers.run_if_due()
                 await backfills.run_if_due()
-                failures = 0
             except FencedOut:
                 if fair is not None:  # its buffer is the next leader's to claim again (the overdue scan)
                     fair.forget()
                 raise
-            except Exception:
-                # Postgres, Redis or the broker is unreachable: keep the term (nobody else could do
-                # better) and retry soon; the pass has put back what it claimed. The backoff is capped
-                # low so that dispatch resumes within half a second of the outage's end.
-                failures += 1
-                delay = min(0.1 * 2**failures, _MAX_PASS_BACKOFF_SEC)
-                log.exception("shard %d: dispatch pass failed; retrying in %.1fs", shard, delay, extra={"shard": shard})
-                await tenure.pause(delay)
-                continue
-            if result.claimed < config.batch_size and not result.again:
-                wait = _idle_wait(
-                    dispatcher.clock.now(),
-                    dispatcher.next_look(),
-                    min(triggers.cadence.next_run_in(), backfills.cadence.next_run_in()),
-                    config.poll_interval_sec,
-                    deps.wakes is not None and deps.wakes.listening,
-                )
-                claims.append((started, result.claimed))
-                while claims and claims[0][0] < started - 1.0:
-                    claims.popleft()
-                rate = sum(n for _, n in claims)  # members claimed over the last second
-                dense = rate > config.dense_per_sec
-                if dense:  # dense: batch (DispatcherConfig.dense_per_sec, dense_batch)
-                    wait = max(wait, _dense_wait(rate, started, time.perf_counter(), config))
-                dispatcher.sparse(not dense)  # a sparse shard's passes take members ahead (publish_lead_sec)
-                if alarm is None:
-                    await tenure.pause(wait)
-                else:
-                    # In due instants, as members are announced: the pass comes the publish lead before them.
-                    alarm.plan((time.time() + dispatcher.lead.total_seconds() + wait) * 1000)
-                    await tenure.pause(wait, alarm.ring)
+            return result
+
+        def wait_after(result: DispatchResult) -> float | None:
+            """How long the leader sleeps after a pass (None: a full batch, or a burst's head: the next at once)."""
+            if result.claimed >= config.batch_size or result.again:
+                return None
+            wait = _idle_wait(
+                dispatcher.clock.now(),
+                dispatcher.next_look(),
+                min(triggers.cadence.next_run_in(), backfills.cadence.next_run_in()),
+                config.poll_interval_sec,
+                deps.wakes is not None and deps.wakes.listening,
+            )
+            claims.append((started, result.claimed))
+            while claims and claims[0][0] < started - 1.0:
+                claims.popleft()
+            rate = sum(n for _, n in claims)  # members claimed over the last second
+            dense = rate > config.dense_per_sec
+            if dense:  # dense: batch (DispatcherConfig.dense_per_sec, dense_batch)
+                wait = max(wait, _dense_wait(rate, started, time.perf_counter(), config))
+            dispatcher.sparse(not dense)  # a sparse shard's passes take members ahead (publish_lead_sec)
+            if alarm is not None:
+                # In due instants, as members are announced: the pass comes the publish lead before them.
+                alarm.plan((time.time() + dispatcher.lead.total_seconds() + wait) * 1000)
+            return wait
+
+        async def pause(seconds: float) -> None:
+            await (tenure.pause(seconds) if alarm is None else tenure.pause(seconds, alarm.ring))
+
+        def failed(_exc: Exception, _failures: int, delay: float) -> None:
+            # Postgres, Redis or the broker is unreachable: keep the term (nobody else could do better) and retry
+            # soon; the pass has put back what it claimed. The backoff is capped low so that dispatch resumes
+            # within half a second of the outage's end.
+            log.exception("shard %d: dispatch pass failed; retrying in %.1fs", shard, delay, extra={"shard": shard})
+
+        await drive(
+            one_pass,
+            active=tenure.active,
+            pause=pause,
+            wait_after=wait_after,
+            retry_after=lambda failures: min(0.1 * 2**failures, _MAX_PASS_BACKOFF_SEC),
+            on_failure=failed,
+            fatal=(FencedOut,),
+            pause_after_failure=tenure.pause,
+        )
         if fair is not None:  # the term ended: what it claimed and did not dispatch goes back for the next leader
             with contextlib.suppress(Exception):  # best effort: the hydrator's overdue scan recovers them anyway
                 await fair.release()

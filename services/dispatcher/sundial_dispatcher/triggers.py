@@ -3,15 +3,15 @@
 A parent execution reaching a final state records, in that same transaction, one ``job_triggers`` row per
 child whose condition it meets (migration 0015). While it leads a shard, the leader runs
 :meth:`TriggerDispatcher.run_once` beside its dispatch passes (at most every ``interval_sec``); each run is
-the same three steps as a dispatch (:mod:`sundial_dispatcher.dispatcher`):
+the same steps as a dispatch (:mod:`sundial_dispatcher.sources`):
 
 1. **Commit** one transaction (:meth:`~sundial_common.stores.dependencies.PostgresDependencyStore.fire_triggers`):
    raise the shard fence to this term's token (a paused ex-leader is rejected), lock the ACTIVE children
-   with pending triggers, decide the fires (:class:`_Planner`), insert one execution per fire — unique per
+   with pending triggers, decide the fires (:class:`ChildFirePlanner`), insert one execution per fire — unique per
    (child, trigger) in Postgres, so a repeated pass or a failed-over leader creates nothing twice — and
    mark the triggers consumed.
-2. **Publish** the new executions to their pools' topics. A crash before that leaves PENDING rows the
-   sweeper republishes (the execution row is the outbox).
+2. **Send** the new executions to their pools' topics through the outbox sender. A crash before that leaves
+   PENDING rows the sweeper republishes (the execution row is the outbox).
 
 What a fire is:
 
@@ -44,6 +44,7 @@ from opentelemetry.context import Context
 from opentelemetry.trace import Link, Span, SpanKind, get_current_span
 from sundial_common.broker.kafka import Publisher
 from sundial_common.broker.messages import ExecutionMessage, pool_topic
+from sundial_common.broker.outbox import OutboxSender
 from sundial_common.domain.ids import new_id
 from sundial_common.observability.tracing import (
     context_from,
@@ -55,14 +56,15 @@ from sundial_common.observability.tracing import (
 )
 from sundial_common.runtime.clock import Clock, SystemClock
 from sundial_common.runtime.crashpoints import crash_point
-from sundial_common.stores.dependencies import DependencyStore, TriggeredExecution, TriggerPlan
+from sundial_common.stores.dependencies import DependencyStore, TriggeredExecution, TriggerOutcome, TriggerPlan
 from sundial_common.stores.dispatch import DispatchStore
 from sundial_common.stores.types import Record
 
+from sundial_dispatcher.dispatch_spans import end_duplicates, end_failed, end_rate_limited
 from sundial_dispatcher.limits import Limits, NoLimits, Room
 from sundial_dispatcher.metrics import count_dispatched
-from sundial_dispatcher.publishing import end_duplicates, end_failed, end_rate_limited, publish_committed
 from sundial_dispatcher.side_work import Cadence
+from sundial_dispatcher.sources import dispatch_once
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +103,7 @@ class TriggerResult:
 
 
 @dataclass
-class _Planner:
+class ChildFirePlanner:
     """Decides, inside the trigger transaction, each locked child's fires (see the module docstring) within
     ``room``, then takes their rate tokens from ``limits``."""
 
@@ -216,8 +218,18 @@ class _Planner:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class _Fired:
+    """What one trigger transaction committed, and the planner that decided it (its spans)."""
+
+    outcome: TriggerOutcome
+    planner: ChildFirePlanner
+
+
 class TriggerDispatcher:
-    """Leader-only: one shard's pending triggers become executions under one term's fencing token."""
+    """Leader-only: one shard's pending triggers become executions under one term's fencing token; a dispatch
+    source (:mod:`sundial_dispatcher.sources`) whose claim is the room fair dispatch leaves it (the triggers wait
+    in Postgres: nothing to put back)."""
 
     def __init__(
         self,
@@ -236,7 +248,7 @@ class TriggerDispatcher:
         self.holder = holder
         self.store = store
         self.outbox = outbox
-        self.publisher = publisher
+        self.sender = OutboxSender(publisher, "trigger", token)
         self.config = config
         self.clock = clock or SystemClock()
         #: Fair dispatch's limits (none when fairness is off: children go out as they come).
@@ -254,10 +266,21 @@ class TriggerDispatcher:
 
     async def run_once(self) -> TriggerResult:
         """One transaction of fires, then their publishes. Raises ``FencedOut`` if a newer leader has written."""
+        return await dispatch_once(self)
+
+    def nothing(self) -> TriggerResult:
+        return TriggerResult()
+
+    async def claim(self) -> Room | None:
         if not await self.store.has_pending(self.shard):
-            return TriggerResult()
-        room = await self.limits.room()
-        planner = _Planner(room, self.limits)
+            return None
+        return await self.limits.room()
+
+    async def put_back(self, claimed: Room) -> None:
+        """Nothing: the triggers are still pending in Postgres."""
+
+    async def commit(self, room: Room) -> _Fired:
+        planner = ChildFirePlanner(room, self.limits)
         try:
             outcome = await self.store.fire_triggers(
                 self.shard,
@@ -277,19 +300,25 @@ class TriggerDispatcher:
             crash_point("triggers.after_commit")  # committed, not published: the sweeper's to send
         # Planned but not created: the trigger already had its execution.
         end_duplicates(planner.spans, {p.execution_id for p in outcome.created})
+        return _Fired(outcome, planner)
+
+    async def send(self, fired: _Fired) -> TriggerResult:
+        created = fired.outcome.created
         result = TriggerResult(
-            fired=len(outcome.created), skipped=sum(1 for c in outcome.plan.consumed if c[1] == "SKIPPED")
+            fired=len(created), skipped=sum(1 for c in fired.outcome.plan.consumed if c[1] == "SKIPPED")
         )
-        if not outcome.created:
+        if not created:
             return result
-        count_dispatched((p.child["tenant_id"], p.child["pool"]) for p in outcome.created)
-        messages = [self._message(p) for p in outcome.created]
-        result.publish_failed = await publish_committed(self.publisher, self.outbox, messages, planner.spans)
-        result.published = len(messages) - result.publish_failed
-        if result.publish_failed:
-            log.warning(
-                "shard %d: %d child publishes failed; the sweeper will send them", self.shard, result.publish_failed
-            )
+        count_dispatched((p.child["tenant_id"], p.child["pool"]) for p in created)
+        sent = await self.sender.send(
+            [self._message(p) for p in created],
+            [p.execution_id for p in created],
+            [fired.planner.spans[p.execution_id] for p in created],
+            mark=self.outbox.mark_published,
+        )
+        result.published, result.publish_failed = len(sent.sent), sent.failed
+        if sent.failed:
+            log.warning("shard %d: %d child publishes failed; the sweeper will send them", self.shard, sent.failed)
         return result
 
     def _message(self, p: TriggeredExecution) -> ExecutionMessage:
@@ -301,7 +330,7 @@ class TriggerDispatcher:
             pool=child["pool"],
             handler=child["handler"],
             attempt=1,
-            fence_token=self.token,
+            fence_token=self.sender.fence_token,
             scheduled_for=p.scheduled_for.isoformat(),
             timeout_sec=child["timeout_sec"],
             payload=child["payload"],

@@ -23,11 +23,12 @@ from uuid import UUID
 
 from asyncpg import Record
 from sundial_common.broker.kafka import BrokerIncarnation, Publisher
+from sundial_common.broker.outbox import OutboxSender
 from sundial_common.observability.tracing import traceparent
 from sundial_common.stores.dispatch import DispatchStore
 
 # The outbox scan's own message and span builders: a republish after a restart is the same send.
-from sundial_sweeper.resends import end_sends, execution_message, send_span
+from sundial_sweeper.resends import execution_message, send_span
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,7 @@ class BrokerRestartRepublisher:
     ) -> None:
         self.store = store
         self.publisher = publisher
+        self.sender = OutboxSender(publisher, "republish")
         self.incarnation = incarnation
         self.batch_size = batch_size
         #: Executions whose republish failed: sent again at the next pass (bounded by the pages of one restart).
@@ -100,9 +102,7 @@ class BrokerRestartRepublisher:
             execution_message(row, traceparent(span) or row["traceparent"])
             for row, span in zip(rows, spans, strict=True)
         ]
-        errors = await self.publisher.publish(messages)
-        end_sends(spans, errors)
-        ok = [row["id"] for row, error in zip(rows, errors, strict=True) if error is None]
-        self._unsent += [row["id"] for row, error in zip(rows, errors, strict=True) if error is not None]
-        await self.store.republished(ok)
-        return len(ok)
+        sent = await self.sender.send(messages, [row["id"] for row in rows], spans, mark=self.store.republished)
+        done = set(sent.sent)
+        self._unsent += [row["id"] for row in rows if row["id"] not in done]
+        return len(sent.sent)

@@ -1,12 +1,12 @@
-"""What the sweeper sends again about an execution: its message rebuilt from its row, the PRODUCER span in the
-execution's own trace, and the end of those spans once the broker answered."""
+"""What the sweeper sends again about an execution: its message rebuilt from its row and the PRODUCER span in the
+execution's own trace (the outbox sender, :class:`sundial_common.broker.outbox.OutboxSender`, sends the message and
+ends the span)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from datetime import UTC, datetime
 
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+from opentelemetry.trace import Span, SpanKind
 from sundial_common.broker.messages import DLQ_TOPIC, ExecutionMessage, pool_topic
 from sundial_common.observability.tracing import (
     FAILURE,
@@ -40,13 +40,6 @@ def send_span(row: Record, action: str, topic: str | None = None) -> Span:
             **({FAILURE: True} if topic == DLQ_TOPIC else {}),
         },
     )
-
-
-def end_sends(spans: Sequence[Span], errors: Sequence[Exception | None]) -> None:
-    for span, error in zip(spans, errors, strict=True):
-        if error is not None:
-            span.set_status(Status(StatusCode.ERROR, f"publish failed: {error}"))
-        span.end()
 
 
 def execution_message(row: Record, parent: str | None) -> ExecutionMessage:

@@ -57,6 +57,7 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 from sundial_common.broker.kafka import Publisher
 from sundial_common.broker.messages import DLQ_TOPIC, DeadLetter
+from sundial_common.broker.outbox import OutboxSender
 from sundial_common.domain.retry_policy import RetryPolicy
 from sundial_common.hotwindow.execution_signals import heartbeat_key
 from sundial_common.hotwindow.window import HotWindow
@@ -79,7 +80,7 @@ from sundial_common.stores import Stores
 from sundial_common.stores.executions import Finished, LostAttempt
 from sundial_common.stores.types import Record, RetryDue
 
-from sundial_sweeper.resends import end_sends, execution_message, send_span
+from sundial_sweeper.resends import execution_message, send_span
 
 if TYPE_CHECKING:
     from sundial_sweeper.broker_restart import BrokerRestartRepublisher
@@ -237,6 +238,9 @@ class Sweeper:
         self.consumed = consumed
         self.stores = stores
         self.publisher = publisher
+        #: Every message the sweeper sends leaves through the outbox sender (spans, counts, marks in one place).
+        self.republisher = OutboxSender(publisher, "republish")
+        self.dead_letterer = OutboxSender(publisher, "dead_letter")
         self.config = config
         self.clock = clock or SystemClock()
         self.redis = redis
@@ -492,11 +496,10 @@ class Sweeper:
             execution_message(row, traceparent(span) or row["traceparent"])
             for row, span in zip(rows, spans, strict=True)
         ]
-        errors = await self.publisher.publish(messages)
-        end_sends(spans, errors)
-        sent = [row["id"] for row, error in zip(rows, errors, strict=True) if error is None]
-        await self.stores.dispatch.republished(sent)
-        return len(sent), len(rows) - len(sent)
+        sent = await self.republisher.send(
+            messages, [row["id"] for row in rows], spans, mark=self.stores.dispatch.republished
+        )
+        return len(sent.sent), sent.failed
 
     # --- (d): the outbox of sundial.dlq -----------------------------------------------------------------
 
@@ -505,12 +508,12 @@ class Sweeper:
         if not rows:
             return 0
         spans = [send_span(row, "dead letter", DLQ_TOPIC) for row in rows]
-        errors = await self.publisher.publish(
-            [_dead_letter(row, traceparent(span)) for row, span in zip(rows, spans, strict=True)]
+        sent = await self.dead_letterer.send(
+            [_dead_letter(row, traceparent(span)) for row, span in zip(rows, spans, strict=True)],
+            [row["id"] for row in rows],
+            spans,
+            mark=self.stores.executions.mark_dead_lettered,
         )
-        end_sends(spans, errors)
-        sent = [row["id"] for row, error in zip(rows, errors, strict=True) if error is None]
-        await self.stores.executions.mark_dead_lettered(sent)
-        if len(sent) < len(rows):
-            log.warning("%d dead letters not published (retried next pass)", len(rows) - len(sent))
-        return len(sent)
+        if sent.failed:
+            log.warning("%d dead letters not published (retried next pass)", sent.failed)
+        return len(sent.sent)

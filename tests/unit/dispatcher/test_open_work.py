@@ -3,9 +3,11 @@ its read, and stalled pools."""
 
 from __future__ import annotations
 
+import logging
 import uuid
 from datetime import UTC, datetime
 
+import pytest
 from sundial_common.stores.tenants import OpenExecutions
 from sundial_common.stores.types import Occurrence
 from sundial_common.testing import FakeClock, InMemoryTenantStore
@@ -84,8 +86,9 @@ async def test_a_backlogged_pools_cap_follows_its_start_rate_and_grows_while_its
     work = open_work(counts, clock, pool_queue_min=16)
     counts.rows = [pending("p", 0, running=0)]
     await work.refresh()
-    # Nothing seen starting in the pool yet (maybe no worker at all): the fixed cap, as without priority.
-    assert work.pool_room(shards=1, batch_size=500)[0]["p"] == 1000 and work.pool_room(1, 500)[1] == 1000
+    # Nothing seen starting in the pool yet (maybe no worker at all): the small first cap, so a first burst does
+    # not go to the topic whole ahead of the HIGH work that comes due during it.
+    assert work.pool_room(shards=1, batch_size=500)[0]["p"] == 16 and work.pool_room(1, 500)[1] == 16
     counts.rows = [pending("p", 0, running=1)]
     clock.advance(0.25)
     await work.refresh()
@@ -207,7 +210,8 @@ async def test_a_pool_with_no_worker_is_not_taken_for_one_draining_when_the_othe
     clock.advance(0.25)
     await work.refresh()
     assert "p" not in work.started_work
-    assert work.pool_room(shards=4, batch_size=500)[0]["p"] == 170  # its share of pool_queue_cap, not of a tiny cap
+    # Still the first cap (full): the rest waits in the buffer, ordered, until a start or the stalled-pool rule.
+    assert work.cap("p") == 8 and work.pool_room(shards=4, batch_size=500)[0]["p"] == 0
 
 
 async def test_work_published_ahead_and_held_by_a_worker_is_not_taken_for_a_start() -> None:
@@ -222,8 +226,27 @@ async def test_work_published_ahead_and_held_by_a_worker_is_not_taken_for_a_star
     counts.rows = [OpenExecutions("a", "p", queued=0, pending=0, running=0, open=3, ahead=3)]
     clock.advance(0.25)
     await work.refresh()
-    assert "p" not in work.started_work and work.cap("p") == 1000  # nothing started: the fixed cap still
+    assert "p" not in work.started_work and work.cap("p") == 16  # nothing started: the first cap still
     counts.rows = [OpenExecutions("a", "p", queued=2, pending=2, running=0, open=3, ahead=1)]
     clock.advance(0.25)
     await work.refresh()
     assert "p" not in work.started_work  # two came due, none started
+
+
+async def test_a_pool_that_stalls_between_two_reads_is_said_to_be_stalled_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    counts, clock = Counts(), FakeClock()
+    work = open_work(counts, clock)
+    counts.rows = [OpenExecutions("a", "idle", queued=10, pending=10, running=0, open=10)]
+    await work.refresh()
+    clock.advance(2.0)
+    await work.refresh()  # waiting 2 s: not stalled yet
+    clock.advance(2.0)
+    with caplog.at_level(logging.INFO, logger="sundial_dispatcher.fairness.pool_room"):
+        await work.refresh()  # 4 s: stalled since this read
+        await work.refresh()  # within counts_refresh_sec: not read again
+        clock.advance(1.0)
+        await work.refresh()
+    said = [r.getMessage() for r in caplog.records if "pool idle" in r.getMessage()]
+    assert len(said) == 1 and "none running" in said[0], said

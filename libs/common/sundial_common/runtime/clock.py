@@ -1,7 +1,8 @@
-"""The one place processes read time from, so time logic can be tested without waiting."""
+"""The one place processes read time from, and sleep on it, so time logic can be tested without waiting."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from datetime import UTC, datetime
 from typing import Protocol
@@ -16,6 +17,10 @@ class Clock(Protocol):
         """Seconds from an arbitrary origin; never goes backwards (use for timeouts and leases)."""
         ...
 
+    async def sleep(self, seconds: float) -> None:
+        """Wait ``seconds`` of :meth:`monotonic` time (a fake clock wakes its sleepers when it is moved)."""
+        ...
+
 
 class SystemClock:
     def now(self) -> datetime:
@@ -23,6 +28,9 @@ class SystemClock:
 
     def monotonic(self) -> float:
         return time.monotonic()
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(max(0.0, seconds))
 
 
 def to_ms(instant: datetime) -> int:

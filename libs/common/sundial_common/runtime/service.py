@@ -1,8 +1,10 @@
 """How a Sundial process lives: uvloop, signals, named supervised tasks, periodic loops.
 
-Every background loop has the same anatomy: a component with ``run_once()`` that
-does one pass and returns counts, driven by :func:`every` until the stop event is set. Side tasks
-are named and supervised: if one dies, the process fails loudly instead of limping.
+Every background loop has the same anatomy: a component with ``run_once()`` that does one pass and
+returns counts, driven by :func:`every` until the stop event is set (or, for loops whose waits and
+failures are their own, such as a shard leader's dispatch passes, by :func:`drive`, which :func:`every`
+is built on). Side tasks are named and supervised: if one dies, the process fails loudly instead of
+limping.
 
 :func:`every` is also where a loop reports its passes: each pass runs in a span named ``"<loop> pass"``
 (so whatever the pass traces is one tree) and is recorded in the process's metrics registry (passes,
@@ -16,7 +18,7 @@ import gc
 import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any
+from typing import Any, TypeVar
 
 import uvloop
 
@@ -26,6 +28,8 @@ from sundial_common.observability.tracing import tracer
 from sundial_common.runtime.stop_signals import StopSignals
 
 log = logging.getLogger(__name__)
+
+ResultT = TypeVar("ResultT")
 
 
 def freeze_startup_heap() -> None:
@@ -102,6 +106,47 @@ async def sleep_or_stop(stop: asyncio.Event, seconds: float) -> bool:
     return True
 
 
+async def drive(
+    run_once: Callable[[], Awaitable[ResultT]],
+    *,
+    active: Callable[[], bool],
+    pause: Callable[[float], Awaitable[object]],
+    wait_after: Callable[[ResultT], float | None],
+    retry_after: Callable[[int], float],
+    on_failure: Callable[[Exception, int, float], None],
+    fatal: tuple[type[BaseException], ...] = (),
+    pause_after_failure: Callable[[float], Awaitable[object]] | None = None,
+) -> None:
+    """The loop every background pass runs in: ``run_once`` while ``active()``, then ``pause(wait_after(result))``
+    (``wait_after`` None: the next pass at once, without pausing).
+
+    A pass that raises one of ``fatal`` ends the loop (the exception goes to the caller); any other error is reported
+    (``on_failure(error, failures in a row, delay)``, called inside the ``except`` so a log line there carries the
+    traceback) and the loop pauses ``retry_after(failures in a row)`` (with ``pause_after_failure``, default
+    ``pause``) before the next pass. :func:`every` is this with a fixed interval and a stop event; a shard leader's
+    dispatch passes run in it with waits of their own.
+    """
+    pause_after_failure = pause_after_failure or pause
+    failures = 0
+    while active():
+        try:
+            result = await run_once()
+        except asyncio.CancelledError:
+            raise
+        except fatal:
+            raise
+        except Exception as exc:
+            failures += 1
+            delay = retry_after(failures)
+            on_failure(exc, failures, delay)
+            await pause_after_failure(delay)
+            continue
+        failures = 0
+        wait = wait_after(result)
+        if wait is not None:
+            await pause(wait)
+
+
 async def every(
     stop: asyncio.Event,
     interval: float,
@@ -128,12 +173,12 @@ async def every(
     metrics = LoopMetrics(name)
     health = HEALTH.loop(name, stuck_after_sec=max(DEFAULT_STUCK_AFTER_SEC, 10 * interval))
     try:
-        await _drive(stop, interval, run_once, name, again_now, idle_interval, metrics, health)
+        await _every(stop, interval, run_once, name, again_now, idle_interval, metrics, health)
     finally:
         HEALTH.forget(name)
 
 
-async def _drive(
+async def _every(
     stop: asyncio.Event,
     interval: float,
     run_once: Callable[[], Awaitable[Any]],
@@ -143,33 +188,50 @@ async def _drive(
     metrics: LoopMetrics,
     health: LoopHealth,
 ) -> None:
+    """:func:`every`'s passes in :func:`drive`: each in a span, recorded in the metrics and the probes."""
     span_name = f"{name} pass"
     wait = interval
-    while not stop.is_set():
+    started = time.perf_counter()
+
+    async def one_pass() -> Any:
+        nonlocal started
         started = time.perf_counter()
         health.starting()
-        try:
-            with tracer.start_as_current_span(span_name, attributes={"sundial.loop": name}) as span:
-                result = await run_once()
-                if span.is_recording():
-                    for item, count in pass_counts(result).items():
-                        span.set_attribute(f"sundial.loop.{item}", count)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            metrics.failed(time.perf_counter() - started)
-            health.failed(exc)
-            log.exception("%s pass failed; retrying in %.1fs", name, max(interval, 1.0))
-            if await sleep_or_stop(stop, max(interval, 1.0)):
-                return
-            continue
+        with tracer.start_as_current_span(span_name, attributes={"sundial.loop": name}) as span:
+            result = await run_once()
+            if span.is_recording():
+                for item, count in pass_counts(result).items():
+                    span.set_attribute(f"sundial.loop.{item}", count)
+        return result
+
+    def wait_after(result: Any) -> float | None:
+        nonlocal wait
         metrics.passed(time.perf_counter() - started, result)
         health.passed()
         if idle_interval is not None:
             idle = not any(pass_counts(result).values())
             wait = min(max(idle_interval, interval), wait * 2) if idle else interval
-        if not again_now(result) and await sleep_or_stop(stop, wait):
-            return
+        return None if again_now(result) else wait
+
+    def failed(exc: Exception, _failures: int, delay: float) -> None:
+        metrics.failed(time.perf_counter() - started)
+        health.failed(exc)
+        log.exception("%s pass failed; retrying in %.1fs", name, delay)
+
+    stopping = False
+
+    async def pause(seconds: float) -> None:
+        nonlocal stopping
+        stopping = await sleep_or_stop(stop, seconds)
+
+    await drive(
+        one_pass,
+        active=lambda: not (stopping or stop.is_set()),
+        pause=pause,
+        wait_after=wait_after,
+        retry_after=lambda _failures: max(interval, 1.0),
+        on_failure=failed,
+    )
 
 
 async def supervise(stop: asyncio.Event, tasks: dict[str, Coroutine[Any, Any, None]]) -> None:

@@ -2,11 +2,13 @@
 
 A leader begins its term by taking the shard (:meth:`PostgresDispatchStore.take_shard`: Postgres issues the
 term's fencing token, one more than the last). Each dispatch transaction first raises the shard's fence to
-that token (DESIGN invariant 4; once a newer term has taken the shard it raises :class:`FencedOut`), then
-creates the executions of the claimed due occurrences (:meth:`PostgresDispatchStore.dispatch_occurrences`)
-or moves claimed retries back to PENDING (:meth:`PostgresDispatchStore.dispatch_retries`). The execution
-row is the outbox: the dispatcher marks what it published, the sweeper republishes what stayed PENDING. The
-hydrator reads the retries coming due here too, beside the jobs (:mod:`sundial_common.stores.jobs`).
+that token (once a newer term has taken the shard it raises :class:`FencedOut`), then creates the executions of
+the claimed due occurrences (:meth:`PostgresDispatchStore.occurrence_transaction`: the store locks the due jobs,
+the caller decides what to create from them and hands that back as data, the store writes it; no code of the
+caller's runs inside the store), or moves claimed retries back to PENDING
+(:meth:`PostgresDispatchStore.dispatch_retries`). The execution row is the outbox: the dispatcher marks what it
+published, the sweeper republishes what stayed PENDING. The hydrator reads the retries coming due here too,
+beside the jobs (:mod:`sundial_common.stores.jobs`).
 
 SQL: ``sql/dispatch.sql``.
 """
@@ -14,7 +16,9 @@ SQL: ``sql/dispatch.sql``.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping, Sequence
+import contextlib
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol, TypeVar, cast
@@ -139,12 +143,24 @@ Planner = Callable[[Sequence[Record]], list[PlannedExecution] | DispatchPlan]
 
 @dataclass(frozen=True, slots=True)
 class ShardClaims:
-    """One shard's part of a dispatch transaction: its term's token, the members its pass claimed, its planner."""
+    """One shard's part of a dispatch transaction: its term's token and the members its pass claimed (and, for
+    :meth:`PostgresDispatchStore.dispatch_shards` only, the function that decides its plan)."""
 
     shard: int
     token: int
     claims: Sequence[Occurrence]
-    plan: Planner
+    plan: Planner | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LockedShard:
+    """One shard's part of an open dispatch transaction once its fence is raised and its due jobs are locked."""
+
+    part: ShardClaims
+    #: The claimed jobs still due, locked, with their open executions (for the overlap policy): what to plan for.
+    due: list[Record]
+    #: Claimed members that matched no due job (or whose first fires a breaker holds), where each belongs now.
+    misplaced: list[Occurrence]
 
 
 class DispatchStore(Protocol):
@@ -163,6 +179,8 @@ class DispatchStore(Protocol):
     ) -> list[PlannedExecution]: ...
 
     async def dispatch_shards(self, holder: str, parts: Sequence[ShardClaims]) -> list[DispatchOutcome | FencedOut]: ...
+
+    def occurrence_transaction(self, holder: str) -> AbstractAsyncContextManager[OccurrenceTransaction]: ...
 
     async def dispatch_retries(
         self, shard: int, token: int, holder: str, claims: Sequence[RetryDue]
@@ -241,97 +259,36 @@ class PostgresDispatchStore:
         return outcome
 
     async def dispatch_shards(self, holder: str, parts: Sequence[ShardClaims]) -> list[DispatchOutcome | FencedOut]:
-        """The fenced dispatch transaction (DESIGN invariants 2 and 4) of one or more shards led by ``holder``.
-
-        Raises each part's shard fence to its token, locks the claimed jobs that are due in Postgres (with their
-        open executions, for the overlap policy), lets each part's ``plan`` decide its executions and each job's
-        move, inserts the executions (unique per occurrence), advances the jobs with compare-and-set and cancels
-        what CANCEL_RUNNING replaces. In the common case that is two statements (the fences with the locks, the
-        executions with the jobs' moves) between BEGIN and COMMIT, whatever the number of shards and claims.
-        Publishing and Redis writes are the caller's job, after commit.
+        """The fenced dispatch transaction of one or more shards led by ``holder``, each part's plan decided by its
+        ``plan`` function: :meth:`occurrence_transaction`'s two steps with a plain function between them, for callers
+        that decide that way (tools, tests). The dispatcher runs the steps itself.
 
         Per part, in order: its :class:`DispatchOutcome`, or :class:`FencedOut` when a newer term has taken its
-        shard. A fenced-out part's fence is checked by the first statement, before anything of it is locked or
-        planned, so nothing of it is written; the other parts commit. Anything else that fails fails every part
-        (the transaction rolls back). Parts must be of distinct shards.
-
-        ``plan`` may return a plain list (one execution per job, advancing it to ``next_fire_at``); a
-        :class:`DispatchPlan` must have a move for the job of each of its executions (``advance=False`` leaves the
-        schedule as it is): the insert reads what an execution inherits from its job through that move.
+        shard (nothing of it is written; the other parts commit). ``plan`` may return a plain list (one execution
+        per job, advancing it to ``next_fire_at``) or a :class:`DispatchPlan`.
         """
-        empty = DispatchPlan([], [])
-        results: list[DispatchOutcome | FencedOut] = [DispatchOutcome([], empty, [], []) for _ in parts]
-        live = [i for i, part in enumerate(parts) if part.claims]
-        if not live:
-            return results
-        claims = [(c, parts[i].shard) for i in live for c in parts[i].claims]
-        shards = [parts[i].shard for i in live]
-        if len(set(shards)) < len(shards):
-            raise ValueError(f"one dispatch transaction per shard at a time, got shards {shards}")
-        planned: list[PlannedExecution] = []
-        advances: list[JobAdvance] = []
-        decisions: dict[int, DispatchPlan] = {}
-        misplaced: dict[int, list[Occurrence]] = {i: [] for i in live}
-        cancelled: list[Record] = []
-        async with self._db.pool.acquire() as conn, conn.transaction():
-            locked = await conn.fetch(
-                Q["lock_due_jobs"],
-                [c.job_id for c, _ in claims],
-                [c.due for c, _ in claims],
-                shards,
-                [parts[i].token for i in live],
-                holder,
-                [shard for _, shard in claims],
-            )
-            raised = {row["raised_shard"] for row in locked}
-            due_all = await with_open_executions(conn, [row for row in locked if row["id"] is not None])
-            # Jobs that chose to hold their first fires while their handler's breaker is open fire later.
-            held = await hold_first_fires(conn, due_all)
-            for i in live:
-                part = parts[i]
-                if part.shard not in raised:
-                    results[i] = FencedOut(part.shard, part.token)
-                    continue
-                due = [row for row in due_all if row["shard"] == part.shard]
-                if len(due) < len(part.claims):
-                    misplaced[i] = await _not_due(conn, part, {row["id"] for row in due})
-                if held:
-                    misplaced[i] += [Occurrence(row["id"], held[row["id"]]) for row in due if row["id"] in held]
-                    due = [row for row in due if row["id"] not in held]
-                decided = part.plan(due) if due else empty
-                if isinstance(decided, list):
-                    decided = DispatchPlan(
-                        decided,
-                        [
-                            JobAdvance(p.job["id"], p.job["next_fire_at"], p.next_fire_at, p.next_fire_at, runs=1)
-                            for p in decided
-                        ],
-                    )
-                decisions[i] = decided
-                planned += decided.executions
-                advances += decided.advances
-            inserted: list[Record] = []
-            moved = {a.job_id for a in advances}
-            if any(p.job["id"] not in moved for p in planned):  # the insert takes what it inherits from the move
-                raise ValueError("a planned execution's job has no move (JobAdvance) in its plan")
-            if planned or advances:
-                tokens = {parts[i].shard: parts[i].token for i in live}
-                inserted = await conn.fetch(
-                    Q["insert_executions"], *_insert_arguments(planned, advances, tokens, holder)
-                )
-            cancel = [execution_id for decided in decisions.values() for execution_id in decided.cancel]
-            if cancel:
-                cancelled = await conn.fetch(Q["cancel_overlapping"], cancel, holder)
-        created_ids = {row["id"] for row in inserted}
-        running = {row["id"] for row in cancelled if row["state"] == "RUNNING"}
-        for i, decided in decisions.items():
-            results[i] = DispatchOutcome(
-                created=[p for p in decided.executions if p.execution_id in created_ids],
-                plan=decided,
-                cancel_requested=[execution_id for execution_id in decided.cancel if execution_id in running],
-                misplaced=misplaced[i],
-            )
+        results: list[DispatchOutcome | FencedOut] = []
+        async with self.occurrence_transaction(holder) as tx:
+            locked = await tx.lock(parts)
+            decided: list[tuple[LockedShard, list[PlannedExecution] | DispatchPlan]] = []
+            for part, lock in zip(parts, locked, strict=True):
+                if isinstance(lock, LockedShard):
+                    if part.plan is None:
+                        raise ValueError(f"shard {part.shard}: dispatch_shards needs each part's plan")
+                    decided.append((lock, part.plan(lock.due) if lock.due else DispatchPlan([], [])))
+            outcomes = iter(await tx.write(decided))
+            for lock in locked:
+                results.append(lock if isinstance(lock, FencedOut) else next(outcomes))
         return results
+
+    @contextlib.asynccontextmanager
+    async def occurrence_transaction(self, holder: str) -> AsyncIterator[OccurrenceTransaction]:
+        """An open dispatch transaction (one occurrence, one execution; every write fenced) of the shards ``holder``
+        leads, driven by the caller in two steps: :meth:`OccurrenceTransaction.lock` raises each shard's fence and
+        locks its due jobs, the caller decides what to create from them, :meth:`OccurrenceTransaction.write` writes
+        that. It commits when the block ends (rolls back if it raises). No code of the caller's runs in the store."""
+        async with self._db.pool.acquire() as conn, conn.transaction():
+            yield OccurrenceTransaction(conn, holder)
 
     async def warm(self, connections: int) -> None:
         """Open ``connections`` of the pool and run the dispatch transaction's two statements once on each, with
@@ -496,8 +453,7 @@ def _insert_arguments(
 def _unless_all(values: list[_T], default: _T) -> list[_T]:
     """``values``, or an empty list when each is ``default``: ``insert_executions`` unnests its arrays together, so a
     shorter one is padded with NULLs, which it reads as the column's default. asyncpg encodes each element of an
-    array in Python (~0.2 µs: bench/workloads/dispatch_insert.py); in the common case 9 of an execution's 16 are
-    defaults."""
+    array in Python (~0.2 µs each); in the common case 9 of an execution's 16 are defaults."""
     return [] if values.count(default) == len(values) else values
 
 
@@ -529,3 +485,110 @@ async def with_open_executions(conn: asyncpg.Connection, due: list[Record]) -> l
         else row
         for row in due
     ]
+
+
+class OccurrenceTransaction:
+    """One open dispatch transaction (:meth:`PostgresDispatchStore.occurrence_transaction`): lock, then write.
+
+    In the common case that is two statements between BEGIN and COMMIT, whatever the number of shards and claims:
+    the fences with the locks, then the executions with the jobs' moves. Publishing and Redis writes are the
+    caller's, after commit.
+    """
+
+    def __init__(self, conn: asyncpg.Connection, holder: str) -> None:
+        self._conn = conn
+        self._holder = holder
+        self._tokens: dict[int, int] = {}
+
+    async def lock(self, parts: Sequence[ShardClaims]) -> list[LockedShard | FencedOut]:
+        """Raise each part's shard fence to its token and lock the claimed jobs that are due (with their open
+        executions); per part, in order, its :class:`LockedShard` or :class:`FencedOut` (a newer term has taken its
+        shard: checked by the first statement, before anything of it is locked). Parts must be of distinct shards.
+        """
+        results: list[LockedShard | FencedOut] = [LockedShard(part, [], []) for part in parts]
+        live = [i for i, part in enumerate(parts) if part.claims]
+        if not live:
+            return results
+        claims = [(c, parts[i].shard) for i in live for c in parts[i].claims]
+        shards = [parts[i].shard for i in live]
+        if len(set(shards)) < len(shards):
+            raise ValueError(f"one dispatch transaction per shard at a time, got shards {shards}")
+        conn = self._conn
+        locked = await conn.fetch(
+            Q["lock_due_jobs"],
+            [c.job_id for c, _ in claims],
+            [c.due for c, _ in claims],
+            shards,
+            [parts[i].token for i in live],
+            self._holder,
+            [shard for _, shard in claims],
+        )
+        raised = {row["raised_shard"] for row in locked}
+        due_all = await with_open_executions(conn, [row for row in locked if row["id"] is not None])
+        # Jobs that chose to hold their first fires while their handler's breaker is open fire later.
+        held = await hold_first_fires(conn, due_all)
+        for i in live:
+            part = parts[i]
+            if part.shard not in raised:
+                results[i] = FencedOut(part.shard, part.token)
+                continue
+            self._tokens[part.shard] = part.token
+            due = [row for row in due_all if row["shard"] == part.shard]
+            misplaced: list[Occurrence] = []
+            if len(due) < len(part.claims):
+                misplaced = await _not_due(conn, part, {row["id"] for row in due})
+            if held:
+                misplaced += [Occurrence(row["id"], held[row["id"]]) for row in due if row["id"] in held]
+                due = [row for row in due if row["id"] not in held]
+            results[i] = LockedShard(part, due, misplaced)
+        return results
+
+    async def write(
+        self, decided: Sequence[tuple[LockedShard, list[PlannedExecution] | DispatchPlan]]
+    ) -> list[DispatchOutcome]:
+        """Write what the caller decided for each locked shard: insert the executions (unique per occurrence),
+        advance the jobs with compare-and-set, cancel what CANCEL_RUNNING replaces; per shard, in order, what was
+        committed.
+
+        A plan may be a plain list (one execution per job, advancing it to ``next_fire_at``); a :class:`DispatchPlan`
+        must have a move for the job of each of its executions (``advance=False`` leaves the schedule as it is): the
+        insert reads what an execution inherits from its job through that move.
+        """
+        plans: list[DispatchPlan] = []
+        planned: list[PlannedExecution] = []
+        advances: list[JobAdvance] = []
+        for _, plan in decided:
+            if isinstance(plan, list):
+                plan = DispatchPlan(
+                    plan,
+                    [
+                        JobAdvance(p.job["id"], p.job["next_fire_at"], p.next_fire_at, p.next_fire_at, runs=1)
+                        for p in plan
+                    ],
+                )
+            plans.append(plan)
+            planned += plan.executions
+            advances += plan.advances
+        moved = {a.job_id for a in advances}
+        if any(p.job["id"] not in moved for p in planned):  # the insert takes what it inherits from the move
+            raise ValueError("a planned execution's job has no move (JobAdvance) in its plan")
+        inserted: list[Record] = []
+        if planned or advances:
+            inserted = await self._conn.fetch(
+                Q["insert_executions"], *_insert_arguments(planned, advances, self._tokens, self._holder)
+            )
+        cancel = [execution_id for plan in plans for execution_id in plan.cancel]
+        cancelled: list[Record] = []
+        if cancel:
+            cancelled = await self._conn.fetch(Q["cancel_overlapping"], cancel, self._holder)
+        created_ids = {row["id"] for row in inserted}
+        running = {row["id"] for row in cancelled if row["state"] == "RUNNING"}
+        return [
+            DispatchOutcome(
+                created=[p for p in plan.executions if p.execution_id in created_ids],
+                plan=plan,
+                cancel_requested=[execution_id for execution_id in plan.cancel if execution_id in running],
+                misplaced=lock.misplaced,
+            )
+            for (lock, _), plan in zip(decided, plans, strict=True)
+        ]

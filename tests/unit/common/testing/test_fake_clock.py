@@ -7,8 +7,8 @@ import asyncio
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from sundial_common.coordination.leadership import Clock as SleepingClock
 from sundial_common.runtime.clock import Clock
+from sundial_common.runtime.clock import Clock as SleepingClock
 from sundial_common.testing import FakeClock
 
 START = datetime(2030, 5, 1, 12, 0, tzinfo=UTC)
