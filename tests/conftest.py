@@ -124,7 +124,7 @@ def _raise_keyboard_interrupt(signum: int, _frame: FrameType | None) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def _ensure_running(server: Server) -> None:
+def ensure_running(server: Server) -> None:
     """A fault test may leave a server stopped; the next test still gets a working one."""
     if not server.is_running():
         server.start()
@@ -155,7 +155,7 @@ async def template_db(stack: LocalStack) -> str:
 @pytest_asyncio.fixture(loop_scope="session")
 async def database_url(stack: LocalStack, template_db: str) -> AsyncIterator[str]:
     """DSN of a fresh, migrated database ``t_<8 hex>`` of this test's own (dropped afterwards)."""
-    _ensure_running(stack.postgres)
+    ensure_running(stack.postgres)
     name = f"t_{uuid.uuid4().hex[:8]}"
     admin = await asyncpg.connect(stack.postgres_dsn)
     try:
@@ -175,7 +175,7 @@ async def database_url(stack: LocalStack, template_db: str) -> AsyncIterator[str
 @pytest_asyncio.fixture(loop_scope="session")
 async def redis_url(stack: LocalStack) -> AsyncIterator[str]:
     """URL of the test Redis, emptied (FLUSHALL) for this test."""
-    _ensure_running(stack.redis)
+    ensure_running(stack.redis)
     client = Redis.from_url(stack.redis_url)
     try:
         await client.flushall()
@@ -187,7 +187,7 @@ async def redis_url(stack: LocalStack) -> AsyncIterator[str]:
 @pytest_asyncio.fixture(loop_scope="session")
 async def etcd_endpoint(stack: LocalStack) -> AsyncIterator[str]:
     """``host:port`` of the test etcd, without any key under ``/sundial/``."""
-    _ensure_running(stack.etcd)
+    ensure_running(stack.etcd)
     host, port = stack.etcd_endpoint.rsplit(":", 1)
     async with aetcd.Client(host=host, port=int(port)) as client:
         await client.delete_prefix(ETCD_PREFIX)

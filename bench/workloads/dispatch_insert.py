@@ -36,7 +36,7 @@ from typing import Any
 import asyncpg
 import orjson
 from sundial_common.domain.ids import new_execution_id
-from sundial_common.stores.dispatch import PlannedExecution, _insert_arguments
+from sundial_common.stores.dispatch import PlannedExecution, insert_arguments
 from sundial_common.stores.queries import load, load_file
 from sundial_infra.servers.postgres import PostgresServer
 from sundial_infra.stack import BENCH_PORTS
@@ -96,7 +96,7 @@ def head_arguments(rows: list[Any], ids: list[Any], traceparents: list[str]) -> 
 
     planned = [PlannedExecution(i, r, None, t) for i, r, t in zip(ids, rows, traceparents, strict=True)]
     moves = [JobAdvance(r["id"], r["next_fire_at"], None, None, runs=1) for r in rows]
-    return _insert_arguments(planned, moves, {0: 1}, "bench")
+    return insert_arguments(planned, moves, {0: 1}, "bench")
 
 
 async def binary_jsonb(conn: asyncpg.Connection) -> None:

@@ -23,7 +23,7 @@ import asyncpg
 import pytest
 from sundial_infra.stack import TEST_PORTS, LocalStack
 
-from tests.conftest import _ensure_running
+from tests.conftest import ensure_running
 from tests.support.ports import REPO_ROOT, port_offset
 from tests.support.processes import SUNDIAL, Processes
 
@@ -84,7 +84,7 @@ async def _drop_database(stack: LocalStack, name: str) -> None:
 @pytest.fixture(scope="package")
 def docs_stack(stack: LocalStack, template_db: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[DocsStack]:
     for server in (stack.postgres, stack.redis, stack.etcd, stack.broker):
-        _ensure_running(server)  # a test before this suite may have stopped one
+        ensure_running(server)  # a test before this suite may have stopped one
     template = template_db.rsplit("/", 1)[-1].split("?", 1)[0]
     database = asyncio.run(_create_database(stack, template))
     sandbox = tmp_path_factory.mktemp("checkout")

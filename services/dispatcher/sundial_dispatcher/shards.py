@@ -253,7 +253,7 @@ def dispatch_work(deps: Dependencies, config: DispatcherConfig, holder: str) -> 
             """How long the leader sleeps after a pass (None: a full batch, or a burst's head: the next at once)."""
             if result.claimed >= config.batch_size or result.again:
                 return None
-            wait = _idle_wait(
+            wait = idle_wait(
                 dispatcher.clock.now(),
                 dispatcher.next_look(),
                 min(triggers.cadence.next_run_in(), backfills.cadence.next_run_in()),
@@ -266,7 +266,7 @@ def dispatch_work(deps: Dependencies, config: DispatcherConfig, holder: str) -> 
             rate = sum(n for _, n in claims)  # members claimed over the last second
             dense = rate > config.dense_per_sec
             if dense:  # dense: batch (DispatcherConfig.dense_per_sec, dense_batch)
-                wait = max(wait, _dense_wait(rate, started, time.perf_counter(), config))
+                wait = max(wait, dense_wait(rate, started, time.perf_counter(), config))
             dispatcher.sparse(not dense)  # a sparse shard's passes take members ahead (publish_lead_sec)
             if alarm is not None:
                 # In due instants, as members are announced: the pass comes the publish lead before them.
@@ -306,7 +306,7 @@ def dispatch_work(deps: Dependencies, config: DispatcherConfig, holder: str) -> 
     return work
 
 
-def _idle_wait(
+def idle_wait(
     now: datetime, next_look: datetime | None, side_work_in: float, poll_interval: float, woken: bool
 ) -> float:
     """Seconds a pass that took less than a batch may sleep: until the earliest member (or held occurrence) is
@@ -325,7 +325,7 @@ def _idle_wait(
     return wait
 
 
-def _dense_wait(rate: float, started: float, now: float, config: DispatcherConfig) -> float:
+def dense_wait(rate: float, started: float, now: float, config: DispatcherConfig) -> float:
     """Seconds a dense shard's pass (started at ``started``, ``rate`` members claimed a second) waits for the next.
 
     Its passes are spaced to take about ``dense_batch`` members each, ``poll_interval_sec`` to

@@ -1,4 +1,4 @@
-"""When a shard leader looks at its window next (sundial_dispatcher.shards._idle_wait), what wakes it early, and when
+"""When a shard leader looks at its window next (sundial_dispatcher.shards.idle_wait), what wakes it early, and when
 it writes its published marks."""
 
 from __future__ import annotations
@@ -15,39 +15,39 @@ from sundial_common.stores.types import Occurrence
 from sundial_common.testing import FakeClock
 from sundial_dispatcher.dispatcher import DispatcherConfig, ShardDispatcher
 from sundial_dispatcher.fairness import FairDispatch, FairnessConfig, FairQueue, Waiting
-from sundial_dispatcher.shards import _dense_wait, _idle_wait
+from sundial_dispatcher.shards import dense_wait, idle_wait
 from sundial_dispatcher.wakes import Alarm
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 def test_a_leader_sleeps_until_the_next_due_member_and_no_longer_than_the_horizon() -> None:
-    assert _idle_wait(NOW, NOW + timedelta(milliseconds=200), 10.0, 0.05, True) == pytest.approx(0.201)
-    assert _idle_wait(NOW, NOW + timedelta(hours=1), 10.0, 0.05, True) == WAKE_HORIZON_SEC
-    assert _idle_wait(NOW, None, 10.0, 0.05, True) == WAKE_HORIZON_SEC
+    assert idle_wait(NOW, NOW + timedelta(milliseconds=200), 10.0, 0.05, True) == pytest.approx(0.201)
+    assert idle_wait(NOW, NOW + timedelta(hours=1), 10.0, 0.05, True) == WAKE_HORIZON_SEC
+    assert idle_wait(NOW, None, 10.0, 0.05, True) == WAKE_HORIZON_SEC
 
 
 def test_without_wake_ups_a_leader_looks_every_poll_interval() -> None:
-    assert _idle_wait(NOW, None, 10.0, 0.05, False) == 0.05
-    assert _idle_wait(NOW, NOW + timedelta(seconds=5), 10.0, 0.05, False) == 0.05
+    assert idle_wait(NOW, None, 10.0, 0.05, False) == 0.05
+    assert idle_wait(NOW, NOW + timedelta(seconds=5), 10.0, 0.05, False) == 0.05
 
 
 def test_a_member_that_came_due_during_the_pass_is_claimed_at_once_and_side_work_bounds_the_sleep() -> None:
-    assert _idle_wait(NOW, NOW, 10.0, 0.05, True) == 0.0
-    assert _idle_wait(NOW, NOW - timedelta(milliseconds=10), 10.0, 0.05, True) == 0.0
-    assert _idle_wait(NOW, NOW - timedelta(milliseconds=10), 10.0, 0.05, False) == 0.0
-    assert _idle_wait(NOW, None, 0.3, 0.05, True) == 0.3
-    assert _idle_wait(NOW, None, -1.0, 0.05, True) == 0.0
+    assert idle_wait(NOW, NOW, 10.0, 0.05, True) == 0.0
+    assert idle_wait(NOW, NOW - timedelta(milliseconds=10), 10.0, 0.05, True) == 0.0
+    assert idle_wait(NOW, NOW - timedelta(milliseconds=10), 10.0, 0.05, False) == 0.0
+    assert idle_wait(NOW, None, 0.3, 0.05, True) == 0.3
+    assert idle_wait(NOW, None, -1.0, 0.05, True) == 0.0
 
 
 def test_dense_shards_of_a_process_pass_at_the_same_instants_and_an_overrun_pass_is_followed_at_once() -> None:
     config = DispatcherConfig()  # 50 ms polls; dense passes take ~32 members, at most 100 ms apart
     # 312 members a second (W3 at 2,500/s over 8 shards): every 100 ms, on the grid, whenever each pass began.
-    ends = [start + 0.004 + _dense_wait(312.0, start, start + 0.004, config) for start in (10.003, 10.041, 10.077)]
+    ends = [start + 0.004 + dense_wait(312.0, start, start + 0.004, config) for start in (10.003, 10.041, 10.077)]
     assert ends == [pytest.approx(10.1)] * 3
     # 625 a second: every 50 ms (32 / 625 = 51 ms, in whole poll intervals).
-    assert 20.012 + _dense_wait(625.0, 20.01, 20.012, config) == pytest.approx(20.05)
-    assert _dense_wait(312.0, 30.0, 30.15, config) == 0.0, "a pass longer than the spacing: the next at once"
+    assert 20.012 + dense_wait(625.0, 20.01, 20.012, config) == pytest.approx(20.05)
+    assert dense_wait(312.0, 30.0, 30.15, config) == 0.0, "a pass longer than the spacing: the next at once"
 
 
 async def test_an_alarm_rings_for_members_due_before_the_planned_look_only() -> None:
@@ -107,7 +107,7 @@ def test_an_idle_leader_wakes_for_its_published_marks_before_the_sweeper_would_p
     leader._unmarked.append((100.0, [uuid4()]))
     now[0] = 100.4
     assert leader.next_look() == NOW + timedelta(seconds=1.1), "the marks are written 1.5 s after the publish"
-    assert _idle_wait(NOW, leader.next_look(), float("inf"), 0.05, True) == pytest.approx(1.101)
+    assert idle_wait(NOW, leader.next_look(), float("inf"), 0.05, True) == pytest.approx(1.101)
     leader._window_next = NOW + timedelta(milliseconds=300)
     assert leader.next_look() == NOW + timedelta(milliseconds=300), "a member due sooner comes first"
     now[0] = 103.0

@@ -114,7 +114,7 @@ class Claimed:
         return len(self.jobs) + len(self.retries)
 
 
-def _claimed(flat: Sequence[bytes | str], head: Sequence[bytes | str] = ()) -> Claimed:
+def parse_claimed(flat: Sequence[bytes | str], head: Sequence[bytes | str] = ()) -> Claimed:
     claimed = Claimed(next_due=from_ms(float(head[1])) if len(head) == 2 else None)
     times: dict[bytes | str, datetime] = {}  # a burst shares a few scores: convert each once
     for i in range(0, len(flat), 2):
@@ -237,7 +237,7 @@ class HotWindow:
             keys=[self.key(shard)],
             args=[to_ms(now), limit, upto, ahead_min if ahead else 0, burst_upto, burst_min if burst else 0],
         )
-        return _claimed(flat, head)
+        return parse_claimed(flat, head)
 
     async def add_retries(self, shard: int, retries: Sequence[RetryDue], *, only_new: bool = False) -> None:
         """Add (or move) scheduled retries' members. ``only_new``: leave existing ones where they are."""

@@ -22,7 +22,7 @@ set in each hosted service's task context, so the shared code it calls (leadersh
 Unset (a process of one service) adds nothing to a line."""
 
 
-class _ServiceField(logging.Filter):
+class ServiceField(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if getattr(record, "service", None) is None:
             record.service = SERVICE.get()
@@ -60,7 +60,7 @@ def setup_logging(level: str = "INFO", fmt: str = "text") -> None:
         formatter = _TextFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
         formatter.converter = __import__("time").gmtime
         handler.setFormatter(formatter)
-    handler.addFilter(_ServiceField())
+    handler.addFilter(ServiceField())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

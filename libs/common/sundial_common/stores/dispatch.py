@@ -315,7 +315,7 @@ class PostgresDispatchStore:
         await transaction.start()
         try:
             await conn.fetch(Q["lock_due_jobs"], nothing, nothing, [_NO_SHARD], [0], "warm-up", nothing)
-            await conn.fetch(Q["insert_executions"], *_insert_arguments([], [], {}, "warm-up"))
+            await conn.fetch(Q["insert_executions"], *insert_arguments([], [], {}, "warm-up"))
         finally:
             await transaction.rollback()
 
@@ -418,7 +418,7 @@ def _retry_due(row: Record) -> RetryDue:
     return RetryDue(row["id"], row["next_attempt_at"])
 
 
-def _insert_arguments(
+def insert_arguments(
     planned: Sequence[PlannedExecution],
     advances: Sequence[JobAdvance],
     tokens: Mapping[int, int],
@@ -575,7 +575,7 @@ class OccurrenceTransaction:
         inserted: list[Record] = []
         if planned or advances:
             inserted = await self._conn.fetch(
-                Q["insert_executions"], *_insert_arguments(planned, advances, self._tokens, self._holder)
+                Q["insert_executions"], *insert_arguments(planned, advances, self._tokens, self._holder)
             )
         cancel = [execution_id for plan in plans for execution_id in plan.cancel]
         cancelled: list[Record] = []

@@ -7,7 +7,7 @@ import logging
 
 import pytest
 from sundial_common.commands.host import hosted_services, run_side_by_side
-from sundial_common.runtime.logs import SERVICE, _ServiceField
+from sundial_common.runtime.logs import SERVICE, ServiceField
 
 
 class Life:
@@ -87,7 +87,7 @@ def test_a_log_line_says_which_hosted_service_wrote_it() -> None:
         line = logging.LogRecord(
             "sundial_common.coordination.leadership", logging.INFO, __file__, 1, "leading", None, None
         )
-        _ServiceField().filter(line)
+        ServiceField().filter(line)
         return line
 
     assert getattr(record(), "service", None) is None  # a process of one service: nothing added

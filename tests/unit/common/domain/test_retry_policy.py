@@ -57,13 +57,13 @@ def test_signal_keys_are_the_ones_every_process_uses() -> None:
 
 
 def test_a_claim_returns_jobs_and_retries_and_drops_what_it_does_not_know() -> None:
-    from sundial_common.hotwindow.window import _claimed, member, retry_member
+    from sundial_common.hotwindow.window import member, parse_claimed, retry_member
     from sundial_common.runtime.clock import from_ms
     from sundial_common.stores.types import Occurrence, RetryDue
 
     job, execution = uuid.UUID(int=1), uuid.UUID(int=2)
     flat = [member(job).encode(), b"1000", retry_member(execution).encode(), b"2000", b"x:whatever", b"3000"]
-    claimed = _claimed(flat)
+    claimed = parse_claimed(flat)
     assert claimed.jobs == [Occurrence(job, from_ms(1000))]
     assert claimed.retries == [RetryDue(execution, from_ms(2000))]
     assert len(claimed) == 2

@@ -113,7 +113,7 @@ WHERE j.shard = $3;
 -- An array whose every element is its column's default comes empty (nearly always: state PENDING, not triggered,
 -- no note, one run, none missed, advancing, no trigger; no next fire for a one-off): unnest() pads it with NULLs,
 -- read here as that default, and the dispatcher encodes 7 elements per one-shot execution instead of 16
--- (PostgresDispatchStore's _insert_arguments).
+-- (PostgresDispatchStore's insert_arguments).
 -- ON CONFLICT without a target: executions is partitioned by id (migration 0018), so the occurrence key
 -- (job_id, scheduled_for) is a unique index of each partition, an arbiter only when no target is named.
 WITH advanced AS (
