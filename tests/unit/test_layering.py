@@ -3,6 +3,7 @@ no import cycle anywhere (imports under ``TYPE_CHECKING`` included)."""
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 from pathlib import Path
@@ -77,3 +78,17 @@ def _cycles(graph: grimp.ImportGraph) -> list[list[str]]:
 def test_no_module_imports_itself_through_others() -> None:
     graph = grimp.build_graph(*PACKAGES, exclude_type_checking_imports=False)
     assert _cycles(graph) == []
+
+
+def test_no_module_imports_a_private_name_of_another() -> None:
+    found = []
+    for package in ("libs", "services", "infra", "bench", "tests", "docs_gen"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ImportFrom) and node.module:
+                    found += [
+                        f"{path.relative_to(ROOT)}: {node.module}.{alias.name}"
+                        for alias in node.names
+                        if alias.name.startswith("_") and not alias.name.startswith("__")
+                    ]
+    assert found == []
