@@ -8,8 +8,8 @@ AES-256-GCM under their tenant's data key:
 
 - job payloads (``jobs.payload``), sealed once by the API; the dispatcher, hydrator, sweeper and replayer
   copy the sealed payload into Kafka messages as it is (they hold no key at all), and only workers open it;
-- executions' results, attempts' progress checkpoints and handler error details (sealed by the worker that
-  produced them, opened by the API for its responses and by the next attempt);
+- executions' results, attempts' progress checkpoints, handler error details, tracebacks and log tails (sealed
+  by the worker that produced them, opened by the API for its responses and by the next attempt);
 - the responses kept for Idempotency-Key replays (``idempotency_keys.body``).
 
 **Format.** A sealed JSON value is a JSON *string* ``"sdl1:<base64>"`` (so the jsonb columns keep their type);
@@ -64,6 +64,8 @@ PAYLOAD = "payload"
 RESULT = "result"
 PROGRESS = "progress"
 ERROR = "error"
+TRACEBACK = "traceback"
+LOG_TAIL = "log_tail"
 RESPONSE = "response"
 
 _ERROR_CLASS = re.compile(r"^([A-Za-z_][\w.]{0,99})(?::|$)")
