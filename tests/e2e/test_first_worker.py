@@ -8,19 +8,23 @@ stack to find, it says in one line what to set and exits 2, never with a traceba
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import time
+import uuid
 from pathlib import Path
+from typing import Any
 
+import asyncpg
 import httpx
 import pytest
 from sundial_common.runtime import dev_stack
 
-from tests.e2e.conftest import SUNDIAL, Processes, free_port
+from tests.support.processes import SUNDIAL, Processes, free_port
 from tests.tenants import tenant_token
 
-MODULE = '''
+MODULE = """
 from sundial_worker import Worker
 
 worker = Worker(pool="first")
@@ -28,17 +32,20 @@ worker = Worker(pool="first")
 
 @worker.handler("greet")
 async def greet(ctx, payload):
+    ctx.logger.info("greeting %s", payload["name"])
     await ctx.heartbeat(progress={"step": 1})
     return {"hello": payload["name"]}
 
 
 @worker.handler("explode")
 def explode(ctx, payload):
+    ctx.logger.warning("about to explode with %d", payload["n"])
+
     def inner(n):
         raise RuntimeError(f"demo failure {n}")
 
     inner(payload["n"])
-'''
+"""
 
 
 def _user_env(config_home: Path) -> dict[str, str]:
@@ -125,15 +132,56 @@ def test_a_first_worker_started_anywhere_finds_the_dev_stack(
         assert execution["state"] == "SUCCEEDED", execution
         assert execution["result"] == {"hello": "ada"}
         assert execution["attempts"][0]["progress"] == {"step": 1}
+        assert execution["attempts"][0]["traceback"] is None
+        [line] = execution["attempts"][0]["logTail"]
+        assert line.endswith(" INFO greeting ada")
+
+        # Why did it fail, in one look: the attempt's traceback and what the handler logged before.
+        failing = client.post(
+            "/v1/jobs",
+            json={
+                "name": "boom",
+                "type": "DELAYED",
+                "delaySeconds": 0,
+                "target": {"pool": "first", "handler": "explode"},
+                "payload": {"n": 7},
+                "retryPolicy": {"maxAttempts": 1},
+            },
+        )
+        assert failing.status_code == 201, failing.text
+        execution = _wait_ended(client, failing.json()["jobId"])
+        assert execution["state"] == "DEAD", execution
+        [attempt] = execution["attempts"]
+        assert attempt["error"] == "RuntimeError: demo failure 7"
+        assert attempt["traceback"].startswith("Traceback (most recent call last):")
+        assert 'mymodule.py", line' in attempt["traceback"] and "in inner" in attempt["traceback"]
+        assert attempt["traceback"].rstrip().endswith("RuntimeError: demo failure 7")
+        assert attempt["logTail"][0].endswith(" WARNING about to explode with 7")
+    stored = _stored_traceback(database_url, execution["executionId"])
+    assert stored.startswith("sdl1:") and "demo failure" not in stored  # sealed at rest like the error
     assert sorted(p.name for p in project.iterdir() if p.name != "__pycache__") == ["mymodule.py"]
 
 
-def _wait_ended(client: httpx.Client, job_id: str, timeout: float = 60.0) -> dict[str, object]:
+def _stored_traceback(database_url: str, execution_id: object) -> str:
+    async def read() -> str:
+        conn = await asyncpg.connect(database_url)
+        try:
+            value: str = await conn.fetchval(
+                "SELECT traceback FROM execution_attempts WHERE execution_id = $1", uuid.UUID(str(execution_id))
+            )
+            return value
+        finally:
+            await conn.close()
+
+    return asyncio.run(read())
+
+
+def _wait_ended(client: httpx.Client, job_id: str, timeout: float = 60.0) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         job = client.get(f"/v1/jobs/{job_id}").json()
         for latest in job.get("latestExecutions") or []:
-            execution: dict[str, object] = client.get(f"/v1/executions/{latest['executionId']}").json()
+            execution: dict[str, Any] = client.get(f"/v1/executions/{latest['executionId']}").json()
             if execution["state"] not in ("PENDING", "RUNNING"):
                 return execution
         time.sleep(0.1)

@@ -58,6 +58,7 @@ from sundial_api.models.schedules import (
     JobType,
 )
 from sundial_api.pagination import InvalidCursor, decode_cursor, encode_cursor
+from sundial_api.pool_workers import job_warnings
 from sundial_api.pools import usable_pool, with_pool_defaults
 from sundial_api.problems import (
     ProblemError,
@@ -165,8 +166,11 @@ async def create_job(
     if idempotency_key is not None or edges or max_active_jobs is not None:
         await _sync_hot_window(state, row, principal.tenant, removing=False)
     log.debug("job created", extra={"tenant": principal.tenant, "job_id": job_id, "shard": shard})
+    view = render_job(row, cipher, body.payload)
+    if warnings := await job_warnings(state, body.target.pool, body.target.handler):
+        view["warnings"] = warnings  # accepted all the same: workers may be deployed after their jobs
     return OrjsonResponse(
-        render_job(row, cipher, body.payload),
+        view,
         status_code=201,
         headers={"Location": f"/v1/jobs/{job_id}", **_etag(row)},
     )
@@ -526,7 +530,10 @@ async def update_job(
         )
         if row is not None:
             await _sync_hot_window(state, row, principal.tenant)
-            return OrjsonResponse(render_job(row, cipher), headers=_etag(row))
+            view = render_job(row, cipher)
+            if "target" in patch and (warnings := await job_warnings(state, row["pool"], row["handler"])):
+                view["warnings"] = warnings
+            return OrjsonResponse(view, headers=_etag(row))
     raise ProblemError(409, f"job {job_id} kept changing under this update; retry", headers={"Retry-After": "1"})
 
 
