@@ -117,6 +117,8 @@ def test_a_first_worker_started_anywhere_finds_the_dev_stack(
     with httpx.Client(
         base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {token}"}, timeout=30
     ) as client:
+        pool = client.get("/v1/pools/first").json()  # the worker is visible, with what it serves
+        assert (pool["workers"]["live"], pool["workers"]["handlers"]) == (1, ["explode", "greet"]), pool
         created = client.post(
             "/v1/jobs",
             json={
