@@ -135,7 +135,7 @@ async def test_the_api_says_when_no_live_worker_will_run_the_work(
     view = (await client.get(f"/v1/pools/{unread}", headers=headers)).json()
     assert view["workers"] == {"live": 0, "freeSlots": 0, "handlers": [], "items": []}
     assert view["backlog"]["pending"] == 1 and view["backlog"]["oldestPendingAt"]
-    assert view["warnings"] == [f"1 executions wait and no live worker in pool {unread}"]
+    assert view["warnings"] == [f"no live worker in pool {unread}: 1 of your executions wait for one"]
     [message] = await dispatch(stores, served, "h", [{"n": 2}])
     execution = (await client.get(f"/v1/executions/{message.execution_id}", headers=headers)).json()
     assert execution["waitingFor"] is None

@@ -99,7 +99,7 @@ def render_service(service: PoolService) -> dict[str, object]:
             "items": [render_worker(w) for w in service.workers],
         },
         "backlog": {"pending": service.pending, "oldestPendingAt": service.oldest_pending_at},
-        "warnings": [f"{service.pending} executions wait and {waiting_for(service.pool, ())}"]
+        "warnings": [f"{waiting_for(service.pool, ())}: {service.pending} of your executions wait for one"]
         if service.unserved
         else [],
     }
