@@ -5,7 +5,9 @@ supervisor runs in this process) or in the background (a detached supervisor, an
 the API answers ``/readyz``), ``down`` (stop the supervisor, then anything a crash left behind), and
 ``status``, and ``clean`` (everything under the root stopped and deleted, with the Postgres clusters
 older versions kept outside it). All four are idempotent and find the environment through the pid files under
-``<root>/run`` and the servers' data directories, so they work from any shell.
+``<root>/run`` and the servers' data directories, so they work from any shell. While the supervisor runs, the stack is
+recorded in the per-user file of :mod:`sundial_common.runtime.dev_stack` (``~/.config/sundial/dev.json``), so that
+``sundial worker`` started from any directory finds it; ``down`` removes the record.
 """
 
 from __future__ import annotations
