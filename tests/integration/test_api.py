@@ -487,6 +487,7 @@ async def test_get_job_returns_it_with_its_latest_executions(api: Api) -> None:
     assert response.status_code == 200
     detail = response.json()
     JobDetail.model_validate(detail)
+    job.pop("warnings")  # the create's answer says no worker serves the pool; a read does not repeat it
     assert {k: v for k, v in detail.items() if k not in ("latestExecutions", "parents", "children")} == job
     assert (detail["parents"], detail["children"]) == ([], [])  # no dependencies
     scheduled = [e["scheduledFor"] for e in detail["latestExecutions"]]

@@ -129,6 +129,8 @@ async def create_job(
     shard = ids.shard_for(job_id, settings.shards)
     cipher = await state.keyring.cipher(principal.tenant)
     values = definition(body, resolved, settings.default_timeout_sec, cipher)
+    # Accepted all the same (workers may be deployed after their jobs); part of a replayed answer too.
+    warnings = await job_warnings(state, body.target.pool, body.target.handler)
     values.update(
         {
             "id": job_id,
@@ -144,7 +146,15 @@ async def create_job(
     try:
         if idempotency_key is not None:
             created = await idempotency.create_job_once(
-                state, principal, idempotency_key, asked, values, cipher, max_active_jobs=max_active_jobs, parents=edges
+                state,
+                principal,
+                idempotency_key,
+                asked,
+                values,
+                cipher,
+                max_active_jobs=max_active_jobs,
+                parents=edges,
+                warnings=warnings,
             )
             if isinstance(created, Response):
                 return created  # the first request's answer, replayed
@@ -167,8 +177,8 @@ async def create_job(
         await _sync_hot_window(state, row, principal.tenant, removing=False)
     log.debug("job created", extra={"tenant": principal.tenant, "job_id": job_id, "shard": shard})
     view = render_job(row, cipher, body.payload)
-    if warnings := await job_warnings(state, body.target.pool, body.target.handler):
-        view["warnings"] = warnings  # accepted all the same: workers may be deployed after their jobs
+    if warnings:
+        view["warnings"] = warnings
     return OrjsonResponse(
         view,
         status_code=201,
