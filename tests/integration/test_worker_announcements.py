@@ -16,7 +16,9 @@ from sundial_api.app import create_app
 from sundial_api.settings import ApiSettings
 from sundial_common.coordination.pool_service import pools_service
 from sundial_common.hotwindow.worker_announcements import WorkerAnnouncement, WorkerAnnouncements
+from sundial_common.observability.metrics import REGISTRY
 from sundial_common.stores import Stores
+from sundial_sweeper.pool_gauges import PoolGauges
 from sundial_worker.settings import WorkerSettings
 
 from tests.integration.test_worker import TENANT, demo_worker, dispatch, serving
@@ -154,3 +156,22 @@ async def test_the_api_says_when_no_live_worker_will_run_the_work(
     # The one definition the sweeper's gauge (and its alert) uses: work waits and nobody reads the pool.
     pools = await pools_service(announcements, stores.executions, [other])
     assert pools[unread].unserved and not pools[served].unserved and not pools[other].unserved
+
+
+async def test_the_sweeper_samples_each_pools_workers_and_whether_its_work_is_unserved(
+    announcements: WorkerAnnouncements, stores: Stores, database_url: str
+) -> None:
+    unread, served = (admit(database_url, f"{n}-{uuid.uuid4().hex[:8]}", TENANT) for n in "us")
+    await dispatch(stores, unread, "h", [{"n": 1}, {"n": 2}])
+    await announcements.announce(announcement(served, "w", "h"), ttl_sec=60)
+    gauges = PoolGauges(announcements.redis, stores.executions)
+    await gauges.sample()
+
+    def value(name: str, pool: str) -> float | None:
+        return REGISTRY.get_sample_value(name, {"pool": pool})
+
+    assert (value("sundial_pool_live_workers", unread), value("sundial_pool_pending_executions", unread)) == (0, 2)
+    assert (value("sundial_pool_unserved", unread), value("sundial_pool_unserved", served)) == (1, 0)
+    assert value("sundial_pool_live_workers", served) == 1
+    gauges.forget()  # a sweeper that stops leading reports nothing
+    assert value("sundial_pool_unserved", unread) is None

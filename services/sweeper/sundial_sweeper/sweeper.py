@@ -25,7 +25,8 @@ Each pass (``run_once``) runs these scans, each bounded by ``batch_size`` rows:
 (e) **Idempotency keys** past their 24 hours are purged.
 (g) **Sampled gauges** — every ``gauges_interval_sec`` the active sweeper counts jobs per tenant and state
     (``sundial_jobs``) and DEAD executions per tenant (``sundial_dead_letter_queue_size``) in Postgres, and each pool's
-    live workers, waiting work and whether it has work and no live worker (``sundial_pool_*``). One
+    live workers, waiting work and whether it has work and no live worker (``sundial_pool_*``,
+    :mod:`sundial_sweeper.pool_gauges`). One
     singleton samples them, so a sum over replicas is not a multiple of the truth; a sweeper that stops
     leading removes its series (:meth:`Sweeper.forget_gauges`).
 
@@ -59,17 +60,12 @@ from redis.exceptions import RedisError
 from sundial_common.broker.kafka import Publisher
 from sundial_common.broker.messages import DLQ_TOPIC, DeadLetter
 from sundial_common.broker.outbox import OutboxSender
-from sundial_common.coordination.pool_service import pools_service
 from sundial_common.domain.retry_policy import RetryPolicy
 from sundial_common.hotwindow.execution_signals import heartbeat_key
 from sundial_common.hotwindow.window import HotWindow
-from sundial_common.hotwindow.worker_announcements import WorkerAnnouncements
 from sundial_common.observability.metrics import (
     DEAD_LETTER_QUEUE_SIZE,
     JOBS,
-    POOL_LIVE_WORKERS,
-    POOL_PENDING,
-    POOL_UNSERVED,
     SWEEPER_RECOVERIES,
     AttemptsEnded,
     Children,
@@ -86,6 +82,7 @@ from sundial_common.stores import Stores
 from sundial_common.stores.executions import Finished, LostAttempt
 from sundial_common.stores.types import Record, RetryDue
 
+from sundial_sweeper.pool_gauges import PoolGauges
 from sundial_sweeper.resends import execution_message, send_span
 
 if TYPE_CHECKING:
@@ -259,9 +256,7 @@ class Sweeper:
         self._recovered = {reason: SWEEPER_RECOVERIES.labels(reason) for reason in _RECOVERY_REASONS}
         self._jobs: Children[Gauge] = Children(JOBS)
         self._dead: Children[Gauge] = Children(DEAD_LETTER_QUEUE_SIZE)
-        self._pool_gauges: tuple[Children[Gauge], ...] = tuple(
-            Children(g) for g in (POOL_LIVE_WORKERS, POOL_PENDING, POOL_UNSERVED)
-        )
+        self._pools = PoolGauges(redis, stores.executions)
         self._gauges_sampled_at = float("-inf")
         if redis is None:
             log.warning("sweeper without Redis: lost workers are not detected (timeouts still are)")
@@ -427,32 +422,14 @@ class Sweeper:
         self._dead.forget((tenant,) for tenant in dead)
         for tenant, count in dead.items():
             self._dead(tenant).set(count)
-        if self.redis is not None:
-            await self._sample_pools(self.redis)
-
-    async def _sample_pools(self, redis: Redis) -> None:
-        """``sundial_pool_live_workers``, ``…_pending_executions`` and ``…_unserved`` of every pool with live workers
-        or waiting work (the alert SundialPoolWithoutWorker reads the last)."""
-        try:
-            pools = await pools_service(WorkerAnnouncements(redis), self.stores.executions, ())
-        except (RedisError, OSError) as exc:
-            log.warning("pools' live workers not sampled: %r", exc)
-            return
-        live, pending, unserved = self._pool_gauges
-        for gauge in self._pool_gauges:
-            gauge.forget((name,) for name in pools)
-        for name, service in pools.items():
-            live(name).set(service.live_workers)
-            pending(name).set(service.pending)
-            unserved(name).set(1 if service.unserved else 0)
+        await self._pools.sample()
 
     def forget_gauges(self) -> None:
         """Remove the sampled series: a sweeper that stopped leading must not report stale counts beside the
         new leader's."""
         self._jobs.forget()
         self._dead.forget()
-        for gauge in self._pool_gauges:
-            gauge.forget()
+        self._pools.forget()
         self._gauges_sampled_at = float("-inf")
 
     # --- (b): the outbox of the pools' topics ----------------------------------------------------------
