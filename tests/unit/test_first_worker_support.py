@@ -3,15 +3,18 @@ bounded log tail and traceback."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sundial_common.runtime import dev_stack
 from sundial_common.runtime.settings import DEV_SIGNING_KEY, CommonSettings
+from sundial_worker import log_tail
 from sundial_worker.log_tail import MAX_CHARS, MAX_LINES, MAX_TRACEBACK_CHARS, TailingLogger, traceback_text
 from sundial_worker.settings import WorkerSettings
 
@@ -86,3 +89,19 @@ def test_a_traceback_keeps_its_innermost_frames() -> None:
         text = traceback_text(exc)
     assert len(text) == MAX_TRACEBACK_CHARS and text.startswith("…")
     assert text.rstrip().endswith("x at the bottom")
+
+
+def test_a_traceback_starts_at_the_handler_not_in_the_runtime_that_awaited_it() -> None:
+    def handler() -> None:
+        raise KeyError("missing")
+
+    # The runtime catches a sync handler's exception where it reads the thread pool's future (execution.py).
+    runtime = str(Path(log_tail.__file__).with_name("execution.py"))
+    code = "def awaiting(future, describe):\n    try:\n        future.result()\n    except KeyError as exc:\n"
+    namespace: dict[str, Any] = {}
+    exec(compile(code + "        return describe(exc)\n", runtime, "exec"), namespace)
+    with concurrent.futures.ThreadPoolExecutor(1) as threads:
+        text = namespace["awaiting"](threads.submit(handler), traceback_text)
+    frames = [line for line in text.splitlines() if line.startswith("  File ")]
+    assert len(frames) == 1 and __file__ in frames[0], text
+    assert text.startswith("Traceback (most recent call last):") and text.rstrip().endswith("KeyError: 'missing'")

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import logging
 import sys
+import sysconfig
 import threading
 import traceback
 from collections import deque
 from collections.abc import Mapping
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 __all__ = ["MAX_CHARS", "MAX_LINES", "MAX_TRACEBACK_CHARS", "TailingLogger", "log_tail", "traceback_text"]
@@ -24,6 +26,9 @@ __all__ = ["MAX_CHARS", "MAX_LINES", "MAX_TRACEBACK_CHARS", "TailingLogger", "lo
 MAX_LINES = 200
 MAX_CHARS = 32 * 1024
 MAX_TRACEBACK_CHARS = 16 * 1024
+#: Where the frames above a handler's come from: this package (the runtime awaiting it) and the standard library
+#: (the thread pool and contextvars running a sync handler).
+_NOT_THE_HANDLER = (str(Path(__file__).parent), sysconfig.get_paths()["stdlib"])
 #: One line longer than this is cut (a payload dumped into a log line would otherwise push out every other line).
 MAX_LINE_CHARS = 2000
 
@@ -56,8 +61,8 @@ class TailingLogger(logging.LoggerAdapter[logging.Logger]):
             error = sys.exc_info()[1] if exc_info is True else exc_info
             if isinstance(error, tuple):
                 error = error[1]
-            if isinstance(error, BaseException):
-                message += f" ({type(error).__name__}: {error})"
+            if isinstance(error, BaseException) and (said := f"{type(error).__name__}: {error}") not in message:
+                message += f" ({said})"
         stamp = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
         line = f"{stamp} {logging.getLevelName(level)} {message}".replace("\x00", "\\0")
         if len(line) > MAX_LINE_CHARS:
@@ -77,6 +82,15 @@ def log_tail(logger: logging.LoggerAdapter[logging.Logger]) -> str | None:
 
 
 def traceback_text(exc: BaseException) -> str:
-    """``exc``'s traceback as Python prints it, its last :data:`MAX_TRACEBACK_CHARS` characters, NUL-free."""
-    text = "".join(traceback.format_exception(exc)).replace("\x00", "\\0")
+    """``exc``'s traceback as Python prints it, from the handler's first frame (not the runtime's, nor the thread
+    pool's that ran a sync handler), its last :data:`MAX_TRACEBACK_CHARS` characters, NUL-free."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None and _outside_the_handler(tb.tb_frame.f_code.co_filename):
+        tb = tb.tb_next
+    text = "".join(traceback.format_exception(type(exc), exc, tb)).replace("\x00", "\\0")
     return text if len(text) <= MAX_TRACEBACK_CHARS else "…" + text[-(MAX_TRACEBACK_CHARS - 1) :]
+
+
+def _outside_the_handler(filename: str) -> bool:
+    installed = "site-packages" in filename or "dist-packages" in filename  # a tenant's code may live there
+    return filename.startswith(_NOT_THE_HANDLER[0]) or (filename.startswith(_NOT_THE_HANDLER[1]) and not installed)
