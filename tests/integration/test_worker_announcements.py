@@ -116,6 +116,7 @@ async def test_the_api_says_when_no_live_worker_will_run_the_work(
     # A create naming a handler nothing would run is accepted, with a warning saying why (before anyone waits).
     created = await client.post("/v1/jobs", json=_job(unread, "h"), headers=headers)
     assert created.status_code == 201, created.text
+    created_first = created.json()["jobId"]
     [warning] = created.json()["warnings"]
     assert warning["field"] == "target.handler" and f"no live worker reads pool `{unread}`" in warning["message"]
     created = await client.post("/v1/jobs", json=_job(other, "h"), headers=headers)
@@ -138,6 +139,12 @@ async def test_the_api_says_when_no_live_worker_will_run_the_work(
     assert view["workers"] == {"live": 0, "freeSlots": 0, "handlers": [], "items": []}
     assert view["backlog"]["pending"] == 1 and view["backlog"]["oldestPendingAt"]
     assert view["warnings"] == [f"no live worker in pool {unread}: 1 of your executions wait for one"]
+    # Where a job's state shows, its latest execution's shows beside it: a fired one-shot is not "done".
+    listed = (await client.get("/v1/jobs", params={"pool": unread}, headers=headers)).json()["items"]
+    states = {item["jobId"]: (item["state"], item["latestExecutionState"]) for item in listed}
+    assert states[message.job_id] == ("COMPLETED", "PENDING") and states[created_first] == ("ACTIVE", None)
+    job = (await client.get(f"/v1/jobs/{message.job_id}", headers=headers)).json()
+    assert (job["state"], job["latestExecutionState"]) == ("COMPLETED", "PENDING")
     [message] = await dispatch(stores, served, "h", [{"n": 2}])
     execution = (await client.get(f"/v1/executions/{message.execution_id}", headers=headers)).json()
     assert execution["waitingFor"] is None

@@ -236,6 +236,7 @@ async def get_job(job_id: JobId, state: State, principal: Authenticated) -> Resp
     cipher = await state.keyring.cipher(principal.tenant)
     view = render_job(job, cipher)
     view["latestExecutions"] = [render_execution(row, template, cipher) for row in executions]
+    view["latestExecutionState"] = executions[0]["state"] if executions else None
     view["parents"] = [{**_relative(row), "waiting": waiting.get(row["job_id"], 0)} for row in parents]
     view["children"] = [_relative(row) for row in children]
     return OrjsonResponse(view, headers=_etag(job))

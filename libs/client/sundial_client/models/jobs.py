@@ -93,6 +93,12 @@ class Job(ViewModel):
     breaker: JobBreakerView | None = Field(None, description="The job's own breaker choice (null: the defaults).")
     created_at: datetime
     updated_at: datetime
+    latest_execution_state: str | None = Field(
+        None,
+        description="The state of the job's latest execution (by scheduled time), beside the job's own `state`: a "
+        "one-shot job is COMPLETED once it fired, while its execution may still be PENDING (no worker yet) or have "
+        "FAILED. Null before its first execution; in lists and reads, not in a create's or change's answer.",
+    )
     warnings: list[FieldError] | None = Field(
         None,
         description="Create and PATCH answers only, when something would keep the job from running as asked: no "
