@@ -22,7 +22,7 @@ import pytest
 from sundial_common.runtime import dev_stack
 
 from tests.support.processes import SUNDIAL, Processes, free_port
-from tests.tenants import tenant_token
+from tests.support.tenants import tenant_token
 
 MODULE = """
 from sundial_worker import Worker

@@ -22,8 +22,8 @@ from sundial_sweeper.pool_gauges import PoolGauges
 from sundial_worker.settings import WorkerSettings
 
 from tests.integration.test_worker import TENANT, demo_worker, dispatch, serving
-from tests.pools import admit
-from tests.tenants import tenant_token
+from tests.support.pools import admit
+from tests.support.tenants import tenant_token
 
 SECRET = "announcements-test-secret-0123456789"
 
