@@ -1,7 +1,7 @@
 """execution_attempts.traceback, execution_attempts.log_tail: why an attempt failed, readable in one look.
 
-Revision ID: 0029
-Revises: 0028
+Revision ID: 0030
+Revises: 0029
 Create Date: 2026-11-28
 
 An attempt kept only ``Type: message`` of its handler's exception; the traceback and what the handler logged were
@@ -15,8 +15,8 @@ nullable columns: expand-only, so processes of the previous release keep writing
 
 from sundial_common.stores.schema import run_sql_script
 
-revision = "0029"
-down_revision = "0028"
+revision = "0030"
+down_revision = "0029"
 branch_labels = None
 depends_on = None
 
