@@ -7,8 +7,11 @@
 #                browser), at that offset + 100;
 #   faults     — tests/faults (real processes, one fault at a time), at that offset + 200.
 # The process lanes mostly wait on real time (leases, timeouts, restarts), so three fit two cores.
-# Each lane writes .sundial/test-logs/<lane>.log; a lane's whole log is printed when it ends (the slowest 15 tests
-# of each lane at its end). Exits non-zero if any lane failed. Extra arguments go to every pytest session.
+# Each lane writes .sundial/test-logs/<lane>.log. While they run, one status line every LANES_PROGRESS_SEC (default
+# 30) says how many tests each lane has done and failed so far (read from pytest's progress in its log), and a lane
+# that ends says so at once with pytest's summary line; every lane's whole log is printed once all have ended (the
+# slowest 15 tests of each lane at its end). Exits non-zero if any lane failed. Extra arguments go to every pytest
+# session.
 # Each lane runs in a session of its own (setsid): a signal a test sends to its own process group never reaches
 # this script or another lane; Ctrl-C or SIGTERM here stops every lane's whole process group.
 set -uo pipefail
@@ -42,9 +45,49 @@ trap 'stop SIGINT' INT
 trap 'stop SIGTERM' TERM
 trap 'stop SIGHUP' HUP
 
+# "<done>/<collected> done, <failed> failed" of a lane, from its log: pytest writes one character per test
+# (. passed, F failed, E error, s skipped, x/X xfail/xpass) after the file's name (or alone with -q), and a line
+# "collected N items" first.
+progress() {
+    awk '
+        /^collected [0-9]+ item/ { total = $2 }
+        /^([^ ]+\.py )?[.FEsxX]+ *(\[ *[0-9]+%\])?$/ {
+            line = $0; sub(/ *\[ *[0-9]+%\]$/, "", line); sub(/^[^ ]+\.py /, "", line)
+            done += length(line); failed += gsub(/[FE]/, "", line)
+        }
+        END { printf "%d/%s done, %d failed", done, (total == "" ? "?" : total), failed }
+    ' "$1"
+}
+
 status=0
+every=${LANES_PROGRESS_SEC:-30}
+declare -A ended
+n_ended=0
+next_report=$(($(date +%s) + every))
+while [ $n_ended -lt ${#lanes[@]} ]; do
+    for name in "${lanes[@]}"; do
+        [ -n "${ended[$name]:-}" ] && continue
+        kill -0 "${pids[$name]}" 2>/dev/null && continue
+        wait "${pids[$name]}"
+        code=$?
+        ended[$name]=$code
+        n_ended=$((n_ended + 1))
+        [ "$code" = 0 ] || status=1
+        summary=$(grep -E '^=+ .*(passed|failed|error|no tests ran).* =+$' "$logs/$name.log" | tail -n 1 | tr -d '=')
+        echo "lanes.sh: lane $name ended after $(($(date +%s) - started)) s (exit $code):${summary:- $(progress "$logs/$name.log")}"
+    done
+    [ $n_ended -lt ${#lanes[@]} ] || break
+    if [ "$(date +%s)" -ge "$next_report" ]; then
+        line=""
+        for name in "${lanes[@]}"; do
+            line+="  $name: $(progress "$logs/$name.log")$([ -n "${ended[$name]:-}" ] && echo ' (ended)')"
+        done
+        echo "lanes.sh: $(($(date +%s) - started)) s;$line"
+        next_report=$(($(date +%s) + every))
+    fi
+    sleep 1
+done
 for name in "${lanes[@]}"; do
-    wait "${pids[$name]}" || status=1
     echo "===================== lane $name ($logs/$name.log) ====================="
     cat "$logs/$name.log"
 done

@@ -5,7 +5,9 @@ supervisor runs in this process) or in the background (a detached supervisor, an
 the API answers ``/readyz``), ``down`` (stop the supervisor, then anything a crash left behind), and
 ``status``, and ``clean`` (everything under the root stopped and deleted, with the Postgres clusters
 older versions kept outside it). All four are idempotent and find the environment through the pid files under
-``<root>/run`` and the servers' data directories, so they work from any shell.
+``<root>/run`` and the servers' data directories, so they work from any shell. While the supervisor runs, the stack is
+recorded in the per-user file of :mod:`sundial_common.runtime.dev_stack` (``~/.config/sundial/dev.json``), so that
+``sundial worker`` started from any directory finds it; ``down`` removes the record.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from sundial_common.runtime import dev_stack
 from sundial_common.runtime.stop_signals import StopSignals
 
 from sundial_infra.dev_runner import (
@@ -140,7 +143,14 @@ def up_foreground(layout: DevLayout) -> int:
     # `make run` arrives twice (the terminal signals the whole group and `uv run` forwards it too);
     # StopSignals takes only a second press a moment later as "kill what is left".
     StopSignals(stop.set, force.set).install((signal.SIGINT, signal.SIGTERM, signal.SIGHUP))
-    return DevRunner(layout, announce=lambda text: print(text, flush=True)).run(stop, force)
+    runner = DevRunner(layout, announce=lambda text: print(text, flush=True))
+    # So that `sundial worker` started from any directory finds this stack (sundial_common.runtime.dev_stack).
+    pointer = dev_stack.record(layout.root, runner.stack.env(), os.getpid())
+    log.info("recorded the stack in %s", pointer)
+    try:
+        return runner.run(stop, force)
+    finally:
+        dev_stack.forget(os.getpid())
 
 
 def up_background(layout: DevLayout, timeout: float) -> int:
@@ -197,6 +207,7 @@ def down(layout: DevLayout, timeout: float = 60.0, *, quiet: bool = False) -> in
     stopped: list[str] = []
     pid = supervisor_running(layout)
     if pid is not None:
+        dev_stack.forget(pid)  # the supervisor removes it too, unless it has to be killed
         if not quiet:
             print(f"Stopping the supervisor (pid {pid}) and everything it runs…")
         if not terminate(pid, timeout=timeout):

@@ -14,12 +14,15 @@ import logging
 import os
 import re
 import subprocess
+import sys
 import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
+
+from sundial_common.runtime import dev_stack
 
 from sundial_infra.process import ServerError, read_pid_file, tail, write_pid_file
 from sundial_infra.servers.base import Server
@@ -145,6 +148,9 @@ Create a job that runs in 2 seconds on the demo worker:
 Then look at it and its execution (ids from the answers):
   curl -s {api}/v1/jobs/<job id> {auth}
   curl -s {api}/v1/executions/<execution id> {auth}
+Serve a pool with your own handlers, from your project's directory (this stack is recorded in
+{_display(dev_stack.pointer_path())}, so the worker finds it without any variable):
+  {Path(sys.executable).with_name("sundial")} worker --app mymodule:worker
 Who leads which shard (8 shards over 2 dispatcher replicas, standbys for the rest):
   SUNDIAL_ENV=dev .venv/bin/sundial cluster     or   curl -s {api}/v1/admin/cluster {admin}
 

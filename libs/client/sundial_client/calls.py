@@ -41,6 +41,7 @@ from sundial_client.models import (
     JobType,
     NewJob,
     Pool,
+    PoolDetail,
     PoolList,
     Preview,
     Replay,
@@ -294,6 +295,11 @@ def list_pools(*, cursor: str | None, limit: int, mine: bool = False) -> Call[Po
 
 def get_pool(name: str) -> Call[Pool]:
     return Call("GET", f"/v1/admin/pools/{_id(name)}", _model(Pool))
+
+
+def pool_detail(name: str) -> Call[PoolDetail]:
+    """A pool the caller's tenant may use, with its live workers and the caller's backlog (``GET /v1/pools/{name}``)."""
+    return Call("GET", f"/v1/pools/{_id(name)}", _model(PoolDetail))
 
 
 def update_pool(name: str, fields: Mapping[str, Any]) -> Call[Pool]:

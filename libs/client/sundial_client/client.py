@@ -98,6 +98,7 @@ class Admin(Blocking):
 
 class Pools(Blocking):
     usable = blocking_iter(AsyncPools.usable)
+    show = blocking(AsyncPools.show)
 
 
 class Breakers(Blocking):

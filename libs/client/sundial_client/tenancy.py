@@ -19,6 +19,7 @@ from sundial_client.models import (
     ExecutionStats,
     HandlerRanking,
     Pool,
+    PoolDetail,
     Preview,
     SchedulePreviewRequest,
 )
@@ -34,6 +35,10 @@ class AsyncPools:
         """The pools this client's tenant may send work into, in name order (``GET /v1/pools``)."""
         size = check_page_size(page_size, MAX_REGISTRY_PAGE)
         return pages(self.client, lambda cursor: calls.list_pools(cursor=cursor, limit=size, mine=True))
+
+    async def show(self, name: str) -> PoolDetail:
+        """A pool this client's tenant may use: its live workers (handlers, free slots) and the tenant's backlog."""
+        return await self.client.call(calls.pool_detail(name))
 
 
 class AsyncBreakers:

@@ -23,6 +23,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from redis.asyncio import Redis
 from sundial_common.hotwindow.rate_limits import TokenBuckets
 from sundial_common.hotwindow.window import HotWindow
+from sundial_common.hotwindow.worker_announcements import LiveWorkersCache, WorkerAnnouncements
 from sundial_common.runtime.clock import Clock, SystemClock
 from sundial_common.security.auth import TokenVerifier
 from sundial_common.security.encryption import open_keyring
@@ -42,6 +43,7 @@ from sundial_api import (
     job_preview,
     jobs,
     openapi_document,
+    pool_workers,
     pools,
     problems,
     replays,
@@ -132,6 +134,7 @@ def create_app(settings: ApiSettings | None = None, *, clock: Clock | None = Non
             clock=wall,
             tenant_cache=TenantCache(stores.tenants, settings.tenant_cache_sec),
             pool_cache=PoolCache(stores.pools, settings.tenant_cache_sec),
+            live_workers=LiveWorkersCache(WorkerAnnouncements(redis), ttl_sec=1.0),
             buckets=TokenBuckets(redis),
             keyring=keyring,
             verifier=TokenVerifier.from_settings(settings),
@@ -201,6 +204,7 @@ def create_app(settings: ApiSettings | None = None, *, clock: Clock | None = Non
     app.include_router(audit.router)
     app.include_router(pools.admin_router)
     app.include_router(pools.router)
+    app.include_router(pool_workers.router)
     app.include_router(breakers.router)
     install_console(app)
 

@@ -45,6 +45,7 @@ from sundial_api.models.executions import (
     render_pending_trigger,
 )
 from sundial_api.pagination import InvalidCursor, decode_id_cursor, encode_id_cursor
+from sundial_api.pool_workers import execution_waiting_for
 from sundial_api.problems import ProblemError, invalid, not_found, parse_resource_id, responses
 from sundial_api.responses import OrjsonResponse
 from sundial_api.state import ApiState, State
@@ -173,6 +174,7 @@ async def get_execution(execution_id: ExecutionId, state: State, principal: Auth
     cipher = await state.keyring.cipher(principal.tenant)
     view = render_execution(execution, state.settings.trace_link, cipher)
     view["attempts"] = [render_attempt(row, cipher) for row in attempts]
+    view["waitingFor"] = await execution_waiting_for(state, execution["pool"], execution["state"])
     return OrjsonResponse(view)
 
 

@@ -123,13 +123,16 @@ def _replay(row: Mapping[str, Any], cipher: TenantCipher) -> Response:
     return Response(body, status_code=row["status_code"], headers=headers, media_type="application/json")
 
 
-def _created(row: Record, cipher: TenantCipher) -> IdempotentResponse:
-    """What ``POST /v1/jobs`` answers for a new job (the same bytes ``jobs.create_job`` sends), kept sealed:
-    it holds the payload."""
+def _created(row: Record, cipher: TenantCipher, warnings: Sequence[Mapping[str, str]] = ()) -> IdempotentResponse:
+    """What ``POST /v1/jobs`` answers for a new job (the same bytes ``jobs.create_job`` sends, its warnings
+    included), kept sealed: it holds the payload."""
+    view = render_job(row, cipher)
+    if warnings:
+        view["warnings"] = list(warnings)
     return IdempotentResponse(
         status_code=201,
         headers={"Location": f"/v1/jobs/{row['id']}", "ETag": f'"{row["version"]}"'},
-        body=cipher.seal_bytes(dumps(render_job(row, cipher)), RESPONSE),
+        body=cipher.seal_bytes(dumps(view), RESPONSE),
         resource_id=row["id"],
     )
 
@@ -170,8 +173,10 @@ async def create_job_once(
     cipher: TenantCipher,
     max_active_jobs: int | None = None,
     parents: Sequence[Edge] = (),
+    warnings: Sequence[Mapping[str, str]] = (),
 ) -> Record | Response:
-    """Insert the job described by ``values`` unless ``key`` already did: the new row, or the answer to replay."""
+    """Insert the job described by ``values`` unless ``key`` already did: the new row, or the answer to replay
+    (``warnings``: the create's, kept in that answer)."""
 
     async def insert(token: uuid.UUID) -> Record | None:
         done = await state.stores.idempotency.insert_job_idempotent(
@@ -179,7 +184,7 @@ async def create_job_once(
             principal.subject,
             key=key,
             token=token,
-            respond=lambda row: _created(row, cipher),
+            respond=lambda row: _created(row, cipher, warnings),
             max_active_jobs=max_active_jobs,
             parents=parents,
         )

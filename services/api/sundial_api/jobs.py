@@ -58,6 +58,7 @@ from sundial_api.models.schedules import (
     JobType,
 )
 from sundial_api.pagination import InvalidCursor, decode_cursor, encode_cursor
+from sundial_api.pool_workers import job_warnings
 from sundial_api.pools import usable_pool, with_pool_defaults
 from sundial_api.problems import (
     ProblemError,
@@ -128,6 +129,8 @@ async def create_job(
     shard = ids.shard_for(job_id, settings.shards)
     cipher = await state.keyring.cipher(principal.tenant)
     values = definition(body, resolved, settings.default_timeout_sec, cipher)
+    # Accepted all the same (workers may be deployed after their jobs); part of a replayed answer too.
+    warnings = await job_warnings(state, body.target.pool, body.target.handler)
     values.update(
         {
             "id": job_id,
@@ -143,7 +146,15 @@ async def create_job(
     try:
         if idempotency_key is not None:
             created = await idempotency.create_job_once(
-                state, principal, idempotency_key, asked, values, cipher, max_active_jobs=max_active_jobs, parents=edges
+                state,
+                principal,
+                idempotency_key,
+                asked,
+                values,
+                cipher,
+                max_active_jobs=max_active_jobs,
+                parents=edges,
+                warnings=warnings,
             )
             if isinstance(created, Response):
                 return created  # the first request's answer, replayed
@@ -165,8 +176,11 @@ async def create_job(
     if idempotency_key is not None or edges or max_active_jobs is not None:
         await _sync_hot_window(state, row, principal.tenant, removing=False)
     log.debug("job created", extra={"tenant": principal.tenant, "job_id": job_id, "shard": shard})
+    view = render_job(row, cipher, body.payload)
+    if warnings:
+        view["warnings"] = warnings
     return OrjsonResponse(
-        render_job(row, cipher, body.payload),
+        view,
         status_code=201,
         headers={"Location": f"/v1/jobs/{job_id}", **_etag(row)},
     )
@@ -222,6 +236,7 @@ async def get_job(job_id: JobId, state: State, principal: Authenticated) -> Resp
     cipher = await state.keyring.cipher(principal.tenant)
     view = render_job(job, cipher)
     view["latestExecutions"] = [render_execution(row, template, cipher) for row in executions]
+    view["latestExecutionState"] = executions[0]["state"] if executions else None
     view["parents"] = [{**_relative(row), "waiting": waiting.get(row["job_id"], 0)} for row in parents]
     view["children"] = [_relative(row) for row in children]
     return OrjsonResponse(view, headers=_etag(job))
@@ -526,7 +541,10 @@ async def update_job(
         )
         if row is not None:
             await _sync_hot_window(state, row, principal.tenant)
-            return OrjsonResponse(render_job(row, cipher), headers=_etag(row))
+            view = render_job(row, cipher)
+            if "target" in patch and (warnings := await job_warnings(state, row["pool"], row["handler"])):
+                view["warnings"] = warnings
+            return OrjsonResponse(view, headers=_etag(row))
     raise ProblemError(409, f"job {job_id} kept changing under this update; retry", headers={"Retry-After": "1"})
 
 

@@ -1,5 +1,5 @@
 """What one API process holds for its whole life: settings, the Postgres stores, the Redis hot window, the clock,
-the tenant and pool registry caches.
+the tenant and pool registry caches, the pools' live workers.
 
 Built once by the app's lifespan and reached by handlers through :func:`get_state`, so no request opens a
 connection pool of its own.
@@ -13,6 +13,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 from sundial_common.hotwindow.rate_limits import TokenBuckets
 from sundial_common.hotwindow.window import HotWindow
+from sundial_common.hotwindow.worker_announcements import LiveWorkersCache
 from sundial_common.runtime.clock import Clock
 from sundial_common.security.auth import TokenVerifier
 from sundial_common.security.encryption import Keyring
@@ -45,6 +46,9 @@ class ApiState:
     create_groups: CreateGroups
     #: Which tenants' data changed lately, for the console's live regions (:mod:`sundial_api.change_feed`).
     changes: ChangeFeed
+    #: Which workers are alive in which pool (their announcements, read at most a second ago): the pool view, an
+    #: execution's `waitingFor` and a job's warnings.
+    live_workers: LiveWorkersCache
     verified_tokens: VerifiedTokens = field(default_factory=VerifiedTokens)
 
 

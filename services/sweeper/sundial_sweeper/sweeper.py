@@ -24,7 +24,9 @@ Each pass (``run_once``) runs these scans, each bounded by ``batch_size`` rows:
     (the execution row is that topic's outbox too), then marked.
 (e) **Idempotency keys** past their 24 hours are purged.
 (g) **Sampled gauges** — every ``gauges_interval_sec`` the active sweeper counts jobs per tenant and state
-    (``sundial_jobs``) and DEAD executions per tenant (``sundial_dead_letter_queue_size``) in Postgres. One
+    (``sundial_jobs``) and DEAD executions per tenant (``sundial_dead_letter_queue_size``) in Postgres, and each pool's
+    live workers, waiting work and whether it has work and no live worker (``sundial_pool_*``,
+    :mod:`sundial_sweeper.pool_gauges`). One
     singleton samples them, so a sum over replicas is not a multiple of the truth; a sweeper that stops
     leading removes its series (:meth:`Sweeper.forget_gauges`).
 
@@ -80,6 +82,7 @@ from sundial_common.stores import Stores
 from sundial_common.stores.executions import Finished, LostAttempt
 from sundial_common.stores.types import Record, RetryDue
 
+from sundial_sweeper.pool_gauges import PoolGauges
 from sundial_sweeper.resends import execution_message, send_span
 
 if TYPE_CHECKING:
@@ -253,6 +256,7 @@ class Sweeper:
         self._recovered = {reason: SWEEPER_RECOVERIES.labels(reason) for reason in _RECOVERY_REASONS}
         self._jobs: Children[Gauge] = Children(JOBS)
         self._dead: Children[Gauge] = Children(DEAD_LETTER_QUEUE_SIZE)
+        self._pools = PoolGauges(redis, stores.executions)
         self._gauges_sampled_at = float("-inf")
         if redis is None:
             log.warning("sweeper without Redis: lost workers are not detected (timeouts still are)")
@@ -418,12 +422,14 @@ class Sweeper:
         self._dead.forget((tenant,) for tenant in dead)
         for tenant, count in dead.items():
             self._dead(tenant).set(count)
+        await self._pools.sample()
 
     def forget_gauges(self) -> None:
         """Remove the sampled series: a sweeper that stopped leading must not report stale counts beside the
         new leader's."""
         self._jobs.forget()
         self._dead.forget()
+        self._pools.forget()
         self._gauges_sampled_at = float("-inf")
 
     # --- (b): the outbox of the pools' topics ----------------------------------------------------------

@@ -5,21 +5,30 @@ from ``mymodule`` — the current directory is importable, as with uvicorn — a
 :class:`~sundial_worker.runtime.WorkerRuntime`. The first signal stops gracefully (running handlers
 get the shutdown grace); copies of it arriving within a second (one Ctrl-C under `uv run` arrives twice)
 change nothing, and only a deliberate later signal cuts the grace short (``sundial_common.runtime.stop_signals``).
+
+**From any directory.** Variables the environment leaves unset come from the running development stack's record
+(``sundial_common.runtime.dev_stack``: ``make up`` writes it), so on a developer machine the command works
+verbatim from the user's own project. A configuration that cannot work — no master key, a dev root that does
+not exist, a database that does not answer — is one line on stderr naming the setting, and exit code 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import importlib
 import logging
 import os
 import sys
 
+from sundial_common.runtime.dev_stack import pointer_path, use_running_stack
 from sundial_common.runtime.instrumentation import observed
 from sundial_common.runtime.logs import setup_logging
 from sundial_common.runtime.service import run
 from sundial_common.runtime.settings import SettingsHelpParser, load_settings
+from sundial_common.security.encryption import MasterKeyError, master_key_provider
 
+from sundial_worker.errors import StartupError
 from sundial_worker.sdk import Worker
 from sundial_worker.settings import WorkerSettings
 from sundial_worker.staging import ServingRuntime
@@ -96,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run a pool's handlers (`sundial worker --app module:worker`)."""
     parser = _parser()
     args = parser.parse_args(argv)
+    dev_stack = use_running_stack()
     overrides = {
         "worker_app": args.app,
         "worker_concurrency": args.concurrency,
@@ -106,12 +116,15 @@ def main(argv: list[str] | None = None) -> int:
     }
     settings = load_settings(WorkerSettings, parser, **overrides)
     setup_logging(settings.log_level, settings.log_format)
+    if dev_stack is not None:
+        log.info("using the development stack under %s (recorded in %s)", dev_stack.root, pointer_path())
     if not settings.worker_app:
         parser.error("--app is required (or set SUNDIAL_WORKER_APP), e.g. --app sundial_worker.demo:worker")
     try:
         worker = load_worker(settings.worker_app)
         config = settings.runtime_config(worker)
-    except (AppError, ValueError) as exc:
+        master_key_provider(settings)  # a missing key or dev root is found now, before any connection
+    except (AppError, ValueError, MasterKeyError) as exc:
         print(f"sundial worker: {exc}", file=sys.stderr)
         return 2
     # A staging pool (its kind in the registry) is fed only by replays: its runtime records replay_runs, never
@@ -122,8 +135,19 @@ def main(argv: list[str] | None = None) -> int:
         log.warning("second signal: abandoning running handlers now")
         runtime.force_stop()
 
+    refused: list[str] = []
+
+    async def serve(stop: asyncio.Event) -> None:
+        try:
+            await runtime.run_until(stop)
+        except (StartupError, MasterKeyError) as exc:  # a configuration problem: one line, not a traceback
+            refused.append(str(exc))
+
     with observed("sundial-worker", settings):
-        code = run(runtime.run_until, on_force=abandon_running_handlers, young_collection_every=GC_THRESHOLD)
+        code = run(serve, on_force=abandon_running_handlers, young_collection_every=GC_THRESHOLD)
+    if refused:
+        print(f"sundial worker: {refused[0]}", file=sys.stderr)
+        return 2
     if runtime.stuck_sync_handlers:
         # A sync handler's thread cannot be interrupted, and the interpreter would wait for it at
         # exit; everything that matters is written and committed, so leave without it.

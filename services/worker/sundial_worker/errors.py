@@ -23,6 +23,10 @@ TRANSIENT_DB_ERRORS: tuple[type[BaseException], ...] = (
 REDIS_ERRORS: tuple[type[BaseException], ...] = (RedisError, OSError, TimeoutError)
 
 
+class StartupError(RuntimeError):
+    """The worker cannot start as configured; the message is one line naming the setting to change."""
+
+
 class WorkerCrashed(RuntimeError):
     """A side task of the runtime died; the process should exit non-zero."""
 

@@ -48,13 +48,23 @@ from sundial_common.observability.tracing import (
     tracer,
     unrecorded_span,
 )
-from sundial_common.security.encryption import PAYLOAD, PROGRESS, RESULT, DecryptionError, Keyring, TenantCipher
+from sundial_common.security.encryption import (
+    LOG_TAIL,
+    PAYLOAD,
+    PROGRESS,
+    RESULT,
+    TRACEBACK,
+    DecryptionError,
+    Keyring,
+    TenantCipher,
+)
 from sundial_common.stores.executions import Outcome
 from sundial_common.stores.types import Record
 
 from sundial_worker.consumer import Delivery, consumer_group
 from sundial_worker.errors import check_positive_int, check_seconds
 from sundial_worker.inflight import FinishedAttempt, InFlight, OutcomeBuffer, Running, WorkerStats
+from sundial_worker.log_tail import log_tail, traceback_text
 from sundial_worker.metrics import ExecutionMetrics
 from sundial_worker.sdk import Context, HandlerSpec, HeartbeatSink, Worker, context_logger
 
@@ -332,10 +342,16 @@ class HandlerExecutor:
     ) -> Outcome:
         cipher = self._cipher(ctx.tenant)
 
-        def outcome(state: str, result: Any = None, error: str | None = None) -> Outcome:
+        def outcome(state: str, result: Any = None, error: str | None = None, traceback: str | None = None) -> Outcome:
             # Sealed before they leave the handler's hands: Postgres (and the DLQ) only see ciphertext.
             return Outcome(
-                ctx.execution_id, ctx.attempt, state, cipher.seal_json(result, RESULT), cipher.seal_error(error)
+                ctx.execution_id,
+                ctx.attempt,
+                state,
+                cipher.seal_json(result, RESULT),
+                cipher.seal_error(error),
+                traceback=cipher.seal_json(traceback, TRACEBACK),
+                log_tail=cipher.seal_json(log_tail(ctx.logger), LOG_TAIL),
             )
 
         if spec is None:
@@ -469,12 +485,12 @@ class HandlerExecutor:
 
     def _handler_failed(self, ctx: Context, span: Span, exc: BaseException, outcome: Callable[..., Outcome]) -> Outcome:
         error = error_text(exc)
-        # The traceback stays in the log (and on the span); Postgres keeps the one-line error.
+        # The traceback goes to the log, the span and, bounded and sealed, the attempt (GET /v1/executions/{id}).
         ctx.logger.warning("handler %s failed: %s", ctx.handler, error, exc_info=exc)
         span.record_exception(exc)
         span.set_status(Status(StatusCode.ERROR, error))
         self._stats.failed += 1
-        return outcome("FAILED", error=error)
+        return outcome("FAILED", error=error, traceback=traceback_text(exc))
 
     def _submit_sync(self, spec: HandlerSpec, ctx: Context, payload: Any) -> asyncio.Future[Any]:
         assert self._threads is not None, "the executor is not open"

@@ -12,6 +12,8 @@ consumer) and the start/stop contract, and builds its parts from one :class:`Wor
   fallback, Postgres;
 - :mod:`~sundial_worker.outcomes` (task ``flush``): batched outcome writes, retries into the hot window;
 - :mod:`~sundial_worker.commits` (task ``commit``): the acknowledged offset prefix to Kafka;
+- :mod:`~sundial_worker.announcer` (task ``announce``): this worker in its pool's live workers (handlers, free
+  slots), from the moment it has joined the consumer group until it stops taking work;
 - :mod:`~sundial_worker.inflight`: what they share (executions in flight, the outcome buffer, the counters).
 
 So the only per-message round trip is the handler itself: starts, finishes and heartbeats travel in
@@ -43,12 +45,14 @@ from redis import Redis as SyncRedis
 from redis.asyncio import Redis
 from sundial_common.broker.messages import pool_topic
 from sundial_common.hotwindow.window import HotWindow
+from sundial_common.hotwindow.worker_announcements import WorkerAnnouncements
 from sundial_common.runtime.settings import CommonSettings
 from sundial_common.security.encryption import Keyring, open_keyring
 from sundial_common.stores import Stores
 from sundial_common.stores.pool_cache import PoolCache
 
 from sundial_worker.admission import Admission, AdmissionConfig
+from sundial_worker.announcer import AnnounceConfig, Announcer
 from sundial_worker.commits import CommitConfig, OffsetCommitter
 from sundial_worker.consumer import ExecutionConsumer, KafkaExecutionConsumer
 from sundial_worker.errors import WorkerCrashed, check_positive_int, check_seconds
@@ -114,6 +118,7 @@ class WorkerConfig:
         self.cancel_watch()
         self.flush(FlushConfig().hot_window_sec)
         self.commits()
+        self.announce()
 
     def admission(self) -> AdmissionConfig:
         return AdmissionConfig(
@@ -141,6 +146,13 @@ class WorkerConfig:
     def commits(self) -> CommitConfig:
         return CommitConfig(commit_interval_sec=self.commit_interval_sec)
 
+    def announce(self) -> AnnounceConfig:
+        # Twice the liveness TTL: a handler holding the event loop for a few seconds must not make the worker look
+        # absent (the announcement is renewed from the loop, liveness keys from a thread).
+        return AnnounceConfig(
+            concurrency=self.concurrency, interval_sec=self.heartbeat_interval_sec, ttl_sec=2 * self.heartbeat_ttl_sec
+        )
+
 
 @dataclass(slots=True)
 class WorkerParts:
@@ -156,6 +168,7 @@ class WorkerParts:
     flusher: OutcomeFlusher
     committer: OffsetCommitter
     wakes: TopicWakes
+    announcer: Announcer
 
 
 class WorkerRuntime:
@@ -260,6 +273,7 @@ class WorkerRuntime:
                 stores, HotWindow(redis), self.worker_id, self.worker.pool, hot_window_sec=self.settings.hot_window_sec
             ).begin()
             await self.consumer.open()
+            await self.parts.announcer.run_once()
         except BaseException:
             await self._close_resources(stores, redis)
             self._stopped = True
@@ -272,6 +286,7 @@ class WorkerRuntime:
         self._spawn("heartbeat", parts.heartbeats.run)
         self._spawn("cancel", parts.cancel_watch.run)
         self._spawn("wakes", lambda: parts.wakes.run(self._stopping))
+        self._spawn("announce", parts.announcer.run)
 
     def _build(self, stores: Stores, redis: Redis, keyring: Keyring) -> WorkerParts:
         config = self.config
@@ -320,6 +335,9 @@ class WorkerRuntime:
             can_park=lambda: wakes.listening,
         )
         return WorkerParts(
+            announcer=Announcer(
+                WorkerAnnouncements(redis), self.worker, self.worker_id, config.announce(), inflight=self.inflight
+            ),
             wakes=wakes,
             stores=stores,
             redis=redis,
@@ -355,6 +373,8 @@ class WorkerRuntime:
         parts = self.parts
         try:
             await self._stop_polling(parts.admission)
+            await self._cancel_side_task("announce")
+            await parts.announcer.withdraw()  # no longer a worker that will take this pool's work
             abandoned = await parts.executor.finish(self.config.shutdown_grace_sec, self._force)
             # No renewal may race the release below (the thread took its list of running executions before
             # these were abandoned).

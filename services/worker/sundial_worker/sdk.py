@@ -33,6 +33,8 @@ from uuid import UUID
 
 from sundial_common.broker.messages import POOL_NAME
 
+from sundial_worker.log_tail import TailingLogger
+
 log = logging.getLogger("sundial.worker")
 
 # What a handler may be: ``async def h(ctx, payload)`` or ``def h(ctx, payload)``.
@@ -243,8 +245,9 @@ def context_logger(
     attempt: int,
     trace_id: str | None,
 ) -> logging.LoggerAdapter[logging.Logger]:
-    """A logger adapter carrying the structured log fields (tenant, job, execution, attempt, trace)."""
-    return logging.LoggerAdapter(
+    """A logger adapter carrying the structured log fields (tenant, job, execution, attempt, trace), which keeps the
+    attempt's last lines (:mod:`~sundial_worker.log_tail`: they are stored with the attempt)."""
+    return TailingLogger(
         logger,
         {
             "tenant": tenant,

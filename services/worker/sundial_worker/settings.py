@@ -19,6 +19,8 @@ _DEFAULTS = WorkerConfig()
 class WorkerSettings(CommonSettings):
     """Settings of ``sundial worker``."""
 
+    verifies_tokens = False  # a worker reads Kafka and Postgres, never a bearer token
+
     worker_app: str | None = Field(None, description="The Worker to serve, as `module:attribute`.")
     worker_concurrency: int | None = Field(
         None, ge=1, description="Handlers running at once (default: the Worker's own `concurrency`)."

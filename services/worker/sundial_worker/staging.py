@@ -31,6 +31,7 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar
 from uuid import UUID
 
+import asyncpg
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message
 from sundial_common.broker.kafka import NO_METRICS_PUSH, ensure_topics
 from sundial_common.broker.messages import ExecutionMessage, pool_topic
@@ -42,6 +43,7 @@ from sundial_common.stores.pool_cache import PoolCache
 from sundial_common.stores.replays import ReplayRun
 
 from sundial_worker.consumer import consumer_group
+from sundial_worker.errors import TRANSIENT_DB_ERRORS, StartupError
 from sundial_worker.pool_guard import PoolGuard
 from sundial_worker.runtime import WorkerConfig, WorkerRuntime
 from sundial_worker.sdk import Context, ReplayInfo, Worker, context_logger
@@ -66,7 +68,14 @@ class ServingRuntime:
         self._force = False
 
     async def run_until(self, stop: asyncio.Event) -> None:
-        stores = await Stores.connect(self.settings.database_url, min_size=1, max_size=1)
+        try:
+            stores = await Stores.connect(self.settings.database_url, min_size=1, max_size=1)
+        except (*TRANSIENT_DB_ERRORS, asyncpg.PostgresError) as exc:
+            where = self.settings.database_url.rpartition("@")[2]  # never the password
+            raise StartupError(
+                f"cannot reach Postgres at {where} (SUNDIAL_DATABASE_URL): {exc}. Is the stack running (`make up` "
+                "in the checkout)? Elsewhere, set SUNDIAL_DATABASE_URL, SUNDIAL_REDIS_URL and SUNDIAL_KAFKA_BOOTSTRAP"
+            ) from exc
         try:
             entry = await stores.pools.get_pool(self.worker.pool)
         finally:

@@ -49,6 +49,10 @@ PAIRS: dict[type[BaseModel], str] = {
     models.Percentiles: "Percentiles",
     models.HandlerRanking: "HandlerRanking",
     models.HandlerStats: "HandlerStats",
+    models.PoolDetail: "PoolDetail",
+    models.PoolWorkers: "PoolWorkers",
+    models.WorkerView: "WorkerView",
+    models.PoolBacklog: "PoolBacklog",
     models.Breaker: "BreakerView",
     models.BreakerList: "BreakerList",
 }
@@ -148,6 +152,7 @@ def test_every_operation_of_the_api_has_a_client_call(schemas: dict[str, Any]) -
         ("PATCH", "/v1/admin/pools/{name}"),
         ("DELETE", "/v1/admin/pools/{name}"),
         ("GET", "/v1/pools"),
+        ("GET", "/v1/pools/{name}"),
         ("GET", "/v1/breakers"),
         ("GET", "/v1/breakers/{breaker_id}"),
         ("POST", "/v1/breakers/{breaker_id}:open"),

@@ -51,7 +51,15 @@ from sundial_client.models.jobs import (
     TargetView,
     Triggered,
 )
-from sundial_client.models.pools import PoolKind, PoolList, PoolView
+from sundial_client.models.pools import (
+    PoolBacklog,
+    PoolDetail,
+    PoolKind,
+    PoolList,
+    PoolView,
+    PoolWorkers,
+    WorkerView,
+)
 from sundial_client.models.replays import (
     Replay,
     ReplayFilterView,
@@ -132,9 +140,12 @@ __all__ = [
     "OverlapPolicy",
     "Percentiles",
     "Pool",
+    "PoolBacklog",
+    "PoolDetail",
     "PoolKind",
     "PoolList",
     "PoolView",
+    "PoolWorkers",
     "Preview",
     "Priority",
     "Problem",
@@ -167,4 +178,5 @@ __all__ = [
     "TenantView",
     "Triggered",
     "ViewModel",
+    "WorkerView",
 ]

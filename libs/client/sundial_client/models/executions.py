@@ -100,6 +100,16 @@ class Attempt(ViewModel):
     started_at: datetime
     finished_at: datetime | None
     error: str | None
+    traceback: str | None = Field(
+        None,
+        description="For an attempt whose handler raised: its traceback as Python prints it, from the handler's own "
+        "first frame (the last 16 KB: the innermost frames). Null otherwise.",
+    )
+    log_tail: list[str] | None = Field(
+        None,
+        description="The last lines the handler logged through `ctx.logger` during this attempt (at most 200 "
+        "lines / 32 KB, oldest first, each `<time> <LEVEL> <message>`). Null if it logged nothing.",
+    )
     progress: Any = Field(description="The last progress the handler reported by heartbeat.")
 
 

@@ -9,7 +9,7 @@ from typing import Any
 from pydantic import Field
 
 from sundial_client.models.breakers import JobBreakerView
-from sundial_client.models.common import ViewModel
+from sundial_client.models.common import FieldError, ViewModel
 from sundial_client.models.executions import Execution, Priority
 from sundial_client.models.schedules import JobType
 
@@ -93,6 +93,18 @@ class Job(ViewModel):
     breaker: JobBreakerView | None = Field(None, description="The job's own breaker choice (null: the defaults).")
     created_at: datetime
     updated_at: datetime
+    latest_execution_state: str | None = Field(
+        None,
+        description="The state of the job's latest execution (by scheduled time), beside the job's own `state`: a "
+        "one-shot job is COMPLETED once it fired, while its execution may still be PENDING (no worker yet) or have "
+        "FAILED. Null before its first execution; in lists and reads, not in a create's or change's answer.",
+    )
+    warnings: list[FieldError] | None = Field(
+        None,
+        description="Create and PATCH answers only, when something would keep the job from running as asked: no "
+        "live worker reads its pool, or none of them serves its handler (`field`: `target.handler`). The job is "
+        "stored all the same (workers may be deployed after it). Absent when there is nothing to say.",
+    )
 
 
 class Triggered(ViewModel):

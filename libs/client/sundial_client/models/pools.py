@@ -33,3 +33,41 @@ class PoolView(ViewModel):
 class PoolList(ViewModel):
     items: list[PoolView]
     next_cursor: str | None
+
+
+class WorkerView(ViewModel):
+    """A live worker of the pool, as it last announced itself (renewed every few seconds)."""
+
+    worker_id: str
+    handlers: list[str] = Field(description="The handler names it serves.")
+    concurrency: int
+    free_slots: int = Field(description="Handlers it could start now (concurrency minus those running).")
+    version: str = Field(description="Its `sundial-worker` version.")
+    host: str
+    pid: int
+    started_at: datetime
+    expires_at: datetime | None = Field(description="When it drops out of the pool unless it announces itself again.")
+
+
+class PoolWorkers(ViewModel):
+    live: int = Field(description="Live workers reading the pool.")
+    free_slots: int = Field(description="Their free handler slots, summed.")
+    handlers: list[str] = Field(description="Every handler some live worker serves.")
+    items: list[WorkerView]
+
+
+class PoolBacklog(ViewModel):
+    pending: int = Field(description="The caller's executions of this pool waiting for a worker (PENDING).")
+    oldest_pending_at: datetime | None = Field(description="Creation of the oldest of them.")
+
+
+class PoolDetail(PoolView):
+    """A pool as its tenant sees it (`GET /v1/pools/{name}`): the registry entry, who serves it now, and the caller's
+    work waiting in it."""
+
+    workers: PoolWorkers
+    backlog: PoolBacklog = Field(description="The caller's own work only (in a shared pool, not the others').")
+    warnings: list[str] = Field(
+        description='What would keep the caller\'s work from running, e.g. "no live worker in pool files" while '
+        "executions wait in it. Empty when nothing does."
+    )

@@ -176,6 +176,25 @@ JOBS = Gauge(
     ["tenant", "state"],
     registry=REGISTRY,
 )
+POOL_LIVE_WORKERS = Gauge(
+    "sundial_pool_live_workers",
+    "Workers announcing themselves in a pool (sampled from Redis by the active sweeper only).",
+    ["pool"],
+    registry=REGISTRY,
+)
+POOL_PENDING = Gauge(
+    "sundial_pool_pending_executions",
+    "Executions of a pool waiting for a worker (PENDING), every tenant's (sampled by the active sweeper only).",
+    ["pool"],
+    registry=REGISTRY,
+)
+POOL_UNSERVED = Gauge(
+    "sundial_pool_unserved",
+    "1 while a pool has work and no live worker (sundial_common.coordination.pool_service), else 0 (active sweeper "
+    "only).",
+    ["pool"],
+    registry=REGISTRY,
+)
 MISSED_FIRES = Counter(
     "sundial_missed_fires",
     "Occurrences missed beyond their catch-up window without a run.",

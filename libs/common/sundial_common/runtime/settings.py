@@ -13,7 +13,7 @@ import os
 import socket
 import textwrap
 from collections.abc import Iterable
-from typing import Any, Literal, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -58,6 +58,11 @@ class CommonSettings(EncryptionSettings):
     read tenants' data)."""
 
     model_config = _MODEL_CONFIG
+
+    #: Whether the process verifies bearer tokens with the signing keys below (and so must refuse the public
+    #: development key outside SUNDIAL_ENV=dev). A worker verifies none: refusing it the default key only stopped
+    #: `sundial worker` from starting as documented.
+    verifies_tokens: ClassVar[bool] = True
 
     database_url: str = Field(
         "postgresql://sundial@127.0.0.1:15432/sundial",
@@ -165,6 +170,8 @@ class CommonSettings(EncryptionSettings):
 
     @model_validator(mode="after")
     def _signing_keys_are_safe(self) -> CommonSettings:
+        if not self.verifies_tokens:
+            return self
         if self.jwt_keys and "jwt_secret" in self.model_fields_set:
             raise ValueError("set SUNDIAL_JWT_KEYS or SUNDIAL_JWT_SECRET, not both (move the secret into the keys)")
         named = (

@@ -8,8 +8,8 @@ AES-256-GCM under their tenant's data key:
 
 - job payloads (``jobs.payload``), sealed once by the API; the dispatcher, hydrator, sweeper and replayer
   copy the sealed payload into Kafka messages as it is (they hold no key at all), and only workers open it;
-- executions' results, attempts' progress checkpoints and handler error details (sealed by the worker that
-  produced them, opened by the API for its responses and by the next attempt);
+- executions' results, attempts' progress checkpoints, handler error details, tracebacks and log tails (sealed
+  by the worker that produced them, opened by the API for its responses and by the next attempt);
 - the responses kept for Idempotency-Key replays (``idempotency_keys.body``).
 
 **Format.** A sealed JSON value is a JSON *string* ``"sdl1:<base64>"`` (so the jsonb columns keep their type);
@@ -64,6 +64,8 @@ PAYLOAD = "payload"
 RESULT = "result"
 PROGRESS = "progress"
 ERROR = "error"
+TRACEBACK = "traceback"
+LOG_TAIL = "log_tail"
 RESPONSE = "response"
 
 _ERROR_CLASS = re.compile(r"^([A-Za-z_][\w.]{0,99})(?::|$)")
@@ -149,15 +151,26 @@ def master_key_provider(settings: EncryptionSettings) -> LocalMasterKey:
     if settings.env != "dev":
         raise MasterKeyError(
             "no master key: set SUNDIAL_MASTER_KEY (32 random bytes as base64, e.g. `openssl rand -base64 32`) or "
-            "SUNDIAL_MASTER_KEY_FILE. Only SUNDIAL_ENV=dev generates a development key."
+            "SUNDIAL_MASTER_KEY_FILE. On a developer machine, start the stack (`make up` in the checkout): a process "
+            "started anywhere then uses its development key."
         )
     return LocalMasterKey(dev_master_key(Path(settings.dev_root)))
 
 
 def dev_master_key(root: Path) -> bytes:
-    """The development master key under ``root``, generated on first use (owner-readable only)."""
+    """The development master key under ``root``, generated on first use (owner-readable only).
+
+    ``root`` must exist (the dev stack creates it): a process started elsewhere, whose relative default
+    (``.sundial``) names a directory of its working directory, must not leave key material there — nor
+    generate a key that cannot open the stack's data.
+    """
     path = root / DEV_KEY_FILE
-    root.mkdir(parents=True, exist_ok=True)
+    if not root.is_dir():
+        raise MasterKeyError(
+            f"no development stack state at SUNDIAL_DEV_ROOT={root} ({root.resolve()} does not exist): start the "
+            "stack (`make up` in the checkout; a process started anywhere then finds it), or set SUNDIAL_DEV_ROOT "
+            "to its state directory (<checkout>/.sundial), or SUNDIAL_MASTER_KEY outside development"
+        )
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:

@@ -33,6 +33,10 @@ class Outcome:
     error: str | None = None
     #: For a FAILED or TIMED_OUT attempt: how long until the next one, if the execution has attempts left.
     retry_delay_ms: int = 0
+    #: The handler's traceback (sealed, bounded), for an attempt its handler failed; kept on the attempt only.
+    traceback: str | None = None
+    #: The last lines the handler logged through ``ctx.logger`` (sealed, bounded); kept on the attempt only.
+    log_tail: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +151,10 @@ class ExecutionStore(Protocol):
     async def mark_dead_lettered(self, execution_ids: Sequence[UUID]) -> None: ...
 
     async def count_dead(self) -> dict[str, int]: ...
+
+    async def pending_by_pool(
+        self, tenant_id: str | None = None, pool: str | None = None
+    ) -> dict[str, tuple[int, datetime]]: ...
 
 
 class PostgresExecutionStore:
@@ -287,6 +295,8 @@ class PostgresExecutionStore:
             [o.retry_delay_ms for o in outcomes],
             min(ids),
             max(ids),
+            [o.traceback for o in outcomes],
+            [o.log_tail for o in outcomes],
         )
         return [_finished(row) for row in rows]
 
@@ -340,6 +350,14 @@ class PostgresExecutionStore:
         """How many DEAD executions each tenant with jobs has (the sweeper's sampled gauge)."""
         rows = await self._db.pool.fetch(Q["count_dead"])
         return {row["tenant_id"]: row["dead"] for row in rows}
+
+    async def pending_by_pool(
+        self, tenant_id: str | None = None, pool: str | None = None
+    ) -> dict[str, tuple[int, datetime]]:
+        """Executions waiting for a worker, per pool: (how many, creation of the oldest); a tenant's and a pool's
+        only when given. A pool without any is absent."""
+        rows = await self._db.pool.fetch(Q["pending_by_pool"], tenant_id, pool)
+        return {row["pool"]: (row["pending"], row["oldest"]) for row in rows}
 
 
 def _finished(row: Record) -> Finished:

@@ -14,7 +14,7 @@ from sundial_client.models.executions import (
     ExecutionState,
     Priority,
 )
-from sundial_common.security.encryption import PROGRESS, RESULT, TenantCipher
+from sundial_common.security.encryption import LOG_TAIL, PROGRESS, RESULT, TRACEBACK, TenantCipher
 
 
 def render_execution(row: Mapping[str, Any], trace_link_template: str | None, cipher: TenantCipher) -> dict[str, Any]:
@@ -98,5 +98,7 @@ def render_attempt(row: Mapping[str, Any], cipher: TenantCipher) -> dict[str, An
         "startedAt": row["started_at"],
         "finishedAt": row["finished_at"],
         "error": cipher.open_error(row["error"]),
+        "traceback": cipher.open_json(row.get("traceback"), TRACEBACK),
+        "logTail": tail.splitlines() if (tail := cipher.open_json(row.get("log_tail"), LOG_TAIL)) else None,
         "progress": cipher.open_json(row["progress"], PROGRESS),
     }

@@ -330,6 +330,7 @@ def render_job(row: Mapping[str, Any], cipher: TenantCipher, payload: Any = SEAL
         "version": row["version"],
         "labels": row["labels"],
         "breaker": row.get("breaker"),
+        "latestExecutionState": row.get("latest_execution_state"),
         "createdAt": row["created_at"],
         "updatedAt": row["updated_at"],
     }

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Annotated
 
 from pydantic import Field, StrictInt, StrictStr
-from sundial_client.models.pools import PoolKind, PoolList, PoolView
+from sundial_client.models.pools import PoolDetail, PoolKind, PoolList, PoolView
+from sundial_common.hotwindow.worker_announcements import WorkerAnnouncement
 from sundial_common.security.auth import TENANT
 from sundial_common.stores.pools import Pool
 
@@ -79,4 +80,18 @@ def render_pool(pool: Pool) -> dict[str, object]:
         "version": pool.version,
         "createdAt": pool.created_at,
         "updatedAt": pool.updated_at,
+    }
+
+
+def render_worker(worker: WorkerAnnouncement) -> dict[str, object]:
+    return {
+        "workerId": worker.worker_id,
+        "handlers": list(worker.handlers),
+        "concurrency": worker.concurrency,
+        "freeSlots": worker.free_slots,
+        "version": worker.version,
+        "host": worker.host,
+        "pid": worker.pid,
+        "startedAt": worker.started_at,
+        "expiresAt": worker.expires_at,
     }

@@ -112,7 +112,8 @@ LEFT JOIN LATERAL (
 -- (the sweeper moved on) gets zero rows and its result is dropped.
 -- A FAILED or TIMED_OUT attempt schedules the next one $7 ms from now (the worker computed the backoff) if
 -- attempts are left; the last one leaves the execution DEAD, and one whose cancel was requested CANCELLED.
--- The attempt row keeps how the attempt itself ended. $8, $9: the smallest and largest of the ids.
+-- The attempt row keeps how the attempt itself ended, with the handler's traceback ($10) and log tail ($11).
+-- $8, $9: the smallest and largest of the ids.
 WITH finished AS (
     UPDATE executions e
     SET state = CASE
@@ -123,15 +124,16 @@ WITH finished AS (
             WHEN f.state IN ('FAILED', 'TIMED_OUT') AND e.cancel_requested_at IS NULL AND e.attempt < e.max_attempts
             THEN now() + f.delay_ms * interval '1 millisecond' END,
         result = f.result, error = f.error, finished_at = now()
-    FROM unnest($1::uuid[], $2::int[], $3::text[], $4::jsonb[], $5::text[], $7::bigint[])
-         AS f (id, attempt, state, result, error, delay_ms)
+    FROM unnest($1::uuid[], $2::int[], $3::text[], $4::jsonb[], $5::text[], $7::bigint[], $10::text[], $11::text[])
+         AS f (id, attempt, state, result, error, delay_ms, traceback, log_tail)
     WHERE e.id = ANY($1::uuid[]) AND e.id = f.id AND e.attempt = f.attempt
       AND texteq(e.state, 'RUNNING') AND texteq(e.worker_id, $6)
     RETURNING e.id, e.attempt, e.tenant_id, e.pool, e.state, e.error, e.finished_at, e.shard, e.next_attempt_at,
-              f.state AS attempt_state
+              f.state AS attempt_state, f.traceback, f.log_tail
 ), attempts AS (
     UPDATE execution_attempts a
-    SET state = finished.attempt_state, error = finished.error, finished_at = finished.finished_at
+    SET state = finished.attempt_state, error = finished.error, finished_at = finished.finished_at,
+        traceback = finished.traceback, log_tail = finished.log_tail
     FROM finished
     WHERE a.execution_id = finished.id AND a.execution_id BETWEEN $8 AND $9 AND a.attempt = finished.attempt
 ), audit AS (
@@ -267,3 +269,12 @@ UPDATE executions SET dlq_published_at = now() WHERE id = ANY($1::uuid[]) AND st
 SELECT t.tenant_id,
        (SELECT count(*) FROM executions e WHERE e.tenant_id = t.tenant_id AND e.phase = 'DEAD') AS dead
 FROM (SELECT DISTINCT tenant_id FROM jobs) t;
+
+-- name: pending_by_pool
+-- Executions waiting for a worker (PENDING: dispatched, not started), per pool: how many, and the creation of the
+-- oldest. $1: one tenant's only (NULL: every tenant's); $2: one pool (NULL: every pool). Open rows only
+-- (executions_open_idx, or executions_tenant_phase_idx for a tenant): a backlog, not a scan of the history.
+SELECT pool, count(*) AS pending, min(created_at) AS oldest
+FROM executions
+WHERE phase = 'OPEN' AND state = 'PENDING' AND ($1::text IS NULL OR tenant_id = $1) AND ($2::text IS NULL OR pool = $2)
+GROUP BY pool;

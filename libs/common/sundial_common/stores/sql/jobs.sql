@@ -219,8 +219,11 @@ SELECT state, count(*) AS jobs FROM jobs WHERE tenant_id = $1 GROUP BY state;
 -- order and a job created while a client pages lands before its cursor, never shifting a later page).
 -- Every filter is optional (NULL: no filter); the name filter is a prefix, labels must all match ($9 @>;
 -- "labels <> '{}'" lets the planner use the partial GIN index jobs_labels_idx, a filter names at least one),
--- created ranges are [from, to), next-fire ranges too.
-SELECT * FROM jobs
+-- created ranges are [from, to), next-fire ranges too. With the state of each job's latest execution (one probe of
+-- executions_job_idx per job of the page), shown beside the job's own state.
+SELECT j.*, (SELECT e.state FROM executions e WHERE e.job_id = j.id ORDER BY e.scheduled_for DESC, e.id DESC LIMIT 1)
+       AS latest_execution_state
+FROM jobs j
 WHERE tenant_id = $1
   AND ($2::text IS NULL OR state = $2)
   AND ($3::text IS NULL OR type = $3)
