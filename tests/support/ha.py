@@ -119,6 +119,9 @@ class HaCluster:
             "SUNDIAL_HYDRATOR_OVERDUE_GRACE_SEC": "1",
             "SUNDIAL_HYDRATOR_OVERDUE_INTERVAL_SEC": "1",
             "SUNDIAL_HYDRATOR_INTERVAL_SEC": "0.5",
+            # No worker reads these pools: a small first cap would hold their work until the stalled-pool rule
+            # lets it through (3 s), which the priority tests cover. Here what a failover costs dispatch is measured.
+            "SUNDIAL_DISPATCHER_POOL_QUEUE_FIRST": "1000",
         }
         self.keys = ClusterKeys()
         self.dispatchers: set[str] = set()

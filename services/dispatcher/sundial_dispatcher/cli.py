@@ -74,7 +74,9 @@ def main(argv: list[str] | None = None) -> int:
         hot_window_sec=settings.hot_window_sec,
         publish_lead_sec=settings.dispatcher_publish_lead_ms / 1000,
         fairness=FairnessConfig(
-            enabled=settings.dispatcher_fairness, pool_queue_cap=settings.dispatcher_pool_queue_cap
+            enabled=settings.dispatcher_fairness,
+            pool_queue_cap=settings.dispatcher_pool_queue_cap,
+            pool_queue_first=settings.dispatcher_pool_queue_first,
         ),
     )
     keys = ClusterKeys()

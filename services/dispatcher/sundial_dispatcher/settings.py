@@ -21,6 +21,13 @@ class DispatcherSettings(CommonSettings):
         description="Most executions of one pool waiting in its Kafka topic (published, not started) before the "
         "dispatcher holds the rest back, where fairness can still order them.",
     )
+    dispatcher_pool_queue_first: int = Field(
+        8,
+        ge=1,
+        description="The cap of a pool whose start rate this dispatcher has not measured yet (after a start, a "
+        "failover or a quiet spell): its first burst waits beyond this in priority order until its workers are "
+        "seen starting work (or, with none, until the stalled-pool rule lets it through after 3 s).",
+    )
     dispatcher_publish_lead_ms: int = Field(
         200,
         ge=0,
