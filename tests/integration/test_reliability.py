@@ -532,3 +532,15 @@ async def test_dead_executions_are_published_to_the_dead_letter_topic_once(
     assert (await sweeper.run_once()).dead_lettered == 0
     [letter] = await asyncio.to_thread(consume, kafka_bootstrap, DLQ_TOPIC, {str(ident)})
     assert (letter.tenant_id, letter.pool, letter.handler) == (TENANT, pool, "echo")
+
+
+async def test_a_finish_written_again_finds_its_own_outcome_not_another_actors(stores: Stores, pool: str) -> None:
+    [message] = await make_executions(stores, pool, "echo")
+    ident = await running(stores, message, "w1", started_ago_sec=1)
+    outcome = Outcome(ident, 1, "SUCCEEDED", {"n": 1})
+    assert await stores.executions.finish_executions("w1", [outcome]) == {ident}
+    # Its reply lost (Postgres restarted between commit and answer), the worker writes it again: refused, and
+    # recognised as its own rather than another actor's.
+    assert await stores.executions.finish_executions("w1", [outcome]) == set()
+    assert await stores.executions.attempts_ended_by("w1", [outcome]) == {ident: "SUCCEEDED"}
+    assert await stores.executions.attempts_ended_by("w2", [outcome]) == {}

@@ -139,6 +139,9 @@ class OutcomeFlusher:
         # Only now is the batch out of the buffer: a failed write above leaves it to be retried.
         del buffer[: len(batch)]
         accepted = {f.execution_id: f for f in written}
+        refused = [f.outcome for f in batch if f.outcome.execution_id not in accepted]
+        # Rare: a refused write is either this worker's own, written again after a lost acknowledgement, or lost.
+        mine = await self._executions.attempts_ended_by(self.worker_id, refused) if refused else {}
         rejected = 0
         # Asked once per batch, not by each attempt's logger adapter.
         debug = batch[0].logger.isEnabledFor(logging.DEBUG)
@@ -157,7 +160,11 @@ class OutcomeFlusher:
                     finished.logger.warning(
                         "attempt %d %s; no attempts left: DEAD", record.attempt, record.attempt_state
                     )
-            if finished.outcome.execution_id not in accepted:
+            if (recorded := mine.get(finished.outcome.execution_id)) is not None:
+                finished.logger.info(
+                    "%s was already recorded by this worker (a write repeated after a lost reply)", recorded
+                )
+            elif finished.outcome.execution_id not in accepted:
                 rejected += 1
                 finished.logger.warning(
                     "late write rejected: %s was not recorded, another actor changed the execution first",

@@ -137,6 +137,10 @@ class ExecutionStore(Protocol):
 
     async def finish_attempts(self, worker_id: str, outcomes: Sequence[Outcome]) -> list[Finished]: ...
 
+    async def attempts_ended_by(self, worker_id: str, outcomes: Sequence[Outcome]) -> dict[UUID, str]:
+        """Of these outcomes' attempts, those ``worker_id`` already ended, with the state it recorded."""
+        ...
+
     async def record_progress(self, execution_id: UUID, attempt: int, worker_id: str, progress: Any) -> bool: ...
 
     async def cancel_requested(self, execution_ids: Sequence[UUID]) -> set[UUID]: ...
@@ -274,6 +278,15 @@ class PostgresExecutionStore:
     async def finish_executions(self, worker_id: str, outcomes: Sequence[Outcome]) -> set[UUID]:
         """RUNNING → terminal for attempts this worker owns; returns the ids whose write was accepted."""
         return {f.execution_id for f in await self.finish_attempts(worker_id, outcomes)}
+
+    async def attempts_ended_by(self, worker_id: str, outcomes: Sequence[Outcome]) -> dict[UUID, str]:
+        if not outcomes:
+            return {}
+        ids = [o.execution_id for o in outcomes]
+        rows = await self._db.pool.fetch(
+            Q["attempts_ended_by"], ids, [o.attempt for o in outcomes], min(ids), max(ids), worker_id
+        )
+        return {row["execution_id"]: row["state"] for row in rows}
 
     async def finish_attempts(self, worker_id: str, outcomes: Sequence[Outcome]) -> list[Finished]:
         """RUNNING → how each attempt ended, for attempts this worker owns; the accepted ones, with their retry.

@@ -278,3 +278,13 @@ SELECT pool, count(*) AS pending, min(created_at) AS oldest
 FROM executions
 WHERE phase = 'OPEN' AND state = 'PENDING' AND ($1::text IS NULL OR tenant_id = $1) AND ($2::text IS NULL OR pool = $2)
 GROUP BY pool;
+
+-- name: attempts_ended_by
+-- Of these (execution, attempt) pairs, the attempts this worker already ended, and how: a finish written again
+-- after its acknowledgement was lost (Postgres restarted between the commit and the reply) finds its own outcome
+-- here, not another actor's. $3, $4: the smallest and largest of the ids.
+SELECT a.execution_id, a.state
+FROM execution_attempts a
+JOIN unnest($1::uuid[], $2::int[]) AS r (execution_id, attempt)
+  ON a.execution_id = r.execution_id AND a.attempt = r.attempt
+WHERE a.execution_id BETWEEN $3 AND $4 AND a.worker_id = $5 AND a.finished_at IS NOT NULL;
