@@ -12,6 +12,7 @@ from itertools import islice
 from typing import TYPE_CHECKING, Any
 
 from sundial_client.cli.common import OK, dump, main, positive, sub, table, top_parser
+from sundial_client.cli.render import pool_detail_text
 
 if TYPE_CHECKING:
     from sundial_client.client import Client
@@ -72,6 +73,12 @@ def mine(client: Client, args: argparse.Namespace) -> int:
     return OK
 
 
+def workers(client: Client, args: argparse.Namespace) -> int:
+    pool = client.pools.show(args.name)
+    print(dump(pool) if args.json else pool_detail_text(pool))
+    return OK
+
+
 def show(client: Client, args: argparse.Namespace) -> int:
     _print(args, client.admin.pool(args.name))
     return OK
@@ -123,7 +130,13 @@ def parser() -> argparse.ArgumentParser:
     listing.add_argument("--limit", type=positive, default=100, help="At most this many (default 100).")
     mine_parser = sub(subparsers, "mine", "List the pools your tenant may send work into.", mine)
     mine_parser.add_argument("--limit", type=positive, default=100, help="At most this many (default 100).")
-    sub(subparsers, "show", "Show a pool.", show, admin=True).add_argument("name")
+    sub(subparsers, "show", "Show a pool's registry entry.", show, admin=True).add_argument("name")
+    sub(
+        subparsers,
+        "workers",
+        "Show who serves one of your pools now: live workers, their handlers and free slots, your backlog.",
+        workers,
+    ).add_argument("name")
     _registry_options(
         sub(
             subparsers,

@@ -15,7 +15,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from sundial_client.cli.common import cell
 
 if TYPE_CHECKING:
-    from sundial_client.models import Attempt, AuditEntry, Backfill, Execution, ExecutionDetail, Job
+    from sundial_client.models import Attempt, AuditEntry, Backfill, Execution, ExecutionDetail, Job, PoolDetail
 
 JOB_COLUMNS = ("JOB ID", "NAME", "STATE", "WHEN", "POOL", "HANDLER", "NEXT FIRE", "FIRES")
 EXECUTION_COLUMNS = ("EXECUTION ID", "JOB", "HANDLER", "POOL", "STATE", "ATTEMPT", "SCHEDULED FOR", "STARTED", "ERROR")
@@ -60,11 +60,34 @@ def when(job: Job) -> str:
     return f"at {local(job.run_at, job.timezone)}"
 
 
+def state_text(job: Job) -> str:
+    """The job's state, and its latest execution's beside it: a one-shot job COMPLETED whose work waits says so."""
+    latest = job.latest_execution_state
+    return f"{job.state} (last run {latest})" if latest else job.state
+
+
+def pool_detail_text(pool: PoolDetail) -> str:
+    """A pool as its tenant sees it: live workers with their handlers and free slots, the caller's backlog."""
+    w, b = pool.workers, pool.backlog
+    lines = [
+        f"pool {pool.name}  ({pool.kind}, owner {pool.owner})",
+        f"  workers:  {w.live} live, {w.free_slots} free slots; handlers: {', '.join(w.handlers) or '-'}",
+        f"  backlog:  {b.pending} pending" + (f", oldest since {cell(b.oldest_pending_at)}" if b.pending else ""),
+    ]
+    lines += [f"  warning:  {warning}" for warning in pool.warnings]
+    for worker in w.items:
+        lines.append(
+            f"    {worker.worker_id}  {worker.free_slots}/{worker.concurrency} free  {', '.join(worker.handlers)}"
+            f"  ({worker.host} pid {worker.pid}, {worker.version}, since {cell(worker.started_at)})"
+        )
+    return "\n".join(lines)
+
+
 def job_row(job: Job) -> list[Any]:
     return [
         job.job_id,
         job.name,
-        job.state,
+        state_text(job),
         when(job),
         job.target.pool,
         job.target.handler,
@@ -77,7 +100,7 @@ def job_text(job: Job) -> str:
     retry = job.retry_policy
     policy = ", ".join(f"{k} {v}" for k, v in retry.items()) if retry else "-"
     lines = [
-        f"job {job.job_id}  {job.name}  {job.state}  (version {job.version})",
+        f"job {job.job_id}  {job.name}  {state_text(job)}  (version {job.version})",
         f"  when:     {when(job)}",
         f"  target:   {job.target.pool} / {job.target.handler}",
         f"  next:     {local_and_utc(job.next_fire_at, job.timezone)}  (fired {job.fire_count}, "
@@ -138,15 +161,19 @@ def attempt_text(a: Attempt) -> list[str]:
     if a.error:
         lines.append("    error:")
         lines += indented(a.error)
-    traceback = getattr(a, "traceback", None)  # an attempt's field on servers that record it
-    if traceback:
+    if a.traceback:
         lines.append("    traceback:")
-        lines += indented(str(traceback))
+        lines += indented(a.traceback)
+    if a.log_tail:
+        lines.append("    logged:")
+        lines += indented("\n".join(a.log_tail))
     return lines
 
 
 def execution_detail_text(e: ExecutionDetail) -> str:
     lines = [execution_text(e)]
+    if e.waiting_for:
+        lines.append(f"  waiting:    {e.waiting_for}")
     if e.attempts:
         lines.append("\nattempts:")
         for a in e.attempts:

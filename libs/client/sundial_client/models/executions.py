@@ -115,6 +115,11 @@ class Attempt(ViewModel):
 
 class ExecutionDetail(Execution):
     attempts: list[Attempt] = Field(description="Every attempt, oldest first.")
+    waiting_for: str | None = Field(
+        None,
+        description='What a PENDING execution waits for beyond its turn, e.g. "no live worker in pool files"; null '
+        "when nothing holds it.",
+    )
 
 
 class ExecutionPage(ViewModel):
