@@ -544,3 +544,19 @@ async def test_a_finish_written_again_finds_its_own_outcome_not_another_actors(s
     assert await stores.executions.finish_executions("w1", [outcome]) == set()
     assert await stores.executions.attempts_ended_by("w1", [outcome]) == {ident: "SUCCEEDED"}
     assert await stores.executions.attempts_ended_by("w2", [outcome]) == {}
+
+
+async def test_an_attempt_another_actor_ended_is_not_taken_for_the_workers_own_finish(
+    stores: Stores, pool: str
+) -> None:
+    [message] = await make_executions(stores, pool, "echo")
+    ident = await running(stores, message, "w1", started_ago_sec=1)
+    # What the sweeper does to a lost worker's attempt: it ends it, without any finish of w1's.
+    await stores.database.pool.execute(
+        "UPDATE execution_attempts SET state = 'FAILED_WORKER_LOST', finished_at = now() WHERE execution_id = $1",
+        ident,
+    )
+    await stores.database.pool.execute("UPDATE executions SET state = 'FAILED' WHERE id = $1", ident)
+    late = Outcome(ident, 1, "SUCCEEDED", {"late": True})
+    assert await stores.executions.finish_executions("w1", [late]) == set()
+    assert await stores.executions.attempts_ended_by("w1", [late]) == {}

@@ -280,11 +280,17 @@ WHERE phase = 'OPEN' AND state = 'PENDING' AND ($1::text IS NULL OR tenant_id = 
 GROUP BY pool;
 
 -- name: attempts_ended_by
--- Of these (execution, attempt) pairs, the attempts this worker already ended, and how: a finish written again
--- after its acknowledgement was lost (Postgres restarted between the commit and the reply) finds its own outcome
--- here, not another actor's. $3, $4: the smallest and largest of the ids.
+-- Of these (execution, attempt) pairs, the attempts this worker's own finish already ended, and how: a finish
+-- written again after its acknowledgement was lost (Postgres restarted between the commit and the reply) finds
+-- its own outcome here — its audit row names this worker — not the sweeper's or another actor's.
+-- $3, $4: the smallest and largest of the ids.
 SELECT a.execution_id, a.state
 FROM execution_attempts a
 JOIN unnest($1::uuid[], $2::int[]) AS r (execution_id, attempt)
   ON a.execution_id = r.execution_id AND a.attempt = r.attempt
-WHERE a.execution_id BETWEEN $3 AND $4 AND a.worker_id = $5 AND a.finished_at IS NOT NULL;
+WHERE a.execution_id BETWEEN $3 AND $4 AND a.worker_id = $5 AND a.finished_at IS NOT NULL
+  AND EXISTS (
+      SELECT 1 FROM audit_log l
+      WHERE l.entity_id = a.execution_id AND l.action = 'finish' AND l.actor = $5
+        AND l.detail ->> 'attempt' = a.attempt::text
+  );
