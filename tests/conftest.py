@@ -153,6 +153,23 @@ async def template_db(stack: LocalStack) -> str:
 
 
 @pytest_asyncio.fixture(loop_scope="session")
+async def blank_database(stack: LocalStack) -> AsyncIterator[str]:
+    """A database of its own with no schema at all (not a clone of the template): for tests of migrations."""
+    name = f"blank_{uuid.uuid4().hex[:8]}"
+    admin = await asyncpg.connect(stack.postgres_dsn)
+    try:
+        await admin.execute(f"CREATE DATABASE {name}")
+    finally:
+        await admin.close()
+    yield stack.postgres.dsn_for(name)
+    admin = await asyncpg.connect(stack.postgres_dsn)
+    try:
+        await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    finally:
+        await admin.close()
+
+
+@pytest_asyncio.fixture(loop_scope="session")
 async def database_url(stack: LocalStack, template_db: str) -> AsyncIterator[str]:
     """DSN of a fresh, migrated database ``t_<8 hex>`` of this test's own (dropped afterwards)."""
     ensure_running(stack.postgres)

@@ -17,8 +17,7 @@ import os
 import shutil
 import subprocess
 import time
-import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -26,7 +25,6 @@ import asyncpg
 import httpx
 import pytest
 from sundial_common.stores.schema import upgrade
-from sundial_infra.stack import LocalStack
 
 from tests.support.processes import Processes, free_port
 
@@ -64,22 +62,6 @@ def previous_sundial() -> Path:
             [_uv(), "sync", "--frozen", "--offline", "--no-dev", "--quiet"], cwd=root, env=env, check=True, timeout=600
         )
     return command
-
-
-@pytest.fixture
-async def blank_database(stack: LocalStack) -> AsyncIterator[str]:
-    name = f"roll_{uuid.uuid4().hex[:8]}"
-    admin = await asyncpg.connect(stack.postgres_dsn)
-    try:
-        await admin.execute(f"CREATE DATABASE {name}")
-    finally:
-        await admin.close()
-    yield stack.postgres.dsn_for(name)
-    admin = await asyncpg.connect(stack.postgres_dsn)
-    try:
-        await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-    finally:
-        await admin.close()
 
 
 class Fleet:

@@ -17,10 +17,8 @@ from sundial_common.stores.schema import alembic_config, upgrade
 from sundial_common.testing import FakeClock
 from sundial_sweeper.partitions import PartitionLoop, PartitionLoopConfig
 
-from tests.integration.test_execution_partitions import day_name, empty_database, midnight, partition_names
+from tests.integration.test_execution_partitions import day_name, midnight, partition_names
 from tests.integration.test_reliability import TENANT, make_executions
-
-__all__ = ["empty_database"]  # the fixture
 
 
 async def trail(stores: Stores, execution_id: uuid.UUID) -> list[str]:
@@ -66,10 +64,10 @@ async def test_retention_drops_expired_audit_days_and_the_log_stays_append_only(
 
 
 async def test_an_upgrade_from_0019_keeps_the_trail_readable_and_its_ids_growing_and_downgrades(
-    empty_database: str,
+    blank_database: str,
 ) -> None:
-    await upgrade(empty_database, "0019")
-    db = await asyncpg.connect(empty_database)
+    await upgrade(blank_database, "0019")
+    db = await asyncpg.connect(blank_database)
     entity = new_id()
     try:
         await db.execute("INSERT INTO tenants (id) VALUES ($1)", TENANT)
@@ -85,8 +83,8 @@ async def test_an_upgrade_from_0019_keeps_the_trail_readable_and_its_ids_growing
     finally:
         await db.close()
 
-    await upgrade(empty_database)
-    stores = await Stores.connect(empty_database)
+    await upgrade(blank_database)
+    stores = await Stores.connect(blank_database)
     try:
         kinds = dict(
             await stores.database.pool.fetch(
@@ -121,8 +119,8 @@ async def test_an_upgrade_from_0019_keeps_the_trail_readable_and_its_ids_growing
     finally:
         await stores.close()
 
-    await asyncio.to_thread(command.downgrade, alembic_config(empty_database), "0019")
-    db = await asyncpg.connect(empty_database)
+    await asyncio.to_thread(command.downgrade, alembic_config(blank_database), "0019")
+    db = await asyncpg.connect(blank_database)
     try:
         assert await db.fetchval("SELECT relkind::text FROM pg_class WHERE relname = 'audit_log'") == "r"
         assert await db.fetchval("SELECT count(*) FROM audit_log") == 0
@@ -138,4 +136,4 @@ async def test_an_upgrade_from_0019_keeps_the_trail_readable_and_its_ids_growing
             await db.execute("DELETE FROM audit_log")
     finally:
         await db.close()
-    await upgrade(empty_database)
+    await upgrade(blank_database)

@@ -6,18 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
 from datetime import UTC, date, datetime, time, timedelta
 
 import asyncpg
-import pytest
 from alembic import command
 from sundial_common.domain.ids import id_floor, new_id
 from sundial_common.stores import Stores
 from sundial_common.stores.executions import Outcome
 from sundial_common.stores.schema import alembic_config, upgrade
 from sundial_common.testing import FakeClock
-from sundial_infra.stack import LocalStack
 from sundial_sweeper.partitions import PartitionLoop, PartitionLoopConfig
 
 from tests.integration.test_reliability import TENANT, make_executions
@@ -150,27 +147,11 @@ async def test_a_busy_parent_makes_the_pass_give_up_instead_of_queueing_writes(s
 # --- the upgrade from 0017 ---------------------------------------------------------------------------------
 
 
-@pytest.fixture
-async def empty_database(stack: LocalStack) -> AsyncIterator[str]:
-    name = f"u_{uuid.uuid4().hex[:8]}"
-    admin = await asyncpg.connect(stack.postgres_dsn)
-    try:
-        await admin.execute(f"CREATE DATABASE {name}")
-    finally:
-        await admin.close()
-    yield stack.postgres.dsn_for(name)
-    admin = await asyncpg.connect(stack.postgres_dsn)
-    try:
-        await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-    finally:
-        await admin.close()
-
-
 async def test_an_upgrade_from_0017_keeps_existing_executions_readable_and_writable_and_downgrades(
-    empty_database: str,
+    blank_database: str,
 ) -> None:
-    await upgrade(empty_database, "0017")
-    db = await asyncpg.connect(empty_database)
+    await upgrade(blank_database, "0017")
+    db = await asyncpg.connect(blank_database)
     job, done, waiting = new_id(), new_id(), new_id()
     try:
         await db.execute("INSERT INTO tenants (id) VALUES ('acme')")
@@ -197,8 +178,8 @@ async def test_an_upgrade_from_0017_keeps_existing_executions_readable_and_writa
     finally:
         await db.close()
 
-    await upgrade(empty_database)
-    stores = await Stores.connect(empty_database)
+    await upgrade(blank_database)
+    stores = await Stores.connect(blank_database)
     try:
         kinds = dict(
             await stores.database.pool.fetch(
@@ -245,8 +226,8 @@ async def test_an_upgrade_from_0017_keeps_existing_executions_readable_and_writa
     finally:
         await stores.close()
 
-    await asyncio.to_thread(command.downgrade, alembic_config(empty_database), "0017")
-    db = await asyncpg.connect(empty_database)
+    await asyncio.to_thread(command.downgrade, alembic_config(blank_database), "0017")
+    db = await asyncpg.connect(blank_database)
     try:
         assert await db.fetchval("SELECT relkind::text FROM pg_class WHERE relname = 'executions'") == "r"
         states = dict(await db.fetch("SELECT id, state FROM executions"))
@@ -255,4 +236,4 @@ async def test_an_upgrade_from_0017_keeps_existing_executions_readable_and_writa
     finally:
         await db.close()
     # And up again, now with rows in every table.
-    await upgrade(empty_database)
+    await upgrade(blank_database)

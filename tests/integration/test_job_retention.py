@@ -21,7 +21,6 @@ from sundial_sweeper.job_retention import JobRetention, JobRetentionConfig, JobR
 from tests.integration.test_api import Api, api  # noqa: F401  (the `api` fixture)
 from tests.integration.test_backfills import START, backfill, interval_job, minutes
 from tests.integration.test_dependencies import dependent, make
-from tests.integration.test_execution_partitions import empty_database  # noqa: F401  (the fixture)
 from tests.support.pools import admit_async
 
 TENANT = "acme"
@@ -298,10 +297,10 @@ async def test_a_backfill_with_nothing_to_run_is_done_at_once_and_does_not_keep_
 
 
 async def test_an_upgrade_gives_a_backfill_done_at_its_creation_its_finish_and_a_running_one_none(
-    empty_database: str,  # noqa: F811
+    blank_database: str,
 ) -> None:
-    await upgrade(empty_database, "0024")
-    db = await asyncpg.connect(empty_database)
+    await upgrade(blank_database, "0024")
+    db = await asyncpg.connect(blank_database)
     job, empty, running = new_id(), new_id(), new_id()
     try:
         await db.execute("INSERT INTO tenants (id) VALUES ('acme')")
@@ -321,7 +320,7 @@ async def test_an_upgrade_gives_a_backfill_done_at_its_creation_its_finish_and_a
                 state,
                 total,
             )
-        await upgrade(empty_database, "head")
+        await upgrade(blank_database, "head")
         rows = await db.fetch("SELECT id, created_at, finished_at FROM backfills")
         finished = {r["id"]: r["finished_at"] for r in rows}
         assert finished == {empty: next(r["created_at"] for r in rows if r["id"] == empty), running: None}

@@ -5,8 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import subprocess
-import uuid
-from collections.abc import AsyncIterator
 
 import asyncpg
 import pytest
@@ -14,24 +12,7 @@ from sundial_common.commands.migrate import main as migrate_main
 from sundial_common.stores import Stores
 from sundial_common.stores.compatibility import SchemaTooNew, known_revisions
 from sundial_common.stores.schema import upgrade
-from sundial_infra.stack import LocalStack
 from sundial_infra.supervisor import sundial_argv
-
-
-@pytest.fixture
-async def blank_database(stack: LocalStack) -> AsyncIterator[str]:
-    name = f"m_{uuid.uuid4().hex[:8]}"
-    admin = await asyncpg.connect(stack.postgres_dsn)
-    try:
-        await admin.execute(f"CREATE DATABASE {name}")
-    finally:
-        await admin.close()
-    yield stack.postgres.dsn_for(name)
-    admin = await asyncpg.connect(stack.postgres_dsn)
-    try:
-        await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-    finally:
-        await admin.close()
 
 
 async def test_two_migrations_at_once_apply_each_revision_once(blank_database: str) -> None:
