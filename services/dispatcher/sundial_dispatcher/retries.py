@@ -28,16 +28,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from opentelemetry.trace import Span, SpanKind
+from opentelemetry.trace import Span
 from sundial_common.broker.messages import ExecutionMessage, pool_topic
 from sundial_common.broker.outbox import OutboxSender
 from sundial_common.hotwindow.window import HotWindow
 from sundial_common.observability.tracing import (
-    execution_attributes,
-    execution_context,
-    kafka_publish_attributes,
+    execution_send_span,
     traceparent,
-    tracer,
 )
 from sundial_common.runtime.clock import Clock
 from sundial_common.runtime.crashpoints import crash_point
@@ -127,23 +124,8 @@ class RetryDispatcher:
         for row in outcome.dispatched:
             # Each attempt gets a dispatch span in the execution's own trace, as the first one did, and the
             # handler's span continues it: every attempt of one occurrence is one story.
-            span = tracer.start_span(
-                f"send {pool_topic(row['pool'])}",
-                context=execution_context(row["traceparent"]),
-                kind=SpanKind.PRODUCER,
-                attributes={
-                    **execution_attributes(
-                        tenant=row["tenant_id"],
-                        job_id=row["job_id"],
-                        execution_id=row["id"],
-                        attempt=row["attempt"],
-                        pool=row["pool"],
-                        handler=row["handler"],
-                    ),
-                    **kafka_publish_attributes(pool_topic(row["pool"]), str(row["id"])),
-                    "sundial.retry": True,
-                    "sundial.fence_token": self.outbox.fence_token,
-                },
+            span = execution_send_span(
+                row, pool_topic(row["pool"]), {"sundial.retry": True, "sundial.fence_token": self.outbox.fence_token}
             )
             spans.append(span)
             messages.append(self._message(row, traceparent(span) or row["traceparent"], due.get(row["id"])))

@@ -6,14 +6,11 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from opentelemetry.trace import Span, SpanKind
+from opentelemetry.trace import Span
 from sundial_common.broker.messages import DLQ_TOPIC, ExecutionMessage, pool_topic
 from sundial_common.observability.tracing import (
     FAILURE,
-    execution_attributes,
-    execution_context,
-    kafka_publish_attributes,
-    tracer,
+    execution_send_span,
 )
 from sundial_common.stores.types import Record
 
@@ -21,24 +18,9 @@ from sundial_common.stores.types import Record
 def send_span(row: Record, action: str, topic: str | None = None) -> Span:
     """A PRODUCER span in the execution's own trace for a message the sweeper sends about it."""
     topic = topic or pool_topic(row["pool"])
-    return tracer.start_span(
-        f"send {topic}",
-        context=execution_context(row["traceparent"]),
-        kind=SpanKind.PRODUCER,
-        attributes={
-            **execution_attributes(
-                tenant=row["tenant_id"],
-                job_id=row["job_id"],
-                execution_id=row["id"],
-                attempt=row["attempt"],
-                pool=row["pool"],
-                handler=row["handler"],
-            ),
-            **kafka_publish_attributes(topic, str(row["id"])),
-            "sundial.sweeper.action": action,
-            # A dead letter reports a failure: exported whatever the sample ratio.
-            **({FAILURE: True} if topic == DLQ_TOPIC else {}),
-        },
+    # A dead letter reports a failure: exported whatever the sample ratio.
+    return execution_send_span(
+        row, topic, {"sundial.sweeper.action": action, **({FAILURE: True} if topic == DLQ_TOPIC else {})}
     )
 
 

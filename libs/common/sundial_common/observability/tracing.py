@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.context import Context
@@ -212,6 +213,27 @@ def kafka_publish_attributes(topic: str, key: str) -> dict[str, str | int]:
         "messaging.destination.name": topic,
         "messaging.kafka.message.key": key,
     }
+
+
+def execution_send_span(row: Mapping[str, Any], topic: str, extra: Mapping[str, Any]) -> Span:
+    """A PRODUCER span, in the execution's own trace, for a message sent about the execution ``row`` to ``topic``."""
+    return tracer.start_span(
+        f"send {topic}",
+        context=execution_context(row["traceparent"]),
+        kind=SpanKind.PRODUCER,
+        attributes={
+            **execution_attributes(
+                tenant=row["tenant_id"],
+                job_id=row["job_id"],
+                execution_id=row["id"],
+                attempt=row["attempt"],
+                pool=row["pool"],
+                handler=row["handler"],
+            ),
+            **kafka_publish_attributes(topic, str(row["id"])),
+            **extra,
+        },
+    )
 
 
 def trace_id_hex(span: Span) -> str:
