@@ -3,7 +3,7 @@
 The broker (Tansu, memory storage) was seen to drop a message it had acknowledged, rarely: its execution stays
 PENDING with ``published_at`` set, and the outbox scan's ``unstarted_after_sec`` (60 s) was what re-sent it, a minute
 late. That window cannot be shortened by time alone: in a backlog a message legitimately waits in the topic longer
-than any short window, and re-sending those doubled the broker's and the workers' load (bench W3 at 5,000/s).
+than any short window, and re-sending those doubled the broker's and the workers' load (a steady 5,000 a second).
 
 The consumer group's committed offsets tell the two apart. A worker commits a partition's offset only past messages
 it has acknowledged, and it acknowledges a message only once its execution has started (and its outcome is
@@ -26,17 +26,17 @@ second later, the sweeper right after its re-send), so a PENDING execution publi
 ``skew``: Postgres' clock against this process's) has no message left in the topic, and is sent again. A re-send
 that was not needed costs a duplicate message, which the start compare-and-swap drops; no start is duplicated.
 
-**A partition that receives nothing more** (a burst's end, a W2's last jobs) has no later batch to compare with, so
-its last messages — the very ones a burst's end may lose — would never be passed. For those the horizon makes its own
-later batch: when the caller says how far it must reach (``wanted``: the oldest PENDING execution's publication plus
-the skew), this read's instant is past that, no sample shows it passed, a partition's watermark has not moved since
-the previous read (nothing appended for a pass) and the group has come to its last batch there, a **marker** (a
-message with no value: :mod:`sundial_common.broker.messages`) is appended to that partition. It lies after this read's
-instant, so the next read sees a later, higher watermark; once the group's committed offset reaches the marker —
-the workers acknowledged what was before it; they acknowledge the marker too and run nothing — every message appended
-before this read was acknowledged. A dropped last message so costs a few passes, not the 60 s window. Markers go only
-to quiet partitions (none while a pool's messages flow) and only once the group has come to the last batch (a pool
-with no worker gets at most two, not one a pass).
+**A partition that receives nothing more** (a burst's end, a spread stream's last jobs) has no later batch to compare
+with, so its last messages — the very ones a burst's end may lose — would never be passed. For those the horizon makes
+its own later batch: when the caller says how far it must reach (``wanted``: the oldest PENDING execution's publication
+plus the skew), this read's instant is past that, no sample shows it passed, a partition's watermark has not moved since
+the previous read (nothing appended for a pass) and the group has come to its last batch there, a **marker** (a message
+with no value: :mod:`sundial_common.broker.messages`) is appended to that partition. It lies after this read's instant,
+so the next read sees a later, higher watermark; once the group's committed offset reaches the marker — the workers
+acknowledged what was before it; they acknowledge the marker too and run nothing — every message appended before this
+read was acknowledged. A dropped last message so costs a few passes, not the 60 s window. Markers go only to quiet
+partitions (none while a pool's messages flow) and only once the group has come to the last batch (a pool with no worker
+gets at most two, not one a pass).
 
 Reads happen only for pools that have PENDING executions published (the sweeper asks), two requests and one per
 partition: nothing while the stack idles. A pool with no worker or a partition nobody reads never lets the horizon

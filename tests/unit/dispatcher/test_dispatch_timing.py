@@ -42,7 +42,7 @@ def test_a_member_that_came_due_during_the_pass_is_claimed_at_once_and_side_work
 
 def test_dense_shards_of_a_process_pass_at_the_same_instants_and_an_overrun_pass_is_followed_at_once() -> None:
     config = DispatcherConfig()  # 50 ms polls; dense passes take ~32 members, at most 100 ms apart
-    # 312 members a second (W3 at 2,500/s over 8 shards): every 100 ms, on the grid, whenever each pass began.
+    # 312 members a second (a steady 2,500 a second over 8 shards): every 100 ms, on the grid, whenever each pass began.
     ends = [start + 0.004 + dense_wait(312.0, start, start + 0.004, config) for start in (10.003, 10.041, 10.077)]
     assert ends == [pytest.approx(10.1)] * 3
     # 625 a second: every 50 ms (32 / 625 = 51 ms, in whole poll intervals).

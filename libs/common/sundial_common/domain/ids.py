@@ -33,8 +33,8 @@ def new_id() -> uuid.UUID:
 def new_execution_id() -> uuid.UUID:
     """A :func:`new_id` as :func:`parse_id` makes them (asyncpg's C UUID), for the executions a dispatch pass plans:
     the pass hashes each id several times, formats it into its message and sends it to Postgres, which uuid.UUID
-    does in Python (~1.5 % of a W3 dispatcher's samples). Like every id asyncpg returns, orjson does not serialise
-    it: str() it for JSON."""
+    does in Python (~1.5 % of a dispatcher's samples under a steady stream). Like every id asyncpg returns,
+    orjson does not serialise it: str() it for JSON."""
     made: uuid.UUID = _ParsedUUID(_uuid7().to_bytes(16, "big"))
     return made
 

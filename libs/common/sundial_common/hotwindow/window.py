@@ -125,7 +125,8 @@ def parse_claimed(flat: Sequence[bytes | str], head: Sequence[bytes | str] = ())
         text = raw.decode() if isinstance(raw, bytes) else raw
         kind, _, ident = text.partition(":")
         # Parsed in C (parse_id): a dispatcher hashes each claimed id, formats it back into its member and sends it
-        # to Postgres, which uuid.UUID does in Python (~2 % of a W3 dispatcher's samples with its parse).
+        # to Postgres, which uuid.UUID does in Python (~2 % of a dispatcher's samples under a steady stream, with
+        # its parse).
         if kind == "r":
             claimed.retries.append(RetryDue(parse_id(ident), due))
         elif kind == "j":

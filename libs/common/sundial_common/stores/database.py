@@ -59,7 +59,7 @@ class Database:
             # growth) are guesses. Nothing Sundial runs is analytic enough to win it back.
             # Plans are made for each execution, never cached generic: a generic plan is chosen while
             # executions is nearly empty (a seq scan is then cheapest) and kept as it grows by thousands of
-            # rows a second, until autovacuum's next analyze. Bench W3 at 1,000/s measured the batched
+            # rows a second, until autovacuum's next analyze. A steady 1,000 a second measured the batched
             # start and finish at 14 ms a call (a scan of the table) instead of a few primary-key probes.
             # (The exception, fetch_every_partition: statements that prune nothing, planned generic by index.)
             server_settings={"jit": "off", "plan_cache_mode": "force_custom_plan", "random_page_cost": "1.1"},

@@ -296,8 +296,9 @@ class PostgresDispatchStore:
 
         A new connection's first dispatch otherwise pays for the connection itself, the statements' preparation
         and its Postgres backend's first use of the tables, their partitions and the trigger functions (compiled
-        once per backend): in W1 the first start waited for that, on the connections a burst's concurrent passes
-        open at its due instant. Best effort: a dispatcher without it only starts its first burst later.
+        once per backend): in a burst of 10,000 due at once the first start waited for that, on the connections
+        the burst's concurrent passes open at its due instant. Best effort: a dispatcher without it only starts its
+        first burst later.
         """
         pool = self._db.pool
         held: list[asyncpg.pool.PoolConnectionProxy] = []

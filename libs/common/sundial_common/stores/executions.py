@@ -238,7 +238,7 @@ class PostgresExecutionStore:
         ``executions``, its partitions and their indexes: 150-280 ms on the loaded test machine, against 7-20 ms
         for the next (the dispatcher's statements, ``PostgresDispatchStore.warm``: 17-25 ms cold, 3-4 warm). A
         worker's pool opened its connections as its first starts came and paid that on the first start of each: a
-        burst's first executions and W2's first seconds. Best effort: the caller goes on without it.
+        burst's first executions and a spread stream's first seconds. Best effort: the caller goes on without it.
         """
         pool = self._db.pool
         held: list[Any] = []

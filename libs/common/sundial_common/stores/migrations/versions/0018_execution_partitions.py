@@ -27,7 +27,7 @@ inserting (``existing_occurrences``, every partition's occurrence index), a trig
 lock. Partitioning by ``scheduled_for`` instead would have kept the occurrence key global, but every lookup by
 id would then probe every partition's primary key (30+ with the default retention), on the hottest path.
 
-**Daily partitions**: W3 at 5,000/s is 432 M executions a day; a monthly partition would hold 13 G rows
+**Daily partitions**: a steady 5,000 a second is 432 M executions a day; a monthly partition would hold 13 G rows
 and could only go once its last day expired. Days keep each partition's indexes small and let retention
 follow the setting to the day. ``SUNDIAL_EXECUTION_RETENTION_DAYS`` (30) means ~40 partitions of each table.
 

@@ -4,8 +4,8 @@ Revision ID: 0020
 Revises: 0019
 Create Date: 2026-11-26
 
-Every execution writes three audit rows (``dispatch``, ``start``, ``finish``) and nothing ever removed one: at
-W3's 2,500 executions a second that is 650 M rows a day, and the table only grew. 0018 gave executions a
+Every execution writes three audit rows (``dispatch``, ``start``, ``finish``) and nothing ever removed one: at a
+steady 2,500 executions a second that is 650 M rows a day, and the table only grew. 0018 gave executions a
 retention that drops days; the audit log now gets its own (``SUNDIAL_AUDIT_RETENTION_DAYS``, the sweeper's
 partition loop, :mod:`sundial_sweeper.partitions`), dropping a whole day with one ``DROP TABLE``: no row is
 updated or deleted, so the log stays append-only (the trigger still refuses both, on every partition).
