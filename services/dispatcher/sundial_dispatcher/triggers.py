@@ -5,11 +5,12 @@ child whose condition it meets (migration 0015). While it leads a shard, the lea
 :meth:`TriggerDispatcher.run_once` beside its dispatch passes (at most every ``interval_sec``); each run is
 the same steps as a dispatch (:mod:`sundial_dispatcher.sources`):
 
-1. **Commit** one transaction (:meth:`~sundial_common.stores.dependencies.PostgresDependencyStore.fire_triggers`):
-   raise the shard fence to this term's token (a paused ex-leader is rejected), lock the ACTIVE children
-   with pending triggers, decide the fires (:class:`ChildFirePlanner`), insert one execution per fire — unique per
-   (child, trigger) in Postgres, so a repeated pass or a failed-over leader creates nothing twice — and
-   mark the triggers consumed.
+1. **Commit** one transaction
+   (:meth:`~sundial_common.stores.dependencies.PostgresDependencyStore.trigger_transaction`): the store raises the
+   shard fence to this term's token (a paused ex-leader is rejected) and locks the ACTIVE children with pending
+   triggers; this module decides the fires (:class:`ChildFirePlanner`); the store inserts one execution per fire —
+   unique per (child, trigger) in Postgres, so a repeated pass or a failed-over leader creates nothing twice — and
+   marks the triggers consumed.
 2. **Send** the new executions to their pools' topics through the outbox sender. A crash before that leaves
    PENDING rows the sweeper republishes (the execution row is the outbox).
 
@@ -104,14 +105,14 @@ class TriggerResult:
 
 @dataclass
 class ChildFirePlanner:
-    """Decides, inside the trigger transaction, each locked child's fires (see the module docstring) within
-    ``room``, then takes their rate tokens from ``limits``."""
+    """Decides, between the trigger transaction's lock and its write, each locked child's fires (see the module
+    docstring) within ``room``, then takes their rate tokens from ``limits``."""
 
     room: Room
     limits: Limits
     spans: dict[UUID, Span] = field(default_factory=dict)
 
-    async def __call__(self, children: Sequence[Record], pending: Sequence[Record]) -> TriggerPlan:
+    async def plan(self, children: Sequence[Record], pending: Sequence[Record]) -> TriggerPlan:
         plan = self._decide(children, pending)
         if not plan.executions:
             return plan
@@ -282,16 +283,15 @@ class TriggerDispatcher:
     async def commit(self, room: Room) -> _Fired:
         planner = ChildFirePlanner(room, self.limits)
         try:
-            outcome = await self.store.fire_triggers(
-                self.shard,
-                self.token,
-                self.holder,
-                self.config.batch_children,
-                self.config.batch_triggers,
-                planner,
-                skip_tenants=room.blocked_tenants(),
-                skip_pools=room.blocked_pools(),
-            )
+            async with self.store.trigger_transaction(self.shard, self.token, self.holder) as tx:
+                locked = await tx.lock(
+                    self.config.batch_children,
+                    self.config.batch_triggers,
+                    skip_tenants=room.blocked_tenants(),
+                    skip_pools=room.blocked_pools(),
+                )
+                plan = await planner.plan(locked.children, locked.pending) if locked.children else TriggerPlan()
+                outcome = await tx.write(plan)
         except BaseException:
             end_failed(planner.spans, "trigger")
             raise

@@ -6,16 +6,20 @@ The graph is written in the API's transactions — a DEPENDENT job and its edges
 checked for cycles and for the documented limits under a per-tenant lock, so two concurrent changes cannot
 close a cycle between them. Triggers are written by Postgres itself (migration 0015: a statement-level trigger
 on ``executions`` fires in whatever transaction moves a parent's execution to a final state) and consumed by
-the shard leader in one fenced transaction (:meth:`PostgresDependencyStore.fire_triggers`): raise the shard's
-fence, lock the children with pending triggers, let the caller plan the fires, insert one execution per fire
-(unique per child and trigger), mark the triggers consumed.
+the shard leader in one fenced transaction (:meth:`PostgresDependencyStore.trigger_transaction`) that the
+caller drives in two steps: :meth:`TriggerTransaction.lock` raises the shard's fence and locks the children
+with pending triggers; the caller decides the fires; :meth:`TriggerTransaction.write` inserts one execution
+per fire (unique per child and trigger) and marks the triggers consumed. No code of the caller's runs in the
+store.
 
 SQL: ``sql/dependencies.sql``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol, cast
@@ -74,17 +78,26 @@ class TriggeredExecution:
 
 @dataclass
 class TriggerPlan:
+    """What the caller decided for the locked children: the executions to insert, the triggers to consume."""
+
     executions: list[TriggeredExecution] = field(default_factory=list)
     #: (trigger id, FIRED or SKIPPED, the execution it became).
     consumed: list[tuple[UUID, str, UUID | None]] = field(default_factory=list)
 
 
-#: Given the locked children and their pending triggers (oldest first), the fires to make.
-TriggerPlanner = Callable[[Sequence[Record], Sequence[Record]], Awaitable[TriggerPlan]]
+@dataclass(frozen=True, slots=True)
+class LockedTriggers:
+    """What :meth:`TriggerTransaction.lock` holds: the children, locked, and their pending triggers, oldest first."""
+
+    children: list[Record] = field(default_factory=list)
+    pending: list[Record] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
 class TriggerOutcome:
+    """What a trigger transaction wrote: the planned executions inserted (a fire whose trigger already had its
+    execution is not among them), and the plan."""
+
     created: list[TriggeredExecution]
     plan: TriggerPlan
 
@@ -110,18 +123,9 @@ class DependencyStore(Protocol):
 
     async def has_pending(self, shard: int) -> bool: ...
 
-    async def fire_triggers(
-        self,
-        shard: int,
-        token: int,
-        holder: str,
-        children: int,
-        triggers: int,
-        plan: TriggerPlanner,
-        *,
-        skip_tenants: Sequence[str] = (),
-        skip_pools: Sequence[str] = (),
-    ) -> TriggerOutcome: ...
+    def trigger_transaction(
+        self, shard: int, token: int, holder: str
+    ) -> AbstractAsyncContextManager[TriggerTransaction]: ...
 
     async def shards_with_side_work(self, shards: Sequence[int]) -> tuple[set[int], set[int]]: ...
 
@@ -256,58 +260,75 @@ class PostgresDependencyStore:
         SUSPENDED waiting?"""
         return bool(await self._db.pool.fetchval(Q["any_pending"], shard))
 
-    async def fire_triggers(
-        self,
-        shard: int,
-        token: int,
-        holder: str,
-        children: int,
-        triggers: int,
-        plan: TriggerPlanner,
-        *,
-        skip_tenants: Sequence[str] = (),
-        skip_pools: Sequence[str] = (),
-    ) -> TriggerOutcome:
-        """The fenced trigger transaction: raise the fence to ``token`` (or raise ``FencedOut``), lock up to
-        ``children`` ACTIVE children of ``shard`` with pending triggers (not of a SUSPENDED tenant, nor of
-        ``skip_tenants`` or in ``skip_pools``) and up to ``triggers`` of those, let ``plan`` decide the fires,
-        insert their executions (one per child and trigger), consume the triggers. Publishing is the caller's,
-        after commit: the execution rows are the outbox, as for any dispatch.
-        """
+    @contextlib.asynccontextmanager
+    async def trigger_transaction(self, shard: int, token: int, holder: str) -> AsyncIterator[TriggerTransaction]:
+        """The fenced trigger transaction of ``shard`` under ``token`` (``holder``'s term), driven by the caller:
+        :meth:`TriggerTransaction.lock`, then the caller decides the fires, then :meth:`TriggerTransaction.write`.
+        It commits when the block ends (rolls back if it raises). Publishing is the caller's, after commit: the
+        execution rows are the outbox, as for any dispatch."""
         async with self._db.pool.acquire() as conn, conn.transaction():
-            if await conn.fetchval(dispatch.Q["raise_fence"], shard, token, holder) is None:
-                raise dispatch.FencedOut(shard, token)
-            locked = await conn.fetch(Q["pending_children"], shard, children, list(skip_tenants), list(skip_pools))
-            if not locked:
-                return TriggerOutcome([], TriggerPlan())
-            pending = await conn.fetch(Q["pending_triggers"], [row["id"] for row in locked], triggers)
-            decided = await plan(locked, pending)
-            planned = decided.executions
-            inserted: list[Record] = []
-            if planned:
-                inserted = await conn.fetch(
-                    Q["insert_triggered_executions"],
-                    [p.execution_id for p in planned],
-                    [p.child["tenant_id"] for p in planned],
-                    [p.child["id"] for p in planned],
-                    [p.scheduled_for for p in planned],
-                    [p.child["pool"] for p in planned],
-                    [p.child["handler"] for p in planned],
-                    [p.max_attempts for p in planned],
-                    [p.child["timeout_sec"] for p in planned],
-                    shard,
-                    token,
-                    [p.trace_id for p in planned],
-                    [p.traceparent for p in planned],
-                    [p.trigger_id for p in planned],
-                    [",".join(str(c) for c in p.caused_by) for p in planned],
-                    holder,
-                )
-            created_ids = {row["id"] for row in inserted}
-            # A fire that inserted nothing met executions_trigger_key: its trigger already has its execution.
-            consumed = decided.consumed
-            if consumed:
-                await conn.execute(
-                    Q["consume_triggers"], [c[0] for c in consumed], [c[1] for c in consumed], [c[2] for c in consumed]
-                )
-        return TriggerOutcome([p for p in planned if p.execution_id in created_ids], decided)
+            yield TriggerTransaction(conn, shard, token, holder)
+
+
+class TriggerTransaction:
+    """One open trigger transaction (:meth:`PostgresDependencyStore.trigger_transaction`): lock, then write."""
+
+    def __init__(self, conn: asyncpg.Connection, shard: int, token: int, holder: str) -> None:
+        self._conn = conn
+        self._shard = shard
+        self._token = token
+        self._holder = holder
+        self._locked = False
+
+    async def lock(
+        self, children: int, triggers: int, *, skip_tenants: Sequence[str] = (), skip_pools: Sequence[str] = ()
+    ) -> LockedTriggers:
+        """Raise the shard's fence to the token (or raise ``FencedOut``: a newer term has written), then lock up to
+        ``children`` ACTIVE children of the shard with pending triggers (not of a SUSPENDED tenant, nor of
+        ``skip_tenants`` or in ``skip_pools``) and read up to ``triggers`` of their pending triggers."""
+        conn = self._conn
+        if await conn.fetchval(dispatch.Q["raise_fence"], self._shard, self._token, self._holder) is None:
+            raise dispatch.FencedOut(self._shard, self._token)
+        self._locked = True
+        locked = await conn.fetch(Q["pending_children"], self._shard, children, list(skip_tenants), list(skip_pools))
+        if not locked:
+            return LockedTriggers()
+        pending = await conn.fetch(Q["pending_triggers"], [row["id"] for row in locked], triggers)
+        return LockedTriggers(list(locked), list(pending))
+
+    async def write(self, plan: TriggerPlan) -> TriggerOutcome:
+        """Insert the plan's executions (one per child and trigger: a fire whose trigger already has its execution
+        inserts nothing) and consume its triggers; what was inserted. Only after :meth:`lock`, whose fence and
+        locks make the writes safe."""
+        if not self._locked:
+            raise RuntimeError("TriggerTransaction.write before lock: the shard's fence is not raised")
+        conn = self._conn
+        planned = plan.executions
+        inserted: list[Record] = []
+        if planned:
+            inserted = await conn.fetch(
+                Q["insert_triggered_executions"],
+                [p.execution_id for p in planned],
+                [p.child["tenant_id"] for p in planned],
+                [p.child["id"] for p in planned],
+                [p.scheduled_for for p in planned],
+                [p.child["pool"] for p in planned],
+                [p.child["handler"] for p in planned],
+                [p.max_attempts for p in planned],
+                [p.child["timeout_sec"] for p in planned],
+                self._shard,
+                self._token,
+                [p.trace_id for p in planned],
+                [p.traceparent for p in planned],
+                [p.trigger_id for p in planned],
+                [",".join(str(c) for c in p.caused_by) for p in planned],
+                self._holder,
+            )
+        created_ids = {row["id"] for row in inserted}
+        # A fire that inserted nothing met executions_trigger_key: its trigger already has its execution.
+        consumed = plan.consumed
+        if consumed:
+            await conn.execute(
+                Q["consume_triggers"], [c[0] for c in consumed], [c[1] for c in consumed], [c[2] for c in consumed]
+            )
+        return TriggerOutcome([p for p in planned if p.execution_id in created_ids], plan)
