@@ -22,7 +22,7 @@ from sundial_common.stores.pool_cache import PoolCache
 from sundial_common.stores.pools import Pool
 from sundial_common.stores.tenants import Tenant
 
-from tests.integration.test_api import NOW, TENANT, Api, api, delayed, ms
+from tests.support.api import NOW, TENANT, Api, api, delayed, ms
 from tests.support.tenants import tenant_token
 
 __all__ = ["api"]  # the fixture

@@ -22,7 +22,7 @@ import uvicorn
 from sundial_api import ApiSettings, create_app
 from sundial_common.security.auth import issue_token
 
-from tests.integration.test_api import SECRET, Api, api, delayed, error_fields
+from tests.support.api import SECRET, Api, api, delayed, error_fields
 
 __all__ = ["api"]  # the fixture
 

@@ -1,6 +1,6 @@
 """The audit trail users read: ``GET /v1/jobs/{id}/audit`` and ``GET /v1/executions/{id}/audit``.
 
-In-process API on real Postgres (the ``api`` fixture of ``test_api``): every mutation is in the trail with the
+In-process API on real Postgres (the ``api`` fixture of ``tests.support.api``): every mutation is in the trail with the
 token's subject, the state before and after, in order; pages walk it whole; another tenant sees a 404.
 """
 
@@ -20,8 +20,8 @@ from sundial_common.stores import Stores
 from sundial_common.stores.audit import ExecutionEvent, record_execution_event
 from sundial_common.stores.executions import Outcome
 
-from tests.integration.test_api import NOW, SECRET, TENANT, Api, api, insert_execution, one_shot
 from tests.integration.test_client import aclient, cli, client, served
+from tests.support.api import NOW, SECRET, TENANT, Api, api, insert_execution, one_shot
 
 __all__ = ["aclient", "api", "client", "served"]  # the fixtures
 

@@ -14,8 +14,8 @@ from sundial_common.stores import Stores
 from sundial_dispatcher.backfills import BackfillConfig, BackfillDispatcher
 from sundial_dispatcher.limits import SideLimits
 
-from tests.integration.test_api import NOW, TENANT, Api, api, error_fields, rfc3339  # noqa: F401  (the `api` fixture)
 from tests.integration.test_dependencies import side_limits
+from tests.support.api import NOW, TENANT, Api, api, error_fields, rfc3339  # noqa: F401  (the `api` fixture)
 from tests.support.tenants import register_tenant
 
 START = NOW.replace(second=0, microsecond=0) - timedelta(hours=2)

@@ -6,7 +6,7 @@ import uuid
 
 import orjson
 
-from tests.integration.test_api import NOW, Api, api, delayed, one_shot  # noqa: F401  (the `api` fixture)
+from tests.support.api import NOW, Api, api, delayed, one_shot  # noqa: F401  (the `api` fixture)
 
 
 async def test_a_batch_registers_the_valid_items_and_names_the_field_of_each_invalid_one(api: Api) -> None:  # noqa: F811

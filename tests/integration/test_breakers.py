@@ -29,8 +29,8 @@ from sundial_common.stores.executions import Outcome
 from sundial_common.stores.types import Occurrence, RetryDue
 from sundial_sweeper.breakers import BreakerLoop, BreakerLoopConfig, BreakerPassResult, release
 
-from tests.integration.test_api import Api, api  # noqa: F401  (the `api` fixture)
 from tests.integration.test_reliability import TENANT, dispatcher, make_executions
+from tests.support.api import Api, api  # noqa: F401  (the `api` fixture)
 from tests.support.pools import admit
 
 

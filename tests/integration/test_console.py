@@ -1,6 +1,6 @@
 """The web console under ``/ui``: sign-in, the session's protections, tenant isolation and the actions.
 
-In-process API on real Postgres and Redis (the ``api`` fixture of ``test_api``), driven as a browser would
+In-process API on real Postgres and Redis (the ``api`` fixture of ``tests.support.api``), driven as a browser would
 drive it with JavaScript off: plain GETs and urlencoded form POSTs, following the redirects by hand.
 """
 
@@ -19,7 +19,7 @@ from sundial_common.broker.kafka import ensure_topics
 from sundial_common.broker.messages import pool_topic
 from sundial_common.security.auth import SymmetricKey
 
-from tests.integration.test_api import NOW, SECRET, TENANT, Api, api, insert_execution, one_shot
+from tests.support.api import NOW, SECRET, TENANT, Api, api, insert_execution, one_shot
 from tests.support.pools import admit
 from tests.support.tenants import tenant_token
 

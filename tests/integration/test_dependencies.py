@@ -26,7 +26,7 @@ from sundial_dispatcher.limits import SideLimits
 from sundial_dispatcher.tenancy import TenantPolicy
 from sundial_dispatcher.triggers import TriggerConfig, TriggerDispatcher
 
-from tests.integration.test_api import NOW, TENANT, Api, api, delayed, error_fields  # noqa: F401  (the `api` fixture)
+from tests.support.api import NOW, TENANT, Api, api, delayed, error_fields  # noqa: F401  (the `api` fixture)
 from tests.support.tenants import register_tenant
 
 

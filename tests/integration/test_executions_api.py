@@ -1,6 +1,6 @@
 """``/v1/executions`` (cancel, retry, the dead-letter list) and ``Idempotency-Key`` on ``POST /v1/jobs``.
 
-In-process API on real Postgres and Redis (the ``api`` fixture of ``test_api``); each test checks what the
+In-process API on real Postgres and Redis (the ``api`` fixture of ``tests.support.api``); each test checks what the
 client sees and what was written — rows, audit, Redis flags and hot-window members.
 """
 
@@ -19,7 +19,7 @@ from sundial_common.hotwindow.execution_signals import cancel_key
 from sundial_common.hotwindow.window import retry_member
 from sundial_common.runtime.clock import to_ms
 
-from tests.integration.test_api import NOW, TENANT, Api, api, error_fields, insert_execution, one_shot
+from tests.support.api import NOW, TENANT, Api, api, error_fields, insert_execution, one_shot
 
 __all__ = ["api"]  # the fixture
 

@@ -18,9 +18,9 @@ from sundial_common.stores.jobs import Q as JOBS_SQL
 from sundial_common.stores.schema import upgrade
 from sundial_sweeper.job_retention import JobRetention, JobRetentionConfig, JobRetentionPass
 
-from tests.integration.test_api import Api, api  # noqa: F401  (the `api` fixture)
 from tests.integration.test_backfills import START, backfill, interval_job, minutes
 from tests.integration.test_dependencies import dependent, make
+from tests.support.api import Api, api  # noqa: F401  (the `api` fixture)
 from tests.support.pools import admit_async
 
 TENANT = "acme"

@@ -20,7 +20,7 @@ from sundial_api.models.schedules import Preview
 from sundial_common.domain.schedules import jitter
 from sundial_common.testing import FakeClock
 
-from tests.integration.test_api import SECRET, Api, error_fields, ms, rfc3339
+from tests.support.api import SECRET, Api, error_fields, ms, rfc3339
 
 # A fixed, millisecond-aligned "now": a fixed date, so no expectation depends on where the wall clock stands —
 # 20 minutes into the hour (an hourly fire plus 10 min of jitter stays inside the 60-min hot window), mid-January
