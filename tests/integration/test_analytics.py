@@ -30,9 +30,9 @@ from sundial_common.stores.executions import Outcome
 from sundial_infra.stack import TEST_PORTS
 
 from tests.integration.test_reliability import TENANT, make_executions
-from tests.integration.test_worker import wait_until
 from tests.support.api import Api, api
 from tests.support.ports import port_offset
+from tests.support.worker import wait_until
 
 __all__ = ["api"]  # the fixture
 

@@ -34,10 +34,10 @@ from sundial_sweeper.sweeper import Sweeper, SweeperConfig
 from sundial_worker import Context, Worker, WorkerConfig, WorkerRuntime
 from sundial_worker.settings import WorkerSettings
 
-from tests.integration.test_worker import JOIN_SEC, wait_until
 from tests.support.openmetrics import metric_families
 from tests.support.pools import admit
 from tests.support.tenants import tenant_token
+from tests.support.worker import JOIN_SEC, wait_until
 
 FAST = WorkerConfig(concurrency=8, heartbeat_interval_sec=0.3, heartbeat_ttl_sec=5.0, commit_interval_sec=0.1)
 SECRET = "test-signing-key-for-the-metrics-suite"

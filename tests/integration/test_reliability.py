@@ -36,10 +36,10 @@ from sundial_sweeper.sweeper import Sweeper, SweeperConfig
 from sundial_worker import Context, Worker, WorkerConfig, WorkerRuntime
 from sundial_worker.settings import WorkerSettings
 
-from tests.integration.test_worker import JOIN_SEC, publish, wait_until
 from tests.support.hot_window import window_members
 from tests.support.pools import admit
 from tests.support.sealed import opened, opened_all
+from tests.support.worker import JOIN_SEC, publish, wait_until
 
 TENANT = "acme"
 FAST = WorkerConfig(

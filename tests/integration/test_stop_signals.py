@@ -16,8 +16,8 @@ import pytest
 from sundial_common.broker.kafka import KafkaPublisher
 from sundial_common.stores import Stores
 
-from tests.integration.test_worker import dispatch, execution, publish, wait_state, worker_process
 from tests.support.pools import admit
+from tests.support.worker import dispatch, execution, publish, wait_state, worker_process
 
 
 @pytest.fixture

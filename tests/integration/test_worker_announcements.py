@@ -21,9 +21,9 @@ from sundial_common.stores import Stores
 from sundial_sweeper.pool_gauges import PoolGauges
 from sundial_worker.settings import WorkerSettings
 
-from tests.integration.test_worker import TENANT, demo_worker, dispatch, serving
 from tests.support.pools import admit
 from tests.support.tenants import tenant_token
+from tests.support.worker import TENANT, demo_worker, dispatch, serving
 
 SECRET = "announcements-test-secret-0123456789"
 

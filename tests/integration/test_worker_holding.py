@@ -21,7 +21,8 @@ from sundial_common.stores import Stores
 from sundial_worker import Context, Worker
 from sundial_worker.settings import WorkerSettings
 
-from tests.integration.test_worker import (
+from tests.support.pools import admit
+from tests.support.worker import (
     TENANT,
     committed,
     dispatch,
@@ -31,7 +32,6 @@ from tests.integration.test_worker import (
     wait_state,
     wait_until,
 )
-from tests.support.pools import admit
 
 HOLD = timedelta(seconds=5)
 
