@@ -20,7 +20,7 @@ from sundial_dispatcher.dispatcher import DispatcherConfig, ShardDispatcher
 from sundial_sweeper.broker_restart import BrokerRestartRepublisher
 from sundial_sweeper.sweeper import Sweeper, SweeperConfig
 
-from tests.integration.test_dispatch_path import consume, hot_window, make_job, ms_precision, pool
+from tests.support.dispatch import consume, hot_window, make_job, ms_precision, pool
 
 __all__ = ["hot_window", "pool"]  # fixtures
 

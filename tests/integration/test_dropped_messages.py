@@ -22,9 +22,9 @@ from sundial_sweeper.sweeper import Sweeper, SweeperConfig
 from sundial_worker.settings import WorkerSettings
 
 from tests.integration.test_broker_incarnation import three_published
-from tests.integration.test_dispatch_path import consume, hot_window, pool
-from tests.integration.test_worker import demo_worker, serving, settings
+from tests.support.dispatch import consume, hot_window, pool
 from tests.support.pools import admit
+from tests.support.worker import demo_worker, serving, settings
 
 __all__ = ["hot_window", "pool", "settings"]  # fixtures
 

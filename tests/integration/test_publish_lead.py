@@ -18,8 +18,8 @@ from sundial_common.stores import Stores
 from sundial_common.testing import FakeClock
 from sundial_dispatcher.dispatcher import DispatcherConfig, ShardDispatcher
 
-from tests.integration.test_dispatch_path import consume, hot_window, pool
 from tests.integration.test_recurring_dispatch import MINUTE, T0, at, executions, make_job
+from tests.support.dispatch import consume, hot_window, pool
 
 __all__ = ["hot_window", "pool"]  # fixtures
 

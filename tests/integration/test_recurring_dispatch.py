@@ -38,7 +38,7 @@ from sundial_dispatcher.dispatcher import CANCEL_KEY, DispatcherConfig, Dispatch
 from sundial_dispatcher.tenancy import TenantPolicy
 from sundial_hydrator.hydrator import Hydrator, HydratorConfig
 
-from tests.integration.test_dispatch_path import consume
+from tests.support.dispatch import consume
 
 MINUTE = timedelta(minutes=1)
 
