@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 
 import pytest
 from sundial_common.stores.breakers import Breaker, BreakerSettings
+from sundial_common.testing import InMemoryBreakerStore
 from sundial_sweeper.breakers import BreakerLoop, BreakerLoopConfig
 
 S = BreakerSettings(min_attempts=20, failure_ratio=0.5, cooldown_sec=30, max_cooldown_sec=100, probes=10)
@@ -41,7 +42,8 @@ def breaker(state: str = "CLOSED", **fields: object) -> Breaker:
 
 
 def decide(b: Breaker, attempts: int, failures: int, settings: BreakerSettings = S) -> tuple[str, float | None] | None:
-    move = BreakerLoop(None, None, BreakerLoopConfig(defaults=settings))._decide(b, settings, attempts, failures)  # type: ignore[arg-type]
+    loop = BreakerLoop(InMemoryBreakerStore(), None, BreakerLoopConfig(defaults=settings))
+    move = loop._decide(b, settings, attempts, failures)
     return None if move is None else (move.to_state, move.next_probe_in_sec)
 
 
@@ -116,7 +118,7 @@ def test_the_defaults_tell_flaky_from_down_and_bound_holding() -> None:
 
 def test_every_move_carries_the_tenants_hold_bound() -> None:
     bound = dataclasses.replace(S, max_hold_sec=90)
-    loop = BreakerLoop(None, None, BreakerLoopConfig(defaults=bound))  # type: ignore[arg-type]
+    loop = BreakerLoop(InMemoryBreakerStore(), None, BreakerLoopConfig(defaults=bound))
     for b, attempts, failures in [
         (breaker(), 40, 40),
         (breaker("OPEN", probe_due=True), 0, 0),

@@ -2,6 +2,8 @@
 
 - :class:`~sundial_common.testing.clock.FakeClock` — the one test clock: wall and monotonic time that move only
   when the test moves them, and sleepers that wake when their time comes;
+- :class:`~sundial_common.testing.breakers.InMemoryBreakerStore` — the retry circuit breakers and their window
+  counts, which the sweeper's breaker loop judges and moves (a test counts the attempts that end);
 - :class:`~sundial_common.testing.tenants.InMemoryTenantStore`,
   :class:`~sundial_common.testing.pools.InMemoryPoolStore` and :class:`~sundial_common.testing.keys.InMemoryKeyStore`
   — the registries the API, the dispatcher's fair pass and the keyring read, held in a dict.
@@ -15,9 +17,10 @@ Production code never imports this package (an import contract checks it).
 
 from __future__ import annotations
 
+from sundial_common.testing.breakers import InMemoryBreakerStore
 from sundial_common.testing.clock import FakeClock
 from sundial_common.testing.keys import InMemoryKeyStore
 from sundial_common.testing.pools import InMemoryPoolStore
 from sundial_common.testing.tenants import InMemoryTenantStore
 
-__all__ = ["FakeClock", "InMemoryKeyStore", "InMemoryPoolStore", "InMemoryTenantStore"]
+__all__ = ["FakeClock", "InMemoryBreakerStore", "InMemoryKeyStore", "InMemoryPoolStore", "InMemoryTenantStore"]
