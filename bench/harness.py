@@ -1,16 +1,18 @@
 """The bench's public harness: a Sundial stack of a chosen shape on the bench ports, and a dispatch run on it.
 
 :class:`Shape` says how many shards, dispatchers and workers; :class:`Bench` starts a fresh stack of that shape
-(:meth:`Bench.start`, :meth:`Bench.stop`), registers jobs straight into Postgres (:meth:`Bench.insert_jobs`:
-COPY, as a bulk registration would, :mod:`bench.registration`) and measures the scheduling path — hydrator →
-hot window → dispatcher → Kafka → worker — from registration until every job ran (:meth:`Bench.run_dispatch`),
-with each process's CPU (:meth:`Bench.cpu`). :func:`fresh_database` gives the statement benches a migrated
-database of their own; :func:`ports_at` the bench ports moved by an offset; :func:`burst` and :func:`spread` the
-due instants of W1 and of W2/W3. A benchmark measures and records; it never passes or fails on timing.
+(:meth:`Bench.start`, :meth:`Bench.stop`), registers jobs straight into Postgres (:meth:`Bench.insert_jobs`: COPY, as a
+bulk registration would, :mod:`bench.registration`) and measures the scheduling path — hydrator → hot window →
+dispatcher → Kafka → worker — from registration until every job ran (:meth:`Bench.run_dispatch`), with each process's
+CPU (:meth:`Bench.cpu`). :func:`fresh_database` gives the statement benches a migrated database of their own,
+:func:`own_postgres` (with :func:`add_own_server_options`) the benches of one component a migrated Postgres of their
+own; :func:`ports_at` the bench ports moved by an offset; :func:`burst` and :func:`spread` the due instants of W1 and of
+W2/W3. A benchmark measures and records; it never passes or fails on timing.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import functools
 import os
@@ -37,7 +39,7 @@ from sundial_worker.consumer import consumer_group
 
 from bench import api_burst, figures, leftover, machine, profiling, registration
 from bench.registration import POOL
-from bench.results import SCRATCH
+from bench.results import REPO, RESULTS, SCRATCH
 
 #: The stack's data directory when a workload names none (deleted and made anew at every start).
 STACK_ROOT = SCRATCH / "stack"
@@ -364,6 +366,29 @@ async def fresh_database(
     finally:
         await conn.close()
     return dsn
+
+
+def add_own_server_options(parser: argparse.ArgumentParser, name: str) -> None:
+    """The options of a bench that starts servers of its own: ``--port-offset`` (ports = the bench ports + this),
+    ``--root`` (their data, under ``.sundial/bench-<name>`` unless named) and ``--results``."""
+    parser.add_argument("--port-offset", type=int, default=0, help="ports = BENCH_PORTS + this")
+    parser.add_argument("--root", type=Path, default=REPO / ".sundial" / f"bench-{name}")
+    parser.add_argument("--results", type=Path, default=RESULTS, help="directory of the <workload>.jsonl files")
+
+
+def own_postgres(root: Path, port_offset: int) -> PostgresServer:
+    """A durable Postgres of a bench's own under ``root`` (wiped first) on the bench port + ``port_offset``,
+    started and migrated (``sundial migrate``, as an operator would); the caller stops it."""
+    shutil.rmtree(root, ignore_errors=True)
+    postgres = PostgresServer(root / "postgres", BENCH_PORTS.postgres + port_offset, durable=True)
+    postgres.start()
+    try:
+        env = {**os.environ, "SUNDIAL_DATABASE_URL": postgres.dsn, "SUNDIAL_ENV": "dev"}
+        subprocess.run([*sundial_argv("migrate")], env=env, check=True, capture_output=True)
+    except BaseException:
+        postgres.stop()
+        raise
+    return postgres
 
 
 def log_mentions(log: Path, text: str) -> bool:

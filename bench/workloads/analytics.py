@@ -21,14 +21,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import shutil
-import subprocess
 import time
 import uuid
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -36,13 +32,10 @@ from sundial_analytics.ingest import IngestConfig, Ingester
 from sundial_analytics.replica import ClickHouseReplica, ReplicaConfig
 from sundial_common.domain.ids import new_id
 from sundial_common.stores import Stores
-from sundial_infra.servers.postgres import PostgresServer
-from sundial_infra.stack import BENCH_PORTS
-from sundial_infra.supervisor import sundial_argv
 
 from bench import results
 from bench.figures import percentiles
-from bench.results import REPO, RESULTS
+from bench.harness import add_own_server_options, own_postgres
 
 TENANT = "bench"
 #: The keys of a measurement's line that say how it was run (its settings, :mod:`bench.results`).
@@ -265,18 +258,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=int, default=333, help="freshness: executions per second (W2: 333)")
     parser.add_argument("--duration", type=float, default=30.0, help="freshness: seconds")
     parser.add_argument("--rows", type=int, default=10_000_000, help="query: executions of the queried tenant")
-    parser.add_argument("--port-offset", type=int, default=0, help="ports = BENCH_PORTS + this")
-    parser.add_argument("--root", type=Path, default=REPO / ".sundial" / "bench-analytics")
-    parser.add_argument("--results", type=Path, default=RESULTS, help="directory of the <workload>.jsonl files")
+    add_own_server_options(parser, "analytics")
     args = parser.parse_args(argv)
 
-    shutil.rmtree(args.root, ignore_errors=True)
-    postgres = PostgresServer(args.root / "postgres", BENCH_PORTS.postgres + args.port_offset, durable=True)
-    postgres.start()
+    postgres = own_postgres(args.root, args.port_offset)
     replica = ClickHouseReplica(ReplicaConfig(url=None, chdb_path=(args.root / "chdb").resolve()))
     try:
-        env = {**os.environ, "SUNDIAL_DATABASE_URL": postgres.dsn, "SUNDIAL_ENV": "dev"}
-        subprocess.run([*sundial_argv("migrate")], env=env, check=True, capture_output=True)
 
         async def run() -> None:
             await replica.ensure_schema()

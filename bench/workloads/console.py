@@ -21,21 +21,19 @@ import re
 import shutil
 import subprocess
 import time
-from pathlib import Path
 from typing import Any
 
 import asyncpg
 import httpx
 from sundial_common.runtime.settings import DEV_SIGNING_KEY
 from sundial_common.security.auth import issue_token
-from sundial_infra.servers.postgres import PostgresServer
 from sundial_infra.servers.redis import RedisServer
 from sundial_infra.stack import BENCH_PORTS
 from sundial_infra.supervisor import sundial_argv
 
 from bench import results
 from bench.figures import percentiles
-from bench.results import REPO, RESULTS
+from bench.harness import add_own_server_options, own_postgres
 
 TENANT = "bench"
 OTHER = "bench-other"
@@ -161,20 +159,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--executions", type=int, default=1_000_000, help="its executions (default 1,000,000)")
     parser.add_argument("--requests", type=int, default=40, help="fetches of each page (default 40)")
     parser.add_argument("--loads", type=int, default=10, help="browser loads of the jobs list (default 10)")
-    parser.add_argument("--port-offset", type=int, default=0, help="ports = BENCH_PORTS + this")
-    parser.add_argument("--root", type=Path, default=REPO / ".sundial" / "bench-console")
-    parser.add_argument("--results", type=Path, default=RESULTS, help="directory of the <workload>.jsonl files")
+    add_own_server_options(parser, "console")
     args = parser.parse_args(argv)
 
-    shutil.rmtree(args.root, ignore_errors=True)
-    postgres = PostgresServer(args.root / "postgres", BENCH_PORTS.postgres + args.port_offset, durable=True)
+    postgres = own_postgres(args.root, args.port_offset)
     redis = RedisServer(args.root / "redis", BENCH_PORTS.redis + args.port_offset)
-    postgres.start()
-    redis.start()
     api: subprocess.Popen[bytes] | None = None
     try:
+        redis.start()
         env = {**os.environ, "SUNDIAL_DATABASE_URL": postgres.dsn, "SUNDIAL_REDIS_URL": redis.url, "SUNDIAL_ENV": "dev"}
-        subprocess.run([*sundial_argv("migrate")], env=env, check=True, capture_output=True)
         seeded = asyncio.run(seed(postgres.dsn, args.jobs, args.executions))
         port = BENCH_PORTS.api + args.port_offset
         log = (args.root / "api.log").open("wb")
