@@ -7,6 +7,8 @@ own), asked for only when that parameter runs, so the in-memory half of the suit
 
 from __future__ import annotations
 
+from typing import cast
+
 import pytest
 from sundial_common.stores import Stores
 
@@ -14,17 +16,19 @@ from tests.contracts.breakers import Breakers
 from tests.contracts.registries import Registries
 
 
+def _postgres(request: pytest.FixtureRequest) -> Stores | None:
+    """This test's Postgres stores when the implementation under contract is Postgres' (only then is a database
+    made), else None."""
+    return cast(Stores, request.getfixturevalue("stores")) if request.param == "postgres" else None
+
+
 @pytest.fixture(params=["in-memory", "postgres"])
 def registries(request: pytest.FixtureRequest) -> Registries:
-    if request.param == "postgres":
-        stores: Stores = request.getfixturevalue("stores")
-        return Registries.postgres(stores)
-    return Registries.in_memory()
+    stores = _postgres(request)
+    return Registries.in_memory() if stores is None else Registries.postgres(stores)
 
 
 @pytest.fixture(params=["in-memory", "postgres"])
 def breakers(request: pytest.FixtureRequest) -> Breakers:
-    if request.param == "postgres":
-        stores: Stores = request.getfixturevalue("stores")
-        return Breakers.postgres(stores)
-    return Breakers.in_memory()
+    stores = _postgres(request)
+    return Breakers.in_memory() if stores is None else Breakers.postgres(stores)

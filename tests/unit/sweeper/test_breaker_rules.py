@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import random
-import uuid
 from datetime import UTC, datetime
 
 import pytest
 from sundial_common.stores.breakers import Breaker, BreakerSettings
 from sundial_common.testing import InMemoryBreakerStore
+from sundial_common.testing.breakers import new_breaker
 from sundial_sweeper.breakers import BreakerLoop, BreakerLoopConfig
 
 S = BreakerSettings(min_attempts=20, failure_ratio=0.5, cooldown_sec=30, max_cooldown_sec=100, probes=10)
@@ -17,28 +17,8 @@ NOW = datetime(2026, 11, 24, tzinfo=UTC)
 
 
 def breaker(state: str = "CLOSED", **fields: object) -> Breaker:
-    base = Breaker(
-        id=uuid.uuid4(),
-        tenant_id="acme",
-        pool="demo",
-        handler="send",
-        state=state,
-        since=NOW,
-        since_attempts=0,
-        since_failures=0,
-        attempts=0,
-        failures=0,
-        opened_at=None,
-        next_probe_at=None,
-        cooldown_sec=30.0,
-        probe_limit=10,
-        probes_sent=0,
-        opens=0,
-        manual=False,
-        version=1,
-        updated_at=NOW,
-    )
-    return dataclasses.replace(base, **fields)  # type: ignore[arg-type]
+    base = dataclasses.replace(new_breaker("acme", "demo", "send", NOW, NOW), cooldown_sec=30.0, probe_limit=10)
+    return dataclasses.replace(base, state=state, **fields)  # type: ignore[arg-type]
 
 
 def decide(b: Breaker, attempts: int, failures: int, settings: BreakerSettings = S) -> tuple[str, float | None] | None:

@@ -92,7 +92,7 @@ class InMemoryBreakerStore:
         for tenant_id, pool, handler in handlers:
             if (tenant_id, pool, handler) in known or not await self._registered(tenant_id):
                 continue
-            breaker = _new_breaker(tenant_id, pool, handler, since, now)
+            breaker = new_breaker(tenant_id, pool, handler, since, now)
             self._breakers[breaker.id] = breaker
             known.add((tenant_id, pool, handler))
 
@@ -145,8 +145,9 @@ class InMemoryBreakerStore:
         return dataclasses.replace(breaker, held=0, probe_due=due)
 
 
-def _new_breaker(tenant_id: str, pool: str, handler: str, since: datetime, now: datetime) -> Breaker:
-    """A row of ``breakers`` as its column defaults make it."""
+def new_breaker(tenant_id: str, pool: str, handler: str, since: datetime, now: datetime) -> Breaker:
+    """A CLOSED breaker counting from ``since``, made at ``now``: a row of ``breakers`` as its column defaults make
+    it (for tests that build the breaker a decision starts from)."""
     return Breaker(
         id=uuid.uuid4(),
         tenant_id=tenant_id,
