@@ -17,7 +17,6 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
 import pytest
-from redis.asyncio import Redis
 from sundial_common.broker.kafka import KafkaPublisher
 from sundial_common.broker.messages import pool_topic
 from sundial_common.domain.ids import new_id
@@ -38,21 +37,11 @@ from sundial_dispatcher.dispatcher import CANCEL_KEY, DispatcherConfig, Dispatch
 from sundial_dispatcher.tenancy import TenantPolicy
 from sundial_hydrator.hydrator import Hydrator, HydratorConfig
 
-from tests.support.dispatch import consume
+from tests.support.dispatch import consume, hot_window, pool
+
+__all__ = ["hot_window", "pool"]  # the fixtures
 
 MINUTE = timedelta(minutes=1)
-
-
-@pytest.fixture
-async def hot_window(redis_url: str) -> AsyncIterator[HotWindow]:
-    redis = Redis.from_url(redis_url)
-    yield HotWindow(redis)
-    await redis.aclose()
-
-
-@pytest.fixture
-def pool() -> str:
-    return f"t-{uuid.uuid4().hex[:10]}"
 
 
 #: A minute boundary near the real time (the clock is the test's, the broker's timestamps are real).

@@ -21,14 +21,13 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from redis.asyncio import Redis
 from sundial_common.broker.kafka import KafkaPublisher, ensure_topics
 from sundial_common.broker.messages import DLQ_TOPIC, ExecutionMessage, pool_topic
-from sundial_common.domain.ids import new_id
 from sundial_common.hotwindow.execution_signals import cancel_key, heartbeat_key
 from sundial_common.hotwindow.window import HotWindow, retry_member
-from sundial_common.runtime.clock import from_ms, to_ms
+from sundial_common.runtime.clock import to_ms
 from sundial_common.stores import Stores
-from sundial_common.stores.dispatch import FencedOut, PlannedExecution
+from sundial_common.stores.dispatch import FencedOut
 from sundial_common.stores.executions import Outcome
-from sundial_common.stores.types import Occurrence, Record, RetryDue
+from sundial_common.stores.types import Record, RetryDue
 from sundial_common.testing import FakeClock
 from sundial_dispatcher.dispatcher import DispatcherConfig, ShardDispatcher
 from sundial_hydrator.hydrator import Hydrator, HydratorConfig
@@ -39,7 +38,7 @@ from sundial_worker.settings import WorkerSettings
 from tests.support.hot_window import window_members
 from tests.support.pools import admit
 from tests.support.sealed import opened, opened_all
-from tests.support.worker import JOIN_SEC, publish, wait_until
+from tests.support.worker import JOIN_SEC, dispatch, publish, wait_until
 
 TENANT = "acme"
 FAST = WorkerConfig(
@@ -81,50 +80,11 @@ async def make_executions(
     retry_policy: dict[str, Any] | None = None,
     timeout_sec: int = 30,
 ) -> list[ExecutionMessage]:
-    """Jobs due now in shard 0, dispatched through the real fenced transaction (token 1)."""
-    due = from_ms(to_ms(datetime.now(UTC)))
-    policy = retry_policy or {}
-    occurrences = []
-    for i in range(count):
-        job_id = new_id()
-        await stores.jobs.insert_job(
-            {
-                "id": job_id,
-                "tenant_id": TENANT,
-                "name": handler,
-                "type": "ONE_SHOT",
-                "run_at": due,
-                "pool": pool,
-                "handler": handler,
-                "payload": {"i": i},
-                "retry_policy": policy,
-                "timeout_sec": timeout_sec,
-                "shard": 0,
-                "next_fire_at": due,
-            },
-            actor="test",
-        )
-        occurrences.append(Occurrence(job_id, due))
-
-    def plan(rows: Any) -> list[PlannedExecution]:
-        return [PlannedExecution(new_id(), row, None, None) for row in rows]
-
-    planned = await stores.dispatch.dispatch(0, 1, "test", occurrences, plan)
-    return [
-        ExecutionMessage(
-            execution_id=str(p.execution_id),
-            job_id=str(p.job["id"]),
-            tenant_id=TENANT,
-            pool=pool,
-            handler=handler,
-            attempt=1,
-            fence_token=1,
-            scheduled_for=p.job["next_fire_at"].isoformat(),
-            timeout_sec=timeout_sec,
-            payload=p.job["payload"],
-        )
-        for p in planned
-    ]
+    """Jobs due now in shard 0, named after their handler, dispatched through the real fenced transaction (token 1)."""
+    payloads: list[Any] = [{"i": i} for i in range(count)]
+    return await dispatch(
+        stores, pool, handler, payloads, retry_policy=retry_policy, timeout_sec=timeout_sec, name=handler
+    )
 
 
 async def row_of(stores: Stores, message: ExecutionMessage | uuid.UUID) -> dict[str, Any]:

@@ -11,16 +11,12 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
-import httpx
 import pytest
-from redis.asyncio import Redis
-from sundial_api import ApiSettings, create_app
 from sundial_api.models.jobs import Job
 from sundial_api.models.schedules import Preview
 from sundial_common.domain.schedules import jitter
-from sundial_common.testing import FakeClock
 
-from tests.support.api import SECRET, Api, error_fields, ms, rfc3339
+from tests.support.api import Api, error_fields, ms, rfc3339, serving_api
 
 # A fixed, millisecond-aligned "now": a fixed date, so no expectation depends on where the wall clock stands —
 # 20 minutes into the hour (an hourly fire plus 10 min of jitter stays inside the 60-min hot window), mid-January
@@ -32,26 +28,8 @@ MIN_INTERVAL_SEC = 10
 
 @pytest.fixture
 async def api(database_url: str, redis_url: str) -> AsyncIterator[Api]:
-    settings = ApiSettings(
-        database_url=database_url,
-        redis_url=redis_url,
-        jwt_secret=SECRET,
-        shards=4,
-        min_interval_sec=MIN_INTERVAL_SEC,
-    )
-    clock = FakeClock(NOW)
-    app = create_app(settings, clock=clock)
-    db = await asyncpg.connect(database_url)
-    redis = Redis.from_url(redis_url)
-    try:
-        async with (
-            app.router.lifespan_context(app),
-            httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://api.test") as client,
-        ):
-            yield Api(client, db, redis, settings, clock, app)
-    finally:
-        await redis.aclose()
-        await db.close()
+    async with serving_api(database_url, redis_url, now=NOW, min_interval_sec=MIN_INTERVAL_SEC) as served:
+        yield served
 
 
 def cron(schedule: str | None = "*/5 * * * *", **overrides: Any) -> dict[str, Any]:

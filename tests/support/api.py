@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -70,11 +71,13 @@ class Api:
         return await self.redis.zscore(f"sundial:{{{shard}}}:hot", member(uuid.UUID(job_id)))
 
 
-@pytest.fixture
-async def api(request: pytest.FixtureRequest, database_url: str, redis_url: str) -> AsyncIterator[Api]:
-    overrides: dict[str, Any] = getattr(request, "param", {})  # settings of a test's own (indirect parametrize)
+@asynccontextmanager
+async def serving_api(
+    database_url: str, redis_url: str, *, now: datetime = NOW, **overrides: Any
+) -> AsyncIterator[Api]:
+    """The app with ``overrides`` of its settings, on a :class:`FakeClock` at ``now``, inside its lifespan."""
     settings = ApiSettings(database_url=database_url, redis_url=redis_url, jwt_secret=SECRET, shards=4, **overrides)
-    clock = FakeClock(NOW)
+    clock = FakeClock(now)
     app = create_app(settings, clock=clock)
     # Registered (with the pools the tests send work into) before any test can stop Postgres, and every tenant
     # of a pool before the API first reads it (its registry cache would answer 403 to one admitted later).
@@ -91,6 +94,13 @@ async def api(request: pytest.FixtureRequest, database_url: str, redis_url: str)
     finally:
         await redis.aclose()
         await db.close()
+
+
+@pytest.fixture
+async def api(request: pytest.FixtureRequest, database_url: str, redis_url: str) -> AsyncIterator[Api]:
+    overrides: dict[str, Any] = getattr(request, "param", {})  # settings of a test's own (indirect parametrize)
+    async with serving_api(database_url, redis_url, **overrides) as served:
+        yield served
 
 
 def one_shot(**overrides: Any) -> dict[str, Any]:

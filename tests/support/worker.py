@@ -94,8 +94,11 @@ async def dispatch(
     traceparent_value: str | None = None,
     tenant: str = TENANT,
     message_tenant: str | None = None,
+    retry_policy: dict[str, Any] | None = None,
+    name: str | None = None,
 ) -> list[ExecutionMessage]:
-    """Jobs due now, dispatched through the real fenced transaction: PENDING executions and their messages."""
+    """Jobs due now in shard 0 (named ``name``, else after their handler), one per payload, dispatched through the
+    real fenced transaction (token 1): PENDING executions and their messages."""
     due = from_ms(to_ms(datetime.now(UTC)))  # fire times are compared at millisecond precision
     occurrences = []
     for payload in payloads:
@@ -104,12 +107,13 @@ async def dispatch(
             {
                 "id": job_id,
                 "tenant_id": tenant,
-                "name": f"{handler}-test",
+                "name": name or f"{handler}-test",
                 "type": "ONE_SHOT",
                 "run_at": due,
                 "pool": pool,
                 "handler": handler,
                 "payload": payload,
+                "retry_policy": retry_policy or {},
                 "timeout_sec": timeout_sec,
                 "shard": 0,
                 "next_fire_at": due,
