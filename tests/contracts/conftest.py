@@ -1,5 +1,5 @@
-"""``registries``: the tenant, pool and key stores of one implementation, once per implementation; ``breakers``:
-the breaker store (with its tenants) likewise.
+"""``registries``: the tenant, pool and key stores of one implementation, once per implementation; ``breakers``
+(the breaker store with its tenants) and ``jobs`` (the job and idempotency stores) likewise.
 
 The in-memory ones need nothing; the Postgres ones take the ``stores`` fixture (a fresh database of this test's
 own), asked for only when that parameter runs, so the in-memory half of the suite starts no server.
@@ -13,6 +13,7 @@ import pytest
 from sundial_common.stores import Stores
 
 from tests.contracts.breakers import Breakers
+from tests.contracts.jobs import Jobs
 from tests.contracts.registries import Registries
 
 
@@ -32,3 +33,9 @@ def registries(request: pytest.FixtureRequest) -> Registries:
 def breakers(request: pytest.FixtureRequest) -> Breakers:
     stores = _postgres(request)
     return Breakers.in_memory() if stores is None else Breakers.postgres(stores)
+
+
+@pytest.fixture(params=["in-memory", "postgres"])
+def jobs(request: pytest.FixtureRequest) -> Jobs:
+    stores = _postgres(request)
+    return Jobs.in_memory() if stores is None else Jobs.postgres(stores)
