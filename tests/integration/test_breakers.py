@@ -72,6 +72,27 @@ async def due_now(stores: Stores, client: Redis, ids: list[uuid.UUID]) -> None:
     await HotWindow(client).add_retries(0, [RetryDue(r["id"], r["next_attempt_at"]) for r in rows])
 
 
+async def probing(
+    stores: Stores, client: Redis, publisher: KafkaPublisher, pool: str, kafka_bootstrap: str, handler: str
+) -> tuple[BreakerLoop, list[uuid.UUID]]:
+    """The handler's 20 executions failed their first attempt, its breaker opened, its cool-down is over and the
+    half-open breaker's probes are dispatched: the loop, and the probes' ids."""
+    ensure_topics(kafka_bootstrap, [pool_topic(pool)])
+    ids = [uuid.UUID(m.execution_id) for m in await make_executions(stores, pool, handler, 20, retry_policy=RETRY)]
+    breakers = loop(stores, client)
+    await fail_attempts(stores, ids, 1)
+    await breakers.run_once()
+    await stores.database.pool.execute("UPDATE breakers SET next_probe_at = now() - interval '1 second'")
+    await breakers.run_once()
+    await due_now(stores, client, ids)
+    assert (await dispatcher(stores, client, publisher, token=5).run_once()).retried == SETTINGS.probes
+    probes = [
+        r["id"]
+        for r in await stores.database.pool.fetch("SELECT id FROM executions WHERE id = ANY($1) AND attempt = 2", ids)
+    ]
+    return breakers, probes
+
+
 async def test_open_holds_retries_across_leaders_half_open_probes_and_close_releases(
     stores: Stores,
     client: Redis,
@@ -178,19 +199,7 @@ async def test_a_failing_probe_reopens_with_a_longer_cool_down(
     pool: str,
     kafka_bootstrap: str,
 ) -> None:
-    ensure_topics(kafka_bootstrap, [pool_topic(pool)])
-    ids = [uuid.UUID(m.execution_id) for m in await make_executions(stores, pool, "down", 20, retry_policy=RETRY)]
-    breakers = loop(stores, client)
-    await fail_attempts(stores, ids, 1)
-    await breakers.run_once()
-    await stores.database.pool.execute("UPDATE breakers SET next_probe_at = now() - interval '1 second'")
-    await breakers.run_once()
-    await due_now(stores, client, ids)
-    assert (await dispatcher(stores, client, publisher, token=5).run_once()).retried == SETTINGS.probes
-    probes = [
-        r["id"]
-        for r in await stores.database.pool.fetch("SELECT id FROM executions WHERE id = ANY($1) AND attempt = 2", ids)
-    ]
+    breakers, probes = await probing(stores, client, publisher, pool, kafka_bootstrap, "down")
     await fail_attempts(stores, probes, 2)
     assert (await breakers.run_once()).opened == 1
     [breaker] = await stores.breakers.tenant_breakers(TENANT, pool, None)
@@ -291,19 +300,7 @@ async def test_a_flaky_handlers_probes_close_the_breaker_though_one_failed(
     pool: str,
     kafka_bootstrap: str,
 ) -> None:
-    ensure_topics(kafka_bootstrap, [pool_topic(pool)])
-    ids = [uuid.UUID(m.execution_id) for m in await make_executions(stores, pool, "flaky", 20, retry_policy=RETRY)]
-    breakers = loop(stores, client)
-    await fail_attempts(stores, ids, 1)
-    await breakers.run_once()
-    await stores.database.pool.execute("UPDATE breakers SET next_probe_at = now() - interval '1 second'")
-    await breakers.run_once()
-    await due_now(stores, client, ids)
-    assert (await dispatcher(stores, client, publisher, token=5).run_once()).retried == SETTINGS.probes
-    probes = [
-        r["id"]
-        for r in await stores.database.pool.fetch("SELECT id FROM executions WHERE id = ANY($1) AND attempt = 2", ids)
-    ]
+    breakers, probes = await probing(stores, client, publisher, pool, kafka_bootstrap, "flaky")
     await fail_attempts(stores, probes[:1], 2)  # one of three: a ratio below failureRatio (0.5)
     await fail_attempts(stores, probes[1:], 2, "SUCCEEDED")
     assert (await breakers.run_once()).closed == 1
