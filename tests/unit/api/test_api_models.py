@@ -27,6 +27,7 @@ from sundial_api.settings import ApiSettings
 from sundial_api.tokens import VerifiedTokens
 from sundial_common.security.auth import Principal, issue_token
 from sundial_common.security.encryption import TenantCipher
+from sundial_common.testing.jobs import JOB_DEFAULTS
 
 NOW = datetime(2030, 6, 1, 12, 0, 0, 250_000, tzinfo=UTC)
 
@@ -307,35 +308,19 @@ def test_a_cursor_this_api_did_not_issue_is_refused(cursor: str) -> None:
 def test_rendered_rows_match_the_documented_views() -> None:
     ident = uuid.uuid4()
     job_row = {
+        **JOB_DEFAULTS,
         "id": ident,
         "name": "n",
         "type": "ONE_SHOT",
-        "timezone": "UTC",
         "run_at": NOW,
-        "delay_seconds": None,
-        "schedule": None,
-        "interval_sec": None,
-        "run_list": None,
-        "start_at": None,
-        "end_at": None,
-        "max_runs": None,
-        "jitter_sec": 0,
-        "overlap_policy": "ALLOW",
-        "catchup_policy": "FIRE_ONCE",
-        "catchup_window_sec": 60,
         "next_nominal_at": NOW,
-        "missed_fires": 0,
         "labels": {"team": "growth"},
         "pool": "demo",
         "handler": "echo",
         "payload": {"a": 1},
         "retry_policy": {"maxAttempts": 3},
         "timeout_sec": 600,
-        "priority": "NORMAL",
-        "state": "ACTIVE",
         "next_fire_at": NOW,
-        "fire_count": 0,
-        "version": 1,
         "created_at": NOW,
         "updated_at": NOW,
     }
