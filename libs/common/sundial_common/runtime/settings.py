@@ -53,6 +53,34 @@ class EncryptionSettings(BaseSettings):
     dev_root: str = Field(".sundial", description="Development state directory (the dev master key lives here).")
 
 
+class DeliverySettings(BaseSettings):
+    """How Sundial's outbound requests (notifications, HTTP targets) are bounded and where they may go."""
+
+    model_config = SettingsConfigDict(env_prefix="SUNDIAL_", extra="ignore")
+
+    delivery_connect_timeout_sec: float = Field(
+        5.0, gt=0, le=60, description="Seconds to connect to a destination (TLS handshake included)."
+    )
+    delivery_total_timeout_sec: float = Field(
+        30.0, gt=0, le=900, description="Seconds one outbound request may take, from resolution to the last byte."
+    )
+    delivery_max_response_bytes: int = Field(
+        65536,
+        ge=0,
+        le=16 * 1024 * 1024,
+        description="Bytes of a destination's response body kept; the rest is dropped.",
+    )
+    delivery_ca_bundle: str | None = Field(
+        None,
+        description="A PEM file of the certificate authorities trusted for HTTPS destinations (default: the system's).",
+    )
+    delivery_allowed_networks: list[str] = Field(
+        default_factory=list,
+        description="Networks outbound requests may reach although they are not public (JSON list of CIDRs, e.g. "
+        '`["10.20.0.0/16"]`). Loopback, private, link-local and metadata addresses are refused otherwise.',
+    )
+
+
 class CommonSettings(EncryptionSettings):
     """Connection strings and knobs that every process needs (and the master key's source, for those that
     read tenants' data)."""
