@@ -26,6 +26,7 @@ from sundial_client.errors import ConnectionFailed, raise_for_problem
 from sundial_client.executions import AsyncExecutions
 from sundial_client.jobs import AsyncJobs, AsyncScheduleBuilder, JobDraft, Scheduling
 from sundial_client.models import Job
+from sundial_client.notifications import AsyncNotifications
 from sundial_client.replays import AsyncReplays
 from sundial_client.retries import Retries
 from sundial_client.tenancy import AsyncBreakers, AsyncPools, AsyncSchedules, AsyncStats
@@ -76,6 +77,7 @@ class AsyncClient(Scheduling[Awaitable[Job], AsyncScheduleBuilder]):
         self.replays = AsyncReplays(self)
         self.stats = AsyncStats(self)
         self.breakers = AsyncBreakers(self)
+        self.notifications = AsyncNotifications(self)
 
     async def sleep(self, seconds: float) -> None:
         """How this client waits between polls and retries (``sleep=`` at construction)."""

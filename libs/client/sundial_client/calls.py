@@ -52,6 +52,7 @@ from sundial_client.models import (
     TenantList,
     Triggered,
 )
+from sundial_client.models.notifications import DeliveryList, SubscriptionList, SubscriptionView, TestSendView
 
 T = TypeVar("T")
 T_co = TypeVar("T_co", covariant=True)
@@ -333,6 +334,45 @@ def close_breaker(breaker_id: str) -> Call[Breaker]:
 
 def breaker_audit(breaker_id: str) -> Call[AuditPage]:
     return Call("GET", f"/v1/breakers/{_id(breaker_id)}/audit", _model(AuditPage))
+
+
+# --- notifications ---------------------------------------------------------------------------------
+
+SUBSCRIPTIONS = "/v1/notifications/subscriptions"
+
+
+def create_subscription(
+    url: str,
+    events: Sequence[str],
+    *,
+    pool: str | None = None,
+    job_id: str | None = None,
+    description: str | None = None,
+) -> Call[SubscriptionView]:
+    body = {"url": url, "events": list(events), "pool": pool, "jobId": job_id, "description": description}
+    return Call("POST", SUBSCRIPTIONS, _model(SubscriptionView), body={k: v for k, v in body.items() if v is not None})
+
+
+def list_subscriptions() -> Call[SubscriptionList]:
+    return Call("GET", SUBSCRIPTIONS, _model(SubscriptionList))
+
+
+def get_subscription(subscription_id: str) -> Call[SubscriptionView]:
+    return Call("GET", f"{SUBSCRIPTIONS}/{_id(subscription_id)}", _model(SubscriptionView))
+
+
+def delete_subscription(subscription_id: str) -> Call[None]:
+    return Call("DELETE", f"{SUBSCRIPTIONS}/{_id(subscription_id)}", lambda _response: None)
+
+
+def subscription_deliveries(subscription_id: str, *, limit: int = 50) -> Call[DeliveryList]:
+    return Call(
+        "GET", f"{SUBSCRIPTIONS}/{_id(subscription_id)}/deliveries", _model(DeliveryList), params={"limit": limit}
+    )
+
+
+def test_subscription(subscription_id: str) -> Call[TestSendView]:
+    return Call("POST", f"{SUBSCRIPTIONS}/{_id(subscription_id)}/test", _model(TestSendView))
 
 
 # --- replays --------------------------------------------------------------------------------------

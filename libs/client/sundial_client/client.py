@@ -25,6 +25,7 @@ from sundial_client.calls import Call
 from sundial_client.executions import AsyncExecutions
 from sundial_client.jobs import AsyncJobs, AsyncScheduleBuilder, JobDraft, Scheduling
 from sundial_client.models import Job
+from sundial_client.notifications import AsyncNotifications
 from sundial_client.replays import AsyncReplays
 from sundial_client.retries import Retries
 from sundial_client.tenancy import AsyncBreakers, AsyncPools, AsyncSchedules, AsyncStats
@@ -109,6 +110,15 @@ class Breakers(Blocking):
     audit = blocking(AsyncBreakers.audit)
 
 
+class Notifications(Blocking):
+    subscribe = blocking(AsyncNotifications.subscribe)
+    list = blocking(AsyncNotifications.list)
+    get = blocking(AsyncNotifications.get)
+    delete = blocking(AsyncNotifications.delete)
+    deliveries = blocking(AsyncNotifications.deliveries)
+    test = blocking(AsyncNotifications.test)
+
+
 class Stats(Blocking):
     executions = blocking(AsyncStats.executions)
     handlers = blocking(AsyncStats.handlers)
@@ -159,6 +169,7 @@ class Client(Scheduling[Job, ScheduleBuilder]):
         self.replays = Replays(self.bridge, self.inner.replays)
         self.stats = Stats(self.bridge, self.inner.stats)
         self.breakers = Breakers(self.bridge, self.inner.breakers)
+        self.notifications = Notifications(self.bridge, self.inner.notifications)
 
     def call(self, call: Call[T]) -> T:
         """Send one operation, retrying what is safe to retry (see :mod:`sundial_client.retries`)."""

@@ -21,10 +21,13 @@ from fastapi.openapi.utils import get_openapi
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from redis.asyncio import Redis
+from sundial_common.delivery.sender import Sender, SenderConfig
+from sundial_common.domain.retry_policy import RetryPolicy
 from sundial_common.hotwindow.rate_limits import TokenBuckets
 from sundial_common.hotwindow.window import HotWindow
 from sundial_common.hotwindow.worker_announcements import LiveWorkersCache, WorkerAnnouncements
 from sundial_common.runtime.clock import Clock, SystemClock
+from sundial_common.runtime.service import every
 from sundial_common.security.auth import TokenVerifier
 from sundial_common.security.encryption import open_keyring
 from sundial_common.stores import Stores
@@ -50,12 +53,14 @@ from sundial_api import (
     stats,
     tenants,
 )
+from sundial_api import notifications as notifications_api
 from sundial_api.change_feed import ChangeFeed
 from sundial_api.console import install as install_console
 from sundial_api.group_commit import HOT_WINDOW_MARGIN, CreateGroups
 from sundial_api.input_guard import InputGuardMiddleware
 from sundial_api.limits import BodyLimitMiddleware
 from sundial_api.metrics import RequestMetricsMiddleware
+from sundial_api.notification_delivery import NotificationDelivery, NotificationDeliveryConfig
 from sundial_api.responses import OrjsonResponse
 from sundial_api.settings import ApiSettings
 from sundial_api.state import ApiState
@@ -95,6 +100,11 @@ TAGS = [
     {"name": "stats", "description": "The tenant's execution history from the ClickHouse replica."},
     {"name": "health", "description": "Liveness and readiness probes (no token needed)."},
     {"name": "tenants", "description": "The tenant registry: weight, quotas, suspension (admin token)."},
+    {
+        "name": "notifications",
+        "description": "Webhooks told about incidents of the tenant's jobs (an execution DEAD …), signed with "
+        "Standard Webhooks; their delivery log and a test send.",
+    },
 ]
 
 
@@ -127,6 +137,17 @@ def create_app(settings: ApiSettings | None = None, *, clock: Clock | None = Non
         )
         hot_window = HotWindow(redis)
         wall = clock or SystemClock()
+        notifications = NotificationDelivery(
+            NotificationDeliveryConfig(
+                concurrency=settings.notification_concurrency,
+                retry=RetryPolicy(
+                    max_attempts=settings.notification_max_attempts, initial_delay_ms=10_000, max_delay_ms=3_600_000
+                ),
+            ),
+            stores.notifications,
+            keyring,
+            Sender(SenderConfig.from_settings(settings, settings.env)),
+        )
         app.state.api = ApiState(
             settings=settings,
             stores=stores,
@@ -146,11 +167,26 @@ def create_app(settings: ApiSettings | None = None, *, clock: Clock | None = Non
                 writers=settings.create_group_writers,
             ),
             changes=ChangeFeed(stores.audit),
+            notifications=notifications,
         )
         log.info("api ready (shards=%d, hot window=%ds)", settings.shards, settings.hot_window_sec)
+        stop_delivering = asyncio.Event()
+        delivering = asyncio.create_task(
+            every(
+                stop_delivering,
+                notifications.config.interval_sec,
+                notifications.run_once,
+                name="notifications",
+                idle_interval=notifications.config.idle_interval_sec,
+            ),
+            name="notifications",
+        )
         try:
             yield
         finally:
+            stop_delivering.set()
+            await delivering
+            await notifications.sender.close()
             await app.state.api.changes.stop()
             await redis.aclose()
             await stores.close()
@@ -206,6 +242,7 @@ def create_app(settings: ApiSettings | None = None, *, clock: Clock | None = Non
     app.include_router(pools.router)
     app.include_router(pool_workers.router)
     app.include_router(breakers.router)
+    app.include_router(notifications_api.router)
     install_console(app)
 
     def openapi() -> dict[str, Any]:

@@ -7,10 +7,10 @@ Every field reads ``SUNDIAL_<NAME>`` from the environment (``SUNDIAL_PORT``, ``S
 from __future__ import annotations
 
 from pydantic import Field, model_validator
-from sundial_common.runtime.settings import CommonSettings
+from sundial_common.runtime.settings import CommonSettings, DeliverySettings
 
 
-class ApiSettings(CommonSettings):
+class ApiSettings(CommonSettings, DeliverySettings):
     """Settings of one API replica. Replicas are stateless, so every replica gets the same values."""
 
     host: str = Field("127.0.0.1", description="Interface the HTTP server binds.")
@@ -81,6 +81,17 @@ class ApiSettings(CommonSettings):
     )
     console_refresh_sec: float = Field(
         2.0, gt=0, le=60, description="How often the web console's live parts (lists, detail pages) refresh."
+    )
+
+    notification_max_attempts: int = Field(
+        8,
+        ge=1,
+        le=50,
+        description="Attempts of one notification delivery before it is FAILED (backoff doubles "
+        "from 10 s to an hour; a 429 or 503's Retry-After is honoured up to that hour).",
+    )
+    notification_concurrency: int = Field(
+        10, ge=1, le=200, description="Notification requests one API replica has in flight at once."
     )
 
     @model_validator(mode="after")

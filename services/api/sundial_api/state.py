@@ -22,6 +22,7 @@ from sundial_common.stores.pool_cache import PoolCache
 
 from sundial_api.change_feed import ChangeFeed
 from sundial_api.group_commit import CreateGroups
+from sundial_api.notification_delivery import NotificationDelivery
 from sundial_api.settings import ApiSettings
 from sundial_api.tenant_cache import TenantCache
 from sundial_api.tokens import VerifiedTokens
@@ -49,6 +50,9 @@ class ApiState:
     #: Which workers are alive in which pool (their announcements, read at most a second ago): the pool view, an
     #: execution's `waitingFor` and a job's warnings.
     live_workers: LiveWorkersCache
+    #: The replica's share of the notification deliveries and its outbound sender
+    #: (:mod:`sundial_api.notification_delivery`).
+    notifications: NotificationDelivery
     verified_tokens: VerifiedTokens = field(default_factory=VerifiedTokens)
 
 

@@ -21,7 +21,8 @@ Each pass (``run_once``) runs these scans, each bounded by ``batch_size`` rows:
 (r) **Broker restarted empty** — every PENDING execution is published again as soon as the broker is seen to
     have lost its data (:mod:`sundial_sweeper.broker_restart`), without waiting for ``unstarted_after_sec``.
 (d) **Dead letters** — a DEAD execution whose message has not reached ``sundial.dlq`` is published there
-    (the execution row is that topic's outbox too), then marked.
+    (the execution row is that topic's outbox too), then marked; first, its ``execution.dead`` incident is
+    recorded for the notification subscriptions that want it (:mod:`sundial_sweeper.incidents`).
 (e) **Idempotency keys** past their 24 hours are purged.
 (g) **Sampled gauges** — every ``gauges_interval_sec`` the active sweeper counts jobs per tenant and state
     (``sundial_jobs``) and DEAD executions per tenant (``sundial_dead_letter_queue_size``) in Postgres, and each pool's
@@ -82,6 +83,7 @@ from sundial_common.stores import Stores
 from sundial_common.stores.executions import Finished, LostAttempt
 from sundial_common.stores.types import Record, RetryDue
 
+from sundial_sweeper.incidents import dead_incidents
 from sundial_sweeper.pool_gauges import PoolGauges
 from sundial_sweeper.resends import execution_message, send_span
 
@@ -513,6 +515,8 @@ class Sweeper:
         rows = await self.stores.executions.dead_letters(self.config.batch_size)
         if not rows:
             return 0
+        # Before the rows are marked: a pass that dies after this records them again, as nothing new.
+        await self.stores.notifications.record_incidents(dead_incidents(rows))
         spans = [send_span(row, "dead letter", DLQ_TOPIC) for row in rows]
         sent = await self.dead_letterer.send(
             [_dead_letter(row, traceparent(span)) for row, span in zip(rows, spans, strict=True)],

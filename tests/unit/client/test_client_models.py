@@ -158,5 +158,11 @@ def test_every_operation_of_the_api_has_a_client_call(schemas: dict[str, Any]) -
         ("POST", "/v1/breakers/{breaker_id}:open"),
         ("POST", "/v1/breakers/{breaker_id}:close"),
         ("GET", "/v1/breakers/{breaker_id}/audit"),
+        ("POST", "/v1/notifications/subscriptions"),
+        ("GET", "/v1/notifications/subscriptions"),
+        ("GET", "/v1/notifications/subscriptions/{subscription_id}"),
+        ("DELETE", "/v1/notifications/subscriptions/{subscription_id}"),
+        ("GET", "/v1/notifications/subscriptions/{subscription_id}/deliveries"),
+        ("POST", "/v1/notifications/subscriptions/{subscription_id}/test"),
     }
     assert operations == covered

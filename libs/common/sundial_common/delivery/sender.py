@@ -295,11 +295,12 @@ class Sender:
                 delay = max(delay, asked)
             await self._clock.sleep(delay)
 
-    async def _send(self, request: OutboundRequest) -> Outcome:
-        url = check_url(request.url, self.config.allow_http)
-        check_header_values(request.headers)
-        host = url.host
-        port = url.port or (443 if url.scheme == "https" else 80)
+    async def check_destination(self, url: str, allowed: tuple[IPNetwork, ...] = ()) -> tuple[httpx.URL, IPAddress]:
+        """``url`` parsed and the address a request to it would go to; :class:`URLRefused` or
+        :class:`~.address_policy.AddressRefused` saying why none may (the API's check of a new destination)."""
+        parsed = check_url(url, self.config.allow_http)
+        host = parsed.host
+        port = parsed.port or (443 if parsed.scheme == "https" else 80)
         try:
             addresses: Sequence[IPAddress] = [ipaddress.ip_address(host)]
         except ValueError:
@@ -307,7 +308,12 @@ class Sender:
                 addresses = await self._resolver.resolve(host, port)
             except OSError as exc:
                 raise AddressRefused(f"{host} does not resolve: {exc.strerror or exc}") from None
-        address = check_addresses(host, addresses, self.config.policy.with_allowed(request.allowed))
+        return parsed, check_addresses(host, addresses, self.config.policy.with_allowed(allowed))
+
+    async def _send(self, request: OutboundRequest) -> Outcome:
+        check_header_values(request.headers)
+        url, address = await self.check_destination(request.url, request.allowed)
+        host = url.host
         timestamp = int(self._clock.now().timestamp())
         headers = {
             **request.headers,

@@ -25,6 +25,8 @@ one Postgres implementation and its own file of named queries under ``sql/``:
 - :mod:`~sundial_common.stores.pools` — the pool registry: owner or shared tenants, kind, job defaults.
 - :mod:`~sundial_common.stores.breakers` — retry circuit breakers per (tenant, pool, handler), their window
   counts, the retries they hold.
+- :mod:`~sundial_common.stores.notifications` — tenants' webhook subscriptions, the incidents they are told
+  about, and the deliveries of those.
 
 They share one :class:`~sundial_common.stores.database.Database` (the asyncpg pool and its connection
 setup); :class:`Stores` holds them together for a process. The values they trade in that are not one
@@ -48,6 +50,7 @@ from sundial_common.stores.executions import ExecutionStore, PostgresExecutionSt
 from sundial_common.stores.idempotency import IdempotencyStore, PostgresIdempotencyStore
 from sundial_common.stores.jobs import JobStore, PostgresJobStore
 from sundial_common.stores.keys import KeyStore, PostgresKeyStore
+from sundial_common.stores.notifications import NotificationStore, PostgresNotificationStore
 from sundial_common.stores.partitions import PartitionStore, PostgresPartitionStore
 from sundial_common.stores.pools import PoolStore, PostgresPoolStore
 from sundial_common.stores.replays import PostgresReplayStore, ReplayStore
@@ -75,6 +78,7 @@ class Stores:
     pools: PoolStore
     breakers: BreakerStore
     partitions: PartitionStore
+    notifications: NotificationStore
 
     @classmethod
     def over(cls, database: Database) -> Stores:
@@ -96,6 +100,7 @@ class Stores:
             pools=PostgresPoolStore(database),
             breakers=PostgresBreakerStore(database),
             partitions=PostgresPartitionStore(database),
+            notifications=PostgresNotificationStore(database),
         )
 
     @classmethod

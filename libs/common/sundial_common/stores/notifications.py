@@ -1,0 +1,157 @@
+"""The notifications store: tenants' webhook subscriptions, the incidents they are told about, and deliveries.
+
+Whoever notices an event (the sweeper) records it with :meth:`NotificationStore.record_incidents`: one row per
+incident under a unique key, and in the same statement one delivery per matching subscription, so a failover
+half-way through a pass records nothing twice. Whoever holds the tenants' keys (the API replicas) claims due
+deliveries (:meth:`~NotificationStore.claim_due`, a lease per row, ``SKIP LOCKED``), sends them and finishes each
+with a compare-and-swap on its attempt number. SQL: ``sql/notifications.sql``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol, cast
+from uuid import UUID
+
+from sundial_common.domain.ids import new_id
+from sundial_common.stores.database import Database
+from sundial_common.stores.queries import load_file
+from sundial_common.stores.types import Record
+
+Q = load_file("notifications.sql")
+
+#: The events a subscription may name, and what each means.
+EVENTS: dict[str, str] = {
+    "execution.dead": "an execution failed its last attempt (or was given up) and is DEAD",
+}
+#: A delivery's states: PENDING until the receiver answers 2xx (DELIVERED) or the attempts run out (FAILED);
+#: CANCELLED when its subscription is deleted first.
+DELIVERY_STATES = ("PENDING", "DELIVERED", "FAILED", "CANCELLED")
+
+
+@dataclass(frozen=True, slots=True)
+class NewSubscription:
+    tenant_id: str
+    created_by: str
+    events: tuple[str, ...]
+    url: str
+    sealed_secrets: Any  # the tenant cipher's sealed JSON list of secrets
+    pool: str | None = None
+    job_id: UUID | None = None
+    description: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Incident:
+    """Something a subscription may be told about; ``incident_key`` names it once and for all."""
+
+    tenant_id: str
+    event: str
+    incident_key: str
+    pool: str | None = None
+    job_id: str | None = None
+    execution_id: str | None = None
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+class NotificationStore(Protocol):
+    async def create_subscription(self, subscription: NewSubscription) -> Record: ...
+
+    async def list_subscriptions(self, tenant: str) -> list[Record]: ...
+
+    async def get_subscription(self, subscription_id: UUID, tenant: str) -> Record | None: ...
+
+    async def delete_subscription(self, subscription_id: UUID, tenant: str) -> bool: ...
+
+    async def record_incidents(self, incidents: Sequence[Incident]) -> tuple[int, int]:
+        """(new incidents, deliveries made): incidents nobody subscribed to, or recorded before, count nothing."""
+        ...
+
+    async def insert_test_delivery(self, subscription_id: UUID, tenant: str, lease_sec: float) -> UUID | None: ...
+
+    async def claim_due(self, limit: int, lease_sec: float) -> list[Record]: ...
+
+    async def delivery(self, delivery_id: UUID) -> Record | None: ...
+
+    async def finish_delivery(
+        self,
+        delivery_id: UUID,
+        attempt: int,
+        state: str,
+        status: int | None,
+        error: str | None,
+        retry_in_sec: float = 0.0,
+    ) -> bool:
+        """Record what attempt ``attempt`` came to; False when another sender's claim replaced this one."""
+        ...
+
+    async def delivery_log(self, subscription_id: UUID, tenant: str, limit: int) -> list[Record]: ...
+
+
+class PostgresNotificationStore:
+    """:class:`NotificationStore` over the shared pool."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    async def create_subscription(self, subscription: NewSubscription) -> Record:
+        row = await self._db.pool.fetchrow(
+            Q["insert_subscription"],
+            new_id(),
+            subscription.tenant_id,
+            subscription.created_by,
+            list(subscription.events),
+            subscription.pool,
+            subscription.job_id,
+            subscription.url,
+            subscription.sealed_secrets,
+            subscription.description,
+        )
+        return cast(Record, row)
+
+    async def list_subscriptions(self, tenant: str) -> list[Record]:
+        return list(await self._db.pool.fetch(Q["list_subscriptions"], tenant))
+
+    async def get_subscription(self, subscription_id: UUID, tenant: str) -> Record | None:
+        return cast(Record | None, await self._db.pool.fetchrow(Q["get_subscription"], subscription_id, tenant))
+
+    async def delete_subscription(self, subscription_id: UUID, tenant: str) -> bool:
+        return bool(await self._db.pool.fetchval(Q["delete_subscription"], subscription_id, tenant))
+
+    async def record_incidents(self, incidents: Sequence[Incident]) -> tuple[int, int]:
+        if not incidents:
+            return 0, 0
+        row = await self._db.pool.fetchrow(Q["record_incidents"], [asdict(i) for i in incidents])
+        assert row is not None
+        return int(row["incidents"]), int(row["deliveries"])
+
+    async def insert_test_delivery(self, subscription_id: UUID, tenant: str, lease_sec: float) -> UUID | None:
+        delivery_id = new_id()
+        row = await self._db.pool.fetchrow(
+            Q["insert_test_delivery"], subscription_id, tenant, new_id(), delivery_id, lease_sec
+        )
+        return delivery_id if row is not None else None
+
+    async def claim_due(self, limit: int, lease_sec: float) -> list[Record]:
+        return list(await self._db.pool.fetch(Q["claim_due_deliveries"], limit, lease_sec))
+
+    async def delivery(self, delivery_id: UUID) -> Record | None:
+        return cast(Record | None, await self._db.pool.fetchrow(Q["delivery_for_send"], delivery_id))
+
+    async def finish_delivery(
+        self,
+        delivery_id: UUID,
+        attempt: int,
+        state: str,
+        status: int | None,
+        error: str | None,
+        retry_in_sec: float = 0.0,
+    ) -> bool:
+        row = await self._db.pool.fetchrow(
+            Q["finish_delivery"], delivery_id, attempt, state, status, error, retry_in_sec
+        )
+        return row is not None
+
+    async def delivery_log(self, subscription_id: UUID, tenant: str, limit: int) -> list[Record]:
+        return list(await self._db.pool.fetch(Q["delivery_log"], subscription_id, tenant, limit))

@@ -1,0 +1,108 @@
+-- The notifications store (sundial_common.stores.notifications): subscriptions, incidents, their deliveries.
+
+-- name: insert_subscription
+INSERT INTO notification_subscriptions (id, tenant_id, created_by, events, pool, job_id, url, secrets, description)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+RETURNING *;
+
+-- name: list_subscriptions
+SELECT * FROM notification_subscriptions WHERE tenant_id = $1 AND deleted_at IS NULL ORDER BY created_at, id;
+
+-- name: get_subscription
+SELECT * FROM notification_subscriptions WHERE id = $1 AND tenant_id = $2 AND deleted_at IS NULL;
+
+-- name: delete_subscription
+-- Its deliveries still pending are abandoned with it: nobody asked for them any more.
+WITH gone AS (
+    UPDATE notification_subscriptions SET deleted_at = now()
+    WHERE id = $1 AND tenant_id = $2 AND deleted_at IS NULL
+    RETURNING id
+), abandoned AS (
+    UPDATE notification_deliveries d SET state = 'CANCELLED', finished_at = now(), claimed_until = NULL
+    FROM gone WHERE d.subscription_id = gone.id AND d.state = 'PENDING'
+)
+SELECT count(*) FROM gone;
+
+-- name: record_incidents
+-- $1: a JSON array of incidents. An incident nobody subscribed to is not recorded at all; one whose key is
+-- already there (recorded by an earlier pass, or a sweeper that crashed before it moved on) is nothing new.
+-- Each new incident gets one delivery per matching subscription in this same statement.
+WITH candidate AS (
+    SELECT * FROM jsonb_to_recordset($1::jsonb) AS i(
+        tenant_id text, event text, incident_key text, pool text, job_id uuid, execution_id uuid, detail jsonb)
+), new AS (
+    INSERT INTO notification_incidents (id, tenant_id, event, incident_key, pool, job_id, execution_id, detail)
+    SELECT gen_random_uuid(), c.tenant_id, c.event, c.incident_key, c.pool, c.job_id, c.execution_id,
+           coalesce(c.detail, '{}'::jsonb)
+    FROM candidate c
+    WHERE EXISTS (
+        SELECT 1 FROM notification_subscriptions s
+        WHERE s.tenant_id = c.tenant_id AND s.deleted_at IS NULL AND c.event = ANY (s.events)
+          AND (s.pool IS NULL OR s.pool = c.pool) AND (s.job_id IS NULL OR s.job_id = c.job_id))
+    ON CONFLICT (incident_key) DO NOTHING
+    RETURNING *
+), fanned AS (
+    INSERT INTO notification_deliveries (id, incident_id, subscription_id)
+    SELECT gen_random_uuid(), n.id, s.id
+    FROM new n JOIN notification_subscriptions s
+      ON s.tenant_id = n.tenant_id AND s.deleted_at IS NULL AND n.event = ANY (s.events)
+     AND (s.pool IS NULL OR s.pool = n.pool) AND (s.job_id IS NULL OR s.job_id = n.job_id)
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM new) AS incidents, (SELECT count(*) FROM fanned) AS deliveries;
+
+-- name: insert_test_delivery
+-- A test send: an incident of its own (event `test`) and its one delivery, claimed by the caller at once.
+WITH s AS (
+    SELECT * FROM notification_subscriptions WHERE id = $1 AND tenant_id = $2 AND deleted_at IS NULL
+), i AS (
+    INSERT INTO notification_incidents (id, tenant_id, event, incident_key, detail)
+    SELECT $3::uuid, s.tenant_id, 'test', 'test:' || $3::uuid::text, '{}'::jsonb FROM s
+    RETURNING *
+)
+INSERT INTO notification_deliveries (id, incident_id, subscription_id, attempts, claimed_until)
+SELECT $4::uuid, i.id, $1, 1, now() + make_interval(secs => $5::float8) FROM i
+RETURNING id, attempts;
+
+-- name: claim_due_deliveries
+-- Due deliveries, each claimed for $2 seconds by one sender (API replicas share the work; a claim that ran
+-- out, its sender gone, is taken again). `attempts` counts this attempt, and is the compare-and-swap token
+-- of finish_delivery.
+UPDATE notification_deliveries d
+SET claimed_until = now() + make_interval(secs => $2::float8), attempts = d.attempts + 1
+FROM notification_incidents i, notification_subscriptions s
+WHERE d.id IN (
+        SELECT id FROM notification_deliveries
+        WHERE state = 'PENDING' AND next_attempt_at <= now() AND (claimed_until IS NULL OR claimed_until < now())
+        ORDER BY next_attempt_at LIMIT $1
+        FOR UPDATE SKIP LOCKED)
+  AND i.id = d.incident_id AND s.id = d.subscription_id
+RETURNING d.id, d.attempts, d.subscription_id, i.id AS incident_id, i.tenant_id, i.event, i.pool, i.job_id,
+          i.execution_id, i.detail, i.occurred_at, s.url, s.secrets;
+
+-- name: delivery_for_send
+SELECT d.id, d.attempts, d.subscription_id, i.id AS incident_id, i.tenant_id, i.event, i.pool, i.job_id,
+       i.execution_id, i.detail, i.occurred_at, s.url, s.secrets
+FROM notification_deliveries d
+JOIN notification_incidents i ON i.id = d.incident_id
+JOIN notification_subscriptions s ON s.id = d.subscription_id
+WHERE d.id = $1;
+
+-- name: finish_delivery
+-- $3: DELIVERED, FAILED (for good) or PENDING (again after $6 seconds). Only the attempt that claimed it ($2).
+UPDATE notification_deliveries
+SET state = $3, last_status = $4, last_error = $5, claimed_until = NULL,
+    next_attempt_at = CASE WHEN $3 = 'PENDING' THEN now() + make_interval(secs => $6::float8) ELSE next_attempt_at END,
+    finished_at = CASE WHEN $3 = 'PENDING' THEN NULL ELSE now() END
+WHERE id = $1 AND attempts = $2 AND state = 'PENDING'
+RETURNING id;
+
+-- name: delivery_log
+-- A subscription's deliveries, newest first, before the cursor's creation time.
+SELECT d.id, d.state, d.attempts, d.last_status, d.last_error, d.created_at, d.finished_at, d.next_attempt_at,
+       i.id AS incident_id, i.event, i.job_id, i.execution_id, i.occurred_at
+FROM notification_deliveries d
+JOIN notification_incidents i ON i.id = d.incident_id
+JOIN notification_subscriptions s ON s.id = d.subscription_id
+WHERE d.subscription_id = $1 AND s.tenant_id = $2
+ORDER BY d.created_at DESC, d.id DESC LIMIT $3;

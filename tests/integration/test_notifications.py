@@ -1,0 +1,157 @@
+"""Notification subscriptions end to end in process: the API, the sweeper's incidents, the API's deliveries,
+and a real receiver on 127.0.0.1 that checks every signature with the Standard Webhooks reference library."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from standardwebhooks import Webhook
+from sundial_api.notification_delivery import NotificationDelivery
+from sundial_common.broker.kafka import KafkaPublisher, ensure_topics
+from sundial_common.broker.messages import DLQ_TOPIC
+from sundial_common.stores import Stores
+from sundial_sweeper.incidents import dead_incidents
+from sundial_sweeper.sweeper import Sweeper, SweeperConfig
+
+from tests.integration.test_api import TENANT, Api, api  # noqa: F401  (the `api` fixture)
+from tests.integration.test_reliability import make_executions
+from tests.integration.test_worker import wait_until
+from tests.support.pools import admit
+from tests.support.webhook_receiver import Reply, WebhookReceiver, running_receiver
+
+SUBSCRIPTIONS = "/v1/notifications/subscriptions"
+LOOPBACK_ALLOWED = [{"delivery_allowed_networks": ["127.0.0.1/32"]}]
+
+
+@pytest.fixture
+async def receiver() -> AsyncIterator[WebhookReceiver]:
+    async with running_receiver() as r:
+        yield r
+
+
+def deliveries_of(stack: Api) -> NotificationDelivery:
+    delivery: NotificationDelivery = stack.app.state.api.notifications
+    return delivery
+
+
+async def subscribe(stack: Api, url: str, **fields: Any) -> dict[str, Any]:
+    response = await stack.client.post(
+        SUBSCRIPTIONS, json={"url": url, "events": ["execution.dead"], **fields}, headers=stack.auth()
+    )
+    assert response.status_code == 201, response.text
+    body: dict[str, Any] = response.json()
+    return body
+
+
+async def test_bad_subscriptions_are_refused_naming_the_field(
+    api: Api,  # noqa: F811
+    receiver: WebhookReceiver,
+) -> None:
+    cases = [
+        ({"url": receiver.url, "events": ["execution.dead"]}, "url", "127.0.0.1 is loopback"),
+        ({"url": "http://169.254.169.254/latest", "events": ["execution.dead"]}, "url", "metadata"),
+        ({"url": "ftp://hooks.example/x", "events": ["execution.dead"]}, "url", "https://"),
+        ({"url": "https://hooks.example/x", "events": ["execution.deadd"]}, "events", "unknown event"),
+        ({"url": "https://hooks.example/x", "events": []}, "events", ""),
+        (
+            {"url": "https://hooks.example/x", "events": ["execution.dead"], "jobId": str(uuid.uuid4())},
+            "jobId",
+            "no job",
+        ),
+    ]
+    for body, field, words in cases:
+        response = await api.client.post(SUBSCRIPTIONS, json=body, headers=api.auth())
+        assert response.status_code == 422, (body, response.text)
+        errors = response.json()["errors"]
+        assert [e["field"] for e in errors] == [field], errors
+        assert words in errors[0]["message"], errors
+    assert receiver.received == []
+    assert (await api.client.get(SUBSCRIPTIONS, headers=api.auth())).json() == {"items": []}
+
+
+@pytest.mark.parametrize("api", LOOPBACK_ALLOWED, indirect=True)
+async def test_a_test_send_is_signed_and_logged_and_the_secret_is_shown_once(
+    api: Api,  # noqa: F811
+    receiver: WebhookReceiver,
+) -> None:
+    created = await subscribe(api, receiver.url + "/hooks?team=ops", description="on-call")
+    secret = created["secret"]
+    assert secret.startswith("whsec_") and len(secret) > 40
+    listed = (await api.client.get(SUBSCRIPTIONS, headers=api.auth())).json()["items"]
+    assert [s["id"] for s in listed] == [created["id"]]
+    assert listed[0]["secret"] == f"whsec_…{secret[-4:]}"
+    assert (await api.client.get(SUBSCRIPTIONS, headers=api.auth("other"))).json() == {"items": []}
+
+    sent = await api.client.post(f"{SUBSCRIPTIONS}/{created['id']}/test", headers=api.auth())
+    assert sent.status_code == 200 and sent.json()["delivered"] and sent.json()["status"] == 200
+    [got] = receiver.received
+    assert got.path == "/hooks?team=ops"
+    assert Webhook(secret).verify(got.body, got.headers)["type"] == "test"
+    assert got.headers["webhook-id"] == f"msg_{sent.json()['deliveryId']}"
+
+    log = (await api.client.get(f"{SUBSCRIPTIONS}/{created['id']}/deliveries", headers=api.auth())).json()["items"]
+    assert [(d["event"], d["state"], d["attempts"], d["lastStatus"]) for d in log] == [("test", "DELIVERED", 1, 200)]
+    assert secret not in str(log)
+
+    other = await api.client.get(f"{SUBSCRIPTIONS}/{created['id']}/deliveries", headers=api.auth("other"))
+    assert other.status_code == 404
+    assert (await api.client.delete(f"{SUBSCRIPTIONS}/{created['id']}", headers=api.auth())).status_code == 204
+    assert (await api.client.get(f"{SUBSCRIPTIONS}/{created['id']}", headers=api.auth())).status_code == 404
+
+
+@pytest.mark.parametrize("api", LOOPBACK_ALLOWED, indirect=True)
+async def test_a_dead_execution_is_one_incident_delivered_until_acknowledged_under_one_webhook_id(
+    api: Api,  # noqa: F811
+    receiver: WebhookReceiver,
+    stores: Stores,
+    publisher: KafkaPublisher,
+    kafka_bootstrap: str,
+) -> None:
+    pool = admit(api.settings.database_url, f"n-{uuid.uuid4().hex[:10]}", TENANT)
+    everywhere = await subscribe(api, receiver.url + "/all")
+    await subscribe(api, receiver.url + "/elsewhere", pool="another-pool")  # not this pool's: told nothing
+    [message] = await make_executions(stores, pool, "charge")
+    ident = uuid.UUID(message.execution_id)
+    await stores.database.pool.execute(
+        "UPDATE executions SET state = 'DEAD', error = 'CardDeclined: sdl1:AAAA', finished_at = now() WHERE id = $1",
+        ident,
+    )
+    # A sweeper that recorded the incident and died before marking the dead letter: its successor reads the same
+    # row and records it again, as nothing new.
+    rows = await stores.executions.dead_letters(10)
+    assert await stores.notifications.record_incidents(dead_incidents(rows)) == (1, 1)
+    ensure_topics(kafka_bootstrap, [DLQ_TOPIC])
+    assert (await Sweeper(stores, publisher, SweeperConfig()).run_once()).dead_lettered == 1
+    assert await stores.database.pool.fetchval("SELECT count(*) FROM notification_incidents") == 1
+
+    receiver.script(Reply(503, headers={"Retry-After": "1"}), Reply(204))
+    await deliveries_of(api).run_once()
+    await wait_until(lambda: _received(receiver, 1), "the first attempt")
+    # The backoff is 10 s or more; time moves on for the test.
+    await stores.database.pool.execute("UPDATE notification_deliveries SET next_attempt_at = now()")
+    await deliveries_of(api).run_once()
+    await wait_until(lambda: _received(receiver, 2), "the second attempt")
+
+    first, second = receiver.received
+    assert first.headers["webhook-id"] == second.headers["webhook-id"]
+    assert {r.path for r in receiver.received} == {"/all"}
+    secret = everywhere["secret"]
+    event = Webhook(secret).verify(second.body, second.headers)
+    assert event["type"] == "execution.dead"
+    assert event["data"]["executionId"] == str(ident) and event["data"]["pool"] == pool
+    assert event["data"]["errorClass"] == "CardDeclined" and "sdl1" not in second.body.decode()
+
+    async def delivered() -> bool:
+        log = (await api.client.get(f"{SUBSCRIPTIONS}/{everywhere['id']}/deliveries", headers=api.auth())).json()
+        return [(d["state"], d["attempts"], d["lastStatus"]) for d in log["items"]] == [("DELIVERED", 2, 204)]
+
+    await wait_until(delivered, "the delivery log to show the delivery")
+    await deliveries_of(api).run_once()
+    assert len(receiver.received) == 2
+
+
+async def _received(receiver: WebhookReceiver, count: int) -> bool:
+    return len(receiver.received) >= count
