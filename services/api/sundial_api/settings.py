@@ -10,7 +10,7 @@ from pydantic import Field, model_validator
 from sundial_common.runtime.settings import CommonSettings, DeliverySettings
 
 
-class ApiSettings(CommonSettings, DeliverySettings):
+class ApiSettings(DeliverySettings, CommonSettings):
     """Settings of one API replica. Replicas are stateless, so every replica gets the same values."""
 
     host: str = Field("127.0.0.1", description="Interface the HTTP server binds.")

@@ -74,14 +74,14 @@ class AddressPolicy:
 
 
 def refusal(address: IPAddress, policy: AddressPolicy) -> str | None:
-    """Why ``address`` may not be reached under ``policy``, or None when it may."""
+    """What ``address`` is that may not be reached under ``policy`` ("loopback" …), or None when it may."""
     if any(address.version == net.version and address in net for net in policy.allowed):
         return None
     for name, net in REFUSED_NETWORKS:
         if address.version == net.version and address in net:
-            return f"{address} is {name}"
+            return name
     if not address.is_global:
-        return f"{address} is not a public address"
+        return "not a public address"
     return None
 
 
@@ -95,7 +95,6 @@ def check_addresses(host: str, addresses: Sequence[IPAddress], policy: AddressPo
     for address in addresses:
         reason = refusal(address, policy)
         if reason is not None:
-            raise AddressRefused(
-                f"{host} resolves to {reason}: requests may not go there unless an administrator allows it"
-            )
+            what = f"{address} is {reason}" if str(address) == host else f"{host} resolves to {address}, {reason}"
+            raise AddressRefused(f"{what}: requests may not go there unless an administrator allows it")
     return addresses[0]

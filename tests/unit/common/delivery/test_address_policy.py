@@ -64,7 +64,7 @@ def test_an_administrator_can_allow_a_network() -> None:
 
 def test_one_private_record_among_public_ones_refuses_the_name() -> None:
     addresses: list[IPAddress] = [ipaddress.ip_address("93.184.215.14"), ipaddress.ip_address("10.0.0.5")]
-    with pytest.raises(AddressRefused, match=r"hooks\.example resolves to 10\.0\.0\.5 is a private network"):
+    with pytest.raises(AddressRefused, match=r"hooks\.example resolves to 10\.0\.0\.5, a private network"):
         check_addresses("hooks.example", addresses, AddressPolicy())
     with pytest.raises(AddressRefused, match="no address"):
         check_addresses("hooks.example", [], AddressPolicy())
