@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from standardwebhooks import Webhook
+from standardwebhooks.webhooks import WebhookVerificationError
 from sundial_api.notification_delivery import NotificationDelivery
 from sundial_common.broker.kafka import KafkaPublisher, ensure_topics
 from sundial_common.broker.messages import DLQ_TOPIC
@@ -100,6 +101,36 @@ async def test_a_test_send_is_signed_and_logged_and_the_secret_is_shown_once(
     assert other.status_code == 404
     assert (await api.client.delete(f"{SUBSCRIPTIONS}/{created['id']}", headers=api.auth())).status_code == 204
     assert (await api.client.get(f"{SUBSCRIPTIONS}/{created['id']}", headers=api.auth())).status_code == 404
+
+
+@pytest.mark.parametrize("api", LOOPBACK_ALLOWED, indirect=True)
+async def test_a_rotated_secret_signs_beside_the_previous_one_until_the_overlap_ends(
+    api: Api,  # noqa: F811
+    receiver: WebhookReceiver,
+) -> None:
+    created = await subscribe(api, receiver.url)
+    old = created["secret"]
+    path = f"{SUBSCRIPTIONS}/{created['id']}"
+    rotated = await api.client.post(f"{path}/rotate-secret", headers=api.auth())
+    assert rotated.status_code == 200 and rotated.json()["id"] == created["id"]
+    new = rotated.json()["secret"]
+    assert new.startswith("whsec_") and new != old
+    assert (await api.client.get(path, headers=api.auth())).json()["secret"] == f"whsec_…{new[-4:]}"
+
+    assert (await api.client.post(f"{path}/test", headers=api.auth())).json()["delivered"]
+    during = receiver.received[-1]
+    for secret in (old, new):  # a receiver that has not switched yet still accepts it
+        Webhook(secret).verify(during.body, during.headers)
+
+    stopped = await api.client.post(f"{path}/rotate-secret?previousValidSec=0", headers=api.auth())
+    newest = stopped.json()["secret"]
+    assert (await api.client.post(f"{path}/test", headers=api.auth())).json()["delivered"]
+    after = receiver.received[-1]
+    Webhook(newest).verify(after.body, after.headers)
+    with pytest.raises(WebhookVerificationError):
+        Webhook(new).verify(after.body, after.headers)
+    bad = await api.client.post(f"{path}/rotate-secret?previousValidSec=-1", headers=api.auth())
+    assert bad.status_code == 422 and bad.json()["errors"][0]["field"] == "previousValidSec"
 
 
 @pytest.mark.parametrize("api", LOOPBACK_ALLOWED, indirect=True)

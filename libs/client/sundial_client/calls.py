@@ -371,6 +371,15 @@ def subscription_deliveries(subscription_id: str, *, limit: int = 50) -> Call[De
     )
 
 
+def rotate_subscription_secret(subscription_id: str, *, previous_valid_sec: int = 86_400) -> Call[SubscriptionView]:
+    return Call(
+        "POST",
+        f"{SUBSCRIPTIONS}/{_id(subscription_id)}/rotate-secret",
+        _model(SubscriptionView),
+        params={"previousValidSec": previous_valid_sec},
+    )
+
+
 def test_subscription(subscription_id: str) -> Call[TestSendView]:
     return Call("POST", f"{SUBSCRIPTIONS}/{_id(subscription_id)}/test", _model(TestSendView))
 

@@ -115,6 +115,7 @@ class Notifications(Blocking):
     list = blocking(AsyncNotifications.list)
     get = blocking(AsyncNotifications.get)
     delete = blocking(AsyncNotifications.delete)
+    rotate_secret = blocking(AsyncNotifications.rotate_secret)
     deliveries = blocking(AsyncNotifications.deliveries)
     test = blocking(AsyncNotifications.test)
 

@@ -41,6 +41,12 @@ class AsyncNotifications:
     async def delete(self, subscription_id: str) -> None:
         await self.client.call(calls.delete_subscription(subscription_id))
 
+    async def rotate_secret(self, subscription_id: str, *, previous_valid_sec: int = 86_400) -> SubscriptionView:
+        """A new secret (in full here only); the previous one still signs for ``previous_valid_sec`` seconds."""
+        return await self.client.call(
+            calls.rotate_subscription_secret(subscription_id, previous_valid_sec=previous_valid_sec)
+        )
+
     async def deliveries(self, subscription_id: str, *, limit: int = 50) -> builtins.list[DeliveryView]:
         """The subscription's delivery log, newest first."""
         return (await self.client.call(calls.subscription_deliveries(subscription_id, limit=limit))).items

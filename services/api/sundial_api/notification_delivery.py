@@ -133,6 +133,8 @@ class NotificationDelivery:
     async def _send(self, row: Mapping[str, Any]) -> Outcome:
         cipher = await self._keyring.cipher(row["tenant_id"])
         secrets = cipher.open_json(row["secrets"], SECRETS)
+        if not row["previous_secret_valid"]:
+            secrets = secrets[:1]  # the newest; the previous one's overlap after a rotation is over
         request = OutboundRequest(
             url=row["url"],
             body=notification_body(row),

@@ -1,11 +1,12 @@
 """``/v1/notifications/subscriptions``: a tenant's webhooks, their delivery log, and a test send.
 
 A subscription names a URL and the events to be told about, for all the tenant's jobs or one pool's or one
-job's. Its signing secret is made here, returned once in the answer to the create and stored sealed under the
-tenant's data key; every later answer shows it redacted. The URL is checked when the subscription is made (an
-``https`` URL outside development, whose host resolves only to addresses requests may reach) and again at
-every send, since DNS answers change. Incidents are recorded by the sweeper and delivered by the API replicas
-(:mod:`sundial_api.notification_delivery`).
+job's. Its signing secret is made here, returned once in the answer to the create (or to a rotation) and stored
+sealed under the tenant's data key; every later answer shows it redacted. After a rotation each request is signed
+with the new secret and, for the overlap asked for, the previous one too. The URL is checked when the
+subscription is made (an ``https`` URL outside development, whose host resolves only to addresses requests may
+reach) and again at every send, since DNS answers change. Incidents are recorded by the sweeper and delivered
+by the API replicas (:mod:`sundial_api.notification_delivery`).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from sundial_api.auth import Authenticated
 from sundial_api.json_body import JsonRoute
 from sundial_api.models.notifications import SubscriptionCreate, render_delivery, render_subscription
 from sundial_api.notification_delivery import SECRETS
-from sundial_api.problems import invalid, not_found, parse_resource_id, responses
+from sundial_api.problems import ProblemError, invalid, not_found, parse_resource_id, responses
 from sundial_api.responses import OrjsonResponse
 from sundial_api.state import ApiState, State
 
@@ -34,6 +35,8 @@ router = APIRouter(prefix="/v1/notifications", tags=["notifications"], route_cla
 
 SubscriptionId = Annotated[str, Path(description="The subscription's id.")]
 KIND = "subscription"
+#: The longest a previous secret keeps signing after a rotation.
+MAX_OVERLAP_SEC = 7 * 86_400
 
 
 @router.post(
@@ -107,6 +110,39 @@ async def delete_subscription(subscription_id: SubscriptionId, state: State, pri
     if not await state.stores.notifications.delete_subscription(ident, principal.tenant):
         raise not_found(KIND, subscription_id)
     return Response(status_code=204)
+
+
+@router.post(
+    "/subscriptions/{subscription_id}/rotate-secret",
+    response_model=SubscriptionView,
+    responses=responses(401, 404, 409, 422, 503),
+    summary="Make a new secret (answered once); the previous one still signs for `previousValidSec`",
+)
+async def rotate_secret(
+    subscription_id: SubscriptionId,
+    state: State,
+    principal: Authenticated,
+    previous_valid_sec: Annotated[
+        int,
+        Query(
+            alias="previousValidSec",
+            ge=0,
+            le=MAX_OVERLAP_SEC,
+            description="How long requests still carry a signature with the previous secret too, beside the new "
+            "one: the time the receiver needs to switch (0: stop at once).",
+        ),
+    ] = 86_400,
+) -> Response:
+    row = await _get(state, principal.tenant, subscription_id)
+    cipher = await state.keyring.cipher(principal.tenant)
+    current = cipher.open_json(row["secrets"], SECRETS)
+    secret = new_secret()
+    rotated = await state.stores.notifications.rotate_secret(
+        row["id"], principal.tenant, row["secrets"], cipher.seal_json([secret, current[0]], SECRETS), previous_valid_sec
+    )
+    if rotated is None:
+        raise ProblemError(409, f"subscription {subscription_id} changed meanwhile (another rotation?): try again")
+    return OrjsonResponse(render_subscription(rotated, secret))
 
 
 @router.get(

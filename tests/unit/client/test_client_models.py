@@ -164,5 +164,6 @@ def test_every_operation_of_the_api_has_a_client_call(schemas: dict[str, Any]) -
         ("DELETE", "/v1/notifications/subscriptions/{subscription_id}"),
         ("GET", "/v1/notifications/subscriptions/{subscription_id}/deliveries"),
         ("POST", "/v1/notifications/subscriptions/{subscription_id}/test"),
+        ("POST", "/v1/notifications/subscriptions/{subscription_id}/rotate-secret"),
     }
     assert operations == covered

@@ -64,6 +64,13 @@ class NotificationStore(Protocol):
 
     async def delete_subscription(self, subscription_id: UUID, tenant: str) -> bool: ...
 
+    async def rotate_secret(
+        self, subscription_id: UUID, tenant: str, sealed_before: Any, sealed_after: Any, previous_valid_sec: float
+    ) -> Record | None:
+        """Replace the secrets if they are still ``sealed_before``; the previous one signs ``previous_valid_sec``
+        more seconds. None: no such subscription, or another rotation came first."""
+        ...
+
     async def record_incidents(self, incidents: Sequence[Incident]) -> tuple[int, int]:
         """(new incidents, deliveries made): incidents nobody subscribed to, or recorded before, count nothing."""
         ...
@@ -118,6 +125,14 @@ class PostgresNotificationStore:
 
     async def delete_subscription(self, subscription_id: UUID, tenant: str) -> bool:
         return bool(await self._db.pool.fetchval(Q["delete_subscription"], subscription_id, tenant))
+
+    async def rotate_secret(
+        self, subscription_id: UUID, tenant: str, sealed_before: Any, sealed_after: Any, previous_valid_sec: float
+    ) -> Record | None:
+        row = await self._db.pool.fetchrow(
+            Q["rotate_secret"], subscription_id, tenant, sealed_before, sealed_after, previous_valid_sec
+        )
+        return cast(Record | None, row)
 
     async def record_incidents(self, incidents: Sequence[Incident]) -> tuple[int, int]:
         if not incidents:

@@ -23,6 +23,13 @@ WITH gone AS (
 )
 SELECT count(*) FROM gone;
 
+-- name: rotate_secret
+-- A compare-and-swap on the sealed secrets read ($3): of two rotations at once, one wins and the other finds none.
+UPDATE notification_subscriptions
+SET secrets = $4, previous_secret_until = now() + make_interval(secs => $5::float8)
+WHERE id = $1 AND tenant_id = $2 AND deleted_at IS NULL AND secrets = $3
+RETURNING *;
+
 -- name: record_incidents
 -- $1: a JSON array of incidents. An incident nobody subscribed to is not recorded at all; one whose key is
 -- already there (recorded by an earlier pass, or a sweeper that crashed before it moved on) is nothing new.
@@ -78,11 +85,13 @@ WHERE d.id IN (
         FOR UPDATE SKIP LOCKED)
   AND i.id = d.incident_id AND s.id = d.subscription_id
 RETURNING d.id, d.attempts, d.subscription_id, i.id AS incident_id, i.tenant_id, i.event, i.pool, i.job_id,
-          i.execution_id, i.detail, i.occurred_at, s.url, s.secrets;
+          i.execution_id, i.detail, i.occurred_at, s.url, s.secrets,
+          coalesce(s.previous_secret_until > now(), false) AS previous_secret_valid;
 
 -- name: delivery_for_send
 SELECT d.id, d.attempts, d.subscription_id, i.id AS incident_id, i.tenant_id, i.event, i.pool, i.job_id,
-       i.execution_id, i.detail, i.occurred_at, s.url, s.secrets
+       i.execution_id, i.detail, i.occurred_at, s.url, s.secrets,
+       coalesce(s.previous_secret_until > now(), false) AS previous_secret_valid
 FROM notification_deliveries d
 JOIN notification_incidents i ON i.id = d.incident_id
 JOIN notification_subscriptions s ON s.id = d.subscription_id

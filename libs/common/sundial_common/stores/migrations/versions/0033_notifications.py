@@ -10,7 +10,8 @@ notices an event records an **incident** under a key that names the event and it
 half-way records the same incident again as nothing, never twice. In the same statement each matching
 subscription gets a **delivery**, a row that lives until the receiver answered 2xx or the attempts ran out;
 its id is the ``webhook-id`` of every attempt, so receivers deduplicate retries. Subscriptions' secrets are
-sealed under the tenant's data key (``secrets``, a sealed JSON list: two during a rotation).
+sealed under the tenant's data key (``secrets``, a sealed JSON list, the newest first); after a rotation the
+previous one still signs until ``previous_secret_until``, so receivers can switch without losing a request.
 
 New tables only: expand-only, nothing of the previous release reads or writes them.
 
@@ -37,6 +38,7 @@ def upgrade() -> None:
             job_id        uuid,
             url           text NOT NULL,
             secrets       jsonb NOT NULL,
+            previous_secret_until timestamptz,
             description   text,
             created_at    timestamptz NOT NULL DEFAULT now(),
             deleted_at    timestamptz
