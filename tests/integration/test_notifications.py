@@ -3,21 +3,26 @@ and a real receiver on 127.0.0.1 that checks every signature with the Standard W
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from redis.asyncio import Redis
 from standardwebhooks import Webhook
 from standardwebhooks.webhooks import WebhookVerificationError
 from sundial_api.notification_delivery import NotificationDelivery
 from sundial_common.broker.kafka import KafkaPublisher, ensure_topics
-from sundial_common.broker.messages import DLQ_TOPIC
+from sundial_common.broker.messages import DLQ_TOPIC, pool_topic
+from sundial_common.hotwindow.window import HotWindow
 from sundial_common.stores import Stores
+from sundial_sweeper.breakers import BreakerLoop, BreakerLoopConfig
 from sundial_sweeper.incidents import dead_incidents
 from sundial_sweeper.sweeper import Sweeper, SweeperConfig
 
 from tests.integration.test_api import TENANT, Api, api  # noqa: F401  (the `api` fixture)
+from tests.integration.test_breakers import RETRY, SETTINGS, fail_attempts
 from tests.integration.test_reliability import make_executions
 from tests.integration.test_worker import wait_until
 from tests.support.pools import admit
@@ -182,6 +187,43 @@ async def test_a_dead_execution_is_one_incident_delivered_until_acknowledged_und
     await wait_until(delivered, "the delivery log to show the delivery")
     await deliveries_of(api).run_once()
     assert len(receiver.received) == 2
+
+
+@pytest.mark.parametrize("api", LOOPBACK_ALLOWED, indirect=True)
+async def test_a_breaker_that_opens_and_closes_is_told_to_its_pools_subscribers(
+    api: Api,  # noqa: F811
+    receiver: WebhookReceiver,
+    stores: Stores,
+    redis_url: str,
+    kafka_bootstrap: str,
+) -> None:
+    pool = admit(api.settings.database_url, f"n-{uuid.uuid4().hex[:10]}", TENANT)
+    ensure_topics(kafka_bootstrap, [pool_topic(pool)])
+    created = await subscribe(api, receiver.url, events=["breaker.opened", "breaker.closed"], pool=pool)
+    redis = Redis.from_url(redis_url)
+    try:
+        messages = await make_executions(stores, pool, "storm", 30, retry_policy=RETRY)
+        await fail_attempts(stores, [uuid.UUID(m.execution_id) for m in messages], 1)
+        judge = BreakerLoop(
+            stores.breakers, HotWindow(redis), BreakerLoopConfig(defaults=SETTINGS), incidents=stores.notifications
+        )
+        assert (await judge.run_once()).opened == 1
+        assert (await judge.run_once()).opened == 0
+        # The tenant turns its breakers off: the open one closes.
+        off = BreakerLoop(
+            stores.breakers,
+            HotWindow(redis),
+            BreakerLoopConfig(defaults=dataclasses.replace(SETTINGS, enabled=False)),
+            incidents=stores.notifications,
+        )
+        assert (await off.run_once()).closed == 1
+    finally:
+        await redis.aclose()
+    await deliveries_of(api).run_once()
+    await wait_until(lambda: _received(receiver, 2), "both notifications")
+    events = [Webhook(created["secret"]).verify(r.body, r.headers) for r in receiver.received]
+    assert sorted(e["type"] for e in events) == ["breaker.closed", "breaker.opened"]
+    assert {(e["data"]["pool"], e["data"]["handler"]) for e in events} == {(pool, "storm")}
 
 
 async def _received(receiver: WebhookReceiver, count: int) -> bool:

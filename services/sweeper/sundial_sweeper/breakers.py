@@ -63,7 +63,10 @@ from sundial_common.stores.breakers import (
     Transition,
     WindowBucket,
 )
+from sundial_common.stores.notifications import NotificationStore
 from sundial_common.stores.types import Occurrence, RetryDue
+
+from sundial_sweeper.incidents import breaker_incident
 
 log = logging.getLogger("sundial.breakers")
 
@@ -114,8 +117,15 @@ def record_transition(breaker: Breaker, action: str, detail: Mapping[str, Any]) 
 class BreakerLoop:
     """Judges every handler's window and moves its breaker (see the module docstring)."""
 
-    def __init__(self, store: BreakerStore, hot_window: HotWindow | None, config: BreakerLoopConfig) -> None:
+    def __init__(
+        self,
+        store: BreakerStore,
+        hot_window: HotWindow | None,
+        config: BreakerLoopConfig,
+        incidents: NotificationStore | None = None,
+    ) -> None:
         self.store = store
+        self.incidents = incidents
         self.hot_window = hot_window
         self.config = config
         self._state: Children[Gauge] = Children(BREAKER_STATE)
@@ -186,6 +196,8 @@ class BreakerLoop:
                 continue
             self._gauge(moved)
             record_transition(moved, move.action, move.detail)
+            if self.incidents is not None and (incident := breaker_incident(breaker, moved)) is not None:
+                await self.incidents.record_incidents([incident])
             log.warning(
                 "breaker %s/%s/%s %s → %s (%d of %d attempts failed; held %d)",
                 moved.tenant_id,

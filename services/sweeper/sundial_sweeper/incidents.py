@@ -1,4 +1,5 @@
-"""The incidents the sweeper notices for notification subscriptions: an execution that went DEAD.
+"""The incidents the sweeper notices for notification subscriptions: an execution that went DEAD, a retry
+breaker that opened or closed.
 
 The sweeper already reads every DEAD execution once, from the dead-letter outbox, before it publishes the
 dead letter and marks the row; it records the incidents of those rows first
@@ -6,16 +7,25 @@ dead letter and marks the row; it records the incidents of those rows first
 the two reads the same rows again, and their incidents, keyed ``execution.dead:<execution id>``, are already
 there: one incident per execution, whichever sweeper replica recorded it. The incident carries no tenant data
 the sweeper could not read in the clear: the error's class, never its (sealed) message.
+
+A breaker's incidents are its state changes as users see them: **opened** when it leaves CLOSED, **closed**
+when it comes back to CLOSED (its probes through HALF_OPEN and back to OPEN are one long outage, not new ones).
+Each is keyed by the breaker and the version its compare-and-set gave it, so an incident is recorded once even
+if two sweepers judged the same window; it is recorded just after the move, so a sweeper that dies in between
+loses that one notification (the move, and its audit row, stand).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
+from sundial_common.stores.breakers import CLOSED, Breaker
 from sundial_common.stores.notifications import Incident
 from sundial_common.stores.types import Record
 
 DEAD = "execution.dead"
+BREAKER_OPENED = "breaker.opened"
+BREAKER_CLOSED = "breaker.closed"
 
 
 def dead_incidents(rows: Iterable[Record]) -> list[Incident]:
@@ -44,3 +54,27 @@ def dead_incidents(rows: Iterable[Record]) -> list[Incident]:
             )
         )
     return incidents
+
+
+def breaker_incident(before: Breaker, after: Breaker) -> Incident | None:
+    """The incident of a breaker's move from ``before`` to ``after``, if users would call it one."""
+    if before.state == CLOSED and after.state != CLOSED:
+        event = BREAKER_OPENED
+    elif before.state != CLOSED and after.state == CLOSED:
+        event = BREAKER_CLOSED
+    else:
+        return None
+    return Incident(
+        tenant_id=after.tenant_id,
+        event=event,
+        incident_key=f"{event}:{after.id}:{after.version}",
+        pool=after.pool,
+        detail={
+            "breakerId": str(after.id),
+            "handler": after.handler,
+            "state": after.state,
+            "attempts": after.attempts,
+            "failures": after.failures,
+            "manual": after.manual,
+        },
+    )

@@ -24,6 +24,8 @@ Q = load_file("notifications.sql")
 #: The events a subscription may name, and what each means.
 EVENTS: dict[str, str] = {
     "execution.dead": "an execution failed its last attempt (or was given up) and is DEAD",
+    "breaker.opened": "a handler's retry circuit breaker opened: its retries are held",
+    "breaker.closed": "a handler's retry circuit breaker closed again: its held retries are released",
 }
 #: A delivery's states: PENDING until the receiver answers 2xx (DELIVERED) or the attempts run out (FAILED);
 #: CANCELLED when its subscription is deleted first.
