@@ -1,0 +1,123 @@
+"""``sundial notifications``: the tenant's webhook subscriptions — ``subscribe`` (prints the secret, once),
+``list``, ``show``, ``test``, ``rotate-secret``, ``deliveries`` and ``delete``.
+
+Connection, ``--json`` and exit codes as for ``sundial jobs`` (:mod:`sundial_client.cli.common`).
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING, Any
+
+from sundial_client.cli.common import FAILED, OK, dump, main, sub, table, top_parser
+
+if TYPE_CHECKING:
+    from sundial_client.client import Client
+    from sundial_client.models.notifications import DeliveryView, SubscriptionView
+
+#: The events a subscription may name (the server's list; an unknown one is refused there, naming `events`).
+EVENTS = ("execution.dead", "breaker.opened", "breaker.closed")
+COLUMNS = ("ID", "URL", "EVENTS", "POOL", "JOB", "SECRET")
+DELIVERY_COLUMNS = ("ID", "EVENT", "STATE", "ATTEMPTS", "LAST STATUS", "LAST ERROR", "OCCURRED AT", "EXECUTION")
+
+
+def _row(s: SubscriptionView) -> list[Any]:
+    return [s.id, s.url, ",".join(s.events), s.pool, s.job_id, s.secret]
+
+
+def _print(args: argparse.Namespace, subscription: SubscriptionView) -> None:
+    print(dump(subscription) if args.json else table(COLUMNS, [_row(subscription)]))
+
+
+def subscribe(client: Client, args: argparse.Namespace) -> int:
+    made = client.notifications.subscribe(
+        args.url, args.event, pool=args.pool, job_id=args.job, description=args.description
+    )
+    _print(args, made)
+    if not args.json:
+        print("\nThe secret is shown this once: give it to the receiver to verify signatures.")
+    return OK
+
+
+def list_subscriptions(client: Client, args: argparse.Namespace) -> int:
+    found = client.notifications.list()
+    print(dump(found) if args.json else table(COLUMNS, map(_row, found)))
+    return OK
+
+
+def show(client: Client, args: argparse.Namespace) -> int:
+    _print(args, client.notifications.get(args.id))
+    return OK
+
+
+def rotate_secret(client: Client, args: argparse.Namespace) -> int:
+    _print(args, client.notifications.rotate_secret(args.id, previous_valid_sec=args.previous_valid_sec))
+    return OK
+
+
+def test(client: Client, args: argparse.Namespace) -> int:
+    sent = client.notifications.test(args.id)
+    if args.json:
+        print(dump(sent))
+    else:
+        print(f"{'delivered' if sent.delivered else 'not delivered'}: {sent.error or f'HTTP {sent.status}'}")
+    return OK if sent.delivered else FAILED
+
+
+def _delivery_row(d: DeliveryView) -> list[Any]:
+    return [d.id, d.event, d.state, d.attempts, d.last_status, d.last_error, d.occurred_at, d.execution_id]
+
+
+def deliveries(client: Client, args: argparse.Namespace) -> int:
+    found = client.notifications.deliveries(args.id, limit=args.limit)
+    print(dump(found) if args.json else table(DELIVERY_COLUMNS, map(_delivery_row, found)))
+    return OK
+
+
+def delete(client: Client, args: argparse.Namespace) -> int:
+    client.notifications.delete(args.id)
+    return OK
+
+
+def parser() -> argparse.ArgumentParser:
+    top, subparsers = top_parser(
+        "sundial notifications",
+        "Webhooks told about incidents of the tenant's jobs, signed with Standard Webhooks (webhook-id, "
+        "webhook-timestamp, webhook-signature) and retried until the receiver answers 2xx.",
+    )
+    made = sub(subparsers, "subscribe", "Subscribe a webhook; prints its signing secret, once.", subscribe)
+    made.add_argument("url", help="https:// URL whose host resolves to public addresses (http:// in development).")
+    made.add_argument(
+        "--event", action="append", required=True, choices=EVENTS, help="An event to be told about (repeatable)."
+    )
+    made.add_argument("--pool", help="Only incidents of this pool.")
+    made.add_argument("--job", help="Only incidents of this job (its id).")
+    made.add_argument("--description", help="A note for people reading the list.")
+    sub(subparsers, "list", "List the subscriptions (secrets redacted).", list_subscriptions)
+    sub(subparsers, "show", "Show a subscription.", show).add_argument("id")
+    sub(
+        subparsers, "test", "Send a signed `test` event now; exit 1 unless the receiver answered 2xx.", test
+    ).add_argument("id")
+    rotating = sub(
+        subparsers,
+        "rotate-secret",
+        "Make a new secret (printed once); the previous one signs for a while.",
+        rotate_secret,
+    )
+    rotating.add_argument("id")
+    rotating.add_argument(
+        "--previous-valid-sec",
+        type=int,
+        default=86_400,
+        help="How long requests still carry a signature with the previous secret too (default: a day; 0: not).",
+    )
+    log = sub(subparsers, "deliveries", "The subscription's delivery log, newest first.", deliveries)
+    log.add_argument("id")
+    log.add_argument("--limit", type=int, default=50, help="At most this many (default 50, at most 500).")
+    sub(subparsers, "delete", "Delete a subscription (pending deliveries are cancelled).", delete).add_argument("id")
+    return top
+
+
+def notifications_main(argv: list[str] | None = None) -> int:
+    """The tenant's webhook subscriptions: subscribe, list, show, test, rotate-secret, deliveries, delete"""
+    return main(parser, argv)
