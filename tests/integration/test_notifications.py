@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import uuid
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -15,10 +16,11 @@ from standardwebhooks.webhooks import WebhookVerificationError
 from sundial_api.notification_delivery import NotificationDelivery
 from sundial_common.broker.kafka import KafkaPublisher, ensure_topics
 from sundial_common.broker.messages import DLQ_TOPIC, pool_topic
+from sundial_common.domain.ids import new_id
 from sundial_common.hotwindow.window import HotWindow
 from sundial_common.stores import Stores
 from sundial_sweeper.breakers import BreakerLoop, BreakerLoopConfig
-from sundial_sweeper.incidents import dead_incidents
+from sundial_sweeper.incidents import LateStarts, LateStartsConfig, LateStartsPass, dead_incidents
 from sundial_sweeper.sweeper import Sweeper, SweeperConfig
 
 from tests.integration.test_api import TENANT, Api, api  # noqa: F401  (the `api` fixture)
@@ -224,6 +226,60 @@ async def test_a_breaker_that_opens_and_closes_is_told_to_its_pools_subscribers(
     events = [Webhook(created["secret"]).verify(r.body, r.headers) for r in receiver.received]
     assert sorted(e["type"] for e in events) == ["breaker.closed", "breaker.opened"]
     assert {(e["data"]["pool"], e["data"]["handler"]) for e in events} == {(pool, "storm")}
+
+
+@pytest.mark.parametrize("api", LOOPBACK_ALLOWED, indirect=True)
+async def test_an_occurrence_not_started_in_time_is_one_late_incident_whoever_saw_it(
+    api: Api,  # noqa: F811
+    receiver: WebhookReceiver,
+    stores: Stores,
+) -> None:
+    pool = admit(api.settings.database_url, f"n-{uuid.uuid4().hex[:10]}", TENANT)
+    watch = LateStarts(stores.notifications, LateStartsConfig(grace_sec=60))
+    [message] = await make_executions(stores, pool, "nightly")
+    ident = uuid.UUID(message.execution_id)
+    # Due two minutes ago, never started (no worker in the pool): late, but nobody subscribed, so nothing is kept.
+    await stores.database.pool.execute(
+        "UPDATE executions SET scheduled_for = scheduled_for - interval '2 minutes', "
+        "fire_at = coalesce(fire_at, scheduled_for) - interval '2 minutes' WHERE id = $1",
+        ident,
+    )
+    assert await watch.run_once() == LateStartsPass()
+    created = await subscribe(api, receiver.url, events=["execution.late"])
+    assert (await watch.run_once()).incidents == 1
+    assert (await watch.run_once()).incidents == 0  # the next pass (or another sweeper) finds it recorded
+    await deliveries_of(api).run_once()
+    await wait_until(lambda: _received(receiver, 1), "the late-start notification")
+    [got] = receiver.received
+    event = Webhook(created["secret"]).verify(got.body, got.headers)
+    assert event["type"] == "execution.late" and event["data"]["executionId"] == str(ident)
+    assert event["data"]["dispatched"] is True and event["data"]["pool"] == pool
+
+    # A job whose fire time passed with no dispatcher to make its execution is late as well.
+    due = datetime.now(UTC) - timedelta(minutes=5)
+    job_id = new_id()
+    await stores.jobs.insert_job(
+        {
+            "id": job_id,
+            "tenant_id": TENANT,
+            "name": "undispatched",
+            "type": "ONE_SHOT",
+            "run_at": due,
+            "pool": pool,
+            "handler": "nightly",
+            "payload": {},
+            "retry_policy": {},
+            "timeout_sec": 30,
+            "shard": 0,
+            "next_fire_at": due,
+        },
+        actor="test",
+    )
+    assert (await watch.run_once()).incidents == 1
+    [row] = await stores.database.pool.fetch(
+        "SELECT detail FROM notification_incidents WHERE job_id = $1 AND event = 'execution.late'", job_id
+    )
+    assert row["detail"]["dispatched"] is False and row["detail"]["jobName"] == "undispatched"
 
 
 async def _received(receiver: WebhookReceiver, count: int) -> bool:

@@ -26,6 +26,7 @@ from sundial_common.stores import Stores
 from sundial_sweeper.breakers import BreakerLoop
 from sundial_sweeper.broker_restart import BrokerRestartRepublisher
 from sundial_sweeper.consumed import ConsumedHorizon
+from sundial_sweeper.incidents import LateStarts
 from sundial_sweeper.job_retention import JobRetention
 from sundial_sweeper.partitions import PartitionLoop
 from sundial_sweeper.settings import SweeperSettings
@@ -51,6 +52,7 @@ async def serve(settings: SweeperSettings, stop: asyncio.Event) -> None:
         partition_config = settings.partition_config()
         partitions = PartitionLoop(stores.partitions, partition_config)
         retention = JobRetention(stores.jobs, stores.dependencies, stores.partitions, settings.job_retention_config())
+        late_starts = LateStarts(stores.notifications, settings.late_starts_config())
         log.info("sweeper started")
 
         async def sweep_while_leading(until: asyncio.Event) -> None:
@@ -71,6 +73,10 @@ async def serve(settings: SweeperSettings, stop: asyncio.Event) -> None:
                     loops.create_task(
                         every(until, retention.config.interval_sec, retention.run_once, name="job-retention"),
                         name="job-retention",
+                    )
+                    loops.create_task(
+                        every(until, late_starts.config.interval_sec, late_starts.run_once, name="late-starts"),
+                        name="late-starts",
                     )
             finally:
                 sweeper.forget_gauges()

@@ -1,5 +1,5 @@
 """The incidents the sweeper notices for notification subscriptions: an execution that went DEAD, a retry
-breaker that opened or closed.
+breaker that opened or closed, an occurrence that did not start in time.
 
 The sweeper already reads every DEAD execution once, from the dead-letter outbox, before it publishes the
 dead letter and marks the row; it records the incidents of those rows first
@@ -13,17 +13,25 @@ when it comes back to CLOSED (its probes through HALF_OPEN and back to OPEN are 
 Each is keyed by the breaker and the version its compare-and-set gave it, so an incident is recorded once even
 if two sweepers judged the same window; it is recorded just after the move, so a sweeper that dies in between
 loses that one notification (the move, and its audit row, stand).
+
+**Late starts** are found by the database's clock, not reported by anyone: :class:`LateStarts` looks, each pass,
+for occurrences not started a grace after they were due — a job whose fire time passed with no execution made
+(every dispatcher down), or a first attempt still PENDING (no worker to start it) — of the tenants that subscribed
+to ``execution.late``. One occurrence (job, nominal time) is one incident, whichever of the two saw it first.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 
+from sundial_common.runtime.clock import to_ms
 from sundial_common.stores.breakers import CLOSED, Breaker
-from sundial_common.stores.notifications import Incident
+from sundial_common.stores.notifications import Incident, NotificationStore
 from sundial_common.stores.types import Record
 
 DEAD = "execution.dead"
+LATE = "execution.late"
 BREAKER_OPENED = "breaker.opened"
 BREAKER_CLOSED = "breaker.closed"
 
@@ -78,3 +86,64 @@ def breaker_incident(before: Breaker, after: Breaker) -> Incident | None:
             "manual": after.manual,
         },
     )
+
+
+@dataclass(frozen=True)
+class LateStartsConfig:
+    """``grace_sec``: how long after its due time an occurrence may wait to start; ``interval_sec``: between
+    passes; ``batch``: occurrences looked at per pass (of each kind)."""
+
+    grace_sec: float = 300.0
+    interval_sec: float = 15.0
+    batch: int = 500
+
+    def __post_init__(self) -> None:
+        if self.grace_sec < 0 or self.interval_sec <= 0 or self.batch < 1:
+            raise ValueError("grace_sec must be >= 0, interval_sec > 0 and batch >= 1")
+
+
+@dataclass(frozen=True)
+class LateStartsPass:
+    late: int = 0
+    incidents: int = 0
+
+
+def late_incidents(rows: Iterable[Record]) -> list[Incident]:
+    """One ``execution.late`` incident per occurrence (job and nominal time)."""
+    found: dict[str, Incident] = {}
+    for row in rows:
+        key = f"{LATE}:{row['job_id']}:{to_ms(row['due_for'])}"
+        found.setdefault(
+            key,
+            Incident(
+                tenant_id=row["tenant_id"],
+                event=LATE,
+                incident_key=key,
+                pool=row["pool"],
+                job_id=str(row["job_id"]),
+                execution_id=str(row["execution_id"]) if row["execution_id"] else None,
+                detail={
+                    "jobName": row["job_name"],
+                    "handler": row["handler"],
+                    "scheduledFor": row["due_for"].isoformat(),
+                    "dueAt": row["due_at"].isoformat(),
+                    "dispatched": row["execution_id"] is not None,
+                },
+            ),
+        )
+    return list(found.values())
+
+
+class LateStarts:
+    """Records ``execution.late`` incidents (one pass: :meth:`run_once`)."""
+
+    def __init__(self, store: NotificationStore, config: LateStartsConfig) -> None:
+        self.store = store
+        self.config = config
+
+    async def run_once(self) -> LateStartsPass:
+        rows = await self.store.late_starts(self.config.grace_sec, self.config.batch)
+        if not rows:
+            return LateStartsPass()
+        incidents, _deliveries = await self.store.record_incidents(late_incidents(rows))
+        return LateStartsPass(late=len(rows), incidents=incidents)

@@ -7,6 +7,7 @@ from sundial_common.runtime.settings import CommonSettings
 from sundial_common.stores.breakers import MAX_HOLD_SEC, BreakerSettings
 
 from sundial_sweeper.breakers import BreakerLoopConfig
+from sundial_sweeper.incidents import LateStartsConfig
 from sundial_sweeper.job_retention import JobRetentionConfig
 from sundial_sweeper.partitions import PartitionLoopConfig
 from sundial_sweeper.sweeper import SweeperConfig
@@ -81,6 +82,19 @@ class SweeperSettings(CommonSettings):
         description="Days of audit_log kept: the partition loop drops each day of it once the day ended this long "
         "ago (GET .../audit then has no rows from it). 0 = kept forever.",
     )
+
+    # Late starts, for the notification subscriptions to `execution.late`.
+    late_start_grace_sec: float = Field(
+        300.0,
+        ge=0,
+        le=86400,
+        description="An occurrence not started this many seconds after its due time is late: an `execution.late` "
+        "incident for the tenant's subscriptions (nothing is scanned while no tenant subscribed to it).",
+    )
+    late_start_interval_sec: float = Field(15.0, gt=0, description="Seconds between passes of the late-start scan.")
+
+    def late_starts_config(self) -> LateStartsConfig:
+        return LateStartsConfig(grace_sec=self.late_start_grace_sec, interval_sec=self.late_start_interval_sec)
 
     def partition_config(self) -> PartitionLoopConfig:
         return PartitionLoopConfig(

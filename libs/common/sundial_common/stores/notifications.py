@@ -24,6 +24,8 @@ Q = load_file("notifications.sql")
 #: The events a subscription may name, and what each means.
 EVENTS: dict[str, str] = {
     "execution.dead": "an execution failed its last attempt (or was given up) and is DEAD",
+    "execution.late": "an occurrence not started within the grace after its due time (no dispatcher made it, or "
+    "no worker started it)",
     "breaker.opened": "a handler's retry circuit breaker opened: its retries are held",
     "breaker.closed": "a handler's retry circuit breaker closed again: its held retries are released",
 }
@@ -75,6 +77,10 @@ class NotificationStore(Protocol):
 
     async def record_incidents(self, incidents: Sequence[Incident]) -> tuple[int, int]:
         """(new incidents, deliveries made): incidents nobody subscribed to, or recorded before, count nothing."""
+        ...
+
+    async def late_starts(self, grace_sec: float, limit: int) -> list[Record]:
+        """Occurrences not started ``grace_sec`` after they were due, of tenants subscribed to ``execution.late``."""
         ...
 
     async def insert_test_delivery(self, subscription_id: UUID, tenant: str, lease_sec: float) -> UUID | None: ...
@@ -142,6 +148,9 @@ class PostgresNotificationStore:
         row = await self._db.pool.fetchrow(Q["record_incidents"], [asdict(i) for i in incidents])
         assert row is not None
         return int(row["incidents"]), int(row["deliveries"])
+
+    async def late_starts(self, grace_sec: float, limit: int) -> list[Record]:
+        return list(await self._db.pool.fetch(Q["late_starts"], grace_sec, limit))
 
     async def insert_test_delivery(self, subscription_id: UUID, tenant: str, lease_sec: float) -> UUID | None:
         delivery_id = new_id()

@@ -58,6 +58,28 @@ WITH candidate AS (
 )
 SELECT (SELECT count(*) FROM new) AS incidents, (SELECT count(*) FROM fanned) AS deliveries;
 
+-- name: late_starts
+-- Occurrences still not started $1 seconds after they were due, of the tenants that subscribed to
+-- `execution.late` (none: nothing is scanned): a job whose fire time passed without an execution (no dispatcher
+-- made it), and a first attempt still PENDING (no worker started it). `due_for` names the occurrence (its
+-- nominal time), the same in both, so an occurrence late first as a job and then as an execution is one incident.
+WITH wanted AS (
+    SELECT DISTINCT tenant_id FROM notification_subscriptions
+    WHERE deleted_at IS NULL AND 'execution.late' = ANY (events)
+)
+(SELECT j.tenant_id, j.pool, j.id AS job_id, NULL::uuid AS execution_id, j.name AS job_name, j.handler,
+        coalesce(j.next_nominal_at, j.next_fire_at) AS due_for, j.next_fire_at AS due_at
+ FROM jobs j
+ WHERE j.tenant_id IN (SELECT tenant_id FROM wanted) AND j.state = 'ACTIVE'
+   AND j.next_fire_at < now() - make_interval(secs => $1::float8)
+ ORDER BY j.next_fire_at LIMIT $2)
+UNION ALL
+(SELECT e.tenant_id, e.pool, e.job_id, e.id, NULL, e.handler, e.scheduled_for, coalesce(e.fire_at, e.scheduled_for)
+ FROM executions e
+ WHERE e.tenant_id IN (SELECT tenant_id FROM wanted) AND e.phase = 'OPEN' AND e.state = 'PENDING'
+   AND e.attempt = 1 AND coalesce(e.fire_at, e.scheduled_for) < now() - make_interval(secs => $1::float8)
+ ORDER BY e.created_at LIMIT $2);
+
 -- name: insert_test_delivery
 -- A test send: an incident of its own (event `test`) and its one delivery, claimed by the caller at once.
 WITH s AS (
