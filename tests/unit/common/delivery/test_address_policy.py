@@ -139,6 +139,15 @@ async def test_the_sender_connects_to_the_address_it_checked() -> None:
     assert request.extensions["sni_hostname"] == "hooks.example"
 
 
+async def test_an_ipv6_destination_is_reached_at_its_checked_address() -> None:
+    seen: list[httpx.Request] = []
+    resolver = StubResolver({"hooks.example": ["2606:4700::1111"]})
+    async with Sender(SenderConfig(), resolver=resolver, transport=recording_transport(seen)) as sender:
+        outcome = await sender.send(OutboundRequest("https://hooks.example/in", b"{}", "m", (new_secret(),), "test"))
+    assert outcome.ok and str(seen[0].url).startswith("https://[2606:4700::1111]/in")
+    assert seen[0].headers["host"] == "hooks.example"
+
+
 async def test_header_values_with_line_breaks_are_refused() -> None:
     seen: list[httpx.Request] = []
     resolver = StubResolver({"hooks.example": ["93.184.215.14"]})
