@@ -3,6 +3,7 @@ and a real receiver on 127.0.0.1 that checks every signature with the Standard W
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import uuid
 from collections.abc import AsyncIterator
@@ -189,6 +190,33 @@ async def test_a_dead_execution_is_one_incident_delivered_until_acknowledged_und
     await wait_until(delivered, "the delivery log to show the delivery")
     await deliveries_of(api).run_once()
     assert len(receiver.received) == 2
+
+
+@pytest.mark.parametrize("api", LOOPBACK_ALLOWED, indirect=True)
+async def test_two_sweepers_on_the_same_dead_executions_record_each_incident_once(
+    api: Api,  # noqa: F811
+    receiver: WebhookReceiver,
+    stores: Stores,
+    publisher: KafkaPublisher,
+    kafka_bootstrap: str,
+) -> None:
+    """The old active sweeper still finishing its pass while its successor starts one: both read the same rows."""
+    pool = admit(api.settings.database_url, f"n-{uuid.uuid4().hex[:10]}", TENANT)
+    await subscribe(api, receiver.url)
+    messages = await make_executions(stores, pool, "charge", 20)
+    await stores.database.pool.execute(
+        "UPDATE executions SET state = 'DEAD', error = 'X: y', finished_at = now() WHERE id = ANY($1)",
+        [uuid.UUID(m.execution_id) for m in messages],
+    )
+    ensure_topics(kafka_bootstrap, [DLQ_TOPIC])
+    old, new = Sweeper(stores, publisher, SweeperConfig()), Sweeper(stores, publisher, SweeperConfig())
+    await asyncio.gather(old.publish_dead_letters(), new.publish_dead_letters())
+    counts = await stores.database.pool.fetchrow(
+        "SELECT (SELECT count(*) FROM notification_incidents) AS incidents, "
+        "(SELECT count(*) FROM notification_deliveries) AS deliveries, "
+        "(SELECT count(DISTINCT incident_key) FROM notification_incidents) AS keys"
+    )
+    assert dict(counts) == {"incidents": 20, "deliveries": 20, "keys": 20}
 
 
 @pytest.mark.parametrize("api", LOOPBACK_ALLOWED, indirect=True)
