@@ -24,12 +24,12 @@ from sundial_sweeper.breakers import BreakerLoop, BreakerLoopConfig
 from sundial_sweeper.incidents import LateStarts, LateStartsConfig, LateStartsPass, dead_incidents
 from sundial_sweeper.sweeper import Sweeper, SweeperConfig
 
-from tests.integration.test_api import TENANT, Api, api  # noqa: F401  (the `api` fixture)
 from tests.integration.test_breakers import RETRY, SETTINGS, fail_attempts
 from tests.integration.test_reliability import make_executions
-from tests.integration.test_worker import wait_until
+from tests.support.api import TENANT, Api, api  # noqa: F401  (the `api` fixture)
 from tests.support.pools import admit
 from tests.support.webhook_receiver import Reply, WebhookReceiver, running_receiver
+from tests.support.worker import wait_until
 
 SUBSCRIPTIONS = "/v1/notifications/subscriptions"
 LOOPBACK_ALLOWED = [{"delivery_allowed_networks": ["127.0.0.1/32"]}]
