@@ -21,7 +21,14 @@ from sundial_common.domain.ids import new_id
 from sundial_common.hotwindow.window import HotWindow
 from sundial_common.stores import Stores
 from sundial_sweeper.breakers import BreakerLoop, BreakerLoopConfig
-from sundial_sweeper.incidents import LateStarts, LateStartsConfig, LateStartsPass, dead_incidents
+from sundial_sweeper.incidents import (
+    IncidentRetention,
+    IncidentRetentionConfig,
+    LateStarts,
+    LateStartsConfig,
+    LateStartsPass,
+    dead_incidents,
+)
 from sundial_sweeper.sweeper import Sweeper, SweeperConfig
 
 from tests.integration.test_breakers import RETRY, SETTINGS, fail_attempts
@@ -193,7 +200,7 @@ async def test_a_dead_execution_is_one_incident_delivered_until_acknowledged_und
 
 
 @pytest.mark.parametrize("api", LOOPBACK_ALLOWED, indirect=True)
-async def test_two_sweepers_on_the_same_dead_executions_record_each_incident_once(
+async def test_two_sweepers_record_each_dead_incident_once_and_retention_spares_pending_ones(
     api: Api,  # noqa: F811
     receiver: WebhookReceiver,
     stores: Stores,
@@ -217,6 +224,16 @@ async def test_two_sweepers_on_the_same_dead_executions_record_each_incident_onc
         "(SELECT count(DISTINCT incident_key) FROM notification_incidents) AS keys"
     )
     assert dict(counts) == {"incidents": 20, "deliveries": 20, "keys": 20}
+
+    # Past retention, incidents go with their deliveries, but never one still being delivered.
+    await stores.database.pool.execute("UPDATE notification_incidents SET occurred_at = now() - interval '40 days'")
+    pending = await stores.database.pool.fetchval("SELECT incident_id FROM notification_deliveries LIMIT 1")
+    await stores.database.pool.execute(
+        "UPDATE notification_deliveries SET state = 'DELIVERED' WHERE incident_id <> $1", pending
+    )
+    retention = IncidentRetention(stores.notifications, IncidentRetentionConfig(keep_days=30, batch=7))
+    assert await retention.run_once() == 19
+    assert await stores.database.pool.fetchval("SELECT count(*) FROM notification_deliveries") == 1
 
 
 @pytest.mark.parametrize("api", LOOPBACK_ALLOWED, indirect=True)

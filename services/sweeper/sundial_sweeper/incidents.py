@@ -18,6 +18,9 @@ loses that one notification (the move, and its audit row, stand).
 for occurrences not started a grace after they were due — a job whose fire time passed with no execution made
 (every dispatcher down), or a first attempt still PENDING (no worker to start it) — of the tenants that subscribed
 to ``execution.late``. One occurrence (job, nominal time) is one incident, whichever of the two saw it first.
+
+**Retention**: :class:`IncidentRetention` deletes incidents older than ``keep_days`` whose deliveries are over,
+with their deliveries (the delivery logs keep that long).
 """
 
 from __future__ import annotations
@@ -147,3 +150,33 @@ class LateStarts:
             return LateStartsPass()
         incidents, _deliveries = await self.store.record_incidents(late_incidents(rows))
         return LateStartsPass(late=len(rows), incidents=incidents)
+
+
+@dataclass(frozen=True)
+class IncidentRetentionConfig:
+    """``keep_days``: how long incidents and their deliveries are kept; ``interval_sec``: between passes;
+    ``batch``: incidents deleted per statement (a pass repeats it while batches come back full)."""
+
+    keep_days: int = 30
+    interval_sec: float = 600.0
+    batch: int = 1000
+
+    def __post_init__(self) -> None:
+        if self.keep_days < 1 or self.interval_sec <= 0 or self.batch < 1:
+            raise ValueError("keep_days must be >= 1, interval_sec > 0 and batch >= 1")
+
+
+class IncidentRetention:
+    """Deletes incidents past ``keep_days`` (one pass: :meth:`run_once`, answering how many went)."""
+
+    def __init__(self, store: NotificationStore, config: IncidentRetentionConfig) -> None:
+        self.store = store
+        self.config = config
+
+    async def run_once(self) -> int:
+        deleted = 0
+        while True:
+            batch = await self.store.prune_incidents(self.config.keep_days, self.config.batch)
+            deleted += batch
+            if batch < self.config.batch:
+                return deleted

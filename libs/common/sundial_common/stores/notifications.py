@@ -103,6 +103,10 @@ class NotificationStore(Protocol):
 
     async def delivery_log(self, subscription_id: UUID, tenant: str, limit: int) -> list[Record]: ...
 
+    async def prune_incidents(self, keep_days: int, limit: int) -> int:
+        """Delete up to ``limit`` incidents older than ``keep_days`` with no delivery pending; how many went."""
+        ...
+
 
 class PostgresNotificationStore:
     """:class:`NotificationStore` over the shared pool."""
@@ -181,3 +185,7 @@ class PostgresNotificationStore:
 
     async def delivery_log(self, subscription_id: UUID, tenant: str, limit: int) -> list[Record]:
         return list(await self._db.pool.fetch(Q["delivery_log"], subscription_id, tenant, limit))
+
+    async def prune_incidents(self, keep_days: int, limit: int) -> int:
+        status = await self._db.pool.execute(Q["prune_incidents"], keep_days, limit)
+        return int(status.split()[-1])

@@ -137,3 +137,13 @@ JOIN notification_incidents i ON i.id = d.incident_id
 JOIN notification_subscriptions s ON s.id = d.subscription_id
 WHERE d.subscription_id = $1 AND s.tenant_id = $2
 ORDER BY d.created_at DESC, d.id DESC LIMIT $3;
+
+-- name: prune_incidents
+-- Incidents older than $1 days whose deliveries are all over (none PENDING), $2 at most; their deliveries go with
+-- them (ON DELETE CASCADE), and so leave the delivery logs.
+DELETE FROM notification_incidents
+WHERE id IN (
+    SELECT i.id FROM notification_incidents i
+    WHERE i.occurred_at < now() - make_interval(days => $1::int)
+      AND NOT EXISTS (SELECT 1 FROM notification_deliveries d WHERE d.incident_id = i.id AND d.state = 'PENDING')
+    ORDER BY i.occurred_at LIMIT $2);
