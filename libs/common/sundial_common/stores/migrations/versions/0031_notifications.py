@@ -1,6 +1,6 @@
 """notification_subscriptions, notification_incidents, notification_deliveries: telling owners what went wrong.
 
-Revision ID: 0033
+Revision ID: 0031
 Revises: 0030
 Create Date: 2026-11-28
 
@@ -20,7 +20,7 @@ New tables only: expand-only, nothing of the previous release reads or writes th
 
 from sundial_common.stores.schema import run_sql_script
 
-revision = "0033"
+revision = "0031"
 down_revision = "0030"
 branch_labels = None
 depends_on = None
