@@ -124,6 +124,15 @@ async def test_the_api_says_when_no_live_worker_will_run_the_work(
     assert f"no live worker of pool `{other}` serves handler `h` (they serve: resize)" in warning["message"]
     fine = await client.post("/v1/jobs", json=_job(served, "h"), headers=headers)
     assert fine.status_code == 201 and "warnings" not in fine.json()
+    # A batch's items carry the same warnings as a single create.
+    batch = await client.post(
+        "/v1/jobs:batch", json={"jobs": [_job(unread, "h"), _job(served, "h"), _job(other, "h")]}, headers=headers
+    )
+    assert batch.status_code == 200, batch.text
+    jobs = [result["job"] for result in batch.json()["results"]]
+    assert f"no live worker reads pool `{unread}`" in jobs[0]["warnings"][0]["message"]
+    assert "warnings" not in jobs[1]
+    assert jobs[2]["warnings"] == [warning]
     # A PATCH that moves the job where nothing serves it says so too.
     patched = await client.patch(
         f"/v1/jobs/{fine.json()['jobId']}", json={"target": {"pool": other, "handler": "h"}}, headers=headers

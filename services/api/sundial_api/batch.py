@@ -3,7 +3,8 @@
 Tenant services register in bulk (a nightly import, a fan-out of reminders). Each item is validated
 exactly like a single `POST /v1/jobs`; the valid ones are written in ONE statement and put into the
 hot window with one call per shard, the invalid ones come back as problem documents naming their
-field. One bad item never rejects the others; nothing is written for an invalid item. A ``DEPENDENT`` item is
+field. An item accepted answers the warnings a single create would (a handler no live worker of its pool
+serves). One bad item never rejects the others; nothing is written for an invalid item. A ``DEPENDENT`` item is
 refused (422 naming ``type``): its parents are checked and written with it, a job at a time, by ``POST /v1/jobs``.
 """
 
@@ -31,6 +32,7 @@ from sundial_api.metrics import count_created
 from sundial_api.models.batch import JobBatch
 from sundial_api.models.jobs import JobCreate, JobState, render_job
 from sundial_api.models.schedules import JobType
+from sundial_api.pool_workers import job_warnings
 from sundial_api.pools import usable_pool, with_pool_defaults
 from sundial_api.problems import ProblemError, describe, invalid, problem_body, responses
 from sundial_api.responses import OrjsonResponse
@@ -76,6 +78,7 @@ async def create_jobs(
     # resolved and checked once. Only successes are kept, so every failing item still gets its own problem.
     schedules: dict[tuple[Any, ...], Resolved] = {}
     pools: dict[str, Pool] = {}
+    targets: dict[int, tuple[str, str]] = {}
     for index, raw in enumerate(body.jobs):
         try:
             job = with_tenant_defaults(JobCreate.model_validate(raw), tenant)
@@ -122,6 +125,7 @@ async def create_jobs(
         )
         accepted.append((index, values))
         payloads[index] = job.payload  # answered as sent: no need to decrypt what was just sealed
+        targets[index] = (job.target.pool, job.target.handler)
 
     # Quotas, per item in order: the items past the create rate get 429, those past maxActiveJobs 403.
     granted, retry_after_ms = await take_creates(state, tenant, len(accepted)) if accepted else (0, 0)
@@ -131,10 +135,18 @@ async def create_jobs(
         results[index] = {"index": index, "status": 429, "problem": problem_body(429, limited.detail, limited.errors)}
     accepted = accepted[:granted]
     max_active_jobs = tenant.quotas.max_active_jobs if tenant is not None else None
+    # The warnings a single create gives (a handler no live worker serves), read once per pool and handler.
+    warned: dict[tuple[str, str], list[dict[str, str]]] = {}
+    for index, _ in accepted:
+        if targets[index] not in warned:
+            warned[targets[index]] = await job_warnings(state, *targets[index])
 
     def answer(rows: list[Record]) -> dict[str, Any]:
         for (index, _), row in zip(accepted, rows, strict=False):
-            results[index] = {"index": index, "status": 201, "job": render_job(row, cipher, payloads[index])}
+            view = render_job(row, cipher, payloads[index])
+            if warnings := warned[targets[index]]:
+                view["warnings"] = warnings
+            results[index] = {"index": index, "status": 201, "job": view}
         for index, _ in accepted[len(rows) :]:  # past maxActiveJobs: nothing written for these
             assert max_active_jobs is not None
             over = QuotaExceededError("maxActiveJobs", max_active_jobs, max_active_jobs)
