@@ -102,6 +102,7 @@ async def test_openapi_documents_the_api(api: Api) -> None:
         "/v1/breakers",
         "/v1/breakers/{breaker_id}:open",
         "/v1/breakers/{breaker_id}:close",
+        "/v1/jobs:by-key/{key}",
         "/healthz",
         "/readyz",
     } <= set(spec["paths"])
@@ -134,6 +135,7 @@ async def test_openapi_documents_the_api(api: Api) -> None:
         "labels",
         "breaker",
         "dependsOn",
+        "key",
     } == set(job_create["properties"])
     assert job_create["additionalProperties"] is False
     assert spec["components"]["securitySchemes"]["bearerAuth"]["scheme"] == "bearer"

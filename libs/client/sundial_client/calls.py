@@ -125,6 +125,10 @@ def get_job(job_id: str) -> Call[JobDetail]:
     return Call("GET", f"/v1/jobs/{_id(job_id)}", _model(JobDetail))
 
 
+def get_job_by_key(key: str) -> Call[JobDetail]:
+    return Call("GET", f"/v1/jobs:by-key/{quote(key, safe='/')}", _model(JobDetail))
+
+
 def update_job(job_id: str, fields: Mapping[str, Any], if_match: int | None) -> Call[Job]:
     headers = {"If-Match": f'"{if_match}"'} if if_match is not None else {}
     return Call("PATCH", f"/v1/jobs/{_id(job_id)}", _model(Job), body=changes(fields), headers=headers)
@@ -182,8 +186,9 @@ def list_jobs(
     name_prefix: str | None,
     cursor: str | None,
     limit: int,
+    key: str | None = None,
 ) -> Call[JobList]:
-    params = _query(state=state, type=type, pool=pool, handler=handler, namePrefix=name_prefix, cursor=cursor)
+    params = _query(state=state, type=type, pool=pool, handler=handler, namePrefix=name_prefix, key=key, cursor=cursor)
     return Call("GET", "/v1/jobs", _model(JobList), params={**params, "limit": limit})
 
 

@@ -41,6 +41,8 @@ class Jobs(Blocking):
     create = blocking(AsyncJobs.create)
     create_many = blocking(AsyncJobs.create_many)
     get = blocking(AsyncJobs.get)
+    by_key = blocking(AsyncJobs.by_key)
+    resolve = blocking(AsyncJobs.resolve)
     named = blocking(AsyncJobs.named)
     update = blocking(AsyncJobs.update)
     delete = blocking(AsyncJobs.delete)

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Generic, Protocol, TypeVar, cast, overload
+from uuid import UUID
 
 from sundial_client import calls
 from sundial_client.caller import Caller, check_page_size, pages
@@ -70,6 +71,15 @@ class JobDraft:
 
     def on(self, instants: Iterable[datetime], **bounds: Any) -> NewJob:
         return self.job(JobType.RUN_LIST, run_list=list(instants), **bounds)
+
+
+def is_job_id(ref: str) -> bool:
+    """Whether ``ref`` is a job id (a UUID) rather than a job key (which is never one)."""
+    try:
+        UUID(ref)
+    except ValueError:
+        return False
+    return True
 
 
 def chunks(items: Iterable[NewJob | Mapping[str, Any]], size: int) -> Iterable[list[Any]]:
@@ -196,6 +206,14 @@ class AsyncJobs:
     async def get(self, job_id: str) -> JobDetail:
         return await self.client.call(calls.get_job(job_id))
 
+    async def by_key(self, key: str) -> JobDetail:
+        """The job registered with ``key`` (``NotFound`` when the tenant has none)."""
+        return await self.client.call(calls.get_job_by_key(key))
+
+    async def resolve(self, ref: str) -> str:
+        """The id of the job ``ref`` names: a job id as it is, else the job registered with that key."""
+        return ref if is_job_id(ref) else (await self.by_key(ref)).job_id
+
     async def named(self, name: str, *, page_size: int = 50) -> list[Job]:
         """The jobs called exactly ``name``, newest first (names are labels for people: several may share one)."""
         found = pages(
@@ -257,6 +275,7 @@ class AsyncJobs:
         pool: str | None = None,
         handler: str | None = None,
         name_prefix: str | None = None,
+        key: str | None = None,
         page_size: int = 50,
     ) -> AsyncIterator[Job]:
         """The tenant's jobs, newest first, filtered by what is given; pages are fetched as they are used."""
@@ -264,7 +283,14 @@ class AsyncJobs:
         return pages(
             self.client,
             lambda cursor: calls.list_jobs(
-                state=state, type=type, pool=pool, handler=handler, name_prefix=name_prefix, cursor=cursor, limit=size
+                state=state,
+                type=type,
+                pool=pool,
+                handler=handler,
+                name_prefix=name_prefix,
+                key=key,
+                cursor=cursor,
+                limit=size,
             ),
         )
 

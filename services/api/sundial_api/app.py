@@ -42,6 +42,7 @@ from sundial_api import (
     docs_ui,
     executions,
     health,
+    job_keys,
     job_list,
     job_preview,
     jobs,
@@ -223,6 +224,7 @@ def create_app(settings: ApiSettings | None = None, *, clock: Clock | None = Non
     # Outermost: the request counts and durations include every middleware's answer (a 413, a 500).
     app.add_middleware(RequestMetricsMiddleware)
     app.include_router(batch.router)  # before jobs: `/v1/jobs:batch` must not match `/v1/jobs/{id}`
+    app.include_router(job_keys.router)
     # Before jobs too: for `/v1/jobs/{id}:backfill` the first route matching the path is the one whose methods a
     # 405 (an OPTIONS, say) lists, not `GET /v1/jobs/{id}`'s.
     app.include_router(backfills.router)

@@ -82,6 +82,9 @@ async def create_jobs(
     for index, raw in enumerate(body.jobs):
         try:
             job = with_tenant_defaults(JobCreate.model_validate(raw), tenant)
+            if job.key is not None:
+                # One statement writes the batch: a key's clash would fail every item with it.
+                raise invalid("key", "is not accepted in a batch: create a job with a key with POST /v1/jobs")
             if job.type is JobType.DEPENDENT:
                 # Its parents are locked, checked for cycles and written with it, one job per transaction.
                 raise invalid("type", "DEPENDENT jobs are not created in a batch: create each with POST /v1/jobs")

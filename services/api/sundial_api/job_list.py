@@ -1,6 +1,6 @@
 """``GET /v1/jobs``: page through the tenant's jobs, newest first, with optional filters.
 
-Filters: ``state``, ``type``, ``pool``, ``handler`` (exact), ``namePrefix``, ``label=key:value`` (repeatable;
+Filters: ``state``, ``type``, ``pool``, ``handler``, ``key`` (exact), ``namePrefix``, ``label=key:value`` (repeatable;
 every one must match), ``createdFrom``/``createdTo`` and ``nextFireFrom``/``nextFireTo`` (half-open ranges).
 Pages are keyset pages on the job id (a UUIDv7, so newest first is creation order) in the API's usual shape,
 ``items`` and ``nextCursor``: a page never repeats or skips a job however many are created while a client pages. The
@@ -80,6 +80,9 @@ async def list_jobs_route(
         datetime | None, Query(alias="nextFireFrom", description="Next fire at or after.")
     ] = None,
     next_fire_to: Annotated[datetime | None, Query(alias="nextFireTo", description="Next fire before.")] = None,
+    key: Annotated[
+        str | None, Query(max_length=200, description="Only the job registered with this key (at most one).")
+    ] = None,
     limit: Annotated[int, Query(ge=1, le=200, description="Page size.")] = 50,
     cursor: Annotated[
         str | None, Query(description="`nextCursor` of the previous page; omit for the first page.")
@@ -97,6 +100,7 @@ async def list_jobs_route(
         created_to=_aware("createdTo", created_to),
         next_fire_from=_aware("nextFireFrom", next_fire_from),
         next_fire_to=_aware("nextFireTo", next_fire_to),
+        key=key,
     )
     # One row more than the page tells whether another page exists without a count query.
     rows = await state.stores.jobs.list_jobs(principal.tenant, where, before, limit + 1)

@@ -32,10 +32,11 @@ from sundial_common.observability import tracing
 from sundial_common.security.auth import Principal
 from sundial_common.security.encryption import TenantCipher
 from sundial_common.stores.dependencies import GraphError
+from sundial_common.stores.jobs import JobKeyTaken
 from sundial_common.stores.tenants import ActiveJobsQuotaExceeded
 from sundial_common.stores.types import Occurrence, Record
 
-from sundial_api import idempotency
+from sundial_api import idempotency, job_keys
 from sundial_api.auth import Authenticated
 from sundial_api.create_route import CreateRoute
 from sundial_api.group_commit import HOT_WINDOW_MARGIN
@@ -49,6 +50,7 @@ from sundial_api.job_definition import (
     resolve,
     with_tenant_defaults,
 )
+from sundial_api.job_detail import etag, job_detail
 from sundial_api.json_body import JsonRoute
 from sundial_api.metrics import count_created
 from sundial_api.models.executions import ExecutionPage, render_execution
@@ -79,9 +81,6 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"], route_class=JsonRoute)
 #: ``POST /v1/jobs`` alone: its endpoint is called directly (:mod:`sundial_api.create_route`).
 create_router = APIRouter(prefix="/v1/jobs", tags=["jobs"], route_class=CreateRoute)
 
-LATEST_EXECUTIONS = 10
-LISTED_CHILDREN = 100
-
 JobId = Annotated[str, Path(description="The job's id (a UUID). Unknown, malformed or another tenant's: 404.")]
 
 
@@ -110,7 +109,7 @@ async def create_job(
     """Validate the job, compute its first fire time, store it, and put it in the hot window if it is due soon.
 
     Fails with 422 naming the field for any invalid input, 413 for a `payload` over the limit; nothing is
-    written when the request fails.
+    written when the request fails. A `key` already registered answers that job (200) for the same body, else 409.
     """
     settings = state.settings
     check_payload(body.payload, settings.max_payload_bytes)
@@ -128,7 +127,9 @@ async def create_job(
     job_id = ids.new_id()
     shard = ids.shard_for(job_id, settings.shards)
     cipher = await state.keyring.cipher(principal.tenant)
-    values = definition(body, resolved, settings.default_timeout_sec, cipher)
+    if (already := await job_keys.registered(state, principal, asked, cipher)) is not None:
+        return already  # the key's job, or 409: nothing written
+    values = definition(body, resolved, settings.default_timeout_sec, cipher) | job_keys.key_columns(asked)
     # Accepted all the same (workers may be deployed after their jobs); part of a replayed answer too.
     warnings = await job_warnings(state, body.target.pool, body.target.handler)
     values.update(
@@ -163,17 +164,19 @@ async def create_job(
             row = await state.stores.dependencies.create_dependent_job(
                 values, edges, actor=principal.subject, max_active_jobs=max_active_jobs
             )
-        elif max_active_jobs is None:
+        elif max_active_jobs is None and body.key is None:
             # Written with the creates running beside it, in one statement; near-due, it is in the hot window.
             row = await state.create_groups.create(values, principal.subject)
-        else:  # the quota's count and lock belong to one transaction per create
+        else:  # the quota's count and lock belong to one transaction per create; a key's clash fails one create
             row = await state.stores.jobs.insert_job(values, actor=principal.subject, max_active_jobs=max_active_jobs)
     except ActiveJobsQuotaExceeded as exc:
         raise QuotaExceededError("maxActiveJobs", exc.limit, exc.current) from None
     except GraphError as exc:
         raise graph_problem(exc) from None
+    except JobKeyTaken:
+        return await job_keys.lost_race(state, principal, asked, cipher)
     count_created(((row["tenant_id"], row["type"]),))
-    if idempotency_key is not None or edges or max_active_jobs is not None:
+    if idempotency_key is not None or edges or max_active_jobs is not None or body.key is not None:
         await _sync_hot_window(state, row, principal.tenant, removing=False)
     log.debug("job created", extra={"tenant": principal.tenant, "job_id": job_id, "shard": shard})
     view = render_job(row, cipher, body.payload)
@@ -182,12 +185,8 @@ async def create_job(
     return OrjsonResponse(
         view,
         status_code=201,
-        headers={"Location": f"/v1/jobs/{job_id}", **_etag(row)},
+        headers={"Location": f"/v1/jobs/{job_id}", **etag(row)},
     )
-
-
-def _etag(row: Record) -> dict[str, str]:
-    return {"ETag": f'"{row["version"]}"'}
 
 
 async def _sync_hot_window(state: ApiState, row: Record, tenant: str, *, removing: bool = True) -> None:
@@ -220,30 +219,7 @@ async def _sync_hot_window(state: ApiState, row: Record, tenant: str, *, removin
     summary="Read a job and its latest executions",
 )
 async def get_job(job_id: JobId, state: State, principal: Authenticated) -> Response:
-    ident = parse_resource_id("job", job_id)
-    # Both reads at once; the executions are discarded unless the job is this tenant's.
-    dependencies = state.stores.dependencies
-    job, executions, parents, children, waiting = await asyncio.gather(
-        state.stores.jobs.get_job(principal.tenant, ident),
-        state.stores.executions.latest_executions(ident, LATEST_EXECUTIONS),
-        dependencies.parents_of(ident),
-        dependencies.children_of(ident, LISTED_CHILDREN),
-        dependencies.waiting_triggers(ident),
-    )
-    if job is None:
-        raise not_found("job", job_id)
-    template = state.settings.trace_link
-    cipher = await state.keyring.cipher(principal.tenant)
-    view = render_job(job, cipher)
-    view["latestExecutions"] = [render_execution(row, template, cipher) for row in executions]
-    view["latestExecutionState"] = executions[0]["state"] if executions else None
-    view["parents"] = [{**_relative(row), "waiting": waiting.get(row["job_id"], 0)} for row in parents]
-    view["children"] = [_relative(row) for row in children]
-    return OrjsonResponse(view, headers=_etag(job))
-
-
-def _relative(row: Record) -> dict[str, Any]:
-    return {"jobId": str(row["job_id"]), "name": row["name"], "state": row["state"], "on": row["on_state"]}
+    return await job_detail(state, principal, parse_resource_id("job", job_id), job_id)
 
 
 @router.get(
@@ -400,7 +376,7 @@ async def _transition(
         if row["state"] != target:
             raise ProblemError(409, f"job {job_id} is {row['state']}: only {rule}")
     await _sync_hot_window(state, row, principal.tenant)
-    return OrjsonResponse(render_job(row, await state.keyring.cipher(principal.tenant)), headers=_etag(row))
+    return OrjsonResponse(render_job(row, await state.keyring.cipher(principal.tenant)), headers=etag(row))
 
 
 @router.post(
@@ -515,7 +491,7 @@ async def update_job(
                 f"job {job_id} is at version {current['version']}, not {expected}: read it again and retry",
                 errors=[field_error("If-Match", f"the job is at version {current['version']}")],
                 slug="precondition-failed",
-                headers=_etag(current),
+                headers=etag(current),
             )
         if current["state"] not in (JobState.ACTIVE, JobState.PAUSED):
             raise ProblemError(409, f"job {job_id} is {current['state']}: only ACTIVE or PAUSED jobs change")
@@ -544,7 +520,7 @@ async def update_job(
             view = render_job(row, cipher)
             if "target" in patch and (warnings := await job_warnings(state, row["pool"], row["handler"])):
                 view["warnings"] = warnings
-            return OrjsonResponse(view, headers=_etag(row))
+            return OrjsonResponse(view, headers=etag(row))
     raise ProblemError(409, f"job {job_id} kept changing under this update; retry", headers={"Retry-After": "1"})
 
 

@@ -98,6 +98,9 @@ class Api:
     def __call__(self, request: httpx.Request) -> httpx.Response:
         self.asked.append(f"{request.method} {request.url.path}?{request.url.query.decode()}".rstrip("?"))
         path = request.url.path
+        if path.startswith("/v1/jobs:by-key/"):
+            key = path.removeprefix("/v1/jobs:by-key/")
+            path = next((f"/v1/jobs/{j['jobId']}" for j in self.jobs if j.get("key") == key), "/v1/jobs/-")
         if path == "/v1/jobs":
             prefix = request.url.params.get("namePrefix", "")
             found = [j for j in self.jobs if j["name"].startswith(prefix)]
@@ -149,7 +152,16 @@ def test_a_name_shared_by_two_jobs_is_refused_with_their_ids(capsys: pytest.Capt
     code, _, err = cli(api, jobs_parser(), ["pause", "nightly-report"], capsys)
     assert code == connection.USAGE and "2 jobs are called `nightly-report`" in err and JOB_ID in err
     code, _, err = cli(Api([]), jobs_parser(), ["get", "nobody"], capsys)
-    assert code == common.NOT_FOUND and "no job is called `nobody`" in err
+    assert code == common.NOT_FOUND and "no job has the key or the name `nobody`" in err
+
+
+def test_a_job_is_found_by_its_key_before_its_name(capsys: pytest.CaptureFixture[str]) -> None:
+    keyed = job(name="report", job_id="0196f1c2-0000-7000-8000-000000000004", key="reports/nightly")
+    api = Api([job(name="reports/nightly"), keyed])
+    code, out, _ = cli(api, jobs_parser(), ["get", "reports/nightly"], capsys)
+    assert code == 0, out
+    assert api.asked[:2] == ["GET /v1/jobs:by-key/reports/nightly", f"GET /v1/jobs/{keyed['jobId']}"]
+    assert "  key:      reports/nightly" in out
 
 
 def test_the_executions_list_names_the_job_and_filters_by_its_name(capsys: pytest.CaptureFixture[str]) -> None:
@@ -179,12 +191,12 @@ def test_create_sends_a_run_list_and_the_retry_policy(capsys: pytest.CaptureFixt
         sent.append(json.loads(request.content))
         return httpx.Response(201, json=job(type="RUN_LIST", schedule=None, runList=sent[-1]["runList"]))
 
-    argv = ["create", "--name", "n", "--pool", "reports", "--handler", "nightly"]
+    argv = ["create", "--name", "n", "--key", "reports/n", "--pool", "reports", "--handler", "nightly"]
     argv += ["--at", "2027-01-01T09:00:00Z", "--at", "2027-01-02T09:00:00Z", "--max-attempts", "5"]
     argv += ["--backoff", "linear", "--initial-delay-ms", "1000", "--max-delay-ms", "60000", "--no-retry-jitter"]
     with Client("http://api.test", token="t", transport=httpx.MockTransport(api)) as client:
         assert run(jobs_parser(), argv, client) == 0
-    assert sent[0]["type"] == "RUN_LIST"
+    assert (sent[0]["type"], sent[0]["key"]) == ("RUN_LIST", "reports/n")
     assert sent[0]["runList"] == ["2027-01-01T09:00:00Z", "2027-01-02T09:00:00Z"]
     assert sent[0]["retryPolicy"] == {
         "maxAttempts": 5,

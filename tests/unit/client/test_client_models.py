@@ -114,6 +114,7 @@ def test_every_operation_of_the_api_has_a_client_call(schemas: dict[str, Any]) -
         ("GET", "/v1/jobs"),
         ("POST", "/v1/jobs:batch"),
         ("GET", "/v1/jobs/{job_id}"),
+        ("GET", "/v1/jobs:by-key/{key}"),
         ("PATCH", "/v1/jobs/{job_id}"),
         ("DELETE", "/v1/jobs/{job_id}"),
         ("POST", "/v1/jobs/{job_id}/pause"),

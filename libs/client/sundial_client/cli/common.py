@@ -231,14 +231,21 @@ def main(parser: Callable[[], argparse.ArgumentParser], argv: list[str] | None) 
 
 
 def job_id(client: Client, ref: str) -> str:
-    """The id of the job ``ref`` names: an id as it is, else the one job called so."""
+    """The id of the job ``ref`` names: an id as it is, else the job registered with that key, else the one job
+    called so."""
+    from sundial_client.errors import NotFound
+
     try:
         return str(uuid.UUID(ref))
     except ValueError:
         pass
+    try:
+        return client.jobs.by_key(ref).job_id
+    except NotFound:
+        pass
     found = client.jobs.named(ref)
     if not found:
-        raise UsageError(f"no job is called `{ref}` (and it is not a job id)", NOT_FOUND)
+        raise UsageError(f"no job has the key or the name `{ref}` (and it is not a job id)", NOT_FOUND)
     if len(found) > 1:
         ids = ", ".join(j.job_id for j in found)
         raise UsageError(f"{len(found)} jobs are called `{ref}`: name one by its id ({ids})")

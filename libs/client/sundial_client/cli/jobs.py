@@ -1,7 +1,8 @@
 """``sundial jobs …``: register, list, read, change, pause, resume, trigger, preview, backfill and cancel jobs.
 
-A job is named by its id or by its name (``sundial jobs get nightly-report``): a name is a label for people,
-so a name that several jobs share is refused with their ids. Human text by default, ``--json`` for scripts.
+A job is named by its id, its key (``sundial jobs create --key reports/nightly …``, unique per tenant) or its
+name (``sundial jobs get nightly-report``): a name is a label for people, so a name that several jobs share is
+refused with their ids. Human text by default, ``--json`` for scripts.
 """
 
 from __future__ import annotations
@@ -88,6 +89,7 @@ def new_job(client: Client, args: argparse.Namespace) -> NewJob:
         )
     fields: dict[str, Any] = {
         "name": args.name,
+        "key": args.key,
         "target": Target(pool=args.pool, handler=args.handler),
         "payload": payload(args.payload),
         "timezone": args.tz,
@@ -138,6 +140,7 @@ def list_jobs(client: Client, args: argparse.Namespace) -> int:
         pool=args.pool,
         handler=args.handler,
         name_prefix=args.name_prefix,
+        key=args.key,
         page_size=min(args.limit, 200),
     )
     jobs = list(islice(found, args.limit))
@@ -307,6 +310,11 @@ def create_parser(subparsers: Any) -> None:
         create,
     )
     parser.add_argument("--name", required=True, help="A label for people (`sundial jobs get NAME` finds it).")
+    parser.add_argument(
+        "--key",
+        help="Your unique name for the job in your tenant (`sundial jobs get KEY` finds it): creating the same job "
+        f"under it again prints the registered one; another definition under it fails (exit {CONFLICT}).",
+    )
     parser.add_argument("--pool", required=True, help="Worker pool the job runs in.")
     parser.add_argument("--handler", required=True, help="Handler inside the pool.")
     when = parser.add_argument_group("when (exactly one)")
@@ -395,7 +403,7 @@ def parser() -> argparse.ArgumentParser:
     top, subparsers = top_parser(
         "sundial jobs",
         "Register, list, read, change, pause, resume, trigger, preview, backfill and cancel jobs. "
-        "JOB is a job's id or its name.",
+        "JOB is a job's id, its key or its name.",
     )
     create_parser(subparsers)
     listing = sub(subparsers, "list", "List jobs, newest first.", list_jobs)
@@ -404,6 +412,7 @@ def parser() -> argparse.ArgumentParser:
     listing.add_argument("--pool")
     listing.add_argument("--handler")
     listing.add_argument("--name-prefix", metavar="PREFIX")
+    listing.add_argument("--key", help="Only the job registered with this key.")
     listing.add_argument("--limit", type=positive, default=100, help="At most this many jobs (default 100).")
     sub(subparsers, "get", "Show a job and its latest executions.", get).add_argument("id", metavar="JOB")
     update_parser(subparsers)

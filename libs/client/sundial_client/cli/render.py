@@ -101,6 +101,7 @@ def job_text(job: Job) -> str:
     policy = ", ".join(f"{k} {v}" for k, v in retry.items()) if retry else "-"
     lines = [
         f"job {job.job_id}  {job.name}  {state_text(job)}  (version {job.version})",
+        *([f"  key:      {job.key}"] if job.key else []),
         f"  when:     {when(job)}",
         f"  target:   {job.target.pool} / {job.target.handler}",
         f"  next:     {local_and_utc(job.next_fire_at, job.timezone)}  (fired {job.fire_count}, "

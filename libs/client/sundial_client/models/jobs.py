@@ -55,6 +55,9 @@ class Job(ViewModel):
     """A job as stored. Instants are RFC 3339 UTC (`Z`)."""
 
     job_id: str = Field(description="UUIDv7.")
+    key: str | None = Field(
+        None, description="The key the job was registered with (unique per tenant), or null: it has none."
+    )
     name: str
     type: JobType
     timezone: str

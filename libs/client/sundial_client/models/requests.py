@@ -67,6 +67,8 @@ class NewJob(ScheduleFields):
     """A job to register (``POST /v1/jobs``): `type` and its own field say when, `target` where."""
 
     name: str
+    #: Unique per tenant: registering the same body under it again answers the registered job.
+    key: str | None = None
     target: Target
     payload: dict[str, Any] | None = None
     jitter_sec: int | None = None

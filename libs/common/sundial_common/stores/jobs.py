@@ -22,6 +22,18 @@ from sundial_common.stores.types import Occurrence, Record, by_shard
 
 Q = load_file("jobs.sql")
 
+#: The unique index that holds each tenant's job keys.
+KEY_INDEX = "jobs_tenant_key_idx"
+
+
+class JobKeyTaken(Exception):
+    """A job's ``key`` is already registered by another job of its tenant; nothing was written."""
+
+    def __init__(self, tenant_id: str, key: str) -> None:
+        super().__init__(f"tenant {tenant_id} already has a job with key {key!r}")
+        self.tenant_id = tenant_id
+        self.key = key
+
 
 @dataclass(frozen=True, slots=True)
 class JobFilter:
@@ -38,6 +50,8 @@ class JobFilter:
     created_to: datetime | None = None
     next_fire_from: datetime | None = None
     next_fire_to: datetime | None = None
+    #: The job registered with this key (at most one).
+    key: str | None = None
 
 
 #: Column defaults of a new job when the caller leaves them out (see ``insert_job``).
@@ -67,6 +81,8 @@ class JobStore(Protocol):
     async def insert_grouped_jobs(self, jobs: Sequence[tuple[Mapping[str, Any], str]]) -> list[Record]: ...
 
     async def get_job(self, tenant_id: str, job_id: UUID) -> Record | None: ...
+
+    async def get_job_by_key(self, tenant_id: str, key: str) -> Record | None: ...
 
     async def update_job(
         self, current: Record, values: Mapping[str, Any], actor: str, detail: Mapping[str, Any]
@@ -142,6 +158,10 @@ class PostgresJobStore:
 
     async def get_job(self, tenant_id: str, job_id: UUID) -> Record | None:
         return cast(Record | None, await self._db.pool.fetchrow(Q["get_job"], job_id, tenant_id))
+
+    async def get_job_by_key(self, tenant_id: str, key: str) -> Record | None:
+        """The tenant's job registered with ``key``; None when it has none."""
+        return cast(Record | None, await self._db.pool.fetchrow(Q["get_job_by_key"], tenant_id, key))
 
     async def update_job(
         self, current: Record, values: Mapping[str, Any], actor: str, detail: Mapping[str, Any]
@@ -282,6 +302,7 @@ class PostgresJobStore:
             where.created_to,
             where.next_fire_from,
             where.next_fire_to,
+            where.key,
         )
         return cast(list[Record], rows)
 
@@ -307,7 +328,10 @@ async def insert_job_on(
         room, current = await room_for_jobs_on(conn, values["tenant_id"], max_active_jobs)
         if room < 1:
             raise ActiveJobsQuotaExceeded(values["tenant_id"], max_active_jobs, current)
-    row = await conn.fetchrow(Q["insert_job"], *_job_args(values, actor))
+    try:
+        row = await conn.fetchrow(Q["insert_job"], *_job_args(values, actor))
+    except asyncpg.UniqueViolationError as exc:
+        raise _key_taken(exc, values) from None
     assert row is not None
     return cast(Record, row)
 
@@ -335,7 +359,11 @@ async def _insert_rows(
     if not jobs:
         return []
     rows = [{**_JOB_DEFAULTS, "next_nominal_at": job.get("next_fire_at"), **job, "actor": actor} for job, actor in jobs]
-    by_id = {row["id"]: row for row in await conn.fetch(Q["insert_jobs"], rows)}
+    try:
+        fetched = await conn.fetch(Q["insert_jobs"], rows)
+    except asyncpg.UniqueViolationError as exc:
+        raise _key_taken(exc, *(job for job, _ in jobs)) from None
+    by_id = {row["id"]: row for row in fetched}
     return [cast(Record, by_id[job["id"]]) for job, _ in jobs]
 
 
@@ -373,4 +401,19 @@ def _job_args(values: Mapping[str, Any], actor: str) -> tuple[Any, ...]:
         values.get("next_nominal_at", values.get("next_fire_at")),
         values.get("labels", {}),
         values.get("breaker"),
+        values.get("key"),
+        values.get("key_digest"),
     )
+
+
+def _key_taken(exc: Exception, *jobs: Mapping[str, Any]) -> Exception:
+    """A job key already registered (a create racing another with the same key): :class:`JobKeyTaken`, naming it.
+
+    Any other unique violation is returned as it is. Of several jobs, the first with a key is named: the API writes a
+    keyed job alone, so there is one.
+    """
+    keyed = [job for job in jobs if job.get("key") is not None]
+    constraint = getattr(exc, "constraint_name", None)
+    if constraint != KEY_INDEX or not keyed:
+        return exc
+    return JobKeyTaken(keyed[0]["tenant_id"], keyed[0]["key"])

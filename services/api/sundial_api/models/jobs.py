@@ -54,6 +54,24 @@ def check_labels(value: Mapping[str, Any]) -> dict[str, str]:
     return dict(value)
 
 
+JOB_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,199}$")
+
+
+def check_key(value: str) -> str:
+    """A job key: 1–200 characters of letters, digits, ``._:/-`` starting with a letter or digit, not a UUID (so
+    that a reference to a job, an id or a key, is never ambiguous)."""
+    if not JOB_KEY.match(value):
+        raise ValueError(
+            f"`{value[:200]}` is not a job key: 1–200 letters, digits, `.`, `_`, `:`, `/` or `-`, starting with a "
+            "letter or digit"
+        )
+    try:
+        UUID(value)
+    except ValueError:
+        return value
+    raise ValueError(f"`{value}` is a UUID: a key must not look like a job id")
+
+
 class Dependency(RequestModel):
     """One parent of a DEPENDENT job, and the final state its execution must reach for the child to fire."""
 
@@ -165,6 +183,14 @@ class JobCreate(ScheduleFields):
     )
 
     name: StrictStr = Field(min_length=1, max_length=200, description="A label for people; not unique.")
+    key: StrictStr | None = Field(
+        None,
+        description="Your own name for the job, unique per tenant: address it by key (`GET /v1/jobs:by-key/{key}`, "
+        "`GET /v1/jobs?key=`). A create naming a key already registered answers that job (200) when the body is the "
+        "same as the one that registered it, 409 naming the key and the job otherwise. 1–200 letters, digits, `.`, "
+        "`_`, `:`, `/`, `-`, starting with a letter or digit; not a UUID. Set at creation only.",
+        examples=["reports/nightly"],
+    )
     jitter_sec: Annotated[StrictInt, Field(ge=0, le=MAX_JITTER_SEC)] = Field(
         0,
         description="Delay each fire by up to this many seconds, to spread load. The delay is derived from the "
@@ -238,6 +264,11 @@ class JobCreate(ScheduleFields):
     def _labels(cls, value: dict[str, Any]) -> dict[str, str]:
         return check_labels(value)
 
+    @field_validator("key")
+    @classmethod
+    def _key(cls, value: str | None) -> str | None:
+        return None if value is None else check_key(value)
+
     @field_validator("name")
     @classmethod
     def _storable(cls, value: str) -> str:
@@ -302,6 +333,7 @@ def render_job(row: Mapping[str, Any], cipher: TenantCipher, payload: Any = SEAL
     caller has it in the clear (a create that just sealed it need not decrypt it again)."""
     return {
         "jobId": str(row["id"]),
+        "key": row.get("key"),
         "name": row["name"],
         "type": row["type"],
         "timezone": row["timezone"],

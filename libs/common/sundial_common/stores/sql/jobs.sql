@@ -14,9 +14,9 @@ WITH tenant AS (
     INSERT INTO jobs (id, tenant_id, name, type, schedule, timezone, run_at, delay_seconds, pool, handler,
                       payload, retry_policy, timeout_sec, priority, state, shard, next_fire_at, traceparent,
                       interval_sec, run_list, start_at, end_at, max_runs, jitter_sec, overlap_policy,
-                      catchup_policy, catchup_window_sec, next_nominal_at, labels, breaker)
+                      catchup_policy, catchup_window_sec, next_nominal_at, labels, breaker, key, key_digest)
     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18,
-            $20, $21, $22, $23, $24, $25, $26, $27, $28, $29, $30, $31)
+            $20, $21, $22, $23, $24, $25, $26, $27, $28, $29, $30, $31, $32, $33)
     RETURNING *
 ), audit AS (
     INSERT INTO audit_log (tenant_id, entity, entity_id, action, to_state, actor)
@@ -38,11 +38,11 @@ WITH input AS (
     INSERT INTO jobs (id, tenant_id, name, type, schedule, timezone, run_at, delay_seconds, pool, handler,
                       payload, retry_policy, timeout_sec, priority, state, shard, next_fire_at, traceparent,
                       interval_sec, run_list, start_at, end_at, max_runs, jitter_sec, overlap_policy,
-                      catchup_policy, catchup_window_sec, next_nominal_at, labels, breaker)
+                      catchup_policy, catchup_window_sec, next_nominal_at, labels, breaker, key, key_digest)
     SELECT id, tenant_id, name, type, schedule, timezone, run_at, delay_seconds, pool, handler,
            payload, retry_policy, timeout_sec, priority, state, shard, next_fire_at, traceparent,
            interval_sec, run_list, start_at, end_at, max_runs, jitter_sec, overlap_policy,
-           catchup_policy, catchup_window_sec, next_nominal_at, labels, breaker
+           catchup_policy, catchup_window_sec, next_nominal_at, labels, breaker, key, key_digest
     FROM input
     RETURNING *
 ), audit AS (
@@ -53,6 +53,10 @@ SELECT * FROM job;
 
 -- name: get_job
 SELECT * FROM jobs WHERE id = $1 AND tenant_id = $2;
+
+-- name: get_job_by_key
+-- The tenant's job registered with this key (jobs_tenant_key_idx: unique per tenant).
+SELECT * FROM jobs WHERE tenant_id = $1 AND key = $2;
 
 -- name: cancel_job
 -- A cancelled job fires no more; executions already dispatched are not touched here, except one dispatched ahead
@@ -236,6 +240,7 @@ WHERE tenant_id = $1
   AND ($11::timestamptz IS NULL OR created_at < $11)
   AND ($12::timestamptz IS NULL OR next_fire_at >= $12)
   AND ($13::timestamptz IS NULL OR next_fire_at < $13)
+  AND ($14::text IS NULL OR key = $14)
 ORDER BY id DESC
 LIMIT $8;
 
