@@ -7,7 +7,8 @@ These pages (or parts of pages) are written here and nowhere else:
 * ``configuration.md`` from the services' settings classes (every ``SUNDIAL_*`` variable);
 * ``metrics.md`` from the Prometheus registry once every Sundial module has declared its metrics;
 * ``docs/architecture/leadership.md``, the opening essay of the leadership module;
-* the figures table of ``docs/performance.md``, from the bench's newest result record of each workload.
+* the figures table of ``docs/performance.md``, from the bench's newest result record of each workload;
+* the migrations table of ``docs/operations/upgrades.md``, from the migrations' docstrings.
 
 Every import of Sundial's code that the generators need is in :mod:`docs_gen.sources`, so a module that moves
 breaks one line there. ``python -m docs_gen --check`` writes nothing and exits 1 when a page on disk differs

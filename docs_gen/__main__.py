@@ -12,7 +12,7 @@ DOCS = Path(__file__).resolve().parent.parent / "docs"
 
 
 def pages() -> dict[str, Callable[[], str]]:
-    from docs_gen import cli, essay, http_api, metrics_page, performance, settings_page
+    from docs_gen import cli, essay, http_api, metrics_page, migrations_page, performance, settings_page
 
     return {
         "reference/http-api.md": http_api.render,
@@ -21,6 +21,7 @@ def pages() -> dict[str, Callable[[], str]]:
         "reference/metrics.md": metrics_page.render,
         "architecture/leadership.md": essay.render,
         "performance.md": lambda: performance.render(),
+        "operations/upgrades.md": lambda: migrations_page.render(),
     }
 
 
