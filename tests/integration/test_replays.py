@@ -26,6 +26,7 @@ from sundial_api import ApiSettings, create_app
 from sundial_common.broker.kafka import ensure_topics
 from sundial_common.broker.messages import ExecutionMessage, pool_topic
 from sundial_common.broker.topic_windows import KafkaTopicInspector
+from sundial_common.hotwindow.worker_announcements import WorkerAnnouncements
 from sundial_common.runtime.clock import to_ms
 from sundial_common.runtime.settings import CommonSettings
 from sundial_common.security.auth import issue_token
@@ -231,9 +232,9 @@ async def production_checksum(env: Env) -> dict[str, Any]:
         sums[table] = await env.db.fetchval(
             f"SELECT count(*) || ':' || coalesce(md5(string_agg(t::text, '|' ORDER BY t::text)), '') FROM {table} t"
         )
-    sums["redis"] = sorted(
-        [(key, await env.redis.zrange(key, 0, -1, withscores=True)) for key in await env.redis.keys("*")]
-    )
+    # Workers' announcements aside: a staging worker announces itself like any worker (not production state).
+    keys = [key for key in await env.redis.keys("*") if not key.startswith(b"sundial:worker")]
+    sums["redis"] = sorted([(key, await env.redis.zrange(key, 0, -1, withscores=True)) for key in keys])
     consumer = Consumer({"bootstrap.servers": env.bootstrap, "group.id": consumer_group(env.pool)})
     try:
         tps = [TopicPartition(pool_topic(env.pool), p) for p in range(PARTITIONS)]
@@ -367,13 +368,20 @@ async def test_a_replay_delivers_exactly_the_window_and_touches_no_production_st
     assert len(expected) == 15
 
     replay = await env.replay({"sourcePool": env.pool, "from": iso(t1), "to": iso(t2), "targetPool": env.staging})
+    announcements = WorkerAnnouncements(env.redis)
     async with Staging(env) as staging:
+        # The staging worker shows in its pool's view as a production worker does, with its handlers.
+        await until(lambda: _announced(announcements, env.staging), what="the staging worker's announcement")
+        view = (await env.client.get(f"/v1/pools/{env.staging}", headers=token())).json()
+        assert view["workers"]["live"] == 1 and view["workers"]["handlers"] == ["charge", "refund"], view
+        assert view["workers"]["items"][0]["workerId"] == "staging-1"
         done = await env.run_to_end(replay["replayId"])
         assert done["state"] == "SUCCEEDED", done
         assert done["matched"] == done["published"] == 15 and done["scanned"] >= 15
         assert len(done["partitions"]) == PARTITIONS
         await until(lambda: _count(env, replay["replayId"], 15), what="15 staging runs")
     assert {e for e, _ in staging.seen} == expected  # exactly the window: none before t1, none at or after t2
+    assert await announcements.live(env.staging) == []  # a stopped staging worker withdraws at once
     runs = await env.runs(replay["replayId"])  # paged 7 at a time
     assert {uuid.UUID(r["originalExecutionId"]) for r in runs} == expected
     failed = {r["originalExecutionId"] for r in runs if r["outcome"] == "FAILED"}
@@ -384,6 +392,10 @@ async def test_a_replay_delivers_exactly_the_window_and_touches_no_production_st
     assert t1 <= info.published_at < t2
     assert (await env.get(replay["replayId"]))["duplicates"] == 0
     assert await production_checksum(env) == before
+
+
+async def _announced(announcements: WorkerAnnouncements, pool: str) -> bool:
+    return bool(await announcements.live(pool))
 
 
 async def _count(env: Env, replay_id: str, n: int) -> bool:

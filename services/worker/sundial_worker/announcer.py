@@ -13,6 +13,7 @@ import asyncio
 import logging
 import os
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
@@ -20,7 +21,6 @@ from importlib.metadata import PackageNotFoundError, version
 from sundial_common.hotwindow.worker_announcements import WorkerAnnouncement, WorkerAnnouncements
 
 from sundial_worker.errors import REDIS_ERRORS, check_positive_int, check_seconds
-from sundial_worker.inflight import InFlight
 from sundial_worker.sdk import Worker
 
 log = logging.getLogger("sundial.worker")
@@ -51,7 +51,8 @@ class AnnounceConfig:
 
 
 class Announcer:
-    """Announces one worker runtime until it stops (loop ``announce``)."""
+    """Announces one worker runtime until it stops (loop ``announce``): a production runtime, or a staging pool's
+    (its live workers show alike); ``busy`` says how many handlers it runs now."""
 
     def __init__(
         self,
@@ -60,13 +61,13 @@ class Announcer:
         worker_id: str,
         config: AnnounceConfig,
         *,
-        inflight: InFlight,
+        busy: Callable[[], int],
     ) -> None:
         self.announcements = announcements
         self.worker = worker
         self.worker_id = worker_id
         self.config = config
-        self.inflight = inflight
+        self.busy = busy
         self.started_at = datetime.now(UTC)
         self._version = _version()
         self._host = socket.gethostname()
@@ -78,7 +79,7 @@ class Announcer:
             pool=self.worker.pool,
             handlers=tuple(sorted(self.worker.registry.names())),
             concurrency=self.config.concurrency,
-            free_slots=max(0, self.config.concurrency - len(self.inflight.running)),
+            free_slots=max(0, self.config.concurrency - self.busy()),
             version=self._version,
             host=self._host,
             pid=os.getpid(),

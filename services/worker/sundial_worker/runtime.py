@@ -336,7 +336,11 @@ class WorkerRuntime:
         )
         return WorkerParts(
             announcer=Announcer(
-                WorkerAnnouncements(redis), self.worker, self.worker_id, config.announce(), inflight=self.inflight
+                WorkerAnnouncements(redis),
+                self.worker,
+                self.worker_id,
+                config.announce(),
+                busy=lambda: len(self.inflight.running),
             ),
             wakes=wakes,
             stores=stores,

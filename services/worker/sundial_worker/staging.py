@@ -28,20 +28,23 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 from uuid import UUID
 
 import asyncpg
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message
+from redis.asyncio import Redis
 from sundial_common.broker.kafka import NO_METRICS_PUSH, ensure_topics
 from sundial_common.broker.messages import ExecutionMessage, pool_topic
 from sundial_common.broker.topic_windows import replay_headers_of
+from sundial_common.hotwindow.worker_announcements import WorkerAnnouncements
 from sundial_common.runtime.settings import CommonSettings
 from sundial_common.security.encryption import PAYLOAD, TenantCipher, open_keyring
 from sundial_common.stores import Stores
 from sundial_common.stores.pool_cache import PoolCache
 from sundial_common.stores.replays import ReplayRun
 
+from sundial_worker.announcer import Announcer
 from sundial_worker.consumer import consumer_group
 from sundial_worker.errors import TRANSIENT_DB_ERRORS, StartupError
 from sundial_worker.pool_guard import PoolGuard
@@ -94,6 +97,23 @@ class ServingRuntime:
     @property
     def stuck_sync_handlers(self) -> int:
         return 0 if self.runtime is None else self.runtime.stuck_sync_handlers
+
+
+class _Slots(asyncio.Semaphore):
+    """The handler slots, counting those taken (the announcement's free slots)."""
+
+    def __init__(self, value: int) -> None:
+        super().__init__(value)
+        self.taken = 0
+
+    async def acquire(self) -> Literal[True]:
+        acquired = await super().acquire()
+        self.taken += 1
+        return acquired
+
+    def release(self) -> None:
+        self.taken -= 1
+        super().release()
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,8 +223,15 @@ class StagingRuntime:
             self.worker.pool,
             ", ".join(self.worker.registry.names()) or "none",
         )
-        slots = asyncio.Semaphore(self.config.concurrency)
+        slots = _Slots(self.config.concurrency)
         guard = PoolGuard(PoolCache(stores.pools, self.config.pool_cache_sec, recheck_sec=1.0), self.worker.pool)
+        # Announced like a production worker (its pool's view lists it, with its handlers and free slots), once
+        # its consumer has joined the staging group.
+        redis = Redis.from_url(self.settings.redis_url, socket_timeout=5, socket_connect_timeout=5)
+        announcer = Announcer(
+            WorkerAnnouncements(redis), self.worker, self.worker_id, self.config.announce(), busy=lambda: slots.taken
+        )
+        announcing = asyncio.create_task(self._announce(announcer), name=f"sundial-staging-announce-{self.worker_id}")
         try:
             await self._call(self._open)
             while not stop.is_set():
@@ -243,12 +270,21 @@ class StagingRuntime:
                 self.runs += len(runs)
                 await self._call(self._commit)
         finally:
+            announcing.cancel()
+            await asyncio.wait([announcing])  # no renewal lands after the withdrawal
+            await announcer.withdraw()
+            await redis.aclose()
             try:
                 await self._call(self._close)
             finally:
                 self._thread.shutdown(wait=False)
                 await stores.close()
             log.info("staging worker %s stopped after %d runs", self.worker_id, self.runs)
+
+    async def _announce(self, announcer: Announcer) -> None:
+        await self.ready.wait()
+        await announcer.run_once()
+        await announcer.run()
 
     def _decode(self, message: Message) -> _Replayed | None:
         headers = replay_headers_of(message.headers())  # type: ignore[arg-type]
