@@ -4,9 +4,11 @@ The previous release's processes (api, dispatcher, the services host, a worker) 
 offline in a virtualenv of their own, on a schema their own ``sundial migrate`` made. While a cron job fires
 every second and one-shot jobs fall due every second, this release's migrations are applied under them, then
 each process kind is replaced by this release's, one at a time (the new one started before the old one is
-stopped, as a Deployment with ``maxSurge: 1, maxUnavailable: 0`` rolls). Afterwards every occurrence due in
-the window ran exactly once, none started later than the lease TTL (plus a margin for a loaded machine), and
-no process logged an error.
+stopped, as a Deployment with ``maxSurge: 1, maxUnavailable: 0`` rolls). Then the code is rolled back the same
+way (the workers last) with no downgrade: the previous release's processes run again on this release's schema, and a
+job registered with this release's features (a key) runs on them. Afterwards every occurrence due in the window
+ran exactly once, none started later than the lease TTL (plus a margin for a loaded machine), and no process
+logged an error.
 """
 
 from __future__ import annotations
@@ -150,21 +152,18 @@ async def test_a_rolling_upgrade_from_the_previous_release_misses_no_fire(
     await asyncio.sleep(2)
 
     migrated = datetime.now(UTC)
-    new_api = free_port()
-    fleet.start("api-new", "api", "--host", "127.0.0.1", "--port", str(new_api), old=False)
-    processes.wait_http_ok("api-new", f"http://127.0.0.1:{new_api}/readyz")
-    processes.stop("api-old")
-    # Each kind: the new one up (a Deployment waits for its readiness) before the old one gets SIGTERM.
-    for kind, args, up in (
-        ("dispatcher", ("dispatcher",), "registered dispatcher replica"),
-        ("services", ("services", "--run", "hydrator,sweeper,replayer"), "registered replayer replica"),
-        ("worker", ("worker", "--app", "sundial_worker.demo:worker"), "partitions assigned"),
-    ):
-        fleet.start(f"{kind}-new", *args, old=False)
-        processes.wait_for_log(f"{kind}-new", up)
-        processes.stop(f"{kind}-old")
-        await asyncio.sleep(2)
-    processes.wait_for_log("dispatcher-new", "leading with fence token", timeout=LEASE_TTL_SEC * 3)
+    new_api = await _roll_forward(fleet)
+    rolled_forward = datetime.now(UTC)
+
+    # A job of this release's own (a key), due while the code rolls back: the previous release runs it.
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{new_api}", headers=headers, timeout=30) as api:
+        body = {"name": "keyed", "key": "roll/keyed", "type": "DELAYED", "delaySeconds": 5, "target": _target()}
+        keyed = await api.post("/v1/jobs", json=body)
+        assert keyed.status_code == 201 and keyed.json()["key"] == "roll/keyed", keyed.text
+    back_api = _roll_back(fleet)
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{back_api}", headers=headers, timeout=30) as api:
+        read = await api.get(f"/v1/jobs/{keyed.json()['jobId']}")  # the previous API reads the new schema's row
+        assert read.status_code == 200 and read.json()["name"] == "keyed", read.text
 
     rolled = datetime.now(UTC)
     # The window: from the first due second to a few seconds after the last process was replaced.
@@ -176,8 +175,8 @@ async def test_a_rolling_upgrade_from_the_previous_release_misses_no_fire(
     for row in rows:
         by_job.setdefault(str(row["job_id"]), []).append(row)
 
-    # Every one-shot ran once and succeeded once.
-    ran = {job: [r["state"] for r in by_job.get(job, [])] for job in shots}
+    # Every one-shot ran once and succeeded once (the keyed job too, on the rolled-back fleet).
+    ran = {job: [r["state"] for r in by_job.get(job, [])] for job in [*shots, keyed.json()["jobId"]]}
     assert {job: states for job, states in ran.items() if states != ["SUCCEEDED"]} == {}
     # The cron job: one execution per second of the window, none missing, none twice.
     cron_rows = [r for r in by_job[cron_id] if first_due <= r["scheduled_for"] <= window_end]
@@ -191,13 +190,62 @@ async def test_a_rolling_upgrade_from_the_previous_release_misses_no_fire(
         "one_shot_jobs": ONE_SHOTS,
         "cron_occurrences": len(cron_rows),
         "executions": len(rows),
-        "roll_s": round((rolled - migrated).total_seconds(), 1),
+        "roll_s": round((rolled_forward - migrated).total_seconds(), 1),
+        "rollback_s": round((rolled - rolled_forward).total_seconds(), 1),
         "max_lateness_s": round(max(lateness), 3),
     }
     print("rolling upgrade:", json.dumps(figures))
     assert max(lateness) <= LEASE_TTL_SEC + MARGIN_SEC
     # No process logged an error, old or new.
     assert {name: _bad_lines(text) for name, text in fleet.logs()} == {name: [] for name, _ in fleet.logs()}
+
+
+#: The process kinds after the API, each with its arguments and the line it logs once it takes part.
+KINDS = (
+    ("dispatcher", ("dispatcher",), "registered dispatcher replica"),
+    ("services", ("services", "--run", "hydrator,sweeper,replayer"), "registered replayer replica"),
+    ("worker", ("worker", "--app", "sundial_worker.demo:worker"), "partitions assigned"),
+)
+
+
+async def _roll_forward(fleet: Fleet) -> int:
+    """Replace the previous release's processes (``<kind>-old``) with this release's (``<kind>-new``), one kind at
+    a time; the new API's port."""
+    processes = fleet.processes
+    api = free_port()
+    fleet.start("api-new", "api", "--host", "127.0.0.1", "--port", str(api), old=False)
+    processes.wait_http_ok("api-new", f"http://127.0.0.1:{api}/readyz")
+    processes.stop("api-old")
+    # Each kind: the new one up (a Deployment waits for its readiness) before the old one gets SIGTERM.
+    for kind, args, up in KINDS:
+        fleet.start(f"{kind}-new", *args, old=False)
+        processes.wait_for_log(f"{kind}-new", up)
+        processes.stop(f"{kind}-old")
+        await asyncio.sleep(2)
+    processes.wait_for_log("dispatcher-new", "leading with fence token", timeout=LEASE_TTL_SEC * 3)
+    return api
+
+
+def _roll_back(fleet: Fleet) -> int:
+    """Replace this release's processes with the previous release's (``<kind>-back``) on this release's schema:
+    the API, dispatcher and services replicas together (each up before the one it replaces stops), then the workers
+    last; the rolled-back API's port."""
+    processes = fleet.processes
+    api = free_port()
+    fleet.start("api-back", "api", "--host", "127.0.0.1", "--port", str(api), old=True)
+    for kind, args, _ in KINDS[:-1]:
+        fleet.start(f"{kind}-back", *args, old=True)
+    processes.wait_http_ok("api-back", f"http://127.0.0.1:{api}/readyz")
+    for kind, _, up in KINDS[:-1]:
+        processes.wait_for_log(f"{kind}-back", up)
+    for kind in ("api", *(kind for kind, _, _ in KINDS[:-1])):
+        processes.stop(f"{kind}-new")
+    kind, args, up = KINDS[-1]
+    fleet.start(f"{kind}-back", *args, old=True)
+    processes.wait_for_log(f"{kind}-back", up)
+    processes.stop(f"{kind}-new")
+    processes.wait_for_log("dispatcher-back", "leading with fence token", timeout=LEASE_TTL_SEC * 3)
+    return api
 
 
 def _target() -> dict[str, str]:
