@@ -38,6 +38,7 @@ COMMANDS = {
     "breaker": Entry("bench.workloads.breaker", "a retry storm of a failing handler, with the breaker and without"),
     "console": Entry("bench.workloads.console", "the web console's pages at 100k jobs / 1M executions of a tenant"),
     "census": Entry("bench.workloads.census", "the fair pass's census of open executions under churn"),
+    "cli-help": Entry("bench.workloads.cli_help", "how long `sundial --help` takes, a new process each time"),
     "dependencies": Entry("bench.workloads.dependencies", "a parent's completion to its children's executions"),
     "dispatch-insert": Entry("bench.workloads.dispatch_insert", "the dispatch statements against an earlier commit's"),
     "dispatch-python": Entry("bench.workloads.dispatch_python", "the dispatch pass's own Python per execution"),
