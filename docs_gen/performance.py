@@ -36,7 +36,7 @@ def newest_records(results: Path = RESULTS) -> dict[str, dict[str, Any]]:
 
 
 #: Nested figures worth a column of their own (percentiles); other nested values are left to the records.
-_NESTED = ("lateness_ms", "first_start_ms")
+_NESTED = ("lateness_ms", "first_start_ms", "help_ms", "jobs_help_ms")
 
 
 def _scalars(values: dict[str, Any]) -> list[str]:
