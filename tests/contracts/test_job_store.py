@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from sundial_common.domain.ids import new_id
-from sundial_common.stores.jobs import JobFilter
+from sundial_common.stores.jobs import JobFilter, JobKeyTaken
 from sundial_common.stores.tenants import ActiveJobsQuotaExceeded
 from sundial_common.stores.types import Occurrence
 from sundial_common.testing.jobs import JOB_DEFAULTS
@@ -36,6 +36,26 @@ async def test_a_new_job_reads_back_with_the_columns_postgres_gives_it(jobs: Job
     values["labels"]["team"] = "ops"  # what was written is the store's own
     assert await jobs.store.get_job("acme", values["id"]) == row
     assert await jobs.store.get_job("globex", values["id"]) is None, "another tenant's job is not found"
+
+
+async def test_a_job_key_is_unique_per_tenant_and_finds_its_job(jobs: Jobs) -> None:
+    store = jobs.store
+    keyed = await store.insert_job(one_shot(NOW, key="reports/nightly", key_digest="d1"), "a")
+    assert (keyed["key"], keyed["key_digest"]) == ("reports/nightly", "d1")
+    with pytest.raises(JobKeyTaken) as taken:
+        await store.insert_job(one_shot(NOW, key="reports/nightly", key_digest="d2"), "a")
+    assert (taken.value.tenant_id, taken.value.key) == ("acme", "reports/nightly")
+    with pytest.raises(JobKeyTaken):  # a batch holding a taken key writes nothing
+        await store.insert_jobs([one_shot(NOW), one_shot(NOW, key="reports/nightly")], "a")
+    theirs = await store.insert_job(one_shot(NOW, tenant="globex", key="reports/nightly"), "a")
+    await store.insert_job(one_shot(NOW), "a")  # jobs without a key never clash
+    await store.insert_job(one_shot(NOW), "a")
+    found = await store.get_job_by_key("acme", "reports/nightly")
+    assert found is not None and found["id"] == keyed["id"]
+    assert await store.get_job_by_key("acme", "nope") is None
+    assert ids(await store.list_jobs("acme", JobFilter(key="reports/nightly"), None, 10)) == [keyed["id"]]
+    assert ids(await store.list_jobs("globex", JobFilter(key="reports/nightly"), None, 10)) == [theirs["id"]]
+    assert len(await store.list_jobs("acme", JobFilter(), None, 10)) == 3
 
 
 async def test_the_active_jobs_quota_counts_jobs_that_can_still_fire(jobs: Jobs) -> None:

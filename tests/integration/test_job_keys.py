@@ -1,14 +1,14 @@
 """Job keys: a tenant's own unique name for a job. Registering the same job again under its key answers that job; a
 different definition under a taken key is refused naming the key and the job; the job is readable and listed by
 key; racing creates with one key leave one job. In-process API on real Postgres (the ``api`` fixture of
-``test_api``).
+``tests.support.api``).
 """
 
 from __future__ import annotations
 
 import asyncio
 
-from tests.integration.test_api import Api, api, delayed
+from tests.support.api import Api, api, delayed
 
 __all__ = ["api"]  # the fixture
 

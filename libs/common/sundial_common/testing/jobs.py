@@ -9,7 +9,7 @@ from typing import Any
 from uuid import UUID
 
 from sundial_common.runtime.clock import Clock, SystemClock
-from sundial_common.stores.jobs import JobFilter
+from sundial_common.stores.jobs import JobFilter, JobKeyTaken
 from sundial_common.stores.tenants import ActiveJobsQuotaExceeded, Tenant
 from sundial_common.stores.types import Occurrence, Record
 from sundial_common.testing.tenants import InMemoryTenantStore
@@ -44,6 +44,8 @@ JOB_DEFAULTS: Mapping[str, Any] = {
     "trigger_traceparent": None,
     "labels": {},
     "breaker": None,
+    "key": None,
+    "key_digest": None,
 }
 #: The columns a PATCH writes (``update_job``'s ``values``), beside ``labels`` and ``breaker``.
 _DEFINITION = (
@@ -90,10 +92,16 @@ class InMemoryJobStore:
         return await self.insert_grouped_jobs([(job, actor) for job in jobs])
 
     async def insert_grouped_jobs(self, jobs: Sequence[tuple[Mapping[str, Any], str]]) -> list[Record]:
-        """Register jobs of any tenants; all or, if an id is taken (Postgres' primary key), none."""
+        """Register jobs of any tenants; all or, if an id is taken (Postgres' primary key), none; a job key its
+        tenant has already (the unique index): :class:`JobKeyTaken`, nothing written."""
         ids = [job["id"] for job, _ in jobs]
         if len(set(ids)) < len(ids) or any(i in self._jobs for i in ids):
             raise ValueError("a job with this id exists already")
+        keys = [(job["tenant_id"], job["key"]) for job, _ in jobs if job.get("key") is not None]
+        taken = {(r["tenant_id"], r["key"]) for r in self._jobs.values() if r["key"] is not None}
+        for index, (tenant, key) in enumerate(keys):
+            if (tenant, key) in taken or (tenant, key) in keys[:index]:
+                raise JobKeyTaken(tenant, key)
         now = self._clock.now()
         for job, _ in jobs:
             if self._tenants is not None and await self._tenants.get_tenant(job["tenant_id"]) is None:
@@ -189,6 +197,13 @@ class InMemoryJobStore:
         row = self._jobs.get(job_id)
         return self._read(job_id) if row is not None and row["tenant_id"] == tenant_id else None
 
+    async def get_job_by_key(self, tenant_id: str, key: str) -> Record | None:
+        """The tenant's job registered with ``key``; None when it has none."""
+        for row in self._jobs.values():
+            if row["tenant_id"] == tenant_id and row["key"] == key:
+                return self._read(row["id"])
+        return None
+
     async def pending_trigger(self, tenant_id: str, execution_id: UUID) -> Record | None:
         """The job whose manual run ``execution_id`` is accepted but not created yet; None otherwise."""
         for row in self._jobs.values():
@@ -273,7 +288,13 @@ class InMemoryJobStore:
 
 def _matches(row: Mapping[str, Any], where: JobFilter) -> bool:
     """Whether ``row`` passes every filter ``where`` sets (as ``list_jobs``' statement reads them)."""
-    equal = (("state", where.state), ("type", where.type), ("pool", where.pool), ("handler", where.handler))
+    equal = (
+        ("state", where.state),
+        ("type", where.type),
+        ("pool", where.pool),
+        ("handler", where.handler),
+        ("key", where.key),
+    )
     if any(value is not None and row[column] != value for column, value in equal):
         return False
     if where.name_prefix is not None and not row["name"].startswith(where.name_prefix):
