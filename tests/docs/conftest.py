@@ -36,6 +36,8 @@ START_TIMEOUT = 150.0
 #: Each command with its start time, in the sandbox's .trace.log (one page's run at a time): where a slow or failing
 #: example spent its time.
 _TIMED = "exec {trace}>.trace.log; BASH_XTRACEFD=$trace; PS4='+ $(date +%T.%N | cut -c1-12) '; set -x\n"
+#: Instead, a terminal transcript on stdout: each command as typed after `$ `, then what it printed (stderr too).
+_TRANSCRIPT = "exec 2>&1; PS4='$ '; set -x\n"
 
 
 @dataclass(frozen=True)
@@ -50,10 +52,14 @@ class DocsStack:
         path = self.sandbox / ".trace.log"
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
 
-    def run(self, script: str, *, timeout: float = 90.0, shell: str = "bash") -> subprocess.CompletedProcess[str]:
-        """Run a shell script of the docs in the sandbox, as a user would, against this stack."""
+    def run(
+        self, script: str, *, timeout: float = 90.0, shell: str = "bash", transcript: bool = False
+    ) -> subprocess.CompletedProcess[str]:
+        """Run a shell script of the docs in the sandbox, as a user would, against this stack (``transcript``: its
+        stdout is a terminal transcript, commands and their output together, instead of the timed trace)."""
+        prefix = _TRANSCRIPT if transcript else _TIMED
         return subprocess.run(
-            [shell, "-euo", "pipefail", "-c", _TIMED + script.replace(DEV_API_URL, self.api_url)],
+            [shell, "-euo", "pipefail", "-c", prefix + script.replace(DEV_API_URL, self.api_url)],
             cwd=self.sandbox,
             env=self.env,
             capture_output=True,

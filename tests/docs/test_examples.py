@@ -12,10 +12,15 @@ from collections import defaultdict
 import pytest
 
 from tests.docs.blocks import Block, all_blocks
-from tests.docs.conftest import DocsStack
+from tests.docs.conftest import DEV_API_URL, DocsStack
+from tests.support.ports import REPO_ROOT
 
 #: A page's examples, all together (under pytest-timeout's 300 s for the test).
 PAGE_TIMEOUT = 270.0
+#: Pages whose run is kept as a terminal transcript (the commands as a user types them, and what they print), in
+#: ``.sundial/transcripts/`` of the checkout: the five-minute path of a new user, recorded as it really runs.
+TRANSCRIBED = {"docs/getting-started.md"}
+TRANSCRIPTS = REPO_ROOT / ".sundial" / "transcripts"
 BLOCKS = all_blocks()
 RUNNABLE: dict[str, list[Block]] = defaultdict(list)
 for _block in BLOCKS:
@@ -48,8 +53,9 @@ def _run_page(docs_stack: DocsStack, blocks: list[Block]) -> None:
         script.append(f"# --- {block.id}\n.venv/bin/python - <<'PYTHON'\n{block.code}PYTHON\n")
     if not script:
         return
+    page = blocks[0].page
     try:
-        result = docs_stack.run("\n".join(script), timeout=PAGE_TIMEOUT)
+        result = docs_stack.run("\n".join(script), timeout=PAGE_TIMEOUT, transcript=page in TRANSCRIBED)
     except subprocess.TimeoutExpired as exc:
         out, err = (s.decode(errors="replace") if isinstance(s, bytes) else s for s in (exc.stdout, exc.stderr))
         pytest.fail(f"{blocks[0].page}: the examples did not finish in {exc.timeout}s\n{out}\n{err}")
@@ -58,6 +64,11 @@ def _run_page(docs_stack: DocsStack, blocks: list[Block]) -> None:
         f"--- stdout\n{result.stdout[-4000:]}\n--- stderr\n{result.stderr[-4000:]}\n"
         f"--- the last commands\n{docs_stack.trace()}"
     )
+    if page in TRANSCRIBED:
+        TRANSCRIPTS.mkdir(parents=True, exist_ok=True)
+        recorded = TRANSCRIPTS / (page.removeprefix("docs/").replace("/", "-").removesuffix(".md") + ".txt")
+        recorded.write_text(result.stdout.replace(docs_stack.api_url, DEV_API_URL))
+        print(f"\n{page}: transcript in {recorded}")
 
 
 @pytest.mark.parametrize("page", sorted(RUNNABLE))
