@@ -1,7 +1,7 @@
 """jobs.key, jobs.key_digest, jobs_tenant_key_idx: a job addressable by a key its tenant chose, unique per tenant.
 
-Revision ID: 0034
-Revises: 0030
+Revision ID: 0032
+Revises: 0031
 Create Date: 2026-11-28
 
 A job was addressable only by its UUID, and ``name`` is a free label (not unique), so a deployment script could not
@@ -18,8 +18,8 @@ neither reads nor writes the columns, and its creates leave them NULL, outside t
 
 from sundial_common.stores.schema import run_sql_script
 
-revision = "0034"
-down_revision = "0030"
+revision = "0032"
+down_revision = "0031"
 branch_labels = None
 depends_on = None
 
