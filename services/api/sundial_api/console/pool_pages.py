@@ -1,28 +1,45 @@
-"""The console's pools page: the pools open to the tenant and its retry circuit breakers, with open/close.
+"""The console's pools page: the pools open to the tenant, who serves them, and its retry circuit breakers.
 
-Pools are ``GET /v1/pools`` and breakers ``GET /v1/breakers``, as the session's principal; opening or closing a
-breaker is ``POST /v1/breakers/{id}/open|close`` (audited as the API audits it), after the form's
-confirmation box is ticked. Live workers per pool are not shown: no process announces them yet.
+Pools are ``GET /v1/pools`` and breakers ``GET /v1/breakers``, as the session's principal. Each pool's live
+workers (their handlers and free slots, from the workers' announcements), the tenant's own backlog and the "no
+live worker" warning are ``GET /v1/pools/{name}``'s answer, so the page and the API never disagree about
+whether anyone serves a pool; a pool whose workers cannot be read now says so instead of claiming none.
+Opening or closing a breaker is ``POST /v1/breakers/{id}/open|close`` (audited as the API audits it), after
+the form's confirmation box is ticked.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Request
 from starlette.responses import RedirectResponse, Response
+from sundial_common.security.auth import Principal
 
-from sundial_api import breakers, pools
+from sundial_api import breakers, pool_workers, pools
 from sundial_api.console.answers import answer
 from sundial_api.console.guard import ConsoleRoute, Signed, read_form
 from sundial_api.console.render import page
 from sundial_api.problems import ProblemError
-from sundial_api.state import State
+from sundial_api.state import ApiState, State
+
 
 router = APIRouter(prefix="/ui", route_class=ConsoleRoute, include_in_schema=False)
 
 BreakerId = Annotated[str, Path(max_length=64)]
+
+
+async def serving(state: ApiState, principal: Principal, pool: dict[str, Any]) -> dict[str, Any]:
+    """``pool`` with ``GET /v1/pools/{name}``'s live workers, backlog and warnings (``service: None`` when the
+    workers' announcements cannot be read now)."""
+    try:
+        detail = await answer(pool_workers.get_pool(pool["name"], state, principal))
+    except ProblemError as exc:
+        if exc.status != 503:
+            raise
+        return {**pool, "service": None}
+    return {**pool, "service": detail}
 
 
 @router.get("/pools")
@@ -32,10 +49,11 @@ async def pools_page(request: Request, state: State, session: Signed) -> Respons
         answer(pools.my_pools(state, principal, limit=100, cursor=None)),
         answer(breakers.list_breakers(state, principal, pool=None, breaker_state=None)),
     )
+    served = await asyncio.gather(*(serving(state, principal, p) for p in pool_list["items"]))
     return page(
         request,
         "pools.html",
-        {"pools": pool_list["items"], "breakers": breaker_list["items"]},
+        {"pools": served, "breakers": breaker_list["items"]},
         live="pools_live.html",
     )
 
