@@ -7,14 +7,16 @@ In-process API on real Postgres and Redis, driven as a browser with JavaScript o
 
 from __future__ import annotations
 
-import uuid
 from datetime import UTC, datetime, timedelta
+from zoneinfo import ZoneInfo
 
 from redis.asyncio import Redis
+from sundial_api.console.job_order import encode_cursor
 from sundial_common.hotwindow.worker_announcements import WorkerAnnouncement, WorkerAnnouncements
+from sundial_common.stores.jobs import JobFilter
 
 from tests.integration.test_api import NOW, TENANT, Api, api, insert_execution
-from tests.integration.test_console import Browser, a_job, browser, csrf_of, token
+from tests.integration.test_console import Browser, a_job, browser, token
 
 __all__ = ["api", "browser"]  # the fixtures
 
@@ -48,3 +50,43 @@ async def test_pools_show_live_workers_backlog_and_the_no_live_worker_warning(ap
     theirs = await other.http.get("/ui/pools")
     assert "wait for one" not in theirs.text
     await announcements.withdraw("demo", "worker-in-demo")
+
+
+async def test_the_jobs_list_sorts_by_next_fire_and_shows_times_in_the_chosen_zone(api: Api, browser: Browser) -> None:
+    later = await a_job(api, name="fires-later", runAt=(NOW + timedelta(hours=5)).isoformat(), timezone="Asia/Tokyo")
+    sooner = await a_job(api, name="fires-sooner", runAt=(NOW + timedelta(hours=1)).isoformat())
+    cancelled = await a_job(api, name="fires-never", runAt=(NOW + timedelta(hours=2)).isoformat())
+    csrf = await browser.csrf()
+    assert (await browser.http.post(f"/ui/jobs/{cancelled}/cancel", data={"csrf": csrf})).status_code == 303
+    await a_job(api, tenant="other", name="fires-elsewhere", runAt=(NOW + timedelta(minutes=30)).isoformat())
+    newest = await browser.http.get("/ui/jobs")
+    assert newest.text.index("fires-never") < newest.text.index("fires-sooner") < newest.text.index("fires-later")
+    by_fire = await browser.http.get("/ui/jobs", params={"sort": "next-fire"})
+    assert by_fire.status_code == 200
+    assert by_fire.text.index("fires-sooner") < by_fire.text.index("fires-later") < by_fire.text.index("fires-never")
+    assert "fires-elsewhere" not in by_fire.text
+    # Keyset pages in that order: two jobs a page would need 50; page through with the store's own cursor.
+    rows = await api.app.state.api.stores.jobs.list_jobs_by_next_fire(TENANT, JobFilter(), None, 10)
+    assert [str(r["id"]) for r in rows] == [sooner, later, cancelled]
+    cursor = encode_cursor(rows[0]["next_fire_at"], rows[0]["id"])
+    second = await browser.http.get("/ui/jobs", params={"sort": "next-fire", "cursor": cursor})
+    assert "fires-sooner" not in second.text and "fires-later" in second.text and "First page" in second.text
+    assert (
+        'href="/ui/jobs?q=&amp;state=&amp;type=&amp;pool=&amp;handler=&amp;label=&amp;sort=next-fire&amp;tz=utc"'
+        in (second.text)
+    )
+    # Times: UTC by default, the job's own zone, or marked for the browser's zone.
+    tokyo = (NOW + timedelta(hours=5)).astimezone(ZoneInfo("Asia/Tokyo")).strftime("%Y-%m-%d %H:%M:%S JST")
+    in_job_zone = await browser.http.get("/ui/jobs", params={"tz": "job"})
+    assert tokyo in in_job_zone.text
+    in_utc = await browser.http.get("/ui/jobs")
+    assert tokyo not in in_utc.text and (NOW + timedelta(hours=5)).strftime("%Y-%m-%d %H:%M:%S UTC") in in_utc.text
+    local = await browser.http.get("/ui/jobs", params={"tz": "local"})
+    assert "data-local" in local.text
+    for params, field in (
+        ({"sort": "random"}, "sort"),
+        ({"tz": "mars"}, "tz"),
+        ({"sort": "next-fire", "cursor": "x"}, "cursor"),
+    ):
+        refused = await browser.http.get("/ui/jobs", params=params)
+        assert refused.status_code == 422 and field in refused.text, params

@@ -116,6 +116,10 @@ class JobStore(Protocol):
 
     async def list_jobs(self, tenant_id: str, where: JobFilter, before: UUID | None, limit: int) -> list[Record]: ...
 
+    async def list_jobs_by_next_fire(
+        self, tenant_id: str, where: JobFilter, after: tuple[datetime | None, UUID] | None, limit: int
+    ) -> list[Record]: ...
+
     async def count_jobs(self) -> dict[tuple[str, str], int]: ...
 
     async def count_tenant_jobs(self, tenant_id: str) -> dict[str, int]: ...
@@ -303,6 +307,30 @@ class PostgresJobStore:
             where.next_fire_from,
             where.next_fire_to,
             where.key,
+        )
+        return cast(list[Record], rows)
+
+    async def list_jobs_by_next_fire(
+        self, tenant_id: str, where: JobFilter, after: tuple[datetime | None, UUID] | None, limit: int
+    ) -> list[Record]:
+        """Up to ``limit`` of the tenant's jobs matching ``where``, soonest next fire first (none: last), after
+        the job ``after`` names by its next fire and id."""
+        rows = await self._db.pool.fetch(
+            Q["list_jobs_by_next_fire"],
+            tenant_id,
+            where.state,
+            where.type,
+            where.pool,
+            where.handler,
+            where.name_prefix,
+            dict(where.labels) if where.labels else None,
+            where.created_from,
+            where.created_to,
+            where.next_fire_from,
+            where.next_fire_to,
+            after[0] if after is not None else None,
+            after[1] if after is not None else None,
+            limit,
         )
         return cast(list[Record], rows)
 

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import asyncio
 from typing import Annotated, TypeVar
+from urllib.parse import urlencode
 
 from fastapi import APIRouter, Path, Query, Request
 from starlette.responses import RedirectResponse, Response
+from sundial_common.stores.jobs import JobFilter
 
 from sundial_api import audit, job_list, job_preview, jobs
+from sundial_api.console import job_order
 from sundial_api.console.answers import answer
 from sundial_api.console.counts import StateCounts
 from sundial_api.console.guard import ConsoleRoute, Signed
@@ -27,6 +30,11 @@ from sundial_api.state import ApiState, State
 router = APIRouter(prefix="/ui/jobs", route_class=ConsoleRoute, include_in_schema=False)
 
 PAGE_SIZE = 50
+#: The orders the jobs list offers, by the value of its ``sort`` parameter.
+SORTS = {"created": "Newest first", "next-fire": "Next fire, soonest first"}
+#: Where the list's times are shown, by the value of its ``tz`` parameter (``local``: the browser's zone, set by
+#: the page's script; UTC without JavaScript).
+ZONES = {"utc": "UTC", "local": "My browser's zone", "job": "Each job's zone"}
 JOB_STATES = [s.value for s in JobState]
 JOB_TYPES = [t.value for t in JobType]
 
@@ -65,16 +73,33 @@ async def jobs_page(
     handler: Annotated[str, Query(max_length=128)] = "",
     label: Annotated[str, Query(max_length=200, description="`key:value`")] = "",
     cursor: Annotated[str, Query(max_length=200)] = "",
+    sort: Annotated[str, Query(max_length=20, description="`created` (newest first) or `next-fire`")] = "created",
+    tz: Annotated[str, Query(max_length=10, description="`utc`, `local` (the browser's) or `job`")] = "utc",
 ) -> Response:
+    if sort not in SORTS:
+        raise invalid("sort", f"is not one of {', '.join(SORTS)}")
+    if tz not in ZONES:
+        raise invalid("tz", f"is not one of {', '.join(ZONES)}")
     skip_unchanged(request, state, session)
     principal = session.principal
-    listing, counts = await asyncio.gather(
-        answer(
+    chosen_state, chosen_type = _choice(JobState, "state", job_state), _choice(JobType, "type", job_type)
+    if sort == "next-fire":
+        where = JobFilter(
+            state=chosen_state.value if chosen_state else None,
+            type=chosen_type.value if chosen_type else None,
+            pool=pool or None,
+            handler=handler or None,
+            name_prefix=q or None,
+            labels=job_order.label_filter(label),
+        )
+        reading = job_order.by_next_fire(state, principal, where, cursor or None, PAGE_SIZE)
+    else:
+        reading = answer(
             job_list.list_jobs_route(
                 state,
                 principal,
-                job_state=_choice(JobState, "state", job_state),
-                job_type=_choice(JobType, "type", job_type),
+                job_state=chosen_state,
+                job_type=chosen_type,
                 pool=pool or None,
                 handler=handler or None,
                 name_prefix=q or None,
@@ -86,10 +111,12 @@ async def jobs_page(
                 limit=PAGE_SIZE,
                 cursor=cursor or None,
             )
-        ),
-        _counts(request, state).of(principal.tenant, state.changes.version(principal.tenant)),
+        )
+    listing, counts = await asyncio.gather(
+        reading, _counts(request, state).of(principal.tenant, state.changes.version(principal.tenant))
     )
-    filters = {"q": q, "state": job_state, "type": job_type, "pool": pool, "handler": handler, "label": label}
+    filters = {"q": q, "state": job_state, "type": job_type, "pool": pool, "handler": handler, "label": label,
+               "sort": sort, "tz": tz}  # fmt: skip
     return page(
         request,
         "jobs.html",
@@ -98,6 +125,9 @@ async def jobs_page(
             "next_cursor": listing["nextCursor"],
             "paged": bool(cursor),
             "filters": filters,
+            "query": urlencode(filters),
+            "sorts": SORTS,
+            "zones": ZONES,
             "counts": counts,
             "total": sum(counts.values()),
             "job_states": JOB_STATES,

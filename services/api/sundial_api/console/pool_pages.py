@@ -24,7 +24,6 @@ from sundial_api.console.render import page
 from sundial_api.problems import ProblemError
 from sundial_api.state import ApiState, State
 
-
 router = APIRouter(prefix="/ui", route_class=ConsoleRoute, include_in_schema=False)
 
 BreakerId = Annotated[str, Path(max_length=64)]
