@@ -171,7 +171,9 @@ async def test_actions_need_the_csrf_token_and_write_the_apis_audit(api: Api, br
     assert cancelled.status_code == 303
     assert await api.db.fetchval("SELECT state FROM jobs WHERE id = $1", uuid.UUID(job_id)) == "CANCELLED"
     page = await browser.http.get(f"/ui/jobs/{job_id}")
-    assert "Cancel job" not in page.text and "Pause" not in page.text  # no action a cancelled job cannot take
+    assert (
+        "Delete job" not in page.text and "/edit" not in page.text and "Pause" not in page.text
+    )  # no action a cancelled job cannot take
 
 
 async def test_a_tenant_sees_and_changes_only_its_own(api: Api, browser: Browser) -> None:
@@ -187,8 +189,10 @@ async def test_a_tenant_sees_and_changes_only_its_own(api: Api, browser: Browser
     assert (await browser.http.get(f"/ui/executions/{execution}")).status_code == 404
     assert str(execution) not in (await browser.http.get("/ui/dead-letters")).text
     csrf = await browser.csrf()
-    for action in ("pause", "trigger", "cancel"):
-        response = await browser.http.post(f"/ui/jobs/{theirs}/{action}", data={"csrf": csrf})
+    assert (await browser.http.get(f"/ui/jobs/{theirs}/edit")).status_code == 404
+    for action in ("pause", "trigger", "cancel", "edit"):
+        data = {"csrf": csrf, "confirm": "yes", "version": "1", "name": "taken-over", "pool": "demo", "handler": "x"}
+        response = await browser.http.post(f"/ui/jobs/{theirs}/{action}", data=data)
         assert response.status_code == 404, action
     assert (await browser.http.post(f"/ui/executions/{execution}/retry", data={"csrf": csrf})).status_code == 404
     assert await api.db.fetchval("SELECT state FROM jobs WHERE id = $1", uuid.UUID(theirs)) == "ACTIVE"

@@ -7,6 +7,9 @@ In-process API on real Postgres and Redis, driven as a browser with JavaScript o
 
 from __future__ import annotations
 
+import html
+import re
+import uuid
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
@@ -16,7 +19,7 @@ from sundial_common.hotwindow.worker_announcements import WorkerAnnouncement, Wo
 from sundial_common.stores.jobs import JobFilter
 
 from tests.integration.test_api import NOW, TENANT, Api, api, insert_execution
-from tests.integration.test_console import Browser, a_job, browser, token
+from tests.integration.test_console import Browser, a_job, browser, csrf_of, token
 
 __all__ = ["api", "browser"]  # the fixtures
 
@@ -57,7 +60,9 @@ async def test_the_jobs_list_sorts_by_next_fire_and_shows_times_in_the_chosen_zo
     sooner = await a_job(api, name="fires-sooner", runAt=(NOW + timedelta(hours=1)).isoformat())
     cancelled = await a_job(api, name="fires-never", runAt=(NOW + timedelta(hours=2)).isoformat())
     csrf = await browser.csrf()
-    assert (await browser.http.post(f"/ui/jobs/{cancelled}/cancel", data={"csrf": csrf})).status_code == 303
+    assert (
+        await browser.http.post(f"/ui/jobs/{cancelled}/cancel", data={"csrf": csrf, "confirm": "yes"})
+    ).status_code == 303
     await a_job(api, tenant="other", name="fires-elsewhere", runAt=(NOW + timedelta(minutes=30)).isoformat())
     newest = await browser.http.get("/ui/jobs")
     assert newest.text.index("fires-never") < newest.text.index("fires-sooner") < newest.text.index("fires-later")
@@ -90,3 +95,53 @@ async def test_the_jobs_list_sorts_by_next_fire_and_shows_times_in_the_chosen_zo
     ):
         refused = await browser.http.get("/ui/jobs", params=params)
         assert refused.status_code == 422 and field in refused.text, params
+
+
+async def test_a_job_is_edited_with_its_version_and_deleted_with_a_confirmation(api: Api, browser: Browser) -> None:
+    job_id = await a_job(
+        api, name="hourly", type="CRON", schedule="0 * * * *", timezone="Europe/Paris", runAt=None,
+        target={"pool": "demo", "handler": "echo"}, retryPolicy={"maxAttempts": 3, "backoff": "FIXED"},
+    )  # fmt: skip
+    form = await browser.http.get(f"/ui/jobs/{job_id}/edit")
+    assert form.status_code == 200 and 'value="0 * * * *"' in form.text and 'name="version" value="1"' in form.text
+    fields = dict(re.findall(r'<input id="(\w+)" name="\w+"[^>]* value="([^"]*)"', form.text))
+    payload = re.search(r'<textarea id="payload"[^>]*>(.*?)</textarea>', form.text, re.S)
+    assert payload and '"userId": 42' in html.unescape(payload.group(1))
+    fields.update(payload=html.unescape(payload.group(1)), type="CRON")
+    sent = {**fields, "csrf": csrf_of(form.text), "version": "1"}
+    # Bad input shows the form again, naming the field; nothing is written.
+    bad = await browser.http.post(f"/ui/jobs/{job_id}/edit", data={**sent, "schedule": "61 * * * *"})
+    assert bad.status_code == 422 and "schedule" in bad.text and "The job was not changed" in bad.text
+    saved = await browser.http.post(
+        f"/ui/jobs/{job_id}/edit", data={**sent, "schedule": "30 6 * * *", "maxAttempts": "5", "name": "daily"}
+    )
+    assert saved.status_code == 303 and saved.headers["location"] == f"/ui/jobs/{job_id}?notice=edited", saved.text
+    row = await api.db.fetchrow(
+        "SELECT name, schedule, version, retry_policy FROM jobs WHERE id = $1", uuid.UUID(job_id)
+    )
+    assert (row["name"], row["schedule"], row["version"]) == ("daily", "30 6 * * *", 2)
+    assert '"maxAttempts": 5' in row["retry_policy"] and '"FIXED"' in row["retry_policy"]  # the rest kept
+    detail = await api.db.fetchval(
+        "SELECT detail FROM audit_log WHERE entity_id = $1 AND action = 'update'", uuid.UUID(job_id)
+    )
+    assert '"changed": ["name", "retryPolicy", "schedule"]' in detail
+    # Sent on the version the form was opened on (1), now stale: refused, not overwritten.
+    stale = await browser.http.post(f"/ui/jobs/{job_id}/edit", data={**sent, "name": "lost-update"})
+    assert stale.status_code == 412 and "Start again from the job as it is now" in stale.text
+    assert await api.db.fetchval("SELECT name FROM jobs WHERE id = $1", uuid.UUID(job_id)) == "daily"
+    # Delete: only with the confirmation box ticked; the job is CANCELLED and its deletion audited.
+    csrf = csrf_of(stale.text)
+    assert (await browser.http.post(f"/ui/jobs/{job_id}/cancel", data={"csrf": csrf})).status_code == 422
+    deleted = await browser.http.post(f"/ui/jobs/{job_id}/cancel", data={"csrf": csrf, "confirm": "yes"})
+    assert deleted.status_code == 303 and deleted.headers["location"].endswith("?notice=deleted")
+    assert await api.db.fetchval("SELECT state FROM jobs WHERE id = $1", uuid.UUID(job_id)) == "CANCELLED"
+    assert (
+        await api.db.fetchval(
+            "SELECT count(*) FROM audit_log WHERE entity_id = $1 AND action = 'cancel'", uuid.UUID(job_id)
+        )
+        == 1
+    )
+    assert (await browser.http.get(f"/ui/jobs/{job_id}/edit")).status_code == 200
+    assert (
+        await browser.http.post(f"/ui/jobs/{job_id}/edit", data={**sent, "version": "3", "name": "x"})
+    ).status_code == 409

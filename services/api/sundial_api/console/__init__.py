@@ -15,6 +15,7 @@ from starlette.staticfiles import StaticFiles
 from sundial_api.console import (
     admin_pages,
     execution_pages,
+    job_edit,
     job_form,
     job_pages,
     pool_pages,
@@ -28,6 +29,7 @@ def install(app: FastAPI) -> None:
     """Serve the console under ``/ui`` (its assets under ``/ui/static``)."""
     app.include_router(sign_in.router)
     app.include_router(job_form.router)  # before job_pages: `/ui/jobs/new` must not match `/ui/jobs/{id}`
+    app.include_router(job_edit.router)
     app.include_router(job_pages.router)
     app.include_router(execution_pages.router)
     app.include_router(pool_pages.router)

@@ -1,4 +1,4 @@
-"""The console's job pages: the jobs list, one job, and the job actions (trigger, pause, resume, cancel).
+"""The console's job pages: the jobs list, one job, and the job actions (trigger, pause, resume, delete).
 
 Every read and every action is the ``/v1`` endpoint's own (:mod:`sundial_api.console.answers`), run as the
 session's principal; an action is a plain form POST answered by a redirect to the page it came from
@@ -19,12 +19,12 @@ from sundial_api import audit, job_list, job_preview, jobs
 from sundial_api.console import job_order
 from sundial_api.console.answers import answer
 from sundial_api.console.counts import StateCounts
-from sundial_api.console.guard import ConsoleRoute, Signed
+from sundial_api.console.guard import ConsoleRoute, Signed, read_form
 from sundial_api.console.live import skip_unchanged
 from sundial_api.console.render import page
 from sundial_api.models.jobs import JobState
 from sundial_api.models.schedules import JobType
-from sundial_api.problems import invalid, parse_resource_id
+from sundial_api.problems import ProblemError, field_error, invalid, parse_resource_id
 from sundial_api.state import ApiState, State
 
 router = APIRouter(prefix="/ui/jobs", route_class=ConsoleRoute, include_in_schema=False)
@@ -178,6 +178,13 @@ async def resume(state: State, session: Signed, job_id: JobId) -> Response:
 
 
 @router.post("/{job_id}/cancel")
-async def cancel(state: State, session: Signed, job_id: JobId) -> Response:
-    await jobs.cancel_job(job_id, state, session.principal, cascade=False)
-    return _back(job_id, "cancelled")
+async def cancel(request: Request, state: State, session: Signed, job_id: JobId) -> Response:
+    """Delete the job as ``DELETE /v1/jobs/{id}`` does: it is CANCELLED (its history stays), after the form's
+    confirmation box is ticked; ``cascade`` also cancels the DEPENDENT jobs that run after it."""
+    form = await read_form(request)
+    if form.get("confirm") != "yes":
+        raise ProblemError(
+            422, "tick the confirmation box to delete a job", errors=[field_error("confirm", "is required")]
+        )
+    await jobs.cancel_job(job_id, state, session.principal, cascade=form.get("cascade") == "yes")
+    return _back(job_id, "deleted")
