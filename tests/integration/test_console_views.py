@@ -145,3 +145,44 @@ async def test_a_job_is_edited_with_its_version_and_deleted_with_a_confirmation(
     assert (
         await browser.http.post(f"/ui/jobs/{job_id}/edit", data={**sent, "version": "3", "name": "x"})
     ).status_code == 409
+
+
+async def test_a_backfill_starts_as_a_dry_run_then_runs_and_is_cancelled(api: Api, browser: Browser) -> None:
+    job_id = await a_job(api, name="hourly", type="CRON", schedule="0 * * * *", runAt=None)
+    page = await browser.http.get(f"/ui/jobs/{job_id}")
+    assert f"/ui/jobs/{job_id}/backfills" in page.text
+    form = await browser.http.get(f"/ui/jobs/{job_id}/backfills")
+    assert form.status_code == 200 and 'name="dryRun" value="yes" checked' in form.text  # a dry run by default
+    hour = NOW.replace(minute=0, second=0, microsecond=0)
+    start, end = (hour - timedelta(hours=3)).isoformat(), (hour - timedelta(minutes=30)).isoformat()
+    sent = {"csrf": csrf_of(form.text), "from": start, "to": end, "ratePerSec": "5", "overlapPolicy": "ALLOW"}
+    dry = await browser.http.post(f"/ui/jobs/{job_id}/backfills", data={**sent, "dryRun": "yes"})
+    assert dry.status_code == 200 and 'data-testid="backfill-count">3<' in dry.text, dry.text[:3000]
+    assert await api.db.fetchval("SELECT count(*) FROM backfills") == 0  # counted, nothing created
+    # The real run needs the confirmation the dry run's answer asks for.
+    assert (await browser.http.post(f"/ui/jobs/{job_id}/backfills", data=sent)).status_code == 422
+    started = await browser.http.post(f"/ui/jobs/{job_id}/backfills", data={**sent, "confirm": "yes"})
+    assert started.status_code == 303, started.text[:3000]
+    detail = await browser.http.get(started.headers["location"])
+    assert 'data-testid="backfill-state">RUNNING<' in detail.text and "0 created, 0 handled of 3" in detail.text
+    listing = await browser.http.get(f"/ui/jobs/{job_id}/backfills")
+    backfill = started.headers["location"].split("?")[0]
+    assert backfill in listing.text
+    # Bad input: named, nothing written.
+    bad = await browser.http.post(f"/ui/jobs/{job_id}/backfills", data={**sent, "to": "tomorrow", "dryRun": "yes"})
+    assert bad.status_code == 422 and "<code>to</code>" in bad.text
+    future = (NOW + timedelta(hours=2)).isoformat()
+    bad = await browser.http.post(f"/ui/jobs/{job_id}/backfills", data={**sent, "to": future, "dryRun": "yes"})
+    assert bad.status_code == 422 and "in the future" in bad.text
+    # Another tenant sees none of it.
+    other = Browser(api)
+    await other.sign_in(token(api, "other"))
+    assert (await other.http.get(backfill)).status_code == 404
+    assert (await other.http.get(f"/ui/jobs/{job_id}/backfills")).status_code == 404
+    other_csrf = csrf_of((await other.http.get("/ui/jobs")).text)
+    refused = await other.http.post(f"{backfill}/cancel", data={"csrf": other_csrf, "confirm": "yes"})
+    assert refused.status_code == 404
+    cancelled = await browser.http.post(f"{backfill}/cancel", data={"csrf": sent["csrf"], "confirm": "yes"})
+    assert cancelled.status_code == 303
+    assert 'data-testid="backfill-state">CANCELLED<' in (await browser.http.get(backfill)).text
+    assert await api.db.fetchval("SELECT count(*) FROM audit_log WHERE action LIKE '%backfill%'") >= 1

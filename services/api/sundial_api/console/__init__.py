@@ -14,6 +14,7 @@ from starlette.staticfiles import StaticFiles
 
 from sundial_api.console import (
     admin_pages,
+    backfill_pages,
     execution_pages,
     job_edit,
     job_form,
@@ -34,5 +35,6 @@ def install(app: FastAPI) -> None:
     app.include_router(execution_pages.router)
     app.include_router(pool_pages.router)
     app.include_router(replay_pages.router)
+    app.include_router(backfill_pages.router)
     app.include_router(admin_pages.router)
     app.mount("/ui/static", StaticFiles(directory=STATIC), name="console-static")

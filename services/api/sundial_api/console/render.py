@@ -35,6 +35,7 @@ NOTICES = {
     "deleted": "Deleted: the job is CANCELLED and fires no more; its history stays readable.",
     "breaker-opened": "Breaker opened: retries of that handler are held.",
     "breaker-closed": "Breaker closed: held retries go ahead.",
+    "backfill-started": "Backfill started: its occurrences run at its rate; progress below.",
     "signed-out": "Signed out.",
     "session-ended": "Your session ended: sign in again.",
 }
