@@ -7,13 +7,16 @@ In-process API on real Postgres and Redis, driven as a browser with JavaScript o
 
 from __future__ import annotations
 
+import asyncio
 import html
 import re
 import uuid
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
+import pytest
 from redis.asyncio import Redis
+from sundial_api.console import events
 from sundial_api.console.job_order import encode_cursor
 from sundial_common.hotwindow.worker_announcements import WorkerAnnouncement, WorkerAnnouncements
 from sundial_common.stores.jobs import JobFilter
@@ -186,3 +189,26 @@ async def test_a_backfill_starts_as_a_dry_run_then_runs_and_is_cancelled(api: Ap
     assert cancelled.status_code == 303
     assert 'data-testid="backfill-state">CANCELLED<' in (await browser.http.get(backfill)).text
     assert await api.db.fetchval("SELECT count(*) FROM audit_log WHERE action LIKE '%backfill%'") >= 1
+
+
+async def test_changes_are_pushed_as_server_sent_events(
+    api: Api, browser: Browser, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(events, "STREAM_SEC", 6.0)  # the in-process client reads a stream once it has ended
+    monkeypatch.setattr(events, "CHECK_SEC", 0.2)
+    page = await browser.http.get("/ui/jobs")
+    assert "consolechanged from:body" in page.text and "data-feed" in page.text  # polling stays the fallback
+
+    async def a_change_soon() -> None:
+        await asyncio.sleep(2.5)  # the feed is live by then
+        await a_job(api, name="pushed")
+
+    task = asyncio.create_task(a_change_soon())
+    stream = await browser.http.get("/ui/events", timeout=30)
+    await task
+    assert stream.status_code == 200 and stream.headers["content-type"].startswith("text/event-stream")
+    assert stream.headers["content-security-policy"] and stream.headers["cache-control"] == "no-store"
+    names = re.findall(r"^event: (\w+)$", stream.text, re.M)
+    assert names[:2] == ["live", "change"], stream.text
+    # No session, no stream.
+    assert (await Browser(api).http.get("/ui/events")).status_code == 303
