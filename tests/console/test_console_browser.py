@@ -2,9 +2,11 @@
 
 One story per stack (starting the processes is the slow part): a tenant signs in with its token, creates a
 cron job in a time zone through the form, triggers it and watches the execution turn SUCCEEDED without a
-reload, pauses and resumes it, reads a failed execution's error, re-drives it from the dead letters, cancels
-a running one, counts a replay with a dry run, opens and closes a breaker; then a second tenant (signed in
-with the one-click development sign-in) sees none of it, and an operator sees the cluster and the tenants.
+reload, pauses and resumes it, edits it, counts a backfill with a dry run, reads a failed execution's error,
+re-drives it from the dead letters, cancels a running one, counts a replay with a dry run, opens and closes a
+breaker and sees the pool's live worker, sorts the jobs by next fire in the browser's own zone with changes
+pushed live; then a second tenant (signed in with the one-click development sign-in) sees none of it, and an
+operator sees the cluster and the tenants.
 """
 
 from __future__ import annotations
@@ -81,6 +83,20 @@ async def pause_and_resume(page: Page) -> None:
     await expect(page.get_by_test_id("job-state")).to_have_text("PAUSED")
     await page.get_by_role("button", name="Resume").click()
     await expect(page.get_by_test_id("job-state")).to_have_text("ACTIVE")
+
+
+async def edit_it_and_count_a_backfill(page: Page, console: Console) -> None:
+    """The job's edit form (saved with the version it was opened on), then a backfill's dry run from its page."""
+    await page.get_by_role("link", name="Edit").click()
+    await page.get_by_label(re.compile("Cron expression")).fill("45 3 * * *")
+    await page.get_by_role("button", name="Save changes").click()
+    await expect(page.get_by_role("status")).to_have_text(re.compile("Saved"))
+    await expect(page.get_by_text("45 3 * * *", exact=True)).to_be_visible()
+    await page.get_by_role("link", name="Backfills").click()
+    await page.get_by_role("button", name="Start backfill").click()  # the form's defaults: a dry run, last day
+    await expect(page.get_by_test_id("backfill-count")).to_have_text(re.compile(r"^\d+$"))
+    await console.screenshot(page, "13-backfill-dry-run")
+    await page.get_by_role("link", name="nightly-report <b>").click()
 
 
 async def read_a_failure_and_re_drive_it(page: Page, console: Console) -> str:
@@ -173,6 +189,20 @@ async def open_and_close_a_breaker(page: Page, console: Console) -> None:
     await page.get_by_label("sure").check()
     await page.get_by_role("button", name="Close breaker").click()
     await expect(page.get_by_test_id("breaker-state")).to_have_text("CLOSED")
+    # The demo worker announces itself in its pool.
+    demo = page.locator('tr[data-pool="demo"]')
+    await expect(demo.get_by_test_id("pool-live-workers")).to_have_text(re.compile(r"^[1-9]"))
+    await expect(demo).to_contain_text("echo")
+
+
+async def sort_by_next_fire_in_the_browsers_zone(page: Page, console: Console) -> None:
+    """The context's zone is Asia/Tokyo: "my browser's zone" shows the next fire there, rewritten by the page."""
+    await page.get_by_label("Sort").select_option("next-fire")
+    await page.get_by_label("Times in").select_option("local")
+    await page.get_by_role("button", name="Filter").click()
+    await expect(page.get_by_role("link", name="nightly-report <b>")).to_be_visible()
+    await expect(page.get_by_test_id("next-fire").first).to_contain_text("GMT+9")
+    await expect(page.get_by_test_id("live-push")).to_be_visible()  # changes pushed by the server, not polled
 
 
 async def an_operator_sees_the_cluster_and_the_tenants(browser: Browser, console: Console) -> None:
@@ -195,7 +225,9 @@ async def an_operator_sees_the_cluster_and_the_tenants(browser: Browser, console
 async def test_a_tenant_runs_its_jobs_from_the_console_and_another_sees_none(
     console: Console, browser: Browser
 ) -> None:
-    context = await browser.new_context(viewport={"width": 1280, "height": 800})
+    context = await browser.new_context(
+        viewport={"width": 1280, "height": 800}, timezone_id="Asia/Tokyo", locale="en-US"
+    )
     page = await context.new_page()
     errors: list[str] = []
     page.on("console", lambda message: errors.append(message.text) if message.type == "error" else None)
@@ -203,12 +235,14 @@ async def test_a_tenant_runs_its_jobs_from_the_console_and_another_sees_none(
     job_id = await create_cron_job_through_the_form(page, console)
     await trigger_and_watch_it_succeed(page, console)
     await pause_and_resume(page)
+    await edit_it_and_count_a_backfill(page, console)
     execution_url = await read_a_failure_and_re_drive_it(page, console)
     await cancel_a_running_execution(page, console)
     await count_a_replay_before_running_it(page, console)
     await open_and_close_a_breaker(page, console)
     await page.get_by_role("link", name="Jobs", exact=True).click()
     await expect(page.get_by_role("link", name="nightly-report <b>")).to_be_visible()
+    await sort_by_next_fire_in_the_browsers_zone(page, console)
     await console.screenshot(page, "00-jobs")
     await page.set_viewport_size({"width": 390, "height": 844})  # a phone
     assert await page.evaluate("document.documentElement.scrollWidth") <= 390  # nothing wider than the screen
