@@ -212,3 +212,52 @@ async def test_changes_are_pushed_as_server_sent_events(
     assert names[:2] == ["live", "change"], stream.text
     # No session, no stream.
     assert (await Browser(api).http.get("/ui/events")).status_code == 303
+
+
+SSO = {
+    "console_sso_headers": ["X-Forwarded-Email", "X-Forwarded-User"],
+    "console_sso_proxies": ["10.0.0.0/24"],
+    "console_sso_identities": {
+        "alice@example.com": TENANT,
+        "@other.example": "other",
+        "ops@example.com": f"admin:{TENANT}",
+    },
+}
+
+
+@pytest.mark.parametrize("api", [SSO], indirect=True)
+async def test_sso_identities_are_taken_only_from_the_trusted_proxy(api: Api) -> None:
+    proxied = Browser(api, client=("10.0.0.5", 50000), scheme="https")
+    signed_in = await proxied.http.get("/ui/sign-in", headers={"X-Forwarded-Email": "alice@example.com"})
+    assert signed_in.status_code == 303 and signed_in.headers["location"] == "/ui/jobs", signed_in.text[:2000]
+    page = await proxied.http.get("/ui/jobs", headers={"X-Forwarded-Email": "alice@example.com"})
+    assert page.status_code == 200 and f">{TENANT}</strong>" in page.text and "/ui/cluster" not in page.text
+    # A domain maps to its tenant; an admin identity gets the operator's pages.
+    bob = Browser(api, client=("10.0.0.6", 50000), scheme="https")
+    await bob.http.get("/ui/sign-in", headers={"X-Forwarded-User": "bob@Other.example"})
+    assert ">other</strong>" in (await bob.http.get("/ui/jobs")).text
+    ops = Browser(api, client=("10.0.0.7", 50000), scheme="https")
+    await ops.http.get("/ui/sign-in", headers={"X-Forwarded-Email": "ops@example.com"})
+    assert "/ui/cluster" in (await ops.http.get("/ui/jobs")).text  # the operator's pages are offered
+    # The same header from any other peer is refused, never taken — loopback included.
+    for peer in ("203.0.113.7", "127.0.0.1", "10.0.1.5"):
+        stranger = Browser(api, client=(peer, 50000), scheme="https")
+        refused = await stranger.http.get("/ui/sign-in", headers={"X-Forwarded-Email": "alice@example.com"})
+        assert refused.status_code == 403 and "trusted only from the configured SSO proxies" in refused.text, peer
+        assert (await stranger.http.get("/ui/jobs")).status_code == 303  # no session
+    # An identity no tenant is mapped to may not sign in.
+    unknown = await Browser(api, client=("10.0.0.8", 50000), scheme="https").http.get(
+        "/ui/sign-in", headers={"X-Forwarded-Email": "mallory@elsewhere.example"}
+    )
+    assert unknown.status_code == 403 and "no tenant is mapped" in unknown.text
+    # Someone else signed in at the proxy on the same browser: alice's session ends.
+    switched = await proxied.http.get("/ui/jobs", headers={"X-Forwarded-Email": "eve@other.example"})
+    assert switched.status_code == 303 and "session-ended" in switched.headers["location"]
+    assert (await proxied.http.get("/ui/jobs")).status_code == 303
+
+
+async def test_sso_is_off_by_default(api: Api) -> None:
+    b = Browser(api)
+    form = await b.http.get("/ui/sign-in", headers={"X-Forwarded-Email": "alice@example.com"})
+    assert form.status_code == 200 and "Bearer token" in form.text  # the header means nothing
+    assert (await b.http.get("/ui/jobs")).status_code == 303

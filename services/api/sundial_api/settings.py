@@ -6,8 +6,15 @@ Every field reads ``SUNDIAL_<NAME>`` from the environment (``SUNDIAL_PORT``, ``S
 
 from __future__ import annotations
 
+import ipaddress
+import re
+
 from pydantic import Field, model_validator
 from sundial_common.runtime.settings import CommonSettings, DeliverySettings
+from sundial_common.security.auth import TENANT
+
+#: An SSO identity's role: a tenant, or ``admin:`` and a tenant.
+_SSO_ROLE = re.compile(r"^(admin:)?" + TENANT.removeprefix("^"))
 
 
 class ApiSettings(DeliverySettings, CommonSettings):
@@ -93,6 +100,43 @@ class ApiSettings(DeliverySettings, CommonSettings):
     notification_concurrency: int = Field(
         10, ge=1, le=200, description="Notification requests one API replica has in flight at once."
     )
+
+    console_sso_headers: list[str] = Field(
+        default_factory=list,
+        description="Single sign-on behind a trusted proxy: the request headers, as JSON, that carry the signed-in "
+        'user\'s identity (`["X-Forwarded-Email", "X-Forwarded-User"]`: the first one present counts). Empty = off. '
+        "Trusted only from SUNDIAL_CONSOLE_SSO_PROXIES; who it signs in as: SUNDIAL_CONSOLE_SSO_IDENTITIES.",
+    )
+    console_sso_proxies: list[str] = Field(
+        default_factory=list,
+        description='Addresses or networks, as JSON (`["10.0.0.5", "10.1.0.0/16"]`), of the proxies whose SSO '
+        "headers are trusted: the peer of the connection must be one. Required with SUNDIAL_CONSOLE_SSO_HEADERS.",
+    )
+    console_sso_identities: dict[str, str] = Field(
+        default_factory=dict,
+        description='Who an SSO identity signs in as, as JSON: `{"alice@example.com": "acme", "@example.com": '
+        '"globex", "ops@example.com": "admin:acme"}` — a tenant, or `admin:` and a tenant for an operator; a key '
+        "starting with `@` matches every address of that domain. An identity not listed may not sign in.",
+    )
+
+    @model_validator(mode="after")
+    def _sso_is_complete(self) -> ApiSettings:
+        if self.console_sso_headers and not self.console_sso_proxies:
+            raise ValueError(
+                "SUNDIAL_CONSOLE_SSO_HEADERS needs SUNDIAL_CONSOLE_SSO_PROXIES: identity headers are trusted only "
+                "from the proxies named there"
+            )
+        for proxy in self.console_sso_proxies:
+            try:
+                ipaddress.ip_network(proxy, strict=False)
+            except ValueError:
+                raise ValueError(f"SUNDIAL_CONSOLE_SSO_PROXIES: {proxy!r} is not an address or network") from None
+        for identity, role in self.console_sso_identities.items():
+            if not _SSO_ROLE.match(role):
+                raise ValueError(
+                    f"SUNDIAL_CONSOLE_SSO_IDENTITIES[{identity!r}]: {role!r} is not a tenant or `admin:<tenant>`"
+                )
+        return self
 
     @model_validator(mode="after")
     def _can_verify_tokens(self) -> ApiSettings:

@@ -35,6 +35,7 @@ from sundial_api.console.live import Unchanged
 from sundial_api.console.render import is_htmx, page
 from sundial_api.console.sessions import COOKIE, ConsoleSession, SessionStore
 from sundial_api.console.signing_keys import still_trusted
+from sundial_api.console.sso import is_sso_subject, same_user
 from sundial_api.problems import DATABASE_UNAVAILABLE, ProblemError, field_error
 from sundial_api.state import State
 
@@ -136,6 +137,9 @@ async def current_session(request: Request, state: State) -> ConsoleSession:
     store = SessionStore(state.hot_window.redis)
     session = await store.get(session_id, time.time())
     if session is None:
+        raise SignInRequired("session-ended")
+    if is_sso_subject(session.subject) and not same_user(request, state.settings, session.subject):
+        await store.end(session_id)  # someone else signed in at the SSO proxy: this browser is theirs now
         raise SignInRequired("session-ended")
     tenant = await state.tenant_cache.get(session.tenant)
     if tenant is None or not tenant.active or not await still_trusted(session.signing_key, state.verifier):

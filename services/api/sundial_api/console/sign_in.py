@@ -5,6 +5,8 @@
   session that lasts as long as the token. The token is not kept, and never put in a URL.
 * ``POST /ui/sign-in/dev`` opens a session for ``SUNDIAL_CONSOLE_DEV_TENANT`` in one click, only when
   ``SUNDIAL_ENV=dev`` and the browser is on this machine.
+* Behind a trusted SSO proxy (:mod:`sundial_api.console.sso`), ``GET /ui/sign-in`` opens a session for the
+  identity the proxy names, without a token.
 * ``POST /ui/sign-out`` ends the session server-side (a copied cookie stops working too); so do the tenant's
   suspension and the rotation of the key that signed the token (:mod:`sundial_api.console.signing_keys`).
 
@@ -34,6 +36,7 @@ from sundial_api.console.guard import (
 from sundial_api.console.render import page
 from sundial_api.console.sessions import COOKIE, SIGN_IN_COOKIE, SessionStore
 from sundial_api.console.signing_keys import key_of
+from sundial_api.console.sso import SSO_SESSION_SEC, UntrustedIdentity, identity_of
 from sundial_api.problems import ProblemError
 from sundial_api.state import ApiState, State
 from sundial_api.tokens import expiry_of
@@ -73,7 +76,17 @@ def _sign_in_form(request: Request, state: ApiState, *, status_code: int = 200, 
 
 @router.get("/sign-in")
 async def sign_in_page(request: Request, state: State) -> Response:
-    return _sign_in_form(request, state)
+    """The sign-in form; behind a trusted SSO proxy, the proxy's identity signs in at once."""
+    try:
+        sso = identity_of(request, state.settings)
+    except UntrustedIdentity as exc:
+        raise ProblemError(403, str(exc)) from None
+    if sso is None or request.query_params.get("notice") == "signed-out":  # not straight back in after signing out
+        return _sign_in_form(request, state)
+    refused = await _registered(state, sso.principal.tenant)
+    if refused is not None:
+        raise ProblemError(403, refused)
+    return await _open(request, state, sso.principal, time.time() + SSO_SESSION_SEC)
 
 
 async def _checked_form(request: Request) -> dict[str, str]:
