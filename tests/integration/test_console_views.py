@@ -10,12 +10,12 @@ from __future__ import annotations
 import asyncio
 import html
 import re
+import threading
 import uuid
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 import pytest
-from redis.asyncio import Redis
 from sundial_api.console import events
 from sundial_api.console.job_order import encode_cursor
 from sundial_common.hotwindow.worker_announcements import WorkerAnnouncement, WorkerAnnouncements
@@ -37,7 +37,7 @@ def announcement(pool: str, worker_id: str, *handlers: str) -> WorkerAnnouncemen
 async def test_pools_show_live_workers_backlog_and_the_no_live_worker_warning(api: Api, browser: Browser) -> None:
     job_id = await a_job(api, target={"pool": "reports", "handler": "render"})
     await insert_execution(api, job_id, NOW, pool="reports", handler="render")  # PENDING: waits for a worker
-    announcements = WorkerAnnouncements(Redis.from_url(api.settings.redis_url))
+    announcements = WorkerAnnouncements(api.redis)
     await announcements.announce(announcement("demo", "worker-in-demo", "echo", "<b>sleep</b>"), ttl_sec=60)
     page = await browser.http.get("/ui/pools")
     assert page.status_code == 200
@@ -212,6 +212,13 @@ async def test_changes_are_pushed_as_server_sent_events(
     assert names[:2] == ["live", "change"], stream.text
     # No session, no stream.
     assert (await Browser(api).http.get("/ui/events")).status_code == 303
+    # A stopping process ends its streams at once: a graceful stop does not wait for open tabs.
+    stopping = threading.Event()
+    stopping.set()
+    monkeypatch.setattr(events, "CLOSING", stopping)
+    monkeypatch.setattr(events, "STREAM_SEC", 60.0)
+    ended = await asyncio.wait_for(browser.http.get("/ui/events"), timeout=10)
+    assert "event:" not in ended.text
 
 
 SSO = {

@@ -24,6 +24,7 @@ from sundial_common.runtime.stop_signals import StopSignals
 
 from sundial_api.admin import register_replica
 from sundial_api.app import create_app
+from sundial_api.console.events import close_streams
 from sundial_api.http_protocol import CoalescingHttpToolsProtocol
 from sundial_api.settings import ApiSettings
 
@@ -44,6 +45,7 @@ class _Server(uvicorn.Server):
 
     def _stop(self) -> None:
         self.should_exit = True
+        close_streams()  # the console's open event streams would hold the graceful stop until its timeout
         if self._exiting is not None:  # a signal handler: wake the loop through its self-pipe
             loop, exiting = self._exiting
             loop.call_soon_threadsafe(exiting.set)

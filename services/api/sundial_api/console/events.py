@@ -11,14 +11,16 @@ however many tabs are open the database still sees one query a second per proces
 * ``paused`` when the feed cannot say (Postgres away): the tab polls again until the next ``live``.
 
 Polling stays the fallback: without JavaScript, without ``EventSource``, or while the stream is down, the
-regions poll as before. A stream ends after :data:`STREAM_SEC` (the browser reconnects at once) and when the
-session ends — it re-checks the session as every request does every :data:`RECHECK_SEC`. The stream is
-same-origin, so the Content-Security-Policy's ``connect-src 'self'`` allows it.
+regions poll as before. A stream ends after :data:`STREAM_SEC` (the browser reconnects at once), when the
+process stops (:func:`close_streams`), and when the session ends: it re-checks the session as every request
+does, every :data:`RECHECK_SEC`. The stream is same-origin, so the Content-Security-Policy's
+``connect-src 'self'`` allows it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import AsyncIterator
 
@@ -41,6 +43,15 @@ STREAM_SEC = 300.0
 RETRY_MS = 3000
 
 
+#: Set when the process stops: open streams end within :data:`CHECK_SEC`, so a graceful stop never waits on a tab.
+CLOSING = threading.Event()
+
+
+def close_streams() -> None:
+    """End every open stream of this process (called when it stops; browsers reconnect to another replica)."""
+    CLOSING.set()
+
+
 def event(name: str, data: str) -> bytes:
     """One server-sent event (``data`` is a version: one line, no tenant text)."""
     return f"event: {name}\ndata: {data}\n\n".encode()
@@ -52,7 +63,7 @@ async def changes(request: Request, state: ApiState, session: ConsoleSession) ->
     started = checked = time.monotonic()
     shown: str | None = None
     while (now := time.monotonic()) - started < STREAM_SEC:
-        if await request.is_disconnected():
+        if CLOSING.is_set() or await request.is_disconnected():
             return
         if now - checked >= RECHECK_SEC:
             checked = now
