@@ -2,43 +2,61 @@
 
 Pools are ``GET /v1/pools`` and breakers ``GET /v1/breakers``, as the session's principal. Each pool's live
 workers (their handlers and free slots, from the workers' announcements), the tenant's own backlog and the "no
-live worker" warning are ``GET /v1/pools/{name}``'s answer, so the page and the API never disagree about
-whether anyone serves a pool; a pool whose workers cannot be read now says so instead of claiming none.
-Opening or closing a breaker is ``POST /v1/breakers/{id}/open|close`` (audited as the API audits it), after
-the form's confirmation box is ticked.
+live worker" warning are worded as ``GET /v1/pools/{name}`` words them (the same
+:class:`~sundial_common.coordination.pool_service.PoolService` and ``render_service``), so the page and the API
+never disagree about whether anyone serves a pool; they are read for all the page's pools at once, one Redis
+read and one Postgres query per refresh however many pools. When the announcements cannot be read now, the page
+says so instead of claiming no worker. Opening or closing a breaker is ``POST /v1/breakers/{id}/open|close``
+(audited as the API audits it), after the form's confirmation box is ticked.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Annotated, Any
 
+import orjson
 from fastapi import APIRouter, Path, Request
+from redis.exceptions import RedisError
 from starlette.responses import RedirectResponse, Response
+from sundial_common.coordination.pool_service import PoolService
 from sundial_common.security.auth import Principal
 
-from sundial_api import breakers, pool_workers, pools
+from sundial_api import breakers, pools
 from sundial_api.console.answers import answer
 from sundial_api.console.guard import ConsoleRoute, Signed, read_form
 from sundial_api.console.render import page
+from sundial_api.pool_workers import render_service
 from sundial_api.problems import ProblemError
+from sundial_api.responses import dumps
 from sundial_api.state import ApiState, State
 
+log = logging.getLogger("sundial.api.console")
+
 router = APIRouter(prefix="/ui", route_class=ConsoleRoute, include_in_schema=False)
+
+_REDIS_TROUBLE = (RedisError, OSError, TimeoutError)
 
 BreakerId = Annotated[str, Path(max_length=64)]
 
 
-async def serving(state: ApiState, principal: Principal, pool: dict[str, Any]) -> dict[str, Any]:
-    """``pool`` with ``GET /v1/pools/{name}``'s live workers, backlog and warnings (``service: None`` when the
-    workers' announcements cannot be read now)."""
+async def serving(state: ApiState, principal: Principal, listed: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each pool of ``listed`` with its ``service``: ``GET /v1/pools/{name}``'s workers, backlog and warnings
+    (None for every pool when the workers' announcements cannot be read now)."""
+    names = [p["name"] for p in listed]
     try:
-        detail = await answer(pool_workers.get_pool(pool["name"], state, principal))
-    except ProblemError as exc:
-        if exc.status != 503:
-            raise
-        return {**pool, "service": None}
-    return {**pool, "service": detail}
+        workers = await state.live_workers.announcements.live_pools(names) if names else {}
+    except _REDIS_TROUBLE as exc:
+        log.warning("console: live workers unknown: %r", exc)
+        return [{**p, "service": None} for p in listed]
+    backlog = await state.stores.executions.pending_by_pool(principal.tenant, None)
+    served = []
+    for p in listed:
+        pending, oldest = backlog.get(p["name"], (0, None))
+        service = PoolService(p["name"], tuple(workers.get(p["name"], ())), pending, oldest)
+        served.append({**p, "service": orjson.loads(dumps(render_service(service)))})
+    return served
 
 
 @router.get("/pools")
@@ -48,7 +66,7 @@ async def pools_page(request: Request, state: State, session: Signed) -> Respons
         answer(pools.my_pools(state, principal, limit=100, cursor=None)),
         answer(breakers.list_breakers(state, principal, pool=None, breaker_state=None)),
     )
-    served = await asyncio.gather(*(serving(state, principal, p) for p in pool_list["items"]))
+    served = await serving(state, principal, pool_list["items"])
     return page(
         request,
         "pools.html",
