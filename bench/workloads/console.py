@@ -105,10 +105,14 @@ async def time_pages(base: str, token: str, ids: dict[str, str], requests: int) 
         "jobs_paused": "/ui/jobs?state=PAUSED",
         "jobs_name_prefix": "/ui/jobs?q=nightly-",
         "jobs_handler": "/ui/jobs?handler=h7",
+        "jobs_next_fire": "/ui/jobs?sort=next-fire",
+        "jobs_next_fire_paused": "/ui/jobs?sort=next-fire&state=PAUSED",
         "job": f"/ui/jobs/{ids['job']}",
         "execution": f"/ui/executions/{ids['execution']}",
         "dead_letters": "/ui/dead-letters",
         "pools": "/ui/pools",
+        "job_edit": f"/ui/jobs/{ids['job']}/edit",
+        "job_backfills": f"/ui/jobs/{ids['job']}/backfills",
     }
     async with httpx.AsyncClient(base_url=base, timeout=60) as client:
         form = await client.get("/ui/sign-in")
