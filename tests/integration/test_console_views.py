@@ -76,6 +76,10 @@ async def test_the_jobs_list_sorts_by_next_fire_and_shows_times_in_the_chosen_zo
     # Keyset pages in that order: two jobs a page would need 50; page through with the store's own cursor.
     rows = await api.app.state.api.stores.jobs.list_jobs_by_next_fire(TENANT, JobFilter(), None, 10)
     assert [str(r["id"]) for r in rows] == [sooner, later, cancelled]
+    jobs = api.app.state.api.stores.jobs
+    after_later = await jobs.list_jobs_by_next_fire(TENANT, JobFilter(), (rows[1]["next_fire_at"], rows[1]["id"]), 10)
+    assert [str(r["id"]) for r in after_later] == [cancelled]  # then the jobs with no next fire
+    assert await jobs.list_jobs_by_next_fire(TENANT, JobFilter(), (None, rows[2]["id"]), 10) == []
     cursor = encode_cursor(rows[0]["next_fire_at"], rows[0]["id"])
     second = await browser.http.get("/ui/jobs", params={"sort": "next-fire", "cursor": cursor})
     assert "fires-sooner" not in second.text and "fires-later" in second.text and "First page" in second.text

@@ -247,25 +247,44 @@ LIMIT $8;
 -- name: list_jobs_by_next_fire
 -- The console's jobs list sorted by next fire: list_jobs' filters, soonest first, jobs with no next fire last;
 -- keyset on (next fire, id) after the page's last job ($12, $13; $12 NULL with $13 set: a job with no next fire).
--- Served by jobs_tenant_idx and a top-N sort of the tenant's matching jobs.
+-- Two ranges of jobs_tenant_next_fire_idx, each read in index order from the cursor (a row comparison OR'ed
+-- with "no next fire" could not bound the scan): the jobs with a next fire, then those without.
 SELECT j.*, (SELECT e.state FROM executions e WHERE e.job_id = j.id ORDER BY e.scheduled_for DESC, e.id DESC LIMIT 1)
        AS latest_execution_state
-FROM jobs j
-WHERE tenant_id = $1
-  AND ($2::text IS NULL OR state = $2)
-  AND ($3::text IS NULL OR type = $3)
-  AND ($4::text IS NULL OR pool = $4)
-  AND ($5::text IS NULL OR handler = $5)
-  AND ($6::text IS NULL OR starts_with(name, $6))
-  AND ($7::jsonb IS NULL OR (labels @> $7 AND labels <> '{}'::jsonb))
-  AND ($8::timestamptz IS NULL OR created_at >= $8)
-  AND ($9::timestamptz IS NULL OR created_at < $9)
-  AND ($10::timestamptz IS NULL OR next_fire_at >= $10)
-  AND ($11::timestamptz IS NULL OR next_fire_at < $11)
-  AND ($13::uuid IS NULL
-       OR ($12::timestamptz IS NULL AND next_fire_at IS NULL AND id > $13)
-       OR ($12::timestamptz IS NOT NULL AND (next_fire_at IS NULL OR (next_fire_at, id) > ($12, $13))))
-ORDER BY next_fire_at ASC NULLS LAST, id ASC
+FROM (
+  (SELECT * FROM jobs
+   WHERE tenant_id = $1 AND next_fire_at IS NOT NULL
+     AND ($13::uuid IS NULL OR ($12::timestamptz IS NOT NULL AND (next_fire_at, id) > ($12, $13)))
+     AND ($2::text IS NULL OR state = $2)
+     AND ($3::text IS NULL OR type = $3)
+     AND ($4::text IS NULL OR pool = $4)
+     AND ($5::text IS NULL OR handler = $5)
+     AND ($6::text IS NULL OR starts_with(name, $6))
+     AND ($7::jsonb IS NULL OR (labels @> $7 AND labels <> '{}'::jsonb))
+     AND ($8::timestamptz IS NULL OR created_at >= $8)
+     AND ($9::timestamptz IS NULL OR created_at < $9)
+     AND ($10::timestamptz IS NULL OR next_fire_at >= $10)
+     AND ($11::timestamptz IS NULL OR next_fire_at < $11)
+   ORDER BY next_fire_at, id
+   LIMIT $14)
+  UNION ALL
+  (SELECT * FROM jobs
+   WHERE tenant_id = $1 AND next_fire_at IS NULL
+     AND ($13::uuid IS NULL OR $12::timestamptz IS NOT NULL OR id > $13)
+     AND ($2::text IS NULL OR state = $2)
+     AND ($3::text IS NULL OR type = $3)
+     AND ($4::text IS NULL OR pool = $4)
+     AND ($5::text IS NULL OR handler = $5)
+     AND ($6::text IS NULL OR starts_with(name, $6))
+     AND ($7::jsonb IS NULL OR (labels @> $7 AND labels <> '{}'::jsonb))
+     AND ($8::timestamptz IS NULL OR created_at >= $8)
+     AND ($9::timestamptz IS NULL OR created_at < $9)
+     AND ($10::timestamptz IS NULL OR next_fire_at >= $10)
+     AND ($11::timestamptz IS NULL OR next_fire_at < $11)
+   ORDER BY id
+   LIMIT $14)
+) j
+ORDER BY j.next_fire_at ASC NULLS LAST, j.id ASC
 LIMIT $14;
 
 -- name: prune_ended_jobs
