@@ -133,6 +133,25 @@ async def test_a_tenants_jobs_are_listed_newest_first_in_filtered_keyset_pages(j
     assert (counts[("acme", "ACTIVE")], counts[("acme", "PAUSED")], counts[("globex", "ACTIVE")]) == (2, 1, 1)
 
 
+async def test_a_tenants_jobs_are_listed_soonest_next_fire_first_in_keyset_pages(jobs: Jobs) -> None:
+    store = jobs.store
+    late, soon, never = (later(NOW, 600), later(NOW, 60), None)
+    a = await store.insert_job(one_shot(late), "alice")
+    b = await store.insert_job(one_shot(soon, name="nightly-b"), "alice")
+    c = await store.insert_job(one_shot(never), "alice")
+    d = await store.insert_job(one_shot(never), "alice")
+    await store.insert_job(one_shot(later(NOW, 1), tenant="globex"), "bob")
+    first, last = sorted([c["id"], d["id"]])  # no next fire: by id (ids made in one millisecond are not ordered)
+    everything = [b["id"], a["id"], first, last]
+    assert ids(await store.list_jobs_by_next_fire("acme", JobFilter(), None, 10)) == everything
+    page = await store.list_jobs_by_next_fire("acme", JobFilter(), None, 1)
+    assert ids(page) == [b["id"]]
+    after_b = (page[-1]["next_fire_at"], page[-1]["id"])
+    assert ids(await store.list_jobs_by_next_fire("acme", JobFilter(), after_b, 2)) == [a["id"], first]
+    assert ids(await store.list_jobs_by_next_fire("acme", JobFilter(), (None, first), 10)) == [last]
+    assert ids(await store.list_jobs_by_next_fire("acme", JobFilter(name_prefix="nightly"), None, 10)) == [b["id"]]
+
+
 async def test_the_hydrator_pages_each_shards_due_jobs_and_finds_the_overdue_ones(jobs: Jobs) -> None:
     store = jobs.store
     at = later(NOW, 30)

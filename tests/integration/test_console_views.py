@@ -21,8 +21,8 @@ from sundial_api.console.job_order import encode_cursor
 from sundial_common.hotwindow.worker_announcements import WorkerAnnouncement, WorkerAnnouncements
 from sundial_common.stores.jobs import JobFilter
 
-from tests.integration.test_api import NOW, TENANT, Api, api, insert_execution
 from tests.integration.test_console import Browser, a_job, browser, csrf_of, token
+from tests.support.api import NOW, TENANT, Api, api, insert_execution
 
 __all__ = ["api", "browser"]  # the fixtures
 

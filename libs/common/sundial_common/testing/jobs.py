@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
@@ -54,6 +54,8 @@ _DEFINITION = (
     "overlap_policy", "catchup_policy", "catchup_window_sec", "next_fire_at", "next_nominal_at", "state",
 )  # fmt: skip
 _OPEN = ("ACTIVE", "PAUSED")
+#: Any instant, in place of a missing next fire where only the jobs without one are compared.
+NEVER = datetime(1970, 1, 1, tzinfo=UTC)
 _ENDED = ("COMPLETED", "CANCELLED")
 
 
@@ -217,6 +219,24 @@ class InMemoryJobStore:
         page = sorted((r for r in found if before is None or r["id"] < before), key=lambda r: r["id"], reverse=True)
         return [{**self._read(r["id"]), "latest_execution_state": None} for r in page[:limit]]
 
+    async def list_jobs_by_next_fire(
+        self, tenant_id: str, where: JobFilter, after: tuple[datetime | None, UUID] | None, limit: int
+    ) -> list[Record]:
+        """Up to ``limit`` of the tenant's jobs matching ``where``, soonest next fire first (none: last), after
+        the job ``after`` names by its next fire and id."""
+
+        def key(row: Mapping[str, Any]) -> tuple[bool, datetime | None, UUID]:
+            return (row["next_fire_at"] is None, row["next_fire_at"], row["id"])
+
+        found = [r for r in self._jobs.values() if r["tenant_id"] == tenant_id and _matches(r, where)]
+        if after is not None:
+            mark = (after[0] is None, after[0], after[1])
+            found = [r for r in found if _later(key(r), mark)]
+        page = sorted(
+            found, key=lambda r: (r["next_fire_at"] is None, (r["next_fire_at"] or NEVER).timestamp(), r["id"])
+        )
+        return [{**self._read(r["id"]), "latest_execution_state": None} for r in page[:limit]]
+
     async def count_jobs(self) -> dict[tuple[str, str], int]:
         counts: dict[tuple[str, str], int] = {}
         for row in self._jobs.values():
@@ -284,6 +304,15 @@ class InMemoryJobStore:
     def _read(self, job_id: UUID) -> dict[str, Any]:
         """A row as a read hands it out: a copy, as every read of the table is."""
         return copy.deepcopy(self._jobs[job_id])
+
+
+def _later(key: tuple[bool, datetime | None, UUID], mark: tuple[bool, datetime | None, UUID]) -> bool:
+    """``key`` comes after ``mark`` in next-fire order (a job with no next fire after every job with one)."""
+    if key[0] != mark[0]:
+        return key[0]
+    if key[1] is not None and mark[1] is not None and key[1] != mark[1]:
+        return key[1] > mark[1]
+    return key[2] > mark[2]
 
 
 def _matches(row: Mapping[str, Any], where: JobFilter) -> bool:
