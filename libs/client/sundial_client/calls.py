@@ -43,6 +43,8 @@ from sundial_client.models import (
     Pool,
     PoolDetail,
     PoolList,
+    PoolTokenIssued,
+    PoolTokenList,
     Preview,
     Replay,
     ReplayList,
@@ -314,6 +316,19 @@ def update_pool(name: str, fields: Mapping[str, Any]) -> Call[Pool]:
 
 def delete_pool(name: str) -> Call[None]:
     return Call("DELETE", f"/v1/admin/pools/{_id(name)}", lambda _response: None)
+
+
+def create_pool_token(name: str, fields: Mapping[str, Any]) -> Call[PoolTokenIssued]:
+    """Mint a token for workers behind the worker gateway (``POST /v1/pools/{name}/tokens``)."""
+    return Call("POST", f"/v1/pools/{_id(name)}/tokens", _model(PoolTokenIssued), body=changes(fields))
+
+
+def list_pool_tokens(name: str, *, limit: int) -> Call[PoolTokenList]:
+    return Call("GET", f"/v1/pools/{_id(name)}/tokens", _model(PoolTokenList), params={"limit": limit})
+
+
+def revoke_pool_token(name: str, token_id: str) -> Call[None]:
+    return Call("DELETE", f"/v1/pools/{_id(name)}/tokens/{_id(token_id)}", lambda _response: None)
 
 
 def instant(value: datetime) -> str:

@@ -102,6 +102,9 @@ class Admin(Blocking):
 class Pools(Blocking):
     usable = blocking_iter(AsyncPools.usable)
     show = blocking(AsyncPools.show)
+    create_token = blocking(AsyncPools.create_token)
+    tokens = blocking(AsyncPools.tokens)
+    revoke_token = blocking(AsyncPools.revoke_token)
 
 
 class Breakers(Blocking):

@@ -20,6 +20,8 @@ from sundial_client.models import (
     HandlerRanking,
     Pool,
     PoolDetail,
+    PoolTokenIssued,
+    PoolTokenView,
     Preview,
     SchedulePreviewRequest,
 )
@@ -39,6 +41,22 @@ class AsyncPools:
     async def show(self, name: str) -> PoolDetail:
         """A pool this client's tenant may use: its live workers (handlers, free slots) and the tenant's backlog."""
         return await self.client.call(calls.pool_detail(name))
+
+    async def create_token(
+        self, name: str, *, tenant: str | None = None, subject: str | None = None, ttl_sec: int | None = None
+    ) -> PoolTokenIssued:
+        """Mint a pool token for workers behind the worker gateway (an admin, or the pool's owning tenant; a shared
+        pool's token names the ``tenant`` whose work it takes). ``token`` is in the answer this once."""
+        fields = {"tenant": tenant, "subject": subject, "ttl_sec": ttl_sec}
+        return await self.client.call(calls.create_pool_token(name, {k: v for k, v in fields.items() if v is not None}))
+
+    async def tokens(self, name: str, *, limit: int = 100) -> list[PoolTokenView]:
+        """The pool's tokens, newest first, revoked ones included."""
+        return (await self.client.call(calls.list_pool_tokens(name, limit=limit))).items
+
+    async def revoke_token(self, name: str, token_id: str) -> None:
+        """Revoke a pool token: the worker gateway refuses it within seconds."""
+        await self.client.call(calls.revoke_pool_token(name, token_id))
 
 
 class AsyncBreakers:

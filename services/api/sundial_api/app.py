@@ -47,6 +47,7 @@ from sundial_api import (
     job_preview,
     jobs,
     openapi_document,
+    pool_tokens,
     pool_workers,
     pools,
     problems,
@@ -243,6 +244,7 @@ def create_app(settings: ApiSettings | None = None, *, clock: Clock | None = Non
     app.include_router(pools.admin_router)
     app.include_router(pools.router)
     app.include_router(pool_workers.router)
+    app.include_router(pool_tokens.router)
     app.include_router(breakers.router)
     app.include_router(notifications_api.router)
     install_console(app)

@@ -1,5 +1,6 @@
-"""``sundial pools``: the pool registry — operators' ``create|list|show|update|delete`` (an admin token), and
-``mine`` (any tenant's token: the pools it may send work into).
+"""``sundial pools``: the pool registry — operators' ``create|list|show|update|delete`` (an admin token), ``mine``
+(any tenant's token: the pools it may send work into), and ``token create|list|revoke``: the pool tokens of workers
+behind the worker gateway (an admin, or the pool's owning tenant).
 
 A pool is owned (``--owner T``) or shared (``--shared-with A,B``); ``--kind staging`` makes it a replay target.
 Connection, ``--json`` and exit codes as for ``sundial jobs`` (:mod:`sundial_client.cli.common`).
@@ -8,6 +9,7 @@ Connection, ``--json`` and exit codes as for ``sundial jobs`` (:mod:`sundial_cli
 from __future__ import annotations
 
 import argparse
+import sys
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
@@ -96,6 +98,63 @@ def delete(client: Client, args: argparse.Namespace) -> int:
     return OK
 
 
+TOKEN_COLUMNS = ("ID", "TENANT", "SUBJECT", "TTL SEC", "CREATED BY", "CREATED AT", "REVOKED AT")
+
+
+def token_create(client: Client, args: argparse.Namespace) -> int:
+    issued = client.pools.create_token(args.name, tenant=args.tenant, subject=args.subject, ttl_sec=args.ttl)
+    if args.json:
+        print(dump(issued))
+        return OK
+    # The token alone on stdout, so that `export SUNDIAL_WORKER_TOKEN=$(sundial pools token create P)` works.
+    print(issued.token)
+    expires = issued.expires_at.strftime("%Y-%m-%d %H:%M:%SZ")
+    print(
+        f"pool token {issued.id}: pool {issued.pool}, tenant {issued.tenant}, expires {expires} unless refreshed",
+        file=sys.stderr,
+    )
+    return OK
+
+
+def token_list(client: Client, args: argparse.Namespace) -> int:
+    tokens = client.pools.tokens(args.name, limit=min(args.limit, 500))
+    rows = [[t.id, t.tenant, t.subject, t.ttl_sec, t.created_by, t.created_at, t.revoked_at] for t in tokens]
+    print(dump(tokens) if args.json else table(TOKEN_COLUMNS, rows))
+    return OK
+
+
+def token_revoke(client: Client, args: argparse.Namespace) -> int:
+    client.pools.revoke_token(args.name, args.id)
+    if not args.json:
+        print(f"pool token {args.id} revoked")
+    return OK
+
+
+def _token_parser(subparsers: Any) -> None:
+    help = "Pool tokens: the credential of workers behind the worker gateway (an admin, or the pool's owner)."
+    group = subparsers.add_parser("token", help=help, description=help)
+    tokens = group.add_subparsers(dest="token_command", required=True, metavar="COMMAND")
+    create_parser = sub(
+        tokens, "create", "Mint a pool token; prints the JWT (shown this once).", token_create, admin=True
+    )
+    create_parser.add_argument("name", help="The pool.")
+    create_parser.add_argument(
+        "--ttl", type=positive, metavar="SECONDS", help="Lifetime of the token and of each refresh (default 3600)."
+    )
+    create_parser.add_argument(
+        "--tenant", metavar="TENANT", help="Whose work it takes: required for a shared pool (default: the owner)."
+    )
+    create_parser.add_argument("--subject", help="Who holds it, for logs (default <pool>-worker).")
+    list_parser = sub(tokens, "list", "List a pool's tokens, newest first.", token_list, admin=True)
+    list_parser.add_argument("name", help="The pool.")
+    list_parser.add_argument("--limit", type=positive, default=100, help="At most this many (default 100).")
+    revoke_parser = sub(
+        tokens, "revoke", "Revoke a pool token: the gateway refuses it within seconds.", token_revoke, admin=True
+    )
+    revoke_parser.add_argument("name", help="The pool.")
+    revoke_parser.add_argument("id", help="The token's id (as `create` and `list` show it).")
+
+
 def _registry_options(parser: argparse.ArgumentParser, *, creating: bool) -> None:
     parser.add_argument("name", help="The pool's name (its topic is sundial.pool.<name>).")
     who = parser.add_mutually_exclusive_group(required=creating)
@@ -147,6 +206,7 @@ def parser() -> argparse.ArgumentParser:
         ),
         creating=False,
     )
+    _token_parser(subparsers)
     sub(
         subparsers, "delete", "Delete a pool no active job targets (409 names how many do).", delete, admin=True
     ).add_argument("name")

@@ -71,3 +71,27 @@ class PoolDetail(PoolView):
         description='What would keep the caller\'s work from running, e.g. "no live worker in pool files" while '
         "executions wait in it. Empty when nothing does."
     )
+
+
+class PoolTokenView(ViewModel):
+    """A pool token's registry entry: the credential of workers behind the worker gateway."""
+
+    id: str = Field(description="The token's id (its `jti`): what `DELETE …/tokens/{id}` revokes.")
+    pool: str
+    tenant: str = Field(description="The one tenant whose work the token may take.")
+    subject: str = Field(description="Who holds it (the JWT's `sub`).")
+    created_by: str = Field(description="Who minted it.")
+    ttl_sec: int = Field(description="Lifetime of each JWT issued for it: the first and every refresh.")
+    created_at: datetime
+    revoked_at: datetime | None = Field(description="When it was revoked; null while it is valid.")
+
+
+class PoolTokenIssued(PoolTokenView):
+    """A pool token just minted: `token` is shown this once (Sundial keeps only its id)."""
+
+    token: str = Field(description="The JWT a worker sends to the worker gateway (`Authorization: Bearer …`).")
+    expires_at: datetime = Field(description="When this JWT expires unless refreshed (`POST /v1/worker/token`).")
+
+
+class PoolTokenList(ViewModel):
+    items: list[PoolTokenView]

@@ -221,6 +221,8 @@ class TokenVerifier:
         else:
             raise InvalidToken(f"algorithm {algorithm!r} is not accepted")
         claims = self._decode(token, str(algorithm), candidates)
+        if claims.get("typ") == "pool":  # even where an operator gave the API the pool tokens' audience
+            raise InvalidToken("a pool token is for the worker gateway, not this API")
         tenant = claims.get(self.tenant_claim)
         if not isinstance(tenant, str) or not tenant:
             raise InvalidToken("token names no tenant")

@@ -23,6 +23,8 @@ one Postgres implementation and its own file of named queries under ``sql/``:
 - :mod:`~sundial_common.stores.audit` — jobs' and executions' audit trails (the rows are written by each change's
   own statement) and execution events recorded outside a change.
 - :mod:`~sundial_common.stores.pools` — the pool registry: owner or shared tenants, kind, job defaults.
+- :mod:`~sundial_common.stores.pool_tokens` — the pool tokens workers behind the worker gateway hold: pool, tenant,
+  revocation.
 - :mod:`~sundial_common.stores.breakers` — retry circuit breakers per (tenant, pool, handler), their window
   counts, the retries they hold.
 - :mod:`~sundial_common.stores.notifications` — tenants' webhook subscriptions, the incidents they are told
@@ -52,6 +54,7 @@ from sundial_common.stores.jobs import JobStore, PostgresJobStore
 from sundial_common.stores.keys import KeyStore, PostgresKeyStore
 from sundial_common.stores.notifications import NotificationStore, PostgresNotificationStore
 from sundial_common.stores.partitions import PartitionStore, PostgresPartitionStore
+from sundial_common.stores.pool_tokens import PoolTokenStore, PostgresPoolTokenStore
 from sundial_common.stores.pools import PoolStore, PostgresPoolStore
 from sundial_common.stores.replays import PostgresReplayStore, ReplayStore
 from sundial_common.stores.tenants import PostgresTenantStore, TenantStore
@@ -76,6 +79,7 @@ class Stores:
     backfills: BackfillStore
     audit: AuditStore
     pools: PoolStore
+    pool_tokens: PoolTokenStore
     breakers: BreakerStore
     partitions: PartitionStore
     notifications: NotificationStore
@@ -98,6 +102,7 @@ class Stores:
             backfills=PostgresBackfillStore(database),
             audit=PostgresAuditStore(database),
             pools=PostgresPoolStore(database),
+            pool_tokens=PostgresPoolTokenStore(database),
             breakers=PostgresBreakerStore(database),
             partitions=PostgresPartitionStore(database),
             notifications=PostgresNotificationStore(database),

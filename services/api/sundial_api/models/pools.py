@@ -8,6 +8,8 @@ from pydantic import Field, StrictInt, StrictStr
 from sundial_client.models.pools import PoolDetail, PoolKind, PoolList, PoolView
 from sundial_common.hotwindow.worker_announcements import WorkerAnnouncement
 from sundial_common.security.auth import TENANT
+from sundial_common.security.pool_tokens import DEFAULT_TTL_SEC, MAX_TTL_SEC
+from sundial_common.stores.pool_tokens import PoolTokenRecord
 from sundial_common.stores.pools import Pool
 
 from sundial_api.models.common import RequestModel
@@ -65,6 +67,41 @@ class PoolPatch(RequestModel):
     kind: PoolKind | None = None
     default_timeout_sec: Annotated[StrictInt, Field(ge=1, le=MAX_TIMEOUT_SEC)] | None = None
     default_retry_policy: RetryPolicy | None = None
+
+
+class PoolTokenCreate(RequestModel):
+    """A pool token to mint: who holds it, whose work it takes, how long each of its JWTs lives."""
+
+    tenant: StrictStr | None = Field(
+        None,
+        pattern=TENANT,
+        description="The tenant whose work the token may take: an owned pool's owner (the default), or, for a "
+        "shared pool (admin only), one of the tenants it is shared with (required).",
+        examples=["acme"],
+    )
+    subject: StrictStr | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._@:-]{0,127}$",
+        description="Who holds the token, for logs (its `sub`; default `<pool>-worker`).",
+        examples=["billing-workers"],
+    )
+    ttl_sec: Annotated[StrictInt, Field(ge=60, le=MAX_TTL_SEC)] = Field(
+        DEFAULT_TTL_SEC,
+        description="Lifetime in seconds of the token and of each refreshed one (60 s to 30 days; default 1 hour).",
+    )
+
+
+def render_pool_token(token: PoolTokenRecord) -> dict[str, object]:
+    return {
+        "id": token.id,
+        "pool": token.pool,
+        "tenant": token.tenant,
+        "subject": token.subject,
+        "createdBy": token.created_by,
+        "ttlSec": token.ttl_sec,
+        "createdAt": token.created_at,
+        "revokedAt": token.revoked_at,
+    }
 
 
 def render_pool(pool: Pool) -> dict[str, object]:
