@@ -39,7 +39,13 @@ from uuid import UUID
 
 from redis import Redis as SyncRedis
 from redis.asyncio import Redis
-from sundial_common.hotwindow.execution_signals import cancel_key, heartbeat_key
+from sundial_common.hotwindow.execution_signals import (
+    KEEP_LIVENESS_SCRIPT,
+    RELEASE_LIVENESS_SCRIPT,
+    RENEW_LIVENESS_SCRIPT,
+    cancel_key,
+    heartbeat_key,
+)
 from sundial_common.security.encryption import PROGRESS, Keyring
 from sundial_common.stores.executions import ExecutionStore
 
@@ -50,35 +56,6 @@ from sundial_worker.sdk import Context
 
 log = logging.getLogger("sundial.worker")
 
-# Renew many liveness keys in ONE command: a pipeline of SETs costs redis-py a pack and a parse per
-# key, which at thousands of executions a second was most of the poll loop's CPU. The keys of one
-# call may live on different Redis Cluster slots; Sundial runs one Redis (or a proxy) for them.
-_RENEW = """
-for i = 1, #KEYS do redis.call('SET', KEYS[i], ARGV[1], 'PX', ARGV[2]) end
-return #KEYS
-"""
-# Keep liveness keys that are missing (Redis flushed or restarted: the sweeper waits for this renewal) or
-# still ours, never one another worker holds now (a retry of an attempt the sweeper took from us).
-_KEEP = """
-local n = 0
-for i = 1, #KEYS do
-  local holder = redis.call('GET', KEYS[i])
-  if holder == false or holder == ARGV[1] then
-    redis.call('SET', KEYS[i], ARGV[1], 'PX', ARGV[2])
-    n = n + 1
-  end
-end
-return n
-"""
-# Drop liveness keys only where they are still ours: after a late (rejected) write, the sweeper may
-# have handed the execution to another worker, whose key has the same name.
-_RELEASE = """
-local n = 0
-for i = 1, #KEYS do
-  if redis.call('GET', KEYS[i]) == ARGV[1] then n = n + redis.call('DEL', KEYS[i]) end
-end
-return n
-"""
 _CHUNK = 1000
 
 
@@ -115,7 +92,7 @@ class LivenessThread:
         self.config = config
         self.worker_id = worker_id
         self._redis = redis
-        self._keep = redis.register_script(_KEEP)
+        self._keep = redis.register_script(KEEP_LIVENESS_SCRIPT)
         self._inflight = inflight
         self._on_failure = on_failure
         self._stop = threading.Event()
@@ -180,9 +157,9 @@ class Heartbeats:
         self._redis = redis
         self._executions = executions
         self._inflight = inflight
-        self._renew = redis.register_script(_RENEW)
-        self._keep = redis.register_script(_KEEP)
-        self._release = redis.register_script(_RELEASE)
+        self._renew = redis.register_script(RENEW_LIVENESS_SCRIPT)
+        self._keep = redis.register_script(KEEP_LIVENESS_SCRIPT)
+        self._release = redis.register_script(RELEASE_LIVENESS_SCRIPT)
         self._closed = False
 
     def close(self) -> None:
