@@ -60,11 +60,18 @@ status: ## Show what runs, with pids, URLs and logs
 
 # The browser suite (tests/console) drives Debian's chromium through Playwright; a server running Sundial needs no
 # browser, so only the tests install it (Playwright's own browser download is not used).
-test-deps: deps ## Install what only the tests need: Debian's chromium for the console's browser suite; idempotent
+test-deps: deps ## Install what only the tests need: chromium (the console's browser suite), jq and nodejs (the gateway workers' conformance suite); idempotent
 	@command -v chromium >/dev/null || { \
 		echo "installing Debian package: chromium (the console's browser tests)"; \
 		$(SUDO) apt-get update -qq && $(APT_INSTALL) chromium >/dev/null; \
 	}
+	@missing=""; \
+	command -v jq >/dev/null || missing="$$missing jq"; \
+	command -v node >/dev/null || missing="$$missing nodejs"; \
+	if [ -n "$$missing" ]; then \
+		echo "installing Debian packages:$$missing (the example gateway workers of tests/conformance)"; \
+		$(SUDO) apt-get update -qq && $(APT_INSTALL) $$missing >/dev/null; \
+	fi
 
 test: deps test-deps ## Run the whole test suite against real servers it starts on its own ports (three lanes at once; slowest 15 of each)
 	@bash tests/lanes.sh $(PYTEST_ARGS)

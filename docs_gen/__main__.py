@@ -16,6 +16,7 @@ def pages() -> dict[str, Callable[[], str]]:
 
     return {
         "reference/http-api.md": http_api.render,
+        "reference/worker-protocol.md": http_api.render_gateway,
         "reference/cli.md": cli.render,
         "reference/configuration.md": settings_page.render,
         "reference/metrics.md": metrics_page.render,

@@ -15,6 +15,7 @@ SETTINGS_CLASSES: dict[str, str] = {
     "hydrator": "sundial_hydrator.settings:HydratorSettings",
     "sweeper": "sundial_sweeper.settings:SweeperSettings",
     "worker": "sundial_worker.settings:WorkerSettings",
+    "gateway": "sundial_gateway.settings:GatewaySettings",
     "replayer": "sundial_replayer.settings:ReplayerSettings",
     "analytics": "sundial_analytics.settings:AnalyticsSettings",
 }
@@ -27,6 +28,7 @@ METRIC_PACKAGES = (
     "sundial_hydrator",
     "sundial_sweeper",
     "sundial_worker",
+    "sundial_gateway",
     "sundial_replayer",
     "sundial_analytics",
 )
@@ -47,6 +49,15 @@ def openapi_document() -> dict[str, Any]:
 
     # The development settings: the document does not depend on them, and production ones would need keys.
     settings = load(SETTINGS_CLASSES["api"])(env="dev")
+    document: dict[str, Any] = create_app(settings).openapi()
+    return document
+
+
+def gateway_openapi_document() -> dict[str, Any]:
+    """The OpenAPI document the worker gateway serves at ``/openapi.json`` (nothing is started)."""
+    from sundial_gateway.app import create_app
+
+    settings = load(SETTINGS_CLASSES["gateway"])(env="dev")
     document: dict[str, Any] = create_app(settings).openapi()
     return document
 

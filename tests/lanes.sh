@@ -32,7 +32,7 @@ lane() {  # name, port offset, pytest arguments...
     pids[$name]=$!
 }
 lane in-process "$base" tests/unit tests/contracts tests/integration tests/e2e/test_bench_smoke.py tests/docs "$@"
-lane e2e $((base + 100)) tests/e2e tests/console --ignore=tests/e2e/test_bench_smoke.py "$@"
+lane e2e $((base + 100)) tests/e2e tests/console tests/conformance --ignore=tests/e2e/test_bench_smoke.py "$@"
 lane faults $((base + 200)) tests/faults "$@"
 
 stop() {

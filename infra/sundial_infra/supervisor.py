@@ -86,6 +86,8 @@ def default_processes(
         ("dispatcher-2", "dispatcher"),
         ("worker", "worker", "--app", "sundial_worker.demo:worker"),
         ("worker-staging", "worker", "--app", "sundial_worker.demo:staging_worker"),
+        # Workers in any language reach the pools through it, on the port after the API's.
+        ("gateway", "gateway", "--host", "127.0.0.1", "--port", str(api_port + 1)),
         # One replica: the embedded chDB engine's data (.sundial/analytics/chdb) belongs to one process.
         ("analytics", "analytics"),
     ]

@@ -23,9 +23,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Header, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel
 from redis.asyncio import Redis
 from sundial_common.hotwindow.rate_limits import TokenBuckets
 from sundial_common.security.auth import symmetric_keys
@@ -80,6 +82,23 @@ async def _state(request: Request) -> GatewayState:
 State = Annotated[GatewayState, Depends(_state)]
 
 
+class Problem(BaseModel):
+    """An error: its HTTP ``status``, what went wrong (``detail``) and, for bad input, each field at fault."""
+
+    type: str = "about:blank"
+    status: int
+    detail: str
+    errors: list[dict[str, str]] | None = None
+
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"model": Problem, "description": "Missing, invalid, expired or revoked pool token (or not a pool token)."},
+    403: {"model": Problem, "description": "The token's pool no longer admits its tenant (or is not registered)."},
+    422: {"model": Problem, "description": "Invalid input; `errors` names each field at fault."},
+    429: {"model": Problem, "description": "Over the token's request rate; `Retry-After` says when to come back."},
+}
+
+
 @dataclass(frozen=True, slots=True)
 class Caller:
     grant: PoolGrant
@@ -87,11 +106,18 @@ class Caller:
     shared: bool
 
 
+_bearer = HTTPBearer(
+    auto_error=False,
+    scheme_name="poolToken",
+    bearerFormat="JWT",
+    description="A pool token (`sundial pools token create POOL` mints one; `POST /v1/worker/token` refreshes it).",
+)
+
+
 async def _caller(
-    state: State,
-    authorization: Annotated[str | None, Header(description="`Bearer <pool token>`")] = None,
+    state: State, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 ) -> Caller:
-    grant = await state.access.grant(authorization)
+    grant = await state.access.grant(None if credentials is None else f"Bearer {credentials.credentials}")
     pool = await state.access.pools.get(grant.pool)
     return Caller(grant, shared=pool is not None and pool.owner is None)
 
@@ -174,6 +200,13 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
         summary="Workers in any language, holding only a pool token, run a pool's work over HTTP.",
         version="0.1.0",
         lifespan=lifespan,
+        openapi_tags=[
+            {
+                "name": "worker",
+                "description": "Pull executions started for you, heartbeat them while they run, finish them. A "
+                "worker keeps one random `session` id for its life and sends it with every call.",
+            }
+        ],
     )
     _install_errors(app)
     _routes(app)
@@ -221,6 +254,8 @@ def _routes(app: FastAPI) -> None:
 
     @app.post(
         "/v1/worker/pull",
+        tags=["worker"],
+        responses=_ERRORS,
         response_model=PullResponse,
         summary="Long poll: executions of the token's pool started for this caller",
     )
@@ -233,6 +268,8 @@ def _routes(app: FastAPI) -> None:
 
     @app.post(
         "/v1/worker/heartbeat",
+        tags=["worker"],
+        responses=_ERRORS,
         response_model=HeartbeatResponse,
         summary="Renew running attempts (with their progress); answers which to stop",
     )
@@ -241,6 +278,8 @@ def _routes(app: FastAPI) -> None:
 
     @app.post(
         "/v1/worker/finish",
+        tags=["worker"],
+        responses=_ERRORS,
         response_model=FinishResponse,
         summary="Record how attempts ended; each is accepted or rejected by the start's owner check",
     )
@@ -249,6 +288,8 @@ def _routes(app: FastAPI) -> None:
 
     @app.post(
         "/v1/worker/token",
+        tags=["worker"],
+        responses=_ERRORS,
         response_model=TokenResponse,
         summary="A fresh pool token for the one presented (refresh it before it expires)",
     )

@@ -29,6 +29,7 @@ from sundial_common.runtime.settings import SettingsHelpParser, load_settings
 from sundial_common.security.encryption import MasterKeyError, master_key_provider
 
 from sundial_worker.errors import StartupError
+from sundial_worker.gateway_runtime import GatewayRuntime
 from sundial_worker.sdk import Worker
 from sundial_worker.settings import WorkerSettings
 from sundial_worker.staging import ServingRuntime
@@ -74,7 +75,8 @@ def _parser() -> argparse.ArgumentParser:
         settings=WorkerSettings,
         prog="sundial worker",
         description="Consume a pool's executions from Kafka and run their handlers: claim each one with a "
-        "compare-and-swap in Postgres, record its outcome, commit the offset only after that write. "
+        "compare-and-swap in Postgres, record its outcome, commit the offset only after that write. With "
+        "SUNDIAL_WORKER_GATEWAY set, run them through the worker gateway instead, holding only a pool token. "
         "SIGTERM/SIGINT stop gracefully; a second signal more than a second later abandons running handlers to "
         "the sweeper.",
     )
@@ -120,16 +122,21 @@ def main(argv: list[str] | None = None) -> int:
         log.info("using the development stack under %s (recorded in %s)", dev_stack.root, pointer_path())
     if not settings.worker_app:
         parser.error("--app is required (or set SUNDIAL_WORKER_APP), e.g. --app sundial_worker.demo:worker")
+    runtime: ServingRuntime | GatewayRuntime
     try:
         worker = load_worker(settings.worker_app)
-        config = settings.runtime_config(worker)
-        master_key_provider(settings)  # a missing key or dev root is found now, before any connection
+        if settings.worker_gateway:
+            # The gateway transport: a pool token only, no database, Redis, broker or master key.
+            runtime = GatewayRuntime(worker, settings.gateway_config(worker))
+        else:
+            config = settings.runtime_config(worker)
+            master_key_provider(settings)  # a missing key or dev root is found now, before any connection
+            # A staging pool (its kind in the registry) is fed only by replays: its runtime records replay_runs,
+            # never executions (staging.py).
+            runtime = ServingRuntime(worker, settings, config=config, worker_id=settings.identity())
     except (AppError, ValueError, MasterKeyError) as exc:
         print(f"sundial worker: {exc}", file=sys.stderr)
         return 2
-    # A staging pool (its kind in the registry) is fed only by replays: its runtime records replay_runs, never
-    # executions (staging.py).
-    runtime = ServingRuntime(worker, settings, config=config, worker_id=settings.identity())
 
     def abandon_running_handlers() -> None:
         log.warning("second signal: abandoning running handlers now")

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pydantic import Field
 from sundial_common.runtime.settings import CommonSettings
 
+from sundial_worker.gateway_runtime import GatewayConfig
 from sundial_worker.runtime import WorkerConfig
 from sundial_worker.sdk import Worker
 
@@ -64,6 +65,29 @@ class WorkerSettings(CommonSettings):
         description="How long the worker trusts what it read of its pool's registry entry (which tenants it "
         "admits): a pool re-owned or shared differently applies here within this time.",
     )
+
+    worker_gateway: str | None = Field(
+        None,
+        description="The gateway transport: worker gateway URLs, comma-separated, tried in turn. Set, the worker "
+        "needs only a pool token (SUNDIAL_WORKER_TOKEN or SUNDIAL_WORKER_TOKEN_FILE) and no database, Redis, "
+        "broker or master key.",
+    )
+    worker_token: str | None = Field(None, description="The pool token of the gateway transport.")
+    worker_token_file: str | None = Field(
+        None, description="A file holding the pool token (read again when the gateway refuses the one in use)."
+    )
+
+    def gateway_config(self, worker: Worker) -> GatewayConfig:
+        urls = tuple(u.strip() for u in (self.worker_gateway or "").split(",") if u.strip())
+        return GatewayConfig(
+            urls=urls,
+            token=self.worker_token,
+            token_file=self.worker_token_file,
+            concurrency=self.worker_concurrency or worker.concurrency,
+            heartbeat_interval_sec=self.worker_heartbeat_interval_sec,
+            shutdown_grace_sec=self.worker_shutdown_grace_sec,
+            cancel_grace_sec=self.worker_cancel_grace_sec,
+        )
 
     def runtime_config(self, worker: Worker) -> WorkerConfig:
         return WorkerConfig(

@@ -21,6 +21,7 @@ def test_every_dev_process_is_scraped_on_a_port_of_its_own_named_by_service_and_
         "services",
         "dispatcher",
         "worker",
+        "gateway",
         "analytics",
     }
     assert f"127.0.0.1:{DEV_PORTS.api}" in addresses
