@@ -25,10 +25,12 @@ from sundial_infra.stack import TEST_PORTS, LocalStack
 
 from tests.conftest import ensure_running
 from tests.support.ports import REPO_ROOT, port_offset
-from tests.support.processes import SUNDIAL, Processes
+from tests.support.processes import SUNDIAL, Processes, free_port
 
 #: The API address the documentation shows (`make up`'s).
 DEV_API_URL = "http://127.0.0.1:8080"
+#: The worker gateway's address the documentation shows (`make up`'s).
+DEV_GATEWAY_URL = "http://127.0.0.1:8081"
 #: How long each process of the stack may take to come up.
 START_TIMEOUT = 150.0
 
@@ -43,6 +45,7 @@ _TRANSCRIPT = "exec 2>&1; PS4='$ '; set -x\n"
 @dataclass(frozen=True)
 class DocsStack:
     api_url: str
+    gateway_url: str
     sandbox: Path
     env: dict[str, str]
     processes: Processes
@@ -59,7 +62,13 @@ class DocsStack:
         stdout is a terminal transcript, commands and their output together, instead of the timed trace)."""
         prefix = _TRANSCRIPT if transcript else _TIMED
         return subprocess.run(
-            [shell, "-euo", "pipefail", "-c", prefix + script.replace(DEV_API_URL, self.api_url)],
+            [
+                shell,
+                "-euo",
+                "pipefail",
+                "-c",
+                prefix + script.replace(DEV_API_URL, self.api_url).replace(DEV_GATEWAY_URL, self.gateway_url),
+            ],
             cwd=self.sandbox,
             env=self.env,
             capture_output=True,
@@ -99,6 +108,7 @@ def docs_stack(stack: LocalStack, template_db: str, tmp_path_factory: pytest.Tem
     logs = tmp_path_factory.mktemp("docs-logs")
     api_port = TEST_PORTS.api + port_offset()
     api_url = f"http://127.0.0.1:{api_port}"
+    gateway_url = f"http://127.0.0.1:{free_port()}"
     settings = {
         "SUNDIAL_DATABASE_URL": stack.postgres.dsn_for(database),
         "SUNDIAL_REDIS_URL": stack.redis_url,
@@ -127,11 +137,13 @@ def docs_stack(stack: LocalStack, template_db: str, tmp_path_factory: pytest.Tem
         processes.start("services", "services", "--run", "hydrator,sweeper,replayer")
         processes.start("worker", "worker", "--app", "sundial_worker.demo:worker")
         processes.start("worker-staging", "worker", "--app", "sundial_worker.demo:staging_worker")
+        processes.start("gateway", "gateway", "--port", gateway_url.rsplit(":", 1)[1])
         # Generous: on a machine as loaded as a CI lane beside two others, a process takes tens of seconds to start.
         processes.wait_http_ok("api", f"{api_url}/readyz", timeout=START_TIMEOUT)
         processes.wait_for_log("dispatcher", "leading with fence token", timeout=START_TIMEOUT)
         processes.wait_for_log("worker", "partitions assigned", timeout=START_TIMEOUT)
         processes.wait_for_log("worker-staging", "serving staging-demo", timeout=START_TIMEOUT)
+        processes.wait_http_ok("gateway", f"{gateway_url}/healthz", timeout=START_TIMEOUT)
         # The shell the examples run in: the CLI finds this stack as it finds `make up`'s (URL and token), and the
         # Python examples find the client package in the sandbox's .venv.
         shell_env = {
@@ -143,7 +155,7 @@ def docs_stack(stack: LocalStack, template_db: str, tmp_path_factory: pytest.Tem
         # What a user's shell does not have: the examples say SUNDIAL_ENV=dev where a command needs it.
         for name in ("SUNDIAL_TOKEN", "SUNDIAL_ENV", "SUNDIAL_DEV_ROOT"):
             shell_env.pop(name, None)
-        yield DocsStack(api_url=api_url, sandbox=sandbox, env=shell_env, processes=processes)
+        yield DocsStack(api_url=api_url, gateway_url=gateway_url, sandbox=sandbox, env=shell_env, processes=processes)
     finally:
         processes.stop_all()
         asyncio.run(_drop_database(stack, database))
