@@ -31,16 +31,16 @@ OTHER = "globex"
 
 @pytest.fixture
 async def gateway(
-    database_url: str, redis_url: str, kafka_bootstrap: str
+    database_url: str, redis_url: str, kafka_bootstrap: str, request: pytest.FixtureRequest
 ) -> AsyncIterator[tuple[httpx.AsyncClient, Any]]:
+    fields: dict[str, Any] = {
+        "gateway_leave_after_sec": 1.0,
+        "gateway_session_timeout_sec": 3.0,
+        "gateway_rate_per_token": 1000,
+        **getattr(request, "param", {}),
+    }
     settings = GatewaySettings(
-        database_url=database_url,
-        redis_url=redis_url,
-        kafka_bootstrap=kafka_bootstrap,
-        jwt_secret=SECRET,
-        gateway_leave_after_sec=1.0,
-        gateway_session_timeout_sec=3.0,
-        gateway_rate_per_token=1000,
+        database_url=database_url, redis_url=redis_url, kafka_bootstrap=kafka_bootstrap, jwt_secret=SECRET, **fields
     )
     app = create_app(settings)
     async with (
@@ -225,3 +225,24 @@ async def test_every_endpoint_refuses_what_is_not_this_pools_token(
         "/v1/worker/finish", json=bodies["/v1/worker/finish"], headers=bearer(refreshed.json()["token"])
     )
     assert done.json()["outcomes"][0]["accepted"] is True
+
+
+@pytest.mark.parametrize("gateway", [{"gateway_rate_per_token": 3, "gateway_max_result_bytes": 1024}], indirect=True)
+async def test_sizes_and_request_rates_are_capped(
+    gateway: tuple[httpx.AsyncClient, Any], stores: Stores, publisher: KafkaPublisher, database_url: str
+) -> None:
+    http, _ = gateway
+    pool = admit(database_url, f"gw-{uuid.uuid4().hex[:8]}", TENANT)
+    token = await pool_token(stores, pool)
+    outcome = {"executionId": str(uuid.uuid4()), "attempt": 1, "attemptToken": "x", "state": "SUCCEEDED"}
+    big = {"session": "session-one", "outcomes": [{**outcome, "result": "x" * 2000}]}
+    refused = await http.post("/v1/worker/finish", json=big, headers=bearer(token))
+    assert refused.status_code == 422, refused.text
+    assert refused.json()["errors"][0]["field"] == "outcomes[0].result" and "1024" in refused.json()["detail"]
+    statuses = [
+        (await http.post("/v1/worker/pull", json={"session": "session-one", "waitMs": 0}, headers=bearer(token)))
+        for _ in range(6)
+    ]
+    limited = [r for r in statuses if r.status_code == 429]
+    assert limited and int(limited[0].headers["Retry-After"]) >= 1, [r.status_code for r in statuses]
+    assert "requests a second" in limited[0].json()["detail"]
