@@ -29,7 +29,8 @@ from typing import Any
 import asyncpg
 import httpx
 from sundial_common.runtime.settings import CommonSettings
-from sundial_common.security.auth import issue_token
+from sundial_common.security.auth import issue_token, symmetric_keys
+from sundial_common.security.pool_tokens import issue_pool_token
 from sundial_common.stores.schema import upgrade
 from sundial_infra.process import wait_for
 from sundial_infra.servers.postgres import PostgresServer
@@ -86,6 +87,15 @@ class Shape:
     #: that long with the default retention (30) carries: 38 partitions of each, not a fresh stack's 8 (today
     #: and a week ahead). Every statement that is not pruned at plan time plans each partition.
     past_days: int = 30
+    #: ``direct`` (workers read Kafka and Postgres themselves) or ``gateway`` (each worker runs the same handlers
+    #: through a worker gateway of its own, holding only a pool token; the gateways' CPU counts with the workers').
+    worker_transport: str = "direct"
+
+
+#: The bench pool's token id in the gateway transport.
+_POOL_TOKEN_ID = "pt_bench"
+#: Gateway i listens on the API's port + this + i.
+_GATEWAY_PORT_OFFSET = 60
 
 
 class Bench:
@@ -108,10 +118,7 @@ class Bench:
             ProcessSpec("hydrator", sundial_argv("hydrator")),
             ProcessSpec("sweeper", sundial_argv("sweeper")),
             *(ProcessSpec(f"dispatcher-{i}", sundial_argv("dispatcher")) for i in range(shape.dispatchers)),
-            *(
-                ProcessSpec(f"worker-{i}", sundial_argv("worker", "--app", "sundial_worker.demo:worker"))
-                for i in range(shape.workers)
-            ),
+            *self._workers(),
         ]
         if shape.analytics:
             # The ClickHouse replica is fed under every workload: its outbox triggers and drain are part of the cost.
@@ -122,6 +129,32 @@ class Bench:
             processes.append(ProcessSpec("analytics", sundial_argv("analytics"), env=analytics_env))
         self.supervisor = Supervisor(processes, env={**os.environ, **env}, log_dir=root / "logs", run_dir=root / "run")
         self.token = issue_token(CommonSettings(env="dev").jwt_secret, "bench-api")
+
+    @property
+    def gateways(self) -> list[str]:
+        if self.shape.worker_transport != "gateway":
+            return []
+        return [f"http://127.0.0.1:{self.ports.api + _GATEWAY_PORT_OFFSET + i}" for i in range(self.shape.workers)]
+
+    def _workers(self) -> list[ProcessSpec]:
+        app = ("worker", "--app", "sundial_worker.demo:worker")
+        if self.shape.worker_transport == "direct":
+            return [ProcessSpec(f"worker-{i}", sundial_argv(*app)) for i in range(self.shape.workers)]
+        if self.shape.worker_transport != "gateway":
+            raise ValueError(f"worker transport {self.shape.worker_transport!r}: `direct` or `gateway`")
+        key = symmetric_keys(CommonSettings(env="dev"))[0]
+        token = issue_pool_token(
+            key, token_id=_POOL_TOKEN_ID, pool=POOL, tenant="bench-api", subject="bench", ttl_sec=86400
+        )
+        specs = []
+        for i, url in enumerate(self.gateways):
+            port = url.rsplit(":", 1)[1]
+            specs.append(ProcessSpec(f"gateway-{i}", sundial_argv("gateway", "--port", port)))
+            # Each worker starts with a gateway of its own and moves to the others if it fails.
+            urls = ",".join(self.gateways[i:] + self.gateways[:i])
+            env = (("SUNDIAL_WORKER_GATEWAY", urls), ("SUNDIAL_WORKER_TOKEN", token))
+            specs.append(ProcessSpec(f"worker-{i}", sundial_argv(*app), env=env))
+        return specs
 
     def start(self) -> None:
         """A fresh stack and the supervised processes; if any of it fails (a worker never assigned), what did
@@ -152,6 +185,12 @@ class Bench:
                 f" - {self.shape.past_days}, {self.shape.past_days})",
                 database=self.stack.postgres.database,
             )
+        if self.shape.worker_transport == "gateway":
+            self.stack.postgres.psql(
+                "INSERT INTO pool_tokens (id, pool, tenant, subject, created_by, ttl_sec)"
+                f" VALUES ('{_POOL_TOKEN_ID}', '{POOL}', 'bench-api', 'bench', 'bench', 86400)",
+                database=self.stack.postgres.database,
+            )
         if not self.shape.analytics:
             self.stack.postgres.psql(
                 "ALTER TABLE executions DISABLE TRIGGER executions_events_created,"
@@ -162,10 +201,14 @@ class Bench:
         api = f"http://127.0.0.1:{self.ports.api}/readyz"
         if not wait_for(lambda: _ok(api), timeout=60):
             raise RuntimeError(f"bench api not ready; see {self.supervisor.log_file('api')}")
+        for url in self.gateways:
+            if not wait_for(lambda url=url: _ok(f"{url}/healthz"), timeout=60):
+                raise RuntimeError(f"bench gateway {url} not ready; see {self.supervisor.log_file('gateway-0')}")
+        ready = "serving pool" if self.gateways else "partitions assigned"
         for i in range(self.shape.workers):
             log = self.supervisor.log_file(f"worker-{i}")
-            if not wait_for(functools.partial(log_mentions, log, "partitions assigned"), timeout=60):
-                raise RuntimeError(f"worker-{i} got no partitions; see {log}")
+            if not wait_for(functools.partial(log_mentions, log, ready), timeout=60):
+                raise RuntimeError(f"worker-{i} never logged {ready!r}; see {log}")
 
     def stop(self) -> None:
         self.supervisor.stop()
@@ -219,7 +262,9 @@ class Bench:
             tenant = api_burst.TENANT
             insert_s = await api_burst.create_jobs(f"http://127.0.0.1:{self.ports.api}", self.token, POOL, due)
         else:
-            tenant = f"bench-{workload}-{uuid.uuid4().hex[:6]}"
+            # Through gateways, the workers' pool token takes one tenant's work: the run's jobs are that tenant's
+            # (the stack is fresh for every run, so its counts are still this run's alone).
+            tenant = "bench-api" if self.gateways else f"bench-{workload}-{uuid.uuid4().hex[:6]}"
             insert_s = await self.insert_jobs(tenant, due)
         inserted_at = datetime.now(UTC)
         # CPU and statements count from here: registering the jobs is not what the workload measures.

@@ -51,6 +51,7 @@ async def main_async(args: argparse.Namespace) -> None:
         not args.no_durable,
         not args.no_analytics,
         args.past_days,
+        args.worker_transport,
     )
     bench = Bench(shape, args.root, ports_at(args.port_offset), args.profile)
     settings = vars(shape)
@@ -131,6 +132,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dispatchers", type=int, default=2)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--concurrency", type=int, default=256, help="handler slots per worker")
+    parser.add_argument(
+        "--worker-transport",
+        choices=("direct", "gateway"),
+        default="direct",
+        help="`gateway`: each worker runs through a worker gateway of its own with a pool token (default direct)",
+    )
     parser.add_argument("--burst", type=_ints, default=[10_000, 100_000], help="W1 sizes")
     parser.add_argument("--rates", type=_ints, default=[1000, 2500, 5000, 10000], help="W3 rates per second")
     parser.add_argument("--duration", type=float, default=60.0, help="W2/W3 seconds")

@@ -154,8 +154,9 @@ class Feed:
             if partition is not None and offset is not None:
                 ends[partition] = max(ends.get(partition, -1), offset + 1)
         try:
+            # Not waited for: a commit that fails only makes the messages come again, to lose the start CAS.
             self._consumer.commit(
-                offsets=[TopicPartition(self.topic, p, o) for p, o in ends.items()], asynchronous=False
+                offsets=[TopicPartition(self.topic, p, o) for p, o in ends.items()], asynchronous=True
             )
         except KafkaException as exc:
             log.warning("committing %s offsets failed (their messages come again): %s", self.topic, exc)
