@@ -27,6 +27,8 @@ from sundial_sweeper.incidents import (
     LateStarts,
     LateStartsConfig,
     LateStartsPass,
+    OutcomeChanges,
+    OutcomeChangesConfig,
     dead_incidents,
 )
 from sundial_sweeper.sweeper import Sweeper, SweeperConfig
@@ -325,6 +327,62 @@ async def test_an_occurrence_not_started_in_time_is_one_late_incident_whoever_sa
         "SELECT detail FROM notification_incidents WHERE job_id = $1 AND event = 'execution.late'", job_id
     )
     assert row["detail"]["dispatched"] is False and row["detail"]["jobName"] == "undispatched"
+
+
+@pytest.mark.parametrize("api", LOOPBACK_ALLOWED, indirect=True)
+async def test_a_job_that_starts_failing_and_recovers_is_told_once_per_change(
+    api: Api,  # noqa: F811
+    receiver: WebhookReceiver,
+    stores: Stores,
+) -> None:
+    pool = admit(api.settings.database_url, f"n-{uuid.uuid4().hex[:10]}", TENANT)
+    [message] = await make_executions(stores, pool, "hourly")
+    first = uuid.UUID(message.execution_id)
+    db = stores.database.pool
+    # batch=1: a pass reads the jobs one statement at a time, and still sees them all.
+    watch = OutcomeChanges(stores.notifications, OutcomeChangesConfig(batch=1))
+    created = await subscribe(api, receiver.url, events=["execution.failing", "execution.recovered"], pool=pool)
+
+    async def occurrence(state: str, error: str | None = None) -> uuid.UUID:
+        """The job's next occurrence, an hour after its latest, finished now in ``state``."""
+        ident = new_id()
+        await db.execute(
+            "INSERT INTO executions (id, tenant_id, job_id, pool, handler, shard, fence_token, timeout_sec, "
+            "attempt, max_attempts, state, scheduled_for, finished_at, error) "
+            "SELECT $1, tenant_id, job_id, pool, handler, shard, fence_token, timeout_sec, 1, max_attempts, $3, "
+            "(SELECT max(scheduled_for) FROM executions WHERE job_id = e.job_id) + interval '1 hour', now(), $4 "
+            "FROM executions e WHERE id = $2",
+            ident,
+            first,
+            state,
+            error,
+        )
+        return ident
+
+    await db.execute("UPDATE executions SET state = 'SUCCEEDED', finished_at = now() WHERE id = $1", first)
+    assert (await watch.run_once()).incidents == 0  # a success, and nothing before it: no change
+    failed = await occurrence("DEAD", "Timeout: sdl1:AAAA")
+    assert (await watch.run_once()).incidents == 1
+    assert (await watch.run_once()).incidents == 0  # the next pass (or another sweeper) finds it recorded
+    await occurrence("DEAD", "Timeout: sdl1:AAAA")
+    assert (await watch.run_once()).incidents == 0  # a failure after a failure is no change
+    recovered = await occurrence("SUCCEEDED")
+    assert (await watch.run_once()).incidents == 1
+    await occurrence("SUCCEEDED")
+    assert (await watch.run_once()).incidents == 0
+
+    await deliveries_of(api).run_once()
+    await wait_until(lambda: _received(receiver, 2), "the two notifications")
+    events = sorted(
+        (Webhook(created["secret"]).verify(r.body, r.headers) for r in receiver.received), key=lambda e: e["type"]
+    )
+    assert [(e["type"], e["data"]["executionId"]) for e in events] == [
+        ("execution.failing", str(failed)),
+        ("execution.recovered", str(recovered)),
+    ]
+    assert events[0]["data"]["errorClass"] == "Timeout" and "sdl1" not in receiver.received[0].body.decode()
+    assert events[0]["data"]["previousExecutionId"] == str(first)
+    assert events[1]["data"]["errorClass"] is None and events[1]["data"]["jobName"] == "hourly"
 
 
 async def _received(receiver: WebhookReceiver, count: int) -> bool:

@@ -26,7 +26,7 @@ from sundial_common.stores import Stores
 from sundial_sweeper.breakers import BreakerLoop
 from sundial_sweeper.broker_restart import BrokerRestartRepublisher
 from sundial_sweeper.consumed import ConsumedHorizon
-from sundial_sweeper.incidents import IncidentRetention, LateStarts
+from sundial_sweeper.incidents import IncidentRetention, LateStarts, OutcomeChanges
 from sundial_sweeper.job_retention import JobRetention
 from sundial_sweeper.partitions import PartitionLoop
 from sundial_sweeper.settings import SweeperSettings
@@ -53,6 +53,7 @@ async def serve(settings: SweeperSettings, stop: asyncio.Event) -> None:
         partitions = PartitionLoop(stores.partitions, partition_config)
         retention = JobRetention(stores.jobs, stores.dependencies, stores.partitions, settings.job_retention_config())
         late_starts = LateStarts(stores.notifications, settings.late_starts_config())
+        outcome_changes = OutcomeChanges(stores.notifications, settings.outcome_changes_config())
         incident_retention = IncidentRetention(stores.notifications, settings.incident_retention_config())
         log.info("sweeper started")
 
@@ -78,6 +79,15 @@ async def serve(settings: SweeperSettings, stop: asyncio.Event) -> None:
                     loops.create_task(
                         every(until, late_starts.config.interval_sec, late_starts.run_once, name="late-starts"),
                         name="late-starts",
+                    )
+                    loops.create_task(
+                        every(
+                            until,
+                            outcome_changes.config.interval_sec,
+                            outcome_changes.run_once,
+                            name="outcome-changes",
+                        ),
+                        name="outcome-changes",
                     )
                     loops.create_task(
                         every(

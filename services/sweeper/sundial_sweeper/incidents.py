@@ -19,6 +19,14 @@ for occurrences not started a grace after they were due — a job whose fire tim
 (every dispatcher down), or a first attempt still PENDING (no worker to start it) — of the tenants that subscribed
 to ``execution.late``. One occurrence (job, nominal time) is one incident, whichever of the two saw it first.
 
+**Outcome changes** are a job's state changes, not its every failure: :class:`OutcomeChanges` looks, each pass,
+at every job of the tenants that subscribed to ``execution.failing`` or ``execution.recovered``, at its latest
+finished occurrence (SUCCEEDED or DEAD, by nominal time) and the one before it. A DEAD after a SUCCEEDED is
+``execution.failing``, a SUCCEEDED after a DEAD ``execution.recovered``; the incident is keyed by the event and
+the execution that made the change, so each change is one incident, however many passes or sweepers see it.
+A job with no success yet is not "failing" (``execution.dead`` tells each of its deaths), and a change
+overtaken within one pass (a failure and the recovery after it between two passes) is told by its last half.
+
 **Retention**: :class:`IncidentRetention` deletes incidents older than ``keep_days`` whose deliveries are over,
 with their deliveries (the delivery logs keep that long).
 """
@@ -27,6 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from uuid import UUID
 
 from sundial_common.runtime.clock import to_ms
 from sundial_common.stores.breakers import CLOSED, Breaker
@@ -37,6 +46,11 @@ DEAD = "execution.dead"
 LATE = "execution.late"
 BREAKER_OPENED = "breaker.opened"
 BREAKER_CLOSED = "breaker.closed"
+FAILING = "execution.failing"
+RECOVERED = "execution.recovered"
+#: The outcomes of a finished occurrence, and the change event from the other one.
+CHANGE_TO = {"DEAD": FAILING, "SUCCEEDED": RECOVERED}
+FIRST_JOB = UUID(int=0)
 
 
 def dead_incidents(rows: Iterable[Record]) -> list[Incident]:
@@ -150,6 +164,78 @@ class LateStarts:
             return LateStartsPass()
         incidents, _deliveries = await self.store.record_incidents(late_incidents(rows))
         return LateStartsPass(late=len(rows), incidents=incidents)
+
+
+def outcome_incidents(rows: Iterable[Record]) -> list[Incident]:
+    """One ``execution.failing`` or ``execution.recovered`` incident per job whose latest finished occurrence
+    ended otherwise than the one before it (and after its tenant subscribed)."""
+    incidents = []
+    for row in rows:
+        outcome, previous = row["outcome"], row["previous_outcome"]
+        if outcome is None or previous is None or outcome == previous or row["finished_at"] < row["since"]:
+            continue
+        event = CHANGE_TO[outcome]
+        error = row["error"] if outcome == "DEAD" else None
+        incidents.append(
+            Incident(
+                tenant_id=row["tenant_id"],
+                event=event,
+                incident_key=f"{event}:{row['execution_id']}",
+                pool=row["pool"],
+                job_id=str(row["job_id"]),
+                execution_id=str(row["execution_id"]),
+                detail={
+                    "jobName": row["job_name"],
+                    "handler": row["handler"],
+                    "scheduledFor": row["scheduled_for"].isoformat(),
+                    "finishedAt": row["finished_at"].isoformat(),
+                    "previousExecutionId": str(row["previous_id"]),
+                    "previousScheduledFor": row["previous_scheduled_for"].isoformat(),
+                    "errorClass": error.split(":", 1)[0] if error else None,
+                },
+            )
+        )
+    return incidents
+
+
+@dataclass(frozen=True)
+class OutcomeChangesConfig:
+    """``interval_sec``: between passes (each looks at every job of the subscribed tenants); ``batch``: jobs
+    read per statement."""
+
+    interval_sec: float = 30.0
+    batch: int = 500
+
+    def __post_init__(self) -> None:
+        if self.interval_sec <= 0 or self.batch < 1:
+            raise ValueError("interval_sec must be > 0 and batch >= 1")
+
+
+@dataclass(frozen=True)
+class OutcomeChangesPass:
+    jobs: int = 0
+    incidents: int = 0
+
+
+class OutcomeChanges:
+    """Records ``execution.failing`` and ``execution.recovered`` incidents (one pass: :meth:`run_once`)."""
+
+    def __init__(self, store: NotificationStore, config: OutcomeChangesConfig) -> None:
+        self.store = store
+        self.config = config
+
+    async def run_once(self) -> OutcomeChangesPass:
+        jobs = incidents = 0
+        after = FIRST_JOB
+        while True:
+            rows = await self.store.last_outcomes(after, self.config.batch)
+            jobs += len(rows)
+            found = outcome_incidents(rows)
+            if found:
+                incidents += (await self.store.record_incidents(found))[0]
+            if len(rows) < self.config.batch:
+                return OutcomeChangesPass(jobs=jobs, incidents=incidents)
+            after = rows[-1]["job_id"]
 
 
 @dataclass(frozen=True)

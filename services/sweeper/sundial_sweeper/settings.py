@@ -7,7 +7,7 @@ from sundial_common.runtime.settings import CommonSettings
 from sundial_common.stores.breakers import MAX_HOLD_SEC, BreakerSettings
 
 from sundial_sweeper.breakers import BreakerLoopConfig
-from sundial_sweeper.incidents import IncidentRetentionConfig, LateStartsConfig
+from sundial_sweeper.incidents import IncidentRetentionConfig, LateStartsConfig, OutcomeChangesConfig
 from sundial_sweeper.job_retention import JobRetentionConfig
 from sundial_sweeper.partitions import PartitionLoopConfig
 from sundial_sweeper.sweeper import SweeperConfig
@@ -93,12 +93,24 @@ class SweeperSettings(CommonSettings):
     )
     late_start_interval_sec: float = Field(15.0, gt=0, description="Seconds between passes of the late-start scan.")
 
+    outcome_change_interval_sec: float = Field(
+        30.0,
+        gt=0,
+        le=3600,
+        description="Seconds between passes of the scan for `execution.failing` / `execution.recovered` incidents "
+        "(each pass reads the latest two finished occurrences of every job of the tenants subscribed to them; "
+        "nothing is scanned while no tenant is).",
+    )
+
     notification_retention_days: int = Field(
         30, ge=1, le=3650, description="Days notification incidents and their delivery logs are kept."
     )
 
     def incident_retention_config(self) -> IncidentRetentionConfig:
         return IncidentRetentionConfig(keep_days=self.notification_retention_days)
+
+    def outcome_changes_config(self) -> OutcomeChangesConfig:
+        return OutcomeChangesConfig(interval_sec=self.outcome_change_interval_sec)
 
     def late_starts_config(self) -> LateStartsConfig:
         return LateStartsConfig(grace_sec=self.late_start_grace_sec, interval_sec=self.late_start_interval_sec)

@@ -26,6 +26,10 @@ EVENTS: dict[str, str] = {
     "execution.dead": "an execution failed its last attempt (or was given up) and is DEAD",
     "execution.late": "an occurrence not started within the grace after its due time (no dispatcher made it, or "
     "no worker started it)",
+    "execution.failing": "a job's occurrence ended DEAD after its previous one had SUCCEEDED (the first failure "
+    "after a success; the failures after it are not told again)",
+    "execution.recovered": "a job's occurrence SUCCEEDED after its previous one had ended DEAD (the first success "
+    "after a failure)",
     "breaker.opened": "a handler's retry circuit breaker opened: its retries are held",
     "breaker.closed": "a handler's retry circuit breaker closed again: its held retries are released",
 }
@@ -81,6 +85,11 @@ class NotificationStore(Protocol):
 
     async def late_starts(self, grace_sec: float, limit: int) -> list[Record]:
         """Occurrences not started ``grace_sec`` after they were due, of tenants subscribed to ``execution.late``."""
+        ...
+
+    async def last_outcomes(self, after_job: UUID, limit: int) -> list[Record]:
+        """Jobs (by id, after ``after_job``, ``limit`` of them) of the tenants subscribed to ``execution.failing``
+        or ``execution.recovered``, each with its latest finished occurrence and the one before it."""
         ...
 
     async def insert_test_delivery(self, subscription_id: UUID, tenant: str, lease_sec: float) -> UUID | None: ...
@@ -155,6 +164,9 @@ class PostgresNotificationStore:
 
     async def late_starts(self, grace_sec: float, limit: int) -> list[Record]:
         return list(await self._db.pool.fetch(Q["late_starts"], grace_sec, limit))
+
+    async def last_outcomes(self, after_job: UUID, limit: int) -> list[Record]:
+        return list(await self._db.pool.fetch(Q["last_outcomes"], after_job, limit))
 
     async def insert_test_delivery(self, subscription_id: UUID, tenant: str, lease_sec: float) -> UUID | None:
         delivery_id = new_id()

@@ -80,6 +80,38 @@ UNION ALL
    AND e.attempt = 1 AND coalesce(e.fire_at, e.scheduled_for) < now() - make_interval(secs => $1::float8)
  ORDER BY e.created_at LIMIT $2);
 
+-- name: last_outcomes
+-- A batch of jobs (ids after $1, $2 of them) of the tenants subscribed to `execution.failing` or
+-- `execution.recovered` (none: nothing is scanned), each with its latest finished occurrence (SUCCEEDED or DEAD,
+-- by nominal time) and the one before it: two probes of the occurrence key (job_id, scheduled_for) per job
+-- in each partition. `since` is the tenant's first such subscription: an outcome older than it was nobody's
+-- to be told.
+WITH wanted AS (
+    SELECT tenant_id, min(created_at) AS since FROM notification_subscriptions
+    WHERE deleted_at IS NULL AND events && ARRAY['execution.failing', 'execution.recovered']::text[]
+    GROUP BY tenant_id
+), batch AS (
+    SELECT j.id, j.tenant_id, j.pool, j.name, j.handler, w.since
+    FROM jobs j JOIN wanted w ON w.tenant_id = j.tenant_id
+    WHERE j.id > $1
+    ORDER BY j.id LIMIT $2
+)
+SELECT b.tenant_id, b.pool, b.id AS job_id, b.name AS job_name, b.handler, b.since,
+       l.id AS execution_id, l.phase AS outcome, l.scheduled_for, l.finished_at, l.error,
+       p.id AS previous_id, p.phase AS previous_outcome, p.scheduled_for AS previous_scheduled_for
+FROM batch b
+LEFT JOIN LATERAL (
+    SELECT e.id, e.phase, e.scheduled_for, e.finished_at, e.error FROM executions e
+    WHERE e.job_id = b.id AND e.phase IN ('SUCCEEDED', 'DEAD')
+    ORDER BY e.scheduled_for DESC, e.id DESC LIMIT 1
+) l ON true
+LEFT JOIN LATERAL (
+    SELECT e.id, e.phase, e.scheduled_for FROM executions e
+    WHERE e.job_id = b.id AND e.phase IN ('SUCCEEDED', 'DEAD') AND (e.scheduled_for, e.id) < (l.scheduled_for, l.id)
+    ORDER BY e.scheduled_for DESC, e.id DESC LIMIT 1
+) p ON true
+ORDER BY b.id;
+
 -- name: insert_test_delivery
 -- A test send: an incident of its own (event `test`) and its one delivery, claimed by the caller at once.
 WITH s AS (
