@@ -31,6 +31,7 @@ from sundial_common.runtime.service import every
 from sundial_common.security.auth import TokenVerifier
 from sundial_common.security.encryption import open_keyring
 from sundial_common.stores import Stores
+from sundial_common.stores.notifications import DeliveryCaps
 from sundial_common.stores.pool_cache import PoolCache
 
 from sundial_api import (
@@ -142,6 +143,12 @@ def create_app(settings: ApiSettings | None = None, *, clock: Clock | None = Non
         notifications = NotificationDelivery(
             NotificationDeliveryConfig(
                 concurrency=settings.notification_concurrency,
+                caps=DeliveryCaps(
+                    tenant_concurrency=settings.notification_tenant_concurrency,
+                    destination_concurrency=settings.notification_destination_concurrency,
+                    tenant_per_minute=settings.notification_tenant_per_minute,
+                    destination_per_minute=settings.notification_destination_per_minute,
+                ),
                 retry=RetryPolicy(
                     max_attempts=settings.notification_max_attempts, initial_delay_ms=10_000, max_delay_ms=3_600_000
                 ),

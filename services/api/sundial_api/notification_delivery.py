@@ -3,9 +3,11 @@
 The sweeper notices incidents but holds no tenant key, and a delivery needs the subscription's secret, which
 is sealed under the tenant's data key. The API replicas hold the keys, so each runs this loop: a pass claims a
 batch of due deliveries (a lease per row, so replicas share the work and a replica that dies mid-send leaves
-its rows to the next claim), sends each once through :class:`~sundial_common.delivery.sender.Sender`, and
-finishes it with a compare-and-swap on its attempt number: DELIVERED on 2xx, PENDING again after the backoff
-(or the receiver's ``Retry-After``) on a transient failure, FAILED on a permanent one or the last attempt.
+its rows to the next claim; no claim goes beyond the caps per tenant and per destination, on attempts in flight
+and in the last minute, whatever the number of replicas), sends each once through
+:class:`~sundial_common.delivery.sender.Sender`, and finishes it with a compare-and-swap on its attempt number:
+DELIVERED on 2xx, PENDING again after the backoff (or the receiver's ``Retry-After``) on a transient failure,
+FAILED on a permanent one or the last attempt.
 
 Every attempt of one delivery carries the delivery's id as ``webhook-id``: a receiver that got an attempt
 whose answer was lost sees the retry as the same message.
@@ -25,7 +27,7 @@ import orjson
 from sundial_common.delivery.sender import OutboundRequest, Outcome, Sender
 from sundial_common.domain.retry_policy import RetryPolicy
 from sundial_common.security.encryption import Keyring
-from sundial_common.stores.notifications import NotificationStore
+from sundial_common.stores.notifications import DeliveryCaps, NotificationStore
 
 log = logging.getLogger("sundial.api.notifications")
 
@@ -40,7 +42,8 @@ DEFAULT_RETRY = RetryPolicy(max_attempts=8, backoff="EXPONENTIAL", initial_delay
 class NotificationDeliveryConfig:
     """``interval_sec``: between passes while there is work; ``idle_interval_sec``: the longest wait while idle;
     ``batch``: deliveries claimed per pass; ``concurrency``: requests in flight at once; ``lease_sec``: how long
-    a claim lasts (longer than one request may take); ``retry``: attempts and backoff of one delivery."""
+    a claim lasts (longer than one request may take); ``retry``: attempts and backoff of one delivery; ``caps``:
+    per tenant and per destination, over all replicas."""
 
     interval_sec: float = 1.0
     idle_interval_sec: float = 5.0
@@ -48,6 +51,7 @@ class NotificationDeliveryConfig:
     concurrency: int = 10
     lease_sec: float = 120.0
     retry: RetryPolicy = field(default_factory=lambda: DEFAULT_RETRY)
+    caps: DeliveryCaps = field(default_factory=DeliveryCaps)
 
     def __post_init__(self) -> None:
         if not 0 < self.interval_sec <= self.idle_interval_sec:
@@ -95,7 +99,7 @@ class NotificationDelivery:
         self._slots = asyncio.Semaphore(config.concurrency)
 
     async def run_once(self) -> DeliveryPass:
-        rows = await self._store.claim_due(self.config.batch, self.config.lease_sec)
+        rows = await self._store.claim_due(self.config.batch, self.config.lease_sec, self.config.caps)
         if not rows:
             return DeliveryPass()
         states = await asyncio.gather(*(self._deliver(row) for row in rows))

@@ -100,6 +100,26 @@ class ApiSettings(DeliverySettings, CommonSettings):
     notification_concurrency: int = Field(
         10, ge=1, le=200, description="Notification requests one API replica has in flight at once."
     )
+    notification_tenant_concurrency: int = Field(
+        20, ge=1, le=10_000, description="Notification requests one tenant has in flight at once, over all replicas."
+    )
+    notification_destination_concurrency: int = Field(
+        4,
+        ge=1,
+        le=10_000,
+        description="Notification requests one destination (a subscription's URL) has in flight at once, over all "
+        "replicas.",
+    )
+    notification_tenant_per_minute: int = Field(
+        600, ge=1, le=1_000_000, description="Notification requests sent for one tenant in any minute, at most."
+    )
+    notification_destination_per_minute: int = Field(
+        120,
+        ge=1,
+        le=1_000_000,
+        description="Notification requests sent to one destination (a subscription's URL) in any minute, at most; "
+        "the others wait, due, for the next minute.",
+    )
 
     console_sso_headers: list[str] = Field(
         default_factory=list,

@@ -3,7 +3,8 @@
 Whoever notices an event (the sweeper) records it with :meth:`NotificationStore.record_incidents`: one row per
 incident under a unique key, and in the same statement one delivery per matching subscription, so a failover
 half-way through a pass records nothing twice. Whoever holds the tenants' keys (the API replicas) claims due
-deliveries (:meth:`~NotificationStore.claim_due`, a lease per row, ``SKIP LOCKED``), sends them and finishes each
+deliveries (:meth:`~NotificationStore.claim_due`, a lease per row, under caps per tenant and per destination,
+one replica's claim at a time), sends them and finishes each
 with a compare-and-swap on its attempt number. SQL: ``sql/notifications.sql``.
 """
 
@@ -63,6 +64,23 @@ class Incident:
     detail: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True, slots=True)
+class DeliveryCaps:
+    """How many attempts a tenant, and a destination (a subscription's URL), may have in flight at once
+    (``*_concurrency``) and may have sent in the last minute (``*_per_minute``), across every API replica."""
+
+    tenant_concurrency: int = 20
+    destination_concurrency: int = 4
+    tenant_per_minute: int = 600
+    destination_per_minute: int = 120
+    #: Due deliveries looked at per claim, oldest first: the capped ones are skipped over for others.
+    scan: int = 1000
+
+    def __post_init__(self) -> None:
+        if min(asdict(self).values()) < 1:
+            raise ValueError("every delivery cap must be >= 1")
+
+
 class NotificationStore(Protocol):
     async def create_subscription(self, subscription: NewSubscription) -> Record: ...
 
@@ -94,7 +112,9 @@ class NotificationStore(Protocol):
 
     async def insert_test_delivery(self, subscription_id: UUID, tenant: str, lease_sec: float) -> UUID | None: ...
 
-    async def claim_due(self, limit: int, lease_sec: float) -> list[Record]: ...
+    async def claim_due(self, limit: int, lease_sec: float, caps: DeliveryCaps) -> list[Record]:
+        """Claim up to ``limit`` due deliveries for ``lease_sec``, none beyond ``caps``."""
+        ...
 
     async def delivery(self, delivery_id: UUID) -> Record | None: ...
 
@@ -175,8 +195,21 @@ class PostgresNotificationStore:
         )
         return delivery_id if row is not None else None
 
-    async def claim_due(self, limit: int, lease_sec: float) -> list[Record]:
-        return list(await self._db.pool.fetch(Q["claim_due_deliveries"], limit, lease_sec))
+    async def claim_due(self, limit: int, lease_sec: float, caps: DeliveryCaps) -> list[Record]:
+        async with self._db.pool.acquire() as conn, conn.transaction():
+            await conn.execute(Q["claim_lock"])
+            await conn.execute(Q["forget_old_sends"])
+            rows = await conn.fetch(
+                Q["claim_due_deliveries"],
+                limit,
+                lease_sec,
+                caps.tenant_concurrency,
+                caps.destination_concurrency,
+                caps.tenant_per_minute,
+                caps.destination_per_minute,
+                caps.scan,
+            )
+        return list(rows)
 
     async def delivery(self, delivery_id: UUID) -> Record | None:
         return cast(Record | None, await self._db.pool.fetchrow(Q["delivery_for_send"], delivery_id))

@@ -125,22 +125,66 @@ INSERT INTO notification_deliveries (id, incident_id, subscription_id, attempts,
 SELECT $4::uuid, i.id, $1, 1, now() + make_interval(secs => $5::float8) FROM i
 RETURNING id, attempts;
 
+-- name: claim_lock
+-- The claims of all API replicas, one at a time (until the claim's transaction ends): two claims at once would
+-- both see room under the same cap.
+SELECT pg_advisory_xact_lock(hashtext('sundial.notification_claims'));
+
+-- name: forget_old_sends
+DELETE FROM notification_sends WHERE sent_at < now() - interval '2 minutes';
+
 -- name: claim_due_deliveries
 -- Due deliveries, each claimed for $2 seconds by one sender (API replicas share the work; a claim that ran
 -- out, its sender gone, is taken again). `attempts` counts this attempt, and is the compare-and-swap token
--- of finish_delivery.
-UPDATE notification_deliveries d
-SET claimed_until = now() + make_interval(secs => $2::float8), attempts = d.attempts + 1
-FROM notification_incidents i, notification_subscriptions s
-WHERE d.id IN (
-        SELECT id FROM notification_deliveries
-        WHERE state = 'PENDING' AND next_attempt_at <= now() AND (claimed_until IS NULL OR claimed_until < now())
-        ORDER BY next_attempt_at LIMIT $1
-        FOR UPDATE SKIP LOCKED)
-  AND i.id = d.incident_id AND s.id = d.subscription_id
-RETURNING d.id, d.attempts, d.subscription_id, i.id AS incident_id, i.tenant_id, i.event, i.pool, i.job_id,
-          i.execution_id, i.detail, i.occurred_at, s.url, s.secrets,
-          coalesce(s.previous_secret_until > now(), false) AS previous_secret_valid;
+-- of finish_delivery. Under caps per tenant and per destination (the subscription's URL): requests in flight
+-- (a live claim) at most $3 and $4, requests sent in the last minute (notification_sends) at most $5 and $6; a
+-- delivery over a cap stays due for a later pass. $7: the due deliveries looked at (oldest first). Each claim
+-- is written to notification_sends. Run after claim_lock, in its transaction.
+WITH due AS (
+    SELECT d.id, d.next_attempt_at, i.tenant_id, s.url
+    FROM notification_deliveries d
+    JOIN notification_incidents i ON i.id = d.incident_id
+    JOIN notification_subscriptions s ON s.id = d.subscription_id
+    WHERE d.state = 'PENDING' AND d.next_attempt_at <= now() AND (d.claimed_until IS NULL OR d.claimed_until < now())
+    ORDER BY d.next_attempt_at LIMIT $7
+), in_flight AS (
+    SELECT i.tenant_id, s.url, count(*) AS n
+    FROM notification_deliveries d
+    JOIN notification_incidents i ON i.id = d.incident_id
+    JOIN notification_subscriptions s ON s.id = d.subscription_id
+    WHERE d.state = 'PENDING' AND d.claimed_until >= now()
+    GROUP BY i.tenant_id, s.url
+), recent AS (
+    SELECT tenant_id, url, count(*) AS n FROM notification_sends
+    WHERE sent_at > now() - interval '1 minute'
+    GROUP BY tenant_id, url
+), ranked AS (
+    SELECT due.id, due.next_attempt_at,
+           row_number() OVER (PARTITION BY due.tenant_id ORDER BY due.next_attempt_at, due.id) AS nth_of_tenant,
+           row_number() OVER (PARTITION BY due.url ORDER BY due.next_attempt_at, due.id) AS nth_of_url,
+           coalesce((SELECT sum(f.n) FROM in_flight f WHERE f.tenant_id = due.tenant_id), 0) AS tenant_in_flight,
+           coalesce((SELECT sum(f.n) FROM in_flight f WHERE f.url = due.url), 0) AS url_in_flight,
+           coalesce((SELECT sum(r.n) FROM recent r WHERE r.tenant_id = due.tenant_id), 0) AS tenant_recent,
+           coalesce((SELECT sum(r.n) FROM recent r WHERE r.url = due.url), 0) AS url_recent
+    FROM due
+), allowed AS (
+    SELECT id FROM ranked
+    WHERE tenant_in_flight + nth_of_tenant <= $3 AND url_in_flight + nth_of_url <= $4
+      AND tenant_recent + nth_of_tenant <= $5 AND url_recent + nth_of_url <= $6
+    ORDER BY next_attempt_at, id LIMIT $1
+), claimed AS (
+    UPDATE notification_deliveries d
+    SET claimed_until = now() + make_interval(secs => $2::float8), attempts = d.attempts + 1
+    FROM notification_incidents i, notification_subscriptions s
+    WHERE d.id IN (SELECT id FROM allowed)
+      AND i.id = d.incident_id AND s.id = d.subscription_id
+    RETURNING d.id, d.attempts, d.subscription_id, i.id AS incident_id, i.tenant_id, i.event, i.pool, i.job_id,
+              i.execution_id, i.detail, i.occurred_at, s.url, s.secrets,
+              coalesce(s.previous_secret_until > now(), false) AS previous_secret_valid
+), sent AS (
+    INSERT INTO notification_sends (tenant_id, url) SELECT tenant_id, url FROM claimed
+)
+SELECT * FROM claimed;
 
 -- name: delivery_for_send
 SELECT d.id, d.attempts, d.subscription_id, i.id AS incident_id, i.tenant_id, i.event, i.pool, i.job_id,
