@@ -16,7 +16,14 @@ if TYPE_CHECKING:
     from sundial_client.models.notifications import DeliveryView, SubscriptionView
 
 #: The events a subscription may name (the server's list; an unknown one is refused there, naming `events`).
-EVENTS = ("execution.dead", "execution.late", "breaker.opened", "breaker.closed")
+EVENTS = (
+    "execution.dead",
+    "execution.late",
+    "execution.failing",
+    "execution.recovered",
+    "breaker.opened",
+    "breaker.closed",
+)
 COLUMNS = ("ID", "URL", "EVENTS", "POOL", "JOB", "SECRET")
 DELIVERY_COLUMNS = ("ID", "EVENT", "STATE", "ATTEMPTS", "LAST STATUS", "LAST ERROR", "OCCURRED AT", "EXECUTION")
 
