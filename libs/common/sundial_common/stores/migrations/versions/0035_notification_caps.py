@@ -1,7 +1,7 @@
 """notification_sends: the notification requests of the last minutes, for the per-minute caps.
 
-Revision ID: 0036
-Revises: 0033
+Revision ID: 0035
+Revises: 0034
 Create Date: 2026-11-28
 
 The API replicas claim due deliveries under caps per tenant and per destination (a subscription's URL): on the
@@ -16,8 +16,8 @@ New table only: expand-only; the previous release neither reads nor writes it (i
 
 from sundial_common.stores.schema import run_sql_script
 
-revision = "0036"
-down_revision = "0033"
+revision = "0035"
+down_revision = "0034"
 branch_labels = None
 depends_on = None
 
