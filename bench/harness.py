@@ -202,7 +202,7 @@ class Bench:
         if not wait_for(lambda: _ok(api), timeout=60):
             raise RuntimeError(f"bench api not ready; see {self.supervisor.log_file('api')}")
         for url in self.gateways:
-            if not wait_for(lambda url=url: _ok(f"{url}/healthz"), timeout=60):
+            if not wait_for(functools.partial(_ok, f"{url}/healthz"), timeout=60):
                 raise RuntimeError(f"bench gateway {url} not ready; see {self.supervisor.log_file('gateway-0')}")
         ready = "serving pool" if self.gateways else "partitions assigned"
         for i in range(self.shape.workers):

@@ -233,7 +233,8 @@ async def production_checksum(env: Env) -> dict[str, Any]:
             f"SELECT count(*) || ':' || coalesce(md5(string_agg(t::text, '|' ORDER BY t::text)), '') FROM {table} t"
         )
     # Workers' announcements aside: a staging worker announces itself like any worker (not production state).
-    keys = [key for key in await env.redis.keys("*") if not key.startswith(b"sundial:worker")]
+    announcements = set(await env.redis.keys("sundial:worker*"))
+    keys = [key for key in await env.redis.keys("*") if key not in announcements]
     sums["redis"] = sorted([(key, await env.redis.zrange(key, 0, -1, withscores=True)) for key in keys])
     consumer = Consumer({"bootstrap.servers": env.bootstrap, "group.id": consumer_group(env.pool)})
     try:

@@ -79,8 +79,8 @@ class WebhookReceiver:
             if reply.delay_sec:
                 await asyncio.sleep(reply.delay_sec)
             extra = "".join(f"{k}: {v}\r\n" for k, v in reply.headers.items())
-            head = f"HTTP/1.1 {reply.status} X\r\ncontent-length: {len(reply.body)}\r\nconnection: close\r\n"
-            writer.write(f"{head}{extra}\r\n".encode() + reply.body)
+            status = f"HTTP/1.1 {reply.status} X\r\ncontent-length: {len(reply.body)}\r\nconnection: close\r\n"
+            writer.write(f"{status}{extra}\r\n".encode() + reply.body)
             await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError, ssl.SSLError):
             pass

@@ -12,7 +12,7 @@ from sundial_client.cli import notifications
 from sundial_client.cli.common import run
 from sundial_common.stores.notifications import EVENTS
 
-SUBSCRIPTION = {
+SUBSCRIPTION: dict[str, Any] = {
     "id": "0196f1c2-0000-7000-8000-00000000000a",
     "events": ["execution.dead"],
     "url": "https://hooks.example.com/sundial",
