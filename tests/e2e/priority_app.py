@@ -28,3 +28,6 @@ async def sleep(ctx: Context, payload: Any) -> dict[str, float]:
 #: The first-burst proof's pool (``--app tests.e2e.priority_app:first_burst``): a consumer group of its own, so its
 #: worker never waits for the other proof's workers to leave theirs.
 first_burst = worker.for_pool("priority-first")
+
+#: The restart proof's pool (``--app tests.e2e.priority_app:after_restart``), for the same reason.
+after_restart = worker.for_pool("priority-restart")

@@ -44,9 +44,6 @@ TERMINAL = ("SUCCEEDED", "DEAD", "CANCELLED", "SKIPPED")
 
 FAST = {
     "SUNDIAL_SHARDS": "4",
-    # Each scenario's first burst goes out at once, as it did before pools got a small first cap: the faults
-    # measure loss, doubles and recovery, and a first attempt held back by pacing could miss its outage.
-    "SUNDIAL_DISPATCHER_POOL_QUEUE_FIRST": "1000",
     "SUNDIAL_LEASE_TTL_SEC": "2",
     "SUNDIAL_LEASE_MARGIN_SEC": "0.5",
     "SUNDIAL_DISPATCHER_ORPHAN_GRACE_SEC": "0.5",

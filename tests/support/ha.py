@@ -32,6 +32,7 @@ from sundial_common.broker.messages import pool_topic
 from sundial_common.coordination.registry import ClusterKeys
 from sundial_common.domain.ids import new_id, shard_for
 from sundial_common.hotwindow.window import HotWindow
+from sundial_common.hotwindow.worker_announcements import WorkerAnnouncement, WorkerAnnouncements
 from sundial_common.stores import Stores
 from sundial_common.stores.types import Occurrence
 
@@ -119,9 +120,6 @@ class HaCluster:
             "SUNDIAL_HYDRATOR_OVERDUE_GRACE_SEC": "1",
             "SUNDIAL_HYDRATOR_OVERDUE_INTERVAL_SEC": "1",
             "SUNDIAL_HYDRATOR_INTERVAL_SEC": "0.5",
-            # No worker reads these pools: a small first cap would hold their work until the stalled-pool rule
-            # lets it through (3 s), which the priority tests cover. Here what a failover costs dispatch is measured.
-            "SUNDIAL_DISPATCHER_POOL_QUEUE_FIRST": "1000",
         }
         self.keys = ClusterKeys()
         self.dispatchers: set[str] = set()
@@ -233,6 +231,28 @@ class HaCluster:
             await redis.aclose()
             await stores.close()
         return ids
+
+    async def announce_consumer(self) -> None:
+        """Announce a consumer of 1,000 free slots in the cluster's pool, as a large worker would: no worker reads
+        it, and without one the dispatcher caps the pool's unmeasured queue small (its work would wait for the
+        stalled-pool rule, 3 s). The priority tests cover that cap; here what a failover costs dispatch is measured.
+        """
+        consumer = WorkerAnnouncement(
+            worker_id="ha-consumer",
+            pool=self.pool,
+            handlers=("echo",),
+            concurrency=1000,
+            free_slots=1000,
+            version="test",
+            host="127.0.0.1",
+            pid=os.getpid(),
+            started_at=datetime.now(UTC),
+        )
+        redis = Redis.from_url(self.redis_url)
+        try:
+            await WorkerAnnouncements(redis).announce(consumer, ttl_sec=900)
+        finally:
+            await redis.aclose()
 
     async def add_timeline(
         self, period: float, count: int, *, shard: int | None = None, inserts_per_sec: float = 250.0
@@ -350,6 +370,7 @@ async def cluster_fixture(
         shards=8,
     )
     try:
+        await ha.announce_consumer()
         yield ha
     finally:
         ha.resume_all()  # a SIGSTOPped process cannot act on SIGTERM

@@ -25,8 +25,9 @@ class DispatcherSettings(CommonSettings):
         8,
         ge=1,
         description="The cap of a pool whose start rate this dispatcher has not measured yet (after a start, a "
-        "failover or a quiet spell): its first burst waits beyond this in priority order until its workers are "
-        "seen starting work (or, with none, until the stalled-pool rule lets it through after 3 s).",
+        "failover or a quiet spell) and that has no live worker announced (with workers, the cap is their "
+        "announced free slots): its first burst waits beyond this in priority order until a worker appears (or "
+        "until the stalled-pool rule lets it through after 3 s).",
     )
     dispatcher_publish_lead_ms: int = Field(
         200,

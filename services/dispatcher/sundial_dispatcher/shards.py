@@ -45,6 +45,7 @@ from sundial_common.coordination.leadership import LeadershipStopped, ShardLeade
 from sundial_common.coordination.registry import ClusterKeys, Membership, ReplicaRegistration
 from sundial_common.hotwindow.rate_limits import TokenBuckets
 from sundial_common.hotwindow.window import WAKE_HORIZON_SEC, HotWindow
+from sundial_common.hotwindow.worker_announcements import WorkerAnnouncements
 from sundial_common.runtime.service import drive
 from sundial_common.stores import Stores
 from sundial_common.stores.dispatch import FencedOut
@@ -162,7 +163,8 @@ def dispatch_work(deps: Dependencies, config: DispatcherConfig, holder: str) -> 
     """The dispatcher's leader work: run dispatch passes on the shard for as long as the term allows."""
 
     tenants = TenantPolicy(deps.stores.tenants)  # one registry view for every shard this replica leads
-    open_work = OpenWork(deps.stores.tenants, config.fairness)  # and one read of the open executions
+    # And one read of the open executions (and of the workers' free slots).
+    open_work = OpenWork(deps.stores.tenants, config.fairness, live=WorkerAnnouncements(deps.hot_window.redis))
     commits = GroupCommit(deps.stores.dispatch)  # and one dispatch transaction for the passes that coincide
     # The same limits for children and backfills (sundial_dispatcher.limits); none when fairness is off.
     limits = (

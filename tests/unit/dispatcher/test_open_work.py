@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Sequence
 from datetime import UTC, datetime
 
 import pytest
+from redis.exceptions import ConnectionError as RedisConnectionError
+from sundial_common.hotwindow.worker_announcements import WorkerAnnouncement
 from sundial_common.stores.tenants import OpenExecutions
 from sundial_common.stores.types import Occurrence
 from sundial_common.testing import FakeClock, InMemoryTenantStore
@@ -250,3 +253,60 @@ async def test_a_pool_that_stalls_between_two_reads_is_said_to_be_stalled_once(
         await work.refresh()
     said = [r.getMessage() for r in caplog.records if "pool idle" in r.getMessage()]
     assert len(said) == 1 and "none running" in said[0], said
+
+
+class Announced:
+    """Live workers as announced: free slots per pool (a scripted reading of the announcements)."""
+
+    def __init__(self, slots: dict[str, list[int]]) -> None:
+        self.slots = slots
+        self.reads = 0
+        self.down = False
+
+    async def live_pools(self, pools: Sequence[str] | None = None) -> dict[str, list[WorkerAnnouncement]]:
+        self.reads += 1
+        if self.down:
+            raise RedisConnectionError("Redis away")
+        started = datetime(2026, 1, 1, tzinfo=UTC)
+        return {
+            pool: [WorkerAnnouncement(f"w{i}", pool, ("h",), n, n, "1", "host", 1, started) for i, n in enumerate(free)]
+            for pool, free in self.slots.items()
+        }
+
+
+async def test_a_pools_first_burst_is_capped_at_the_free_slots_its_live_workers_announce() -> None:
+    counts, clock = Counts(), FakeClock()
+    live = Announced({"big": [256, 256], "small": [4]})
+    config = FairnessConfig(pool_queue_cap=1000, pool_queue_min=4, pool_queue_first=8, slots_refresh_sec=1.0)
+    work = OpenWork(counts, config, clock.monotonic, live=live)
+    await work.refresh()
+    room, unknown = work.pool_room(shards=1, batch_size=5000)
+    # Two idle workers of 256 slots take 512 at once, one of 4 slots takes 4; a pool nobody announced the small cap.
+    assert (room["big"], room["small"], unknown) == (512, 4, 8)
+    assert work.pool_room(shards=4, batch_size=5000)[0]["big"] == 128  # each shard's share
+    # What was published counts against it until the pool is seen starting work.
+    work.took_executions([("a", "small")] * 3)
+    assert work.pool_room(shards=1, batch_size=5000)[0]["small"] == 1
+    # The reading is reused for slots_refresh_sec, then read again; Redis away keeps the last reading.
+    clock.advance(0.5)
+    await work.refresh()
+    assert live.reads == 1
+    live.down = True
+    clock.advance(0.6)
+    await work.refresh()
+    assert live.reads == 2 and work.cap("big") == 512
+    # Once its workers are seen starting work, the pool's cap follows them: at first what they can still start
+    # (no drain measured yet, as for a dispatcher that takes over a busy pool), then their drain.
+    live.down = False
+    live.slots["big"] = [100, 28]
+    counts.rows = [pending("big", 0, running=384)]
+    clock.advance(1.0)
+    await work.refresh()
+    assert "big" in work.started_work and work.cap("big") == 128
+    counts.rows = [pending("big", 100, running=512)]
+    clock.advance(0.25)
+    await work.refresh()
+    counts.rows = [pending("big", 80, running=512)]
+    clock.advance(0.25)
+    await work.refresh()
+    assert work.cap("big") == 40  # backlogged, 20 started in 0.25 s: half a second of starts

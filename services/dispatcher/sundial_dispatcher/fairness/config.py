@@ -23,15 +23,13 @@ class FairnessConfig:
     #: Small: it is what a slow pool's queue holds (8 slots of 1 s handlers: 4 queued is half a second).
     pool_queue_min: int = 4
     #: The cap of a pool whose start rate this process has not measured yet (every pool after a dispatcher start
-    #: or a failover, and a new pool): what its first burst may put in the topic before a read has seen its workers
-    #: start anything. With ``pool_queue_cap`` there, a first burst of 1,000 ``LOW`` jobs went to the topic whole
-    #: and ``HIGH`` work due during its drain waited behind all of it (one worker of 1 s handlers: P50 33 s). About
-    #: a second of one small worker's starts (4 slots of 0.5 s handlers), so ``HIGH`` work due during a first burst
-    #: waits behind about that much: what waits in the topic longer than ``stuck_queue_sec`` stops counting against
-    #: the rate-following cap, so a larger first cap stays in front of a slow pool's ``HIGH`` work for as long as
-    #: the backlog lasts (32 with 8 starts/s: 4-7 s). The cost is a fast pool's first second: its cap then grows
-    #: from the drain, doubling per read (``counts_refresh_sec``) while its workers keep up, and reaches
-    #: ``pool_queue_cap`` in about seven reads. Kept within ``pool_queue_min`` .. ``pool_queue_cap``.
+    #: or a failover, and a new pool) **and no live worker announced**: with workers announced, that cap is their
+    #: free slots, what they can start now (:class:`~sundial_dispatcher.fairness.OpenWork`). With a fixed
+    #: ``pool_queue_cap`` there, a first burst of 1,000 ``LOW`` jobs went to the topic whole and ``HIGH`` work due
+    #: during its drain waited behind all of it (one worker of 1 s handlers: P50 33 s); a fixed small cap instead
+    #: held a fast pool's first burst back (W1, two workers of 256 slots: lateness P50 0.9 -> 1.8 s). Small: a pool
+    #: nobody reads gains nothing from a long queue, and the stalled-pool rule lets its work through after
+    #: ``stalled_pool_sec``. Kept within ``pool_queue_min`` .. ``pool_queue_cap``.
     pool_queue_first: int = 8
     #: Most claimed occurrences one shard leader holds waiting for their turn.
     buffer_cap: int = 200_000
@@ -81,13 +79,16 @@ class FairnessConfig:
     #: How long one dispatcher process reuses its read of the open executions (shared by the shards it leads;
     #: what its passes take meanwhile is counted in at once).
     counts_refresh_sec: float = 0.25
+    #: How long one dispatcher process reuses its read of the workers' announced free slots (the first cap of an
+    #: unmeasured pool). Workers renew their announcements every 2 s; a read is one Redis round trip.
+    slots_refresh_sec: float = 1.0
 
     def __post_init__(self) -> None:
         if not 1 <= self.pool_queue_min <= self.pool_queue_cap or self.pool_queue_sec <= 0:
             raise ValueError("pool_queue_min must be in [1, pool_queue_cap] and pool_queue_sec > 0")
         if self.claim_size < 1 or self.buffer_cap < self.claim_size:
             raise ValueError("claim_size must be >= 1 and buffer_cap >= claim_size")
-        if self.stalled_pool_sec <= 0 or self.counts_refresh_sec < 0:
-            raise ValueError("stalled_pool_sec must be > 0 and counts_refresh_sec >= 0")
+        if self.stalled_pool_sec <= 0 or self.counts_refresh_sec < 0 or self.slots_refresh_sec < 0:
+            raise ValueError("stalled_pool_sec must be > 0, counts_refresh_sec and slots_refresh_sec >= 0")
         if self.burst_head < 0:
             raise ValueError("burst_head must be >= 0")

@@ -8,6 +8,8 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 
+from redis.exceptions import RedisError
+from sundial_common.coordination.pool_service import LiveWorkers
 from sundial_common.stores.tenants import Tenant, TenantStore
 
 from sundial_dispatcher.fairness.config import FairnessConfig
@@ -41,11 +43,15 @@ class OpenWork:
     it while the passes held its work back (the cap, not the workers, was the limit) doubles it, or takes the
     drain's rate if that is more (W3: a queue emptied at 2,000/s while its cap was 8). Between
     ``pool_queue_min`` and ``pool_queue_cap``. A pool nobody publishes to keeps its cap. A pool this process
-    has not seen start anything (no worker yet, or this dispatcher just started and the pool is idle) has the
-    small ``pool_queue_first``: its first burst waits in the buffer, in priority order, beyond that, so ``HIGH``
-    work due during it is not queued behind the whole burst; at the first read that sees it start work its cap
-    is set from that drain, not from ``pool_queue_min`` (W2: doubling from 4 to the ~166 it needed held its work
-    back for its first 1.5-2 s). A pool with no worker at all keeps that small cap until the stalled-pool rule
+    has not seen start anything (no worker yet, or this dispatcher just started and the pool is idle) is capped
+    at what its live workers can start now: the free slots they announce (:mod:`sundial_common.hotwindow.
+    worker_announcements`, read at most every ``slots_refresh_sec``) — two idle workers of 256 slots take a first
+    burst of 512 at once, a worker of 4 slots takes 4, and the rest of the burst waits in the buffer, in priority
+    order, so ``HIGH`` work due during it is queued behind what the workers are starting, not behind the whole
+    burst. At the first read that sees the pool start work its cap is set from that drain, not from
+    ``pool_queue_min`` (W2: doubling from 4 to the ~166 it needed held its work back for its first 1.5-2 s). A
+    pool with no live worker announced (or while the announcements cannot be read) has the small
+    ``pool_queue_first`` until a worker appears or the stalled-pool rule
     lifts it (``stalled_pool_sec``). Ordering the work
     (priority inside a tenant, the round robin across tenants) therefore happens in the buffer, not behind a
     long queue, with one topic per pool: no priority lanes in Kafka (docs/guides/priority.md says why).
@@ -61,10 +67,22 @@ class OpenWork:
     This is the one place that says how much each pool may take in a pass.
     """
 
-    def __init__(self, store: TenantStore, config: FairnessConfig, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        store: TenantStore,
+        config: FairnessConfig,
+        clock: Callable[[], float] = time.monotonic,
+        *,
+        live: LiveWorkers | None = None,
+    ) -> None:
         self.store = store
         self.config = config
         self.clock = clock
+        #: The workers' announcements (None: not read, every unmeasured pool has ``pool_queue_first``).
+        self.live = live
+        #: Per pool with a live worker: the free slots its workers announced at the last read of ``live``.
+        self.slots: dict[str, int] = {}
+        self._slots_at: float | None = None
         self._lock = asyncio.Lock()
         self._read_at: float | None = None
         #: Per pool: queued (recent PENDING) executions, counting what this process took since the read.
@@ -85,7 +103,7 @@ class OpenWork:
         #: this process published there since (attributed), and whether a pass held work back for it since.
         self.caps: dict[str, int] = {}
         #: Pools this process has seen start work (one RUNNING, or its queue drained): only their caps follow
-        #: the start rate. Elsewhere the cap is the small ``pool_queue_first`` (:attr:`first_cap`).
+        #: the start rate. Elsewhere the cap is what the live workers can start (:meth:`first_cap`).
         self.started_work: set[str] = set()
         #: The fair queues of the shards this process leads (see :meth:`best_lane_elsewhere`).
         self.queues: dict[int, FairQueue] = {}
@@ -102,6 +120,7 @@ class OpenWork:
             if self._read_at is not None and now - self._read_at < self.config.counts_refresh_sec:
                 return
             rows = await self.store.open_executions(self.config.stale_queue_sec, self.config.stuck_queue_sec)
+            await self._read_slots(now)
             queued: dict[str, int] = {}
             fresh: dict[str, int] = {}
             pending: dict[str, int] = {}
@@ -147,6 +166,19 @@ class OpenWork:
                         self.config.stalled_pool_sec,
                     )
 
+    async def _read_slots(self, now: float) -> None:
+        """The free slots of each pool's live workers, read again if older than ``slots_refresh_sec`` (one Redis
+        round trip for every pool). Unreadable: the last reading stands (the stalled-pool rule still applies)."""
+        if self.live is None or (self._slots_at is not None and now - self._slots_at < self.config.slots_refresh_sec):
+            return
+        self._slots_at = now
+        try:
+            found = await self.live.live_pools()
+        except (RedisError, OSError) as exc:
+            log.debug("worker announcements not read: %r", exc)
+            return
+        self.slots = {pool: sum(w.free_slots for w in workers) for pool, workers in found.items()}
+
     def _adapt_caps(self, queued: dict[str, int], unstarted: dict[str, int], running: set[str], elapsed: float) -> None:
         """Each pool's cap from its drain since the last read (see the class docstring). ``unstarted``: PENDING,
         due or published ahead (what is held in a worker for its due instant was published, not started: counted
@@ -169,9 +201,12 @@ class OpenWork:
                 continue
             rate_cap = round(drained / elapsed * cfg.pool_queue_sec) if drained > 0 else 0
             cap = self.caps.get(pool)
-            # First seen starting work (what it started since the last read, not the floor), or backlogged (the
-            # workers set the pace): the drain's rate.
-            if cap is None or 2 * queued.get(pool, 0) >= cap:
+            # First seen starting work (what it started since the last read, not the floor; or what its workers
+            # announce they can still start, if more: a dispatcher that just took over a busy pool has seen no
+            # drain yet), or backlogged (the workers set the pace): the drain's rate.
+            if cap is None:
+                cap = max(rate_cap, self.slots.get(pool, 0))
+            elif 2 * queued.get(pool, 0) >= cap:
                 cap = rate_cap
             elif pool in self._limited:  # the workers keep up with what the cap lets through
                 cap = max(2 * cap, rate_cap)
@@ -188,14 +223,18 @@ class OpenWork:
 
     def cap(self, pool: str) -> int:
         if pool not in self.started_work:
-            return self.first_cap
+            return self.first_cap(pool)
         return self.caps.get(pool, self.config.pool_queue_min)
 
-    @property
-    def first_cap(self) -> int:
-        """The cap of a pool this process has not seen start work (``FairnessConfig.pool_queue_first``)."""
+    def first_cap(self, pool: str | None) -> int:
+        """The cap of a pool this process has not seen start work: the free slots its live workers announced (at
+        least one, at most ``pool_queue_cap``), or ``pool_queue_first`` with none announced (None: a pool not
+        known at all)."""
         cfg = self.config
-        return min(cfg.pool_queue_cap, max(cfg.pool_queue_min, cfg.pool_queue_first))
+        slots = self.slots.get(pool) if pool is not None else None
+        if slots is None:
+            return min(cfg.pool_queue_cap, max(cfg.pool_queue_min, cfg.pool_queue_first))
+        return min(cfg.pool_queue_cap, max(1, slots))
 
     def limited(self, pools: Iterable[str]) -> None:
         """A pass held work back because these pools' queues were full."""
@@ -209,11 +248,12 @@ class OpenWork:
     def pool_room(self, shards: int, batch_size: int) -> tuple[dict[str, int], int]:
         """Room of this shard's pass per pool seen, and for a pool not seen (nothing queued there)."""
         self._shards = shards
-        room = {pool: self._room(pool, 1) for pool in self.queued.keys() | self.started_work}
+        room = {pool: self._room(pool, 1) for pool in self.queued.keys() | self.started_work | self.slots.keys()}
         room.update({pool: batch_size for pool in self._flowing_at if self.stalled(pool)})
         room[NOBODY] = batch_size  # jobs gone meanwhile: nothing will be published for them
-        # A pool not seen at all (nothing open there at the last read) has not been seen start work either.
-        return room, self._share(self.first_cap, 0)
+        # A pool not seen at all (nothing open there at the last read, no worker announced) has not been seen
+        # start work either.
+        return room, self._share(self.first_cap(None), 0)
 
     def high_room(self) -> dict[str, int]:
         """Room of this shard's pass per pool for a tenant's ``HIGH`` work: up to twice the rate-following cap.
@@ -223,7 +263,7 @@ class OpenWork:
         ``counts_refresh_sec``), once per job of its wave, then behind the queue. So it may fill the queue to
         twice the cap: it waits behind one cap's worth at most, and a flood of it is still held back (in the
         buffer, in priority order) beyond that. Call after :meth:`pool_room` (it records the shards)."""
-        return {pool: self._room(pool, 2) for pool in self.queued.keys() | self.started_work}
+        return {pool: self._room(pool, 2) for pool in self.queued.keys() | self.started_work | self.slots.keys()}
 
     def _room(self, pool: str, cap_times: int) -> int:
         queued = self.queued.get(pool, 0)
