@@ -28,6 +28,7 @@ SUITE = {
     "w1": "burst: N one-shot jobs all due at the same instant",
     "w2": "spread: 20,000 jobs due uniformly over 60 s",
     "w3": "sustained: a target rate of due executions per second",
+    "curve": "the cost curve: one spread at several rates, CPU, statements and produce requests per execution",
     "w4": "at rest: N future recurring jobs; hydrator passes; table and index sizes",
 }
 

@@ -62,6 +62,10 @@ EXECUTION_UPDATES = """
 SELECT coalesce(sum(n_tup_upd), 0) AS updates, coalesce(sum(n_tup_hot_upd), 0) AS heap_only
 FROM pg_stat_user_tables
 WHERE relid IN (SELECT inhrelid FROM pg_inherits WHERE inhparent = 'executions'::regclass)"""
+#: Transactions ended (committed or rolled back) in the bench's database so far.
+TRANSACTIONS = """SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = current_database()"""
+#: Statements executed since pg_stat_statements was reset (the harness's own progress polls among them).
+STATEMENT_CALLS = "SELECT coalesce(sum(calls), 0) FROM pg_stat_statements"
 #: A production Postgres is tuned; the defaults (128 MB buffers, 1 GB of WAL between checkpoints) are a
 #: laptop's. pg_stat_statements says which statements the database time goes to.
 POSTGRES_SETTINGS = {
@@ -273,6 +277,8 @@ class Bench:
         conn = await asyncpg.connect(self.stack.postgres_dsn)
         await conn.execute("SELECT pg_stat_statements_reset()")
         wal_before = await conn.fetchval("SELECT pg_current_wal_lsn()")
+        xacts_before = await conn.fetchval(TRANSACTIONS)
+        busy_before, window_start = machine.busy_seconds(), time.monotonic()
         profilers = self._profile(f"{workload}-{len(due)}", (max(due) - inserted_at).total_seconds() + 5)
         try:
             last_due = max(due)
@@ -305,6 +311,9 @@ class Bench:
             # for 75,000 rows, a sixth of what a 30 s W3 run's Postgres line used to report).
             cpu_after = self.cpu()
             postgres_after = self.postgres_ticks()
+            busy_after, window_s = machine.busy_seconds(), time.monotonic() - window_start
+            transactions = await conn.fetchval(TRANSACTIONS) - xacts_before
+            calls = await conn.fetchval(STATEMENT_CALLS)
             # Something left: where it was (bench/leftover.py), read while the stack still runs.
             left_behind: dict[str, Any] | None = None
             if done < len(due):
@@ -365,6 +374,12 @@ class Bench:
             # Postgres's CPU by who asked for it: each backend under its client's process, the server's own by name.
             "postgres_by_client": figures.postgres_by_client(postgres_before, postgres_after),
             "postgres_statements": statements,
+            # Every statement executed and every transaction ended in the window (the harness's own progress
+            # polls among them: one or two a second), and the window itself, with the whole machine's busy CPU.
+            "postgres_calls": int(calls or 0),
+            "postgres_transactions": int(transactions),
+            "window_s": round(window_s, 1),
+            "machine_busy_s": round(busy_after - busy_before, 1),
             "postgres_wal_bytes": int(wal_bytes),
             "execution_updates": {k: int(v) for k, v in updates.items()},
             "execution_partitions": partitions,

@@ -64,6 +64,13 @@ def describe(repo: Path, *, cpu_probe: bool = True) -> dict[str, Any]:
     }
 
 
+def busy_seconds() -> float:
+    """The whole machine's non-idle CPU seconds so far, every core and every process (``/proc/stat``'s first line
+    less idle and iowait): what a run costs the machine, its client and neighbours included."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:8]]
+    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+
+
 def cpu_ticks(pid: int) -> int:
     """utime + stime clock ticks of one process so far (its own, not its reaped children's)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()

@@ -8,6 +8,9 @@ Workloads (the targets: P95 dispatch latency < 1 s; 1M dispatches/min on a fleet
 - ``w2``      spread: 20,000 jobs due uniformly over 60 s.
 - ``w3``      sustained: a target rate of due executions per second for ``--duration`` s
               (``--rates 1000,2500,5000,10000``).
+- ``curve``   the same spread at several rates (``--curve-rates 50,333,1000,2500``, each over ``--duration``),
+              created through the API: CPU, statements, transactions and produce requests per execution
+              (workloads/curve.py).
 - ``w4``      at rest: N future recurring jobs (workloads/at_rest.py); hydrator passes; table and index sizes.
 - ``idle``    the ``make up`` stack doing nothing: CPU per process over 60 s, memory (workloads/idle.py).
 - ``idle-floor`` the same servers alone (set up, no Sundial process): the floor under ``idle`` (not in the default).
@@ -33,11 +36,11 @@ from typing import Any
 
 from bench import results
 from bench.harness import PROFILES, STACK_ROOT, Bench, Shape, burst, ports_at, spread
-from bench.workloads import at_rest, ceilings, create, idle
+from bench.workloads import at_rest, ceilings, create, curve, idle
 
 #: The workloads this run knows, in the order it runs them; all but ``idle-floor`` by default.
-WORKLOADS = ("idle", "idle-floor", "ceilings", "w4", "create", "w1", "w2", "w3")
-DEFAULT = ("idle", "ceilings", "create", "w1", "w2", "w3", "w4")
+WORKLOADS = ("idle", "idle-floor", "ceilings", "w4", "create", "w1", "w2", "w3", "curve")
+DEFAULT = ("idle", "ceilings", "create", "w1", "w2", "w3", "curve", "w4")
 #: W4 (workloads/at_rest.py) runs on the bench ports + the run's offset + this: it never meets a stack the run left.
 AT_REST_PORT_OFFSET = 10
 
@@ -111,6 +114,16 @@ async def main_async(args: argparse.Namespace) -> None:
             record(workload, await bench.run_dispatch(workload, make_due(), create=created), run_settings)
         finally:
             bench.stop()
+    if "curve" in args.workloads:
+        curve_args = argparse.Namespace(
+            **{key: getattr(args, key) for key in ("shards", "dispatchers", "workers", "concurrency", "no_durable")},
+            **{key: getattr(args, key) for key in ("no_analytics", "port_offset", "root", "results", "duration")},
+            rates=[max(1, round(rate * args.scale)) for rate in args.curve_rates],
+            idle=args.curve_idle,
+            lead=args.lead,
+            create="api",
+        )
+        await curve.main_async(curve_args)
 
 
 def _ints(text: str) -> list[int]:
@@ -140,7 +153,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--burst", type=_ints, default=[10_000, 100_000], help="W1 sizes")
     parser.add_argument("--rates", type=_ints, default=[1000, 2500, 5000, 10000], help="W3 rates per second")
-    parser.add_argument("--duration", type=float, default=60.0, help="W2/W3 seconds")
+    parser.add_argument("--curve-rates", type=_ints, default=[50, 333, 1000, 2500], help="the cost curve's rates")
+    parser.add_argument("--curve-idle", type=float, default=10.0, help="the curve: seconds of idle CPU measured")
+    parser.add_argument("--duration", type=float, default=60.0, help="W2/W3 and each rate of the curve: seconds")
     parser.add_argument("--at-rest", type=int, default=1_000_000, help="W4 jobs")
     parser.add_argument("--lead", type=float, default=5.0, help="seconds between registration and first due")
     parser.add_argument("--scale", type=float, default=1.0, help="multiply every count (0.01 = smoke)")

@@ -48,7 +48,8 @@ API_KEYS = {
 }
 
 
-def _counters(body: bytes) -> dict[str, float]:
+def counters_of(body: bytes) -> dict[str, float]:
+    """The broker's cumulative counters in one OTLP metrics export: requests by type, bytes received and sent."""
     from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 
     request = ExportMetricsServiceRequest()
@@ -80,7 +81,7 @@ def serve(port: int, out: Path) -> None:
                 body = self.rfile.read(int(self.headers.get("content-length", 0)))
                 if self.headers.get("content-encoding") == "gzip":
                     body = gzip.decompress(body)
-                sink.write(json.dumps({"t": time.time(), "counters": _counters(body)}) + "\n")
+                sink.write(json.dumps({"t": time.time(), "counters": counters_of(body)}) + "\n")
                 sink.flush()
                 self.send_response(200)
                 self.send_header("content-type", "application/x-protobuf")

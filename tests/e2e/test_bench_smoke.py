@@ -51,8 +51,9 @@ def test_the_bench_harness_runs_every_dispatch_workload_and_records_its_figures(
     argv = [
         sys.executable,
         *("-m", "bench"),
-        *("ceilings", "create", "w1", "w3"),  # W2 is W3's code with other numbers
+        *("ceilings", "create", "w1", "w3", "curve"),  # W2 is W3's code with other numbers
         *("--scale", "0.01", "--burst", "2000", "--rates", "2000", "--duration", "2", "--lead", "2"),
+        *("--curve-rates", "1000", "--curve-idle", "2"),
         *("--shards", "2", "--dispatchers", "1", "--workers", "1", "--no-durable"),
         *("--port-offset", str(offset), "--root", str(root), "--results", str(tmp_path / "results")),
     ]
@@ -62,7 +63,7 @@ def test_the_bench_harness_runs_every_dispatch_workload_and_records_its_figures(
 
     lines = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
     by_workload = {line["workload"]: line for line in lines}
-    assert set(by_workload) == {"ceilings", "create", "w1", "w3"}
+    assert set(by_workload) == {"ceilings", "create", "w1", "w3", "curve"}
     for line in lines:
         assert {"workload", "commit", "date", "machine", "settings", "figures"} <= set(line)
         assert {"cores", "memory_gib", "cpu_model", "kernel", "cpu_probe_s"} <= set(line["machine"])
@@ -86,6 +87,14 @@ def test_the_bench_harness_runs_every_dispatch_workload_and_records_its_figures(
         assert (line["lost"], line["duplicate_starts"]) == (0, 0), line
         assert set(line["lateness_ms"]) == {"p50", "p95", "p99", "max"}
         assert {"dispatcher-0", "worker-0", "postgres", "broker"} <= set(line["cpu_s"])
+    # The cost curve: what each execution cost at the rate, created through the API, by process and per hop.
+    curve = by_workload["curve"]["figures"]
+    assert curve["executions"] == curve["run"]["jobs"] > 0 and curve["lost"] == 0, curve
+    assert by_workload["curve"]["settings"]["created"] == "API batch"
+    assert curve["net_cpu_ms_per_execution"] > 0 and curve["statements_per_execution"] > 0
+    assert curve["transactions_per_execution"] > 0 and {"dispatcher-0", "worker-0"} <= set(curve["idle_cpu_s_per_s"])
+    # The broker's produce requests come from its own OTLP export: at least one per second the jobs were due over.
+    assert curve["produce_requests_per_execution"] is not None and curve["produce_requests_per_execution"] > 0
     # The same lines were appended to their workloads' results files, one file per workload.
     written = {path.stem: len(path.read_text().splitlines()) for path in (tmp_path / "results").glob("*.jsonl")}
     assert written == Counter(line["workload"] for line in lines)
