@@ -110,3 +110,24 @@ async def test_a_dense_shard_takes_nothing_ahead(
     assert ahead.next_look() == T0 - LEAD_DELTA
     assert (await at(clock, ahead, T0 - timedelta(milliseconds=150))).dispatched == 1
     assert len(await executions(stores, job_id)) == 1
+
+
+async def test_a_sparse_pass_takes_what_comes_due_within_the_gather_after_the_earliest_member(
+    stores: Stores, hot_window: HotWindow, publisher: KafkaPublisher, clock: FakeClock, pool: str, kafka_bootstrap: str
+) -> None:
+    # One pass, one dispatch transaction and one produce for the members of the next few hundred milliseconds; each
+    # message carries its own due instant, which its worker holds it until.
+    config = DispatcherConfig(publish_lead_sec=0.2, gather_sec=0.2)
+    gathering = ShardDispatcher(0, 1, "replica-a", stores.dispatch, hot_window, publisher, config, clock=clock)
+    first = await make_job(stores, hot_window, pool)
+    soon = await make_job(stores, hot_window, pool, first=T0 + timedelta(milliseconds=150))
+    later = await make_job(stores, hot_window, pool, first=T0 + timedelta(milliseconds=500))
+
+    assert (await at(clock, gathering, T0 - LEAD_DELTA)).dispatched == 2
+    assert [len(await executions(stores, j)) for j in (first, soon, later)] == [1, 1, 0]
+    due_at = {m.due_at for m in consume(kafka_bootstrap, pool_topic(pool), 2)}
+    assert due_at == {T0.isoformat(), (T0 + timedelta(milliseconds=150)).isoformat()}
+    # The next look is still the publish lead before the next member, not the gather's more.
+    assert gathering.next_look() == T0 + timedelta(milliseconds=500) - LEAD_DELTA
+    gathering.sparse(False)  # a dense shard takes nothing ahead, gathered or not
+    assert gathering.next_look() == T0 + timedelta(milliseconds=500)

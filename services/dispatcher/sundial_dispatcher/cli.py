@@ -73,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         poll_interval_sec=settings.dispatcher_poll_interval_sec,
         hot_window_sec=settings.hot_window_sec,
         publish_lead_sec=settings.dispatcher_publish_lead_ms / 1000,
+        gather_sec=settings.dispatcher_publish_gather_ms / 1000,
         fairness=FairnessConfig(
             enabled=settings.dispatcher_fairness,
             pool_queue_cap=settings.dispatcher_pool_queue_cap,

@@ -37,6 +37,14 @@ class DispatcherSettings(CommonSettings):
         "holds the message until its due instant: the dispatch pass, the produce and the fetch are then done "
         "before it (0: published at the due instant). Upgrade workers before dispatchers.",
     )
+    dispatcher_publish_gather_ms: int = Field(
+        200,
+        ge=0,
+        le=1000,
+        description="With a publish lead, a sparse stream's dispatch pass also takes what comes due within this "
+        "long after the earliest member, so one pass, transaction and produce request carry several executions "
+        "(their workers hold each until its due instant: no start moves). 0: one pass per due instant.",
+    )
     dispatcher_orphan_grace_sec: float = Field(
         1.0,
         gt=0,

@@ -272,7 +272,7 @@ def dispatch_work(deps: Dependencies, config: DispatcherConfig, holder: str) -> 
             dispatcher.sparse(not dense)  # a sparse shard's passes take members ahead (publish_lead_sec)
             if alarm is not None:
                 # In due instants, as members are announced: the pass comes the publish lead before them.
-                alarm.plan((time.time() + dispatcher.lead.total_seconds() + wait) * 1000)
+                alarm.plan((time.time() + dispatcher.look_lead.total_seconds() + wait) * 1000)
             return wait
 
         async def pause(seconds: float) -> None:

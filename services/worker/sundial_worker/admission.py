@@ -65,6 +65,9 @@ _PARK_CHECK_WAIT_SEC = 0.03
 _CLAIMS_IN_FLIGHT = 2
 #: Messages held for their due instant (sundial_worker.holding), in poll batches: beyond it, the loop takes no more.
 _HELD_BATCHES = 4
+#: Held messages coming due within this of the earliest are claimed with it: one start CAS for those of a few
+#: milliseconds (a spread stream of 333/s on two workers otherwise paid one start transaction per execution).
+_HELD_GATHER_SEC = 0.004
 
 
 _R = TypeVar("_R")
@@ -141,7 +144,9 @@ class Admission:
         #: The claims' tasks in flight.
         self._claims: set[asyncio.Task[None]] = set()
         #: Messages published ahead of their due instant, waiting for it outside the handler slots.
-        self._holding: Holding[_Decoded] = Holding(_HELD_BATCHES * config.poll_batch, self._release_held)
+        self._holding: Holding[_Decoded] = Holding(
+            _HELD_BATCHES * config.poll_batch, self._release_held, gather_sec=_HELD_GATHER_SEC
+        )
 
     async def run(self) -> None:
         """Take and claim until stopping, a batch's claim overlapping the next take (at most

@@ -32,8 +32,13 @@ T = TypeVar("T")
 class Holding(Generic[T]):
     """Items kept until their due instant (epoch seconds), earliest first; ``run`` calls ``on_due`` as they come due."""
 
-    def __init__(self, cap: int, on_due: Callable[[], None], clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, cap: int, on_due: Callable[[], None], clock: Callable[[], float] = time.time, gather_sec: float = 0.0
+    ) -> None:
         self.cap = cap
+        #: The timer rings this long after the earliest item's instant, so that what comes due meanwhile is
+        #: released with it (one start CAS for several, at the cost of at most this much lateness each).
+        self.gather_sec = gather_sec
         self._on_due = on_due
         self._clock = clock
         self._heap: list[tuple[float, int, T]] = []
@@ -78,7 +83,7 @@ class Holding(Generic[T]):
             self._changed.clear()
             timeout = None
             if self._heap:
-                timeout = self._heap[0][0] - self._clock()
+                timeout = self._heap[0][0] + self.gather_sec - self._clock()
                 if timeout <= 0:
                     self._on_due()
                     if self.waiting():  # no room for all of it: the admission loop takes the rest as slots free

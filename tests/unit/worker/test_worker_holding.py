@@ -48,3 +48,26 @@ async def test_the_timer_releases_each_item_at_its_instant_never_before_and_stop
     stopping.set()
     holding.wake()
     await asyncio.wait_for(task, 10)
+
+
+async def test_items_coming_due_within_the_gather_of_the_earliest_are_released_with_it() -> None:
+    releases: list[list[float]] = []
+    done = asyncio.Event()
+
+    def on_due() -> None:
+        releases.append(holding.due(10))
+        if sum(map(len, releases)) == 3:
+            done.set()
+
+    holding: Holding[float] = Holding(cap=10, on_due=on_due, gather_sec=0.05)
+    stopping = asyncio.Event()
+    task = asyncio.create_task(holding.run(stopping))
+    start = time.time()
+    for offset in (0.1, 0.12, 0.4):  # the first two within 50 ms of each other: one release, one start CAS
+        holding.hold(start + offset, start + offset)
+
+    await asyncio.wait_for(done.wait(), 10)
+    assert releases == [[start + 0.1, start + 0.12], [start + 0.4]]
+    stopping.set()
+    holding.wake()
+    await asyncio.wait_for(task, 10)
