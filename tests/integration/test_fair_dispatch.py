@@ -221,7 +221,8 @@ async def test_what_a_contended_pass_kept_for_its_instant_goes_out_with_the_next
     ms = timedelta(milliseconds=1)
     for due in (t0, t0 + 10 * ms, t0 + 20 * ms):
         await due_jobs(stores, hot_window, "a", 1, pool, due=due)
-    fairness = FairnessConfig(counts_refresh_sec=0, pool_queue_cap=2, pool_queue_min=2)
+    # A pass of at most a burst head's worth may go out whole to a pool not seen yet: a head of 2 keeps the room short.
+    fairness = FairnessConfig(counts_refresh_sec=0, pool_queue_cap=2, pool_queue_min=2, burst_head=2)
     config = DispatcherConfig(batch_size=100, publish_lead_sec=0.2, fairness=fairness)
     policy = TenantPolicy(stores.tenants, refresh_sec=0)
     fair = FairDispatch(0, hot_window, stores.tenants, policy, TokenBuckets(hot_window.redis), fairness, 100)
@@ -236,6 +237,28 @@ async def test_what_a_contended_pass_kept_for_its_instant_goes_out_with_the_next
     assert (await shard.run_once()).dispatched == 2, "the first kept one, due, with the next lead's member"
     fired = await stores.database.pool.fetch("SELECT fire_at FROM executions ORDER BY fire_at")
     assert [r["fire_at"] for r in fired] == [t0, t0 + 100 * ms]
+
+
+async def test_a_sparse_pass_of_a_few_members_goes_out_ahead_though_an_unseen_pools_room_is_one_a_shard(
+    stores: Stores, hot_window: HotWindow, publisher: KafkaPublisher, database_url: str
+) -> None:
+    # The defaults over 8 shards: a pool not seen yet has room for ceil(8 / 8) = 1 in a shard's pass. Held to it,
+    # every gathered pass of a steady stream was contended, and its members waited for their instants.
+    await register_tenant(database_url, "a")
+    pool = f"fair-{uuid.uuid4().hex[:8]}"
+    t0 = (datetime.now(UTC) + timedelta(minutes=2)).replace(microsecond=0)
+    ms = timedelta(milliseconds=1)
+    for due in (t0, t0 + 60 * ms, t0 + 120 * ms):
+        await due_jobs(stores, hot_window, "a", 1, pool, due=due)
+    fairness = FairnessConfig(counts_refresh_sec=0)
+    config = DispatcherConfig(batch_size=100, publish_lead_sec=0.2, gather_sec=0.2, fairness=fairness)
+    policy = TenantPolicy(stores.tenants, refresh_sec=0)
+    fair = FairDispatch(0, hot_window, stores.tenants, policy, TokenBuckets(hot_window.redis), fairness, 100, 8)
+    clock = FakeClock(t0 - 200 * ms)
+    shard = ShardDispatcher(
+        0, 1, "replica-a", stores.dispatch, hot_window, publisher, config, clock=clock, tenants=policy, fair=fair
+    )
+    assert (await shard.run_once()).dispatched == 3, "one pass, sent ahead: their workers hold them until due"
 
 
 class _CountsUnreadable:

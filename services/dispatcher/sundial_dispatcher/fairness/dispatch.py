@@ -218,7 +218,8 @@ class FairDispatch:
         contended in turn and kept the next lead's members there, and so on. In W2's first seconds the pool's first
         cap (~90: ~11 for a shard's pass) made a pass of ~8 members contended now and then, and the stream then
         went out at each instant instead of ahead for ~8 s: 16-41 % of those seconds' executions were committed
-        after their due instant (P95 +32 to +184 ms)."""
+        after their due instant (P95 +32 to +184 ms). Likewise a room of one a shard for a pool not seen at all made
+        every pass of more than one member contended, a sparse stream's passes among them."""
         # At most a burst head's worth: a burst claimed ahead still goes out head first (``burst_head``).
         head = self.config.burst_head or self.batch_size
         kept = self.early.due_count(now, head)
@@ -228,7 +229,12 @@ class FairDispatch:
             and kept <= head
             and all(o.due <= due_by for o in claimed.jobs)
             and n <= self.batch_size
-            and n <= min(default_room, *pool_room.values())
+            and n <= min(pool_room.values(), default=default_room)
+            # A pool not seen at all (nothing open, no live worker) has a share of the small first cap, often 1 a
+            # shard: held to it, no pass of a steady stream of several members would be uncontended. A pass of at
+            # most a burst head's worth may go out whole (such a pool then has that much queued, which the next
+            # read of the counts sees); a larger one is looked up and ordered.
+            and n <= max(default_room, head)
             and not any(
                 t.quotas.max_concurrent_executions is not None or t.quotas.max_dispatch_per_sec is not None
                 for t in tenants.values()
