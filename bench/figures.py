@@ -134,6 +134,30 @@ def stages(rows: Sequence[Any]) -> dict[str, dict[str, float | None]]:
     return {name: percentiles(values) for name, values in stages.items()}
 
 
+def late_causes(rows: Sequence[Any], over_ms: float = 1000.0) -> dict[str, int]:
+    """Every execution that started more than ``over_ms`` after its due instant, counted by what made it late: its job
+    created after that instant (``created_after_due``: the registration, not the scheduler — such a job waits for the
+    hydrator's overdue scan), else the stage of :func:`stages` it spent longest in (``dispatch``, ``produce``,
+    ``consume_start``; ``unpublished``: no produce time recorded). Empty: none was that late."""
+    causes: dict[str, int] = {}
+    for r in rows:
+        if (r["started_at"] - r["scheduled_for"]).total_seconds() * 1000 <= over_ms:
+            continue
+        if r["job_created_at"] is not None and r["job_created_at"] > r["scheduled_for"]:
+            cause = "created_after_due"
+        elif r["published_at"] is None:
+            cause = "unpublished"
+        else:
+            spent = {
+                "dispatch": r["created_at"] - r["scheduled_for"],
+                "produce": r["published_at"] - r["created_at"],
+                "consume_start": r["started_at"] - r["published_at"],
+            }
+            cause = max(spent, key=lambda stage: spent[stage])
+        causes[cause] = causes.get(cause, 0) + 1
+    return causes
+
+
 def before_due(rows: Sequence[Any]) -> dict[str, int]:
     """Executions whose dispatch transaction began (``created_at``) / whose message was produced (``published_at``)
     before their due instant (``scheduled_for``)."""

@@ -330,7 +330,8 @@ class Bench:
             updates = await conn.fetchrow(EXECUTION_UPDATES)
             rows = await conn.fetch(
                 """SELECT e.scheduled_for, e.started_at, e.finished_at, e.created_at, e.published_at,
-                          (SELECT count(*) FROM execution_attempts a WHERE a.execution_id = e.id) AS starts
+                          (SELECT count(*) FROM execution_attempts a WHERE a.execution_id = e.id) AS starts,
+                          (SELECT j.created_at FROM jobs j WHERE j.id = e.job_id) AS job_created_at
                    FROM executions e WHERE e.tenant_id = $1 AND e.started_at IS NOT NULL""",
                 tenant,
             )
@@ -359,6 +360,8 @@ class Bench:
             # The same, for the jobs due in the run's first 5 s and for the rest: a slow start (a pool's queue cap
             # still growing, the first passes) shows as a tail of the first phase alone.
             "lateness_by_phase_ms": figures.by_phase(rows, first_due, 5.0),
+            # Every execution more than 1 s late, by what made it late (bench.figures.late_causes).
+            "late_over_1s_by_cause": figures.late_causes(rows),
             # Where the first start's lateness went: execution row committed, message produced, start CAS done.
             "first_start_ms": figures.first_start(rows),
             # Where every start's lateness went, stage by stage (percentiles of each stage's own duration).

@@ -37,8 +37,10 @@ from bench import results
 from bench.harness import Bench, Shape, ports_at, whole_ms
 from bench.workloads.broker_requests import counters_of
 
-#: API batch creates a second the lead allows for (the bench's API creates ~11,000 a second when quiet).
-CREATE_PER_S = 4_000
+#: API batch creates a second the lead allows for: the bench's API creates ~11,000 a second on a quiet machine,
+#: 600-2,000 on a loaded one, and a job created after its due instant waits for the hydrator's overdue scan (15-25 s
+#: late, named ``created_after_due`` in the line's ``late_over_1s_by_cause``), which is not what the curve measures.
+CREATE_PER_S = 1_000
 #: How often the broker exports its request counters (ms), and how long the end of a run waits for the last export.
 EXPORT_INTERVAL_MS = 1000
 SETTINGS = ("rate_per_s", "duration_s", "created")
@@ -104,6 +106,8 @@ def per_execution(
         "executions": line["succeeded"],
         "lost": line["lost"],
         "lateness_ms": line["lateness_ms"],
+        "late_over_1s_by_cause": line["late_over_1s_by_cause"],
+        "inserted_before_first_due_s": line["inserted_before_first_due_s"],
         "cpu_ms_per_execution": round(1000 * sum(cpu.values()) / n, 3),
         "net_cpu_ms_per_execution": round(1000 * sum(net.values()) / n, 3),
         "net_cpu_ms_per_execution_by_process": {name: round(1000 * s / n, 3) for name, s in net.items()},

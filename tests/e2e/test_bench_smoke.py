@@ -91,6 +91,9 @@ def test_the_bench_harness_runs_every_dispatch_workload_and_records_its_figures(
     curve = by_workload["curve"]["figures"]
     assert curve["executions"] == curve["run"]["jobs"] > 0 and curve["lost"] == 0, curve
     assert by_workload["curve"]["settings"]["created"] == "API batch"
+    # Every execution over 1 s late is counted under its cause (none in a healthy run: an empty mapping).
+    causes = {"created_after_due", "unpublished", "dispatch", "produce", "consume_start"}
+    assert set(curve["late_over_1s_by_cause"]) <= causes
     assert curve["net_cpu_ms_per_execution"] > 0 and curve["statements_per_execution"] > 0
     assert curve["transactions_per_execution"] > 0 and {"dispatcher-0", "worker-0"} <= set(curve["idle_cpu_s_per_s"])
     # The broker's produce requests come from its own OTLP export: at least one per second the jobs were due over.
