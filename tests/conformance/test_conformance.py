@@ -70,7 +70,7 @@ def gateway(settings_env: dict[str, str], tmp_path: Path) -> Iterator[str]:
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        processes.wait_http_ok("gateway", f"{url}/healthz", timeout=60)
+        processes.wait_http_ok("gateway", f"{url}/readyz", timeout=60)
         yield url
     finally:
         processes.stop_all()

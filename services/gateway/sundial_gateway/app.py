@@ -4,7 +4,7 @@
 - ``POST /v1/worker/heartbeat`` — renew running attempts, report progress, learn which to stop;
 - ``POST /v1/worker/finish`` — outcomes, each accepted or rejected (:mod:`sundial_gateway.attempts`);
 - ``POST /v1/worker/token`` — a fresh pool token for the one presented (same registry entry, new expiry);
-- ``GET /healthz`` — the process answers.
+- ``GET /healthz`` — the process answers; ``GET /readyz`` — it has opened its stores and serves calls.
 
 Every ``/v1/worker`` call is authorised by a pool token (:mod:`sundial_gateway.access`): a missing, expired,
 revoked, tenant or admin token is 401, a pool that no longer admits the token's tenant 403, too many requests 429.
@@ -251,6 +251,12 @@ def _routes(app: FastAPI) -> None:
     @app.get("/healthz", include_in_schema=False)
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}
+
+    @app.get("/readyz", include_in_schema=False, response_model=None)
+    async def readyz(request: Request) -> dict[str, str] | JSONResponse:
+        if getattr(request.app.state, "gateway", None) is None:
+            return _problem(503, "the gateway is starting: its stores and keys are not open yet")
+        return {"status": "ready"}
 
     @app.post(
         "/v1/worker/pull",

@@ -53,6 +53,7 @@ def test_every_object_is_valid_for_kubernetes(objects: list[dict[str, Any]]) -> 
 def test_each_process_probes_its_real_endpoints_and_requests_resources(objects: list[dict[str, Any]]) -> None:
     assert {w["metadata"]["name"] for w in workloads(objects)} == {
         "sundial-api",
+        "sundial-gateway",
         "sundial-dispatcher",
         "sundial-services",
         "sundial-worker-demo",
