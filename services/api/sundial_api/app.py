@@ -40,6 +40,7 @@ from sundial_api import (
     backfills,
     batch,
     breakers,
+    bulk_operations,
     docs_ui,
     executions,
     health,
@@ -245,6 +246,7 @@ def create_app(settings: ApiSettings | None = None, *, clock: Clock | None = Non
     app.include_router(health.router)
     app.include_router(admin.router)
     app.include_router(replays.router)
+    app.include_router(bulk_operations.router)
     app.include_router(stats.router)
     app.include_router(tenants.router)
     app.include_router(audit.router)

@@ -1,4 +1,5 @@
-"""`sundial replayer`: run the replays asked for with `POST /v1/replays` (`sundial replay`).
+"""`sundial replayer`: run the replays asked for with `POST /v1/replays` (`sundial replay`) and the bulk operations
+of `POST /v1/bulk-operations` (`sundial bulk`).
 
 Run several replicas: one is active (elected in etcd, see ``sundial_common.coordination.singleton``), the others
 stand by
@@ -19,6 +20,7 @@ from sundial_common.runtime.service import every, run
 from sundial_common.runtime.settings import SettingsHelpParser, load_settings
 from sundial_common.stores import Stores
 
+from sundial_replayer.bulk import BulkPassResult, BulkRunner
 from sundial_replayer.kafka import KafkaReplayKafka
 from sundial_replayer.replayer import Replayer, ReplayPassResult
 from sundial_replayer.settings import ReplayerSettings
@@ -29,7 +31,9 @@ log = logging.getLogger("sundial.replayer")
 async def serve(settings: ReplayerSettings, stop: asyncio.Event) -> None:
     """The replayer's life until ``stop``: a registered replica, replaying during each term it leads."""
     config = settings.replayer_config()
-    stores = await Stores.connect(settings.database_url, max_size=2)
+    bulk_config = settings.bulk_config()
+    # Replays, and bulk operations of several tenants at once.
+    stores = await Stores.connect(settings.database_url, max_size=6)
     kafka = KafkaReplayKafka(settings.kafka_bootstrap, client_id=f"sundial-replayer-{settings.instance_id}")
     topics = KafkaTopicInspector(settings.kafka_bootstrap)
     try:
@@ -41,13 +45,28 @@ async def serve(settings: ReplayerSettings, stop: asyncio.Event) -> None:
             def busy(result: ReplayPassResult) -> bool:
                 return result.active > 0
 
-            await every(
-                until,
-                config.interval_sec,
-                replayer.run_once,
-                name="replay",
-                again_now=busy,
-                idle_interval=config.idle_interval_sec,
+            runner = BulkRunner(stores.bulk, bulk_config)  # likewise
+
+            def acting(result: BulkPassResult) -> bool:
+                return result.active > 0
+
+            await asyncio.gather(
+                every(
+                    until,
+                    config.interval_sec,
+                    replayer.run_once,
+                    name="replay",
+                    again_now=busy,
+                    idle_interval=config.idle_interval_sec,
+                ),
+                every(
+                    until,
+                    bulk_config.interval_sec,
+                    runner.run_once,
+                    name="bulk",
+                    again_now=acting,
+                    idle_interval=bulk_config.idle_interval_sec,
+                ),
             )
 
         await run_singleton(stop, "replayer", settings, replay_while_leading)
@@ -63,13 +82,14 @@ SERVICE = HostedService("replayer", ReplayerSettings, serve)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Replay windows of pools' Kafka messages into staging pools (the replays of `POST /v1/replays`)"""
+    """Replay windows of pools' Kafka messages into staging pools and run bulk operations"""
     parser = SettingsHelpParser(
         settings=ReplayerSettings,
         prog="sundial replayer",
         description="Run replays: re-publish the messages of a pool's topic whose timestamps lie in a window into a "
         "staging pool's topic, committing progress to Postgres after every batch so a restarted replayer resumes "
-        "where it stopped. Production state (executions, the pools' consumer groups) is never touched. Run several "
+        "where it stopped. Production state (executions, the pools' consumer groups) is never touched. Also runs bulk "
+        "operations (POST /v1/bulk-operations), each resumed from its last committed batch. Run several "
         "replicas: one is active (elected through etcd), the others stand by (env SUNDIAL_LEASE_TTL_SEC).",
     )
     parser.add_argument(

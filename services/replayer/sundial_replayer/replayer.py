@@ -30,7 +30,6 @@ over a RUNNING replay where its progress stands (``resumes`` counts it).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Mapping
@@ -42,6 +41,7 @@ import orjson
 from sundial_common.broker.messages import pool_topic
 from sundial_common.broker.topic_windows import REPLAY_HEADER_PREFIX, TopicInspector
 from sundial_common.runtime.clock import to_ms
+from sundial_common.runtime.pacing import Pacer
 from sundial_common.stores import Stores
 from sundial_common.stores.replays import PartitionProgress
 
@@ -88,34 +88,6 @@ class ReplayPassResult:
     succeeded: int = 0
     failed: int = 0
     cancelled: int = 0
-
-
-class Pacer:
-    """Holds publishing to ``rate`` messages a second: each batch goes when the running total allows it."""
-
-    #: Batches are a tenth of a second's worth, so no burst is longer than that.
-    interval_sec = 0.1
-
-    def __init__(self, rate: int) -> None:
-        self.rate = rate
-        self._origin: float | None = None
-        self._sent = 0
-
-    def chunk(self) -> int:
-        """Messages per batch."""
-        return max(1, int(self.rate * self.interval_sec))
-
-    async def wait(self, count: int) -> None:
-        """Wait until ``count`` more messages may go: the first batch at once, then ``rate`` a second."""
-        now = time.monotonic()
-        due = now if self._origin is None else self._origin + self._sent / self.rate
-        if self._origin is None or now - due > self.interval_sec:
-            # The first batch, or late by more than a batch (another replay's turn, a slow broker, a restart):
-            # pace from now rather than burst to catch up.
-            self._origin, self._sent, due = now, 0, now
-        if due > now:
-            await asyncio.sleep(due - now)
-        self._sent += count
 
 
 @dataclass

@@ -5,9 +5,11 @@ from __future__ import annotations
 from pydantic import Field
 from sundial_common.runtime.settings import CommonSettings
 
+from sundial_replayer.bulk import BulkConfig
 from sundial_replayer.replayer import ReplayerConfig
 
 _DEFAULTS = ReplayerConfig()
+_BULK = BulkConfig()
 
 
 class ReplayerSettings(CommonSettings):
@@ -23,6 +25,30 @@ class ReplayerSettings(CommonSettings):
     replayer_slice_sec: float = Field(
         _DEFAULTS.slice_sec, gt=0, description="Longest turn of one replay before the next replay's."
     )
+
+    bulk_tenant_rate_per_sec: int = Field(
+        _BULK.tenant_rate_per_sec,
+        ge=1,
+        description="Most rows a second one tenant's bulk operations act on together; an operation's `ratePerSec` "
+        "is capped to it.",
+    )
+    bulk_per_tenant: int = Field(
+        _BULK.per_tenant,
+        ge=1,
+        description="Bulk operations of one tenant that run at a time; later ones wait their turn in order.",
+    )
+    bulk_retention_days: float = Field(
+        _BULK.retention_days,
+        gt=0,
+        description="Days a finished bulk operation (and each row's outcome) is kept before it is deleted.",
+    )
+
+    def bulk_config(self) -> BulkConfig:
+        return BulkConfig(
+            tenant_rate_per_sec=self.bulk_tenant_rate_per_sec,
+            per_tenant=self.bulk_per_tenant,
+            retention_days=self.bulk_retention_days,
+        )
 
     def replayer_config(self, interval_sec: float | None = None) -> ReplayerConfig:
         return ReplayerConfig(

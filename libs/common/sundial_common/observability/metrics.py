@@ -287,6 +287,19 @@ POOL_REFUSALS = Counter(
     registry=REGISTRY,
 )
 
+BULK_ITEMS = Counter(
+    "sundial_bulk_items",
+    "Rows a bulk operation's runner took its turn on (active replayer only), by what the operation acts on "
+    "(executions, jobs), its action and the outcome: DONE, SKIPPED (no longer matching), FAILED.",
+    ["target", "action", "outcome"],
+    registry=REGISTRY,
+)
+BULK_OPERATIONS_ACTIVE = Gauge(
+    "sundial_bulk_operations_active",
+    "Bulk operations not finished (PREPARING or RUNNING), as the active replayer saw them at its last pass.",
+    registry=REGISTRY,
+)
+
 M = TypeVar("M", bound=MetricWrapperBase)
 
 

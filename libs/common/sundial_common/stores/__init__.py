@@ -29,6 +29,8 @@ one Postgres implementation and its own file of named queries under ``sql/``:
   counts, the retries they hold.
 - :mod:`~sundial_common.stores.notifications` — tenants' webhook subscriptions, the incidents they are told
   about, and the deliveries of those.
+- :mod:`~sundial_common.stores.bulk` — bulk operations: one action on every job or execution a filter selects,
+  their fixed selections and each row's outcome.
 
 They share one :class:`~sundial_common.stores.database.Database` (the asyncpg pool and its connection
 setup); :class:`Stores` holds them together for a process. The values they trade in that are not one
@@ -44,6 +46,7 @@ from sundial_common.stores.analytics import AnalyticsStore, PostgresAnalyticsSto
 from sundial_common.stores.audit import AuditStore, PostgresAuditStore
 from sundial_common.stores.backfills import BackfillStore, PostgresBackfillStore
 from sundial_common.stores.breakers import BreakerStore, PostgresBreakerStore
+from sundial_common.stores.bulk import BulkStore, PostgresBulkStore
 from sundial_common.stores.compatibility import check_compatible
 from sundial_common.stores.database import Database
 from sundial_common.stores.dependencies import DependencyStore, PostgresDependencyStore
@@ -83,6 +86,7 @@ class Stores:
     breakers: BreakerStore
     partitions: PartitionStore
     notifications: NotificationStore
+    bulk: BulkStore
 
     @classmethod
     def over(cls, database: Database) -> Stores:
@@ -106,6 +110,7 @@ class Stores:
             breakers=PostgresBreakerStore(database),
             partitions=PostgresPartitionStore(database),
             notifications=PostgresNotificationStore(database),
+            bulk=PostgresBulkStore(database),
         )
 
     @classmethod
