@@ -256,7 +256,14 @@ class PostgresBulkStore:
 
     async def act(self, operation_id: UUID, limit: int) -> Batch:
         """Act on the next ``limit`` items of a RUNNING operation (see the module docstring). A cancel asked for
-        meanwhile ends it CANCELLED instead."""
+        meanwhile ends it CANCELLED instead. Executions are acted on a batch per statement; should that fail (one
+        row's error), the batch is done again row by row, each in a savepoint, so the error fails that row only."""
+        try:
+            return await self._act(operation_id, limit, by_row=False)
+        except asyncpg.PostgresError:
+            return await self._act(operation_id, limit, by_row=True)
+
+    async def _act(self, operation_id: UUID, limit: int, *, by_row: bool) -> Batch:
         async with self._db.pool.acquire() as conn, conn.transaction():
             op = await conn.fetchrow(Q["lock_running"], operation_id)
             if op is None:
@@ -265,25 +272,28 @@ class PostgresBulkStore:
                 row = await conn.fetchrow(Q["finish_operation"], operation_id, "CANCELLED", None)
                 return Batch(cast(Record | None, row), {})
             items = await conn.fetch(Q["next_items"], operation_id, op["cursor_seq"], limit)
-            seqs: list[int] = []
-            outcomes: list[str] = []
-            reasons: list[str | None] = []
-            counts: dict[str, int] = {}
-            now = datetime.now(UTC)
-            for item in items:
-                try:
-                    async with conn.transaction():  # a savepoint: one row's error fails that row only
-                        outcome, reason = await _act_on(conn, op, item["target_id"], now)
-                except asyncpg.PostgresError as exc:
-                    outcome, reason = "FAILED", f"{type(exc).__name__}: {exc}"
-                seqs.append(item["seq"])
-                outcomes.append(outcome)
-                reasons.append(reason)
-                counts[outcome] = counts.get(outcome, 0) + 1
-            if not seqs:  # a total that no item reaches cannot happen; end it rather than spin
+            if not items:  # a total that no item reaches cannot happen; end it rather than spin
                 row = await conn.fetchrow(Q["finish_operation"], operation_id, "FAILED", "no items left to act on")
                 return Batch(cast(Record | None, row), {})
-            row = await conn.fetchrow(Q["record_outcomes"], operation_id, seqs, outcomes, reasons)
+            ids = [item["target_id"] for item in items]
+            if op["target"] == "executions" and not by_row:
+                results = await _act_on_executions(conn, op, ids)
+            else:
+                results = {}
+                now = datetime.now(UTC)
+                for target_id in ids:
+                    try:
+                        async with conn.transaction():  # a savepoint: one row's error fails that row only
+                            results[target_id] = await _act_on(conn, op, target_id, now)
+                    except asyncpg.PostgresError as exc:
+                        results[target_id] = ("FAILED", f"{type(exc).__name__}: {exc}")
+            outcomes = [results[i][0] for i in ids]
+            counts: dict[str, int] = {}
+            for outcome in outcomes:
+                counts[outcome] = counts.get(outcome, 0) + 1
+            row = await conn.fetchrow(
+                Q["record_outcomes"], operation_id, [i["seq"] for i in items], outcomes, [results[i][1] for i in ids]
+            )
             return Batch(cast(Record | None, row), counts)
 
     async def finish(self, operation_id: UUID, state: str, error: str | None = None) -> Record | None:
@@ -301,6 +311,35 @@ class PostgresBulkStore:
 
 def _json(value: Any) -> Mapping[str, Any]:
     return cast(Mapping[str, Any], value)
+
+
+async def _act_on_executions(
+    conn: asyncpg.Connection, op: Record, ids: list[UUID]
+) -> dict[UUID, tuple[str, str | None]]:
+    """A batch of executions in one statement: DONE, or SKIPPED with why (the row no longer matches)."""
+    tenant, action = op["tenant_id"], op["action"]
+    statement = Q["redrive_executions"] if action == "redrive" else Q["cancel_executions"]
+    changed = await conn.fetch(statement, ids, tenant, actor_of(op), op["id"])
+    results: dict[UUID, tuple[str, str | None]] = {}
+    for row in changed:
+        if action == "redrive":
+            results[row["id"]] = ("DONE", f"attempt {row['attempt'] + 1} due now")
+        else:
+            results[row["id"]] = (
+                "DONE",
+                "cancel requested from its worker" if row["state"] == "RUNNING" else "CANCELLED",
+            )
+    rest = [i for i in ids if i not in results]
+    if rest:
+        states = {r["id"]: r["state"] for r in await conn.fetch(Q["execution_states"], rest, tenant)}
+        for i in rest:
+            state = states.get(i)
+            results[i] = (
+                ("SKIPPED", "the execution no longer exists")
+                if state is None
+                else ("SKIPPED", f"is {state} now: nothing to {action}")
+            )
+    return results
 
 
 async def _act_on(conn: asyncpg.Connection, op: Record, target_id: UUID, now: datetime) -> tuple[str, str | None]:

@@ -179,3 +179,51 @@ WITH changed AS (
     FROM changed
 )
 SELECT * FROM changed;
+
+-- name: redrive_executions
+-- A batch of a re-drive, as retry_dead_execution and redrive_held_execution do one by one: a DEAD execution gets
+-- one more attempt, due now; a FAILED one a breaker holds is due now (the gate judges it again) with its hold
+-- clock restarted. Either way the dispatcher takes it from there like any retry. Ids by ANY (one index scan on
+-- their partitions, see executions.sql); the CAS filters as texteq for the same reason.
+WITH changed AS (
+    UPDATE executions e
+    SET next_attempt_at = now(), held_since = NULL,
+        max_attempts = CASE WHEN texteq(e.state, 'DEAD') THEN e.attempt + 1
+                            ELSE greatest(e.max_attempts, e.attempt + 1) END
+    WHERE e.id = ANY($1::uuid[]) AND e.tenant_id = $2
+      AND ((texteq(e.state, 'DEAD') AND e.next_attempt_at IS NULL)
+           OR (texteq(e.state, 'FAILED') AND e.held_by IS NOT NULL AND e.next_attempt_at IS NOT NULL))
+    RETURNING e.id, e.tenant_id, e.state, e.attempt
+), audit AS (
+    INSERT INTO audit_log (tenant_id, entity, entity_id, action, from_state, to_state, actor, detail)
+    SELECT tenant_id, 'execution', id, 'retry_request', state, state, $3,
+           jsonb_build_object('nextAttempt', attempt + 1, 'bulkOperationId', $4::uuid)
+    FROM changed
+)
+SELECT id, attempt FROM changed;
+
+-- name: cancel_executions
+-- A batch of a cancel, as cancel_execution does one by one: PENDING or waiting for a retry → CANCELLED; RUNNING →
+-- its cancel requested (its worker reads it from here at its next heartbeat).
+WITH previous AS (
+    SELECT id, state FROM executions
+    WHERE id = ANY($1::uuid[]) AND tenant_id = $2 AND (state IN ('PENDING', 'RUNNING') OR next_attempt_at IS NOT NULL)
+    FOR UPDATE
+), changed AS (
+    UPDATE executions e
+    SET state = CASE WHEN p.state = 'RUNNING' THEN e.state ELSE 'CANCELLED' END,
+        cancel_requested_at = coalesce(e.cancel_requested_at, now()),
+        next_attempt_at = NULL,
+        finished_at = CASE WHEN p.state = 'RUNNING' THEN e.finished_at ELSE now() END
+    FROM previous p WHERE e.id = p.id AND e.id = ANY($1::uuid[])
+    RETURNING e.id, e.tenant_id, e.state, p.state AS from_state
+), audit AS (
+    INSERT INTO audit_log (tenant_id, entity, entity_id, action, from_state, to_state, actor, detail)
+    SELECT tenant_id, 'execution', id, CASE WHEN state = 'CANCELLED' THEN 'cancel' ELSE 'cancel_request' END,
+           from_state, state, $3, jsonb_build_object('bulkOperationId', $4::uuid)
+    FROM changed
+)
+SELECT id, state FROM changed;
+
+-- name: execution_states
+SELECT id, state FROM executions WHERE id = ANY($1::uuid[]) AND tenant_id = $2;
