@@ -264,15 +264,18 @@ class BackfillDispatcher:
     async def commit(self, room: Room) -> _Stepped:
         planner = BackfillStepPlanner(self.config, room, self.limits)
         try:
-            outcome = await self.store.step(
+            async with self.store.step(
                 self.shard,
                 self.token,
                 self.holder,
                 self.config.batch_backfills,
-                planner,
                 skip_tenants=room.blocked_tenants(),
                 skip_pools=room.blocked_pools(),
-            )
+            ) as step:
+                plan = await planner(step.running)
+                created = await step.create(plan.executions)
+                await step.advance(plan.advances, created)
+            outcome = BackfillOutcome(created, plan)
         except BaseException:
             end_failed(planner.spans, "backfill")
             raise

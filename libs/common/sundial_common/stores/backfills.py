@@ -3,22 +3,26 @@ executions the job's shard leader creates for them.
 
 ``POST /v1/jobs/{id}:backfill`` writes one ``backfills`` row (:meth:`PostgresBackfillStore.create`) with the
 number of occurrences of the range that have no execution yet. The leader of the job's shard then steps
-each running backfill in one fenced transaction (:meth:`PostgresBackfillStore.step`): raise the shard's fence,
-lock the running backfills, let the caller plan the next occurrences within each one's rate budget, insert
-their executions (``(job_id, scheduled_for)`` unique: an occurrence that has an execution gets no second one)
-and move the cursor — all or nothing, so a leader killed mid-backfill is resumed by the next one exactly
-where the last commit left off.
+each running backfill in one fenced transaction (:meth:`PostgresBackfillStore.step`, a :class:`BackfillStep`
+whose transaction commits when the ``async with`` block ends): it raises the shard's fence and locks the running
+backfills (:attr:`BackfillStep.running`); the leader plans the next occurrences within each one's rate budget
+and has the step insert their executions (:meth:`BackfillStep.create`: ``(job_id, scheduled_for)`` unique, an
+occurrence that has an execution gets no second one) and move the cursors (:meth:`BackfillStep.advance`) — all
+or nothing, so a leader killed mid-backfill is resumed by the next one exactly where the last commit left off.
 
 SQL: ``sql/backfills.sql``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol, cast
 from uuid import UUID
+
+import asyncpg
 
 from sundial_common.stores import dispatch
 from sundial_common.stores.database import Database
@@ -67,10 +71,6 @@ class BackfillPlan:
     advances: list[BackfillAdvance] = field(default_factory=list)
 
 
-#: Given the locked running backfills (with their job), the executions to create and how each one moves.
-BackfillPlanner = Callable[[Sequence[Record]], Awaitable[BackfillPlan]]
-
-
 @dataclass(frozen=True, slots=True)
 class BackfillOutcome:
     created: list[BackfillExecution]
@@ -90,17 +90,69 @@ class BackfillStore(Protocol):
 
     async def has_running(self, shard: int) -> bool: ...
 
-    async def step(
+    def step(
         self,
         shard: int,
         token: int,
         holder: str,
         limit: int,
-        plan: BackfillPlanner,
         *,
         skip_tenants: Sequence[str] = (),
         skip_pools: Sequence[str] = (),
-    ) -> BackfillOutcome: ...
+    ) -> AbstractAsyncContextManager[BackfillStep]: ...
+
+
+class BackfillStep:
+    """One fenced backfill transaction, open for the ``async with`` block of :meth:`PostgresBackfillStore.step`:
+    the running backfills it locked, and the writes of the step. It commits when the block ends (rolls back if
+    the block raises)."""
+
+    def __init__(self, conn: asyncpg.Connection, shard: int, token: int, holder: str, running: Sequence[Record]):
+        self._conn = conn
+        self._shard = shard
+        self._token = token
+        self._holder = holder
+        #: The shard's running backfills with their job, locked for the transaction (a cancel waits for it).
+        self.running = running
+
+    async def create(self, planned: Sequence[BackfillExecution]) -> list[BackfillExecution]:
+        """Insert the planned executions; those created (an occurrence that already had one is left alone)."""
+        if not planned:
+            return []
+        rows = await self._conn.fetch(
+            Q["insert_backfill_executions"],
+            [p.execution_id for p in planned],
+            [p.backfill["tenant_id"] for p in planned],
+            [p.backfill["job_id"] for p in planned],
+            [p.scheduled_for for p in planned],
+            [p.backfill["pool"] for p in planned],
+            [p.backfill["handler"] for p in planned],
+            [p.max_attempts for p in planned],
+            [p.backfill["timeout_sec"] for p in planned],
+            self._shard,
+            self._token,
+            [p.trace_id for p in planned],
+            [p.traceparent for p in planned],
+            [p.backfill["id"] for p in planned],
+            self._holder,
+        )
+        inserted = {row["id"] for row in rows}
+        return [p for p in planned if p.execution_id in inserted]
+
+    async def advance(self, advances: Sequence[BackfillAdvance], created: Sequence[BackfillExecution]) -> None:
+        """Move each stepped backfill's cursor, counting what ``created`` holds of it."""
+        if not advances:
+            return
+        per_backfill: dict[UUID, int] = {}
+        for p in created:
+            per_backfill[p.backfill["id"]] = per_backfill.get(p.backfill["id"], 0) + 1
+        await self._conn.execute(
+            Q["advance_backfills"],
+            [a.backfill_id for a in advances],
+            [a.cursor_at for a in advances],
+            [per_backfill.get(a.backfill_id, 0) for a in advances],
+            [a.done for a in advances],
+        )
 
 
 class PostgresBackfillStore:
@@ -150,58 +202,21 @@ class PostgresBackfillStore:
         """Before the fenced transaction (a write): has ``shard`` a running backfill of a tenant not SUSPENDED?"""
         return bool(await self._db.pool.fetchval(Q["any_running"], shard))
 
+    @asynccontextmanager
     async def step(
         self,
         shard: int,
         token: int,
         holder: str,
         limit: int,
-        plan: BackfillPlanner,
         *,
         skip_tenants: Sequence[str] = (),
         skip_pools: Sequence[str] = (),
-    ) -> BackfillOutcome:
+    ) -> AsyncIterator[BackfillStep]:
         """The fenced backfill transaction (see the module docstring): not a SUSPENDED tenant's backfills, nor
         those of ``skip_tenants`` or in ``skip_pools``. Raises ``FencedOut`` like a dispatch."""
         async with self._db.pool.acquire() as conn, conn.transaction():
             if await conn.fetchval(dispatch.Q["raise_fence"], shard, token, holder) is None:
                 raise dispatch.FencedOut(shard, token)
             running = await conn.fetch(Q["running_backfills"], shard, limit, list(skip_tenants), list(skip_pools))
-            if not running:
-                return BackfillOutcome([], BackfillPlan())
-            decided = await plan(running)
-            planned = decided.executions
-            inserted: set[UUID] = set()
-            if planned:
-                rows = await conn.fetch(
-                    Q["insert_backfill_executions"],
-                    [p.execution_id for p in planned],
-                    [p.backfill["tenant_id"] for p in planned],
-                    [p.backfill["job_id"] for p in planned],
-                    [p.scheduled_for for p in planned],
-                    [p.backfill["pool"] for p in planned],
-                    [p.backfill["handler"] for p in planned],
-                    [p.max_attempts for p in planned],
-                    [p.backfill["timeout_sec"] for p in planned],
-                    shard,
-                    token,
-                    [p.trace_id for p in planned],
-                    [p.traceparent for p in planned],
-                    [p.backfill["id"] for p in planned],
-                    holder,
-                )
-                inserted = {row["id"] for row in rows}
-            created = [p for p in planned if p.execution_id in inserted]
-            per_backfill: dict[UUID, int] = {}
-            for p in created:
-                per_backfill[p.backfill["id"]] = per_backfill.get(p.backfill["id"], 0) + 1
-            advances = decided.advances
-            if advances:
-                await conn.execute(
-                    Q["advance_backfills"],
-                    [a.backfill_id for a in advances],
-                    [a.cursor_at for a in advances],
-                    [per_backfill.get(a.backfill_id, 0) for a in advances],
-                    [a.done for a in advances],
-                )
-        return BackfillOutcome(created, decided)
+            yield BackfillStep(conn, shard, token, holder, running)
