@@ -38,7 +38,7 @@ from sundial_api.models.backfills import (
 )
 from sundial_api.models.jobs import JobState
 from sundial_api.models.schedules import RECURRING_TYPES
-from sundial_api.pagination import InvalidCursor, decode_id_cursor, encode_id_cursor
+from sundial_api.operations import page_of, page_start
 from sundial_api.pools import usable_pool
 from sundial_api.problems import ProblemError, invalid, not_found, parse_resource_id, responses
 from sundial_api.responses import OrjsonResponse
@@ -148,16 +148,12 @@ async def list_job_backfills(
 ) -> Response:
     """Every backfill of the job, with its progress, whatever its state."""
     ident = parse_resource_id("job", job_id)
-    try:
-        before = decode_id_cursor(_CURSOR_PREFIX, cursor) if cursor is not None else None
-    except InvalidCursor as exc:
-        raise invalid("cursor", str(exc)) from None
+    before = page_start(_CURSOR_PREFIX, cursor)
     if await state.stores.jobs.get_job(principal.tenant, ident) is None:
         raise not_found("job", job_id)
     # One row more than the page tells whether another page exists without a count query.
     rows = await state.stores.backfills.of_job(principal.tenant, ident, before, limit + 1)
-    page = rows[:limit]
-    next_cursor = encode_id_cursor(_CURSOR_PREFIX, page[-1]["id"]) if len(rows) > limit else None
+    page, next_cursor = page_of(_CURSOR_PREFIX, rows, limit)
     return OrjsonResponse({"items": [render_backfill(row) for row in page], "nextCursor": next_cursor})
 
 

@@ -18,14 +18,13 @@ from __future__ import annotations
 import re
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Path, Query
+from fastapi import APIRouter, Path, Query
 from starlette.responses import Response
 from sundial_common.security.auth import Principal
 from sundial_common.stores import bulk as bulk_store
 from sundial_common.stores.bulk import MAX_SELECTED, Selection
 
 from sundial_api.auth import Authenticated
-from sundial_api.idempotency import HEADER, invalid_key, request_hash, valid_key
 from sundial_api.json_body import JsonRoute
 from sundial_api.models.bulk import (
     BulkDryRun,
@@ -38,7 +37,8 @@ from sundial_api.models.bulk import (
     render_item,
     render_operation,
 )
-from sundial_api.pagination import InvalidCursor, decode_id_cursor, decode_token, encode_id_cursor, encode_token
+from sundial_api.operations import IdempotencyKey, checked_key, created_headers, page_of, page_start
+from sundial_api.pagination import InvalidCursor, decode_token, encode_token
 from sundial_api.problems import ProblemError, field_error, invalid, not_found, parse_resource_id, responses
 from sundial_api.responses import OrjsonResponse
 from sundial_api.state import ApiState, State
@@ -128,22 +128,13 @@ async def create_operation(
     body: NewBulkOperation,
     state: State,
     principal: Authenticated,
-    idempotency_key: Annotated[
-        str | None,
-        Header(
-            alias=HEADER,
-            description="Makes a retried create safe (per tenant, kept with the operation, 1-255 visible ASCII "
-            "characters): the same key with the same body answers with the operation the first request created; "
-            "with another body, 422.",
-        ),
-    ] = None,
+    idempotency_key: IdempotencyKey = None,
 ) -> Response:
     """The selection is fixed at the request: only rows created up to it are ever touched. The runner acts on
     them at `ratePerSec`, one operation per tenant at a time, each row with the compare-and-swap its own endpoint
     uses (a row that no longer matches when its turn comes is *skipped*, with the reason), and audits each change
     with the operation's id."""
-    if idempotency_key is not None and not valid_key(idempotency_key):
-        raise invalid_key("must be 1-255 visible ASCII characters")
+    key_hash = checked_key(idempotency_key, body)
     if body.action not in bulk_store.ACTIONS[body.target.value]:
         actions = ", ".join(bulk_store.ACTIONS[body.target.value])
         raise invalid("action", f"`{body.action}` is not an action on {body.target.value} (one of {actions})")
@@ -165,14 +156,10 @@ async def create_operation(
             selection=selection,
             rate_per_sec=body.rate_per_sec,
             idempotency_key=idempotency_key,
-            request_hash=request_hash(body) if idempotency_key is not None else None,
+            request_hash=key_hash,
         )
     )
-    headers = {"Location": f"/v1/bulk-operations/{row['id']}"}
-    if not created:
-        if bytes(row["request_hash"]) != request_hash(body):
-            raise invalid_key("was used for another bulk operation (a new request needs a new key)")
-        headers["Idempotent-Replayed"] = "true"
+    headers = created_headers(f"/v1/bulk-operations/{row['id']}", row, created, body, "bulk operation")
     return OrjsonResponse(render_operation(row, state.clock.now()), status_code=202, headers=headers)
 
 
@@ -190,13 +177,8 @@ async def list_operations(
         str | None, Query(description="`nextCursor` of the previous page; omit for the first page.")
     ] = None,
 ) -> Response:
-    try:
-        before = decode_id_cursor(_CURSOR_PREFIX, cursor) if cursor is not None else None
-    except InvalidCursor as exc:
-        raise invalid("cursor", str(exc)) from None
-    rows = await state.stores.bulk.list_operations(_scope(principal), before, limit + 1)
-    page = rows[:limit]
-    next_cursor = encode_id_cursor(_CURSOR_PREFIX, page[-1]["id"]) if len(rows) > limit else None
+    rows = await state.stores.bulk.list_operations(_scope(principal), page_start(_CURSOR_PREFIX, cursor), limit + 1)
+    page, next_cursor = page_of(_CURSOR_PREFIX, rows, limit)
     now = state.clock.now()
     return OrjsonResponse({"items": [render_operation(r, now) for r in page], "nextCursor": next_cursor})
 

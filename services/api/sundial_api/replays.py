@@ -26,7 +26,7 @@ from typing import Annotated
 from uuid import UUID
 
 from confluent_kafka import KafkaException
-from fastapi import APIRouter, FastAPI, Header, Path, Query, Request
+from fastapi import APIRouter, FastAPI, Path, Query, Request
 from starlette.responses import Response
 from sundial_common.broker.messages import POOL_NAME, pool_topic
 from sundial_common.broker.topic_windows import KafkaTopicInspector, TopicInspector
@@ -35,10 +35,10 @@ from sundial_common.stores import replays as replay_store
 from sundial_common.stores.types import Record
 
 from sundial_api.auth import Authenticated
-from sundial_api.idempotency import HEADER, invalid_key, request_hash, valid_key
 from sundial_api.json_body import JsonRoute
 from sundial_api.models.replays import NewReplay, Replay, ReplayList, ReplayRunList, render_replay, render_run
-from sundial_api.pagination import InvalidCursor, decode_id_cursor, decode_token, encode_id_cursor, encode_token
+from sundial_api.operations import IdempotencyKey, checked_key, created_headers, page_of, page_start
+from sundial_api.pagination import InvalidCursor, decode_token, encode_token
 from sundial_api.pools import refused, usable_pool
 from sundial_api.problems import ProblemError, field_error, invalid, not_found, parse_resource_id, responses
 from sundial_api.responses import OrjsonResponse
@@ -77,7 +77,12 @@ async def _view(state: ApiState, rows: Sequence[Record]) -> list[dict[str, objec
 
 
 async def _validated(
-    state: ApiState, body: NewReplay, principal: Principal, topics: TopicInspector, idempotency_key: str | None
+    state: ApiState,
+    body: NewReplay,
+    principal: Principal,
+    topics: TopicInspector,
+    idempotency_key: str | None,
+    key_hash: bytes | None,
 ) -> tuple[Record, bool]:
     now = state.clock.now()
     if body.window_from >= body.window_to:
@@ -135,7 +140,7 @@ async def _validated(
             rate_per_sec=body.rate_per_sec,
             dry_run=body.dry_run,
             idempotency_key=idempotency_key,
-            request_hash=request_hash(body) if idempotency_key is not None else None,
+            request_hash=key_hash,
         )
     )
 
@@ -153,27 +158,14 @@ async def create_replay(
     request: Request,
     state: State,
     principal: Authenticated,
-    idempotency_key: Annotated[
-        str | None,
-        Header(
-            alias=HEADER,
-            description="Makes a retried create safe (per tenant, kept with the replay, 1-255 visible ASCII "
-            "characters): the same key with the same body answers with the replay the first request created; "
-            "with another body, 422.",
-        ),
-    ] = None,
+    idempotency_key: IdempotencyKey = None,
 ) -> Response:
     """Every message of `sourcePool`'s topic whose broker timestamp lies in `[from, to)` and that the filter
     selects is re-published into `targetPool`'s topic, with headers naming the replay and the original
     execution, topic, partition and offset. Production state is never touched."""
-    if idempotency_key is not None and not valid_key(idempotency_key):
-        raise invalid_key("must be 1-255 visible ASCII characters")
-    row, created = await _validated(state, body, principal, request.app.state.replay_topics, idempotency_key)
-    headers = {"Location": f"/v1/replays/{row['id']}"}
-    if not created:
-        if bytes(row["request_hash"]) != request_hash(body):
-            raise invalid_key("was used for another replay request (a new request needs a new key)")
-        headers["Idempotent-Replayed"] = "true"
+    key_hash = checked_key(idempotency_key, body)
+    row, created = await _validated(state, body, principal, request.app.state.replay_topics, idempotency_key, key_hash)
+    headers = created_headers(f"/v1/replays/{row['id']}", row, created, body, "replay")
     (view,) = await _view(state, [row])
     return OrjsonResponse(view, status_code=202, headers=headers)
 
@@ -187,15 +179,8 @@ async def list_replays(
         str | None, Query(description="`nextCursor` of the previous page; omit for the first page.")
     ] = None,
 ) -> Response:
-    before = None
-    if cursor is not None:
-        try:
-            before = decode_id_cursor(_CURSOR_PREFIX, cursor)
-        except InvalidCursor as exc:
-            raise invalid("cursor", str(exc)) from None
-    rows = await state.stores.replays.list_replays(_scope(principal), before, limit + 1)
-    page = rows[:limit]
-    next_cursor = encode_id_cursor(_CURSOR_PREFIX, page[-1]["id"]) if len(rows) > limit else None
+    rows = await state.stores.replays.list_replays(_scope(principal), page_start(_CURSOR_PREFIX, cursor), limit + 1)
+    page, next_cursor = page_of(_CURSOR_PREFIX, rows, limit)
     return OrjsonResponse({"items": await _view(state, page), "nextCursor": next_cursor})
 
 
