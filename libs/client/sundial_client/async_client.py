@@ -21,6 +21,7 @@ from typing import Any, Self, TypeVar
 import httpx
 
 from sundial_client.admin import AsyncAdmin
+from sundial_client.bulk import AsyncBulk
 from sundial_client.calls import Call
 from sundial_client.errors import ConnectionFailed, raise_for_problem
 from sundial_client.executions import AsyncExecutions
@@ -75,6 +76,7 @@ class AsyncClient(Scheduling[Awaitable[Job], AsyncScheduleBuilder]):
         self.admin = AsyncAdmin(self)
         self.pools = AsyncPools(self)
         self.replays = AsyncReplays(self)
+        self.bulk = AsyncBulk(self)
         self.stats = AsyncStats(self)
         self.breakers = AsyncBreakers(self)
         self.notifications = AsyncNotifications(self)

@@ -54,6 +54,7 @@ from sundial_client.models import (
     TenantList,
     Triggered,
 )
+from sundial_client.models.bulk import BulkDryRun, BulkItemList, BulkOperation, BulkOperationList
 from sundial_client.models.notifications import DeliveryList, SubscriptionList, SubscriptionView, TestSendView
 
 T = TypeVar("T")
@@ -448,3 +449,58 @@ def cancel_replay(replay_id: str) -> Call[Replay]:
 def replay_runs(replay_id: str, *, cursor: str | None, limit: int) -> Call[ReplayRunList]:
     params = {**_query(cursor=cursor), "limit": limit}
     return Call("GET", f"/v1/replays/{_id(replay_id)}/runs", _model(ReplayRunList), params=params)
+
+
+# --- bulk operations ---------------------------------------------------------------------------------
+
+#: The largest page of a bulk operation's items.
+MAX_ITEMS_PAGE = 1000
+
+
+def bulk_body(
+    target: str,
+    action: str,
+    filter: Mapping[str, Any],
+    *,
+    rate_per_sec: int | None = None,
+    dry_run: bool = False,
+    tenant_id: str | None = None,
+) -> dict[str, Any]:
+    """A bulk operation's request: the filter's keyword names in camelCase, instants in RFC 3339."""
+    body: dict[str, Any] = {
+        "target": target,
+        "action": action,
+        "filter": {to_camel(k): to_jsonable_python(v) for k, v in filter.items() if v is not None},
+        "dryRun": dry_run,
+    }
+    if rate_per_sec is not None:
+        body["ratePerSec"] = rate_per_sec
+    if tenant_id is not None:
+        body["tenantId"] = tenant_id
+    return body
+
+
+def create_bulk(body: Mapping[str, Any]) -> Call[BulkOperation]:
+    return Call("POST", "/v1/bulk-operations", _model(BulkOperation), body=dict(body), idempotent_create=True)
+
+
+def preview_bulk(body: Mapping[str, Any]) -> Call[BulkDryRun]:
+    return Call("POST", "/v1/bulk-operations", _model(BulkDryRun), body={**body, "dryRun": True})
+
+
+def get_bulk(operation_id: str) -> Call[BulkOperation]:
+    return Call("GET", f"/v1/bulk-operations/{_id(operation_id)}", _model(BulkOperation))
+
+
+def list_bulk(*, cursor: str | None, limit: int) -> Call[BulkOperationList]:
+    params = {**_query(cursor=cursor), "limit": limit}
+    return Call("GET", "/v1/bulk-operations", _model(BulkOperationList), params=params)
+
+
+def cancel_bulk(operation_id: str) -> Call[BulkOperation]:
+    return Call("POST", f"/v1/bulk-operations/{_id(operation_id)}/cancel", _model(BulkOperation))
+
+
+def bulk_items(operation_id: str, *, outcome: str | None, cursor: str | None, limit: int) -> Call[BulkItemList]:
+    params = {**_query(cursor=cursor, outcome=outcome), "limit": limit}
+    return Call("GET", f"/v1/bulk-operations/{_id(operation_id)}/items", _model(BulkItemList), params=params)

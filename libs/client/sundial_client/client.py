@@ -21,6 +21,7 @@ import httpx
 from sundial_client.admin import AsyncAdmin
 from sundial_client.async_client import DEFAULT_TIMEOUT_SEC, AsyncClient
 from sundial_client.blocking import Blocking, LoopThread, async_sleep, async_transport, blocking, blocking_iter
+from sundial_client.bulk import AsyncBulk
 from sundial_client.calls import Call
 from sundial_client.executions import AsyncExecutions
 from sundial_client.jobs import AsyncJobs, AsyncScheduleBuilder, JobDraft, Scheduling
@@ -143,6 +144,17 @@ class Replays(Blocking):
     watch = blocking_iter(AsyncReplays.watch)
 
 
+class Bulk(Blocking):
+    create = blocking(AsyncBulk.create)
+    preview = blocking(AsyncBulk.preview)
+    redrive = blocking(AsyncBulk.redrive)
+    get = blocking(AsyncBulk.get)
+    cancel = blocking(AsyncBulk.cancel)
+    list = blocking_iter(AsyncBulk.list)
+    items = blocking_iter(AsyncBulk.items)
+    watch = blocking_iter(AsyncBulk.watch)
+
+
 class Client(Scheduling[Job, ScheduleBuilder]):
     """The Sundial API over blocking calls. ``Client(url, token=...)``; close it, or use it in ``with``.
 
@@ -173,6 +185,7 @@ class Client(Scheduling[Job, ScheduleBuilder]):
         self.admin = Admin(self.bridge, self.inner.admin)
         self.pools = Pools(self.bridge, self.inner.pools)
         self.replays = Replays(self.bridge, self.inner.replays)
+        self.bulk = Bulk(self.bridge, self.inner.bulk)
         self.stats = Stats(self.bridge, self.inner.stats)
         self.breakers = Breakers(self.bridge, self.inner.breakers)
         self.notifications = Notifications(self.bridge, self.inner.notifications)
