@@ -23,7 +23,7 @@ FINAL_STATES = frozenset({BulkState.SUCCEEDED, BulkState.FAILED, BulkState.CANCE
 
 
 class BulkFilterView(ViewModel):
-    states: list[str] | None = None
+    state: list[str] | None = None
     pool: str | None = None
     handler: str | None = None
     labels: dict[str, str] | None = None

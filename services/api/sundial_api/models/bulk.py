@@ -120,7 +120,7 @@ def render_operation(row: Mapping[str, Any], now: datetime) -> dict[str, Any]:
         "tenantId": row["tenant_id"],
         "target": row["target"],
         "action": row["action"],
-        "filter": {_camel(k): v for k, v in stored.items()},
+        "filter": {("state" if k == "states" else _camel(k)): v for k, v in stored.items()},
         "state": row["state"],
         "ratePerSec": row["rate_per_sec"],
         "total": row["total"],
