@@ -38,6 +38,7 @@ COMMANDS = {
     "at-rest": Entry("bench.workloads.at_rest", "W4 alone, with --keep and --reuse for 10M-job runs"),
     "breaker": Entry("bench.workloads.breaker", "a retry storm of a failing handler, with the breaker and without"),
     "console": Entry("bench.workloads.console", "the web console's pages at 100k jobs / 1M executions of a tenant"),
+    "bulk": Entry("bench.workloads.bulk", "a bulk re-drive of 100,000 DEAD executions beside another tenant"),
     "census": Entry("bench.workloads.census", "the fair pass's census of open executions under churn"),
     "cli-help": Entry("bench.workloads.cli_help", "how long `sundial --help` takes, a new process each time"),
     "dependencies": Entry("bench.workloads.dependencies", "a parent's completion to its children's executions"),
