@@ -31,7 +31,9 @@ from typing import Any
 
 import asyncpg
 import httpx
+from redis.asyncio import Redis
 from sundial_common.domain.ids import new_id
+from sundial_common.hotwindow.window import HotWindow
 from sundial_common.stores import Stores
 from sundial_replayer.bulk import BulkConfig, BulkRunner
 
@@ -116,7 +118,9 @@ async def _redrive(bench: Bench, stores: Stores, conn: asyncpg.Connection, args:
     async with httpx.AsyncClient(base_url=base, headers={"Authorization": f"Bearer {bench.token}"}, timeout=60) as api:
         created = (await api.post("/v1/bulk-operations", json={**body, "ratePerSec": args.rate})).json()
     op_id = created["operationId"]
-    runner = BulkRunner(stores.bulk, BulkConfig(tenant_rate_per_sec=max(args.rate, BulkConfig().tenant_rate_per_sec)))
+    config = BulkConfig(tenant_rate_per_sec=max(args.rate, BulkConfig().tenant_rate_per_sec))
+    redis = Redis.from_url(bench.stack.env()["SUNDIAL_REDIS_URL"])
+    runner = BulkRunner(stores.bulk, config, HotWindow(redis))
     windows: list[int] = []
     window_start, window_done = time.monotonic(), 0
     while True:
@@ -127,6 +131,7 @@ async def _redrive(bench: Bench, stores: Stores, conn: asyncpg.Connection, args:
             window_start, window_done = time.monotonic(), row["done"]
         if row["state"] not in ("PREPARING", "RUNNING"):
             break
+    await redis.aclose()
     took = (row["finished_at"] - row["started_at"]).total_seconds()
     return {
         "state": row["state"],

@@ -15,6 +15,7 @@ from datetime import timedelta
 from typing import Any
 
 import httpx
+from sundial_common.hotwindow.window import HotWindow, retry_member
 from sundial_common.stores import Stores
 from sundial_replayer.bulk import BulkConfig, BulkRunner
 
@@ -53,8 +54,10 @@ async def bulk(api: Api, body: dict[str, Any], tenant: str = TENANT, **headers: 
     return await api.client.post("/v1/bulk-operations", json=body, headers={**api.auth(tenant), **headers})
 
 
-async def run_to_end(stores: Stores, op_id: str, config: BulkConfig = FAST) -> dict[str, Any]:
-    runner = BulkRunner(stores.bulk, config)
+async def run_to_end(
+    stores: Stores, op_id: str, config: BulkConfig = FAST, hot_window: HotWindow | None = None
+) -> dict[str, Any]:
+    runner = BulkRunner(stores.bulk, config, hot_window)
     async with asyncio.timeout(30):
         while True:
             await runner.run_once()
@@ -122,7 +125,7 @@ async def test_a_redrive_acts_on_the_fixed_selection_once_and_audits_each_row(ap
     # Created after the request: never selected, however late the selection is fixed.
     later = await dead(api, job, 2)
 
-    final = await run_to_end(stores, created.json()["operationId"])
+    final = await run_to_end(stores, created.json()["operationId"], hot_window=HotWindow(api.redis))
     assert (final["state"], final["total"], final["done"], final["skipped"], final["failed"]) == (
         "SUCCEEDED",
         dry.json()["count"],
@@ -137,6 +140,9 @@ async def test_a_redrive_acts_on_the_fixed_selection_once_and_audits_each_row(ap
     assert due == set(selected)
     assert all(r["max_attempts"] == 4 for r in rows if r["due"])
     assert not due & set(other_pool + theirs + later)
+    # Due now, so announced to the shard leaders at once, as the single-row retry does.
+    announced = await api.redis.zrange("sundial:{0}:hot", 0, -1)
+    assert {m.decode() for m in announced} == {retry_member(i) for i in selected}
     audit = await api.db.fetch(
         "SELECT entity_id, actor FROM audit_log WHERE action = 'retry_request' ORDER BY entity_id"
     )

@@ -28,9 +28,11 @@ from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
 
+from redis.exceptions import RedisError
+from sundial_common.hotwindow.window import HotWindow
 from sundial_common.observability.metrics import BULK_ITEMS, BULK_OPERATIONS_ACTIVE
 from sundial_common.runtime.pacing import Pacer
-from sundial_common.stores.bulk import BulkStore
+from sundial_common.stores.bulk import Batch, BulkStore
 
 log = logging.getLogger("sundial.replayer.bulk")
 
@@ -86,9 +88,12 @@ class _Held:
 class BulkRunner:
     """Runs bulk operations; safe to drive one pass at a time (``run_once``) from tests."""
 
-    def __init__(self, store: BulkStore, config: BulkConfig | None = None) -> None:
+    def __init__(self, store: BulkStore, config: BulkConfig | None = None, hot_window: HotWindow | None = None) -> None:
         self.config = config or BulkConfig()
         self._store = store
+        #: Where a re-drive's retries, due now, are announced to the shard leaders (without it, or with Redis away,
+        #: the hydrator's overdue scan finds them, seconds later).
+        self._hot_window = hot_window
         #: Operations this runner has acted on: a RUNNING one with progress not in here was left by another.
         self._held: dict[UUID, _Held] = {}
         self._purged_at: float | None = None
@@ -155,6 +160,7 @@ class BulkRunner:
             chunk = held.pacer.chunk()
             await held.pacer.wait(chunk)
             batch = await self._store.act(op_id, chunk)
+            await self._announce(batch)
             result.batches += 1
             for outcome, n in batch.outcomes.items():
                 outcomes[outcome] = outcomes.get(outcome, 0) + n
@@ -174,6 +180,15 @@ class BulkRunner:
                     )
                 break
         return outcomes
+
+    async def _announce(self, batch: Batch) -> None:
+        if self._hot_window is None or not batch.retries:
+            return
+        try:
+            for shard, retries in batch.retries.items():
+                await self._hot_window.add_retries(shard, retries)
+        except (RedisError, OSError) as exc:
+            log.warning("re-driven retries not added to the hot window (the hydrator will): %r", exc)
 
     async def _purge(self, result: BulkPassResult) -> None:
         now = time.monotonic()

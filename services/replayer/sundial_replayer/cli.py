@@ -11,9 +11,11 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from redis.asyncio import Redis
 from sundial_common.broker.topic_windows import KafkaTopicInspector
 from sundial_common.commands.host import HostedService
 from sundial_common.coordination.singleton import run_singleton
+from sundial_common.hotwindow.window import HotWindow
 from sundial_common.runtime.instrumentation import observed
 from sundial_common.runtime.logs import setup_logging
 from sundial_common.runtime.service import every, run
@@ -36,6 +38,7 @@ async def serve(settings: ReplayerSettings, stop: asyncio.Event) -> None:
     stores = await Stores.connect(settings.database_url, max_size=6)
     kafka = KafkaReplayKafka(settings.kafka_bootstrap, client_id=f"sundial-replayer-{settings.instance_id}")
     topics = KafkaTopicInspector(settings.kafka_bootstrap)
+    redis = Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=5)
     try:
         log.info("replayer started")
 
@@ -45,7 +48,7 @@ async def serve(settings: ReplayerSettings, stop: asyncio.Event) -> None:
             def busy(result: ReplayPassResult) -> bool:
                 return result.active > 0
 
-            runner = BulkRunner(stores.bulk, bulk_config)  # likewise
+            runner = BulkRunner(stores.bulk, bulk_config, HotWindow(redis))  # likewise
 
             def acting(result: BulkPassResult) -> bool:
                 return result.active > 0
@@ -71,6 +74,7 @@ async def serve(settings: ReplayerSettings, stop: asyncio.Event) -> None:
 
         await run_singleton(stop, "replayer", settings, replay_while_leading)
     finally:
+        await redis.aclose()
         await topics.close()
         await kafka.close()
         await stores.close()

@@ -12,6 +12,7 @@ import pytest
 from pydantic import BaseModel
 from sundial_api import ApiSettings, create_app
 from sundial_client import models
+from sundial_client.models import bulk
 
 # client model → the OpenAPI schema it mirrors
 PAIRS: dict[type[BaseModel], str] = {
@@ -55,6 +56,12 @@ PAIRS: dict[type[BaseModel], str] = {
     models.PoolBacklog: "PoolBacklog",
     models.Breaker: "BreakerView",
     models.BreakerList: "BreakerList",
+    bulk.BulkOperation: "BulkOperation",
+    bulk.BulkOperationList: "BulkOperationList",
+    bulk.BulkFilterView: "BulkFilterView",
+    bulk.BulkDryRun: "BulkDryRun",
+    bulk.BulkItem: "BulkItem",
+    bulk.BulkItemList: "BulkItemList",
 }
 ENUMS: dict[type[enum.Enum], str] = {
     models.JobType: "JobType",
@@ -65,6 +72,7 @@ ENUMS: dict[type[enum.Enum], str] = {
     models.Priority: "Priority",
     models.Backoff: "Backoff",
     models.ReplayState: "ReplayState",
+    bulk.BulkState: "BulkState",
 }
 REQUESTS = {models.NewJob, models.Target, models.RetryPolicy, models.SchedulePreviewRequest}
 
@@ -135,6 +143,11 @@ def test_every_operation_of_the_api_has_a_client_call(schemas: dict[str, Any]) -
         ("GET", "/v1/replays/{replay_id}"),
         ("POST", "/v1/replays/{replay_id}/cancel"),
         ("GET", "/v1/replays/{replay_id}/runs"),
+        ("POST", "/v1/bulk-operations"),
+        ("GET", "/v1/bulk-operations"),
+        ("GET", "/v1/bulk-operations/{operation_id}"),
+        ("GET", "/v1/bulk-operations/{operation_id}/items"),
+        ("POST", "/v1/bulk-operations/{operation_id}/cancel"),
         ("GET", "/v1/stats/executions"),
         ("GET", "/v1/stats/handlers"),
         ("POST", "/v1/admin/tenants"),

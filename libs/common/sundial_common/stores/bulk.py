@@ -16,7 +16,7 @@ SQL: ``sql/bulk.sql`` (and the single-row actions of ``jobs.sql``, ``executions.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol, cast
 from uuid import UUID
@@ -27,7 +27,7 @@ from sundial_common.domain.ids import new_id
 from sundial_common.stores import dependencies, executions, jobs
 from sundial_common.stores.database import Database
 from sundial_common.stores.queries import load_file
-from sundial_common.stores.types import Record
+from sundial_common.stores.types import Record, RetryDue
 
 Q = load_file("bulk.sql")
 
@@ -113,10 +113,12 @@ class Preview:
 
 @dataclass(frozen=True, slots=True)
 class Batch:
-    """What one batch did: the operation after it (None: not RUNNING any more) and the outcomes it recorded."""
+    """What one batch did: the operation after it (None: not RUNNING any more), the outcomes it recorded, and the
+    retries it scheduled by shard (for the hot window: a re-drive's retries are due now)."""
 
     operation: Record | None
     outcomes: dict[str, int]
+    retries: dict[int, list[RetryDue]] = field(default_factory=dict)
 
 
 class BulkStore(Protocol):
@@ -276,8 +278,9 @@ class PostgresBulkStore:
                 row = await conn.fetchrow(Q["finish_operation"], operation_id, "FAILED", "no items left to act on")
                 return Batch(cast(Record | None, row), {})
             ids = [item["target_id"] for item in items]
+            retries: dict[int, list[RetryDue]] = {}
             if op["target"] == "executions" and not by_row:
-                results = await _act_on_executions(conn, op, ids)
+                results = await _act_on_executions(conn, op, ids, retries)
             else:
                 results = {}
                 now = datetime.now(UTC)
@@ -294,7 +297,7 @@ class PostgresBulkStore:
             row = await conn.fetchrow(
                 Q["record_outcomes"], operation_id, [i["seq"] for i in items], outcomes, [results[i][1] for i in ids]
             )
-            return Batch(cast(Record | None, row), counts)
+            return Batch(cast(Record | None, row), counts, retries)
 
     async def finish(self, operation_id: UUID, state: str, error: str | None = None) -> Record | None:
         if state not in ("FAILED", "CANCELLED"):
@@ -314,9 +317,10 @@ def _json(value: Any) -> Mapping[str, Any]:
 
 
 async def _act_on_executions(
-    conn: asyncpg.Connection, op: Record, ids: list[UUID]
+    conn: asyncpg.Connection, op: Record, ids: list[UUID], retries: dict[int, list[RetryDue]]
 ) -> dict[UUID, tuple[str, str | None]]:
-    """A batch of executions in one statement: DONE, or SKIPPED with why (the row no longer matches)."""
+    """A batch of executions in one statement: DONE, or SKIPPED with why (the row no longer matches). A re-drive's
+    retries are added to ``retries`` by shard."""
     tenant, action = op["tenant_id"], op["action"]
     statement = Q["redrive_executions"] if action == "redrive" else Q["cancel_executions"]
     changed = await conn.fetch(statement, ids, tenant, actor_of(op), op["id"])
@@ -324,6 +328,7 @@ async def _act_on_executions(
     for row in changed:
         if action == "redrive":
             results[row["id"]] = ("DONE", f"attempt {row['attempt'] + 1} due now")
+            retries.setdefault(row["shard"], []).append(RetryDue(row["id"], row["next_attempt_at"]))
         else:
             results[row["id"]] = (
                 "DONE",

@@ -193,14 +193,14 @@ WITH changed AS (
     WHERE e.id = ANY($1::uuid[]) AND e.tenant_id = $2
       AND ((texteq(e.state, 'DEAD') AND e.next_attempt_at IS NULL)
            OR (texteq(e.state, 'FAILED') AND e.held_by IS NOT NULL AND e.next_attempt_at IS NOT NULL))
-    RETURNING e.id, e.tenant_id, e.state, e.attempt
+    RETURNING e.id, e.tenant_id, e.state, e.attempt, e.shard, e.next_attempt_at
 ), audit AS (
     INSERT INTO audit_log (tenant_id, entity, entity_id, action, from_state, to_state, actor, detail)
     SELECT tenant_id, 'execution', id, 'retry_request', state, state, $3,
            jsonb_build_object('nextAttempt', attempt + 1, 'bulkOperationId', $4::uuid)
     FROM changed
 )
-SELECT id, attempt FROM changed;
+SELECT id, attempt, shard, next_attempt_at FROM changed;
 
 -- name: cancel_executions
 -- A batch of a cancel, as cancel_execution does one by one: PENDING or waiting for a retry → CANCELLED; RUNNING →
