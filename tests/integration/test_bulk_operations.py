@@ -142,7 +142,7 @@ async def test_a_redrive_acts_on_the_fixed_selection_once_and_audits_each_row(ap
     assert not due & set(other_pool + theirs + later)
     # Due now, so announced to the shard leaders at once, as the single-row retry does.
     announced = await api.redis.zrange("sundial:{0}:hot", 0, -1)
-    assert {m.decode() for m in announced} == {retry_member(i) for i in selected}
+    assert {m.decode() if isinstance(m, bytes) else m for m in announced} == {retry_member(i) for i in selected}
     audit = await api.db.fetch(
         "SELECT entity_id, actor FROM audit_log WHERE action = 'retry_request' ORDER BY entity_id"
     )
