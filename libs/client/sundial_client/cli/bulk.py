@@ -112,7 +112,7 @@ def follow(client: Client, operation: BulkOperation, args: argparse.Namespace) -
 
 def _filter(args: argparse.Namespace, target: str) -> dict[str, Any]:
     labels = dict(label.split("=", 1) for label in args.label) if args.label else None
-    since = datetime.now(UTC) - args.since if args.since is not None else None
+    since = datetime.now(UTC) - args.since if getattr(args, "since", None) is not None else None
     found: dict[str, Any] = {
         "state": args.state or None,
         "pool": args.pool,
@@ -126,8 +126,6 @@ def _filter(args: argparse.Namespace, target: str) -> dict[str, Any]:
     }
     if target == "executions":
         found["finished_from"] = since  # --since: finished in the last …
-    elif since is not None:
-        found["scheduled_from"] = since
     return {k: v for k, v in found.items() if v is not None}
 
 
@@ -194,8 +192,8 @@ def _filter_options(p: argparse.ArgumentParser, target: str) -> None:
     f.add_argument("--job", action="append", metavar="JOB_ID", help="Only this job (repeatable).")
     f.add_argument("--scheduled-from", metavar="INSTANT", help="Scheduled at or after (RFC 3339).")
     f.add_argument("--scheduled-to", metavar="INSTANT", help="Scheduled before (RFC 3339).")
-    since = "Finished within this long (e.g. 1h)." if target == "executions" else "Next fire within this long ago."
-    f.add_argument("--since", type=duration, metavar="DURATION", help=since)
+    if target == "executions":
+        f.add_argument("--since", type=duration, metavar="DURATION", help="Finished within this long (e.g. 1h).")
     p.add_argument("--tenant", help="Whose rows (an admin token only: one tenant).")
     p.add_argument("--rate", type=positive, metavar="N", help="At most N rows a second (default 500).")
     p.add_argument("--dry-run", action="store_true", help="Print the exact count and the first rows; change nothing.")
