@@ -1,7 +1,7 @@
 """bulk_operations, bulk_operation_items: one action on every job or execution a filter selects, run durably.
 
-Revision ID: 0033
-Revises: 0032
+Revision ID: 0036
+Revises: 0035
 Create Date: 2026-11-28
 
 ``bulk_operations`` is one request (``POST /v1/bulk-operations``): its target (executions or jobs), action,
@@ -20,8 +20,8 @@ New tables only: expand-only, the previous release never reads them.
 
 from sundial_common.stores.schema import run_sql_script
 
-revision = "0033"
-down_revision = "0032"
+revision = "0036"
+down_revision = "0035"
 branch_labels = None
 depends_on = None
 
