@@ -70,14 +70,14 @@ class DispatcherConfig:
     #: Seconds between passes while due work waits for room (or without wake-ups: while nothing is due).
     poll_interval_sec: float = 0.05
     #: A shard that claimed more than this many members over the last second is dispatched every poll interval
-    #: (in batches) rather than at each member's instant: a pass per instant in W3 at 2,500/s (312/s a shard) cost
-    #: 0.32 ms of dispatcher CPU per execution against 0.19 with 50 ms polls. A sparse stream (W2: 42/s a shard)
+    #: (in batches) rather than at each member's instant: a pass per instant at a steady 2,500/s (312/s a shard) cost
+    #: 0.32 ms of dispatcher CPU per execution against 0.19 with 50 ms polls. A sparse stream (333/s: 42/s a shard)
     #: and the first member after a quiet spell still go at their instant.
     dense_per_sec: float = 100.0
     #: A dense shard's passes are spaced to take about this many members each (at the rate it claimed over the
     #: last second), ``poll_interval_sec`` to ``dense_max_interval_sec`` (if longer) apart: most of a pass's cost
     #: is per pass (its round trips to Redis, Postgres and the broker), not per execution, so a moderate stream
-    #: (W3 1,500/s: 190/s a shard, ~9 a pass at 50 ms) is batched more, and a fast one (625/s a shard: 31 a
+    #: (1,500/s: 190/s a shard, ~9 a pass at 50 ms) is batched more, and a fast one (625/s a shard: 31 a
     #: pass at 50 ms) is not held back.
     dense_batch: int = 32
     dense_max_interval_sec: float = 0.1
@@ -91,7 +91,7 @@ class DispatcherConfig:
     mark_published_after_sec: float = 1.0
     #: The marks of a shard are written together, once the oldest has waited this much longer (at most
     #: ``mark_published_after_sec``): one statement every half second rather than one per pass. Marked per pass,
-    #: W3 at 1,500/s wrote 1,095 marks of ~3 rows in 30 s (6.1 s of Postgres time: the statement is planned
+    #: A steady 1,500/s wrote 1,095 marks of ~3 rows in 30 s (6.1 s of Postgres time: the statement is planned
     #: over every partition of ``executions`` each call).
     mark_published_every_sec: float = 0.5
     #: How often a due job of a suspended tenant is looked at again.
@@ -100,7 +100,7 @@ class DispatcherConfig:
     #: carrying the due instant; the worker holds each until then (sundial_worker.holding). The dispatch pass, the
     #: produce and the fetch then happen before the due instant, and a start is late only by the worker's timer and
     #: its start CAS. Not a dense shard's (``dense_per_sec``): its workers would release what a pass sent together one
-    #: due instant at a time, a start CAS each (W3 2,500/s: 7,118 CAS calls instead of 961, +0.13 ms of CPU per
+    #: due instant at a time, a start CAS each (a steady 2,500/s: 7,118 CAS calls instead of 961, +0.13 ms of CPU per
     #: execution); nor a burst claimed ahead (the fair buffer sends it at its instant, under the pools' queue caps).
     #: 0: published at the due instant. At most 1 s (the sweeper republishes what is unpublished after 5 s).
     publish_lead_sec: float = 0.0

@@ -3,8 +3,8 @@
 Each shard a process leads runs its own pass loop (:mod:`sundial_dispatcher.shards`); each pass commits its
 claims in a fenced transaction. Committed one by one, a process leading four shards paid four times a pass's
 fixed costs in Postgres and here — BEGIN, two statements planned and sent, COMMIT and its WAL flush — for ~30
-executions each in W3. :class:`GroupCommit` is what the shards' passes commit through instead: a pass that finds
-no transaction in flight starts one at once, except that it waits for the passes claiming their members at that
+executions each at a steady 2,500/s. :class:`GroupCommit` is what the shards' passes commit through instead: a pass that
+finds no transaction in flight starts one at once, except that it waits for the passes claiming their members at that
 moment (a Redis round trip, at most :data:`GATHER_SEC`); passes that come while one is in flight wait for it and
 then go together, in one transaction (:func:`commit_parts`: the store locks, each pass's planner decides here,
 the store writes). A dense shard passes on a grid its process's shards share (:mod:`sundial_dispatcher.shards`),

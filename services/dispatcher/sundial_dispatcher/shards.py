@@ -314,7 +314,7 @@ def idle_wait(
     """Seconds a pass that took less than a batch may sleep: until the earliest member (or held occurrence) is
     due, so it is claimed at its instant rather than on a poll tick, and until the triggers' or backfills' next
     run. A member that came due while the pass ran is claimed at once: sleeping a poll interval for it was most of
-    W2's dispatch stage (a shard's member every 24 ms, a pass ~25 ms long; 2 passes in 3 then waited 50 ms).
+    A 333/s spread's dispatch stage (a shard's member every 24 ms, a pass ~25 ms long; 2 passes in 3 then waited 50 ms).
 
     With wake-ups (members added due sooner are announced) at most :data:`WAKE_HORIZON_SEC`; without, the poll
     interval. Due work waiting for room in the fair buffer is looked at every poll interval (its ``next_look``).

@@ -17,8 +17,8 @@ the loop takes more from Kafka, if slots are short).
 The loop is not on a timer: a pass waits for messages up to ``poll_timeout_sec`` (or, with no slot free,
 for a handler to end), so it runs back to back until the runtime's ``stopping`` event is set. A batch's claim
 (CAS, launch, liveness write) runs as a task of its own while the loop takes the next batch, at most two at once:
-in W2 a message that reached the worker while the loop waited for a claim's round trip came ~3 ms later (P50)
-than one the loop was already waiting for. A message taken while an earlier claim of its execution is in flight
+in a 333/s spread a message that reached the worker while the loop waited for a claim's round trip came ~3 ms later
+(P50) than one the loop was already waiting for. A message taken while an earlier claim of its execution is in flight
 joins that claim. A slot is free when neither a handler nor a claim in flight holds it. Neither the loop nor a
 claim is ever cancelled — cancelling one between the start CAS and launching the handlers would strand RUNNING
 rows — so the loop checks that event at least every poll timeout and, stopping, waits for its claims; a claim

@@ -251,7 +251,7 @@ class WorkerRuntime:
         try:
             # Kept open and warmed (ExecutionStore.warm_starts): opened as the first starts came, each connection's
             # first start CAS paid for the backend's first look at the executions' partitions (150-280 ms on a
-            # loaded machine), and a burst's first executions and W2's first seconds waited for it.
+            # loaded machine), and a burst's first executions and a 333/s spread's first seconds waited for it.
             stores = await Stores.connect(
                 self.settings.database_url,
                 min_size=1,

@@ -19,7 +19,7 @@ class FairnessConfig:
     #: Twice ``counts_refresh_sec``, so the workers never run dry between two reads of the counts.
     pool_queue_sec: float = 0.5
     #: The smallest cap of a pool. A pool first seen starting work gets the cap of the start rate measured at
-    #: that read (not this floor: doubling from 4 held W2's first 1.5-2 s back), then follows its workers.
+    #: that read (not this floor: doubling from 4 held a 333/s spread's first 1.5-2 s back), then follows its workers.
     #: Small: it is what a slow pool's queue holds (8 slots of 1 s handlers: 4 queued is half a second).
     pool_queue_min: int = 4
     #: The cap of a pool whose start rate this process has not measured yet (every pool after a dispatcher start
@@ -27,8 +27,8 @@ class FairnessConfig:
     #: free slots, what they can start now (:class:`~sundial_dispatcher.fairness.OpenWork`). With a fixed
     #: ``pool_queue_cap`` there, a first burst of 1,000 ``LOW`` jobs went to the topic whole and ``HIGH`` work due
     #: during its drain waited behind all of it (one worker of 1 s handlers: P50 33 s); a fixed small cap instead
-    #: held a fast pool's first burst back (W1, two workers of 256 slots: lateness P50 0.9 -> 1.8 s). Small: a pool
-    #: nobody reads gains nothing from a long queue, and the stalled-pool rule lets its work through after
+    #: held a fast pool's first burst back (10,000 due at once, two workers of 256 slots: lateness P50 0.9 -> 1.8 s).
+    #: Small: a pool nobody reads gains nothing from a long queue, and the stalled-pool rule lets its work through after
     #: ``stalled_pool_sec``. Kept within ``pool_queue_min`` .. ``pool_queue_cap``.
     pool_queue_first: int = 8
     #: Most claimed occurrences one shard leader holds waiting for their turn.
@@ -49,7 +49,7 @@ class FairnessConfig:
     claim_ahead_min: int = 5_000
     #: A smaller burst is claimed ahead too, over a shorter horizon: ``burst_ahead_min`` members of a shard due
     #: within ``burst_ahead_sec`` (the same rate, 1,000/s a shard, so a steady stream below it is still claimed as
-    #: it falls due, without the owners' lookup). W1's 10,000 at one instant is 1,250 a shard: claimed at the due
+    #: it falls due, without the owners' lookup). A burst of 10,000 at one instant is 1,250 a shard: claimed at the due
     #: instant, the claim, the owners' lookup and the held record of every member came before the first publish.
     #: The leader looks at its window ``burst_ahead_sec`` before its earliest member is due
     #: (:meth:`FairDispatch.next_look`), so the claim has that long.
@@ -57,7 +57,7 @@ class FairnessConfig:
     burst_ahead_min: int = 1_000
     #: The first pass of a burst claimed ahead (after a second without work taken) takes at most this many of its
     #: occurrences, and the next pass follows at once: the first executions start after one small dispatch
-    #: transaction instead of one of a pool's whole share (W1 10,000: 125 a shard). 0: no head.
+    #: transaction instead of one of a pool's whole share (10,000 at once: 125 a shard). 0: no head.
     burst_head: int = 16
     #: A PENDING execution dispatched longer ago than this no longer counts against its pool's queue: its
     #: message was lost (the broker restarted, a publish failed) and the sweeper sends it again; counted,

@@ -215,9 +215,9 @@ class FairDispatch:
         does not make a pass contended: it would keep every later pass of a steady stream from sending ahead. Nor
         does what falls due there, if it fits and is no more than a burst's head: a contended pass keeps the
         members it claimed within the lead in ``early``, and the pass at their instant then found them due, was
-        contended in turn and kept the next lead's members there, and so on. In W2's first seconds the pool's first
-        cap (~90: ~11 for a shard's pass) made a pass of ~8 members contended now and then, and the stream then
-        went out at each instant instead of ahead for ~8 s: 16-41 % of those seconds' executions were committed
+        contended in turn and kept the next lead's members there, and so on. In a 333/s spread's first seconds the
+        pool's first cap (~90: ~11 for a shard's pass) made a pass of ~8 members contended now and then, and the stream
+        then went out at each instant instead of ahead for ~8 s: 16-41 % of those seconds' executions were committed
         after their due instant (P95 +32 to +184 ms). Likewise a room of one a shard for a pool not seen at all made
         every pass of more than one member contended, a sparse stream's passes among them."""
         # At most a burst head's worth: a burst claimed ahead still goes out head first (``burst_head``).

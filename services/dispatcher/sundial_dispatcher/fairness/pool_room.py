@@ -41,7 +41,7 @@ class OpenWork:
     read, a pool whose queue is at least half full has its cap set from how fast its workers drained it since
     the last read (PENDING then + published since − PENDING now); one whose workers emptied more than half of
     it while the passes held its work back (the cap, not the workers, was the limit) doubles it, or takes the
-    drain's rate if that is more (W3: a queue emptied at 2,000/s while its cap was 8). Between
+    drain's rate if that is more (a steady 2,500/s: a queue emptied at 2,000/s while its cap was 8). Between
     ``pool_queue_min`` and ``pool_queue_cap``. A pool nobody publishes to keeps its cap. A pool this process
     has not seen start anything (no worker yet, or this dispatcher just started and the pool is idle) is capped
     at what its live workers can start now: the free slots they announce (:mod:`sundial_common.hotwindow.
@@ -49,8 +49,8 @@ class OpenWork:
     burst of 512 at once, a worker of 4 slots takes 4, and the rest of the burst waits in the buffer, in priority
     order, so ``HIGH`` work due during it is queued behind what the workers are starting, not behind the whole
     burst. At the first read that sees the pool start work its cap is set from that drain, not from
-    ``pool_queue_min`` (W2: doubling from 4 to the ~166 it needed held its work back for its first 1.5-2 s). A
-    pool with no live worker announced (or while the announcements cannot be read) has the small
+    ``pool_queue_min`` (a 333/s spread: doubling from 4 to the ~166 it needed held its work back for its first 1.5-2 s).
+    A pool with no live worker announced (or while the announcements cannot be read) has the small
     ``pool_queue_first`` until a worker appears or the stalled-pool rule
     lifts it (``stalled_pool_sec``). Ordering the work
     (priority inside a tenant, the round robin across tenants) therefore happens in the buffer, not behind a
@@ -62,7 +62,7 @@ class OpenWork:
     dispatcher processes publish for the shards they lead, and a pool's jobs hash evenly over the shards, so
     that count is scaled by all shards over the shards this process leads. Without the scaling, two processes
     each measured half the drain, and a backlog's cap fell to ``pool_queue_min`` (the other's publishes outgrew
-    the starts it saw) and doubled back, again and again: W3 at 2,500/s held its work back for seconds at a time.
+    the starts it saw) and doubled back, again and again: a steady 2,500/s held its work back for seconds at a time.
 
     This is the one place that says how much each pool may take in a pass.
     """

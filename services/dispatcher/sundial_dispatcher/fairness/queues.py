@@ -131,7 +131,7 @@ class FairQueue:
     def add_arrival(self, arrival: Arrival) -> None:
         """Queue the occurrences of one claim that fell due at one instant (:class:`Arrival`), in their order.
 
-        A burst claimed ahead is thousands of them at once (W1 100,000: 12,500 a shard); queued one by one at its
+        A burst claimed ahead is thousands of them at once (100,000 at once: 12,500 a shard); queued one by one at its
         due instant, in each of the four shards a process leads, they held the burst's first transaction back (see
         :class:`EarlyWork`). None of them held yet (the usual case): each tenant lane takes its run in one step.
         Otherwise (one was claimed again meanwhile) one by one, as :meth:`add`, so none is queued twice."""

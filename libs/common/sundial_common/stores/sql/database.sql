@@ -11,7 +11,7 @@ SELECT 1;
 -- open execution may be a retry in an old day, so nothing in these statements prunes a partition: a plan made for
 -- each call's values, as the pool's plan_cache_mode would, plans every partition's indexes at every call and prunes
 -- nothing. A generic plan is made once per connection and kept until a partition's statistics change: the census
--- planned 5-17 ms a call with 38 partitions (W3 lines' plan_ms); the sweeper's four scans of a pass cost its
+-- planned 5-17 ms a call with 38 partitions (the bench lines' plan_ms at a steady load); the sweeper's four scans of a pass cost its
 -- backend ~16 ms of CPU with 40 partitions and 1,000 RUNNING rows, ~5.5 ms with generic plans.
 -- Index scans only: the partial indexes of the open phase keep an
 -- entry for every version a row had while open that no heap-only update made (each finish leaves one behind)

@@ -10,7 +10,7 @@
 -- guesses 10 elements for a parameter array and whose statistics lag a table growing by thousands of
 -- rows a second, drove the join from executions_open_idx: every call scanned all PENDING (or
 -- RUNNING) rows, or rescanned the array once per such row. Under a backlog that made one 250-row
--- finish cost 100 ms instead of 3 ms (bench W3 at 5,000/s), and the backlog grew.
+-- finish cost 100 ms instead of 3 ms (a bench at a steady 5,000/s), and the backlog grew.
 --
 -- executions and execution_attempts are partitioned by day of the id (migration 0018). A batch joined from
 -- unnest() alone would be pruned at run time, row by row, but planned over every partition: 4-6 ms of planning
