@@ -301,3 +301,25 @@ async def test_finished_operations_are_purged_after_the_retention(api: Api, stor
     assert await BulkRunner(stores.bulk).run_once() is not None
     assert await api.db.fetchval("SELECT count(*) FROM bulk_operations") == 0
     assert await api.db.fetchval("SELECT count(*) FROM bulk_operation_items") == 0
+
+
+async def test_a_trigger_is_refused_for_a_job_whose_pool_no_longer_admits_its_tenant(
+    api: Api,  # noqa: F811
+    stores: Stores,
+) -> None:
+    job = await a_job(api, name="moved-away", target={"pool": "reports", "handler": "echo"})
+    before = await api.db.fetchrow("SELECT owner, shared_with FROM pools WHERE name = 'reports'")
+    await api.db.execute("UPDATE pools SET owner = NULL, shared_with = ARRAY['another-tenant'] WHERE name = 'reports'")
+    try:
+        body = {"target": "jobs", "action": "trigger", "filter": {"jobIds": [job]}}
+        created = await bulk(api, body)
+        assert created.status_code == 202, created.text
+        finished = await run_to_end(stores, created.json()["operationId"])
+    finally:
+        restore = "UPDATE pools SET owner = $1, shared_with = $2 WHERE name = 'reports'"
+        await api.db.execute(restore, before["owner"], before["shared_with"])
+    # As a single trigger would answer 403: no new work goes to a pool the tenant may no longer use.
+    assert (finished["done"], finished["failed"]) == (0, 1)
+    items = (await api.client.get(f"/v1/bulk-operations/{finished['id']}/items", headers=api.auth())).json()
+    assert "not open to tenant" in items["items"][0]["reason"]
+    assert await api.db.fetchval("SELECT trigger_at FROM jobs WHERE id = $1", uuid.UUID(job)) is None

@@ -24,7 +24,7 @@ from uuid import UUID
 import asyncpg
 
 from sundial_common.domain.ids import new_id
-from sundial_common.stores import dependencies, executions, jobs
+from sundial_common.stores import dependencies, executions, jobs, pools
 from sundial_common.stores.database import Database
 from sundial_common.stores.queries import load_file
 from sundial_common.stores.types import Record, RetryDue
@@ -378,6 +378,9 @@ async def _act_on(conn: asyncpg.Connection, op: Record, target_id: UUID, now: da
     elif action == "resume":
         row = await conn.fetchrow(jobs.Q["resume_job"], target_id, tenant, actor)
     else:
+        refusal = await _pool_refusal(conn, target_id, tenant)
+        if refusal is not None:
+            return "FAILED", refusal
         # A whole millisecond, clear of the whole seconds cron occurrences fall on ((job, scheduledFor) is unique).
         at = now.replace(microsecond=now.microsecond - now.microsecond % 1000)
         if at.microsecond == 0:
@@ -394,3 +397,20 @@ async def _act_on(conn: asyncpg.Connection, op: Record, target_id: UUID, now: da
     if action == "trigger" and current["trigger_at"] is not None:
         return "SKIPPED", "a manual run is already pending"
     return "SKIPPED", f"is {current['state']} now: nothing to {action}"
+
+
+async def _pool_refusal(conn: asyncpg.Connection, job_id: UUID, tenant: str) -> str | None:
+    """Why a trigger of this job may not send new work to its pool (as a single trigger refuses it), or None: the
+    pool may have been unregistered, or given to another tenant, since the job was created."""
+    job = await conn.fetchrow(jobs.Q["get_job"], job_id, tenant)
+    if job is None:
+        return None  # gone: the trigger's compare-and-swap finds nothing and says so
+    row = await conn.fetchrow(pools.Q["get_pool"], job["pool"])
+    if row is None:
+        return f"pool `{job['pool']}` is not registered any more"
+    pool = pools.Pool.from_row(row)
+    if not pool.admits(tenant):
+        return f"pool `{pool.name}` is not open to tenant {tenant}"
+    if pool.staging:
+        return f"pool `{pool.name}` is a staging pool: it runs replayed messages only"
+    return None
