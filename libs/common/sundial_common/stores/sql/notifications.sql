@@ -158,20 +158,25 @@ WITH due AS (
     SELECT tenant_id, url, count(*) AS n FROM notification_sends
     WHERE sent_at > now() - interval '1 minute'
     GROUP BY tenant_id, url
-), ranked AS (
-    SELECT due.id, due.next_attempt_at,
-           row_number() OVER (PARTITION BY due.tenant_id ORDER BY due.next_attempt_at, due.id) AS nth_of_tenant,
-           row_number() OVER (PARTITION BY due.url ORDER BY due.next_attempt_at, due.id) AS nth_of_url,
-           coalesce((SELECT sum(f.n) FROM in_flight f WHERE f.tenant_id = due.tenant_id), 0) AS tenant_in_flight,
-           coalesce((SELECT sum(f.n) FROM in_flight f WHERE f.url = due.url), 0) AS url_in_flight,
-           coalesce((SELECT sum(r.n) FROM recent r WHERE r.tenant_id = due.tenant_id), 0) AS tenant_recent,
-           coalesce((SELECT sum(r.n) FROM recent r WHERE r.url = due.url), 0) AS url_recent
-    FROM due
+), url_ok AS (
+    -- First the destinations' caps, then each tenant's among what they let through: a tenant's rank counts only
+    -- deliveries its destinations may send, so a full destination does not hold back its tenant's others.
+    SELECT due.id, due.next_attempt_at, due.tenant_id
+    FROM (
+        SELECT due.*, row_number() OVER (PARTITION BY due.url ORDER BY due.next_attempt_at, due.id) AS nth_of_url
+        FROM due
+    ) due
+    WHERE coalesce((SELECT sum(f.n) FROM in_flight f WHERE f.url = due.url), 0) + due.nth_of_url <= $4
+      AND coalesce((SELECT sum(r.n) FROM recent r WHERE r.url = due.url), 0) + due.nth_of_url <= $6
 ), allowed AS (
-    SELECT id FROM ranked
-    WHERE tenant_in_flight + nth_of_tenant <= $3 AND url_in_flight + nth_of_url <= $4
-      AND tenant_recent + nth_of_tenant <= $5 AND url_recent + nth_of_url <= $6
-    ORDER BY next_attempt_at, id LIMIT $1
+    SELECT id FROM (
+        SELECT ok.id, ok.next_attempt_at, ok.tenant_id,
+               row_number() OVER (PARTITION BY ok.tenant_id ORDER BY ok.next_attempt_at, ok.id) AS nth_of_tenant
+        FROM url_ok ok
+    ) ok
+    WHERE coalesce((SELECT sum(f.n) FROM in_flight f WHERE f.tenant_id = ok.tenant_id), 0) + ok.nth_of_tenant <= $3
+      AND coalesce((SELECT sum(r.n) FROM recent r WHERE r.tenant_id = ok.tenant_id), 0) + ok.nth_of_tenant <= $5
+    ORDER BY ok.next_attempt_at, ok.id LIMIT $1
 ), claimed AS (
     UPDATE notification_deliveries d
     SET claimed_until = now() + make_interval(secs => $2::float8), attempts = d.attempts + 1
