@@ -272,3 +272,33 @@ async def test_sso_is_off_by_default(api: Api) -> None:
     form = await b.http.get("/ui/sign-in", headers={"X-Forwarded-Email": "alice@example.com"})
     assert form.status_code == 200 and "Bearer token" in form.text  # the header means nothing
     assert (await b.http.get("/ui/jobs")).status_code == 303
+
+
+async def test_the_dead_letters_are_re_driven_in_bulk_after_their_count_is_seen(api: Api, browser: Browser) -> None:
+    job_id = await a_job(api)
+    for minutes in (1, 2, 3):
+        pool = "reports" if minutes == 3 else "demo"  # one outside the filter
+        scheduled = NOW - timedelta(minutes=minutes)
+        await insert_execution(
+            api, job_id, scheduled, pool=pool, state="DEAD", attempt=3, max_attempts=3, finished_at=NOW
+        )
+    listing = await browser.http.get("/ui/dead-letters?pool=demo")
+    assert 'data-testid="bulk-redrive"' in listing.text
+    sent = {"csrf": csrf_of(listing.text), "pool": "demo", "handler": ""}
+    preview = await browser.http.post("/ui/dead-letters/redrive", data=sent)
+    assert preview.status_code == 200 and 'data-testid="bulk-count">2 dead letters match' in preview.text
+    assert await api.db.fetchval("SELECT count(*) FROM bulk_operations") == 0  # counted, nothing created
+    started = await browser.http.post("/ui/dead-letters/redrive", data={**sent, "confirm": "yes"})
+    assert started.status_code == 303 and started.headers["location"].startswith("/ui/bulk/"), started.text[:2000]
+    operation = started.headers["location"]
+    detail = await browser.http.get(operation)
+    assert 'data-testid="bulk-state">PREPARING<' in detail.text or 'data-testid="bulk-state">RUNNING<' in detail.text
+    selected = await api.db.fetchval("SELECT filter FROM bulk_operations")
+    assert "DEAD" in str(selected) and "demo" in str(selected)
+    # Another tenant sees none of it; the owner cancels it.
+    other = Browser(api)
+    await other.sign_in(token(api, "other"))
+    assert (await other.http.get(operation)).status_code == 404
+    cancelled = await browser.http.post(f"{operation}/cancel", data={"csrf": sent["csrf"]})
+    assert cancelled.status_code == 303
+    assert 'data-testid="bulk-state">CANCELLED<' in (await browser.http.get(operation)).text

@@ -15,6 +15,7 @@ from starlette.staticfiles import StaticFiles
 from sundial_api.console import (
     admin_pages,
     backfill_pages,
+    bulk_pages,
     events,
     execution_pages,
     job_edit,
@@ -37,6 +38,7 @@ def install(app: FastAPI) -> None:
     app.include_router(pool_pages.router)
     app.include_router(replay_pages.router)
     app.include_router(backfill_pages.router)
+    app.include_router(bulk_pages.router)
     app.include_router(admin_pages.router)
     app.include_router(events.router)
     app.mount("/ui/static", StaticFiles(directory=STATIC), name="console-static")
