@@ -18,6 +18,7 @@ import asyncio
 import statistics
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import asyncpg
 import httpx
@@ -101,16 +102,8 @@ async def test_high_jobs_start_on_time_behind_a_low_backlog_of_their_own_tenant(
         await conn.close()
 
     assert all(r["priority"] == r["job_priority"] for r in rows)
-    late = sorted((r["started_at"] - r["due"]).total_seconds() for r in rows if r["priority"] == "HIGH")
-    last_high = max(r["started_at"] for r in rows if r["priority"] == "HIGH")
-    low_after = sum(1 for r in rows if r["priority"] == "LOW" and r["started_at"] > last_high)
+    late, low_after, waits = high_outcome(rows)
     drained = (max(r["started_at"] for r in rows) - start).total_seconds()
-    # Where a late one waited: before its execution was created (the buffer) or after (the pool's topic).
-    waits = sorted(
-        ((r["created_at"] - r["due"]).total_seconds(), (r["started_at"] - r["created_at"]).total_seconds())
-        for r in rows
-        if r["priority"] == "HIGH"
-    )
     print(
         f"\nHIGH lateness: P50 {statistics.median(late):.2f} s, max {late[-1]:.2f} s (buffered up to"
         f" {max(w[0] for w in waits):.2f} s, queued up to {max(w[1] for w in waits):.2f} s); {low_after} LOW jobs"
@@ -159,27 +152,11 @@ async def test_high_jobs_start_on_time_behind_the_first_low_burst_a_fresh_dispat
             await register(client, token, [{**low, "payload": {"seconds": 0.25}}] * FIRST_LOW + [high] * FIRST_HIGH)
             assert datetime.now(UTC) < start, "registration ran past the burst's due time"
 
-            deadline = start + timedelta(seconds=60)
-            expected = FIRST_LOW + FIRST_HIGH
-            while await conn.fetchval("SELECT count(*) FROM executions WHERE started_at IS NOT NULL") < expected:
-                assert datetime.now(UTC) < deadline, "the burst did not drain"
-                await asyncio.sleep(0.5)  # polling Postgres for progress; there is no event to wait on
-            rows = await conn.fetch(
-                "SELECT e.priority, e.started_at, e.created_at, coalesce(e.fire_at, e.scheduled_for) AS due"
-                " FROM executions e WHERE e.tenant_id = 'acme'"
-            )
+            rows = await started_rows(conn, FIRST_LOW + FIRST_HIGH, start + timedelta(seconds=60), "the burst")
     finally:
         await conn.close()
 
-    late = sorted((r["started_at"] - r["due"]).total_seconds() for r in rows if r["priority"] == "HIGH")
-    last_high = max(r["started_at"] for r in rows if r["priority"] == "HIGH")
-    low_after = sum(1 for r in rows if r["priority"] == "LOW" and r["started_at"] > last_high)
-    # Where a late one waited: before its execution was created (the buffer) or after (the pool's topic).
-    waits = sorted(
-        ((r["created_at"] - r["due"]).total_seconds(), (r["started_at"] - r["created_at"]).total_seconds())
-        for r in rows
-        if r["priority"] == "HIGH"
-    )
+    late, low_after, waits = high_outcome(rows)
     print(
         f"\nfirst burst, HIGH lateness: P50 {statistics.median(late):.2f} s, max {late[-1]:.2f} s;"
         f" {low_after} LOW jobs started after the last HIGH one; (buffered s, queued s): {waits}"
@@ -229,18 +206,35 @@ async def test_high_jobs_start_on_time_behind_a_low_backlog_right_after_a_dispat
             }
             await register(client, token, [high] * FIRST_HIGH)
 
-            deadline = start + timedelta(seconds=90)
-            expected = RESTART_LOW + FIRST_HIGH
-            while await conn.fetchval("SELECT count(*) FROM executions WHERE started_at IS NOT NULL") < expected:
-                assert datetime.now(UTC) < deadline, "the backlog did not drain"
-                await asyncio.sleep(0.5)  # polling Postgres for progress; there is no event to wait on
-            rows = await conn.fetch(
-                "SELECT e.priority, e.started_at, e.created_at, coalesce(e.fire_at, e.scheduled_for) AS due"
-                " FROM executions e WHERE e.tenant_id = 'acme'"
-            )
+            rows = await started_rows(conn, RESTART_LOW + FIRST_HIGH, start + timedelta(seconds=90), "the backlog")
     finally:
         await conn.close()
 
+    late, low_after, waits = high_outcome(rows)
+    print(
+        f"\nafter a dispatcher restart, HIGH lateness: P50 {statistics.median(late):.2f} s, max {late[-1]:.2f} s;"
+        f" {low_after} LOW jobs started after the last HIGH one; (buffered s, queued s): {waits}"
+    )
+    assert len(late) == FIRST_HIGH and late[-1] <= 4.0, f"HIGH (buffered s, queued s): {waits}"
+    assert low_after >= 20, "the LOW backlog was not draining any more when the HIGH jobs ran"
+
+
+async def started_rows(conn: asyncpg.Connection, expected: int, deadline: datetime, what: str) -> list[Any]:
+    """Every execution's priority, start, creation and due time, once ``expected`` of them have started."""
+    while await conn.fetchval("SELECT count(*) FROM executions WHERE started_at IS NOT NULL") < expected:
+        assert datetime.now(UTC) < deadline, f"{what} did not drain"
+        await asyncio.sleep(0.5)  # polling Postgres for progress; there is no event to wait on
+    return list(
+        await conn.fetch(
+            "SELECT e.priority, e.started_at, e.created_at, coalesce(e.fire_at, e.scheduled_for) AS due"
+            " FROM executions e WHERE e.tenant_id = 'acme'"
+        )
+    )
+
+
+def high_outcome(rows: list[Any]) -> tuple[list[float], int, list[tuple[float, float]]]:
+    """The HIGH jobs' lateness (sorted), how many LOW jobs started after the last HIGH one, and where each HIGH one
+    waited: before its execution was created (the buffer) or after (the pool's topic)."""
     late = sorted((r["started_at"] - r["due"]).total_seconds() for r in rows if r["priority"] == "HIGH")
     last_high = max(r["started_at"] for r in rows if r["priority"] == "HIGH")
     low_after = sum(1 for r in rows if r["priority"] == "LOW" and r["started_at"] > last_high)
@@ -249,9 +243,4 @@ async def test_high_jobs_start_on_time_behind_a_low_backlog_right_after_a_dispat
         for r in rows
         if r["priority"] == "HIGH"
     )
-    print(
-        f"\nafter a dispatcher restart, HIGH lateness: P50 {statistics.median(late):.2f} s, max {late[-1]:.2f} s;"
-        f" {low_after} LOW jobs started after the last HIGH one; (buffered s, queued s): {waits}"
-    )
-    assert len(late) == FIRST_HIGH and late[-1] <= 4.0, f"HIGH (buffered s, queued s): {waits}"
-    assert low_after >= 20, "the LOW backlog was not draining any more when the HIGH jobs ran"
+    return late, low_after, waits
