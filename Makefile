@@ -113,8 +113,11 @@ define kill_pid_files
 	for p in $$alive; do kill -KILL -- "-$$p" 2>/dev/null || kill -KILL "$$p" 2>/dev/null; done; true
 endef
 
-chaos: deps ## Run the fault tests (real processes, one fault at a time) and print what each fault cost
-	@uv run --frozen pytest tests/faults -q $(PYTEST_ARGS); status=$$?; uv run --frozen python -m tests.faults.recovery; exit $$status
+# The rolling upgrade runs here at full size (SUNDIAL_ROLLING_UPGRADE=full: several cron jobs, hundreds of one-shots,
+# two replicas of each kind); `make test` runs its small stream.
+chaos: deps ## Run the fault tests (real processes, one fault at a time) and the full-size rolling upgrade; print what each cost
+	@SUNDIAL_ROLLING_UPGRADE=full uv run --frozen pytest tests/faults tests/e2e/test_rolling_upgrade.py -q $(PYTEST_ARGS); \
+	status=$$?; uv run --frozen python -m tests.faults.recovery; exit $$status
 
 bench: deps ## Benchmark: stack on its own ports, workloads W1-W4 + raw ceilings, then the ClickHouse replica and the console's pages; appends to bench/results/<workload>.jsonl (python -m bench --help)
 	uv run --frozen python -m bench $(BENCH_ARGS)
