@@ -27,7 +27,7 @@ from sundial_common.runtime import dev_stack
 from sundial_infra.process import ServerError, read_pid_file, tail, write_pid_file
 from sundial_infra.servers.base import Server
 from sundial_infra.stack import DEV_PORTS, LocalStack, Ports
-from sundial_infra.supervisor import Backoff, ProcessSpec, Supervisor, default_processes, sundial_argv
+from sundial_infra.supervisor import Backoff, ProcessSpec, Supervisor, default_processes, gateway_port, sundial_argv
 
 log = logging.getLogger("sundial.infra.dev")
 
@@ -121,6 +121,7 @@ def _display(path: Path) -> str:
 
 def banner(layout: DevLayout, stack: LocalStack) -> str:
     api = f"http://127.0.0.1:{stack.ports.api}"
+    gateway = f"http://127.0.0.1:{gateway_port(stack.ports.api)}"
     prometheus = (
         ""
         if stack.prometheus is None
@@ -137,6 +138,7 @@ Sundial is up.
   Console    {api}/ui   (one-click sign-in as tenant demo from this machine)
   API        {api}   (OpenAPI: {api}/openapi.json)
   API docs   {api}/docs   (Swagger UI; ReDoc: {api}/redoc)
+  Gateway    {gateway}   (workers in any language, holding only a pool token)
   Postgres   {stack.postgres_dsn}
   Redis      {stack.redis_url}
   etcd       {stack.etcd_endpoint}

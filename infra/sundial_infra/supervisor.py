@@ -67,6 +67,11 @@ SINGLETONS = "hydrator,sweeper,replayer"
 """The singleton services each ``services-N`` process of the development environment hosts."""
 
 
+def gateway_port(api_port: int) -> int:
+    """The worker gateway's HTTP port in the development stack: the one after the API's."""
+    return api_port + 1
+
+
 def default_processes(
     api_port: int = DEV_PORTS.api, metrics_ports: Sequence[int] = DEV_METRICS_PORTS
 ) -> tuple[ProcessSpec, ...]:
@@ -87,7 +92,7 @@ def default_processes(
         ("worker", "worker", "--app", "sundial_worker.demo:worker"),
         ("worker-staging", "worker", "--app", "sundial_worker.demo:staging_worker"),
         # Workers in any language reach the pools through it, on the port after the API's.
-        ("gateway", "gateway", "--host", "127.0.0.1", "--port", str(api_port + 1)),
+        ("gateway", "gateway", "--host", "127.0.0.1", "--port", str(gateway_port(api_port))),
         # One replica: the embedded chDB engine's data (.sundial/analytics/chdb) belongs to one process.
         ("analytics", "analytics"),
     ]
