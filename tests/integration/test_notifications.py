@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import asyncpg
 import pytest
 from redis.asyncio import Redis
 from standardwebhooks import Webhook
@@ -20,6 +21,7 @@ from sundial_common.broker.messages import DLQ_TOPIC, pool_topic
 from sundial_common.domain.ids import new_id
 from sundial_common.hotwindow.window import HotWindow
 from sundial_common.stores import Stores
+from sundial_common.stores.breakers import Transition
 from sundial_sweeper.breakers import BreakerLoop, BreakerLoopConfig
 from sundial_sweeper.incidents import (
     IncidentRetention,
@@ -253,9 +255,7 @@ async def test_a_breaker_that_opens_and_closes_is_told_to_its_pools_subscribers(
     try:
         messages = await make_executions(stores, pool, "storm", 30, retry_policy=RETRY)
         await fail_attempts(stores, [uuid.UUID(m.execution_id) for m in messages], 1)
-        judge = BreakerLoop(
-            stores.breakers, HotWindow(redis), BreakerLoopConfig(defaults=SETTINGS), incidents=stores.notifications
-        )
+        judge = BreakerLoop(stores.breakers, HotWindow(redis), BreakerLoopConfig(defaults=SETTINGS))
         assert (await judge.run_once()).opened == 1
         assert (await judge.run_once()).opened == 0
         # The tenant turns its breakers off: the open one closes.
@@ -263,7 +263,6 @@ async def test_a_breaker_that_opens_and_closes_is_told_to_its_pools_subscribers(
             stores.breakers,
             HotWindow(redis),
             BreakerLoopConfig(defaults=dataclasses.replace(SETTINGS, enabled=False)),
-            incidents=stores.notifications,
         )
         assert (await off.run_once()).closed == 1
     finally:
@@ -273,6 +272,37 @@ async def test_a_breaker_that_opens_and_closes_is_told_to_its_pools_subscribers(
     events = [Webhook(created["secret"]).verify(r.body, r.headers) for r in receiver.received]
     assert sorted(e["type"] for e in events) == ["breaker.closed", "breaker.opened"]
     assert {(e["data"]["pool"], e["data"]["handler"]) for e in events} == {(pool, "storm")}
+
+
+@pytest.mark.parametrize("api", LOOPBACK_ALLOWED, indirect=True)
+async def test_an_operator_opening_and_closing_a_breaker_is_told_once_each_with_the_move(
+    api: Api,  # noqa: F811
+    receiver: WebhookReceiver,
+    stores: Stores,
+) -> None:
+    created = await subscribe(api, receiver.url, events=["breaker.opened", "breaker.closed"])
+    await api.db.execute("INSERT INTO breakers (tenant_id, pool, handler) VALUES ($1, 'demo', 'send')", TENANT)
+    [breaker] = await stores.breakers.tenant_breakers(TENANT, "demo", None)
+    # A move whose incident cannot be written does not happen either: they are one transaction.
+    await api.db.execute(
+        "CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE 'refused'; END $$;"
+        "CREATE TRIGGER refuse BEFORE INSERT ON notification_incidents FOR EACH ROW EXECUTE FUNCTION refuse()"
+    )
+    with pytest.raises(asyncpg.RaiseError, match="refused"):
+        await stores.breakers.transition(Transition(breaker, "OPEN", "opened_by_operator", "ops", manual=True))
+    assert await stores.breakers.get_breaker(TENANT, breaker.id) == breaker
+    await api.db.execute("DROP TRIGGER refuse ON notification_incidents")
+
+    for action in (":open", ":open", ":close", ":close"):  # the second of each changes nothing, tells nothing
+        assert (await api.client.post(f"/v1/breakers/{breaker.id}{action}", headers=api.auth())).status_code == 200
+    await deliveries_of(api).run_once()
+    await wait_until(lambda: _received(receiver, 2), "both notifications")
+    events = [Webhook(created["secret"]).verify(r.body, r.headers) for r in receiver.received]
+    assert sorted((e["type"], e["data"]["byOperator"]) for e in events) == [
+        ("breaker.closed", True),
+        ("breaker.opened", True),
+    ]
+    assert await stores.database.pool.fetchval("SELECT count(*) FROM notification_incidents") == 2
 
 
 @pytest.mark.parametrize("api", LOOPBACK_ALLOWED, indirect=True)

@@ -32,8 +32,9 @@ handler that was failing before the restart is, as far as anyone knows, failing 
 every held retry at once into a downstream that may still be down. ``sundial breakers list`` and
 ``GET /v1/breakers`` show what is open; an operator closes a breaker with ``:close``.
 
-Every transition is a compare-and-set on the breaker's version with its audit row in the same statement, so
-a second sweeper (after a failover) can only lose the race, and gets a span event (``breaker.opened`` …).
+Every transition is a compare-and-set on the breaker's version with its audit row in the same statement (and,
+in the same transaction, its notification incident when it leaves or reaches CLOSED), so a second sweeper
+(after a failover) can only lose the race, and gets a span event (``breaker.opened`` …).
 The ``sundial_breaker_state`` and ``sundial_breaker_held_retries`` gauges are set from the breakers each pass.
 """
 
@@ -63,10 +64,7 @@ from sundial_common.stores.breakers import (
     Transition,
     WindowBucket,
 )
-from sundial_common.stores.notifications import NotificationStore
 from sundial_common.stores.types import Occurrence, RetryDue
-
-from sundial_sweeper.incidents import breaker_incident
 
 log = logging.getLogger("sundial.breakers")
 
@@ -122,10 +120,8 @@ class BreakerLoop:
         store: BreakerStore,
         hot_window: HotWindow | None,
         config: BreakerLoopConfig,
-        incidents: NotificationStore | None = None,
     ) -> None:
         self.store = store
-        self.incidents = incidents
         self.hot_window = hot_window
         self.config = config
         self._state: Children[Gauge] = Children(BREAKER_STATE)
@@ -196,8 +192,6 @@ class BreakerLoop:
                 continue
             self._gauge(moved)
             record_transition(moved, move.action, move.detail)
-            if self.incidents is not None and (incident := breaker_incident(breaker, moved)) is not None:
-                await self.incidents.record_incidents([incident])
             log.warning(
                 "breaker %s/%s/%s %s → %s (%d of %d attempts failed; held %d)",
                 moved.tenant_id,

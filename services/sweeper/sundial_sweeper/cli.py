@@ -48,7 +48,7 @@ async def serve(settings: SweeperSettings, stop: asyncio.Event) -> None:
         restart = BrokerRestartRepublisher(stores.dispatch, publisher, incarnation, config.batch_size)
         sweeper = Sweeper(stores, publisher, config, redis=redis, broker_restart=restart, consumed=consumed)
         breaker_config = settings.breaker_config()
-        breakers = BreakerLoop(stores.breakers, sweeper.hot_window, breaker_config, incidents=stores.notifications)
+        breakers = BreakerLoop(stores.breakers, sweeper.hot_window, breaker_config)
         partition_config = settings.partition_config()
         partitions = PartitionLoop(stores.partitions, partition_config)
         retention = JobRetention(stores.jobs, stores.dependencies, stores.partitions, settings.job_retention_config())

@@ -8,11 +8,9 @@ the two reads the same rows again, and their incidents, keyed ``execution.dead:<
 there: one incident per execution, whichever sweeper replica recorded it. The incident carries no tenant data
 the sweeper could not read in the clear: the error's class, never its (sealed) message.
 
-A breaker's incidents are its state changes as users see them: **opened** when it leaves CLOSED, **closed**
-when it comes back to CLOSED (its probes through HALF_OPEN and back to OPEN are one long outage, not new ones).
-Each is keyed by the breaker and the version its compare-and-set gave it, so an incident is recorded once even
-if two sweepers judged the same window; it is recorded just after the move, so a sweeper that dies in between
-loses that one notification (the move, and its audit row, stand).
+A breaker's incidents (**opened** when it leaves CLOSED, **closed** when it comes back) are recorded by the
+breaker store in the transaction of the move itself
+(:func:`~sundial_common.stores.breakers.breaker_incident`), whoever moved it: the sweeper's loop or an operator.
 
 **Late starts** are found by the database's clock, not reported by anyone: :class:`LateStarts` looks, each pass,
 for occurrences not started a grace after they were due — a job whose fire time passed with no execution made
@@ -38,14 +36,11 @@ from dataclasses import dataclass
 from uuid import UUID
 
 from sundial_common.runtime.clock import to_ms
-from sundial_common.stores.breakers import CLOSED, Breaker
 from sundial_common.stores.notifications import Incident, NotificationStore
 from sundial_common.stores.types import Record
 
 DEAD = "execution.dead"
 LATE = "execution.late"
-BREAKER_OPENED = "breaker.opened"
-BREAKER_CLOSED = "breaker.closed"
 FAILING = "execution.failing"
 RECOVERED = "execution.recovered"
 #: The outcomes of a finished occurrence, and the change event from the other one.
@@ -79,30 +74,6 @@ def dead_incidents(rows: Iterable[Record]) -> list[Incident]:
             )
         )
     return incidents
-
-
-def breaker_incident(before: Breaker, after: Breaker) -> Incident | None:
-    """The incident of a breaker's move from ``before`` to ``after``, if users would call it one."""
-    if before.state == CLOSED and after.state != CLOSED:
-        event = BREAKER_OPENED
-    elif before.state != CLOSED and after.state == CLOSED:
-        event = BREAKER_CLOSED
-    else:
-        return None
-    return Incident(
-        tenant_id=after.tenant_id,
-        event=event,
-        incident_key=f"{event}:{after.id}:{after.version}",
-        pool=after.pool,
-        detail={
-            "breakerId": str(after.id),
-            "handler": after.handler,
-            "state": after.state,
-            "attempts": after.attempts,
-            "failures": after.failures,
-            "manual": after.manual,
-        },
-    )
 
 
 @dataclass(frozen=True)

@@ -79,6 +79,7 @@ from sundial_common.observability.tracing import (
     tracer,
 )
 from sundial_common.runtime.clock import Clock, SystemClock
+from sundial_common.runtime.crashpoints import crash_point
 from sundial_common.stores import Stores
 from sundial_common.stores.executions import Finished, LostAttempt
 from sundial_common.stores.types import Record, RetryDue
@@ -517,6 +518,7 @@ class Sweeper:
             return 0
         # Before the rows are marked: a pass that dies after this records them again, as nothing new.
         await self.stores.notifications.record_incidents(dead_incidents(rows))
+        crash_point("sweeper.after_incidents")  # recorded, not published nor marked: the next pass's again
         spans = [send_span(row, "dead letter", DLQ_TOPIC) for row in rows]
         sent = await self.dead_letterer.send(
             [_dead_letter(row, traceparent(span)) for row, span in zip(rows, spans, strict=True)],

@@ -8,7 +8,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from sundial_sweeper.incidents import breaker_incident, outcome_incidents
+from sundial_common.stores.breakers import breaker_incident
+from sundial_sweeper.incidents import outcome_incidents
 
 from tests.unit.sweeper.test_breaker_rules import breaker
 

@@ -21,8 +21,10 @@ sweeper see the same state and a leader change neither releases held retries ear
   judged then, not a cool-down later: a handler that stays broken fills the dead-letter queue within
   ``maxHoldSec`` plus its backoff, and no call reaches a downstream that is still down.
 - **Transitions** (:meth:`BreakerStore.transition`) are compare-and-sets on the breaker's version that write
-  their audit row in the same statement; closing releases the held retries spread over a window
-  (:meth:`BreakerStore.release_held`).
+  their audit row in the same statement, and in the same transaction the notification incident of a move out
+  of or back to CLOSED (:func:`breaker_incident`), whoever made it (the sweeper's loop or an operator): the move
+  and its incident commit together, so a process killed between the two cannot lose the notification; closing
+  releases the held retries spread over a window (:meth:`BreakerStore.release_held`).
 
 SQL: ``sql/breakers.sql``.
 """
@@ -40,6 +42,7 @@ import asyncpg
 
 from sundial_common.domain.retry_policy import RetryPolicy
 from sundial_common.stores.database import Database
+from sundial_common.stores.notifications import Incident, record_incidents_on
 from sundial_common.stores.queries import load_file
 from sundial_common.stores.types import Record
 
@@ -56,6 +59,8 @@ STATE_VALUES: Mapping[str, int] = {CLOSED: 0, HALF_OPEN: 1, OPEN: 2}
 HOLD_JITTER_SEC = 2.0
 #: The largest ``maxHoldSec`` (a week).
 MAX_HOLD_SEC = 604_800
+BREAKER_OPENED = "breaker.opened"
+BREAKER_CLOSED = "breaker.closed"
 #: Who the audit log and the attempt row name for an attempt a breaker ended without running.
 HOLD_ACTOR = "breaker"
 
@@ -306,9 +311,17 @@ class PostgresBreakerStore:
             )
 
     async def transition(self, move: Transition) -> Breaker | None:
-        """Compare-and-set ``move`` with its audit row; None when the breaker changed meanwhile."""
+        """Compare-and-set ``move`` with its audit row and its incident; None when the breaker changed meanwhile."""
         b = move.breaker
-        row = await self._db.pool.fetchrow(
+        async with self._db.pool.acquire() as conn, conn.transaction():
+            moved = await self._transition_on(conn, move)
+            if moved is not None and (incident := breaker_incident(b, moved, move.action)) is not None:
+                await record_incidents_on(conn, [incident])
+        return moved
+
+    async def _transition_on(self, conn: asyncpg.Connection, move: Transition) -> Breaker | None:
+        b = move.breaker
+        row = await conn.fetchrow(
             Q["transition"],
             b.id,
             b.version,
@@ -339,6 +352,34 @@ class PostgresBreakerStore:
             Q["release_first_fires"], breaker.tenant_id, breaker.pool, breaker.handler, spread_sec
         )
         return [Released(r["id"], r["shard"], r["next_fire_at"]) for r in rows]
+
+
+def breaker_incident(before: Breaker, after: Breaker, action: str = "") -> Incident | None:
+    """The incident of a breaker's move from ``before`` to ``after``, if users would call it one: **opened**
+    when it leaves CLOSED, **closed** when it comes back (its probes through HALF_OPEN and back to OPEN are one
+    long outage, not new ones). Keyed by the breaker and the version the move gave it: recorded once, whoever
+    judged the same window. ``action`` is the audited action (``opened_by_operator`` for an operator's hand)."""
+    if before.state == CLOSED and after.state != CLOSED:
+        event = BREAKER_OPENED
+    elif before.state != CLOSED and after.state == CLOSED:
+        event = BREAKER_CLOSED
+    else:
+        return None
+    return Incident(
+        tenant_id=after.tenant_id,
+        event=event,
+        incident_key=f"{event}:{after.id}:{after.version}",
+        pool=after.pool,
+        detail={
+            "breakerId": str(after.id),
+            "handler": after.handler,
+            "state": after.state,
+            "attempts": after.attempts,
+            "failures": after.failures,
+            "manual": after.manual,
+            "byOperator": action.endswith("_by_operator"),
+        },
+    )
 
 
 async def gate_retries(conn: asyncpg.Connection, execution_ids: Sequence[UUID]) -> GateResult:

@@ -15,6 +15,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol, cast
 from uuid import UUID
 
+import asyncpg
+
 from sundial_common.domain.ids import new_id
 from sundial_common.stores.database import Database
 from sundial_common.stores.queries import load_file
@@ -176,11 +178,8 @@ class PostgresNotificationStore:
         return cast(Record | None, row)
 
     async def record_incidents(self, incidents: Sequence[Incident]) -> tuple[int, int]:
-        if not incidents:
-            return 0, 0
-        row = await self._db.pool.fetchrow(Q["record_incidents"], [asdict(i) for i in incidents])
-        assert row is not None
-        return int(row["incidents"]), int(row["deliveries"])
+        async with self._db.pool.acquire() as conn:
+            return await record_incidents_on(conn, incidents)
 
     async def late_starts(self, grace_sec: float, limit: int) -> list[Record]:
         return list(await self._db.pool.fetch(Q["late_starts"], grace_sec, limit))
@@ -234,3 +233,13 @@ class PostgresNotificationStore:
     async def prune_incidents(self, keep_days: int, limit: int) -> int:
         status = await self._db.pool.execute(Q["prune_incidents"], keep_days, limit)
         return int(status.split()[-1])
+
+
+async def record_incidents_on(conn: asyncpg.Connection, incidents: Sequence[Incident]) -> tuple[int, int]:
+    """:meth:`NotificationStore.record_incidents` on ``conn``: inside the caller's transaction, so the change
+    an incident tells of and the incident commit together or not at all."""
+    if not incidents:
+        return 0, 0
+    row = await conn.fetchrow(Q["record_incidents"], [asdict(i) for i in incidents])
+    assert row is not None
+    return int(row["incidents"]), int(row["deliveries"])
