@@ -17,6 +17,7 @@ from redis.asyncio import Redis
 from sundial_common.broker.kafka import KafkaIncarnation, KafkaPublisher
 from sundial_common.commands.host import HostedService
 from sundial_common.coordination.singleton import run_singleton
+from sundial_common.hotwindow.worker_announcements import WorkerAnnouncements
 from sundial_common.runtime.instrumentation import observed
 from sundial_common.runtime.logs import setup_logging
 from sundial_common.runtime.service import every, run
@@ -26,9 +27,11 @@ from sundial_common.stores import Stores
 from sundial_sweeper.breakers import BreakerLoop
 from sundial_sweeper.broker_restart import BrokerRestartRepublisher
 from sundial_sweeper.consumed import ConsumedHorizon
+from sundial_sweeper.finished_operations import FinishedOperations
 from sundial_sweeper.incidents import IncidentRetention, LateStarts, OutcomeChanges
 from sundial_sweeper.job_retention import JobRetention
 from sundial_sweeper.partitions import PartitionLoop
+from sundial_sweeper.pool_episodes import PoolEpisodes
 from sundial_sweeper.settings import SweeperSettings
 from sundial_sweeper.sweeper import Sweeper
 
@@ -54,6 +57,8 @@ async def serve(settings: SweeperSettings, stop: asyncio.Event) -> None:
         retention = JobRetention(stores.jobs, stores.dependencies, stores.partitions, settings.job_retention_config())
         late_starts = LateStarts(stores.notifications, settings.late_starts_config())
         outcome_changes = OutcomeChanges(stores.notifications, settings.outcome_changes_config())
+        finished_operations = FinishedOperations(stores.notifications, settings.finished_operations_config())
+        pool_episodes = PoolEpisodes(stores.notifications, WorkerAnnouncements(redis), settings.pool_episodes_config())
         incident_retention = IncidentRetention(stores.notifications, settings.incident_retention_config())
         log.info("sweeper started")
 
@@ -88,6 +93,19 @@ async def serve(settings: SweeperSettings, stop: asyncio.Event) -> None:
                             name="outcome-changes",
                         ),
                         name="outcome-changes",
+                    )
+                    loops.create_task(
+                        every(
+                            until,
+                            finished_operations.config.interval_sec,
+                            finished_operations.run_once,
+                            name="finished-operations",
+                        ),
+                        name="finished-operations",
+                    )
+                    loops.create_task(
+                        every(until, pool_episodes.config.interval_sec, pool_episodes.run_once, name="pool-episodes"),
+                        name="pool-episodes",
                     )
                     loops.create_task(
                         every(

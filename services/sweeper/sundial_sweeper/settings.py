@@ -7,9 +7,11 @@ from sundial_common.runtime.settings import CommonSettings
 from sundial_common.stores.breakers import MAX_HOLD_SEC, BreakerSettings
 
 from sundial_sweeper.breakers import BreakerLoopConfig
+from sundial_sweeper.finished_operations import FinishedOperationsConfig
 from sundial_sweeper.incidents import IncidentRetentionConfig, LateStartsConfig, OutcomeChangesConfig
 from sundial_sweeper.job_retention import JobRetentionConfig
 from sundial_sweeper.partitions import PartitionLoopConfig
+from sundial_sweeper.pool_episodes import PoolEpisodesConfig
 from sundial_sweeper.sweeper import SweeperConfig
 
 _B = BreakerSettings()
@@ -102,12 +104,37 @@ class SweeperSettings(CommonSettings):
         "nothing is scanned while no tenant is).",
     )
 
+    operation_finished_interval_sec: float = Field(
+        15.0,
+        gt=0,
+        le=3600,
+        description="Seconds between passes of the scan for `backfill.finished`, `replay.finished` and "
+        "`bulk.finished` incidents (the operations of subscribed tenants that finished in the last day; nothing is "
+        "scanned while no tenant is subscribed).",
+    )
+    pool_unserved_grace_sec: float = Field(
+        60.0,
+        ge=0,
+        le=86400,
+        description="How long a pool must have work (PENDING executions) and no live worker before a "
+        "`pool.unserved` incident is recorded for its tenants' subscriptions.",
+    )
+    pool_unserved_interval_sec: float = Field(
+        15.0, gt=0, le=3600, description="Seconds between passes of the pool episodes' judge (`pool.unserved`)."
+    )
+
     notification_retention_days: int = Field(
         30, ge=1, le=3650, description="Days notification incidents and their delivery logs are kept."
     )
 
     def incident_retention_config(self) -> IncidentRetentionConfig:
         return IncidentRetentionConfig(keep_days=self.notification_retention_days)
+
+    def finished_operations_config(self) -> FinishedOperationsConfig:
+        return FinishedOperationsConfig(interval_sec=self.operation_finished_interval_sec)
+
+    def pool_episodes_config(self) -> PoolEpisodesConfig:
+        return PoolEpisodesConfig(grace_sec=self.pool_unserved_grace_sec, interval_sec=self.pool_unserved_interval_sec)
 
     def outcome_changes_config(self) -> OutcomeChangesConfig:
         return OutcomeChangesConfig(interval_sec=self.outcome_change_interval_sec)

@@ -23,6 +23,11 @@ EVENTS = (
     "execution.recovered",
     "breaker.opened",
     "breaker.closed",
+    "backfill.finished",
+    "replay.finished",
+    "bulk.finished",
+    "pool.unserved",
+    "pool.served",
 )
 COLUMNS = ("ID", "URL", "EVENTS", "POOL", "JOB", "SECRET")
 DELIVERY_COLUMNS = ("ID", "EVENT", "STATE", "ATTEMPTS", "LAST STATUS", "LAST ERROR", "OCCURRED AT", "EXECUTION")

@@ -35,7 +35,15 @@ EVENTS: dict[str, str] = {
     "after a failure)",
     "breaker.opened": "a handler's retry circuit breaker opened: its retries are held",
     "breaker.closed": "a handler's retry circuit breaker closed again: its held retries are released",
+    "backfill.finished": "a backfill walked its range (or was cancelled) and every execution it made has ended; "
+    "with their outcome counts",
+    "replay.finished": "a replay into a staging pool SUCCEEDED, FAILED or was CANCELLED; with its counts",
+    "bulk.finished": "a bulk operation SUCCEEDED, FAILED or was CANCELLED; with its outcome counts",
+    "pool.unserved": "a pool has work (PENDING executions of the tenant) and no live worker: once per episode",
+    "pool.served": "a worker of a pool that had work and no live worker is live again: the episode is over",
 }
+POOL_UNSERVED = "pool.unserved"
+POOL_SERVED = "pool.served"
 #: A delivery's states: PENDING until the receiver answers 2xx (DELIVERED) or the attempts run out (FAILED);
 #: CANCELLED when its subscription is deleted first.
 DELIVERY_STATES = ("PENDING", "DELIVERED", "FAILED", "CANCELLED")
@@ -112,6 +120,26 @@ class NotificationStore(Protocol):
         or ``execution.recovered``, each with its latest finished occurrence and the one before it."""
         ...
 
+    async def finished_operations(self, lookback_sec: float, limit: int) -> list[Record]:
+        """Backfills, replays and bulk operations finished within ``lookback_sec`` with no incident yet, of the
+        tenants subscribed to their event (``limit`` of each kind)."""
+        ...
+
+    async def pool_backlogs(self) -> list[Record]:
+        """(tenant, pool, pending, open) of the tenants subscribed to ``pool.unserved`` or ``pool.served``: every
+        pool with work waiting, and every pool whose episode is open."""
+        ...
+
+    async def open_pool_episode(self, tenant: str, pool: str, detail: dict[str, Any]) -> int | None:
+        """Open an episode of (``tenant``, ``pool``) and record its ``pool.unserved`` incident, in one
+        transaction; its number, or None when one was open already."""
+        ...
+
+    async def close_pool_episode(self, tenant: str, pool: str, detail: dict[str, Any]) -> int | None:
+        """Close the open episode and record its ``pool.served`` incident, in one transaction; its number, or
+        None when none was open."""
+        ...
+
     async def insert_test_delivery(self, subscription_id: UUID, tenant: str, lease_sec: float) -> UUID | None: ...
 
     async def claim_due(self, limit: int, lease_sec: float, caps: DeliveryCaps) -> list[Record]:
@@ -186,6 +214,35 @@ class PostgresNotificationStore:
 
     async def last_outcomes(self, after_job: UUID, limit: int) -> list[Record]:
         return list(await self._db.pool.fetch(Q["last_outcomes"], after_job, limit))
+
+    async def finished_operations(self, lookback_sec: float, limit: int) -> list[Record]:
+        return list(await self._db.pool.fetch(Q["finished_operations"], lookback_sec, limit))
+
+    async def pool_backlogs(self) -> list[Record]:
+        return list(await self._db.pool.fetch(Q["pool_backlogs"]))
+
+    async def open_pool_episode(self, tenant: str, pool: str, detail: dict[str, Any]) -> int | None:
+        return await self._pool_episode("open_pool_episode", POOL_UNSERVED, tenant, pool, detail)
+
+    async def close_pool_episode(self, tenant: str, pool: str, detail: dict[str, Any]) -> int | None:
+        return await self._pool_episode("close_pool_episode", POOL_SERVED, tenant, pool, detail)
+
+    async def _pool_episode(self, query: str, event: str, tenant: str, pool: str, detail: dict[str, Any]) -> int | None:
+        async with self._db.pool.acquire() as conn, conn.transaction():
+            row = await conn.fetchrow(Q[query], tenant, pool)
+            if row is None:
+                return None
+            episode = int(row["episode"])
+            since = row["unserved_since"]
+            incident = Incident(
+                tenant_id=tenant,
+                event=event,
+                incident_key=f"{event}:{tenant}:{pool}:{episode}",
+                pool=pool,
+                detail={**detail, "episode": episode, "unservedSince": since.isoformat() if since else None},
+            )
+            await record_incidents_on(conn, [incident])
+            return episode
 
     async def insert_test_delivery(self, subscription_id: UUID, tenant: str, lease_sec: float) -> UUID | None:
         delivery_id = new_id()

@@ -228,3 +228,91 @@ WHERE id IN (
     WHERE i.occurred_at < now() - make_interval(days => $1::int)
       AND NOT EXISTS (SELECT 1 FROM notification_deliveries d WHERE d.incident_id = i.id AND d.state = 'PENDING')
     ORDER BY i.occurred_at LIMIT $2);
+
+-- name: finished_operations
+-- Backfills, replays and bulk operations that finished in the last $1 seconds (and after their tenant's first
+-- subscription to their event), with no incident yet: at most $2 of each kind. A backfill is finished once its
+-- range is walked (or it was cancelled) and every execution it made has ended; its counts are those executions'
+-- outcomes. Only operations of subscribed tenants are read (none: nothing is scanned).
+WITH wanted AS (
+    SELECT s.tenant_id, e.event, min(s.created_at) AS since
+    FROM notification_subscriptions s, unnest(s.events) AS e (event)
+    WHERE s.deleted_at IS NULL AND e.event IN ('backfill.finished', 'replay.finished', 'bulk.finished')
+    GROUP BY s.tenant_id, e.event
+)
+(SELECT 'backfill.finished' AS event, b.id, b.tenant_id, j.pool, b.job_id, b.state, b.finished_at, NULL AS error,
+        jsonb_build_object('total', b.total, 'created', b.created, 'succeeded', c.succeeded, 'dead', c.dead,
+                           'cancelled', c.cancelled, 'from', b.range_from, 'to', b.range_to,
+                           'jobName', j.name) AS counts
+ FROM backfills b
+ JOIN wanted w ON w.tenant_id = b.tenant_id AND w.event = 'backfill.finished'
+ LEFT JOIN jobs j ON j.id = b.job_id
+ CROSS JOIN LATERAL (
+     SELECT count(*) FILTER (WHERE e.phase = 'SUCCEEDED') AS succeeded,
+            count(*) FILTER (WHERE e.phase = 'DEAD') AS dead,
+            count(*) FILTER (WHERE e.phase = 'CANCELLED') AS cancelled,
+            count(*) FILTER (WHERE e.phase = 'OPEN') AS open
+     FROM executions e WHERE e.backfill_id = b.id
+ ) c
+ WHERE b.state IN ('DONE', 'CANCELLED') AND b.finished_at > now() - make_interval(secs => $1::float8)
+   AND b.finished_at >= w.since AND c.open = 0
+   AND NOT EXISTS (SELECT 1 FROM notification_incidents i WHERE i.incident_key = 'backfill.finished:' || b.id)
+ ORDER BY b.finished_at LIMIT $2)
+UNION ALL
+(SELECT 'replay.finished', r.id, r.tenant_id, r.target_pool, NULL::uuid, r.state, r.finished_at, r.error,
+        jsonb_build_object('scanned', r.scanned, 'matched', r.matched, 'published', r.published,
+                           'sourcePool', r.source_pool, 'targetPool', r.target_pool, 'dryRun', r.dry_run,
+                           'outcomes', (SELECT coalesce(jsonb_object_agg(o.outcome, o.n), '{}'::jsonb)
+                                        FROM (SELECT outcome, count(*) AS n FROM replay_runs
+                                              WHERE replay_id = r.id GROUP BY outcome) o))
+ FROM replays r
+ JOIN wanted w ON w.tenant_id = r.tenant_id AND w.event = 'replay.finished'
+ WHERE r.state IN ('SUCCEEDED', 'FAILED', 'CANCELLED') AND r.finished_at > now() - make_interval(secs => $1::float8)
+   AND r.finished_at >= w.since
+   AND NOT EXISTS (SELECT 1 FROM notification_incidents i WHERE i.incident_key = 'replay.finished:' || r.id)
+ ORDER BY r.finished_at LIMIT $2)
+UNION ALL
+(SELECT 'bulk.finished', o.id, o.tenant_id, NULL, NULL, o.state, o.finished_at, o.error,
+        jsonb_build_object('target', o.target, 'action', o.action, 'total', o.total, 'done', o.done,
+                           'skipped', o.skipped, 'failed', o.failed)
+ FROM bulk_operations o
+ JOIN wanted w ON w.tenant_id = o.tenant_id AND w.event = 'bulk.finished'
+ WHERE o.state IN ('SUCCEEDED', 'FAILED', 'CANCELLED') AND o.finished_at > now() - make_interval(secs => $1::float8)
+   AND o.finished_at >= w.since
+   AND NOT EXISTS (SELECT 1 FROM notification_incidents i WHERE i.incident_key = 'bulk.finished:' || o.id)
+ ORDER BY o.finished_at LIMIT $2);
+
+-- name: pool_backlogs
+-- Per (tenant, pool): the executions waiting for a worker (PENDING) of the tenants subscribed to `pool.unserved`
+-- or `pool.served` (none: nothing is scanned), and every pool whose episode is open for them (its `pending` may
+-- be 0). Open rows only (executions_tenant_phase_idx).
+WITH wanted AS (
+    SELECT DISTINCT tenant_id FROM notification_subscriptions
+    WHERE deleted_at IS NULL AND events && ARRAY['pool.unserved', 'pool.served']::text[]
+), waiting AS (
+    SELECT e.tenant_id, e.pool, count(*) AS pending
+    FROM executions e
+    WHERE e.tenant_id IN (SELECT tenant_id FROM wanted) AND e.phase = 'OPEN' AND e.state = 'PENDING'
+    GROUP BY e.tenant_id, e.pool
+)
+SELECT coalesce(w.tenant_id, p.tenant_id) AS tenant_id, coalesce(w.pool, p.pool) AS pool,
+       coalesce(w.pending, 0) AS pending, p.unserved_since IS NOT NULL AS open
+FROM waiting w
+FULL JOIN (SELECT * FROM pool_episodes WHERE unserved_since IS NOT NULL) p
+  ON p.tenant_id = w.tenant_id AND p.pool = w.pool;
+
+-- name: open_pool_episode
+-- A compare-and-set: (tenant $1, pool $2) has been unserved since now, unless an episode is already open.
+-- Returns the new episode's number; no row: it was open already (another sweeper's pass opened it).
+INSERT INTO pool_episodes AS p (tenant_id, pool, episode, unserved_since) VALUES ($1, $2, 1, now())
+ON CONFLICT (tenant_id, pool) DO UPDATE SET episode = p.episode + 1, unserved_since = now()
+WHERE p.unserved_since IS NULL
+RETURNING episode, unserved_since;
+
+-- name: close_pool_episode
+-- A compare-and-set: the open episode of (tenant $1, pool $2) is over. No row: none was open.
+UPDATE pool_episodes p SET unserved_since = NULL, served_at = now()
+FROM pool_episodes old
+WHERE p.tenant_id = $1 AND p.pool = $2 AND p.unserved_since IS NOT NULL
+  AND old.tenant_id = p.tenant_id AND old.pool = p.pool
+RETURNING p.episode, old.unserved_since;

@@ -1,0 +1,41 @@
+"""pool_episodes: for each (tenant, pool) watched by a notification, whether its work waits for a worker now.
+
+Revision ID: 0038
+Revises: 0036
+Create Date: 2026-11-28
+
+A pool has work and no live worker for a while, then a worker appears: one episode, told once as
+``pool.unserved`` and once as ``pool.served``. The sweeper decides it from Redis (the workers' announcements)
+and Postgres (the backlog), and Redis forgets; so an episode's start is kept here, one row per (tenant, pool),
+written only for tenants subscribed to those events. Opening and closing an episode are compare-and-sets on
+``unserved_since`` that record their incident in the same transaction: two sweepers (a failover) tell an
+episode once. ``episode`` counts them, and names each incident.
+
+**Down**: the table goes (expand-only: nothing else changes).
+"""
+
+from sundial_common.stores.schema import run_sql_script
+
+revision = "0038"
+down_revision = "0036"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    run_sql_script(
+        """
+        CREATE TABLE pool_episodes (
+            tenant_id       text NOT NULL,
+            pool            text NOT NULL,
+            episode         integer NOT NULL DEFAULT 0,
+            unserved_since  timestamptz,
+            served_at       timestamptz,
+            PRIMARY KEY (tenant_id, pool)
+        );
+        """
+    )
+
+
+def downgrade() -> None:
+    run_sql_script("DROP TABLE pool_episodes;")
