@@ -363,14 +363,22 @@ SUBSCRIPTIONS = "/v1/notifications/subscriptions"
 
 
 def create_subscription(
-    url: str,
+    url: str | None,
     events: Sequence[str],
     *,
+    email: str | None = None,
     pool: str | None = None,
     job_id: str | None = None,
     description: str | None = None,
 ) -> Call[SubscriptionView]:
-    body = {"url": url, "events": list(events), "pool": pool, "jobId": job_id, "description": description}
+    body = {
+        "url": url,
+        "email": email,
+        "events": list(events),
+        "pool": pool,
+        "jobId": job_id,
+        "description": description,
+    }
     return Call("POST", SUBSCRIPTIONS, _model(SubscriptionView), body={k: v for k, v in body.items() if v is not None})
 
 

@@ -21,15 +21,17 @@ class AsyncNotifications:
 
     async def subscribe(
         self,
-        url: str,
+        url: str | None,
         events: Sequence[str],
         *,
+        email: str | None = None,
         pool: str | None = None,
         job_id: str | None = None,
         description: str | None = None,
     ) -> SubscriptionView:
-        """A new subscription; its ``secret`` is in full here only: store it to verify signatures."""
-        call = calls.create_subscription(url, events, pool=pool, job_id=job_id, description=description)
+        """A new subscription to a webhook ``url``, or (``url`` None) to an ``email`` address, which is sent a
+        confirmation link first; its ``secret`` is in full here only: store it to verify signatures."""
+        call = calls.create_subscription(url, events, email=email, pool=pool, job_id=job_id, description=description)
         return await self.client.call(call)
 
     async def list(self) -> list[SubscriptionView]:

@@ -48,6 +48,7 @@ from sundial_api import (
     job_list,
     job_preview,
     jobs,
+    notification_email,
     openapi_document,
     pool_tokens,
     pool_workers,
@@ -157,6 +158,7 @@ def create_app(settings: ApiSettings | None = None, *, clock: Clock | None = Non
             stores.notifications,
             keyring,
             Sender(SenderConfig.from_settings(settings, settings.env)),
+            settings.mail_relay(),
         )
         app.state.api = ApiState(
             settings=settings,
@@ -256,6 +258,7 @@ def create_app(settings: ApiSettings | None = None, *, clock: Clock | None = Non
     app.include_router(pool_tokens.router)
     app.include_router(breakers.router)
     app.include_router(notifications_api.router)
+    app.include_router(notification_email.router)
     install_console(app)
 
     def openapi() -> dict[str, Any]:

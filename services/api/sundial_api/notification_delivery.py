@@ -11,6 +11,10 @@ FAILED on a permanent one or the last attempt.
 
 Every attempt of one delivery carries the delivery's id as ``webhook-id``: a receiver that got an attempt
 whose answer was lost sees the retry as the same message.
+
+An e-mail subscription (``url`` ``mailto:<address>``) is sent through the SMTP relay
+(:mod:`sundial_common.delivery.mail`) with the same id as its ``Message-ID``, once its address is confirmed; until
+then each of its deliveries is FAILED at once, saying so in the delivery log.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from typing import Any
 from uuid import UUID
 
 import orjson
+from sundial_common.delivery.mail import MailRelay, send_mail
 from sundial_common.delivery.sender import OutboundRequest, Outcome, Sender
 from sundial_common.domain.retry_policy import RetryPolicy
 from sundial_common.security.encryption import Keyring
@@ -33,6 +38,10 @@ log = logging.getLogger("sundial.api.notifications")
 
 #: The kind of value a subscription's sealed secrets are (the associated data of their sealing).
 SECRETS = "webhook_secrets"
+#: An e-mail subscription's ``url`` starts so; the address follows.
+MAILTO = "mailto:"
+UNCONFIRMED = "e-mail address not confirmed: the confirmation link sent to it was not followed; nothing is sent"
+NO_RELAY = "no SMTP relay configured (SUNDIAL_SMTP_HOST): e-mail cannot be sent"
 
 
 DEFAULT_RETRY = RetryPolicy(max_attempts=8, backoff="EXPONENTIAL", initial_delay_ms=10_000, max_delay_ms=3_600_000)
@@ -90,12 +99,18 @@ class NotificationDelivery:
     """One replica's share of the notification deliveries (:meth:`run_once` is one pass)."""
 
     def __init__(
-        self, config: NotificationDeliveryConfig, store: NotificationStore, keyring: Keyring, sender: Sender
+        self,
+        config: NotificationDeliveryConfig,
+        store: NotificationStore,
+        keyring: Keyring,
+        sender: Sender,
+        mail: MailRelay | None = None,
     ) -> None:
         self.config = config
         self._store = store
         self._keyring = keyring
         self.sender = sender
+        self.mail = mail
         self._slots = asyncio.Semaphore(config.concurrency)
 
     async def run_once(self) -> DeliveryPass:
@@ -135,6 +150,8 @@ class NotificationDelivery:
         return state
 
     async def _send(self, row: Mapping[str, Any]) -> Outcome:
+        if row["url"].startswith(MAILTO):
+            return await self._mail(row)
         cipher = await self._keyring.cipher(row["tenant_id"])
         secrets = cipher.open_json(row["secrets"], SECRETS)
         if not row["previous_secret_valid"]:
@@ -147,3 +164,20 @@ class NotificationDelivery:
             purpose="test" if row["event"] == "test" else "notification",
         )
         return await self.sender.send(request)
+
+    async def _mail(self, row: Mapping[str, Any]) -> Outcome:
+        if row["email_confirmed_at"] is None:
+            return Outcome(status=None, error=UNCONFIRMED, refused=True)
+        if self.mail is None:
+            return Outcome(status=None, error=NO_RELAY, refused=True)
+        event = orjson.loads(notification_body(row))
+        data = event["data"]
+        about = data.get("jobName") or data.get("handler") or data.get("pool") or data["tenant"]
+        body = (
+            f"Sundial: {event['type']} ({about}) at {event['timestamp']}.\n\n"
+            + orjson.dumps(event, option=orjson.OPT_INDENT_2).decode()
+            + "\n"
+        )
+        return await send_mail(
+            self.mail, row["url"][len(MAILTO) :], f"[Sundial] {event['type']}: {about}", body, f"msg_{row['id']}"
+        )

@@ -1,12 +1,12 @@
 """``/v1/notifications/subscriptions``: a tenant's webhooks, their delivery log, and a test send.
 
-A subscription names a URL and the events to be told about, for all the tenant's jobs or one pool's or one
-job's. Its signing secret is made here, returned once in the answer to the create (or to a rotation) and stored
-sealed under the tenant's data key; every later answer shows it redacted. After a rotation each request is signed
-with the new secret and, for the overlap asked for, the previous one too. The URL is checked when the
-subscription is made (an ``https`` URL outside development, whose host resolves only to addresses requests may
-reach) and again at every send, since DNS answers change. Incidents are recorded by the sweeper and delivered
-by the API replicas (:mod:`sundial_api.notification_delivery`).
+A subscription names a URL (or an e-mail address: :mod:`sundial_api.notification_email`) and the events to be told
+about, for all the tenant's jobs or one pool's or one job's. Its signing secret is made here, returned once in the
+answer to the create (or to a rotation) and stored sealed under the tenant's data key; every later answer shows it
+redacted. After a rotation each request is signed with the new secret and, for the overlap asked for, the previous
+one too. The URL is checked when the subscription is made (an ``https`` URL outside development, whose host resolves
+only to addresses requests may reach) and again at every send, since DNS answers change. Incidents are recorded by
+the sweeper and delivered by the API replicas (:mod:`sundial_api.notification_delivery`).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from sundial_api.auth import Authenticated
 from sundial_api.json_body import JsonRoute
 from sundial_api.models.notifications import SubscriptionCreate, render_delivery, render_subscription
 from sundial_api.notification_delivery import SECRETS
+from sundial_api.notification_email import email_destination, new_token, send_confirmation
 from sundial_api.problems import ProblemError, invalid, not_found, parse_resource_id, responses
 from sundial_api.responses import OrjsonResponse
 from sundial_api.state import ApiState, State
@@ -54,10 +55,21 @@ async def create_subscription(body: SubscriptionCreate, state: State, principal:
         raise invalid("jobId", "give `pool` or `jobId`, not both (a job is in one pool)")
     if body.job_id is not None and await state.stores.jobs.get_job(principal.tenant, body.job_id) is None:
         raise invalid("jobId", f"no job {body.job_id} in this tenant")
-    try:
-        await state.notifications.sender.check_destination(body.url)
-    except (URLRefused, AddressRefused) as exc:
-        raise invalid("url", str(exc)) from None
+    token: str | None = None
+    token_digest: bytes | None = None
+    if body.url is not None and body.email is not None:
+        raise invalid("email", "give `url` or `email`, not both")
+    if body.email is not None:
+        destination = email_destination(state, body.email)
+        token, token_digest = new_token()
+    elif body.url is not None:
+        destination = body.url
+        try:
+            await state.notifications.sender.check_destination(body.url)
+        except (URLRefused, AddressRefused) as exc:
+            raise invalid("url", str(exc)) from None
+    else:
+        raise invalid("url", "give a webhook `url` or an `email` address")
     secret = new_secret()
     cipher = await state.keyring.cipher(principal.tenant)
     row = await state.stores.notifications.create_subscription(
@@ -65,13 +77,19 @@ async def create_subscription(body: SubscriptionCreate, state: State, principal:
             tenant_id=principal.tenant,
             created_by=principal.subject,
             events=tuple(dict.fromkeys(body.events)),
-            url=body.url,
+            url=destination,
             sealed_secrets=cipher.seal_json([secret], SECRETS),
             pool=body.pool,
             job_id=body.job_id,
             description=body.description,
+            email_token_digest=token_digest,
         )
     )
+    if body.email is not None and token is not None:
+        sent = await send_confirmation(state, body.email, token, str(row["id"]))
+        if not sent.ok:  # a subscription its address can never confirm is of no use: it goes again
+            await state.stores.notifications.delete_subscription(row["id"], principal.tenant)
+            raise ProblemError(503, f"the confirmation e-mail was not sent ({sent.error}); nothing was subscribed")
     return OrjsonResponse(render_subscription(row, secret), status_code=201)
 
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 import ipaddress
 import re
 
-from pydantic import Field, model_validator
+from pydantic import Field, SecretStr, model_validator
+from sundial_common.delivery.mail import MailRelay
 from sundial_common.runtime.settings import CommonSettings, DeliverySettings
 from sundial_common.security.auth import TENANT
 
@@ -120,6 +121,25 @@ class ApiSettings(DeliverySettings, CommonSettings):
         description="Notification requests sent to one destination (a subscription's URL) in any minute, at most; "
         "the others wait, due, for the next minute.",
     )
+    smtp_host: str | None = Field(
+        None,
+        description="The SMTP relay e-mail notifications go through (unset: e-mail subscriptions are refused with "
+        "a 422 naming `email`).",
+    )
+    smtp_port: int = Field(587, ge=1, le=65535, description="The SMTP relay's port.")
+    smtp_starttls: bool = Field(
+        True,
+        description="Upgrade the relay connection with STARTTLS (certificates checked: SUNDIAL_DELIVERY_CA_BUNDLE).",
+    )
+    smtp_from: str = Field("sundial@localhost", description="The sender (`From:`) of notification e-mail.")
+    smtp_username: str | None = Field(None, description="The relay login's user name (unset: no login).")
+    smtp_password: SecretStr | None = Field(None, description="The relay login's password.")
+    smtp_timeout_sec: float = Field(10.0, gt=0, le=120, description="Seconds one message may take with the relay.")
+    public_url: str = Field(
+        "http://127.0.0.1:8080",
+        description="The API's address as people reach it: the base of the confirmation link an e-mail "
+        "subscription's address is sent.",
+    )
 
     console_sso_headers: list[str] = Field(
         default_factory=list,
@@ -174,3 +194,18 @@ class ApiSettings(DeliverySettings, CommonSettings):
                 f"({self.max_request_bytes}): the request limit would reject such payloads first"
             )
         return self
+
+    def mail_relay(self) -> MailRelay | None:
+        """The SMTP relay e-mail goes through, or None when none is configured."""
+        if not self.smtp_host:
+            return None
+        return MailRelay(
+            host=self.smtp_host,
+            port=self.smtp_port,
+            starttls=self.smtp_starttls,
+            sender=self.smtp_from,
+            username=self.smtp_username,
+            password=self.smtp_password.get_secret_value() if self.smtp_password else None,
+            timeout_sec=self.smtp_timeout_sec,
+            ca_bundle=self.delivery_ca_bundle,
+        )

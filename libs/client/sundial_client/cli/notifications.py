@@ -34,7 +34,8 @@ DELIVERY_COLUMNS = ("ID", "EVENT", "STATE", "ATTEMPTS", "LAST STATUS", "LAST ERR
 
 
 def _row(s: SubscriptionView) -> list[Any]:
-    return [s.id, s.url, ",".join(s.events), s.pool, s.job_id, s.secret]
+    where = s.url or f"mailto:{s.email}" + ("" if s.email_confirmed else " (unconfirmed)")
+    return [s.id, where, ",".join(s.events), s.pool, s.job_id, s.secret]
 
 
 def _print(args: argparse.Namespace, subscription: SubscriptionView) -> None:
@@ -43,10 +44,12 @@ def _print(args: argparse.Namespace, subscription: SubscriptionView) -> None:
 
 def subscribe(client: Client, args: argparse.Namespace) -> int:
     made = client.notifications.subscribe(
-        args.url, args.event, pool=args.pool, job_id=args.job, description=args.description
+        args.url, args.event, email=args.email, pool=args.pool, job_id=args.job, description=args.description
     )
     _print(args, made)
-    if not args.json:
+    if not args.json and args.email:
+        print(f"\nA confirmation link was sent to {args.email}: nothing is sent there until it is followed.")
+    elif not args.json:
         print("\nThe secret is shown this once: give it to the receiver to verify signatures.")
     return OK
 
@@ -97,8 +100,18 @@ def parser() -> argparse.ArgumentParser:
         "Webhooks told about incidents of the tenant's jobs, signed with Standard Webhooks (webhook-id, "
         "webhook-timestamp, webhook-signature) and retried until the receiver answers 2xx.",
     )
-    made = sub(subparsers, "subscribe", "Subscribe a webhook; prints its signing secret, once.", subscribe)
-    made.add_argument("url", help="https:// URL whose host resolves to public addresses (http:// in development).")
+    made = sub(
+        subparsers,
+        "subscribe",
+        "Subscribe a webhook (prints its signing secret, once) or, with --email, an e-mail address.",
+        subscribe,
+    )
+    made.add_argument(
+        "url", nargs="?", help="https:// URL whose host resolves to public addresses (http:// in development)."
+    )
+    made.add_argument(
+        "--email", help="Write to this address instead (through the server's SMTP relay), once it is confirmed."
+    )
     made.add_argument(
         "--event", action="append", required=True, choices=EVENTS, help="An event to be told about (repeatable)."
     )

@@ -12,7 +12,13 @@ from sundial_client.models.common import ViewModel
 class SubscriptionView(ViewModel):
     id: str
     events: list[str]
-    url: str
+    url: str | None = Field(None, description="The webhook's URL (none: an e-mail subscription).")
+    email: str | None = Field(None, description="The address an e-mail subscription writes to.")
+    email_confirmed: bool | None = Field(
+        None,
+        description="Whether the e-mail address was confirmed by the link sent to it; until it is, the "
+        "subscription delivers nothing (each delivery FAILED, saying so).",
+    )
     pool: str | None = None
     job_id: str | None = None
     description: str | None = None
@@ -34,7 +40,9 @@ class DeliveryView(ViewModel):
     execution_id: str | None = None
     state: str = Field(description="PENDING, DELIVERED, FAILED (attempts spent or refused) or CANCELLED.")
     attempts: int
-    last_status: int | None = Field(None, description="The receiver's last HTTP status (none: no answer).")
+    last_status: int | None = Field(
+        None, description="The receiver's last HTTP status, or the SMTP relay's reply code (none: no answer)."
+    )
     last_error: str | None = None
     occurred_at: datetime
     created_at: datetime

@@ -59,6 +59,8 @@ class NewSubscription:
     pool: str | None = None
     job_id: UUID | None = None
     description: str | None = None
+    #: An e-mail subscription's (``url`` is ``mailto:…``): the SHA-256 of its confirmation link's token.
+    email_token_digest: bytes | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +101,10 @@ class NotificationStore(Protocol):
     async def get_subscription(self, subscription_id: UUID, tenant: str) -> Record | None: ...
 
     async def delete_subscription(self, subscription_id: UUID, tenant: str) -> bool: ...
+
+    async def confirm_email(self, token_digest: bytes) -> Record | None:
+        """Confirm the address of the e-mail subscription whose link's token digests to ``token_digest``."""
+        ...
 
     async def rotate_secret(
         self, subscription_id: UUID, tenant: str, sealed_before: Any, sealed_after: Any, previous_valid_sec: float
@@ -185,8 +191,12 @@ class PostgresNotificationStore:
             subscription.url,
             subscription.sealed_secrets,
             subscription.description,
+            subscription.email_token_digest,
         )
         return cast(Record, row)
+
+    async def confirm_email(self, token_digest: bytes) -> Record | None:
+        return cast(Record | None, await self._db.pool.fetchrow(Q["confirm_email"], token_digest))
 
     async def list_subscriptions(self, tenant: str) -> list[Record]:
         return list(await self._db.pool.fetch(Q["list_subscriptions"], tenant))

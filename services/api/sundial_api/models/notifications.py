@@ -18,12 +18,20 @@ MAX_EVENTS = len(EVENTS)
 class SubscriptionCreate(RequestModel):
     """A webhook to tell about events of the tenant's jobs: all of them, one pool's (`pool`) or one job's (`jobId`)."""
 
-    url: StrictStr = Field(
+    url: StrictStr | None = Field(
+        None,
         max_length=2000,
         description="Where to POST: an `https://` URL (plain `http://` only on a development stack) whose host "
         "resolves to public addresses, unless an administrator allowed the network "
-        "(SUNDIAL_DELIVERY_ALLOWED_NETWORKS).",
+        "(SUNDIAL_DELIVERY_ALLOWED_NETWORKS). Give `url` or `email`.",
         examples=["https://hooks.example.com/sundial"],
+    )
+    email: StrictStr | None = Field(
+        None,
+        max_length=254,
+        description="Or an e-mail address to write to, through the deployment's SMTP relay: a confirmation link "
+        "is sent to it first, and nothing else is until someone follows it.",
+        examples=["oncall@example.com"],
     )
     events: list[StrictStr] = Field(
         min_length=1,
@@ -43,7 +51,9 @@ def render_subscription(row: Record, secret: str) -> dict[str, Any]:
     view = SubscriptionView(
         id=str(row["id"]),
         events=list(row["events"]),
-        url=row["url"],
+        url=None if row["url"].startswith("mailto:") else row["url"],
+        email=row["url"].removeprefix("mailto:") if row["url"].startswith("mailto:") else None,
+        email_confirmed=(row["email_confirmed_at"] is not None) if row["url"].startswith("mailto:") else None,
         pool=row["pool"],
         job_id=str(row["job_id"]) if row["job_id"] else None,
         description=row["description"],

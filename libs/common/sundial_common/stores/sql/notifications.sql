@@ -1,8 +1,17 @@
 -- The notifications store (sundial_common.stores.notifications): subscriptions, incidents, their deliveries.
 
 -- name: insert_subscription
-INSERT INTO notification_subscriptions (id, tenant_id, created_by, events, pool, job_id, url, secrets, description)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+INSERT INTO notification_subscriptions (id, tenant_id, created_by, events, pool, job_id, url, secrets, description,
+                                        email_token_digest)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+RETURNING *;
+
+-- name: confirm_email
+-- The confirmation link of an e-mail subscription was followed: its address is confirmed (once; a second visit
+-- finds it confirmed already and changes nothing).
+UPDATE notification_subscriptions
+SET email_confirmed_at = coalesce(email_confirmed_at, now())
+WHERE email_token_digest = $1 AND deleted_at IS NULL
 RETURNING *;
 
 -- name: list_subscriptions
@@ -184,7 +193,7 @@ WITH due AS (
     WHERE d.id IN (SELECT id FROM allowed)
       AND i.id = d.incident_id AND s.id = d.subscription_id
     RETURNING d.id, d.attempts, d.subscription_id, i.id AS incident_id, i.tenant_id, i.event, i.pool, i.job_id,
-              i.execution_id, i.detail, i.occurred_at, s.url, s.secrets,
+              i.execution_id, i.detail, i.occurred_at, s.url, s.secrets, s.email_confirmed_at,
               coalesce(s.previous_secret_until > now(), false) AS previous_secret_valid
 ), sent AS (
     INSERT INTO notification_sends (tenant_id, url) SELECT tenant_id, url FROM claimed
@@ -193,7 +202,7 @@ SELECT * FROM claimed;
 
 -- name: delivery_for_send
 SELECT d.id, d.attempts, d.subscription_id, i.id AS incident_id, i.tenant_id, i.event, i.pool, i.job_id,
-       i.execution_id, i.detail, i.occurred_at, s.url, s.secrets,
+       i.execution_id, i.detail, i.occurred_at, s.url, s.secrets, s.email_confirmed_at,
        coalesce(s.previous_secret_until > now(), false) AS previous_secret_valid
 FROM notification_deliveries d
 JOIN notification_incidents i ON i.id = d.incident_id

@@ -1,4 +1,5 @@
-"""pool_episodes: for each (tenant, pool) watched by a notification, whether its work waits for a worker now.
+"""pool_episodes: for each (tenant, pool) watched by a notification, whether its work waits for a worker now;
+and the confirmation of a subscription's e-mail address.
 
 Revision ID: 0038
 Revises: 0036
@@ -11,7 +12,11 @@ written only for tenants subscribed to those events. Opening and closing an epis
 ``unserved_since`` that record their incident in the same transaction: two sweepers (a failover) tell an
 episode once. ``episode`` counts them, and names each incident.
 
-**Down**: the table goes (expand-only: nothing else changes).
+An e-mail subscription's ``url`` is ``mailto:<address>``; it delivers nothing until the address is confirmed by
+the link sent to it: ``email_token_digest`` is the SHA-256 of that link's token, ``email_confirmed_at`` when it
+was followed. Both are nullable columns a previous release never reads.
+
+**Down**: the table and the two columns go.
 """
 
 from sundial_common.stores.schema import run_sql_script
@@ -33,9 +38,17 @@ def upgrade() -> None:
             served_at       timestamptz,
             PRIMARY KEY (tenant_id, pool)
         );
+        ALTER TABLE notification_subscriptions
+            ADD COLUMN email_token_digest bytea,
+            ADD COLUMN email_confirmed_at timestamptz;
+        CREATE UNIQUE INDEX notification_subscriptions_email_token_idx
+            ON notification_subscriptions (email_token_digest) WHERE email_token_digest IS NOT NULL;
         """
     )
 
 
 def downgrade() -> None:
-    run_sql_script("DROP TABLE pool_episodes;")
+    run_sql_script(
+        "DROP TABLE pool_episodes; ALTER TABLE notification_subscriptions "
+        "DROP COLUMN email_token_digest, DROP COLUMN email_confirmed_at;"
+    )
