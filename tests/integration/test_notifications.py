@@ -37,8 +37,9 @@ from sundial_sweeper.sweeper import Sweeper, SweeperConfig
 
 from tests.integration.test_breakers import RETRY, SETTINGS, fail_attempts
 from tests.integration.test_reliability import make_executions
-from tests.support.api import TENANT, Api, api  # noqa: F401  (the `api` fixture)
+from tests.support.api import SECRET, TENANT, Api, api  # noqa: F401  (the `api` fixture)
 from tests.support.pools import admit
+from tests.support.tenants import tenant_token
 from tests.support.webhook_receiver import Reply, WebhookReceiver, running_receiver
 from tests.support.worker import wait_until
 
@@ -90,6 +91,44 @@ async def test_bad_subscriptions_are_refused_naming_the_field(
         assert words in errors[0]["message"], errors
     assert receiver.received == []
     assert (await api.client.get(SUBSCRIPTIONS, headers=api.auth())).json() == {"items": []}
+
+
+async def test_an_admin_allows_one_tenant_one_destination_until_withdrawn(
+    api: Api,  # noqa: F811
+    receiver: WebhookReceiver,
+) -> None:
+    destinations = "/v1/admin/notification-destinations"
+    admin = {"Authorization": f"Bearer {tenant_token(api.settings.database_url, 'ops', admin=True, secret=SECRET)}"}
+    body = {"url": receiver.url + "/hooks", "events": ["execution.dead"]}
+    refused = await api.client.post(SUBSCRIPTIONS, json=body, headers=api.auth())
+    assert refused.status_code == 422 and "loopback" in refused.text  # no network allowed to anyone
+    allowance = {"tenant": TENANT, "url": receiver.url + "/anything"}
+    assert (await api.client.post(destinations, json=allowance, headers=api.auth())).status_code == 403
+    bad = await api.client.post(destinations, json={**allowance, "tenant": "nobody-here"}, headers=admin)
+    assert bad.status_code == 422 and bad.json()["errors"][0]["field"] == "tenant"
+    allowed = await api.client.post(destinations, json=allowance, headers=admin)
+    assert allowed.status_code == 201, allowed.text
+    assert (allowed.json()["origin"], allowed.json()["addresses"]) == (
+        f"http://127.0.0.1:{receiver.port}",
+        ["127.0.0.1"],
+    )
+
+    made = await api.client.post(SUBSCRIPTIONS, json=body, headers=api.auth())
+    assert made.status_code == 201, made.text
+    # Another tenant, or another port of the same host, gains nothing.
+    assert (await api.client.post(SUBSCRIPTIONS, json=body, headers=api.auth("other"))).status_code == 422
+    other_port = {**body, "url": f"http://127.0.0.1:{receiver.port + 1}/hooks"}
+    assert (await api.client.post(SUBSCRIPTIONS, json=other_port, headers=api.auth())).status_code == 422
+    sent = await api.client.post(f"{SUBSCRIPTIONS}/{made.json()['id']}/test", headers=api.auth())
+    assert sent.json()["delivered"], sent.text
+
+    revoked = await api.client.delete(destinations, params={"tenant": TENANT, "url": receiver.url}, headers=admin)
+    assert revoked.status_code == 204
+    again = await api.client.post(f"{SUBSCRIPTIONS}/{made.json()['id']}/test", headers=api.auth())
+    assert not again.json()["delivered"] and "loopback" in again.json()["error"]
+    assert len(receiver.received) == 1
+    listed = await api.client.get(destinations, headers=admin)
+    assert listed.json() == {"items": []}
 
 
 @pytest.mark.parametrize("api", LOOPBACK_ALLOWED, indirect=True)

@@ -48,6 +48,7 @@ from sundial_api import (
     job_list,
     job_preview,
     jobs,
+    notification_destinations,
     notification_email,
     openapi_document,
     pool_tokens,
@@ -259,6 +260,7 @@ def create_app(settings: ApiSettings | None = None, *, clock: Clock | None = Non
     app.include_router(breakers.router)
     app.include_router(notifications_api.router)
     app.include_router(notification_email.router)
+    app.include_router(notification_destinations.router)
     install_console(app)
 
     def openapi() -> dict[str, Any]:

@@ -20,6 +20,7 @@ then each of its deliveries is FAILED at once, saying so in the delivery log.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -162,6 +163,7 @@ class NotificationDelivery:
             msg_id=f"msg_{row['id']}",
             secrets=tuple(secrets),
             purpose="test" if row["event"] == "test" else "notification",
+            allowed=tuple(ipaddress.ip_network(a) for a in row["allowed_addresses"] or ()),
         )
         return await self.sender.send(request)
 

@@ -27,6 +27,7 @@ from sundial_api.auth import Authenticated
 from sundial_api.json_body import JsonRoute
 from sundial_api.models.notifications import SubscriptionCreate, render_delivery, render_subscription
 from sundial_api.notification_delivery import SECRETS
+from sundial_api.notification_destinations import allowance_for, allowed_networks
 from sundial_api.notification_email import email_destination, new_token, send_confirmation
 from sundial_api.problems import ProblemError, invalid, not_found, parse_resource_id, responses
 from sundial_api.responses import OrjsonResponse
@@ -57,6 +58,7 @@ async def create_subscription(body: SubscriptionCreate, state: State, principal:
         raise invalid("jobId", f"no job {body.job_id} in this tenant")
     token: str | None = None
     token_digest: bytes | None = None
+    allowance: Record | None = None
     if body.url is not None and body.email is not None:
         raise invalid("email", "give `url` or `email`, not both")
     if body.email is not None:
@@ -64,8 +66,10 @@ async def create_subscription(body: SubscriptionCreate, state: State, principal:
         token, token_digest = new_token()
     elif body.url is not None:
         destination = body.url
+        allowance = await allowance_for(state, principal.tenant, body.url)
+        allowed = allowed_networks(allowance["addresses"]) if allowance is not None else ()
         try:
-            await state.notifications.sender.check_destination(body.url)
+            await state.notifications.sender.check_destination(body.url, allowed)
         except (URLRefused, AddressRefused) as exc:
             raise invalid("url", str(exc)) from None
     else:
@@ -83,6 +87,8 @@ async def create_subscription(body: SubscriptionCreate, state: State, principal:
             job_id=body.job_id,
             description=body.description,
             email_token_digest=token_digest,
+            allowed_origin=allowance["origin"] if allowance is not None else None,
+            allowed_addresses=tuple(allowance["addresses"]) if allowance is not None else None,
         )
     )
     if body.email is not None and token is not None:

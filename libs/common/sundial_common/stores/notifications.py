@@ -61,6 +61,9 @@ class NewSubscription:
     description: str | None = None
     #: An e-mail subscription's (``url`` is ``mailto:…``): the SHA-256 of its confirmation link's token.
     email_token_digest: bytes | None = None
+    #: The destination an administrator allowed this tenant (scheme://host:port) and its addresses, if it is one.
+    allowed_origin: str | None = None
+    allowed_addresses: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +107,16 @@ class NotificationStore(Protocol):
 
     async def confirm_email(self, token_digest: bytes) -> Record | None:
         """Confirm the address of the e-mail subscription whose link's token digests to ``token_digest``."""
+        ...
+
+    async def allow_destination(self, tenant: str, origin: str, addresses: Sequence[str], actor: str) -> Record: ...
+
+    async def allowed_destination(self, tenant: str, origin: str) -> Record | None: ...
+
+    async def allowed_destinations(self, tenant: str | None) -> list[Record]: ...
+
+    async def revoke_destination(self, tenant: str, origin: str) -> bool:
+        """Withdraw an allowance, from the subscriptions made under it too; False when there was none."""
         ...
 
     async def rotate_secret(
@@ -192,8 +205,23 @@ class PostgresNotificationStore:
             subscription.sealed_secrets,
             subscription.description,
             subscription.email_token_digest,
+            subscription.allowed_origin,
+            list(subscription.allowed_addresses) if subscription.allowed_addresses is not None else None,
         )
         return cast(Record, row)
+
+    async def allow_destination(self, tenant: str, origin: str, addresses: Sequence[str], actor: str) -> Record:
+        row = await self._db.pool.fetchrow(Q["allow_destination"], tenant, origin, list(addresses), actor)
+        return cast(Record, row)
+
+    async def allowed_destination(self, tenant: str, origin: str) -> Record | None:
+        return cast(Record | None, await self._db.pool.fetchrow(Q["allowed_destination"], tenant, origin))
+
+    async def allowed_destinations(self, tenant: str | None) -> list[Record]:
+        return list(await self._db.pool.fetch(Q["allowed_destinations"], tenant))
+
+    async def revoke_destination(self, tenant: str, origin: str) -> bool:
+        return bool(await self._db.pool.fetchval(Q["revoke_destination"], tenant, origin))
 
     async def confirm_email(self, token_digest: bytes) -> Record | None:
         return cast(Record | None, await self._db.pool.fetchrow(Q["confirm_email"], token_digest))

@@ -2,9 +2,33 @@
 
 -- name: insert_subscription
 INSERT INTO notification_subscriptions (id, tenant_id, created_by, events, pool, job_id, url, secrets, description,
-                                        email_token_digest)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+                                        email_token_digest, allowed_origin, allowed_addresses)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
 RETURNING *;
+
+-- name: allow_destination
+-- An administrator lets tenant $1's subscriptions reach origin $2 at addresses $3 (a second allowance of the same
+-- origin replaces the addresses).
+INSERT INTO notification_allowed_destinations (tenant_id, origin, addresses, allowed_by) VALUES ($1, $2, $3, $4)
+ON CONFLICT (tenant_id, origin) DO UPDATE SET addresses = excluded.addresses, allowed_by = excluded.allowed_by,
+                                               created_at = now()
+RETURNING *;
+
+-- name: allowed_destination
+SELECT * FROM notification_allowed_destinations WHERE tenant_id = $1 AND origin = $2;
+
+-- name: allowed_destinations
+SELECT * FROM notification_allowed_destinations WHERE ($1::text IS NULL OR tenant_id = $1) ORDER BY tenant_id, origin;
+
+-- name: revoke_destination
+-- The allowance goes, and with it every subscription's copy of it: their next send is checked as any other's.
+WITH gone AS (
+    DELETE FROM notification_allowed_destinations WHERE tenant_id = $1 AND origin = $2 RETURNING tenant_id, origin
+), cleared AS (
+    UPDATE notification_subscriptions s SET allowed_origin = NULL, allowed_addresses = NULL
+    FROM gone WHERE s.tenant_id = gone.tenant_id AND s.allowed_origin = gone.origin
+)
+SELECT count(*) FROM gone;
 
 -- name: confirm_email
 -- The confirmation link of an e-mail subscription was followed: its address is confirmed (once; a second visit
@@ -193,7 +217,7 @@ WITH due AS (
     WHERE d.id IN (SELECT id FROM allowed)
       AND i.id = d.incident_id AND s.id = d.subscription_id
     RETURNING d.id, d.attempts, d.subscription_id, i.id AS incident_id, i.tenant_id, i.event, i.pool, i.job_id,
-              i.execution_id, i.detail, i.occurred_at, s.url, s.secrets, s.email_confirmed_at,
+              i.execution_id, i.detail, i.occurred_at, s.url, s.secrets, s.email_confirmed_at, s.allowed_addresses,
               coalesce(s.previous_secret_until > now(), false) AS previous_secret_valid
 ), sent AS (
     INSERT INTO notification_sends (tenant_id, url) SELECT tenant_id, url FROM claimed
@@ -202,7 +226,7 @@ SELECT * FROM claimed;
 
 -- name: delivery_for_send
 SELECT d.id, d.attempts, d.subscription_id, i.id AS incident_id, i.tenant_id, i.event, i.pool, i.job_id,
-       i.execution_id, i.detail, i.occurred_at, s.url, s.secrets, s.email_confirmed_at,
+       i.execution_id, i.detail, i.occurred_at, s.url, s.secrets, s.email_confirmed_at, s.allowed_addresses,
        coalesce(s.previous_secret_until > now(), false) AS previous_secret_valid
 FROM notification_deliveries d
 JOIN notification_incidents i ON i.id = d.incident_id

@@ -1,5 +1,5 @@
 """pool_episodes: for each (tenant, pool) watched by a notification, whether its work waits for a worker now;
-and the confirmation of a subscription's e-mail address.
+the confirmation of a subscription's e-mail address; and the destinations an administrator allowed one tenant.
 
 Revision ID: 0038
 Revises: 0036
@@ -16,7 +16,11 @@ An e-mail subscription's ``url`` is ``mailto:<address>``; it delivers nothing un
 the link sent to it: ``email_token_digest`` is the SHA-256 of that link's token, ``email_confirmed_at`` when it
 was followed. Both are nullable columns a previous release never reads.
 
-**Down**: the table and the two columns go.
+``notification_allowed_destinations``: an administrator let one tenant's subscriptions reach one destination
+(scheme, host and port) at the addresses it resolved to then, though they are not public. A subscription made to
+it keeps that allowance (``allowed_origin``, ``allowed_addresses``) until the administrator withdraws it.
+
+**Down**: the tables and the columns go.
 """
 
 from sundial_common.stores.schema import run_sql_script
@@ -41,6 +45,17 @@ def upgrade() -> None:
         ALTER TABLE notification_subscriptions
             ADD COLUMN email_token_digest bytea,
             ADD COLUMN email_confirmed_at timestamptz;
+        ALTER TABLE notification_subscriptions
+            ADD COLUMN allowed_origin text,
+            ADD COLUMN allowed_addresses text[];
+        CREATE TABLE notification_allowed_destinations (
+            tenant_id   text NOT NULL,
+            origin      text NOT NULL,
+            addresses   text[] NOT NULL,
+            allowed_by  text NOT NULL,
+            created_at  timestamptz NOT NULL DEFAULT now(),
+            PRIMARY KEY (tenant_id, origin)
+        );
         CREATE UNIQUE INDEX notification_subscriptions_email_token_idx
             ON notification_subscriptions (email_token_digest) WHERE email_token_digest IS NOT NULL;
         """
@@ -49,6 +64,7 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     run_sql_script(
-        "DROP TABLE pool_episodes; ALTER TABLE notification_subscriptions "
-        "DROP COLUMN email_token_digest, DROP COLUMN email_confirmed_at;"
+        "DROP TABLE pool_episodes; DROP TABLE notification_allowed_destinations; "
+        "ALTER TABLE notification_subscriptions DROP COLUMN email_token_digest, DROP COLUMN email_confirmed_at, "
+        "DROP COLUMN allowed_origin, DROP COLUMN allowed_addresses;"
     )
