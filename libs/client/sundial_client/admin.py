@@ -11,6 +11,7 @@ from typing import Any
 from sundial_client import calls
 from sundial_client.caller import Caller, check_page_size, pages
 from sundial_client.models import ClusterView, Pool, Tenant
+from sundial_client.models.notifications import AllowedDestination
 
 #: The registries' largest page.
 MAX_REGISTRY_PAGE = 500
@@ -70,3 +71,15 @@ class AsyncAdmin:
     async def delete_pool(self, name: str) -> None:
         """Delete a pool no active job targets (else :class:`~sundial_client.errors.Conflict`, naming how many)."""
         await self.client.call(calls.delete_pool(name))
+
+    async def allow_destination(self, tenant: str, url: str) -> AllowedDestination:
+        """Let ``tenant``'s notification subscriptions reach ``url``'s scheme, host and port, at the addresses its
+        host resolves to now, although they are not public."""
+        return await self.client.call(calls.allow_destination(tenant, url))
+
+    async def allowed_destinations(self, tenant: str | None = None) -> list[AllowedDestination]:
+        return (await self.client.call(calls.allowed_destinations(tenant))).items
+
+    async def revoke_destination(self, tenant: str, url: str) -> None:
+        """Withdraw an allowance: the tenant's subscriptions to that destination are refused from their next send."""
+        await self.client.call(calls.revoke_destination(tenant, url))

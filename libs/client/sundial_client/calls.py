@@ -55,7 +55,14 @@ from sundial_client.models import (
     Triggered,
 )
 from sundial_client.models.bulk import BulkDryRun, BulkItemList, BulkOperation, BulkOperationList
-from sundial_client.models.notifications import DeliveryList, SubscriptionList, SubscriptionView, TestSendView
+from sundial_client.models.notifications import (
+    AllowedDestination,
+    AllowedDestinationList,
+    DeliveryList,
+    SubscriptionList,
+    SubscriptionView,
+    TestSendView,
+)
 
 T = TypeVar("T")
 T_co = TypeVar("T_co", covariant=True)
@@ -380,6 +387,21 @@ def create_subscription(
         "description": description,
     }
     return Call("POST", SUBSCRIPTIONS, _model(SubscriptionView), body={k: v for k, v in body.items() if v is not None})
+
+
+def allow_destination(tenant: str, url: str) -> Call[AllowedDestination]:
+    body = {"tenant": tenant, "url": url}
+    return Call("POST", "/v1/admin/notification-destinations", _model(AllowedDestination), body=body)
+
+
+def allowed_destinations(tenant: str | None = None) -> Call[AllowedDestinationList]:
+    params = _query(tenant=tenant)
+    return Call("GET", "/v1/admin/notification-destinations", _model(AllowedDestinationList), params=params)
+
+
+def revoke_destination(tenant: str, url: str) -> Call[None]:
+    params = {"tenant": tenant, "url": url}
+    return Call("DELETE", "/v1/admin/notification-destinations", lambda _response: None, params=params)
 
 
 def list_subscriptions() -> Call[SubscriptionList]:

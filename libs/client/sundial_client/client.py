@@ -98,6 +98,9 @@ class Admin(Blocking):
     pool = blocking(AsyncAdmin.pool)
     update_pool = blocking(AsyncAdmin.update_pool)
     delete_pool = blocking(AsyncAdmin.delete_pool)
+    allow_destination = blocking(AsyncAdmin.allow_destination)
+    allowed_destinations = blocking(AsyncAdmin.allowed_destinations)
+    revoke_destination = blocking(AsyncAdmin.revoke_destination)
 
 
 class Pools(Blocking):

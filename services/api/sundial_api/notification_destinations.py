@@ -19,6 +19,7 @@ import httpx
 from fastapi import APIRouter, Query
 from pydantic import Field, StrictStr
 from starlette.responses import Response
+from sundial_client.models.notifications import AllowedDestination, AllowedDestinationList
 from sundial_common.delivery.address_policy import IPNetwork
 from sundial_common.delivery.sender import SystemResolver, URLRefused, check_url
 from sundial_common.security.auth import Principal
@@ -70,6 +71,7 @@ async def allowance_for(state: ApiState, tenant: str, url: str) -> Record | None
 @router.post(
     "",
     status_code=201,
+    response_model=AllowedDestination,
     responses=responses(401, 403, 422, 503),
     summary="Allow one tenant's subscriptions to reach one destination (scheme, host, port) at its addresses now",
 )
@@ -95,7 +97,12 @@ async def allow_destination(body: DestinationAllow, state: State, principal: Aut
     return OrjsonResponse(_render(row), status_code=201)
 
 
-@router.get("", responses=responses(401, 403, 503), summary="The destinations allowed, per tenant")
+@router.get(
+    "",
+    response_model=AllowedDestinationList,
+    responses=responses(401, 403, 503),
+    summary="The destinations allowed, per tenant",
+)
 async def list_destinations(
     state: State,
     principal: Authenticated,
@@ -134,10 +141,11 @@ def _admin(principal: Principal) -> None:
 
 
 def _render(row: Record) -> dict[str, Any]:
-    return {
-        "tenant": row["tenant_id"],
-        "origin": row["origin"],
-        "addresses": list(row["addresses"]),
-        "allowedBy": row["allowed_by"],
-        "createdAt": row["created_at"].isoformat(),
-    }
+    view = AllowedDestination(
+        tenant=row["tenant_id"],
+        origin=row["origin"],
+        addresses=list(row["addresses"]),
+        allowed_by=row["allowed_by"],
+        created_at=row["created_at"],
+    )
+    return view.model_dump(mode="json", by_alias=True)

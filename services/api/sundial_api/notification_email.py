@@ -65,6 +65,7 @@ async def send_confirmation(state: ApiState, address: str, token: str, subscript
 @router.get(
     "/confirm",
     response_class=HTMLResponse,
+    include_in_schema=False,  # a link in an e-mail, for a browser: not an operation of the API's clients
     responses=responses(404, 422, 503),
     summary="Confirm an e-mail subscription's address (the link sent to it; no sign-in, the token is the proof)",
 )

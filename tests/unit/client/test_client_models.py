@@ -182,5 +182,8 @@ def test_every_operation_of_the_api_has_a_client_call(schemas: dict[str, Any]) -
         ("GET", "/v1/notifications/subscriptions/{subscription_id}/deliveries"),
         ("POST", "/v1/notifications/subscriptions/{subscription_id}/test"),
         ("POST", "/v1/notifications/subscriptions/{subscription_id}/rotate-secret"),
+        ("POST", "/v1/admin/notification-destinations"),
+        ("GET", "/v1/admin/notification-destinations"),
+        ("DELETE", "/v1/admin/notification-destinations"),
     }
     assert operations == covered

@@ -59,3 +59,17 @@ class TestSendView(ViewModel):
     delivered: bool
     status: int | None = Field(None, description="The receiver's HTTP status (none: no answer, or refused).")
     error: str | None = None
+
+
+class AllowedDestination(ViewModel):
+    """A destination one tenant's subscriptions may reach although it is not public (an admin's allowance)."""
+
+    tenant: str
+    origin: str = Field(description="The destination allowed: `scheme://host:port`.")
+    addresses: list[str] = Field(description="The addresses its host resolved to when it was allowed: only these.")
+    allowed_by: str
+    created_at: datetime
+
+
+class AllowedDestinationList(ViewModel):
+    items: list[AllowedDestination]
