@@ -1,7 +1,7 @@
 """pool_episodes: for each (tenant, pool) watched by a notification, whether its work waits for a worker now;
 the confirmation of a subscription's e-mail address; and the destinations an administrator allowed one tenant.
 
-Revision ID: 0038
+Revision ID: 0037
 Revises: 0036
 Create Date: 2026-11-28
 
@@ -25,7 +25,7 @@ it keeps that allowance (``allowed_origin``, ``allowed_addresses``) until the ad
 
 from sundial_common.stores.schema import run_sql_script
 
-revision = "0038"
+revision = "0037"
 down_revision = "0036"
 branch_labels = None
 depends_on = None
