@@ -12,6 +12,9 @@ turns true and its task is cancelled (a sync handler's thread cannot be, and mus
 TIMED_OUT or CANCELLED either way. A FAILED or TIMED_OUT attempt carries the backoff of the job's retry
 policy, which Postgres applies when the flusher writes the outcome.
 
+Calling the handler itself — its thread or task, its timeout and cancel, the sealed outcome — is
+:class:`~sundial_worker.invocation.HandlerInvoker`'s.
+
 The handler's slot frees as soon as it ends; its outcome goes to the
 :class:`~sundial_worker.inflight.OutcomeBuffer` for the flusher. At shutdown,
 :meth:`HandlerExecutor.finish` gives running handlers the shutdown grace and abandons the rest.
@@ -24,17 +27,12 @@ exception (a bug here: every handler error becomes an outcome) fails the runtime
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import dataclasses
 import logging
-import re
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
 from uuid import UUID
 
-import orjson
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
@@ -48,33 +46,18 @@ from sundial_common.observability.tracing import (
     tracer,
     unrecorded_span,
 )
-from sundial_common.security.encryption import (
-    LOG_TAIL,
-    PAYLOAD,
-    PROGRESS,
-    RESULT,
-    TRACEBACK,
-    DecryptionError,
-    Keyring,
-    TenantCipher,
-)
+from sundial_common.security.encryption import PROGRESS, Keyring
 from sundial_common.stores.executions import Outcome
 from sundial_common.stores.types import Record
 
 from sundial_worker.consumer import Delivery, consumer_group
 from sundial_worker.errors import check_positive_int, check_seconds
 from sundial_worker.inflight import FinishedAttempt, InFlight, OutcomeBuffer, Running, WorkerStats
-from sundial_worker.log_tail import log_tail, traceback_text
-from sundial_worker.metrics import ExecutionMetrics
-from sundial_worker.sdk import Context, HandlerSpec, HeartbeatSink, Worker, context_logger
+from sundial_worker.invocation import HandlerInvoker
+from sundial_worker.sdk import Context, HeartbeatSink, Worker, context_logger
 
 log = logging.getLogger("sundial.worker")
 handler_log = logging.getLogger("sundial.worker.handler")
-
-_MAX_ERROR_CHARS = 8192
-# orjson writes NUL as \u0000, which Postgres jsonb rejects; an even run of backslashes before it
-# would be an escaped backslash followed by the literal text "u0000", which is fine.
-_JSON_NUL = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +91,6 @@ class HandlerExecutor:
         on_failure: Callable[[str, BaseException], None],
     ) -> None:
         self.worker = worker
-        self._keyring = keyring
         self.worker_id = worker_id
         self.config = config
         self._inflight = inflight
@@ -116,32 +98,29 @@ class HandlerExecutor:
         self._heartbeats = heartbeats
         self._stats = stats
         self._on_failure = on_failure
-        self._threads: ThreadPoolExecutor | None = None
-        self._sync_calls: set[Future[Any]] = set()
-        #: The event loop the handlers run on, bound at the first launch. Named rather than looked up per execution:
-        #: asyncio's lookup of the running loop asks the kernel for the process id each time (a getpid system call,
-        #: three per execution: ~6 % of a worker's event-loop thread at 2,500/s in a native py-spy profile).
+        self._invoker = HandlerInvoker(
+            worker,
+            concurrency=config.concurrency,
+            cancel_grace_sec=config.cancel_grace_sec,
+            stats=stats,
+            keyring=keyring,
+        )
+        #: The event loop the handlers run on, bound at the first launch (and named for the same reason as the
+        #: invoker's: looking it up per execution costs a getpid system call each time).
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._metrics = ExecutionMetrics(worker.pool, frozenset(worker.registry.names()))
 
     def open(self) -> None:
-        if self._threads is None:
-            self._threads = ThreadPoolExecutor(
-                max_workers=self.config.concurrency, thread_name_prefix="sundial-handler"
-            )
+        self._invoker.open()
 
     def close(self) -> None:
-        if self._threads is not None:
-            # Don't wait: an abandoned sync handler may never return.
-            self._threads.shutdown(wait=False, cancel_futures=True)
-            self._threads = None
+        self._invoker.close()
         self._loop = None
 
     @property
     def stuck_sync_handlers(self) -> int:
         """Sync handler threads still running although nobody waits for them (timed out or abandoned)."""
         running_sync = sum(1 for r in self._inflight.running.values() if not self._runs_async(r))
-        return max(0, sum(1 for f in list(self._sync_calls) if not f.done()) - running_sync)
+        return max(0, self._invoker.sync_calls_running - running_sync)
 
     def _runs_async(self, running: Running) -> bool:
         spec = self.worker.registry.get(running.message.handler)
@@ -155,6 +134,7 @@ class HandlerExecutor:
         loop = self._loop
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()
+            self._invoker.bind(loop)
         # The message's own text of the id: the same as str(execution_id), without formatting the UUID again.
         task = loop.create_task(self._execute(running, row), name=f"handler {message.handler} {message.execution_id}")
         running.task = task
@@ -294,7 +274,7 @@ class HandlerExecutor:
             attempt=running.attempt,
             trace_id=trace_id,
         )
-        cipher = self._cipher(row["tenant_id"])
+        cipher = self._invoker.cipher(row["tenant_id"])
         ctx = Context(
             execution_id=running.execution_id,
             job_id=row["job_id"],
@@ -322,9 +302,9 @@ class HandlerExecutor:
                     record_exception=False,
                     set_status_on_exception=False,
                 ) as handler_span:
-                    outcome = await self._invoke(spec, ctx, message, handler_span, running)
+                    outcome = await self._invoker.invoke(spec, ctx, message, handler_span, running)
             else:
-                outcome = await self._invoke(spec, ctx, message, span, running)
+                outcome = await self._invoker.invoke(spec, ctx, message, span, running)
         except asyncio.CancelledError:
             span.set_attribute("sundial.outcome", "ABANDONED")
             raise
@@ -336,187 +316,3 @@ class HandlerExecutor:
             outcome = dataclasses.replace(outcome, retry_delay_ms=policy.delay_ms(running.attempt))
         span.set_attribute("sundial.outcome", outcome.state)
         return outcome, logger
-
-    async def _invoke(
-        self, spec: HandlerSpec | None, ctx: Context, message: ExecutionMessage, span: Span, running: Running
-    ) -> Outcome:
-        cipher = self._cipher(ctx.tenant)
-
-        def outcome(state: str, result: Any = None, error: str | None = None, traceback: str | None = None) -> Outcome:
-            # Sealed before they leave the handler's hands: Postgres (and the DLQ) only see ciphertext.
-            return Outcome(
-                ctx.execution_id,
-                ctx.attempt,
-                state,
-                cipher.seal_json(result, RESULT),
-                cipher.seal_error(error),
-                traceback=cipher.seal_json(traceback, TRACEBACK),
-                log_tail=cipher.seal_json(log_tail(ctx.logger), LOG_TAIL),
-            )
-
-        if spec is None:
-            self._metrics.handler_started(ctx, running.due, None)  # lateness still counts; handler "other"
-            error = self.worker.registry.unknown_handler_error(message.handler)
-            ctx.logger.error("%s", error)
-            span.set_status(Status(StatusCode.ERROR, error))
-            self._stats.failed += 1
-            return outcome("FAILED", error=error)
-        timeout = message.timeout_sec if message.timeout_sec and message.timeout_sec > 0 else None
-        if handler_log.isEnabledFor(logging.DEBUG):  # the adapter's own check costs more, once per execution
-            ctx.logger.debug("running handler %s", spec.name)
-        # The handler runs as a task of its own, so that a timeout or a cancel can interrupt it and still
-        # give it the cancel grace to clean up, while this task decides the outcome.
-        try:
-            payload = cipher.open_json(message.payload, PAYLOAD)
-        except DecryptionError as exc:  # tampered with, or copied from another tenant's job: never run it
-            ctx.logger.error("%s", exc)
-            span.set_status(Status(StatusCode.ERROR, str(exc)))
-            self._stats.failed += 1
-            return outcome("FAILED", error=f"DecryptionError: {exc}")
-        work = self._start_handler(spec, ctx, payload)
-        self._metrics.handler_started(ctx, running.due, work)
-        try:
-            interrupted = await self._wait_handler(work, running, timeout)
-        except asyncio.CancelledError:  # the shutdown grace ran out: the handler is abandoned with us
-            work.cancel()
-            raise
-        if interrupted is not None:
-            return await self._interrupt(spec, ctx, span, work, interrupted, timeout, outcome)
-        try:
-            result = work.result()
-        except asyncio.CancelledError as exc:  # the handler cancelled itself (or something it awaited)
-            return self._handler_failed(ctx, span, exc, outcome)
-        except Exception as exc:
-            return self._handler_failed(ctx, span, exc, outcome)
-        encoded, problem = encode_result(result)
-        if problem is not None:
-            ctx.logger.error("%s", problem)
-            span.set_status(Status(StatusCode.ERROR, problem))
-            self._stats.failed += 1
-            return outcome("FAILED", error=problem)
-        self._stats.succeeded += 1
-        return outcome("SUCCEEDED", result=encoded)
-
-    def _cipher(self, tenant: str) -> TenantCipher:
-        cipher = self._keyring.cached(tenant)
-        assert cipher is not None  # admission loads the keys of a batch's tenants before its start CAS
-        return cipher
-
-    def _start_handler(self, spec: HandlerSpec, ctx: Context, payload: Any) -> asyncio.Future[Any]:
-        if spec.is_async:
-            assert self._loop is not None  # bound by launch()
-            # An async handler is a coroutine function (sdk._is_async): its task straight from the loop, without
-            # asyncio.ensure_future's checks of what it was given.
-            return self._loop.create_task(spec.func(ctx, payload))
-        return self._submit_sync(spec, ctx, payload)
-
-    @staticmethod
-    async def _wait_handler(work: asyncio.Future[Any], running: Running, limit_sec: float | None) -> str | None:
-        """Wait for the handler to end; None if it did, else why it must be interrupted (timeout, cancel).
-
-        One future woken by whichever comes first — the handler's end, its timeout, a cancel request
-        (:meth:`~sundial_worker.inflight.InFlight.request_cancel`) — rather than ``asyncio.wait`` on a task
-        waiting for the cancel event: that task was a tenth of a worker's CPU per execution (py-spy, a steady 2,500/s).
-        """
-        if running.cancel_requested:
-            return "cancel"
-        loop = work.get_loop()
-        woken: asyncio.Future[None] = loop.create_future()
-
-        def wake(_: object = None) -> None:
-            if not woken.done():
-                woken.set_result(None)
-
-        work.add_done_callback(wake)
-        timer = loop.call_later(limit_sec, wake) if limit_sec is not None else None
-        running.wake = wake
-        try:
-            await woken
-        finally:
-            running.wake = None
-            work.remove_done_callback(wake)
-            if timer is not None:
-                timer.cancel()
-        if work.done():
-            return None
-        return "cancel" if running.cancel_requested else "timeout"
-
-    async def _interrupt(
-        self,
-        spec: HandlerSpec,
-        ctx: Context,
-        span: Span,
-        work: asyncio.Future[Any],
-        why: str,
-        limit_sec: float | None,
-        outcome: Callable[..., Outcome],
-    ) -> Outcome:
-        """Stop a handler at its timeout or on a cancel: ``ctx.cancelled``, cancel its task, wait the grace."""
-        ctx.request_cancel()
-        if spec.is_async:
-            work.cancel()
-        # A sync handler's future is its thread's: cancelling it would only stop us waiting, so it is left to
-        # notice ctx.cancelled within the grace.
-        done, _ = await asyncio.wait([work], timeout=self.config.cancel_grace_sec)
-        if not done:
-            # Whatever it ends with later is nobody's business any more; don't let asyncio complain about it.
-            work.add_done_callback(lambda f: f.cancelled() or f.exception())
-            self._stats.abandoned_on_interrupt += 1
-            ctx.logger.warning(
-                "handler %s did not stop within %.1fs of being interrupted (%s); abandoned",
-                spec.name,
-                self.config.cancel_grace_sec,
-                why,
-            )
-        elif not work.cancelled() and work.exception() is not None:
-            ctx.logger.debug("interrupted handler raised %r", work.exception())
-        if not spec.is_async and not done:
-            ctx.logger.warning("the sync handler's thread keeps running until it returns; it cannot be interrupted")
-        if why == "timeout":
-            error = f"TimeoutError: handler {spec.name!r} exceeded timeoutSec={limit_sec:g}"
-            ctx.logger.warning("%s", error)
-            span.set_status(Status(StatusCode.ERROR, error))
-            self._stats.timed_out += 1
-            return outcome("TIMED_OUT", error=error)
-        error = "Cancelled: the execution's cancel was requested"
-        ctx.logger.info("handler %s cancelled on request", spec.name)
-        self._stats.cancelled += 1
-        return outcome("CANCELLED", error=error)
-
-    def _handler_failed(self, ctx: Context, span: Span, exc: BaseException, outcome: Callable[..., Outcome]) -> Outcome:
-        error = error_text(exc)
-        # The traceback goes to the log, the span and, bounded and sealed, the attempt (GET /v1/executions/{id}).
-        ctx.logger.warning("handler %s failed: %s", ctx.handler, error, exc_info=exc)
-        span.record_exception(exc)
-        span.set_status(Status(StatusCode.ERROR, error))
-        self._stats.failed += 1
-        return outcome("FAILED", error=error, traceback=traceback_text(exc))
-
-    def _submit_sync(self, spec: HandlerSpec, ctx: Context, payload: Any) -> asyncio.Future[Any]:
-        assert self._threads is not None, "the executor is not open"
-        # Copy the context so the handler's thread sees the handler span as current.
-        future = self._threads.submit(contextvars.copy_context().run, spec.func, ctx, payload)
-        # A thread cannot be interrupted: after a timeout or a shutdown cancel it runs on, and the
-        # process must know (see stuck_sync_handlers) rather than hang at exit waiting for it.
-        self._sync_calls.add(future)
-        future.add_done_callback(self._sync_calls.discard)
-        return asyncio.wrap_future(future, loop=self._loop)
-
-
-def error_text(exc: BaseException) -> str:
-    """What Postgres keeps of a handler's exception: ``Type: message``, NUL-free and bounded."""
-    text = f"{type(exc).__name__}: {exc}".replace("\x00", "\\0")
-    return text if len(text) <= _MAX_ERROR_CHARS else text[: _MAX_ERROR_CHARS - 1] + "…"
-
-
-def encode_result(value: Any) -> tuple[Any, str | None]:
-    """(value ready for the jsonb codec, problem); serialised once here, passed through as a Fragment."""
-    if value is None:
-        return None, None
-    try:
-        data = orjson.dumps(value)
-    except TypeError as exc:
-        return None, f"TypeError: handler result is not JSON-serializable: {exc}"
-    if b"\\u0000" in data and _JSON_NUL.search(data):
-        return None, "ValueError: handler result contains a NUL character (\\u0000), which Postgres cannot store"
-    return orjson.Fragment(data), None

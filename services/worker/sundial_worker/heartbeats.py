@@ -50,8 +50,8 @@ from sundial_common.security.encryption import PROGRESS, Keyring
 from sundial_common.stores.executions import ExecutionStore
 
 from sundial_worker.errors import REDIS_ERRORS, TRANSIENT_DB_ERRORS, check_seconds
-from sundial_worker.execution import encode_result
 from sundial_worker.inflight import InFlight
+from sundial_worker.invocation import encode_result
 from sundial_worker.sdk import Context
 
 log = logging.getLogger("sundial.worker")

@@ -12,7 +12,7 @@ import pytest
 from sundial_common.hotwindow.execution_signals import heartbeat_key
 from sundial_worker import Context, Worker, WorkerConfig
 from sundial_worker.cli import AppError, load_worker
-from sundial_worker.execution import encode_result, error_text
+from sundial_worker.invocation import encode_result, error_text
 from sundial_worker.sdk import HandlerRegistry
 
 
