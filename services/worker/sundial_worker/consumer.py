@@ -7,7 +7,7 @@ Threading. confluent-kafka blocks and is not asyncio-aware, and its consumer mus
 while another thread is inside ``consume()``. So every call on the consumer — consume, commit,
 pause, close — runs on one dedicated thread (a single-worker executor), which also makes it the
 thread that runs the rebalance callbacks. The only state shared with the event loop is the
-:class:`~sundial_worker.offsets.OffsetTracker` and the set of assigned partitions, guarded by a lock.
+:class:`~sundial_worker.assignment.Assignment`: the assigned partitions and their offsets, behind one lock.
 
 Back-pressure. The runtime asks for at most as many messages as it has free handler slots, so
 nothing is taken from Kafka that cannot start now. When every slot is busy it calls
@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -46,7 +45,8 @@ from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaError, Kafka
 from sundial_common.broker.kafka import NO_METRICS_PUSH, ensure_topics
 from sundial_common.broker.messages import pool_group, pool_topic
 
-from sundial_worker.offsets import OffsetTracker, TopicPartitionKey
+from sundial_worker.assignment import Assignment
+from sundial_worker.offsets import TopicPartitionKey
 
 log = logging.getLogger("sundial.worker.kafka")
 
@@ -136,44 +136,12 @@ class KafkaExecutionConsumer:
         self.topic = pool_topic(pool)
         self.group = consumer_group(pool)
         self._topic_partitions = topic_partitions
-        self._config: dict[str, Any] = {
-            "bootstrap.servers": bootstrap,
-            "group.id": self.group,
-            "client.id": client_id,
-            # Offsets are committed by hand, only behind the Postgres write (see OffsetTracker).
-            "enable.auto.commit": False,
-            "enable.auto.offset.store": False,
-            "auto.offset.reset": "earliest",
-            # Cooperative (incremental) rebalancing: a member joining or leaving moves only the partitions
-            # that change owner, and every other member keeps consuming throughout. The eager default revokes
-            # every partition of every member first: measured here, a worker killed in a pool of two stopped the
-            # survivor too, ~5 s; with this, the longest pause of the survivor was 0.25 s.
-            "partition.assignment.strategy": "cooperative-sticky",
-            # How long a silent member (killed, SIGSTOPped) keeps its partitions. tansu also holds a first
-            # group join for about half of it (librdkafka's 45 s default left a fresh worker without
-            # partitions for ~23 s). 3 s: a restarted worker receives ~2 s after it starts, a dead one's
-            # partitions move after ~5 s (session timeout + the rebalance).
-            "session.timeout.ms": int(session_timeout_sec * 1000),
-            "heartbeat.interval.ms": max(100, int(session_timeout_sec * 1000) // 3),
-            # How long the broker may hold a fetch that has no data yet. librdkafka's 500 ms default is the
-            # floor of an idle worker's latency: a message produced just after a fetch was parked waited
-            # for it. 10 ms costs an idle consumer a few cheap requests a second per broker.
-            "fetch.wait.max.ms": 10,
-            # A fetch is skipped while a partition already holds this many fetched messages the worker has not taken
-            # (it is behind), and looked at again after the backoff: fewer, larger fetches exactly when the worker is
-            # saturated, and no change while it keeps up (librdkafka's defaults, 100,000 and 1 s, never skip here).
-            "queued.min.messages": 64,
-            "fetch.queue.backoff.ms": 10,
-            # The broker may come back empty (tansu keeps topics in memory): notice it quickly.
-            "topic.metadata.refresh.interval.ms": 10000,
-            **NO_METRICS_PUSH,
-            "error_cb": self._on_error,
-        }
+        self._config = consumer_config(
+            bootstrap, self.group, client_id=client_id, session_timeout_sec=session_timeout_sec, on_error=self._on_error
+        )
         self._config.update(overrides or {})
         self._ready = asyncio.Event()
-        self._lock = threading.Lock()
-        self._tracker = OffsetTracker()
-        self._assigned: set[TopicPartitionKey] = set()
+        self._assignment = Assignment()
         self._consumer: Consumer | None = None
         self._thread: ThreadPoolExecutor | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -266,20 +234,17 @@ class KafkaExecutionConsumer:
         if messages and max_messages > 1:
             messages.extend(consumer.consume(max_messages - 1, 0))
         deliveries: list[Delivery] = []
-        with self._lock:
-            for message in messages:
-                if not self._usable(message):
-                    continue
-                topic, partition, offset = message.topic(), message.partition(), message.offset()
-                assert topic is not None and partition is not None and offset is not None
-                tp = (topic, partition)
-                # A message of a partition revoked between the two consume() calls is still run (the
-                # start CAS keeps that safe), but its offset belongs to the new owner now.
-                if tp in self._assigned:
-                    self._tracker.add(tp, offset)
-                deliveries.append(
-                    Delivery(topic, partition, offset, message.value(), _traceparent(message), _timestamp(message))
-                )
+        for message in messages:
+            if not self._usable(message):
+                continue
+            topic, partition, offset = message.topic(), message.partition(), message.offset()
+            assert topic is not None and partition is not None and offset is not None
+            deliveries.append(
+                Delivery(topic, partition, offset, message.value(), _traceparent(message), _timestamp(message))
+            )
+        # A message of a partition revoked between the two consume() calls is still run (the start CAS keeps that
+        # safe), but its offset belongs to the new owner now: only the assigned partitions' offsets are tracked.
+        self._assignment.track(((d.topic, d.partition), d.offset) for d in deliveries)
         return deliveries
 
     async def keepalive(self, wait_sec: float) -> None:
@@ -319,20 +284,16 @@ class KafkaExecutionConsumer:
     # --- acknowledging and committing -----------------------------------------------------
 
     def ack(self, delivery: Delivery) -> None:
-        with self._lock:
-            self._tracker.done(delivery.tp, delivery.offset)
+        self._assignment.ack((delivery.topic, delivery.partition), delivery.offset)
 
     def ack_many(self, deliveries: Sequence[Delivery]) -> None:
-        with self._lock:
-            for delivery in deliveries:
-                self._tracker.done(delivery.tp, delivery.offset)
+        self._assignment.ack_many(((d.topic, d.partition), d.offset) for d in deliveries)
 
     async def commit(self) -> int:
         if self._closed or self._consumer is None:
             return 0
-        with self._lock:
-            if not self._tracker.committable(self._assigned):
-                return 0  # nothing moved (an idle worker's every tick): no trip through the consumer's thread
+        if not self._assignment.anything_to_commit():
+            return 0  # nothing moved (an idle worker's every tick): no trip through the consumer's thread
         return await self._call(self._commit_live)
 
     def _commit_live(self) -> int:
@@ -340,11 +301,9 @@ class KafkaExecutionConsumer:
         return 0 if consumer is None else self._commit_sync(consumer, asynchronous=True)
 
     def _commit_sync(self, consumer: Consumer, *, asynchronous: bool) -> int:
-        with self._lock:
-            positions = self._tracker.committable(self._assigned)
-            if not positions:
-                return 0
-            self._tracker.mark_committed(positions)
+        positions = self._assignment.to_commit()
+        if not positions:
+            return 0
         offsets = [TopicPartition(topic, partition, offset) for (topic, partition), offset in positions.items()]
         try:
             if asynchronous:
@@ -355,8 +314,7 @@ class KafkaExecutionConsumer:
             # Not fatal: the next commit covers these partitions again, and at worst a few messages
             # are delivered again and lose the start CAS.
             log.warning("offset commit failed: %s", exc)
-            with self._lock:
-                self._tracker.mark_uncommitted(positions)
+            self._assignment.commit_failed(positions)
             return 0
         return len(offsets)
 
@@ -367,8 +325,7 @@ class KafkaExecutionConsumer:
 
     def _lag_sync(self) -> dict[int, int]:
         consumer = self._live_consumer()
-        with self._lock:
-            assigned = [TopicPartition(topic, partition) for topic, partition in self._assigned]
+        assigned = [TopicPartition(topic, partition) for topic, partition in self._assignment.partitions()]
         lag: dict[int, int] = {}
         for tp in consumer.position(assigned) if assigned else []:
             # One ListOffsets round trip per partition, every few seconds (CommitConfig.lag_interval_sec).
@@ -380,8 +337,7 @@ class KafkaExecutionConsumer:
 
     def pending(self) -> int:
         """Messages handed out and not yet acknowledged, over all assigned partitions (for tests)."""
-        with self._lock:
-            return sum(self._tracker.pending(tp) for tp in self._tracker.partitions())
+        return self._assignment.pending()
 
     # --- callbacks (on the consumer thread, from inside consume()) ------------------------
 
@@ -401,8 +357,7 @@ class KafkaExecutionConsumer:
                 consumer.resume(partitions)
             except KafkaException as exc:
                 log.warning("could not set up newly assigned partitions: %s", exc)
-        with self._lock:
-            self._assigned |= keys
+        self._assignment.assign(keys)
         self._assigned_at = time.monotonic()
         if partitions or not self._ready.is_set():
             log.info("partitions assigned: %s", _describe(partitions) or "none (more members than partitions)")
@@ -411,10 +366,7 @@ class KafkaExecutionConsumer:
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         keys = {(p.topic, p.partition) for p in partitions}
-        with self._lock:
-            positions = self._tracker.committable(keys & self._assigned)
-            self._tracker.forget(keys)
-            self._assigned -= keys
+        positions = self._assignment.revoke(keys)
         if positions:
             offsets = [TopicPartition(t, p, o) for (t, p), o in positions.items()]
             try:
@@ -428,9 +380,7 @@ class KafkaExecutionConsumer:
         # Lost (session expired): the partitions may already be someone else's; committing could
         # move their offsets under the new owner, so just let go.
         keys = {(p.topic, p.partition) for p in partitions}
-        with self._lock:
-            self._tracker.forget(keys)
-            self._assigned -= keys
+        self._assignment.lose(keys)
         log.warning("partitions lost: %s", _describe(partitions))
 
     def _on_error(self, err: KafkaError) -> None:
@@ -453,6 +403,45 @@ class KafkaExecutionConsumer:
         if self._thread is None:
             raise RuntimeError("the Kafka consumer is not open")
         return await asyncio.get_running_loop().run_in_executor(self._thread, func, *args)
+
+
+def consumer_config(
+    bootstrap: str, group: str, *, client_id: str, session_timeout_sec: float, on_error: Callable[[KafkaError], None]
+) -> dict[str, Any]:
+    """The confluent-kafka settings of a pool's consumer, and why each differs from librdkafka's default."""
+    return {
+        "bootstrap.servers": bootstrap,
+        "group.id": group,
+        "client.id": client_id,
+        # Offsets are committed by hand, only behind the Postgres write (see OffsetTracker).
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "auto.offset.reset": "earliest",
+        # Cooperative (incremental) rebalancing: a member joining or leaving moves only the partitions
+        # that change owner, and every other member keeps consuming throughout. The eager default revokes
+        # every partition of every member first: measured here, a worker killed in a pool of two stopped the
+        # survivor too, ~5 s; with this, the longest pause of the survivor was 0.25 s.
+        "partition.assignment.strategy": "cooperative-sticky",
+        # How long a silent member (killed, SIGSTOPped) keeps its partitions. tansu also holds a first
+        # group join for about half of it (librdkafka's 45 s default left a fresh worker without
+        # partitions for ~23 s). 3 s: a restarted worker receives ~2 s after it starts, a dead one's
+        # partitions move after ~5 s (session timeout + the rebalance).
+        "session.timeout.ms": int(session_timeout_sec * 1000),
+        "heartbeat.interval.ms": max(100, int(session_timeout_sec * 1000) // 3),
+        # How long the broker may hold a fetch that has no data yet. librdkafka's 500 ms default is the
+        # floor of an idle worker's latency: a message produced just after a fetch was parked waited
+        # for it. 10 ms costs an idle consumer a few cheap requests a second per broker.
+        "fetch.wait.max.ms": 10,
+        # A fetch is skipped while a partition already holds this many fetched messages the worker has not taken
+        # (it is behind), and looked at again after the backoff: fewer, larger fetches exactly when the worker is
+        # saturated, and no change while it keeps up (librdkafka's defaults, 100,000 and 1 s, never skip here).
+        "queued.min.messages": 64,
+        "fetch.queue.backoff.ms": 10,
+        # The broker may come back empty (tansu keeps topics in memory): notice it quickly.
+        "topic.metadata.refresh.interval.ms": 10000,
+        **NO_METRICS_PUSH,
+        "error_cb": on_error,
+    }
 
 
 def _traceparent(message: Message) -> str | None:
