@@ -19,7 +19,7 @@ consumer) and the start/stop contract, and builds its parts from one :class:`Wor
 So the only per-message round trip is the handler itself: starts, finishes and heartbeats travel in
 batches. Each side task is named ``sundial-worker-<loop>``; one that dies (or returns, or is cancelled
 before a stop) fails the whole runtime loudly — :meth:`WorkerRuntime.run_until` raises
-:class:`~sundial_worker.errors.WorkerCrashed`.
+:class:`~sundial_worker.errors.WorkerCrashed` (:mod:`~sundial_worker.supervision`).
 
 Start: take this worker's next incarnation and declare what an earlier one left RUNNING lost
 (:mod:`~sundial_worker.incarnations`), then join the pool's consumer group.
@@ -33,12 +33,9 @@ outcomes, commit, and leave the consumer group.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, fields
 from types import TracebackType
-from typing import Any
 
 import asyncpg
 from redis import Redis as SyncRedis
@@ -63,6 +60,7 @@ from sundial_worker.inflight import InFlight, OutcomeBuffer, WorkerStats
 from sundial_worker.outcomes import FlushConfig, OutcomeFlusher
 from sundial_worker.pool_guard import PoolGuard
 from sundial_worker.sdk import Worker
+from sundial_worker.supervision import SideTasks
 from sundial_worker.wakeups import TopicWakes
 
 log = logging.getLogger("sundial.worker")
@@ -200,11 +198,9 @@ class WorkerRuntime:
         self.outcomes = OutcomeBuffer(self.config.flush_max_outcomes)
         # Kept after stop: an abandoned sync handler's thread is still counted by stuck_sync_handlers.
         self._parts: WorkerParts | None = None
-        self._side_tasks: dict[str, asyncio.Task[None]] = {}
-        self._crashed = asyncio.Event()
-        self._failure: BaseException | None = None
         self._force = asyncio.Event()
         self._stopping = asyncio.Event()
+        self._tasks = SideTasks(self._stopping)
         self._started = False
         self._stopped = False
         self._stop_done = asyncio.Event()
@@ -281,14 +277,14 @@ class WorkerRuntime:
             self._stopped = True
             raise
         parts = self.parts
-        self._spawn("poll", parts.admission.run)
-        self._spawn("flush", parts.flusher.run)
-        self._spawn("commit", parts.committer.run)
+        self._tasks.spawn("poll", parts.admission.run)
+        self._tasks.spawn("flush", parts.flusher.run)
+        self._tasks.spawn("commit", parts.committer.run)
         parts.liveness.start()
-        self._spawn("heartbeat", parts.heartbeats.run)
-        self._spawn("cancel", parts.cancel_watch.run)
-        self._spawn("wakes", lambda: parts.wakes.run(self._stopping))
-        self._spawn("announce", parts.announcer.run)
+        self._tasks.spawn("heartbeat", parts.heartbeats.run)
+        self._tasks.spawn("cancel", parts.cancel_watch.run)
+        self._tasks.spawn("wakes", lambda: parts.wakes.run(self._stopping))
+        self._tasks.spawn("announce", parts.announcer.run)
 
     def _build(self, stores: Stores, redis: Redis, keyring: Keyring) -> WorkerParts:
         config = self.config
@@ -298,7 +294,7 @@ class WorkerRuntime:
         loop = asyncio.get_running_loop()
 
         def fail_from_thread(what: str, exc: BaseException) -> None:
-            loop.call_soon_threadsafe(self._fail, what, exc)
+            loop.call_soon_threadsafe(self._tasks.fail, what, exc)
 
         liveness = LivenessThread(
             # A client of its own: the asyncio one belongs to the event loop, which is what it must not depend on.
@@ -317,7 +313,7 @@ class WorkerRuntime:
             heartbeats=heartbeats,
             stats=self.stats,
             keyring=keyring,
-            on_failure=self._fail,
+            on_failure=self._tasks.fail,
         )
         # A publisher's announcement resumes a parked consumer (sundial_worker.wakeups); admission parks only while
         # the subscription is up.
@@ -379,7 +375,7 @@ class WorkerRuntime:
         parts = self.parts
         try:
             await self._stop_polling(parts.admission)
-            await self._cancel_side_task("announce")
+            await self._tasks.cancel("announce")
             await parts.announcer.withdraw()  # no longer a worker that will take this pool's work
             abandoned = await parts.executor.finish(self.config.shutdown_grace_sec, self._force)
             # No renewal may race the release below (the thread took its list of running executions before
@@ -390,7 +386,7 @@ class WorkerRuntime:
             await parts.heartbeats.release(abandoned)
             await self._drain_outcomes(parts.flusher)
             for name in ("commit", "heartbeat", "cancel", "wakes"):
-                await self._cancel_side_task(name)
+                await self._tasks.cancel(name)
             await self._close_resources(parts.stores, parts.redis)
         finally:
             self._stopped = True
@@ -415,7 +411,7 @@ class WorkerRuntime:
         """Start, serve until ``stop`` is set, then stop; raises :class:`WorkerCrashed` if a side task died."""
         await self.start()
         try:
-            waiters = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self._crashed.wait())]
+            waiters = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self._tasks.crashed.wait())]
             try:
                 await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
             finally:
@@ -423,12 +419,13 @@ class WorkerRuntime:
                     waiter.cancel()
         finally:
             await self.stop()
-        if self._failure is not None:
-            raise WorkerCrashed(f"worker {self.worker_id} crashed: {self._failure!r}") from self._failure
+        failure = self._tasks.failure
+        if failure is not None:
+            raise WorkerCrashed(f"worker {self.worker_id} crashed: {failure!r}") from failure
 
     async def wait_crashed(self) -> BaseException | None:
-        await self._crashed.wait()
-        return self._failure
+        await self._tasks.crashed.wait()
+        return self._tasks.failure
 
     # --- shutdown steps ---------------------------------------------------------------------
 
@@ -436,14 +433,14 @@ class WorkerRuntime:
         # The poll loop is not cancelled: cancelling it between the start CAS and launching the
         # handlers would strand RUNNING rows. It checks the stopping event at least every poll timeout.
         admission.wake()
-        task = self._side_tasks.get("poll")
-        if task is not None and not task.done():
+        task = self._tasks.running("poll")
+        if task is not None:
             await asyncio.wait([task])
 
     async def _drain_outcomes(self, flusher: OutcomeFlusher) -> None:
-        task = self._side_tasks.get("flush")
+        task = self._tasks.running("flush")
         flusher.drain()
-        if task is None or task.done():
+        if task is None:
             return
         done, _ = await asyncio.wait([task], timeout=_FINAL_FLUSH_SEC)
         if not done:
@@ -452,15 +449,7 @@ class WorkerRuntime:
                 len(self.outcomes),
                 _FINAL_FLUSH_SEC,
             )
-            await self._cancel_side_task("flush")
-
-    async def _cancel_side_task(self, name: str) -> None:
-        task = self._side_tasks.get(name)
-        if task is None or task.done():
-            return
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+            await self._tasks.cancel("flush")
 
     async def _close_resources(self, stores: Stores | None, redis: Redis | None) -> None:
         try:
@@ -475,28 +464,3 @@ class WorkerRuntime:
             await redis.aclose()
         if stores is not None:
             await stores.close()
-
-    # --- supervision ------------------------------------------------------------------------
-
-    def _spawn(self, name: str, loop: Callable[[], Coroutine[Any, Any, None]]) -> None:
-        task = asyncio.create_task(loop(), name=f"sundial-worker-{name}")
-        self._side_tasks[name] = task
-        task.add_done_callback(lambda t: self._on_side_task_done(name, t))
-
-    def _on_side_task_done(self, name: str, task: asyncio.Task[None]) -> None:
-        stopping = self._stopping.is_set()
-        if task.cancelled():
-            if not stopping:
-                self._fail(f"side task {name}", RuntimeError(f"side task {name} was cancelled"))
-            return
-        exc = task.exception()
-        if exc is not None:
-            self._fail(f"side task {name}", exc)
-        elif not stopping:
-            self._fail(f"side task {name}", RuntimeError(f"side task {name} returned unexpectedly"))
-
-    def _fail(self, what: str, exc: BaseException) -> None:
-        log.critical("%s died; the worker is shutting down", what, exc_info=exc)
-        if self._failure is None:
-            self._failure = exc
-        self._crashed.set()
