@@ -21,29 +21,21 @@ waits behind the cursor for a later step.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from uuid import UUID
 
-from opentelemetry.context import Context
-from opentelemetry.trace import Link, Span, SpanKind, get_current_span
+from opentelemetry.trace import Link, Span, get_current_span
 from sundial_common.broker.kafka import Publisher
-from sundial_common.broker.messages import ExecutionMessage, pool_topic
-from sundial_common.broker.outbox import OutboxSender
 from sundial_common.domain.ids import new_id
 from sundial_common.domain.schedules import occurrences, spec_from_row
 from sundial_common.observability.tracing import (
     context_from,
-    execution_attributes,
-    kafka_publish_attributes,
     trace_id_hex,
     traceparent,
-    tracer,
 )
-from sundial_common.runtime.clock import Clock, SystemClock
-from sundial_common.runtime.crashpoints import crash_point
+from sundial_common.runtime.clock import Clock
 from sundial_common.stores.backfills import (
     BackfillAdvance,
     BackfillExecution,
@@ -54,24 +46,18 @@ from sundial_common.stores.backfills import (
 from sundial_common.stores.dispatch import DispatchStore
 from sundial_common.stores.types import Record
 
-from sundial_dispatcher.dispatch_spans import end_duplicates, end_failed, end_rate_limited
-from sundial_dispatcher.limits import Limits, NoLimits, Room
-from sundial_dispatcher.metrics import count_dispatched
-from sundial_dispatcher.side_work import Cadence
+from sundial_dispatcher.dispatch_spans import end_failed, end_rate_limited
+from sundial_dispatcher.limits import Limits, Room
 from sundial_dispatcher.sources import dispatch_once
-
-log = logging.getLogger(__name__)
+from sundial_dispatcher.waiting_work import WaitingWorkConfig, WaitingWorkSource, first_attempt_span
 
 _BEFORE = timedelta(microseconds=1)
 
 
 @dataclass(frozen=True)
-class BackfillConfig:
+class BackfillConfig(WaitingWorkConfig):
     #: Seconds between steps of the shard's running backfills.
     interval_sec: float = 0.2
-    #: While no backfill runs on the shard, the interval doubles up to this: an idle leader's cost, and how long
-    #: a new backfill may wait for its first step.
-    idle_interval_sec: float = 1.0
     #: Running backfills stepped per transaction.
     batch_backfills: int = 100
     #: Most executions one backfill creates per step, whatever its rate.
@@ -80,8 +66,9 @@ class BackfillConfig:
     max_budget_sec: float = 1.0
 
     def __post_init__(self) -> None:
-        if self.interval_sec <= 0 or self.max_budget_sec <= 0:
-            raise ValueError("interval_sec and max_budget_sec must be > 0")
+        super().__post_init__()
+        if self.max_budget_sec <= 0:
+            raise ValueError("max_budget_sec must be > 0")
         if not 1 <= self.batch_backfills <= 10000 or not 1 <= self.max_per_step <= 10000:
             raise ValueError("batch_backfills and max_per_step must be within 1..10000")
 
@@ -170,24 +157,12 @@ class BackfillStepPlanner:
         execution_id = new_id()
         origin = context_from(backfill["traceparent"])
         links = [Link(get_current_span(origin).get_span_context())] if origin else []
-        span = tracer.start_span(
-            f"send {pool_topic(backfill['pool'])}",
-            context=Context(),
-            kind=SpanKind.PRODUCER,
-            links=links,
-            attributes={
-                **execution_attributes(
-                    tenant=backfill["tenant_id"],
-                    job_id=backfill["job_id"],
-                    execution_id=str(execution_id),
-                    attempt=1,
-                    pool=backfill["pool"],
-                    handler=backfill["handler"],
-                ),
-                **kafka_publish_attributes(pool_topic(backfill["pool"]), str(execution_id)),
-                "sundial.scheduled_for": nominal.isoformat(),
-                "sundial.backfill_id": str(backfill["id"]),
-            },
+        span = first_attempt_span(
+            backfill,
+            backfill["job_id"],
+            execution_id,
+            links,
+            {"sundial.scheduled_for": nominal.isoformat(), "sundial.backfill_id": str(backfill["id"])},
         )
         self.spans[execution_id] = span
         policy = backfill["retry_policy"] or {}
@@ -209,10 +184,13 @@ class _Stepped:
     planner: BackfillStepPlanner
 
 
-class BackfillDispatcher:
+class BackfillDispatcher(WaitingWorkSource):
     """Leader-only: one shard's running backfills stepped under one term's fencing token; a dispatch source
     (:mod:`sundial_dispatcher.sources`) whose claim is the room fair dispatch leaves it (the backfills' cursors
     are in Postgres: nothing to put back)."""
+
+    what = "backfill"
+    noun = "backfill"
 
     def __init__(
         self,
@@ -226,17 +204,9 @@ class BackfillDispatcher:
         clock: Clock | None = None,
         limits: Limits | None = None,
     ) -> None:
-        self.shard = shard
-        self.token = token
-        self.holder = holder
+        super().__init__(shard, token, holder, outbox, publisher, config, clock, limits)
         self.store = store
-        self.outbox = outbox
-        self.sender = OutboxSender(publisher, "backfill", token)
         self.config = config
-        self.clock = clock or SystemClock()
-        #: Fair dispatch's limits (none when fairness is off: occurrences go out at the backfill's own rate).
-        self.limits = limits or NoLimits()
-        self.cadence = Cadence(config.interval_sec, config.idle_interval_sec, self.clock)
 
     async def run_if_due(self) -> BackfillResult | None:
         """:meth:`run_once` when its :attr:`cadence` says (the dispatch loop's hook)."""
@@ -253,13 +223,8 @@ class BackfillDispatcher:
     def nothing(self) -> BackfillResult:
         return BackfillResult()
 
-    async def claim(self) -> Room | None:
-        if not await self.store.has_running(self.shard):
-            return None
-        return await self.limits.room()
-
-    async def put_back(self, claimed: Room) -> None:
-        """Nothing: the backfills' cursors did not move."""
+    async def has_work(self) -> bool:
+        return await self.store.has_running(self.shard)
 
     async def commit(self, room: Room) -> _Stepped:
         planner = BackfillStepPlanner(self.config, room, self.limits)
@@ -279,11 +244,13 @@ class BackfillDispatcher:
         except BaseException:
             end_failed(planner.spans, "backfill")
             raise
-        self.limits.took(((p.backfill["tenant_id"], p.backfill["pool"]) for p in outcome.created), room)
-        if outcome.created:
-            crash_point("backfills.after_commit")  # committed, not published: the sweeper's to send
         # Planned but not created: the occurrence already had an execution.
-        end_duplicates(planner.spans, {p.execution_id for p in outcome.created})
+        self.committed(
+            outcome.created,
+            planner.spans,
+            ((p.backfill["tenant_id"], p.backfill["pool"]) for p in outcome.created),
+            room,
+        )
         return _Stepped(outcome, planner)
 
     async def send(self, stepped: _Stepped) -> BackfillResult:
@@ -291,30 +258,7 @@ class BackfillDispatcher:
         result = BackfillResult(created=len(created), running=stepped.planner.running)
         if not created:
             return result
-        count_dispatched((p.backfill["tenant_id"], p.backfill["pool"]) for p in created)
-        sent = await self.sender.send(
-            [self._message(p) for p in created],
-            [p.execution_id for p in created],
-            [stepped.planner.spans[p.execution_id] for p in created],
-            mark=self.outbox.mark_published,
+        result.published, result.publish_failed = await self.publish(
+            created, [(p.backfill, p.backfill["job_id"]) for p in created], stepped.planner.spans
         )
-        result.published, result.publish_failed = len(sent.sent), sent.failed
-        if sent.failed:
-            log.warning("shard %d: %d backfill publishes failed; the sweeper will send them", self.shard, sent.failed)
         return result
-
-    def _message(self, p: BackfillExecution) -> ExecutionMessage:
-        b = p.backfill
-        return ExecutionMessage(
-            execution_id=str(p.execution_id),
-            job_id=str(b["job_id"]),
-            tenant_id=b["tenant_id"],
-            pool=b["pool"],
-            handler=b["handler"],
-            attempt=1,
-            fence_token=self.sender.fence_token,
-            scheduled_for=p.scheduled_for.isoformat(),
-            timeout_sec=b["timeout_sec"],
-            payload=b["payload"],
-            traceparent=p.traceparent,
-        )

@@ -34,59 +34,44 @@ Each child execution starts a trace of its own, linked to the trace of every par
 
 from __future__ import annotations
 
-import logging
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from uuid import UUID
 
-from opentelemetry.context import Context
-from opentelemetry.trace import Link, Span, SpanKind, get_current_span
+from opentelemetry.trace import Link, Span, get_current_span
 from sundial_common.broker.kafka import Publisher
-from sundial_common.broker.messages import ExecutionMessage, pool_topic
-from sundial_common.broker.outbox import OutboxSender
 from sundial_common.domain.ids import new_id
 from sundial_common.observability.tracing import (
     context_from,
-    execution_attributes,
-    kafka_publish_attributes,
     trace_id_hex,
     traceparent,
-    tracer,
 )
-from sundial_common.runtime.clock import Clock, SystemClock
-from sundial_common.runtime.crashpoints import crash_point
+from sundial_common.runtime.clock import Clock
 from sundial_common.stores.dependencies import DependencyStore, TriggeredExecution, TriggerOutcome, TriggerPlan
 from sundial_common.stores.dispatch import DispatchStore
 from sundial_common.stores.types import Record
 
-from sundial_dispatcher.dispatch_spans import end_duplicates, end_failed, end_rate_limited
-from sundial_dispatcher.limits import Limits, NoLimits, Room
-from sundial_dispatcher.metrics import count_dispatched
-from sundial_dispatcher.side_work import Cadence
+from sundial_dispatcher.dispatch_spans import end_failed, end_rate_limited
+from sundial_dispatcher.limits import Limits, Room
 from sundial_dispatcher.sources import dispatch_once
-
-log = logging.getLogger(__name__)
+from sundial_dispatcher.waiting_work import WaitingWorkConfig, WaitingWorkSource, first_attempt_span
 
 _TICK = timedelta(microseconds=1)
 
 
 @dataclass(frozen=True)
-class TriggerConfig:
+class TriggerConfig(WaitingWorkConfig):
     #: Seconds between looks at the shard's pending triggers (the child's start latency is about this).
     interval_sec: float = 0.1
-    #: While looks find nothing, the interval doubles up to this (an idle leader's cost; the first child after
-    #: a quiet spell starts within it).
-    idle_interval_sec: float = 1.0
     #: Children handled per transaction.
     batch_children: int = 500
     #: Triggers read per transaction.
     batch_triggers: int = 2000
 
     def __post_init__(self) -> None:
-        if self.interval_sec <= 0:
-            raise ValueError("interval_sec must be > 0")
+        super().__post_init__()
         if not 1 <= self.batch_children <= 10000:
             raise ValueError("batch_children must be within 1..10000")
         if self.batch_triggers < self.batch_children:
@@ -198,24 +183,12 @@ class ChildFirePlanner:
             parent = context_from(trigger["parent_traceparent"])
             if parent is not None:
                 links.append(Link(get_current_span(parent).get_span_context(), {"sundial.link": "caused_by"}))
-        attributes = {
-            **execution_attributes(
-                tenant=child["tenant_id"],
-                job_id=child["id"],
-                execution_id=str(execution_id),
-                attempt=1,
-                pool=child["pool"],
-                handler=child["handler"],
-            ),
-            **kafka_publish_attributes(pool_topic(child["pool"]), str(execution_id)),
-            "sundial.caused_by": [str(t["parent_execution_id"]) for t in group],
-        }
-        return tracer.start_span(
-            f"send {pool_topic(child['pool'])}",
-            context=Context(),
-            kind=SpanKind.PRODUCER,
-            attributes=attributes,
-            links=links,
+        return first_attempt_span(
+            child,
+            child["id"],
+            execution_id,
+            links,
+            {"sundial.caused_by": [str(t["parent_execution_id"]) for t in group]},
         )
 
 
@@ -227,10 +200,13 @@ class _Fired:
     planner: ChildFirePlanner
 
 
-class TriggerDispatcher:
+class TriggerDispatcher(WaitingWorkSource):
     """Leader-only: one shard's pending triggers become executions under one term's fencing token; a dispatch
     source (:mod:`sundial_dispatcher.sources`) whose claim is the room fair dispatch leaves it (the triggers wait
     in Postgres: nothing to put back)."""
+
+    what = "trigger"
+    noun = "child"
 
     def __init__(
         self,
@@ -244,17 +220,9 @@ class TriggerDispatcher:
         clock: Clock | None = None,
         limits: Limits | None = None,
     ) -> None:
-        self.shard = shard
-        self.token = token
-        self.holder = holder
+        super().__init__(shard, token, holder, outbox, publisher, config, clock, limits)
         self.store = store
-        self.outbox = outbox
-        self.sender = OutboxSender(publisher, "trigger", token)
         self.config = config
-        self.clock = clock or SystemClock()
-        #: Fair dispatch's limits (none when fairness is off: children go out as they come).
-        self.limits = limits or NoLimits()
-        self.cadence = Cadence(config.interval_sec, config.idle_interval_sec, self.clock)
 
     async def run_if_due(self) -> TriggerResult | None:
         """:meth:`run_once` when its :attr:`cadence` says (the dispatch loop's hook)."""
@@ -272,13 +240,8 @@ class TriggerDispatcher:
     def nothing(self) -> TriggerResult:
         return TriggerResult()
 
-    async def claim(self) -> Room | None:
-        if not await self.store.has_pending(self.shard):
-            return None
-        return await self.limits.room()
-
-    async def put_back(self, claimed: Room) -> None:
-        """Nothing: the triggers are still pending in Postgres."""
+    async def has_work(self) -> bool:
+        return await self.store.has_pending(self.shard)
 
     async def commit(self, room: Room) -> _Fired:
         planner = ChildFirePlanner(room, self.limits)
@@ -295,11 +258,10 @@ class TriggerDispatcher:
         except BaseException:
             end_failed(planner.spans, "trigger")
             raise
-        self.limits.took(((p.child["tenant_id"], p.child["pool"]) for p in outcome.created), room)
-        if outcome.created:
-            crash_point("triggers.after_commit")  # committed, not published: the sweeper's to send
         # Planned but not created: the trigger already had its execution.
-        end_duplicates(planner.spans, {p.execution_id for p in outcome.created})
+        self.committed(
+            outcome.created, planner.spans, ((p.child["tenant_id"], p.child["pool"]) for p in outcome.created), room
+        )
         return _Fired(outcome, planner)
 
     async def send(self, fired: _Fired) -> TriggerResult:
@@ -309,30 +271,7 @@ class TriggerDispatcher:
         )
         if not created:
             return result
-        count_dispatched((p.child["tenant_id"], p.child["pool"]) for p in created)
-        sent = await self.sender.send(
-            [self._message(p) for p in created],
-            [p.execution_id for p in created],
-            [fired.planner.spans[p.execution_id] for p in created],
-            mark=self.outbox.mark_published,
+        result.published, result.publish_failed = await self.publish(
+            created, [(p.child, p.child["id"]) for p in created], fired.planner.spans
         )
-        result.published, result.publish_failed = len(sent.sent), sent.failed
-        if sent.failed:
-            log.warning("shard %d: %d child publishes failed; the sweeper will send them", self.shard, sent.failed)
         return result
-
-    def _message(self, p: TriggeredExecution) -> ExecutionMessage:
-        child = p.child
-        return ExecutionMessage(
-            execution_id=str(p.execution_id),
-            job_id=str(child["id"]),
-            tenant_id=child["tenant_id"],
-            pool=child["pool"],
-            handler=child["handler"],
-            attempt=1,
-            fence_token=self.sender.fence_token,
-            scheduled_for=p.scheduled_for.isoformat(),
-            timeout_sec=child["timeout_sec"],
-            payload=child["payload"],
-            traceparent=p.traceparent,
-        )
