@@ -46,45 +46,34 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
-from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 from uuid import UUID
 
-from opentelemetry.trace import Status, StatusCode
 from prometheus_client import Gauge
 from redis.asyncio import Redis
-from redis.exceptions import RedisError
 from sundial_common.broker.kafka import Publisher
 from sundial_common.broker.messages import DLQ_TOPIC, DeadLetter
 from sundial_common.broker.outbox import OutboxSender
-from sundial_common.domain.retry_policy import RetryPolicy
-from sundial_common.hotwindow.execution_signals import heartbeat_key
 from sundial_common.hotwindow.window import HotWindow
 from sundial_common.observability.metrics import (
     DEAD_LETTER_QUEUE_SIZE,
     JOBS,
     SWEEPER_RECOVERIES,
-    AttemptsEnded,
     Children,
 )
 from sundial_common.observability.tracing import (
-    FAILURE,
-    execution_attributes,
-    execution_context,
     traceparent,
-    tracer,
 )
 from sundial_common.runtime.clock import Clock, SystemClock
 from sundial_common.runtime.crashpoints import crash_point
 from sundial_common.stores import Stores
-from sundial_common.stores.executions import Finished, LostAttempt
-from sundial_common.stores.types import Record, RetryDue
+from sundial_common.stores.types import Record
 
 from sundial_sweeper.incidents import dead_incidents
+from sundial_sweeper.lost_attempts import LostAttempts, LostAttemptsConfig
 from sundial_sweeper.pool_gauges import PoolGauges
 from sundial_sweeper.resends import execution_message, send_span
 
@@ -94,11 +83,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-_REDIS_ERRORS: tuple[type[BaseException], ...] = (RedisError, OSError, TimeoutError)
 #: The reasons of sundial_sweeper_recoveries_total.
 _RECOVERY_REASONS = ("worker_lost", "timed_out", "republished")
-# RUNNING rows looked at per pass, at most: pages of batch_size.
-_MAX_RUNNING_PAGES = 20
 #: Scan (p) sends an attempt again at once the first time, then waits this long, doubled each time (at most the
 #: outbox's unstarted window): a message a worker acknowledges without starting it (undecodable) would otherwise be
 #: passed and sent again every few seconds, for ever.
@@ -152,6 +138,16 @@ class SweeperConfig:
         if self.batch_size < 1:
             raise ValueError("batch_size must be >= 1")
 
+    def lost_attempts(self) -> LostAttemptsConfig:
+        return LostAttemptsConfig(
+            batch_size=self.batch_size,
+            heartbeat_ttl_sec=self.heartbeat_ttl_sec,
+            lost_confirm_sec=self.lost_confirm_sec,
+            timeout_grace_sec=self.timeout_grace_sec,
+            actor=self.actor,
+            hot_window_sec=self.hot_window_sec,
+        )
+
 
 @dataclass(frozen=True)
 class SweepResult:
@@ -169,39 +165,6 @@ class SweepResult:
     republished_after_broker_restart: int = 0
     #: PENDING executions sent again because their pool's consumer group had passed their message (scan p).
     republished_passed: int = 0
-
-
-@dataclass
-class _Running:
-    """What one scan of the RUNNING executions found."""
-
-    timed_out: list[LostAttempt] = field(default_factory=list)
-    #: Attempts old enough to have a liveness key, to check in Redis.
-    to_check: list[Record] = field(default_factory=list)
-    #: Every scanned row by execution id: the parent of the span of whatever the sweeper does to it.
-    rows: dict[UUID, Record] = field(default_factory=dict)
-
-
-def _trace_recovery(row: Record, ended: Finished, started_ns: int) -> None:
-    """The sweeper's end of a lost or timed-out attempt, in the execution's trace: always an error span."""
-    reason = "worker lost" if ended.attempt_state == "FAILED_WORKER_LOST" else "timed out"
-    with tracer.start_as_current_span(
-        f"sweep {reason}",
-        context=execution_context(row["traceparent"]),
-        start_time=started_ns,
-        attributes={
-            **execution_attributes(
-                tenant=row["tenant_id"], job_id=row["job_id"], execution_id=row["id"], attempt=ended.attempt
-            ),
-            "sundial.worker_id": row["worker_id"],
-            FAILURE: True,
-            "sundial.attempt_state": ended.attempt_state,
-            "sundial.state": ended.state,
-        },
-    ) as span:
-        span.set_status(Status(StatusCode.ERROR, f"attempt {ended.attempt} {ended.attempt_state}; now {ended.state}"))
-        if ended.next_attempt_at is not None:
-            span.set_attribute("sundial.next_attempt_at", ended.next_attempt_at.isoformat())
 
 
 def _dead_letter(row: Record, parent: str | None) -> DeadLetter:
@@ -251,11 +214,11 @@ class Sweeper:
         self.clock = clock or SystemClock()
         self.redis = redis
         self.hot_window = HotWindow(redis) if redis is not None else None
-        # (execution, attempt) → monotonic time its liveness key was first seen missing.
-        self._missing_since: dict[tuple[UUID, int], float] = {}
+        self.lost_attempts = LostAttempts(
+            stores.executions, config.lost_attempts(), self.clock, redis=redis, hot_window=self.hot_window
+        )
         # (execution, attempt) → (times scan (p) sent it again, monotonic time of the last).
         self._passed_sent: dict[tuple[UUID, int], tuple[int, float]] = {}
-        self._attempts_ended = AttemptsEnded()
         self._recovered = {reason: SWEEPER_RECOVERIES.labels(reason) for reason in _RECOVERY_REASONS}
         self._jobs: Children[Gauge] = Children(JOBS)
         self._dead: Children[Gauge] = Children(DEAD_LETTER_QUEUE_SIZE)
@@ -291,126 +254,12 @@ class Sweeper:
             republished_passed=passed,
         )
 
-    # --- (a) and (t): RUNNING attempts whose worker is gone or that ran past their timeout -----------
+    # --- (a) and (t): RUNNING attempts whose worker is gone or that ran past their timeout (lost_attempts) --
 
     async def sweep_running(self) -> tuple[int, int, int]:
         """Returns (attempts declared lost, attempts timed out, keys newly suspected)."""
-        found = await self._scan_running()
-        lost, suspected = await self._lost(found.to_check)
-        started_ns = time.time_ns()
-        ended = await self.stores.executions.fail_running(self.config.actor, found.timed_out + lost)
-        for f in ended:
-            _trace_recovery(found.rows[f.execution_id], f, started_ns)
-        timed_out = sum(1 for f in ended if f.attempt_state == "TIMED_OUT")
-        self._attempts_ended.record((f.tenant_id, f.pool, f.state, f.next_attempt_at is not None) for f in ended)
-        await self._schedule_retries(ended)
-        if ended:
-            log.warning(
-                "ended %d attempts: %d lost their worker, %d ran past their timeout (%d retries scheduled, %d DEAD)",
-                len(ended),
-                len(ended) - timed_out,
-                timed_out,
-                sum(1 for f in ended if f.next_attempt_at is not None),
-                sum(1 for f in ended if f.state == "DEAD"),
-            )
-        for f in ended:
-            self._missing_since.pop((f.execution_id, f.attempt), None)
-        return len(ended) - timed_out, timed_out, suspected
-
-    async def _scan_running(self) -> _Running:
-        found = _Running()
-        after: tuple[datetime, UUID] | None = None
-        ttl = timedelta(seconds=self.config.heartbeat_ttl_sec)
-        grace = timedelta(seconds=self.config.timeout_grace_sec)
-        for _ in range(_MAX_RUNNING_PAGES):
-            rows = await self.stores.executions.running_executions(after, self.config.batch_size)
-            for row in rows:
-                found.rows[row["id"]] = row
-                age = row["db_now"] - row["started_at"]
-                timeout = row["timeout_sec"]
-                if timeout and age > timedelta(seconds=timeout) + grace:
-                    found.timed_out.append(
-                        self._ended(
-                            row,
-                            "TIMED_OUT",
-                            f"TimeoutError: the attempt ran past timeoutSec={timeout} and its worker "
-                            f"({row['worker_id']}) did not end it",
-                        )
-                    )
-                elif age > ttl:
-                    found.to_check.append(row)
-            if len(rows) < self.config.batch_size:
-                break
-            after = (rows[-1]["created_at"], rows[-1]["id"])
-        return found
-
-    async def _lost(self, rows: Sequence[Record]) -> tuple[list[LostAttempt], int]:
-        """Of RUNNING attempts old enough to have a liveness key, those whose key has stayed missing long enough."""
-        if self.redis is None:
-            return [], 0
-        seen = {(row["id"], row["attempt"]) for row in rows}
-        # Forget attempts that ended some other way (or that we no longer look at).
-        for key in [k for k in self._missing_since if k not in seen]:
-            del self._missing_since[key]
-        if not rows:
-            return [], 0
-        try:
-            values: list[Any] = []
-            for i in range(0, len(rows), 1000):
-                values += await self.redis.mget([heartbeat_key(row["id"]) for row in rows[i : i + 1000]])
-        except _REDIS_ERRORS as exc:
-            # Without Redis nothing can be told about liveness: never declare a worker lost on that.
-            log.warning("could not read liveness keys (%s); lost workers are looked for next pass", exc)
-            return [], 0
-        now = self.clock.monotonic()
-        lost: list[LostAttempt] = []
-        suspected = 0
-        for row, value in zip(rows, values, strict=True):
-            key = (row["id"], row["attempt"])
-            holder = value.decode() if isinstance(value, bytes) else value
-            if holder == row["worker_id"]:
-                self._missing_since.pop(key, None)
-                continue
-            first = self._missing_since.setdefault(key, now)
-            if first == now:
-                suspected += 1
-            if now - first >= self.config.lost_confirm_sec:
-                lost.append(
-                    self._ended(
-                        row,
-                        "FAILED_WORKER_LOST",
-                        f"WorkerLost: worker {row['worker_id']} stopped renewing its heartbeat",
-                    )
-                )
-        return lost, suspected
-
-    async def _schedule_retries(self, ended: Sequence[Finished]) -> None:
-        """Put the retries just scheduled into their shards' hot windows (best effort: the hydrator's overdue
-        scan re-adds any that is missing)."""
-        if self.hot_window is None:
-            return
-        horizon = self.clock.now() + timedelta(seconds=self.config.hot_window_sec)
-        by_shard: dict[int, list[RetryDue]] = defaultdict(list)
-        for f in ended:
-            if f.retry is not None and f.retry.due < horizon:
-                by_shard[f.shard].append(f.retry)
-        try:
-            for shard, retries in by_shard.items():
-                await self.hot_window.add_retries(shard, retries)
-        except _REDIS_ERRORS as exc:
-            log.warning("could not add retries to the hot window (the hydrator will): %s", exc)
-
-    @staticmethod
-    def _ended(row: Record, state: str, error: str) -> LostAttempt:
-        policy = RetryPolicy.from_json(row["retry_policy"])
-        return LostAttempt(
-            execution_id=row["id"],
-            attempt=row["attempt"],
-            worker_id=row["worker_id"],
-            state=state,
-            error=error,
-            retry_delay_ms=policy.delay_ms(row["attempt"]),
-        )
+        swept = await self.lost_attempts.run_once()
+        return swept.lost, swept.timed_out, swept.suspected
 
     # --- (g): gauges sampled from Postgres -----------------------------------------------------------
 
