@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -29,7 +28,7 @@ from sundial_common.observability.metrics import AttemptsEnded
 from sundial_common.observability.tracing import FAILURE, execution_attributes, execution_context, tracer
 from sundial_common.runtime.clock import Clock
 from sundial_common.stores.executions import ExecutionStore, Finished, LostAttempt
-from sundial_common.stores.types import Record, RetryDue
+from sundial_common.stores.types import Record
 
 log = logging.getLogger("sundial_sweeper.sweeper")
 
@@ -190,13 +189,8 @@ class LostAttempts:
         if self.hot_window is None:
             return
         horizon = self.clock.now() + timedelta(seconds=self.config.hot_window_sec)
-        by_shard: dict[int, list[RetryDue]] = defaultdict(list)
-        for f in ended:
-            if f.retry is not None and f.retry.due < horizon:
-                by_shard[f.shard].append(f.retry)
         try:
-            for shard, retries in by_shard.items():
-                await self.hot_window.add_retries(shard, retries)
+            await self.hot_window.add_retries_due(ended, horizon)
         except REDIS_ERRORS as exc:
             log.warning("could not add retries to the hot window (the hydrator will): %s", exc)
 

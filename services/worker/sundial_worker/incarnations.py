@@ -24,7 +24,6 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from collections import defaultdict
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -33,7 +32,6 @@ from sundial_common.hotwindow.window import HotWindow
 from sundial_common.observability.metrics import AttemptsEnded
 from sundial_common.stores import Stores
 from sundial_common.stores.executions import LostAttempt
-from sundial_common.stores.types import RetryDue
 from sundial_common.stores.workers import Incarnation
 
 from sundial_worker.errors import REDIS_ERRORS, TRANSIENT_DB_ERRORS
@@ -109,13 +107,8 @@ class Incarnations:
             ended = await self._stores.executions.fail_running(f"worker:{self.worker_id}", attempts)
             self._ended.record((f.tenant_id, f.pool, f.state, f.next_attempt_at is not None) for f in ended)
             horizon = datetime.now(UTC) + timedelta(seconds=self._hot_window_sec) + _HOT_WINDOW_MARGIN
-            by_shard: dict[int, list[RetryDue]] = defaultdict(list)
-            for f in ended:
-                if f.retry is not None and f.retry.due < horizon:
-                    by_shard[f.shard].append(f.retry)
             try:
-                for shard, due in by_shard.items():
-                    await self._hot_window.add_retries(shard, due)
+                await self._hot_window.add_retries_due(ended, horizon)
             except REDIS_ERRORS as exc:
                 log.warning("could not add retries to the hot window (the hydrator will): %s", exc)
             lost += len(ended)

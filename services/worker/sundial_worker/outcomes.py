@@ -33,7 +33,6 @@ from sundial_common.hotwindow.window import HotWindow
 from sundial_common.observability.metrics import AttemptsEnded
 from sundial_common.observability.tracing import FAILURE, tracer
 from sundial_common.stores.executions import ExecutionStore, Finished
-from sundial_common.stores.types import RetryDue
 
 from sundial_worker.consumer import ExecutionConsumer
 from sundial_worker.errors import REDIS_ERRORS, TRANSIENT_DB_ERRORS, check_positive_int, check_seconds
@@ -191,14 +190,8 @@ class OutcomeFlusher:
         Best effort: Postgres has the retry, and the hydrator promotes it (or re-adds it once overdue).
         """
         horizon = datetime.now(UTC) + timedelta(seconds=self.config.hot_window_sec) + _HOT_WINDOW_MARGIN
-        by_shard: dict[int, list[RetryDue]] = {}
-        for record in written:
-            retry = record.retry
-            if retry is not None and retry.due < horizon:
-                by_shard.setdefault(record.shard, []).append(retry)
         try:
-            for shard, retries in by_shard.items():
-                await self._hot_window.add_retries(shard, retries)
+            await self._hot_window.add_retries_due(written, horizon)
         except REDIS_ERRORS as exc:
             log.warning("could not add %d retries to the hot window (the hydrator will): %s", len(written), exc)
 

@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Protocol
 from uuid import UUID
 
 from redis.asyncio import Redis
@@ -28,6 +29,17 @@ from redis.asyncio import Redis
 from sundial_common.domain.ids import parse_id
 from sundial_common.runtime.clock import from_ms, to_ms
 from sundial_common.stores.types import Occurrence, RetryDue
+
+
+class EndedAttempt(Protocol):
+    """An attempt Postgres just ended (:class:`~sundial_common.stores.executions.Finished`): its shard, and the
+    retry it scheduled if any."""
+
+    @property
+    def shard(self) -> int: ...
+    @property
+    def retry(self) -> RetryDue | None: ...
+
 
 log = logging.getLogger(__name__)
 
@@ -244,6 +256,17 @@ class HotWindow:
         """Add (or move) scheduled retries' members. ``only_new``: leave existing ones where they are."""
         if retries:
             await self._add(shard, {retry_member(r.execution_id): to_ms(r.due) for r in retries}, only_new)
+
+    async def add_retries_due(self, ended: Iterable[EndedAttempt], horizon: datetime) -> None:
+        """Add the retries that attempts just ended scheduled, those due before ``horizon``, each to its shard's
+        window; the later ones are the hydrator's to promote. One round trip per shard."""
+        by_shard: dict[int, list[RetryDue]] = {}
+        for attempt in ended:
+            retry = attempt.retry
+            if retry is not None and retry.due < horizon:
+                by_shard.setdefault(attempt.shard, []).append(retry)
+        for shard, retries in by_shard.items():
+            await self.add_retries(shard, retries)
 
     async def watermarks(self, shards: int) -> list[int | None]:
         """Epoch ms up to which the hydrator has promoted each shard 0..``shards``-1 (None after a flush), in
