@@ -51,6 +51,7 @@ from sundial_api import (
     notification_destinations,
     notification_email,
     openapi_document,
+    pool_targets,
     pool_tokens,
     pool_workers,
     pools,
@@ -257,6 +258,8 @@ def create_app(settings: ApiSettings | None = None, *, clock: Clock | None = Non
     app.include_router(pools.router)
     app.include_router(pool_workers.router)
     app.include_router(pool_tokens.router)
+    app.include_router(pool_targets.router)
+    app.include_router(pool_targets.completions)
     app.include_router(breakers.router)
     app.include_router(notifications_api.router)
     app.include_router(notification_email.router)

@@ -154,6 +154,7 @@ async def create_pool(body: PoolCreate, state: State, principal: Authenticated) 
         owner=body.owner,
         shared_with=tuple(dict.fromkeys(body.shared_with or ())),
         kind=body.kind.value,
+        delivery=body.delivery.value,
         partitions=body.partitions,
         retention_ms=body.retention_ms,
         default_timeout_sec=body.default_timeout_sec,
@@ -247,6 +248,10 @@ async def update_pool(
         if body.kind is None:
             raise invalid("kind", "cannot be null (`production` or `staging`)")
         changes["kind"] = body.kind.value
+    if "delivery" in given:
+        if body.delivery is None:
+            raise invalid("delivery", "cannot be null (`worker` or `http`)")
+        changes["delivery"] = body.delivery.value
     if "default_timeout_sec" in given:
         changes["default_timeout_sec"] = body.default_timeout_sec
     if "default_retry_policy" in given:

@@ -53,9 +53,11 @@ from sundial_client.models.jobs import (
 )
 from sundial_client.models.pools import (
     PoolBacklog,
+    PoolDelivery,
     PoolDetail,
     PoolKind,
     PoolList,
+    PoolTargetView,
     PoolTokenIssued,
     PoolTokenList,
     PoolTokenView,
@@ -144,9 +146,11 @@ __all__ = [
     "Percentiles",
     "Pool",
     "PoolBacklog",
+    "PoolDelivery",
     "PoolDetail",
     "PoolKind",
     "PoolList",
+    "PoolTargetView",
     "PoolTokenIssued",
     "PoolTokenList",
     "PoolTokenView",

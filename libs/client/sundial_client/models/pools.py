@@ -16,11 +16,21 @@ class PoolKind(enum.StrEnum):
     STAGING = "staging"
 
 
+class PoolDelivery(enum.StrEnum):
+    WORKER = "worker"
+    HTTP = "http"
+
+
 class PoolView(ViewModel):
     name: str
     owner: str | None = Field(description="The owning tenant; null for a shared pool.")
     shared_with: list[str] = Field(description="The tenants a shared pool admits; empty for an owned pool.")
     kind: PoolKind
+    delivery: PoolDelivery = Field(
+        PoolDelivery.WORKER,
+        description="`worker`: the tenant's workers run its executions; `http`: Sundial POSTs each to the pool's "
+        "target (`PUT /v1/pools/{name}/target`).",
+    )
     partitions: int | None = Field(description="Partitions its topic was created with (null: created elsewhere).")
     retention_ms: int | None
     default_timeout_sec: int | None
@@ -95,3 +105,18 @@ class PoolTokenIssued(PoolTokenView):
 
 class PoolTokenList(ViewModel):
     items: list[PoolTokenView]
+
+
+class PoolTargetView(ViewModel):
+    """An HTTP pool's target: where Sundial POSTs its executions, signed with `secret`."""
+
+    pool: str
+    url: str = Field(description="The base URL.")
+    paths: dict[str, str] = Field(description="Handler name → path under `url`.")
+    secret: str = Field(
+        description="The signing secret (Standard Webhooks, `whsec_…`): in full only in the answer that made it, "
+        "redacted everywhere else."
+    )
+    updated_by: str
+    created_at: datetime
+    updated_at: datetime

@@ -25,6 +25,8 @@ one Postgres implementation and its own file of named queries under ``sql/``:
 - :mod:`~sundial_common.stores.pools` — the pool registry: owner or shared tenants, kind, job defaults.
 - :mod:`~sundial_common.stores.pool_tokens` — the pool tokens workers behind the worker gateway hold: pool, tenant,
   revocation.
+- :mod:`~sundial_common.stores.pool_targets` — where an HTTP pool's executions are POSTed, and the attempts its
+  target accepted.
 - :mod:`~sundial_common.stores.breakers` — retry circuit breakers per (tenant, pool, handler), their window
   counts, the retries they hold.
 - :mod:`~sundial_common.stores.notifications` — tenants' webhook subscriptions, the incidents they are told
@@ -57,6 +59,7 @@ from sundial_common.stores.jobs import JobStore, PostgresJobStore
 from sundial_common.stores.keys import KeyStore, PostgresKeyStore
 from sundial_common.stores.notifications import NotificationStore, PostgresNotificationStore
 from sundial_common.stores.partitions import PartitionStore, PostgresPartitionStore
+from sundial_common.stores.pool_targets import PoolTargetStore
 from sundial_common.stores.pool_tokens import PoolTokenStore, PostgresPoolTokenStore
 from sundial_common.stores.pools import PoolStore, PostgresPoolStore
 from sundial_common.stores.replays import PostgresReplayStore, ReplayStore
@@ -83,6 +86,7 @@ class Stores:
     audit: AuditStore
     pools: PoolStore
     pool_tokens: PoolTokenStore
+    pool_targets: PoolTargetStore
     breakers: BreakerStore
     partitions: PartitionStore
     notifications: NotificationStore
@@ -107,6 +111,7 @@ class Stores:
             audit=PostgresAuditStore(database),
             pools=PostgresPoolStore(database),
             pool_tokens=PostgresPoolTokenStore(database),
+            pool_targets=PoolTargetStore(database),
             breakers=PostgresBreakerStore(database),
             partitions=PostgresPartitionStore(database),
             notifications=PostgresNotificationStore(database),

@@ -22,6 +22,10 @@ from sundial_common.stores.types import Record, RetryDue
 Q = load_file("executions.sql")
 
 
+#: ``Outcome.retry_delay_ms`` of a failure no retry can mend (an HTTP target's 4xx): the execution is DEAD at once.
+NO_RETRY = -1
+
+
 @dataclass(frozen=True, slots=True)
 class Outcome:
     """How one attempt ended, as the worker reports it."""
@@ -31,7 +35,8 @@ class Outcome:
     state: str
     result: Any = None
     error: str | None = None
-    #: For a FAILED or TIMED_OUT attempt: how long until the next one, if the execution has attempts left.
+    #: For a FAILED or TIMED_OUT attempt: how long until the next one, if the execution has attempts left;
+    #: :data:`NO_RETRY` (negative) makes it DEAD now whatever attempts are left.
     retry_delay_ms: int = 0
     #: The handler's traceback (sealed, bounded), for an attempt its handler failed; kept on the attempt only.
     traceback: str | None = None

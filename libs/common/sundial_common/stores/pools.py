@@ -23,6 +23,10 @@ Q = load_file("pools.sql")
 PRODUCTION = "production"
 STAGING = "staging"
 KINDS = (PRODUCTION, STAGING)
+#: Who runs a pool's executions: the tenant's workers, or Sundial's delivery workers POSTing to the pool's target.
+WORKER = "worker"
+HTTP = "http"
+DELIVERIES = (WORKER, HTTP)
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +44,8 @@ class Pool:
     default_timeout_sec: int | None = None
     default_retry_policy: dict[str, Any] | None = None
     version: int = 1
+    #: ``worker`` or ``http`` (:data:`DELIVERIES`).
+    delivery: str = WORKER
     created_at: datetime | None = None
     updated_at: datetime | None = None
     tenants: frozenset[str] = field(init=False, repr=False, compare=False)
@@ -68,6 +74,7 @@ class Pool:
             default_timeout_sec=row["default_timeout_sec"],
             default_retry_policy=row["default_retry_policy"],
             version=row["version"],
+            delivery=row.get("delivery", WORKER),
             created_at=row["created_at"],
             updated_at=row["updated_at"],
         )
@@ -123,6 +130,7 @@ class PostgresPoolStore:
             pool.retention_ms,
             pool.default_timeout_sec,
             pool.default_retry_policy,
+            pool.delivery,
         )
         return Pool.from_row(row) if row is not None else None
 
@@ -146,6 +154,7 @@ class PostgresPoolStore:
             pool.default_timeout_sec,
             pool.default_retry_policy,
             expected_version,
+            pool.delivery,
         )
         assert row is not None
         return Updated(Pool.from_row(row) if row["name"] is not None else None, int(row["active_jobs"]))

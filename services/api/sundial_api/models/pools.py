@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from pydantic import Field, StrictInt, StrictStr
-from sundial_client.models.pools import PoolDetail, PoolKind, PoolList, PoolView
+from sundial_client.models.pools import PoolDelivery, PoolDetail, PoolKind, PoolList, PoolView
 from sundial_common.hotwindow.worker_announcements import WorkerAnnouncement
 from sundial_common.security.auth import TENANT
 from sundial_common.security.pool_tokens import DEFAULT_TTL_SEC, MAX_TTL_SEC
@@ -42,6 +42,11 @@ class PoolCreate(RequestModel):
         PoolKind.PRODUCTION,
         description="`production`, or `staging`: fed only by replays (the only kind a replay may target).",
     )
+    delivery: PoolDelivery = Field(
+        PoolDelivery.WORKER,
+        description="`worker`: the tenant's workers run its executions; `http`: Sundial's delivery workers POST each "
+        "to the target the owning tenant sets (`PUT /v1/pools/{name}/target`).",
+    )
     partitions: Annotated[StrictInt, Field(ge=1, le=1000)] = Field(
         4, description="Partitions of the pool's topic (at most as many workers consume it in parallel)."
     )
@@ -65,6 +70,7 @@ class PoolPatch(RequestModel):
     owner: StrictStr | None = Field(None, pattern=TENANT)
     shared_with: list[TenantName] | None = Field(None, min_length=1, max_length=MAX_SHARED)
     kind: PoolKind | None = None
+    delivery: PoolDelivery | None = None
     default_timeout_sec: Annotated[StrictInt, Field(ge=1, le=MAX_TIMEOUT_SEC)] | None = None
     default_retry_policy: RetryPolicy | None = None
 
@@ -110,6 +116,7 @@ def render_pool(pool: Pool) -> dict[str, object]:
         "owner": pool.owner,
         "sharedWith": list(pool.shared_with),
         "kind": pool.kind,
+        "delivery": pool.delivery,
         "partitions": pool.partitions,
         "retentionMs": pool.retention_ms,
         "defaultTimeoutSec": pool.default_timeout_sec,

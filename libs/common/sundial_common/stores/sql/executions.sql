@@ -111,17 +111,18 @@ LEFT JOIN LATERAL (
 -- RUNNING -> how the attempt ended, only for the attempt this worker owns. A worker that lost its claim
 -- (the sweeper moved on) gets zero rows and its result is dropped.
 -- A FAILED or TIMED_OUT attempt schedules the next one $7 ms from now (the worker computed the backoff) if
--- attempts are left; the last one leaves the execution DEAD, and one whose cancel was requested CANCELLED.
+-- attempts are left and $7 is not negative (a negative delay: a failure no retry can mend); the last one leaves the execution DEAD, and one whose cancel was requested CANCELLED.
 -- The attempt row keeps how the attempt itself ended, with the handler's traceback ($10) and log tail ($11).
 -- $8, $9: the smallest and largest of the ids.
 WITH finished AS (
     UPDATE executions e
     SET state = CASE
             WHEN f.state IN ('FAILED', 'TIMED_OUT') AND e.cancel_requested_at IS NOT NULL THEN 'CANCELLED'
-            WHEN f.state IN ('FAILED', 'TIMED_OUT') AND e.attempt >= e.max_attempts THEN 'DEAD'
+            WHEN f.state IN ('FAILED', 'TIMED_OUT') AND (e.attempt >= e.max_attempts OR f.delay_ms < 0) THEN 'DEAD'
             ELSE f.state END,
         next_attempt_at = CASE
             WHEN f.state IN ('FAILED', 'TIMED_OUT') AND e.cancel_requested_at IS NULL AND e.attempt < e.max_attempts
+                 AND f.delay_ms >= 0
             THEN now() + f.delay_ms * interval '1 millisecond' END,
         result = f.result, error = f.error, finished_at = now()
     FROM unnest($1::uuid[], $2::int[], $3::text[], $4::jsonb[], $5::text[], $7::bigint[], $10::text[], $11::text[])

@@ -5,8 +5,8 @@
 -- name: create_pool
 -- A new pool; no row when the name is taken.
 INSERT INTO pools (name, owner, shared_with, kind, partitions, retention_ms, default_timeout_sec,
-                   default_retry_policy)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+                   default_retry_policy, delivery)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
 ON CONFLICT (name) DO NOTHING
 RETURNING *;
 
@@ -21,7 +21,8 @@ WHERE ($1::text IS NULL OR name > $1) AND ($3::text IS NULL OR owner = $3 OR sha
 ORDER BY name LIMIT $2;
 
 -- name: update_pool
--- Every changeable field at once (the API merges a PATCH into the current row); $7 NULL: any version.
+-- Every changeable field at once (the API merges a PATCH into the current row); $7 NULL: any version; $8 the
+-- delivery.
 -- A production pool does not turn staging while jobs that can still fire (ACTIVE or PAUSED) target it: a staging
 -- pool's workers run replayed messages only, so their executions would never run. Then nothing is written and
 -- `active_jobs` says how many (the other columns are NULL, as when the pool is unknown or at another version: the
@@ -34,7 +35,7 @@ WITH active AS (
 ), updated AS (
     UPDATE pools
     SET owner = $2, shared_with = $3, kind = $4, default_timeout_sec = $5, default_retry_policy = $6,
-        version = version + 1, updated_at = now()
+        delivery = $8, version = version + 1, updated_at = now()
     WHERE name = $1 AND ($7::integer IS NULL OR version = $7) AND (SELECT n FROM active) = 0
     RETURNING *
 )
