@@ -38,6 +38,8 @@ class WebhookReceiver:
         self.tls = tls
         self.received: list[Received] = []
         self.replies: list[Reply] = []
+        #: Replies by request path (without the query), tried before the scripted ones: ``{"/a": [Reply(503), ...]}``.
+        self.routes: dict[str, list[Reply]] = {}
         self.port = 0
         self._server: asyncio.Server | None = None
 
@@ -58,10 +60,11 @@ class WebhookReceiver:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._server.wait_closed(), 2)
 
-    def _next_reply(self) -> Reply:
-        if not self.replies:
+    def _next_reply(self, path: str = "") -> Reply:
+        replies = self.routes.get(path.partition("?")[0]) or self.replies
+        if not replies:
             return Reply()
-        return self.replies.pop(0) if len(self.replies) > 1 else self.replies[0]
+        return replies.pop(0) if len(replies) > 1 else replies[0]
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -75,7 +78,7 @@ class WebhookReceiver:
                     headers[name.strip().lower()] = value.strip()
             body = await reader.readexactly(int(headers.get("content-length", "0")))
             self.received.append(Received(method, path, headers, body))
-            reply = self._next_reply()
+            reply = self._next_reply(path)
             if reply.delay_sec:
                 await asyncio.sleep(reply.delay_sec)
             extra = "".join(f"{k}: {v}\r\n" for k, v in reply.headers.items())

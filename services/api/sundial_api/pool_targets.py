@@ -1,5 +1,5 @@
 """``/v1/pools/{name}/target``: where an HTTP pool's executions are POSTed, set by the pool's owner; and
-``/v1/targets/completions/…``: how a target that answered ``202`` finishes the attempt later.
+``/v1/targets/{name}/completions/…``: how a target that answered ``202`` finishes the attempt later.
 
 An admin registers a pool with ``delivery: http``; its owning tenant (or an admin) then sets the target: a base URL,
 optional per-handler paths, and a signing secret made here, answered once and stored sealed under the owner's data
@@ -7,17 +7,15 @@ key, as the notification secrets are. The URL is checked as a notification's is 
 address requests may reach: 422 naming ``url``) and again at every delivery. A shared pool has no target: its
 secret would be sealed under one tenant's key while every sharing tenant's work went through it.
 
-**Completion.** A delivery worker whose POST was answered ``202`` leaves the attempt RUNNING and records the hash
-of a fresh token (:mod:`sundial_common.stores.pool_targets`); the request carried the token and this URL. The
-target POSTs the outcome here with ``Authorization: Bearer <token>``: checked in constant time, then written with
-the worker's own finish compare-and-swap (``executions.finish_attempts`` under the delivery worker's identity), so
-a completion after the sweeper timed the attempt out, or a second one, is refused (409).
+**Completion.** A delivery worker whose POST was answered ``202`` leaves the attempt RUNNING; the request carried
+this URL and a token derived from the target's secret (:mod:`sundial_common.delivery.targets`). The target POSTs
+the outcome here with ``Authorization: Bearer <token>``: checked in constant time, then written with the worker's
+own finish compare-and-swap (``executions.finish_attempts`` under the delivery worker's identity), so a completion
+after the sweeper timed the attempt out, or a second one, is refused (409).
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import logging
 import re
 from typing import Annotated
@@ -29,6 +27,7 @@ from sundial_client.models.pools import PoolTargetView
 from sundial_common.delivery.address_policy import AddressRefused
 from sundial_common.delivery.sender import URLRefused
 from sundial_common.delivery.signing import new_secret
+from sundial_common.delivery.targets import SEALED_SECRETS, check_completion_token
 from sundial_common.domain.retry_policy import RetryPolicy
 from sundial_common.security.auth import Principal
 from sundial_common.security.encryption import RESULT
@@ -38,7 +37,6 @@ from sundial_common.stores.pools import HTTP, Pool
 from sundial_api.auth import Authenticated
 from sundial_api.json_body import JsonRoute
 from sundial_api.models.targets import Completion, TargetPut, render_target
-from sundial_api.notification_delivery import SECRETS
 from sundial_api.problems import ProblemError, invalid, responses
 from sundial_api.responses import OrjsonResponse
 from sundial_api.state import ApiState, State
@@ -46,7 +44,7 @@ from sundial_api.state import ApiState, State
 log = logging.getLogger("sundial.api")
 
 router = APIRouter(prefix="/v1/pools/{name}/target", tags=["pools"], route_class=JsonRoute)
-completions = APIRouter(prefix="/v1/targets/completions", tags=["pools"], route_class=JsonRoute)
+completions = APIRouter(prefix="/v1/targets", tags=["pools"], route_class=JsonRoute)
 
 PoolName = Annotated[str, Path(description="The pool's name.")]
 _HANDLER = re.compile(r"^\S(?:.{0,198}\S)?$")
@@ -104,8 +102,8 @@ async def put_target(name: PoolName, body: TargetPut, state: State, principal: A
     cipher = await state.keyring.cipher(pool.owner)
     current = await state.stores.pool_targets.get_target(name)
     new = current is None or body.rotate_secret or current.tenant_id != pool.owner
-    secret = new_secret() if new else cipher.open_json(current.sealed_secrets, SECRETS)[0]  # type: ignore[union-attr]
-    sealed = cipher.seal_json([secret], SECRETS) if new else None
+    secret = new_secret() if current is None or new else cipher.open_json(current.sealed_secrets, SEALED_SECRETS)[0]
+    sealed = cipher.seal_json([secret], SEALED_SECRETS) if new else None
     target = await state.stores.pool_targets.put_target(name, pool.owner, body.url, paths, sealed, principal.subject)
     log.info("pool %s target set%s", name, " (new secret)" if new else "", extra={"pool": name})
     return OrjsonResponse(
@@ -128,21 +126,17 @@ async def get_target(name: PoolName, state: State, principal: Authenticated) -> 
     if target is None:
         raise ProblemError(404, f"pool {name} has no target yet (PUT /v1/pools/{name}/target)")
     cipher = await state.keyring.cipher(target.tenant_id)
-    return OrjsonResponse(render_target(target, cipher.open_json(target.sealed_secrets, SECRETS)[0], new=False))
-
-
-def token_hash(token: str) -> bytes:
-    """What is stored of a completion token."""
-    return hashlib.sha256(token.encode()).digest()
+    return OrjsonResponse(render_target(target, cipher.open_json(target.sealed_secrets, SEALED_SECRETS)[0], new=False))
 
 
 @completions.post(
-    "/{execution_id}/{attempt}",
+    "/{name}/completions/{execution_id}/{attempt}",
     status_code=204,
-    responses=responses(401, 404, 409, 422, 503),
+    responses=responses(401, 409, 422, 503),
     summary="Finish an attempt an HTTP target accepted (202), with the completion token its request carried",
 )
 async def complete(
+    name: PoolName,
     execution_id: Annotated[UUID, Path(description="The execution (`executionId` of the request).")],
     attempt: Annotated[int, Path(ge=1, description="The attempt (`attempt` of the request).")],
     body: Completion,
@@ -150,24 +144,32 @@ async def complete(
     authorization: Annotated[str | None, Header(description="`Bearer <completionToken>`.")] = None,
 ) -> Response:
     token = (authorization or "").removeprefix("Bearer ").strip()
-    acceptance = await state.stores.pool_targets.get_acceptance(execution_id, attempt)
-    # The same answer for an unknown attempt and a wrong token: a guess learns nothing.
-    if not token or acceptance is None or not hmac.compare_digest(token_hash(token), acceptance.token_hash):
-        raise ProblemError(401, "no accepted attempt matches this execution, attempt and completion token")
-    cipher = await state.keyring.cipher(acceptance.tenant_id)
+    target = await state.stores.pool_targets.get_target(name)
+    row = None
+    if token and target is not None:
+        row = await state.stores.executions.get_execution(target.tenant_id, execution_id)
+    # The same answer for an unknown pool, execution or attempt and a wrong token: a guess learns nothing.
+    if target is None or row is None or row["pool"] != name:
+        raise ProblemError(401, "no attempt of this pool matches this execution, attempt and completion token")
+    cipher = await state.keyring.cipher(target.tenant_id)
+    if not check_completion_token(
+        cipher.open_json(target.sealed_secrets, SEALED_SECRETS), execution_id, attempt, token
+    ):
+        raise ProblemError(401, "no attempt of this pool matches this execution, attempt and completion token")
+    if row["state"] != "RUNNING" or row["attempt"] != attempt or not row["worker_id"]:
+        raise ProblemError(409, f"attempt {attempt} is over already (the execution is {row['state']})")
     if body.outcome == "succeeded":
         outcome = Outcome(execution_id, attempt, "SUCCEEDED", cipher.seal_json(body.result, RESULT))
     else:
         delay = NO_RETRY
         if body.retry:
-            row = await state.stores.executions.get_execution(acceptance.tenant_id, execution_id)
-            job = await state.stores.jobs.get_job(acceptance.tenant_id, row["job_id"]) if row else None
+            job = await state.stores.jobs.get_job(target.tenant_id, row["job_id"])
             delay = RetryPolicy.from_json(job["retry_policy"] if job else None).delay_ms(attempt)
         error = cipher.seal_error(f"TargetFailed: {body.error or 'the target reported a failure'}")
         outcome = Outcome(execution_id, attempt, "FAILED", None, error, delay)
-    finished = await state.stores.executions.finish_attempts(acceptance.worker_id, [outcome])
-    await state.stores.pool_targets.forget_acceptance(execution_id, attempt)
+    # The delivery worker's own compare-and-swap, under its identity: at most one end of the attempt is accepted.
+    finished = await state.stores.executions.finish_attempts(row["worker_id"], [outcome])
     if not finished:
-        raise ProblemError(409, "the attempt is over already (completed, timed out or cancelled)")
-    log.info("accepted attempt %d of %s completed: %s", attempt, execution_id, body.outcome)
+        raise ProblemError(409, f"attempt {attempt} is over already (completed, timed out or cancelled)")
+    log.info("accepted attempt %d of %s completed: %s", attempt, execution_id, body.outcome, extra={"pool": name})
     return Response(status_code=204)

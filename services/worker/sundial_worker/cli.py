@@ -30,6 +30,7 @@ from sundial_common.security.encryption import MasterKeyError, master_key_provid
 
 from sundial_worker.errors import StartupError
 from sundial_worker.gateway_runtime import GatewayRuntime
+from sundial_worker.http_target import TargetDelivery, delivery_worker
 from sundial_worker.sdk import Worker
 from sundial_worker.settings import WorkerSettings
 from sundial_worker.staging import ServingRuntime
@@ -40,6 +41,8 @@ log = logging.getLogger("sundial.worker")
 #: short-lived objects (its message, task, context, outcome), almost none in cycles; at 700 a young collection
 #: ran every ~40 executions, with an older one every tenth (bench/worker_python.py: ~5 µs of ~45 per execution).
 GC_THRESHOLD = 7000
+#: A delivery worker's requests in flight at once by default: each mostly waits on the network.
+DELIVERY_CONCURRENCY = 64
 
 
 class AppError(Exception):
@@ -77,10 +80,17 @@ def _parser() -> argparse.ArgumentParser:
         description="Consume a pool's executions from Kafka and run their handlers: claim each one with a "
         "compare-and-swap in Postgres, record its outcome, commit the offset only after that write. With "
         "SUNDIAL_WORKER_GATEWAY set, run them through the worker gateway instead, holding only a pool token. "
+        "With --http-target, be a delivery worker: POST each execution of an HTTP pool to its target. "
         "SIGTERM/SIGINT stop gracefully; a second signal more than a second later abandons running handlers to "
         "the sweeper.",
     )
     parser.add_argument("--app", help="The Worker to serve, as module:attribute (env SUNDIAL_WORKER_APP).")
+    parser.add_argument(
+        "--http-target",
+        metavar="POOL",
+        help="Be a delivery worker of POOL, whose delivery is http: POST each execution to the pool's target "
+        "(env SUNDIAL_WORKER_HTTP_TARGET).",
+    )
     parser.add_argument(
         "--concurrency",
         type=int,
@@ -110,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     dev_stack = use_running_stack()
     overrides = {
         "worker_app": args.app,
+        "worker_http_target": args.http_target,
         "worker_concurrency": args.concurrency,
         "worker_id": args.worker_id,
         "worker_shutdown_grace_sec": args.shutdown_grace,
@@ -120,12 +131,26 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(settings.log_level, settings.log_format)
     if dev_stack is not None:
         log.info("using the development stack under %s (recorded in %s)", dev_stack.root, pointer_path())
-    if not settings.worker_app:
+    if not settings.worker_app and not settings.worker_http_target:
         parser.error("--app is required (or set SUNDIAL_WORKER_APP), e.g. --app sundial_worker.demo:worker")
+    if settings.worker_app and settings.worker_http_target:
+        parser.error("give --app or --http-target, not both: a delivery worker runs no handlers of its own")
     runtime: ServingRuntime | GatewayRuntime
+    target: TargetDelivery | None = None
     try:
-        worker = load_worker(settings.worker_app)
-        if settings.worker_gateway:
+        if settings.worker_http_target:
+            target = TargetDelivery(
+                settings,
+                settings,
+                completion_base_url=settings.worker_target_completion_url,
+                hold_sec=settings.worker_target_hold_sec,
+            )
+            worker = delivery_worker(
+                settings.worker_http_target, target, concurrency=settings.worker_concurrency or DELIVERY_CONCURRENCY
+            )
+        else:
+            worker = load_worker(settings.worker_app or "")
+        if settings.worker_gateway and target is None:
             # The gateway transport: a pool token only, no database, Redis, broker or master key.
             runtime = GatewayRuntime(worker, settings.gateway_config(worker))
         else:
@@ -149,6 +174,9 @@ def main(argv: list[str] | None = None) -> int:
             await runtime.run_until(stop)
         except (StartupError, MasterKeyError) as exc:  # a configuration problem: one line, not a traceback
             refused.append(str(exc))
+        finally:
+            if target is not None:
+                await target.close()
 
     with observed("sundial-worker", settings):
         code = run(serve, on_force=abandon_running_handlers, young_collection_every=GC_THRESHOLD)

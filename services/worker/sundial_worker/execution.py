@@ -246,7 +246,9 @@ class HandlerExecutor:
                     otel_context.detach(token)
         finally:
             self._inflight.end(running.execution_id)
-        self._outcomes.put(FinishedAttempt(outcome, running.deliveries, logger, running.span_context))
+        self._outcomes.put(
+            FinishedAttempt(outcome, running.deliveries, logger, running.span_context, hold_sec=running.hold_sec)
+        )
 
     def _attributes(self, message: ExecutionMessage) -> dict[str, str | int]:
         return execution_attributes(
@@ -287,6 +289,7 @@ class HandlerExecutor:
             trace_id=trace_id,
             logger=logger,
             previous_progress=cipher.open_json(row.get("previous_progress"), PROGRESS),
+            timeout_sec=message.timeout_sec or None,
             _sink=self._heartbeats,
         )
         running.ctx = ctx
@@ -311,8 +314,9 @@ class HandlerExecutor:
         if outcome.state in ("FAILED", "TIMED_OUT"):
             span.set_status(Status(StatusCode.ERROR, outcome.error or outcome.state))
             # The backoff is the worker's to compute (the policy's jitter); Postgres decides whether
-            # attempts are left and adds it to its own clock.
-            policy = RetryPolicy.from_json(row.get("retry_policy"))
-            outcome = dataclasses.replace(outcome, retry_delay_ms=policy.delay_ms(running.attempt))
+            # attempts are left and adds it to its own clock. A handler's verdict (verdicts.py) set its own.
+            if not outcome.retry_delay_ms:
+                policy = RetryPolicy.from_json(row.get("retry_policy"))
+                outcome = dataclasses.replace(outcome, retry_delay_ms=policy.delay_ms(running.attempt))
         span.set_attribute("sundial.outcome", outcome.state)
         return outcome, logger

@@ -205,6 +205,15 @@ class Heartbeats:
         except REDIS_ERRORS as exc:
             log.warning("could not delete %d heartbeat keys (they expire anyway): %s", len(execution_ids), exc)
 
+    async def hold(self, execution_id: UUID, hold_sec: float) -> None:
+        """Keep an accepted attempt's liveness key (still this worker's) for ``hold_sec``, then let it lapse."""
+        if self._closed:
+            return
+        try:
+            await self._keep(keys=[heartbeat_key(execution_id)], args=[self.worker_id, max(1, round(hold_sec * 1000))])
+        except REDIS_ERRORS as exc:
+            log.warning("could not hold the liveness of accepted attempt %s: %s", execution_id, exc)
+
     async def heartbeat(self, ctx: Context, progress: Any | None) -> None:
         """``ctx.heartbeat``: renew this execution's liveness key; store progress on the attempt."""
         if self._closed:

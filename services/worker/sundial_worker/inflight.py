@@ -77,6 +77,8 @@ class Running:
     due: datetime | None = None
     #: The attempt's process span, parent of the outcome write's span.
     span_context: SpanContext | None = None
+    #: Set when the handler raised :class:`~sundial_worker.verdicts.Accepted`: how long its liveness is held.
+    hold_sec: float | None = None
 
 
 class InFlight:
@@ -144,6 +146,8 @@ class FinishedAttempt:
     logger: logging.LoggerAdapter[logging.Logger]
     #: The attempt's process span: the outcome write is its child, in the execution's trace.
     span_context: SpanContext | None = None
+    #: An accepted attempt (its outcome's state ``ACCEPTED``): nothing is written, its liveness is held this long.
+    hold_sec: float | None = None
 
 
 class OutcomeBuffer:

@@ -13,6 +13,7 @@ buffer) stays the executor's.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import contextvars
 import logging
 import re
@@ -32,12 +33,13 @@ from sundial_common.security.encryption import (
     Keyring,
     TenantCipher,
 )
-from sundial_common.stores.executions import Outcome
+from sundial_common.stores.executions import NO_RETRY, Outcome
 
 from sundial_worker.inflight import Running, WorkerStats
 from sundial_worker.log_tail import log_tail, traceback_text
 from sundial_worker.metrics import ExecutionMetrics
 from sundial_worker.sdk import Context, HandlerSpec, Worker
+from sundial_worker.verdicts import ACCEPTED, Accepted, NoRetry, RetryAfter
 
 handler_log = logging.getLogger("sundial.worker.handler")
 
@@ -141,6 +143,15 @@ class HandlerInvoker:
             result = work.result()
         except asyncio.CancelledError as exc:  # the handler cancelled itself (or something it awaited)
             return self._handler_failed(ctx, span, exc, outcome)
+        except Accepted as exc:
+            running.hold_sec = exc.hold_sec
+            ctx.logger.info("handler %s: %s; the attempt stays RUNNING for %gs", ctx.handler, exc, exc.hold_sec)
+            return Outcome(ctx.execution_id, ctx.attempt, ACCEPTED)
+        except (RetryAfter, NoRetry) as exc:
+            failed = self._handler_failed(ctx, span, exc, outcome, traceback=False)
+            # At least 1 ms: zero is "not set" (the policy's backoff applies).
+            delay = NO_RETRY if isinstance(exc, NoRetry) else max(1, round(exc.delay_sec * 1000))
+            return dataclasses.replace(failed, retry_delay_ms=delay)
         except Exception as exc:
             return self._handler_failed(ctx, span, exc, outcome)
         encoded, problem = encode_result(result)
@@ -233,14 +244,17 @@ class HandlerInvoker:
         self._stats.cancelled += 1
         return outcome("CANCELLED", error=error)
 
-    def _handler_failed(self, ctx: Context, span: Span, exc: BaseException, outcome: Callable[..., Outcome]) -> Outcome:
-        error = error_text(exc)
+    def _handler_failed(
+        self, ctx: Context, span: Span, exc: BaseException, outcome: Callable[..., Outcome], *, traceback: bool = True
+    ) -> Outcome:
+        """``traceback`` False: a verdict (verdicts.py) the handler meant, whose message says it all."""
+        error = error_text(exc) if traceback else str(exc)
         # The traceback goes to the log, the span and, bounded and sealed, the attempt (GET /v1/executions/{id}).
-        ctx.logger.warning("handler %s failed: %s", ctx.handler, error, exc_info=exc)
+        ctx.logger.warning("handler %s failed: %s", ctx.handler, error, exc_info=exc if traceback else None)
         span.record_exception(exc)
         span.set_status(Status(StatusCode.ERROR, error))
         self._stats.failed += 1
-        return outcome("FAILED", error=error, traceback=traceback_text(exc))
+        return outcome("FAILED", error=error, traceback=traceback_text(exc) if traceback else None)
 
     def _submit_sync(self, spec: HandlerSpec, ctx: Context, payload: Any) -> asyncio.Future[Any]:
         assert self._threads is not None, "the executor is not open"

@@ -8,6 +8,9 @@ offset committer may pass them) and the executions' liveness keys dropped. An ou
 compare-and-swap (the sweeper or a cancel changed the execution first) is a rejected late write: logged,
 acknowledged, not retried.
 
+An accepted attempt (:class:`~sundial_worker.verdicts.Accepted`) has nothing to write: its message is acknowledged
+and its liveness key held for the time the handler asked, for whoever finishes it.
+
 A FAILED or TIMED_OUT attempt carries its retry policy's backoff: Postgres schedules the next attempt (or
 makes the execution DEAD after the last) in the same compare-and-swap, and after the write the flusher puts
 the retry's member into its shard's hot window (best effort: the hydrator re-adds one that is missing).
@@ -134,19 +137,28 @@ class OutcomeFlusher:
         if not buffer:
             return FlushResult()
         batch = buffer[: self.config.flush_max_outcomes]
+        # Accepted attempts (verdicts.Accepted) are not over: nothing to write, their liveness is held instead.
+        held = [f for f in batch if f.hold_sec is not None]
         started_ns = time.time_ns()
-        written = await self._executions.finish_attempts(self.worker_id, [f.outcome for f in batch])
+        written = await self._executions.finish_attempts(
+            self.worker_id, [f.outcome for f in batch if f.hold_sec is None] if held else [f.outcome for f in batch]
+        )
         ended_ns = time.time_ns()
         # Only now is the batch out of the buffer: a failed write above leaves it to be retried.
         del buffer[: len(batch)]
         accepted = {f.execution_id: f for f in written}
-        refused = [f.outcome for f in batch if f.outcome.execution_id not in accepted]
+        refused = [f.outcome for f in batch if f.outcome.execution_id not in accepted and f.hold_sec is None]
         # Rare: a refused write is either this worker's own, written again after a lost acknowledgement, or lost.
         mine = await self._executions.attempts_ended_by(self.worker_id, refused) if refused else {}
         rejected = 0
         # Asked once per batch, not by each attempt's logger adapter.
         debug = batch[0].logger.isEnabledFor(logging.DEBUG)
         for finished in batch:
+            if finished.hold_sec is not None:
+                self._inflight.settle(finished.outcome.execution_id)
+                for delivery in finished.deliveries:
+                    self._consumer.ack(delivery)
+                continue
             if (record := accepted.get(finished.outcome.execution_id)) is not None:
                 if record.next_attempt_at is not None:
                     self._stats.retries_scheduled += 1
@@ -180,9 +192,12 @@ class OutcomeFlusher:
         self._stats.flushes += 1
         self._stats.rejected += rejected
         self._ended.record((f.tenant_id, f.pool, f.state, f.next_attempt_at is not None) for f in written)
-        await self._heartbeats.release([f.outcome.execution_id for f in batch])
+        await self._heartbeats.release([f.outcome.execution_id for f in batch if f.hold_sec is None])
+        for finished in held:
+            assert finished.hold_sec is not None
+            await self._heartbeats.hold(finished.outcome.execution_id, finished.hold_sec)
         await self._schedule_retries(written)
-        return FlushResult(written=len(batch) - rejected, rejected=rejected)
+        return FlushResult(written=len(batch) - len(held) - rejected, rejected=rejected)
 
     async def _schedule_retries(self, written: Sequence[Finished]) -> None:
         """Put the retries just scheduled into their shards' hot windows, if they are due within it.

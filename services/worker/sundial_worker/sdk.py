@@ -209,6 +209,8 @@ class Context:
     progress: Any | None = None
     # Set in a staging pool: the replay and original message this run replays (see ReplayInfo); None otherwise.
     replay: ReplayInfo | None = None
+    # The job's ``timeoutSec`` (None: none): the attempt is interrupted that long after it started.
+    timeout_sec: float | None = None
     _sink: HeartbeatSink | None = field(default=None, repr=False)
     _cancel_requested: bool = field(default=False, repr=False)
 

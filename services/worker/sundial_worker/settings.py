@@ -8,7 +8,7 @@ them. Concurrency has three layers: ``--concurrency``, then ``SUNDIAL_WORKER_CON
 from __future__ import annotations
 
 from pydantic import Field
-from sundial_common.runtime.settings import CommonSettings
+from sundial_common.runtime.settings import CommonSettings, DeliverySettings
 
 from sundial_worker.gateway_runtime import GatewayConfig
 from sundial_worker.runtime import WorkerConfig
@@ -17,8 +17,8 @@ from sundial_worker.sdk import Worker
 _DEFAULTS = WorkerConfig()
 
 
-class WorkerSettings(CommonSettings):
-    """Settings of ``sundial worker``."""
+class WorkerSettings(DeliverySettings, CommonSettings):
+    """Settings of ``sundial worker`` (the ``delivery_*`` ones bound a delivery worker's requests)."""
 
     verifies_tokens = False  # a worker reads Kafka and Postgres, never a bearer token
 
@@ -64,6 +64,24 @@ class WorkerSettings(CommonSettings):
         ge=0,
         description="How long the worker trusts what it read of its pool's registry entry (which tenants it "
         "admits): a pool re-owned or shared differently applies here within this time.",
+    )
+
+    worker_http_target: str | None = Field(
+        None,
+        description="Run as a delivery worker of this pool (its delivery `http`): POST each execution to the pool's "
+        "target instead of running handlers; no `--app`.",
+    )
+    worker_target_completion_url: str | None = Field(
+        None,
+        description="The API's URL as HTTP targets reach it (e.g. `https://sundial.example.com`): a delivery worker "
+        "sends each request a completion URL under it, for a target that answers 202. Unset, a 202 fails the "
+        "execution for good.",
+    )
+    worker_target_hold_sec: float = Field(
+        3600.0,
+        gt=0,
+        description="How long an attempt a target accepted (202) waits for its completion when the job has no "
+        "`timeoutSec`; then the sweeper treats it as lost and the retry policy applies.",
     )
 
     worker_gateway: str | None = Field(

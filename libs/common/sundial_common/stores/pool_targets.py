@@ -1,10 +1,9 @@
-"""The pool-target store: where an HTTP pool's executions are delivered, and the attempts its target accepted.
+"""The pool-target store: where an HTTP pool's executions are delivered.
 
 A pool whose ``delivery`` is ``http`` has one target: a base URL, optional per-handler paths and the signing
 secrets (sealed under the owning tenant's data key, opened only by the delivery worker and the API). The owning
-tenant sets it (``PUT /v1/pools/{name}/target``); the delivery worker reads it through a short cache. When a target
-answers ``202`` the delivery worker records the hash of a completion token for that attempt; the API's completion
-endpoint checks a token against it. SQL: ``sql/pool_targets.sql``.
+tenant sets it (``PUT /v1/pools/{name}/target``); the delivery worker reads it through a short cache.
+SQL: ``sql/pool_targets.sql``.
 """
 
 from __future__ import annotations
@@ -12,7 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
-from uuid import UUID
 
 from sundial_common.stores.database import Database
 from sundial_common.stores.queries import load_file
@@ -54,19 +52,8 @@ class PoolTarget:
         )
 
 
-@dataclass(frozen=True, slots=True)
-class Acceptance:
-    """An attempt its target answered 202: whose it is (the worker identity of the finish) and the token's hash."""
-
-    execution_id: UUID
-    attempt: int
-    worker_id: str
-    tenant_id: str
-    token_hash: bytes
-
-
 class PoolTargetStore:
-    """Targets and acceptances over the shared pool."""
+    """Targets over the shared pool."""
 
     def __init__(self, db: Database) -> None:
         self._db = db
@@ -85,27 +72,3 @@ class PoolTargetStore:
 
     async def delete_target(self, pool: str) -> bool:
         return await self._db.pool.fetchrow(Q["delete_target"], pool) is not None
-
-    async def record_acceptance(self, acceptance: Acceptance) -> bool:
-        """Record ``acceptance``; False when that attempt has one already (kept: its target holds that token)."""
-        row = await self._db.pool.fetchrow(
-            Q["record_acceptance"],
-            acceptance.execution_id,
-            acceptance.attempt,
-            acceptance.worker_id,
-            acceptance.tenant_id,
-            acceptance.token_hash,
-        )
-        return row is not None
-
-    async def get_acceptance(self, execution_id: UUID, attempt: int) -> Acceptance | None:
-        row = await self._db.pool.fetchrow(Q["get_acceptance"], execution_id, attempt)
-        if row is None:
-            return None
-        return Acceptance(row["execution_id"], row["attempt"], row["worker_id"], row["tenant_id"], row["token_hash"])
-
-    async def forget_acceptance(self, execution_id: UUID, attempt: int) -> None:
-        await self._db.pool.execute(Q["forget_acceptance"], execution_id, attempt)
-
-    async def prune_acceptances(self, older_than_sec: float) -> None:
-        await self._db.pool.execute(Q["prune_acceptances"], older_than_sec)

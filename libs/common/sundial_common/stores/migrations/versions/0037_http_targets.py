@@ -1,4 +1,4 @@
-"""http_targets: pools delivered over HTTP, their targets, and the completion tokens of accepted attempts.
+"""http_targets: pools delivered over HTTP and their targets.
 
 Revision ID: 0037
 Revises: 0036
@@ -9,10 +9,9 @@ Create Date: 2026-11-28
 release, which neither reads nor writes it, keeps running on this schema and every existing pool stays ``worker``.
 
 ``pool_targets`` holds a pool's base URL, its per-handler paths and its signing secrets (sealed under the owning
-tenant's data key). ``target_acceptances`` holds, for an attempt a target answered ``202``, the hash of the token
-its completion call must present. Both are new tables: expand-only.
+tenant's data key): a new table, expand-only.
 
-**Down**: the tables and the column go.
+**Down**: the table and the column go.
 """
 
 from sundial_common.stores.schema import run_sql_script
@@ -38,16 +37,6 @@ def upgrade() -> None:
             created_at  timestamptz NOT NULL DEFAULT now(),
             updated_at  timestamptz NOT NULL DEFAULT now()
         );
-        CREATE TABLE IF NOT EXISTS target_acceptances (
-            execution_id  uuid NOT NULL,
-            attempt       integer NOT NULL,
-            worker_id     text NOT NULL,
-            tenant_id     text NOT NULL,
-            token_hash    bytea NOT NULL,
-            created_at    timestamptz NOT NULL DEFAULT now(),
-            PRIMARY KEY (execution_id, attempt)
-        );
-        CREATE INDEX IF NOT EXISTS target_acceptances_created ON target_acceptances (created_at);
         """
     )
 
@@ -55,7 +44,6 @@ def upgrade() -> None:
 def downgrade() -> None:
     run_sql_script(
         """
-        DROP TABLE IF EXISTS target_acceptances;
         DROP TABLE IF EXISTS pool_targets;
         ALTER TABLE pools DROP COLUMN IF EXISTS delivery;
         """
