@@ -43,6 +43,7 @@ from sundial_client.models import (
     Pool,
     PoolDetail,
     PoolList,
+    PoolTargetView,
     PoolTokenIssued,
     PoolTokenList,
     Preview,
@@ -337,6 +338,28 @@ def list_pool_tokens(name: str, *, limit: int) -> Call[PoolTokenList]:
 
 def revoke_pool_token(name: str, token_id: str) -> Call[None]:
     return Call("DELETE", f"/v1/pools/{_id(name)}/tokens/{_id(token_id)}", lambda _response: None)
+
+
+def put_pool_target(name: str, fields: Mapping[str, Any]) -> Call[PoolTargetView]:
+    """Set where an HTTP pool's executions are POSTed (``PUT /v1/pools/{name}/target``)."""
+    return Call("PUT", f"/v1/pools/{_id(name)}/target", _model(PoolTargetView), body=changes(fields))
+
+
+def get_pool_target(name: str) -> Call[PoolTargetView]:
+    return Call("GET", f"/v1/pools/{_id(name)}/target", _model(PoolTargetView))
+
+
+def complete_target_attempt(
+    pool: str, execution_id: str, attempt: int, token: str, fields: Mapping[str, Any]
+) -> Call[None]:
+    """Finish an attempt a target accepted (202), with its completion token instead of the client's."""
+    return Call(
+        "POST",
+        f"/v1/targets/{_id(pool)}/completions/{_id(execution_id)}/{int(attempt)}",
+        lambda _response: None,
+        body=changes(fields),
+        headers={"Authorization": f"Bearer {token}"},
+    )
 
 
 def instant(value: datetime) -> str:

@@ -109,6 +109,9 @@ class Pools(Blocking):
     create_token = blocking(AsyncPools.create_token)
     tokens = blocking(AsyncPools.tokens)
     revoke_token = blocking(AsyncPools.revoke_token)
+    set_target = blocking(AsyncPools.set_target)
+    target = blocking(AsyncPools.target)
+    complete = blocking(AsyncPools.complete)
 
 
 class Breakers(Blocking):

@@ -20,6 +20,7 @@ from sundial_client.models import (
     HandlerRanking,
     Pool,
     PoolDetail,
+    PoolTargetView,
     PoolTokenIssued,
     PoolTokenView,
     Preview,
@@ -57,6 +58,40 @@ class AsyncPools:
     async def revoke_token(self, name: str, token_id: str) -> None:
         """Revoke a pool token: the worker gateway refuses it within seconds."""
         await self.client.call(calls.revoke_pool_token(name, token_id))
+
+    async def set_target(
+        self, name: str, url: str, *, paths: Mapping[str, str] | None = None, rotate_secret: bool = False
+    ) -> PoolTargetView:
+        """Set where an HTTP pool's executions are POSTed (the pool's owner). ``secret`` is in full in the answer
+        only when it was just made: the first time, or with ``rotate_secret``."""
+        fields: dict[str, Any] = {"url": url, "rotate_secret": rotate_secret}
+        if paths is not None:
+            fields["paths"] = dict(paths)
+        return await self.client.call(calls.put_pool_target(name, fields))
+
+    async def target(self, name: str) -> PoolTargetView:
+        """An HTTP pool's target, its secret redacted."""
+        return await self.client.call(calls.get_pool_target(name))
+
+    async def complete(
+        self,
+        pool: str,
+        execution_id: str,
+        attempt: int,
+        token: str,
+        *,
+        result: Any = None,
+        error: str | None = None,
+        retry: bool = True,
+    ) -> None:
+        """Finish an attempt the target accepted (202): succeeded with ``result``, or failed with ``error`` (retried
+        by the job's policy unless ``retry`` is false). ``token`` is the request's ``completionToken``."""
+        fields: dict[str, Any] = {"outcome": "failed" if error is not None else "succeeded"}
+        if error is not None:
+            fields.update(error=error, retry=retry)
+        elif result is not None:
+            fields["result"] = result
+        await self.client.call(calls.complete_target_attempt(pool, execution_id, attempt, token, fields))
 
 
 class AsyncBreakers:

@@ -1,6 +1,7 @@
 """``sundial pools``: the pool registry — operators' ``create|list|show|update|delete`` (an admin token), ``mine``
-(any tenant's token: the pools it may send work into), and ``token create|list|revoke``: the pool tokens of workers
-behind the worker gateway (an admin, or the pool's owning tenant).
+(any tenant's token: the pools it may send work into), ``token create|list|revoke``: the pool tokens of workers
+behind the worker gateway (an admin, or the pool's owning tenant), and ``target set|show``: where an HTTP pool's
+executions are POSTed (the pool's owner).
 
 A pool is owned (``--owner T``) or shared (``--shared-with A,B``); ``--kind staging`` makes it a replay target.
 Connection, ``--json`` and exit codes as for ``sundial jobs`` (:mod:`sundial_client.cli.common`).
@@ -49,7 +50,7 @@ def _tenants(text: str) -> list[str]:
 
 def _fields(args: argparse.Namespace, *, creating: bool) -> dict[str, Any]:
     """The options given, as the API's fields."""
-    names = ["owner", "shared_with", "kind", "default_timeout_sec"]
+    names = ["owner", "shared_with", "kind", "delivery", "default_timeout_sec"]
     if creating:
         names += ["partitions", "retention_ms"]
     fields = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
@@ -155,6 +156,58 @@ def _token_parser(subparsers: Any) -> None:
     revoke_parser.add_argument("id", help="The token's id (as `create` and `list` show it).")
 
 
+def _path(text: str) -> tuple[str, str]:
+    handler, sep, path = text.partition("=")
+    if not sep or not handler.strip() or not path.strip():
+        raise argparse.ArgumentTypeError(f"expected HANDLER=PATH, e.g. send_welcome=welcome; got {text!r}")
+    return handler.strip(), path.strip()
+
+
+def target_set(client: Client, args: argparse.Namespace) -> int:
+    paths = dict(args.path) if args.path else None
+    target = client.pools.set_target(args.name, args.url, paths=paths, rotate_secret=args.rotate_secret)
+    if args.json:
+        print(dump(target))
+        return OK
+    print(f"pool {target.pool}: executions are POSTed to {target.url}", file=sys.stderr)
+    if not target.secret.startswith("whsec_…"):
+        # The secret alone on stdout (shown this once), so that it can be captured into the target's own config.
+        print(target.secret)
+    return OK
+
+
+def target_show(client: Client, args: argparse.Namespace) -> int:
+    target = client.pools.target(args.name)
+    rows = [[target.pool, target.url, ",".join(f"{h}={p}" for h, p in target.paths.items()) or None, target.secret]]
+    print(dump(target) if args.json else table(("POOL", "URL", "PATHS", "SECRET"), rows))
+    return OK
+
+
+def _target_parser(subparsers: Any) -> None:
+    help = "An HTTP pool's target: where Sundial POSTs its executions (the pool's owner)."
+    group = subparsers.add_parser("target", help=help, description=help)
+    targets = group.add_subparsers(dest="target_command", required=True, metavar="COMMAND")
+    set_parser = sub(
+        targets,
+        "set",
+        "Set the target's URL and handler paths; prints the signing secret when one is made (the first time, or "
+        "with --rotate-secret).",
+        target_set,
+    )
+    set_parser.add_argument("name", help="The pool (its delivery must be http).")
+    # Positional: --url is every command's API address (the connection options).
+    set_parser.add_argument("url", metavar="URL", help="The target's base URL (https:// outside development).")
+    set_parser.add_argument(
+        "--path",
+        type=_path,
+        action="append",
+        metavar="HANDLER=PATH",
+        help="POST this handler's executions to PATH under the URL (repeatable).",
+    )
+    set_parser.add_argument("--rotate-secret", action="store_true", help="Make a new signing secret.")
+    sub(targets, "show", "Show the target (its secret redacted).", target_show).add_argument("name", help="The pool.")
+
+
 def _registry_options(parser: argparse.ArgumentParser, *, creating: bool) -> None:
     parser.add_argument("name", help="The pool's name (its topic is sundial.pool.<name>).")
     who = parser.add_mutually_exclusive_group(required=creating)
@@ -164,6 +217,12 @@ def _registry_options(parser: argparse.ArgumentParser, *, creating: bool) -> Non
     )
     parser.add_argument(
         "--kind", choices=("production", "staging"), help="`staging`: fed only by replays (default production)."
+    )
+    parser.add_argument(
+        "--delivery",
+        choices=("worker", "http"),
+        help="`http`: Sundial's delivery workers POST its executions to the target its owner sets (`sundial pools "
+        "target set`); default worker.",
     )
     parser.add_argument("--default-timeout-sec", type=positive, metavar="SECONDS", help="Jobs' default timeoutSec.")
     parser.add_argument(
@@ -207,6 +266,7 @@ def parser() -> argparse.ArgumentParser:
         creating=False,
     )
     _token_parser(subparsers)
+    _target_parser(subparsers)
     sub(
         subparsers, "delete", "Delete a pool no active job targets (409 names how many do).", delete, admin=True
     ).add_argument("name")
