@@ -94,11 +94,11 @@ def _check_paths(paths: dict[str, str]) -> dict[str, str]:
 async def put_target(name: PoolName, body: TargetPut, state: State, principal: Authenticated) -> Response:
     pool = await _owned_http_pool(state, principal, name)
     assert pool.owner is not None
+    paths = _check_paths(body.paths or {})  # before the URL's check, which may wait for DNS
     try:
         await state.notifications.sender.check_destination(body.url)
     except (URLRefused, AddressRefused) as exc:
         raise invalid("url", str(exc)) from None
-    paths = _check_paths(body.paths or {})
     cipher = await state.keyring.cipher(pool.owner)
     current = await state.stores.pool_targets.get_target(name)
     new = current is None or body.rotate_secret or current.tenant_id != pool.owner
