@@ -18,6 +18,7 @@ import functools
 import os
 import shutil
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Sequence
@@ -92,7 +93,9 @@ class Shape:
     #: and a week ahead). Every statement that is not pruned at plan time plans each partition.
     past_days: int = 30
     #: ``direct`` (workers read Kafka and Postgres themselves) or ``gateway`` (each worker runs the same handlers
-    #: through a worker gateway of its own, holding only a pool token; the gateways' CPU counts with the workers').
+    #: through a worker gateway of its own, holding only a pool token; the gateways' CPU counts with the workers'),
+    #: or ``http`` (the pool's delivery is ``http``: delivery workers POST each execution to a local receiver that
+    #: answers 200 at once, bench/target_receiver.py).
     worker_transport: str = "direct"
 
 
@@ -100,6 +103,8 @@ class Shape:
 _POOL_TOKEN_ID = "pt_bench"
 #: Gateway i listens on the API's port + this + i.
 _GATEWAY_PORT_OFFSET = 60
+#: The HTTP target of the ``http`` transport listens on the API's port + this.
+_RECEIVER_PORT_OFFSET = 59
 
 
 class Bench:
@@ -116,6 +121,8 @@ class Bench:
             "SUNDIAL_LOG_LEVEL": "INFO",
             "SUNDIAL_WORKER_CONCURRENCY": str(shape.concurrency),
         }
+        if shape.worker_transport == "http":
+            env["SUNDIAL_DELIVERY_ALLOWED_NETWORKS"] = '["127.0.0.1/32"]'  # the receiver, and nothing else
         self.env = env
         processes = [
             ProcessSpec("api", sundial_argv("api", "--host", "127.0.0.1", "--port", str(ports.api))),
@@ -144,8 +151,13 @@ class Bench:
         app = ("worker", "--app", "sundial_worker.demo:worker")
         if self.shape.worker_transport == "direct":
             return [ProcessSpec(f"worker-{i}", sundial_argv(*app)) for i in range(self.shape.workers)]
+        if self.shape.worker_transport == "http":
+            port = str(self.ports.api + _RECEIVER_PORT_OFFSET)
+            receiver = ProcessSpec("receiver", (sys.executable, "-m", "bench.target_receiver", "--port", port))
+            delivery = ("worker", "--http-target", POOL)
+            return [receiver, *(ProcessSpec(f"worker-{i}", sundial_argv(*delivery)) for i in range(self.shape.workers))]
         if self.shape.worker_transport != "gateway":
-            raise ValueError(f"worker transport {self.shape.worker_transport!r}: `direct` or `gateway`")
+            raise ValueError(f"worker transport {self.shape.worker_transport!r}: `direct`, `gateway` or `http`")
         key = symmetric_keys(CommonSettings(env="dev"))[0]
         token = issue_pool_token(
             key, token_id=_POOL_TOKEN_ID, pool=POOL, tenant="bench-api", subject="bench", ttl_sec=86400
@@ -205,6 +217,8 @@ class Bench:
         api = f"http://127.0.0.1:{self.ports.api}/readyz"
         if not wait_for(lambda: _ok(api), timeout=60):
             raise RuntimeError(f"bench api not ready; see {self.supervisor.log_file('api')}")
+        if self.shape.worker_transport == "http":
+            self._set_target()
         for url in self.gateways:
             if not wait_for(functools.partial(_ok, f"{url}/healthz"), timeout=60):
                 raise RuntimeError(f"bench gateway {url} not ready; see {self.supervisor.log_file('gateway-0')}")
@@ -213,6 +227,21 @@ class Bench:
             log = self.supervisor.log_file(f"worker-{i}")
             if not wait_for(functools.partial(log_mentions, log, ready), timeout=60):
                 raise RuntimeError(f"worker-{i} never logged {ready!r}; see {log}")
+
+    def _set_target(self) -> None:
+        """Make the bench pool an HTTP pool whose target is the receiver (the pool's owner sets it over the API)."""
+        self.stack.postgres.psql(
+            f"UPDATE pools SET delivery = 'http' WHERE name = '{POOL}'", database=self.stack.postgres.database
+        )
+        receiver = f"http://127.0.0.1:{self.ports.api + _RECEIVER_PORT_OFFSET}/run"
+        answer = httpx.put(
+            f"http://127.0.0.1:{self.ports.api}/v1/pools/{POOL}/target",
+            json={"url": receiver},
+            headers={"Authorization": f"Bearer {self.token}"},
+            timeout=10,
+        )
+        if answer.status_code not in (200, 201):
+            raise RuntimeError(f"bench target not set: {answer.status_code} {answer.text}")
 
     def stop(self) -> None:
         self.supervisor.stop()
@@ -268,7 +297,9 @@ class Bench:
         else:
             # Through gateways, the workers' pool token takes one tenant's work: the run's jobs are that tenant's
             # (the stack is fresh for every run, so its counts are still this run's alone).
-            tenant = "bench-api" if self.gateways else f"bench-{workload}-{uuid.uuid4().hex[:6]}"
+            # An HTTP pool's target is its owner's: its executions are that tenant's too.
+            owned = self.gateways or self.shape.worker_transport == "http"
+            tenant = "bench-api" if owned else f"bench-{workload}-{uuid.uuid4().hex[:6]}"
             insert_s = await self.insert_jobs(tenant, due)
         inserted_at = datetime.now(UTC)
         # CPU and statements count from here: registering the jobs is not what the workload measures.

@@ -147,9 +147,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=256, help="handler slots per worker")
     parser.add_argument(
         "--worker-transport",
-        choices=("direct", "gateway"),
+        choices=("direct", "gateway", "http"),
         default="direct",
-        help="`gateway`: each worker runs through a worker gateway of its own with a pool token (default direct)",
+        help="`gateway`: each worker runs through a worker gateway of its own with a pool token; `http`: the pool is "
+        "an HTTP pool and the workers are delivery workers POSTing to a local receiver (default direct)",
     )
     parser.add_argument("--burst", type=_ints, default=[10_000, 100_000], help="W1 sizes")
     parser.add_argument("--rates", type=_ints, default=[1000, 2500, 5000, 10000], help="W3 rates per second")
