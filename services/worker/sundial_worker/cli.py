@@ -139,6 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     target: TargetDelivery | None = None
     try:
         if settings.worker_http_target:
+            # httpx logs every request at INFO: a line per execution here; the sender's own log says what failed.
+            logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().getEffectiveLevel()))
             target = TargetDelivery(
                 settings,
                 settings,
