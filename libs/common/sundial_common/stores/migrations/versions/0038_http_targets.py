@@ -1,7 +1,7 @@
 """http_targets: pools delivered over HTTP and their targets.
 
-Revision ID: 0037
-Revises: 0036
+Revision ID: 0038
+Revises: 0037
 Create Date: 2026-11-28
 
 ``pools.delivery`` says who runs a pool's executions: ``worker`` (the tenant's own workers, as before) or ``http``
@@ -16,8 +16,8 @@ tenant's data key): a new table, expand-only.
 
 from sundial_common.stores.schema import run_sql_script
 
-revision = "0037"
-down_revision = "0036"
+revision = "0038"
+down_revision = "0037"
 branch_labels = None
 depends_on = None
 
