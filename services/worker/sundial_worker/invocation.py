@@ -13,8 +13,8 @@ buffer) stays the executor's.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import contextvars
+import dataclasses
 import logging
 import re
 from collections.abc import Callable
