@@ -18,7 +18,6 @@ import functools
 import os
 import shutil
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Sequence
@@ -30,8 +29,7 @@ from typing import Any
 import asyncpg
 import httpx
 from sundial_common.runtime.settings import CommonSettings
-from sundial_common.security.auth import issue_token, symmetric_keys
-from sundial_common.security.pool_tokens import issue_pool_token
+from sundial_common.security.auth import issue_token
 from sundial_common.stores.schema import upgrade
 from sundial_infra.process import wait_for
 from sundial_infra.servers.postgres import PostgresServer
@@ -39,7 +37,7 @@ from sundial_infra.stack import BENCH_PORTS, LocalStack, Ports
 from sundial_infra.supervisor import ProcessSpec, Supervisor, sundial_argv
 from sundial_worker.consumer import consumer_group
 
-from bench import api_burst, figures, leftover, machine, profiling, registration
+from bench import api_burst, figures, leftover, machine, profiling, registration, transports
 from bench.registration import POOL
 from bench.results import REPO, RESULTS, SCRATCH
 
@@ -99,14 +97,6 @@ class Shape:
     worker_transport: str = "direct"
 
 
-#: The bench pool's token id in the gateway transport.
-_POOL_TOKEN_ID = "pt_bench"
-#: Gateway i listens on the API's port + this + i.
-_GATEWAY_PORT_OFFSET = 60
-#: The HTTP target of the ``http`` transport listens on the API's port + this.
-_RECEIVER_PORT_OFFSET = 59
-
-
 class Bench:
     def __init__(self, shape: Shape, root: Path, ports: Ports = BENCH_PORTS, profile: Path | None = None) -> None:
         self.shape = shape
@@ -129,7 +119,7 @@ class Bench:
             ProcessSpec("hydrator", sundial_argv("hydrator")),
             ProcessSpec("sweeper", sundial_argv("sweeper")),
             *(ProcessSpec(f"dispatcher-{i}", sundial_argv("dispatcher")) for i in range(shape.dispatchers)),
-            *self._workers(),
+            *transports.worker_processes(self.shape.worker_transport, self.shape.workers, self.ports),
         ]
         if shape.analytics:
             # The ClickHouse replica is fed under every workload: its outbox triggers and drain are part of the cost.
@@ -143,34 +133,7 @@ class Bench:
 
     @property
     def gateways(self) -> list[str]:
-        if self.shape.worker_transport != "gateway":
-            return []
-        return [f"http://127.0.0.1:{self.ports.api + _GATEWAY_PORT_OFFSET + i}" for i in range(self.shape.workers)]
-
-    def _workers(self) -> list[ProcessSpec]:
-        app = ("worker", "--app", "sundial_worker.demo:worker")
-        if self.shape.worker_transport == "direct":
-            return [ProcessSpec(f"worker-{i}", sundial_argv(*app)) for i in range(self.shape.workers)]
-        if self.shape.worker_transport == "http":
-            port = str(self.ports.api + _RECEIVER_PORT_OFFSET)
-            receiver = ProcessSpec("receiver", (sys.executable, "-m", "bench.target_receiver", "--port", port))
-            delivery = ("worker", "--http-target", POOL)
-            return [receiver, *(ProcessSpec(f"worker-{i}", sundial_argv(*delivery)) for i in range(self.shape.workers))]
-        if self.shape.worker_transport != "gateway":
-            raise ValueError(f"worker transport {self.shape.worker_transport!r}: `direct`, `gateway` or `http`")
-        key = symmetric_keys(CommonSettings(env="dev"))[0]
-        token = issue_pool_token(
-            key, token_id=_POOL_TOKEN_ID, pool=POOL, tenant="bench-api", subject="bench", ttl_sec=86400
-        )
-        specs = []
-        for i, url in enumerate(self.gateways):
-            port = url.rsplit(":", 1)[1]
-            specs.append(ProcessSpec(f"gateway-{i}", sundial_argv("gateway", "--port", port)))
-            # Each worker starts with a gateway of its own and moves to the others if it fails.
-            urls = ",".join(self.gateways[i:] + self.gateways[:i])
-            env = (("SUNDIAL_WORKER_GATEWAY", urls), ("SUNDIAL_WORKER_TOKEN", token))
-            specs.append(ProcessSpec(f"worker-{i}", sundial_argv(*app), env=env))
-        return specs
+        return transports.gateway_urls(self.shape.worker_transport, self.shape.workers, self.ports)
 
     def start(self) -> None:
         """A fresh stack and the supervised processes; if any of it fails (a worker never assigned), what did
@@ -204,7 +167,7 @@ class Bench:
         if self.shape.worker_transport == "gateway":
             self.stack.postgres.psql(
                 "INSERT INTO pool_tokens (id, pool, tenant, subject, created_by, ttl_sec)"
-                f" VALUES ('{_POOL_TOKEN_ID}', '{POOL}', 'bench-api', 'bench', 'bench', 86400)",
+                f" VALUES ('{transports.POOL_TOKEN_ID}', '{POOL}', 'bench-api', 'bench', 'bench', 86400)",
                 database=self.stack.postgres.database,
             )
         if not self.shape.analytics:
@@ -218,7 +181,7 @@ class Bench:
         if not wait_for(lambda: _ok(api), timeout=60):
             raise RuntimeError(f"bench api not ready; see {self.supervisor.log_file('api')}")
         if self.shape.worker_transport == "http":
-            self._set_target()
+            transports.set_http_target(self.stack.postgres, self.ports, self.token)
         for url in self.gateways:
             if not wait_for(functools.partial(_ok, f"{url}/healthz"), timeout=60):
                 raise RuntimeError(f"bench gateway {url} not ready; see {self.supervisor.log_file('gateway-0')}")
@@ -227,21 +190,6 @@ class Bench:
             log = self.supervisor.log_file(f"worker-{i}")
             if not wait_for(functools.partial(log_mentions, log, ready), timeout=60):
                 raise RuntimeError(f"worker-{i} never logged {ready!r}; see {log}")
-
-    def _set_target(self) -> None:
-        """Make the bench pool an HTTP pool whose target is the receiver (the pool's owner sets it over the API)."""
-        self.stack.postgres.psql(
-            f"UPDATE pools SET delivery = 'http' WHERE name = '{POOL}'", database=self.stack.postgres.database
-        )
-        receiver = f"http://127.0.0.1:{self.ports.api + _RECEIVER_PORT_OFFSET}/run"
-        answer = httpx.put(
-            f"http://127.0.0.1:{self.ports.api}/v1/pools/{POOL}/target",
-            json={"url": receiver},
-            headers={"Authorization": f"Bearer {self.token}"},
-            timeout=10,
-        )
-        if answer.status_code not in (200, 201):
-            raise RuntimeError(f"bench target not set: {answer.status_code} {answer.text}")
 
     def stop(self) -> None:
         self.supervisor.stop()
