@@ -84,4 +84,5 @@ async def test_a_tenant_without_jobs_or_executions_counts_none(registries: Regis
     await registries.tenants.create_tenant(Tenant("acme", quotas=Quotas(max_active_jobs=1)))
     assert await registries.tenants.count_open_jobs("acme") == 0
     assert await registries.tenants.job_owners([uuid.uuid4(), uuid.uuid4()]) == {}
+    assert await registries.tenants.retry_owners([uuid.uuid4()]) == {}
     assert await registries.tenants.open_executions(queued_within_sec=30.0) == []

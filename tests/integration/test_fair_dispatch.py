@@ -18,7 +18,7 @@ from sundial_common.domain.ids import new_id
 from sundial_common.hotwindow.rate_limits import TokenBuckets
 from sundial_common.hotwindow.window import HotWindow
 from sundial_common.stores import Stores
-from sundial_common.stores.types import Occurrence
+from sundial_common.stores.types import Occurrence, RetryDue
 from sundial_common.testing import FakeClock
 from sundial_dispatcher.dispatcher import DispatcherConfig, ShardDispatcher
 from sundial_dispatcher.fairness import FairDispatch, FairnessConfig
@@ -307,3 +307,60 @@ async def test_a_tenants_high_work_goes_out_ahead_of_its_low_backlog_and_executi
     # All 20 HIGH in the next 100, ahead of the 200 LOW that waited longer (a tenth of the takes still goes
     # to the oldest LOW).
     assert Counter(r["priority"] for r in rows) == {"LOW": 180, "HIGH": 20}
+
+
+async def dead_executions_due_for_retry(stores: Stores, hot_window: HotWindow, tenant: str, n: int, pool: str) -> None:
+    """``n`` DEAD executions of one completed job, each re-driven (a retry due now), as a bulk re-drive leaves them."""
+    job = new_id()
+    await stores.database.pool.execute(
+        "INSERT INTO jobs (id, tenant_id, name, type, pool, handler, timeout_sec, state, shard)"
+        " VALUES ($1, $2, 'victims', 'ONE_SHOT', $3, 'echo', 30, 'COMPLETED', 0)",
+        job,
+        tenant,
+        pool,
+    )
+    ids = [new_id() for _ in range(n)]
+    await stores.database.pool.execute(
+        "INSERT INTO executions (id, tenant_id, job_id, scheduled_for, shard, fence_token, pool, handler, state,"
+        " attempt, max_attempts, timeout_sec, finished_at, next_attempt_at)"
+        " SELECT e.id, $1, $2, $3::timestamptz - e.i * interval '1 millisecond', 0, 1, $4, 'echo', 'DEAD', 3, 3, 30,"
+        " $3, $3 FROM unnest($5::uuid[]) WITH ORDINALITY AS e (id, i)",
+        tenant,
+        job,
+        DUE,
+        pool,
+        ids,
+    )
+    await hot_window.add_retries(0, [RetryDue(i, DUE) for i in ids])
+
+
+async def test_a_re_drives_retries_wait_their_turn_behind_another_tenants_jobs_in_a_full_pool(
+    stores: Stores, hot_window: HotWindow, publisher: KafkaPublisher, database_url: str
+) -> None:
+    pool = f"fair-{uuid.uuid4().hex[:8]}"
+    await register_tenant(database_url, "redriver")
+    await register_tenant(database_url, "other")
+    await dead_executions_due_for_retry(stores, hot_window, "redriver", 500, pool)  # earliest in the hot window
+    await due_jobs(stores, hot_window, "other", 20, pool)
+    shard = dispatcher(stores, hot_window, publisher, batch=100, pool_queue_cap=100)
+
+    first = await shard.run_once()
+    # The other tenant's 20 go out in the first pass, beside 80 of the re-drive's: the pool's room is shared
+    # round robin, not taken by the retries first.
+    assert first.dispatched == 20 and first.retried == 80
+    await shard.run_once()  # the pool's queue is full: the rest of the re-drive waits in the buffer, not the topic
+    assert await dispatched(stores) == {"other": 20, "redriver": 500}  # (its rows exist: they are the executions)
+    pending = await stores.database.pool.fetchval("SELECT count(*) FROM executions WHERE state = 'PENDING'")
+    assert pending == 100
+    assert shard.fair is not None and len(shard.fair.queue) == 420
+    # Held, not lost: the hydrator's overdue scan leaves them alone; a term that ends puts them back.
+    waiting = [RetryDue(w.occurrence.job_id, w.occurrence.due) for q in shard.fair.queue.queues.values() for w in q]
+    assert await hot_window.retries_not_held(0, waiting) == []
+    assert await shard.fair.release() == 420
+    assert await hot_window.size(0) == 420
+    # Attempts go on where they were: each re-driven execution once, with its next attempt number.
+    await stores.database.pool.execute("UPDATE executions SET state = 'SUCCEEDED', finished_at = now()")
+    attempts = await stores.database.pool.fetch(
+        "SELECT attempt, count(*) AS n FROM executions WHERE tenant_id = 'redriver' GROUP BY attempt"
+    )
+    assert {r["attempt"]: r["n"] for r in attempts} == {4: 80, 3: 420}

@@ -13,8 +13,9 @@ nothing):
    repeated claim creates nothing), advance each job's next fire with compare-and-set; what to create is
    decided between the lock and the write (:mod:`sundial_dispatcher.occurrences`). The passes of the shards
    one process leads share their transactions when they coincide (:mod:`sundial_dispatcher.group_commit`); the
-   fence is still raised, and checked, per shard. Scheduled retries claimed with the jobs go out first, as a
-   source of their own (:mod:`sundial_dispatcher.retries`).
+   fence is still raised, and checked, per shard. Scheduled retries claimed with the jobs (and, under fair
+   dispatch, taken by the same round robin: :mod:`sundial_dispatcher.fairness`) are committed first, as a source
+   of their own (:mod:`sundial_dispatcher.retries`).
 3. **Send** the created executions to their pools' topics through the outbox sender, then mark them
    published. If the process dies before sending, the execution rows are the outbox: the sweeper republishes
    PENDING executions that were never published.

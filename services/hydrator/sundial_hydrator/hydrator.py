@@ -229,10 +229,12 @@ class Hydrator:
         lost_retries = await self.stores.dispatch.overdue_retries(shards, before, self.config.batch_size)
         recovered = 0
         for shard, overdue in lost.items():
-            # A job waiting in a live leader's fair buffer is due and unclaimed in Postgres, but not lost: re-added,
-            # a burst's held jobs would fill every page of this scan and crowd the hot window ahead of others' work.
+            # A job (or retry) waiting in a live leader's fair buffer is due and unclaimed in Postgres, but not lost:
+            # re-added, a burst's held jobs (or a re-drive's retries) would fill every page of this scan and crowd the
+            # hot window ahead of others' work.
             overdue = await self.hot_window.not_held(shard, overdue)
             await self.hot_window.add(shard, overdue)
-            await self.hot_window.add_retries(shard, lost_retries[shard])
-            recovered += len(overdue) + len(lost_retries[shard])
+            retries = await self.hot_window.retries_not_held(shard, lost_retries[shard])
+            await self.hot_window.add_retries(shard, retries)
+            recovered += len(overdue) + len(retries)
         return recovered

@@ -164,7 +164,8 @@ class HotWindow:
         return f"{self.prefix}:{{{shard}}}:hydrated-until"
 
     def held_key(self, shard: int) -> str:
-        """Jobs a shard leader's fair buffer holds (claimed, not dispatched yet): not lost, so not overdue."""
+        """Jobs (and scheduled retries) a shard leader's fair buffer holds (claimed, not dispatched yet): not lost, so
+        not overdue."""
         return f"{self.prefix}:{{{shard}}}:held"
 
     async def hold(self, shard: int, job_ids: Sequence[UUID], ttl_sec: float, released: Sequence[UUID] = ()) -> None:
@@ -192,6 +193,14 @@ class HotWindow:
             return []
         flags = await self.redis.smismember(self.held_key(shard), [member(o.job_id) for o in occurrences])
         return [o for o, held in zip(occurrences, flags, strict=True) if not held]
+
+    async def retries_not_held(self, shard: int, retries: Sequence[RetryDue]) -> list[RetryDue]:
+        """The scheduled retries no live leader's buffer holds. A held retry is named in the held set by its
+        execution's id as a job is by its own (ids are never shared between the two)."""
+        if not retries:
+            return []
+        flags = await self.redis.smismember(self.held_key(shard), [member(r.execution_id) for r in retries])
+        return [r for r, held in zip(retries, flags, strict=True) if not held]
 
     async def add(self, shard: int, occurrences: Sequence[Occurrence], *, only_new: bool = False) -> None:
         """Add (or move) members. ``only_new`` leaves members that already exist where they are (ZADD NX)."""

@@ -122,6 +122,8 @@ class TenantStore(Protocol):
 
     async def job_owners(self, job_ids: Sequence[UUID]) -> dict[UUID, tuple[str, str, str]]: ...
 
+    async def retry_owners(self, execution_ids: Sequence[UUID]) -> dict[UUID, tuple[str, str, str]]: ...
+
     async def open_executions(
         self, queued_within_sec: float, fresh_within_sec: float | None = None
     ) -> list[OpenExecutions]: ...
@@ -182,6 +184,11 @@ class PostgresTenantStore:
     async def job_owners(self, job_ids: Sequence[UUID]) -> dict[UUID, tuple[str, str, str]]:
         """(tenant, pool, priority) of each job that exists."""
         rows = await self._db.pool.fetch(Q["job_owners"], list(job_ids))
+        return {row["id"]: (row["tenant_id"], row["pool"], row["priority"]) for row in rows}
+
+    async def retry_owners(self, execution_ids: Sequence[UUID]) -> dict[UUID, tuple[str, str, str]]:
+        """(tenant, pool, priority) of each execution that exists: a scheduled retry's, as :meth:`job_owners`."""
+        rows = await self._db.pool.fetch(Q["retry_owners"], list(execution_ids))
         return {row["id"]: (row["tenant_id"], row["pool"], row["priority"]) for row in rows}
 
     async def open_executions(

@@ -58,6 +58,9 @@ class InMemoryTenantStore:
     async def job_owners(self, job_ids: Sequence[UUID]) -> dict[UUID, tuple[str, str, str]]:
         return {}
 
+    async def retry_owners(self, execution_ids: Sequence[UUID]) -> dict[UUID, tuple[str, str, str]]:
+        return {}
+
     async def open_executions(
         self, queued_within_sec: float, fresh_within_sec: float | None = None
     ) -> list[OpenExecutions]:

@@ -16,6 +16,7 @@ from redis.exceptions import RedisError
 from sundial_common.hotwindow.rate_limits import TokenBuckets
 from sundial_common.hotwindow.window import Claimed, HotWindow
 from sundial_common.stores.tenants import Tenant, TenantStore
+from sundial_common.stores.types import Occurrence, RetryDue
 
 from sundial_dispatcher.fairness.config import FairnessConfig
 from sundial_dispatcher.fairness.pool_room import OpenWork
@@ -71,7 +72,12 @@ class FairDispatch:
         self._window_next: datetime | None = None
 
     async def claim(self, now: datetime, lead: timedelta = timedelta(0)) -> Claimed:
-        """This pass's work: scheduled retries as claimed, and up to ``batch_size`` occurrences taken fairly.
+        """This pass's work: up to ``batch_size`` occurrences and scheduled retries, taken fairly.
+
+        A scheduled retry waits its turn in its tenant's queue like a job's occurrence (a re-drive's 100,000 retries
+        are one tenant's work, not a queue jumped ahead of everyone's), under the same pool room and quotas. Only
+        when and in which order it is committed changes: its commit is still the retry pass's fenced
+        compare-and-swap, behind the breaker's gate (:mod:`sundial_dispatcher.retries`).
 
         ``lead``: members due within it are claimed too, and sent ahead if the pass is uncontended (all it claimed
         fits the pools' room, no quota: a sparse stream; their workers hold them until due,
@@ -111,7 +117,7 @@ class FairDispatch:
                 # changes nothing, so the owners' lookup is skipped (the common case below saturation). So does
                 # what an earlier, contended pass kept in ``early`` and is due now (see :meth:`_uncontended`).
                 due = [w for arrival in self.early.pop_due(now) for w in arrival.items]
-                self.open_work.took_unattributed(len(claimed.jobs))
+                self.open_work.took_unattributed(len(claimed))
                 self.open_work.took(due)
                 if due:
                     await self._release(due)
@@ -125,8 +131,16 @@ class FairDispatch:
                 waiting = [Waiting(o, *owners.get(o.job_id, (NOBODY, NOBODY, "NORMAL"))) for o in claimed.jobs]
                 self.queue.add(w for w in waiting if w.occurrence.due <= now)
                 self.early.push(w for w in waiting if w.occurrence.due > now)
+            retries = [Occurrence(r.execution_id, r.due) for r in claimed.retries]
+            if retries:
+                # Never claimed ahead of the pass's lead: each queues at once (one due within the lead goes out
+                # with its instant, as the retry pass sends it).
+                owners = await self.store.retry_owners([o.job_id for o in retries])
+                self.queue.add(
+                    Waiting(o, *owners.get(o.job_id, (NOBODY, NOBODY, "NORMAL")), retry=True) for o in retries
+                )
             buffered = True
-            await self._hold([o.job_id for o in claimed.jobs])
+            await self._hold([o.job_id for o in claimed.jobs] + [o.job_id for o in retries])
             budget = self.batch_size
             if self.early.due(now):
                 if self.config.burst_head and not len(self.queue) and time.monotonic() - self._took_at > 1.0:
@@ -134,7 +148,7 @@ class FairDispatch:
                 for arrival in self.early.pop_due(now):
                     self.queue.add_arrival(arrival)
             if not len(self.queue):
-                return Claimed(retries=claimed.retries)
+                return Claimed()
             taken = self.queue.take(
                 budget,
                 weights={t.id: t.weight for t in tenants.values()},
@@ -147,7 +161,7 @@ class FairDispatch:
             self.open_work.limited(self.queue.full_pools)
             taken = await self._rate_limited(taken, tenants)
         except BaseException:
-            lost = Claimed(jobs=[] if buffered else claimed.jobs, retries=claimed.retries)
+            lost = Claimed() if buffered else claimed
             if lost:
                 with contextlib.suppress(Exception):  # Redis away too: the hydrator's overdue scan recovers them
                     await asyncio.shield(self._put_back(lost))
@@ -157,7 +171,10 @@ class FairDispatch:
         if taken:
             self._took_at = time.monotonic()
         await self._release(taken)
-        return Claimed(jobs=[w.occurrence for w in taken], retries=claimed.retries)
+        return Claimed(
+            jobs=[w.occurrence for w in taken if not w.retry],
+            retries=[RetryDue(w.occurrence.job_id, w.occurrence.due) for w in taken if w.retry],
+        )
 
     async def _release(self, taken: Sequence[Waiting]) -> None:
         """``taken`` leave the held record: with its next renewal, or at once when nothing else waits here.
@@ -223,7 +240,7 @@ class FairDispatch:
         # At most a burst head's worth: a burst claimed ahead still goes out head first (``burst_head``).
         head = self.config.burst_head or self.batch_size
         kept = self.early.due_count(now, head)
-        n = len(claimed.jobs) + kept
+        n = len(claimed) + kept  # scheduled retries take the pools' room too
         return (
             not len(self.queue)
             and kept <= head
@@ -252,14 +269,17 @@ class FairDispatch:
         Called when the term ends, so the next leader finds them at once instead of after the hydrator's
         overdue scan. Best effort: if Redis is away the overdue scan still recovers them.
         """
-        held = [w.occurrence for queue in self.queue.queues.values() for w in queue]
-        held += [w.occurrence for w in self.early]
+        waiting = [w for queue in self.queue.queues.values() for w in queue] + list(self.early)
+        held = [w.occurrence for w in waiting if not w.retry]
+        retries = [RetryDue(w.occurrence.job_id, w.occurrence.due) for w in waiting if w.retry]
         self.forget()
         self.queue, self.early = FairQueue(), EarlyWork()
         for start in range(0, len(held), 5000):
             await self.hot_window.add(self.shard, held[start : start + 5000], only_new=True)
+        for start in range(0, len(retries), 5000):
+            await self.hot_window.add_retries(self.shard, retries[start : start + 5000], only_new=True)
         await self.hot_window.drop_held(self.shard)
-        return len(held)
+        return len(waiting)
 
     def forget(self) -> None:
         """The term is over: the other shards' passes stop deferring to what this buffer held."""

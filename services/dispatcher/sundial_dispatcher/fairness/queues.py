@@ -23,10 +23,14 @@ _LANE = {p: i for i, p in enumerate(PRIORITIES)}
 
 @dataclass(frozen=True, slots=True)
 class Waiting:
+    """A claimed member waiting its turn: a job's occurrence, or (``retry``) a scheduled retry, whose
+    ``occurrence`` then names the execution (its id in ``job_id``) and when the retry is due."""
+
     occurrence: Occurrence
     tenant: str
     pool: str
     priority: str = "NORMAL"
+    retry: bool = False
 
 
 class TenantQueue:
@@ -88,8 +92,8 @@ class FairQueue:
 
     queues: dict[str, TenantQueue] = field(default_factory=dict)
     deficits: dict[str, float] = field(default_factory=dict)
-    #: Jobs held here. The hydrator's overdue scan re-adds a job that waits here past its grace to the hot
-    #: window (it cannot tell held from lost); claimed again, it must not queue twice.
+    #: Jobs (and retries' executions) held here. The hydrator's overdue scan re-adds a job that waits here past its
+    #: grace to the hot window if the held record has lapsed; claimed again, it must not queue twice.
     held: set[UUID] = field(default_factory=set)
     #: One take in this many of a tenant's goes to its longest-waiting work whatever its priority.
     oldest_every: int = 10

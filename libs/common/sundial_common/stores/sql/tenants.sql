@@ -42,6 +42,11 @@ SELECT pg_advisory_xact_lock(hashtextextended('sundial.tenant:' || $1, 0));
 -- (primary-key lookups).
 SELECT id, tenant_id, pool, priority FROM jobs WHERE id = ANY($1::uuid[]);
 
+-- name: retry_owners
+-- The dispatcher's fair pass: whose each claimed scheduled retry is, its pool, and the priority it was dispatched
+-- with (primary-key lookups, each in the one partition its id falls in).
+SELECT id, tenant_id, pool, priority FROM executions WHERE id = ANY($1::uuid[]);
+
 -- name: open_executions
 -- The dispatcher's fair pass (read by each dispatcher process at most every few hundred milliseconds, shared by
 -- the shards it leads): per tenant and pool, executions waiting in Kafka (PENDING, dispatched within the last $1
