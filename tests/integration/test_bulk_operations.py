@@ -15,6 +15,8 @@ from datetime import timedelta
 from typing import Any
 
 import httpx
+import pytest
+import sundial_api.bulk_operations
 from sundial_common.hotwindow.window import HotWindow, retry_member
 from sundial_common.stores import Stores
 from sundial_replayer.bulk import BulkConfig, BulkRunner
@@ -102,6 +104,24 @@ async def test_bad_requests_name_the_field_and_create_nothing(api: Api) -> None:
         assert response.status_code == status, (body, response.text)
         assert field in error_fields(response), (body, response.text)
     assert await api.db.fetchval("SELECT count(*) FROM bulk_operations") == 0
+
+
+async def test_a_selection_beyond_the_limit_is_refused_at_create_naming_the_limit(
+    api: Api,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The limit is 1,000,000 rows; a limit of 3 shows the same refusal on 4 rows.
+    monkeypatch.setattr(sundial_api.bulk_operations, "MAX_SELECTED", 3)
+    job = await a_job(api)
+    await dead(api, job, 4)
+    body = {"target": "executions", "action": "redrive", "filter": {"state": "DEAD"}}
+    refused = await bulk(api, body)
+    assert refused.status_code == 422, refused.text
+    assert error_fields(refused) == ["filter"] and "selects more than 3 rows" in refused.text
+    assert await api.db.fetchval("SELECT count(*) FROM bulk_operations") == 0  # not accepted, then FAILED
+    monkeypatch.setattr(sundial_api.bulk_operations, "MAX_SELECTED", 4)
+    accepted = await bulk(api, body)
+    assert accepted.status_code == 202, accepted.text
 
 
 async def test_a_redrive_acts_on_the_fixed_selection_once_and_audits_each_row(api: Api, stores: Stores) -> None:  # noqa: F811

@@ -147,6 +147,15 @@ async def create_operation(
         return OrjsonResponse(
             {"target": body.target.value, "action": body.action, "count": preview.total, "sample": preview.sample}
         )
+    # A selection beyond the limit is refused here, by a count that stops just past it, rather than accepted and
+    # then FAILED by the runner (which still checks, at the request's watermark, for rows created meanwhile).
+    # A key already used answers its operation whatever the rows now are: that is looked up first.
+    if idempotency_key is None or await state.stores.bulk.by_key(tenant, idempotency_key) is None:
+        over = await state.stores.bulk.count_up_to(tenant, body.target.value, body.action, selection, MAX_SELECTED + 1)
+        if over > MAX_SELECTED:
+            raise invalid(
+                "filter", f"selects more than {MAX_SELECTED} rows; one operation takes at most {MAX_SELECTED}"
+            )
     row, created = await state.stores.bulk.create(
         bulk_store.NewOperation(
             tenant_id=tenant,

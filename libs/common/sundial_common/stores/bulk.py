@@ -128,6 +128,10 @@ class BulkStore(Protocol):
 
     async def preview(self, tenant_id: str, target: str, action: str, selection: Selection) -> Preview: ...
 
+    async def count_up_to(self, tenant_id: str, target: str, action: str, selection: Selection, most: int) -> int: ...
+
+    async def by_key(self, tenant_id: str, idempotency_key: str) -> Record | None: ...
+
     async def get(self, operation_id: UUID, tenant: str | None) -> Record | None: ...
 
     async def list_operations(self, tenant: str | None, before: UUID | None, limit: int) -> list[Record]: ...
@@ -212,9 +216,23 @@ class PostgresBulkStore:
             MAX_SELECTED,
             SAMPLE_SIZE,
             action,
+            None,
         )
         assert row is not None
         return Preview(row["total"], list(row["sample"]))
+
+    async def by_key(self, tenant_id: str, idempotency_key: str) -> Record | None:
+        """The operation the tenant created under ``idempotency_key`` (None: none)."""
+        return cast(Record | None, await self._db.pool.fetchrow(Q["operation_by_key"], tenant_id, idempotency_key))
+
+    async def count_up_to(self, tenant_id: str, target: str, action: str, selection: Selection, most: int) -> int:
+        """How many rows the selection has now, counted up to ``most`` (a count that stops there: ``most`` means
+        at least that many)."""
+        row = await self._db.pool.fetchrow(
+            Q[f"select_{target}"], *_selection_args(tenant_id, action, selection, None), None, 0, 0, action, most
+        )
+        assert row is not None
+        return int(row["total"])
 
     async def get(self, operation_id: UUID, tenant: str | None) -> Record | None:
         return cast(Record | None, await self._db.pool.fetchrow(Q["get_operation"], operation_id, tenant))
@@ -249,6 +267,7 @@ class PostgresBulkStore:
                 MAX_SELECTED,
                 0,
                 op["action"],
+                None,
             )
             assert fixed is not None
             if fixed["total"] > MAX_SELECTED:

@@ -49,7 +49,8 @@ SELECT * FROM bulk_operations WHERE id = $1 AND state = 'PREPARING' FOR UPDATE;
 -- the count, a sample of $16, and (with an operation id, $14, and at most $15 selected) the selection written as
 -- its items. $1 tenant; $2 the watermark (NULL: now); $3 states; $4 pool; $5 handler; $6 labels the job has;
 -- $7 the job's name prefix; $8 priority; $9/$10 scheduled range; $11/$12 finished range; $13 job ids; $17 the
--- action, which keeps only the rows it can act on.
+-- action, which keeps only the rows it can act on; $18 (NULL: none) a bound on the rows looked at, for a count
+-- that stops once past the limit (the create's check: no sample, no items).
 WITH sel AS MATERIALIZED (
     SELECT e.id, e.job_id, e.state, e.pool, e.handler, e.scheduled_for, e.finished_at
     FROM executions e
@@ -68,6 +69,7 @@ WITH sel AS MATERIALIZED (
                            OR (e.state = 'FAILED' AND e.held_by IS NOT NULL AND e.next_attempt_at IS NOT NULL)
           WHEN 'cancel' THEN e.state IN ('PENDING', 'RUNNING') OR e.next_attempt_at IS NOT NULL
           ELSE false END
+    LIMIT $18::bigint
 ), items AS (
     INSERT INTO bulk_operation_items (operation_id, seq, target_id)
     SELECT $14, row_number() OVER (ORDER BY id), id FROM sel
@@ -99,6 +101,7 @@ WITH sel AS MATERIALIZED (
           WHEN 'cancel' THEN j.state IN ('ACTIVE', 'PAUSED')
           WHEN 'trigger' THEN j.state <> 'CANCELLED'
           ELSE false END
+    LIMIT $18::bigint
 ), items AS (
     INSERT INTO bulk_operation_items (operation_id, seq, target_id)
     SELECT $14, row_number() OVER (ORDER BY id), id FROM sel
