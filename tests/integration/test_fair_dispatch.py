@@ -310,7 +310,8 @@ async def test_a_tenants_high_work_goes_out_ahead_of_its_low_backlog_and_executi
 
 
 async def dead_executions_due_for_retry(stores: Stores, hot_window: HotWindow, tenant: str, n: int, pool: str) -> None:
-    """``n`` DEAD executions of one completed job, each re-driven (a retry due now), as a bulk re-drive leaves them."""
+    """``n`` DEAD executions of one completed job, made an hour ago and each re-driven (a retry due now), as a bulk
+    re-drive leaves them."""
     job = new_id()
     await stores.database.pool.execute(
         "INSERT INTO jobs (id, tenant_id, name, type, pool, handler, timeout_sec, state, shard)"
@@ -322,9 +323,9 @@ async def dead_executions_due_for_retry(stores: Stores, hot_window: HotWindow, t
     ids = [new_id() for _ in range(n)]
     await stores.database.pool.execute(
         "INSERT INTO executions (id, tenant_id, job_id, scheduled_for, shard, fence_token, pool, handler, state,"
-        " attempt, max_attempts, timeout_sec, finished_at, next_attempt_at)"
+        " attempt, max_attempts, timeout_sec, finished_at, next_attempt_at, created_at)"
         " SELECT e.id, $1, $2, $3::timestamptz - e.i * interval '1 millisecond', 0, 1, $4, 'echo', 'DEAD', 3, 3, 30,"
-        " $3, $3 FROM unnest($5::uuid[]) WITH ORDINALITY AS e (id, i)",
+        " $3, $3, $3::timestamptz - interval '1 hour' FROM unnest($5::uuid[]) WITH ORDINALITY AS e (id, i)",
         tenant,
         job,
         DUE,
@@ -348,7 +349,9 @@ async def test_a_re_drives_retries_wait_their_turn_behind_another_tenants_jobs_i
     # The other tenant's 20 go out in the first pass, beside 80 of the re-drive's: the pool's room is shared
     # round robin, not taken by the retries first.
     assert first.dispatched == 20 and first.retried == 80
-    await shard.run_once()  # the pool's queue is full: the rest of the re-drive waits in the buffer, not the topic
+    # The pool's queue is full (the retries count in it from when they became PENDING, not from their creation an
+    # hour ago): the rest of the re-drive waits in the buffer, not in the topic.
+    await shard.run_once()
     assert await dispatched(stores) == {"other": 20, "redriver": 500}  # (its rows exist: they are the executions)
     pending = await stores.database.pool.fetchval("SELECT count(*) FROM executions WHERE state = 'PENDING'")
     assert pending == 100

@@ -60,10 +60,14 @@ SELECT id, tenant_id, pool, priority FROM executions WHERE id = ANY($1::uuid[]);
 -- in its worker for that instant, not behind a backlog: it is open (it counts against the tenant's concurrency)
 -- but not queued, fresh or pending, so a pool's queue cap and its stall look only at work that is due; it is
 -- counted apart (ahead), so a pool's drain (PENDING then + published since - PENDING now) does not take one still
--- held for a start. `due`: PENDING and its instant has come.
+-- held for a start. `due`: PENDING and its instant has come. A retry is queued from when it became PENDING again
+-- (pending_since), not from its execution's creation: uncounted, a re-drive's retries filled the pool's topic
+-- past its cap and another tenant's work waited behind them.
 SELECT tenant_id, pool,
-       count(*) FILTER (WHERE due AND created_at > now() - make_interval(secs => $1)) AS queued,
-       count(*) FILTER (WHERE due AND created_at > now() - make_interval(secs => $2)) AS fresh,
+       count(*) FILTER (WHERE due AND coalesce(pending_since, created_at) > now() - make_interval(secs => $1))
+           AS queued,
+       count(*) FILTER (WHERE due AND coalesce(pending_since, created_at) > now() - make_interval(secs => $2))
+           AS fresh,
        count(*) FILTER (WHERE due) AS pending,
        count(*) FILTER (WHERE state = 'PENDING' AND fire_at > now()) AS ahead,
        count(*) FILTER (WHERE state = 'RUNNING') AS running,
