@@ -328,10 +328,11 @@ async def test_a_trigger_is_refused_for_a_job_whose_pool_no_longer_admits_its_te
     stores: Stores,
 ) -> None:
     job = await a_job(api, name="moved-away", target={"pool": "reports", "handler": "echo"})
+    stays = await a_job(api, name="stays")  # same batch, a pool still open to the tenant
     before = await api.db.fetchrow("SELECT owner, shared_with FROM pools WHERE name = 'reports'")
     await api.db.execute("UPDATE pools SET owner = NULL, shared_with = ARRAY['another-tenant'] WHERE name = 'reports'")
     try:
-        body = {"target": "jobs", "action": "trigger", "filter": {"jobIds": [job]}}
+        body = {"target": "jobs", "action": "trigger", "filter": {"jobIds": [job, stays]}}
         created = await bulk(api, body)
         assert created.status_code == 202, created.text
         finished = await run_to_end(stores, created.json()["operationId"])
@@ -339,7 +340,10 @@ async def test_a_trigger_is_refused_for_a_job_whose_pool_no_longer_admits_its_te
         restore = "UPDATE pools SET owner = $1, shared_with = $2 WHERE name = 'reports'"
         await api.db.execute(restore, before["owner"], before["shared_with"])
     # As a single trigger would answer 403: no new work goes to a pool the tenant may no longer use.
-    assert (finished["done"], finished["failed"]) == (0, 1)
+    assert (finished["done"], finished["failed"]) == (1, 1)
     items = (await api.client.get(f"/v1/bulk-operations/{finished['id']}/items", headers=api.auth())).json()
-    assert "not open to tenant" in items["items"][0]["reason"]
+    reasons = {item["id"]: (item["outcome"], item["reason"]) for item in items["items"]}
+    assert reasons[job][0] == "FAILED" and "pool `reports` is not open to tenant" in reasons[job][1]
+    assert reasons[stays][0] == "DONE"
     assert await api.db.fetchval("SELECT trigger_at FROM jobs WHERE id = $1", uuid.UUID(job)) is None
+    assert await api.db.fetchval("SELECT trigger_at FROM jobs WHERE id = $1", uuid.UUID(stays)) is not None

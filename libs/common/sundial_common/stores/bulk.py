@@ -303,10 +303,12 @@ class PostgresBulkStore:
             else:
                 results = {}
                 now = datetime.now(UTC)
+                # A trigger's pool checks: the batch's jobs and their pools read once, not two reads an item.
+                refusals = await _pool_refusals(conn, ids, op["tenant_id"]) if op["action"] == "trigger" else {}
                 for target_id in ids:
                     try:
                         async with conn.transaction():  # a savepoint: one row's error fails that row only
-                            results[target_id] = await _act_on(conn, op, target_id, now)
+                            results[target_id] = await _act_on(conn, op, target_id, now, refusals.get(target_id))
                     except asyncpg.PostgresError as exc:
                         results[target_id] = ("FAILED", f"{type(exc).__name__}: {exc}")
             outcomes = [results[i][0] for i in ids]
@@ -366,8 +368,11 @@ async def _act_on_executions(
     return results
 
 
-async def _act_on(conn: asyncpg.Connection, op: Record, target_id: UUID, now: datetime) -> tuple[str, str | None]:
-    """One item: the action's compare-and-swap; DONE, or SKIPPED with why (the row no longer matches)."""
+async def _act_on(
+    conn: asyncpg.Connection, op: Record, target_id: UUID, now: datetime, refusal: str | None = None
+) -> tuple[str, str | None]:
+    """One item: the action's compare-and-swap; DONE, or SKIPPED with why (the row no longer matches). ``refusal``:
+    why a trigger may not send work to the job's pool (:func:`_pool_refusals`), which FAILS the item."""
     tenant, actor, action = op["tenant_id"], actor_of(op), op["action"]
     if op["target"] == "executions":
         if action == "redrive":
@@ -397,7 +402,6 @@ async def _act_on(conn: asyncpg.Connection, op: Record, target_id: UUID, now: da
     elif action == "resume":
         row = await conn.fetchrow(jobs.Q["resume_job"], target_id, tenant, actor)
     else:
-        refusal = await _pool_refusal(conn, target_id, tenant)
         if refusal is not None:
             return "FAILED", refusal
         # A whole millisecond, clear of the whole seconds cron occurrences fall on ((job, scheduledFor) is unique).
@@ -418,16 +422,25 @@ async def _act_on(conn: asyncpg.Connection, op: Record, target_id: UUID, now: da
     return "SKIPPED", f"is {current['state']} now: nothing to {action}"
 
 
-async def _pool_refusal(conn: asyncpg.Connection, job_id: UUID, tenant: str) -> str | None:
-    """Why a trigger of this job may not send new work to its pool (as a single trigger refuses it), or None: the
-    pool may have been unregistered, or given to another tenant, since the job was created."""
-    job = await conn.fetchrow(jobs.Q["get_job"], job_id, tenant)
-    if job is None:
-        return None  # gone: the trigger's compare-and-swap finds nothing and says so
-    row = await conn.fetchrow(pools.Q["get_pool"], job["pool"])
-    if row is None:
-        return f"pool `{job['pool']}` is not registered any more"
-    pool = pools.Pool.from_row(row)
+async def _pool_refusals(conn: asyncpg.Connection, job_ids: list[UUID], tenant: str) -> dict[UUID, str]:
+    """Why a trigger of each of these jobs may not send new work to its pool (as a single trigger refuses it), for
+    those it may not: the pool may have been unregistered, or given to another tenant, since the job was created.
+    Two reads for the whole batch: its jobs' pools, then those pools. A job gone is not refused here: the trigger's
+    compare-and-swap finds nothing and says so."""
+    pool_of = {row["id"]: row["pool"] for row in await conn.fetch(Q["job_pools"], job_ids, tenant)}
+    rows = await conn.fetch(Q["pools_named"], sorted(set(pool_of.values())))
+    registered = {row["name"]: pools.Pool.from_row(row) for row in rows}
+    refusals: dict[UUID, str] = {}
+    for job_id, name in pool_of.items():
+        refusal = _pool_refusal(name, registered.get(name), tenant)
+        if refusal is not None:
+            refusals[job_id] = refusal
+    return refusals
+
+
+def _pool_refusal(name: str, pool: pools.Pool | None, tenant: str) -> str | None:
+    if pool is None:
+        return f"pool `{name}` is not registered any more"
     if not pool.admits(tenant):
         return f"pool `{pool.name}` is not open to tenant {tenant}"
     if pool.staging:

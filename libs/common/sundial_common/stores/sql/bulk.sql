@@ -230,3 +230,11 @@ SELECT id, state FROM changed;
 
 -- name: execution_states
 SELECT id, state FROM executions WHERE id = ANY($1::uuid[]) AND tenant_id = $2;
+
+-- name: job_pools
+-- A bulk trigger's batch: the pool of each of its jobs that still exists ($2 the tenant).
+SELECT id, pool FROM jobs WHERE id = ANY($1::uuid[]) AND tenant_id = $2;
+
+-- name: pools_named
+-- A bulk trigger's batch: the pools its jobs run in.
+SELECT * FROM pools WHERE name = ANY($1::text[]);
