@@ -38,7 +38,7 @@ from sundial_api.models.backfills import (
 )
 from sundial_api.models.jobs import JobState
 from sundial_api.models.schedules import RECURRING_TYPES
-from sundial_api.operations import page_of, page_start
+from sundial_api.operations import cancelled, existing, page_of, page_start
 from sundial_api.pools import usable_pool
 from sundial_api.problems import ProblemError, invalid, not_found, parse_resource_id, responses
 from sundial_api.responses import OrjsonResponse
@@ -166,9 +166,7 @@ async def list_job_backfills(
 async def get_backfill(
     backfill_id: Annotated[str, Path(description="The backfill's id.")], state: State, principal: Authenticated
 ) -> Response:
-    row = await state.stores.backfills.get(principal.tenant, parse_resource_id("backfill", backfill_id))
-    if row is None:
-        raise not_found("backfill", backfill_id)
+    row = await existing("backfill", backfill_id, lambda ident: state.stores.backfills.get(principal.tenant, ident))
     return OrjsonResponse(render_backfill(row))
 
 
@@ -182,12 +180,12 @@ async def cancel_backfill(
     backfill_id: Annotated[str, Path(description="The backfill's id.")], state: State, principal: Authenticated
 ) -> Response:
     """RUNNING → CANCELLED; the executions already created run on. Idempotent; a DONE backfill: 409."""
-    ident = parse_resource_id("backfill", backfill_id)
-    row = await state.stores.backfills.cancel(principal.tenant, ident, actor=principal.subject)
-    if row is None:
-        row = await state.stores.backfills.get(principal.tenant, ident)
-        if row is None:
-            raise not_found("backfill", backfill_id)
-        if row["state"] != "CANCELLED":
-            raise ProblemError(409, f"backfill {backfill_id} is {row['state']}: nothing left to cancel")
+    row = await cancelled(
+        "backfill",
+        backfill_id,
+        lambda ident: state.stores.backfills.cancel(principal.tenant, ident, actor=principal.subject),
+        lambda ident: state.stores.backfills.get(principal.tenant, ident),
+        "nothing left to cancel",
+        again="CANCELLED",
+    )
     return OrjsonResponse(render_backfill(row))

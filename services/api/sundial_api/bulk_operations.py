@@ -23,6 +23,7 @@ from starlette.responses import Response
 from sundial_common.security.auth import Principal
 from sundial_common.stores import bulk as bulk_store
 from sundial_common.stores.bulk import MAX_SELECTED, Selection
+from sundial_common.stores.types import Record
 
 from sundial_api.auth import Authenticated
 from sundial_api.json_body import JsonRoute
@@ -37,9 +38,19 @@ from sundial_api.models.bulk import (
     render_item,
     render_operation,
 )
-from sundial_api.operations import IdempotencyKey, checked_key, created_headers, page_of, page_start
-from sundial_api.pagination import InvalidCursor, decode_token, encode_token
-from sundial_api.problems import ProblemError, field_error, invalid, not_found, parse_resource_id, responses
+from sundial_api.operations import (
+    IdempotencyKey,
+    cancel_status,
+    cancelled,
+    checked_key,
+    created_headers,
+    cursor_fields,
+    existing,
+    page_of,
+    page_start,
+)
+from sundial_api.pagination import encode_token
+from sundial_api.problems import ProblemError, field_error, invalid, responses
 from sundial_api.responses import OrjsonResponse
 from sundial_api.state import ApiState, State
 
@@ -192,11 +203,8 @@ async def list_operations(
     return OrjsonResponse({"items": [render_operation(r, now) for r in page], "nextCursor": next_cursor})
 
 
-async def _existing(state: ApiState, principal: Principal, operation_id: str) -> dict[str, object]:
-    row = await state.stores.bulk.get(parse_resource_id("bulk operation", operation_id), _scope(principal))
-    if row is None:
-        raise not_found("bulk operation", operation_id)
-    return dict(row)
+async def _existing(state: ApiState, principal: Principal, operation_id: str) -> Record:
+    return await existing("bulk operation", operation_id, lambda ident: state.stores.bulk.get(ident, _scope(principal)))
 
 
 @router.get(
@@ -227,23 +235,12 @@ async def list_items(
         str | None, Query(description="`nextCursor` of the previous page; omit for the first page.")
     ] = None,
 ) -> Response:
-    after = _decode_items_cursor(cursor) if cursor is not None else 0
+    after = cursor_fields(cursor, _ITEMS_CURSOR)[0] if cursor is not None else 0
     row = await _existing(state, principal, operation_id)
-    rows = await state.stores.bulk.items(row["id"], after, limit + 1, outcome)  # type: ignore[arg-type]
+    rows = await state.stores.bulk.items(row["id"], after, limit + 1, outcome)
     page = rows[:limit]
     next_cursor = encode_token(f"oi1:{page[-1]['seq']}") if len(rows) > limit else None
     return OrjsonResponse({"items": [render_item(r) for r in page], "nextCursor": next_cursor})
-
-
-def _decode_items_cursor(cursor: str) -> int:
-    try:
-        plain = decode_token(cursor)
-    except InvalidCursor as exc:
-        raise invalid("cursor", str(exc)) from None
-    match = _ITEMS_CURSOR.match(plain)
-    if match is None:
-        raise invalid("cursor", "is not a cursor returned by this API")
-    return int(match.group(1))
 
 
 @router.post(
@@ -259,13 +256,12 @@ def _decode_items_cursor(cursor: str) -> int:
 async def cancel_operation(operation_id: OperationId, state: State, principal: Authenticated) -> Response:
     """Rows already acted on stay so; no row is acted on after the cancel is answered 200, nor after the
     runner's batch in flight when answered 202. Asking again is harmless; a finished operation: 409."""
-    ident = parse_resource_id("bulk operation", operation_id)
-    row = await state.stores.bulk.cancel(ident, _scope(principal))
-    if row is None:
-        current = await state.stores.bulk.get(ident, _scope(principal))
-        if current is None:
-            raise not_found("bulk operation", operation_id)
-        raise ProblemError(409, f"bulk operation {operation_id} is {current['state']}: it has finished")
-    return OrjsonResponse(
-        render_operation(row, state.clock.now()), status_code=202 if row["state"] == "RUNNING" else 200
+    scope = _scope(principal)
+    row = await cancelled(
+        "bulk operation",
+        operation_id,
+        lambda ident: state.stores.bulk.cancel(ident, scope),
+        lambda ident: state.stores.bulk.get(ident, scope),
+        "it has finished",
     )
+    return OrjsonResponse(render_operation(row, state.clock.now()), status_code=cancel_status(row))

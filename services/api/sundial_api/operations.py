@@ -1,5 +1,6 @@
 """What the endpoints of long-running operations (replays, bulk operations, backfills) share: the
-``Idempotency-Key`` of their create, the answer to a create, and their newest-first cursor pages.
+``Idempotency-Key`` of their create, the answer to a create, their newest-first cursor pages, the read of one
+(404 when it is not the caller's), its cancel (409 once it has finished) and the cursors of their detail pages.
 
 Each operation is a durable row created by one ``POST`` (202 with ``Location``) and followed with ``GET``s; a
 retried create with the same key answers with the operation the first one made (``Idempotent-Replayed: true``),
@@ -8,7 +9,8 @@ the same key with another body is refused (422), and the key is kept with the op
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import re
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Annotated
 from uuid import UUID
 
@@ -17,8 +19,11 @@ from pydantic import BaseModel
 from sundial_common.stores.types import Record
 
 from sundial_api.idempotency import HEADER, invalid_key, request_hash, valid_key
-from sundial_api.pagination import InvalidCursor, decode_id_cursor, encode_id_cursor
-from sundial_api.problems import invalid
+from sundial_api.pagination import InvalidCursor, decode_id_cursor, decode_token, encode_id_cursor
+from sundial_api.problems import ProblemError, invalid, not_found, parse_resource_id
+
+#: Reads (or changes) one operation by id, in the caller's scope: None when there is none to read (or change).
+ById = Callable[[UUID], Awaitable[Record | None]]
 
 #: The ``Idempotency-Key`` header of an operation's create.
 IdempotencyKey = Annotated[
@@ -67,3 +72,46 @@ def page_of(prefix: str, rows: Sequence[Record], limit: int) -> tuple[Sequence[R
     cursor of the next one."""
     page = rows[:limit]
     return page, encode_id_cursor(prefix, page[-1]["id"]) if len(rows) > limit else None
+
+
+async def existing(kind: str, raw_id: str, get: ById) -> Record:
+    """The operation ``raw_id`` names; 404 for a malformed id, an unknown one or another tenant's."""
+    row = await get(parse_resource_id(kind, raw_id))
+    if row is None:
+        raise not_found(kind, raw_id)
+    return row
+
+
+async def cancelled(
+    kind: str, raw_id: str, cancel: ById, get: ById, finished: str, *, again: str | None = None
+) -> Record:
+    """The operation as ``cancel`` left it; 404 as :func:`existing`, and 409 (``{kind} {id} is {state}: {finished}``)
+    when there was nothing left to cancel — unless it is already in state ``again``, which answers it as it is
+    (asking twice is harmless)."""
+    ident = parse_resource_id(kind, raw_id)
+    row = await cancel(ident)
+    if row is not None:
+        return row
+    current = await get(ident)
+    if current is None:
+        raise not_found(kind, raw_id)
+    if again is not None and current["state"] == again:
+        return current
+    raise ProblemError(409, f"{kind} {raw_id} is {current['state']}: {finished}")
+
+
+def cancel_status(row: Record) -> int:
+    """202 while it still runs (it stops at its next batch), 200 once it is CANCELLED."""
+    return 202 if row["state"] == "RUNNING" else 200
+
+
+def cursor_fields(cursor: str, pattern: re.Pattern[str]) -> tuple[int, ...]:
+    """The numbers a detail page's cursor carries (``pattern``'s groups); 422 naming ``cursor`` for a foreign one."""
+    try:
+        plain = decode_token(cursor)
+    except InvalidCursor as exc:
+        raise invalid("cursor", str(exc)) from None
+    match = pattern.match(plain)
+    if match is None:
+        raise invalid("cursor", "is not a cursor returned by this API")
+    return tuple(int(g) for g in match.groups())

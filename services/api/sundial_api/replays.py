@@ -37,10 +37,20 @@ from sundial_common.stores.types import Record
 from sundial_api.auth import Authenticated
 from sundial_api.json_body import JsonRoute
 from sundial_api.models.replays import NewReplay, Replay, ReplayList, ReplayRunList, render_replay, render_run
-from sundial_api.operations import IdempotencyKey, checked_key, created_headers, page_of, page_start
-from sundial_api.pagination import InvalidCursor, decode_token, encode_token
+from sundial_api.operations import (
+    IdempotencyKey,
+    cancel_status,
+    cancelled,
+    checked_key,
+    created_headers,
+    cursor_fields,
+    existing,
+    page_of,
+    page_start,
+)
+from sundial_api.pagination import encode_token
 from sundial_api.pools import refused, usable_pool
-from sundial_api.problems import ProblemError, field_error, invalid, not_found, parse_resource_id, responses
+from sundial_api.problems import ProblemError, field_error, invalid, not_found, responses
 from sundial_api.responses import OrjsonResponse
 from sundial_api.state import ApiState, State
 
@@ -186,9 +196,7 @@ async def list_replays(
 
 @router.get("/{replay_id}", response_model=Replay, responses=responses(401, 404, 503), summary="Read a replay")
 async def get_replay(replay_id: ReplayId, state: State, principal: Authenticated) -> Response:
-    row = await state.stores.replays.get_replay(parse_resource_id("replay", replay_id), _scope(principal))
-    if row is None:
-        raise not_found("replay", replay_id)
+    row = await existing("replay", replay_id, lambda ident: state.stores.replays.get_replay(ident, _scope(principal)))
     (view,) = await _view(state, [row])
     return OrjsonResponse(view)
 
@@ -204,15 +212,16 @@ async def get_replay(replay_id: ReplayId, state: State, principal: Authenticated
     response_description="PENDING: now CANCELLED.",
 )
 async def cancel_replay(replay_id: ReplayId, state: State, principal: Authenticated) -> Response:
-    ident = parse_resource_id("replay", replay_id)
-    row = await state.stores.replays.cancel_replay(ident, _scope(principal))
-    if row is None:
-        current = await state.stores.replays.get_replay(ident, _scope(principal))
-        if current is None:
-            raise not_found("replay", replay_id)
-        raise ProblemError(409, f"replay {replay_id} is {current['state']}: it has finished, nothing to cancel")
+    scope = _scope(principal)
+    row = await cancelled(
+        "replay",
+        replay_id,
+        lambda ident: state.stores.replays.cancel_replay(ident, scope),
+        lambda ident: state.stores.replays.get_replay(ident, scope),
+        "it has finished, nothing to cancel",
+    )
     (view,) = await _view(state, [row])
-    return OrjsonResponse(view, status_code=202 if row["state"] == "RUNNING" else 200)
+    return OrjsonResponse(view, status_code=cancel_status(row))
 
 
 @router.get(
@@ -230,25 +239,15 @@ async def replay_runs(
         str | None, Query(description="`nextCursor` of the previous page; omit for the first page.")
     ] = None,
 ) -> Response:
-    ident = parse_resource_id("replay", replay_id)
-    after = _decode_runs_cursor(cursor) if cursor is not None else None
-    if await state.stores.replays.get_replay(ident, _scope(principal)) is None:
-        raise not_found("replay", replay_id)
-    rows = await state.stores.replays.list_runs(ident, after, limit + 1)
+    row = await existing("replay", replay_id, lambda ident: state.stores.replays.get_replay(ident, _scope(principal)))
+    after: tuple[int, int] | None = None
+    if cursor is not None:
+        partition, offset = cursor_fields(cursor, _RUNS_CURSOR)
+        after = (partition, offset)
+    rows = await state.stores.replays.list_runs(row["id"], after, limit + 1)
     page = rows[:limit]
     next_cursor = None
     if len(rows) > limit:
         last = page[-1]
         next_cursor = encode_token(f"rr1:{last['source_partition']}:{last['source_offset']}")
     return OrjsonResponse({"items": [render_run(r) for r in page], "nextCursor": next_cursor})
-
-
-def _decode_runs_cursor(cursor: str) -> tuple[int, int]:
-    try:
-        plain = decode_token(cursor)
-    except InvalidCursor as exc:
-        raise invalid("cursor", str(exc)) from None
-    match = _RUNS_CURSOR.match(plain)
-    if match is None:
-        raise invalid("cursor", "is not a cursor returned by this API")
-    return int(match.group(1)), int(match.group(2))

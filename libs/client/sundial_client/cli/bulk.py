@@ -14,17 +14,15 @@ import argparse
 import json
 import re
 import sys
-import time
 from datetime import UTC, datetime, timedelta
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
+from sundial_client.cli import operations
 from sundial_client.cli.common import (
     EXIT_CODES,
-    FAILED,
     OK,
     cell,
-    connection_options,
     dump,
     instant,
     main,
@@ -78,8 +76,9 @@ def _text(o: BulkOperation) -> str:
     return "\n".join(lines)
 
 
-def _progress(o: BulkOperation, rate: float) -> str:
+def _progress(o: BulkOperation, last: BulkOperation, dt: float) -> str:
     processed = o.done + o.skipped + o.failed
+    rate = (processed - (last.done + last.skipped + last.failed)) / dt
     eta = "?" if o.eta is None else f"{max(0.0, (o.eta - datetime.now(UTC)).total_seconds()):.0f}s"
     return (
         f"{o.state}  {processed}/{cell(o.total)}  done {o.done}  skipped {o.skipped}  failed {o.failed}  "
@@ -87,27 +86,16 @@ def _progress(o: BulkOperation, rate: float) -> str:
     )
 
 
+def _summary(o: BulkOperation) -> str:
+    took = (o.finished_at - o.started_at).total_seconds() if o.finished_at and o.started_at else None
+    speed = f" in {took:.1f}s" if took else ""
+    return f"{_text(o)}\nsummary: {o.state}: {o.done} done, {o.skipped} skipped, {o.failed} failed{speed}"
+
+
 def follow(client: Client, operation: BulkOperation, args: argparse.Namespace) -> int:
     """A live progress line until the operation ends; then the summary. Exit 0 only if it SUCCEEDED."""
-    tty = sys.stdout.isatty() and not args.json
-    last, last_at = operation, time.monotonic()
-    for current in client.bulk.watch(operation.operation_id, poll_sec=args.interval):
-        now = time.monotonic()
-        processed = current.done + current.skipped + current.failed
-        rate = (processed - (last.done + last.skipped + last.failed)) / max(now - last_at, 1e-6)
-        last, last_at = current, now
-        if args.json:
-            print(json.dumps(current.model_dump(mode="json", by_alias=True)), flush=True)
-        elif not current.ended:
-            print(("\r" if tty else "") + _progress(current, rate), end="" if tty else "\n", flush=True)
-    if tty:
-        print()
-    if not args.json:
-        took = (last.finished_at - last.started_at).total_seconds() if last.finished_at and last.started_at else None
-        speed = f" in {took:.1f}s" if took else ""
-        counts = f"{last.done} done, {last.skipped} skipped, {last.failed} failed"
-        print(f"{_text(last)}\nsummary: {last.state}: {counts}{speed}")
-    return OK if last.state == "SUCCEEDED" else FAILED
+    watch = client.bulk.watch(operation.operation_id, poll_sec=args.interval)
+    return operations.follow(operation, watch, args, _progress, _summary)
 
 
 def _filter(args: argparse.Namespace, target: str) -> dict[str, Any]:
@@ -148,8 +136,7 @@ def bulk_create(client: Client, args: argparse.Namespace) -> int:
     operation = client.bulk.create(target, action, rate_per_sec=args.rate, tenant_id=args.tenant, **wanted)
     if args.wait:
         return follow(client, operation, args)
-    print(dump(operation) if args.json else f"{operation.operation_id}  {operation.state}")
-    return OK
+    return operations.print_brief(operation, operation.operation_id, args)
 
 
 def bulk_list(client: Client, args: argparse.Namespace) -> int:
@@ -177,8 +164,7 @@ def bulk_items(client: Client, args: argparse.Namespace) -> int:
 
 def bulk_abort(client: Client, args: argparse.Namespace) -> int:
     operation = client.bulk.cancel(args.id)
-    print(dump(operation) if args.json else f"{operation.operation_id}  {operation.state}  (cancel requested)")
-    return OK
+    return operations.print_brief(operation, operation.operation_id, args, "  (cancel requested)")
 
 
 def _filter_options(p: argparse.ArgumentParser, target: str) -> None:
@@ -197,8 +183,7 @@ def _filter_options(p: argparse.ArgumentParser, target: str) -> None:
     p.add_argument("--tenant", help="Whose rows (an admin token only: one tenant).")
     p.add_argument("--rate", type=positive, metavar="N", help="At most N rows a second (default 500).")
     p.add_argument("--dry-run", action="store_true", help="Print the exact count and the first rows; change nothing.")
-    p.add_argument("--wait", action="store_true", help="Show a live progress line until it ends, then a summary.")
-    p.add_argument("--interval", type=float, default=1.0, metavar="SECONDS", help="Progress poll interval.")
+    operations.wait_options(p, "Show a live progress line until it ends, then a summary.")
 
 
 def bulk_parser(argv: list[str]) -> argparse.ArgumentParser:
@@ -210,13 +195,7 @@ def bulk_parser(argv: list[str]) -> argparse.ArgumentParser:
         "touched.",
         **common,
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    def add(name: str, help: str, func: Any) -> argparse.ArgumentParser:
-        p: argparse.ArgumentParser = sub.add_parser(name, help=help, description=help, **common)
-        connection_options(p)
-        p.set_defaults(run=func)
-        return p
+    add = operations.adder(parser.add_subparsers(dest="command", required=True, metavar="COMMAND"), common)
 
     helps = {
         "redrive": "Give DEAD executions (and FAILED ones a retry breaker holds) a new attempt, through the breaker.",
@@ -231,8 +210,7 @@ def bulk_parser(argv: list[str]) -> argparse.ArgumentParser:
     add("list", "Bulk operations, newest first.", bulk_list).add_argument("--limit", type=positive, default=50)
     show = add("show", "An operation: state, counts, ETA.", bulk_show)
     show.add_argument("id")
-    show.add_argument("--wait", action="store_true", help="Follow it until it ends (exit 0 if it SUCCEEDED).")
-    show.add_argument("--interval", type=float, default=1.0, metavar="SECONDS")
+    operations.wait_options(show, "Follow it until it ends (exit 0 if it SUCCEEDED).")
     items = add("items", "Each selected row's outcome and why, in the order acted on.", bulk_items)
     items.add_argument("id")
     items.add_argument("--outcome", choices=("DONE", "SKIPPED", "FAILED"))

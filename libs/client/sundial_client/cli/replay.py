@@ -11,13 +11,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
+from sundial_client.cli import operations
 from sundial_client.cli.common import (
     EXIT_CODES,
-    FAILED,
     OK,
     cell,
     connection_options,
@@ -83,33 +82,23 @@ def _remaining(r: Replay) -> int | None:
     return sum(max(0, (p.end_offset or 0) - p.next_offset) for p in r.partitions)
 
 
-def _progress(r: Replay, rate: float, scan_rate: float) -> str:
+def _progress(r: Replay, last: Replay, dt: float) -> str:
+    rate, scan_rate = (r.published - last.published) / dt, (r.scanned - last.scanned) / dt
     left = _remaining(r)
     eta = "?" if left is None or scan_rate <= 0 else f"{left / scan_rate:.0f}s"
     return f"{r.state}  scanned {r.scanned}  published {r.published}  {rate:,.0f} msg/s  ETA {eta}"
 
 
+def _summary(r: Replay) -> str:
+    elapsed = (r.finished_at - r.started_at).total_seconds() if r.finished_at and r.started_at else None
+    speed = f" in {elapsed:.1f}s ({r.scanned / elapsed:,.0f} scanned/s)" if elapsed else ""
+    return f"{_text(r)}\nsummary: {r.state}: {r.matched} matched, {r.published} published{speed}"
+
+
 def follow(client: Client, replay: Replay, args: argparse.Namespace) -> int:
     """Show progress until the replay ends; then the summary. Exit 0 only if it SUCCEEDED."""
-    tty = sys.stdout.isatty() and not args.json
-    last, last_at = replay, time.monotonic()
-    for current in client.replays.watch(replay.replay_id, poll_sec=args.interval):
-        now = time.monotonic()
-        dt = max(now - last_at, 1e-6)
-        rate = (current.published - last.published) / dt
-        scan_rate = (current.scanned - last.scanned) / dt
-        last, last_at = current, now
-        if args.json:
-            print(json.dumps(current.model_dump(mode="json", by_alias=True)), flush=True)
-        elif not current.ended:
-            print(("\r" if tty else "") + _progress(current, rate, scan_rate), end="" if tty else "\n", flush=True)
-    if tty:
-        print()
-    if not args.json:
-        elapsed = (last.finished_at - last.started_at).total_seconds() if last.finished_at and last.started_at else None
-        speed = f" in {elapsed:.1f}s ({last.scanned / elapsed:,.0f} scanned/s)" if elapsed else ""
-        print(f"{_text(last)}\nsummary: {last.state}: {last.matched} matched, {last.published} published{speed}")
-    return OK if last.state == "SUCCEEDED" else FAILED
+    watch = client.replays.watch(replay.replay_id, poll_sec=args.interval)
+    return operations.follow(replay, watch, args, _progress, _summary)
 
 
 def replay_create(client: Client, args: argparse.Namespace) -> int:
@@ -126,8 +115,7 @@ def replay_create(client: Client, args: argparse.Namespace) -> int:
     )
     if args.wait:
         return follow(client, replay, args)
-    print(dump(replay) if args.json else f"{replay.replay_id}  {replay.state}")
-    return OK
+    return operations.print_brief(replay, replay.replay_id, args)
 
 
 def replay_list(client: Client, args: argparse.Namespace) -> int:
@@ -146,8 +134,7 @@ def replay_show(client: Client, args: argparse.Namespace) -> int:
 
 def replay_cancel(client: Client, args: argparse.Namespace) -> int:
     replay = client.replays.cancel(args.id)
-    print(dump(replay) if args.json else f"{replay.replay_id}  {replay.state}  (cancel requested)")
-    return OK
+    return operations.print_brief(replay, replay.replay_id, args, "  (cancel requested)")
 
 
 def replay_runs(client: Client, args: argparse.Namespace) -> int:
@@ -167,19 +154,12 @@ def replay_parser(argv: list[str]) -> argparse.ArgumentParser:
     common: dict[str, Any] = {"epilog": EXIT_CODES, "formatter_class": argparse.RawDescriptionHelpFormatter}
     if argv and argv[0] in SUBCOMMANDS:
         parser = argparse.ArgumentParser(prog="sundial replay", description="Read and stop replays.", **common)
-        sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-        def add(name: str, help: str, func: Any) -> argparse.ArgumentParser:
-            p: argparse.ArgumentParser = sub.add_parser(name, help=help, description=help, **common)
-            connection_options(p)
-            p.set_defaults(run=func)
-            return p
+        add = operations.adder(parser.add_subparsers(dest="command", required=True, metavar="COMMAND"), common)
 
         add("list", "Replays, newest first.", replay_list).add_argument("--limit", type=positive, default=50)
         show = add("show", "A replay: state, counts, per-partition offsets.", replay_show)
         show.add_argument("id")
-        show.add_argument("--wait", action="store_true", help="Follow it until it ends (exit 0 if it SUCCEEDED).")
-        show.add_argument("--interval", type=float, default=1.0, metavar="SECONDS")
+        operations.wait_options(show, "Follow it until it ends (exit 0 if it SUCCEEDED).")
         add("cancel", "Cancel a replay (a running one stops at its next batch).", replay_cancel).add_argument("id")
         runs = add("runs", "What the staging workers did with each replayed message.", replay_runs)
         runs.add_argument("id")
@@ -203,8 +183,7 @@ def replay_parser(argv: list[str]) -> argparse.ArgumentParser:
     parser.add_argument("--tenant", help="Only this tenant's (a tenant token: always its own).")
     parser.add_argument("--rate", type=positive, metavar="N", help="At most N messages re-published a second.")
     parser.add_argument("--dry-run", action="store_true", help="Count what would be replayed; publish nothing.")
-    parser.add_argument("--wait", action="store_true", help="Show progress until it ends, then a summary.")
-    parser.add_argument("--interval", type=float, default=1.0, metavar="SECONDS", help="Progress poll interval.")
+    operations.wait_options(parser, "Show progress until it ends, then a summary.")
     return parser
 
 
