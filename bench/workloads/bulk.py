@@ -12,7 +12,9 @@ mode ``alone`` the stream runs by itself. Each prints and appends to ``bench/res
 * **redrive_s**, **rate_per_s** — the operation's start to end, and rows a second over it; **rate_windows** —
   the rows acted on in each 5-second window (how steadily the rate was held); **redriven_started** — of the
   re-driven executions, how many ran again by the end;
-* **b_lateness_ms** — P50/P95/P99/max of the stream's handler start − due.
+* **b_lateness_ms** — P50/P95/P99/max of the stream's handler start − due; **b_commit_ms** (its execution's
+  commit − due: the dispatcher's part), **b_start_after_commit_ms** (start − commit: the topic's and the workers'
+  part) and **b_shard0_lateness_ms** (its jobs on the shard of the re-driven executions).
 
     uv run --frozen python -m bench bulk --port-offset 600                         # 100,000; redrive,alone
     uv run --frozen python -m bench bulk --port-offset 600 --executions 20000 --modes redrive
@@ -95,12 +97,25 @@ async def run(bench: Bench, args: argparse.Namespace, redrive: bool) -> dict[str
             if left == 0 and datetime.now(UTC) > due[-1]:
                 break
         rows = await conn.fetch(
-            "SELECT scheduled_for, started_at FROM executions WHERE tenant_id = $1 AND started_at IS NOT NULL", OTHER
+            "SELECT e.scheduled_for, e.created_at, e.started_at, j.shard"
+            " FROM executions e JOIN jobs j ON j.id = e.job_id WHERE e.tenant_id = $1 AND e.started_at IS NOT NULL",
+            OTHER,
         )
         figures["b_jobs"] = len(due)
         figures["b_started"] = len(rows)
         figures["b_lateness_ms"] = percentiles(
             [(r["started_at"] - r["scheduled_for"]).total_seconds() * 1000 for r in rows]
+        )
+        # Where the lateness is: committed after the due instant (the dispatcher), or started after the commit
+        # (the pool's topic and the workers); and the lateness of the jobs on the re-driven executions' shard (0).
+        figures["b_commit_ms"] = percentiles(
+            [(r["created_at"] - r["scheduled_for"]).total_seconds() * 1000 for r in rows]
+        )
+        figures["b_start_after_commit_ms"] = percentiles(
+            [(r["started_at"] - r["created_at"]).total_seconds() * 1000 for r in rows]
+        )
+        figures["b_shard0_lateness_ms"] = percentiles(
+            [(r["started_at"] - r["scheduled_for"]).total_seconds() * 1000 for r in rows if r["shard"] == 0]
         )
         if redrive:
             figures["redriven_started"] = await conn.fetchval(
