@@ -346,24 +346,25 @@ async def test_a_re_drives_retries_wait_their_turn_behind_another_tenants_jobs_i
     shard = dispatcher(stores, hot_window, publisher, batch=100, pool_queue_cap=100)
 
     first = await shard.run_once()
-    # The other tenant's 20 go out in the first pass, beside 80 of the re-drive's: the pool's room is shared
-    # round robin, not taken by the retries first.
-    assert first.dispatched == 20 and first.retried == 80
+    # The other tenant's 20 go out in the first pass, beside 25 of the re-drive's: retries take their turns of the
+    # round robin, and at most a quarter of the pool's queue (FairnessConfig.retry_queue_share), the rest is kept
+    # for the scheduled work.
+    assert first.dispatched == 20 and first.retried == 25
     # The pool's queue is full (the retries count in it from when they became PENDING, not from their creation an
     # hour ago): the rest of the re-drive waits in the buffer, not in the topic.
     await shard.run_once()
     assert await dispatched(stores) == {"other": 20, "redriver": 500}  # (its rows exist: they are the executions)
     pending = await stores.database.pool.fetchval("SELECT count(*) FROM executions WHERE state = 'PENDING'")
-    assert pending == 100
-    assert shard.fair is not None and len(shard.fair.queue) == 420
+    assert pending == 45
+    assert shard.fair is not None and len(shard.fair.queue) == 475
     # Held, not lost: the hydrator's overdue scan leaves them alone; a term that ends puts them back.
     waiting = [RetryDue(w.occurrence.job_id, w.occurrence.due) for q in shard.fair.queue.queues.values() for w in q]
     assert await hot_window.retries_not_held(0, waiting) == []
-    assert await shard.fair.release() == 420
-    assert await hot_window.size(0) == 420
+    assert await shard.fair.release() == 475
+    assert await hot_window.size(0) == 475
     # Attempts go on where they were: each re-driven execution once, with its next attempt number.
     await stores.database.pool.execute("UPDATE executions SET state = 'SUCCEEDED', finished_at = now()")
     attempts = await stores.database.pool.fetch(
         "SELECT attempt, count(*) AS n FROM executions WHERE tenant_id = 'redriver' GROUP BY attempt"
     )
-    assert {r["attempt"]: r["n"] for r in attempts} == {4: 80, 3: 420}
+    assert {r["attempt"]: r["n"] for r in attempts} == {4: 25, 3: 475}

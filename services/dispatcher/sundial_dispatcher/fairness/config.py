@@ -31,6 +31,11 @@ class FairnessConfig:
     #: Small: a pool nobody reads gains nothing from a long queue, and the stalled-pool rule lets its work through after
     #: ``stalled_pool_sec``. Kept within ``pool_queue_min`` .. ``pool_queue_cap``.
     pool_queue_first: int = 8
+    #: Scheduled retries may fill a pool's queue to this share of its cap (``pool_queue_sec``), the rest is the
+    #: scheduled work's: a bulk re-drive's retries at 500/s kept the shared pool's queue full whenever its
+    #: workers fell behind, and another tenant's jobs, first out of the buffer, still waited behind that queue
+    #: in the topic. 1: retries may fill it all, as first attempts do.
+    retry_queue_share: float = 0.25
     #: Most claimed occurrences one shard leader holds waiting for their turn.
     buffer_cap: int = 200_000
     #: Members claimed from the hot window into the buffer per pass. Deep, so a burst is in the buffer (and
@@ -90,5 +95,7 @@ class FairnessConfig:
             raise ValueError("claim_size must be >= 1 and buffer_cap >= claim_size")
         if self.stalled_pool_sec <= 0 or self.counts_refresh_sec < 0 or self.slots_refresh_sec < 0:
             raise ValueError("stalled_pool_sec must be > 0, counts_refresh_sec and slots_refresh_sec >= 0")
+        if not 0 < self.retry_queue_share <= 1:
+            raise ValueError("retry_queue_share must be within (0, 1]")
         if self.burst_head < 0:
             raise ValueError("burst_head must be >= 0")

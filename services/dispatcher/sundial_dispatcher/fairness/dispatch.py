@@ -157,6 +157,7 @@ class FairDispatch:
                 default_pool_room=default_room,
                 elsewhere=self.open_work.best_lane_elsewhere(self.shard) if len(self.open_work.queues) > 1 else None,
                 high_room=self.open_work.high_room(),
+                retry_room=self.open_work.retry_room(default_room),
             )
             self.open_work.limited(self.queue.full_pools)
             taken = await self._rate_limited(taken, tenants)
@@ -243,6 +244,7 @@ class FairDispatch:
         n = len(claimed) + kept  # scheduled retries take the pools' room too
         return (
             not len(self.queue)
+            and not claimed.retries  # they take their own, smaller room (OpenWork.retry_room)
             and kept <= head
             and all(o.due <= due_by for o in claimed.jobs)
             and n <= self.batch_size

@@ -265,10 +265,22 @@ class OpenWork:
         buffer, in priority order) beyond that. Call after :meth:`pool_room` (it records the shards)."""
         return {pool: self._room(pool, 2) for pool in self.queued.keys() | self.started_work | self.slots.keys()}
 
-    def _room(self, pool: str, cap_times: int) -> int:
+    def retry_room(self, default_room: int) -> dict[str, int]:
+        """Room of this shard's pass per pool for scheduled retries: while the pool's queue is under
+        ``retry_queue_share`` of its cap. A re-drive's retries then keep the topic short for the scheduled work
+        published behind them, which takes the rest of the room (and the round robin's turns) first. A pool not
+        seen (under :data:`NOBODY`) has that share of ``default_room``. Call after :meth:`pool_room` (it records
+        the shards)."""
+        share = self.config.retry_queue_share
+        room = {pool: self._room(pool, share) for pool in self.queued.keys() | self.started_work | self.slots.keys()}
+        room[NOBODY] = max(1, round(share * default_room))
+        return room
+
+    def _room(self, pool: str, cap_times: float) -> int:
         queued = self.queued.get(pool, 0)
         fresh = self.fresh.get(pool, queued)
-        return min(self._share(cap_times * self.cap(pool), fresh), self._share(self.config.pool_queue_cap, queued))
+        cap = max(1, round(cap_times * self.cap(pool)))
+        return min(self._share(cap, fresh), self._share(self.config.pool_queue_cap, queued))
 
     def _share(self, cap: int, queued: int) -> int:
         """This shard's share of the room left under ``cap`` (rounded up: every shard may take one)."""

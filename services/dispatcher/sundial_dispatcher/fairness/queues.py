@@ -167,6 +167,7 @@ class FairQueue:
         default_pool_room: int,
         elsewhere: Callable[[str, str], int] | None = None,
         high_room: dict[str, int] | None = None,
+        retry_room: dict[str, int] | None = None,
     ) -> list[Waiting]:
         """Up to ``budget`` items by weighted round robin; ``pool_room``/``tenant_room`` are used up as taken.
 
@@ -175,7 +176,9 @@ class FairQueue:
         this process (the other shards it leads); a priority pick of a lower lane yields to it this pass, so
         the pool's room goes to the tenant's higher-priority work whichever shard holds it (the turn of the
         oldest never yields: that is the no-starvation share). ``high_room``: per pool, the room ``HIGH`` work
-        has beyond a full pool (:meth:`OpenWork.high_room`), used up by every ``HIGH`` item taken.
+        has beyond a full pool (:meth:`OpenWork.high_room`), used up by every ``HIGH`` item taken. ``retry_room``:
+        per pool, the room scheduled retries have (:meth:`OpenWork.retry_room`; a pool absent: the room under
+        :data:`NOBODY`).
         """
         self.full_pools = set()
         high_room = {} if high_room is None else high_room
@@ -204,6 +207,9 @@ class FairQueue:
                     ):
                         self.full_pools.add(head.pool)
                         break
+                    if head.retry and retry_room is not None:
+                        if retry_room.setdefault(head.pool, retry_room.get(NOBODY, default_pool_room)) <= 0:
+                            break  # the rest of the pool's queue is the scheduled work's
                     if (
                         elsewhere is not None
                         and head.priority != PRIORITIES[0]
@@ -219,6 +225,8 @@ class FairQueue:
                     pool_room[head.pool] = pool_room.get(head.pool, default_pool_room) - 1
                     if high and head.pool in high_room:
                         high_room[head.pool] -= 1
+                    if head.retry and retry_room is not None:
+                        retry_room[head.pool] -= 1
                     if tenant in tenant_room:
                         tenant_room[tenant] -= 1
                 if not queue:
