@@ -50,3 +50,15 @@ def test_with_json_each_poll_is_printed_whole_and_no_summary(capsys: pytest.Capt
         {"state": "RUNNING", "done": 1},
         {"state": "CANCELLED", "done": 2},
     ]
+
+
+def test_show_prints_it_or_follows_it_and_list_stops_at_the_limit(capsys: pytest.CaptureFixture[str]) -> None:
+    op = Op(state="RUNNING", done=4)
+    args = argparse.Namespace(json=False, wait=False, limit=2)
+    assert operations.show(op, args, lambda o: FAILED, lambda o: f"op {o.state} {o.done}") == OK
+    assert capsys.readouterr().out == "op RUNNING 4\n"
+    assert operations.show(op, argparse.Namespace(json=False, wait=True), lambda o: FAILED, str) == FAILED
+    found = iter([Op(state="RUNNING", done=1), Op(state="SUCCEEDED", done=2), Op(state="FAILED", done=3)])
+    assert operations.print_list(found, args, ("STATE", "DONE"), lambda o: [o.state, o.done]) == OK
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 3 and lines[0].split() == ["STATE", "DONE"] and lines[2].split() == ["SUCCEEDED", "2"]

@@ -140,17 +140,11 @@ def bulk_create(client: Client, args: argparse.Namespace) -> int:
 
 
 def bulk_list(client: Client, args: argparse.Namespace) -> int:
-    operations = list(islice(client.bulk.list(page_size=min(args.limit, 200)), args.limit))
-    print(dump(operations) if args.json else table(COLUMNS, [_row(o) for o in operations]))
-    return OK
+    return operations.print_list(client.bulk.list(page_size=min(args.limit, 200)), args, COLUMNS, _row)
 
 
 def bulk_show(client: Client, args: argparse.Namespace) -> int:
-    operation = client.bulk.get(args.id)
-    if args.wait:
-        return follow(client, operation, args)
-    print(dump(operation) if args.json else _text(operation))
-    return OK
+    return operations.show(client.bulk.get(args.id), args, lambda o: follow(client, o, args), _text)
 
 
 def bulk_items(client: Client, args: argparse.Namespace) -> int:

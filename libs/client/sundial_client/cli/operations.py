@@ -11,10 +11,13 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from itertools import islice
 from typing import Any, Protocol, TypeVar
 
-from sundial_client.cli.common import FAILED, OK, connection_options, dump
+from pydantic import BaseModel
+
+from sundial_client.cli.common import FAILED, OK, connection_options, dump, table
 
 
 class Operation(Protocol):
@@ -30,6 +33,7 @@ class Operation(Protocol):
 
 
 OperationT = TypeVar("OperationT", bound=Operation)
+ModelT = TypeVar("ModelT", bound=BaseModel)
 
 #: (the operation now, as it was at the previous poll, seconds between them) → the progress line.
 Progress = Callable[[OperationT, OperationT, float], str]
@@ -59,6 +63,31 @@ def follow(
     if not args.json:
         print(summary(last))
     return OK if last.state == "SUCCEEDED" else FAILED
+
+
+def show(
+    operation: ModelT,
+    args: argparse.Namespace,
+    follow: Callable[[ModelT], int],
+    text: Callable[[ModelT], str],
+) -> int:
+    """``show ID``: the operation (``--json``: whole), or with ``--wait`` followed until it ends."""
+    if args.wait:
+        return follow(operation)
+    print(dump(operation) if args.json else text(operation))
+    return OK
+
+
+def print_list(
+    found: Iterable[ModelT],
+    args: argparse.Namespace,
+    columns: Sequence[str],
+    row: Callable[[ModelT], list[Any]],
+) -> int:
+    """``list``: the first ``--limit`` operations, a row each (``--json``: whole)."""
+    shown = list(islice(found, args.limit))
+    print(dump(shown) if args.json else table(columns, [row(o) for o in shown]))
+    return OK
 
 
 def print_brief(operation: Any, operation_id: str, args: argparse.Namespace, note: str = "") -> int:

@@ -20,7 +20,6 @@ from sundial_client.cli.common import (
     OK,
     cell,
     connection_options,
-    dump,
     instant,
     main,
     positive,
@@ -119,17 +118,11 @@ def replay_create(client: Client, args: argparse.Namespace) -> int:
 
 
 def replay_list(client: Client, args: argparse.Namespace) -> int:
-    replays = list(islice(client.replays.list(page_size=min(args.limit, 200)), args.limit))
-    print(dump(replays) if args.json else table(REPLAY_COLUMNS, [_row(r) for r in replays]))
-    return OK
+    return operations.print_list(client.replays.list(page_size=min(args.limit, 200)), args, REPLAY_COLUMNS, _row)
 
 
 def replay_show(client: Client, args: argparse.Namespace) -> int:
-    replay = client.replays.get(args.id)
-    if args.wait:
-        return follow(client, replay, args)
-    print(dump(replay) if args.json else _text(replay))
-    return OK
+    return operations.show(client.replays.get(args.id), args, lambda r: follow(client, r, args), _text)
 
 
 def replay_cancel(client: Client, args: argparse.Namespace) -> int:
