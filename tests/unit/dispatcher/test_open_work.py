@@ -310,3 +310,47 @@ async def test_a_pools_first_burst_is_capped_at_the_free_slots_its_live_workers_
     clock.advance(0.25)
     await work.refresh()
     assert work.cap("big") == 40  # backlogged, 20 started in 0.25 s: half a second of starts
+
+
+async def test_a_pool_held_at_its_first_cap_is_counted_again_soon_and_then_follows_its_start_rate() -> None:
+    counts, clock = Counts(), FakeClock()
+    live = Announced({"big": [256, 256], "slow": [4]})
+    config = FairnessConfig(pool_queue_cap=1000, pool_queue_min=4, counts_refresh_sec=0.25, first_refresh_sec=0.05)
+    work = OpenWork(counts, config, clock.monotonic, live=live)
+    await work.refresh()
+    assert counts.reads == 1
+    # Nothing held back: the counts serve counts_refresh_sec.
+    clock.advance(0.02)
+    await work.refresh()
+    assert counts.reads == 1
+    # A pass filled both pools' first caps (the workers' free slots) and held the rest of their bursts back.
+    work.took_executions([("a", "big")] * 512 + [("a", "slow")] * 4)
+    work.limited(["big", "slow"])
+    clock.advance(0.02)
+    await work.refresh()
+    assert counts.reads == 1  # read 0.04 s ago: the workers are still starting what went out
+    # The workers started all of it: read again after first_refresh_sec, not a quarter of a second.
+    counts.rows = [pending("big", 0, running=512), pending("slow", 0, running=4)]
+    clock.advance(0.015)
+    await work.refresh()
+    assert counts.reads == 2 and {"big", "slow"} <= work.started_work
+    # The caps follow what was started, counted over counts_refresh_sec: the free slots filling at once are not
+    # a start rate (4 slots of 1 s handlers would otherwise queue 40, ten seconds of their starts).
+    assert work.cap("big") == 1000 and work.cap("slow") == 8
+    # Measured: the counts serve counts_refresh_sec again, whatever passes hold back.
+    work.limited(["big"])
+    clock.advance(0.1)
+    await work.refresh()
+    assert counts.reads == 2
+
+
+async def test_a_pool_with_no_live_worker_held_at_its_first_cap_is_counted_at_the_usual_pace() -> None:
+    counts, clock = Counts(), FakeClock()
+    config = FairnessConfig(counts_refresh_sec=0.25, first_refresh_sec=0.05)
+    work = OpenWork(counts, config, clock.monotonic, live=Announced({}))
+    await work.refresh()
+    work.took_executions([("a", "nobody")] * 8)
+    work.limited(["nobody"])
+    clock.advance(0.1)
+    await work.refresh()
+    assert counts.reads == 1  # no worker to start it: an early read would tell nothing new

@@ -87,14 +87,23 @@ class FairnessConfig:
     #: How long one dispatcher process reuses its read of the workers' announced free slots (the first cap of an
     #: unmeasured pool). Workers renew their announcements every 2 s; a read is one Redis round trip.
     slots_refresh_sec: float = 1.0
+    #: How long the read of the open executions is reused while a pool with live workers is held at its first cap
+    #: (the free slots they announced): the next read, which sees them start that work, lifts the cap to their start
+    #: rate. At ``counts_refresh_sec`` a burst of 10,000 due at once on two workers of 256 slots waited up to 0.25 s
+    #: after its first 512, its workers idle, before the rest could follow. A read costs one aggregate over the open
+    #: executions; this shorter interval applies only until a read shows the pool starting work.
+    first_refresh_sec: float = 0.05
 
     def __post_init__(self) -> None:
         if not 1 <= self.pool_queue_min <= self.pool_queue_cap or self.pool_queue_sec <= 0:
             raise ValueError("pool_queue_min must be in [1, pool_queue_cap] and pool_queue_sec > 0")
         if self.claim_size < 1 or self.buffer_cap < self.claim_size:
             raise ValueError("claim_size must be >= 1 and buffer_cap >= claim_size")
-        if self.stalled_pool_sec <= 0 or self.counts_refresh_sec < 0 or self.slots_refresh_sec < 0:
-            raise ValueError("stalled_pool_sec must be > 0, counts_refresh_sec and slots_refresh_sec >= 0")
+        refreshes = (self.counts_refresh_sec, self.slots_refresh_sec, self.first_refresh_sec)
+        if self.stalled_pool_sec <= 0 or min(refreshes) < 0:
+            raise ValueError(
+                "stalled_pool_sec must be > 0, counts_refresh_sec, slots_refresh_sec and first_refresh_sec >= 0"
+            )
         if not 0 < self.retry_queue_share <= 1:
             raise ValueError("retry_queue_share must be within (0, 1]")
         if self.burst_head < 0:

@@ -48,7 +48,9 @@ class OpenWork:
     worker_announcements`, read at most every ``slots_refresh_sec``) — two idle workers of 256 slots take a first
     burst of 512 at once, a worker of 4 slots takes 4, and the rest of the burst waits in the buffer, in priority
     order, so ``HIGH`` work due during it is queued behind what the workers are starting, not behind the whole
-    burst. At the first read that sees the pool start work its cap is set from that drain, not from
+    burst. While a pass is held back at that cap the counts are read again after ``first_refresh_sec``, not
+    ``counts_refresh_sec``, so the rest follows once the workers started it. At the first read that sees the pool
+    start work its cap is set from that drain, not from
     ``pool_queue_min`` (a 333/s spread: doubling from 4 to the ~166 it needed held its work back for its first 1.5-2 s).
     A pool with no live worker announced (or while the announcements cannot be read) has the small
     ``pool_queue_first`` until a worker appears or the stalled-pool rule
@@ -114,10 +116,11 @@ class OpenWork:
         self._shards = 1
 
     async def refresh(self) -> None:
-        """Read the counts again if they are older than ``counts_refresh_sec`` (one reader at a time)."""
+        """Read the counts again if they are older than ``counts_refresh_sec`` (``first_refresh_sec`` while a pool is
+        held at its first cap: :meth:`_refresh_sec`), one reader at a time."""
         async with self._lock:
             now = self.clock()
-            if self._read_at is not None and now - self._read_at < self.config.counts_refresh_sec:
+            if self._read_at is not None and now - self._read_at < self._refresh_sec():
                 return
             rows = await self.store.open_executions(self.config.stale_queue_sec, self.config.stuck_queue_sec)
             await self._read_slots(now)
@@ -166,6 +169,15 @@ class OpenWork:
                         self.config.stalled_pool_sec,
                     )
 
+    def _refresh_sec(self) -> float:
+        """How long the last read serves: ``first_refresh_sec`` while a pass since it was held back by a pool's first
+        cap with live workers announced (they may have started all of it already: only a read can tell), else
+        ``counts_refresh_sec``."""
+        held_first = any(pool in self.slots and pool not in self.started_work for pool in self._limited)
+        if held_first:
+            return min(self.config.counts_refresh_sec, self.config.first_refresh_sec)
+        return self.config.counts_refresh_sec
+
     async def _read_slots(self, now: float) -> None:
         """The free slots of each pool's live workers, read again if older than ``slots_refresh_sec`` (one Redis
         round trip for every pool). Unreadable: the last reading stands (the stalled-pool rule still applies)."""
@@ -199,7 +211,9 @@ class OpenWork:
             drained = self._unstarted.get(pool, 0) + round(took * everyone) - unstarted.get(pool, 0)
             if pool not in self.started_work:
                 continue
-            rate_cap = round(drained / elapsed * cfg.pool_queue_sec) if drained > 0 else 0
+            # Over at least ``counts_refresh_sec``: a read sooner after a first burst (``first_refresh_sec``) sees the
+            # free slots fill at once, not a start rate the workers keep up (4 slots of 1 s handlers: 40/s).
+            rate_cap = round(drained / max(elapsed, cfg.counts_refresh_sec) * cfg.pool_queue_sec) if drained > 0 else 0
             cap = self.caps.get(pool)
             # First seen starting work (what it started since the last read, not the floor; or what its workers
             # announce they can still start, if more: a dispatcher that just took over a busy pool has seen no
