@@ -31,6 +31,9 @@ MAX_TRACEBACK_CHARS = 16 * 1024
 _NOT_THE_HANDLER = (str(Path(__file__).parent), sysconfig.get_paths()["stdlib"])
 #: One line longer than this is cut (a payload dumped into a log line would otherwise push out every other line).
 MAX_LINE_CHARS = 2000
+#: Guards every attempt's kept lines (a sync handler logs from its thread). One for all: a lock made per attempt was
+#: most of what an attempt that logs nothing paid here (py-spy, a steady 2,500/s), and only lines logged contend.
+_LINES_LOCK = threading.Lock()
 
 
 class TailingLogger(logging.LoggerAdapter[logging.Logger]):
@@ -40,7 +43,6 @@ class TailingLogger(logging.LoggerAdapter[logging.Logger]):
         super().__init__(logger, extra)
         self._lines: deque[str] | None = None
         self._chars = 0
-        self._lock = threading.Lock()  # a sync handler logs from its thread
 
     def log(self, level: int, msg: object, *args: object, **kwargs: Any) -> None:
         if self.isEnabledFor(level):
@@ -49,7 +51,9 @@ class TailingLogger(logging.LoggerAdapter[logging.Logger]):
 
     def text(self) -> str | None:
         """The lines kept, oldest first, one per line; None if the attempt logged nothing."""
-        with self._lock:
+        if self._lines is None:  # nothing logged (the common case): no lock to take
+            return None
+        with _LINES_LOCK:
             return "\n".join(self._lines) if self._lines else None
 
     def _keep(self, level: int, msg: object, args: tuple[object, ...], exc_info: object) -> None:
@@ -67,7 +71,7 @@ class TailingLogger(logging.LoggerAdapter[logging.Logger]):
         line = f"{stamp} {logging.getLevelName(level)} {message}".replace("\x00", "\\0")
         if len(line) > MAX_LINE_CHARS:
             line = line[: MAX_LINE_CHARS - 1] + "…"
-        with self._lock:
+        with _LINES_LOCK:
             if self._lines is None:
                 self._lines = deque()
             self._lines.append(line)
