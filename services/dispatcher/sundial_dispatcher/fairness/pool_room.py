@@ -31,9 +31,9 @@ class OpenWork:
     was started, or all died; a process that sees the pool for the first time dates the stall from its oldest
     waiting execution, so a restarted or new leader does not wait ``stalled_pool_sec`` again): nothing there
     starts sooner for being held back, and holding it back would stop the execution rows themselves (what a
-    user sees as dispatched, what the sweeper republishes from). Its cap
-    is lifted, and its work is dispatched in the round robin's order as fast as without fairness, until one of
-    its executions runs again. A pool whose workers are all busy with long handlers is not stalled (they run).
+    user sees as dispatched, what the sweeper republishes from). Its cap is lifted, and its work is dispatched in
+    the round robin's order as fast as without fairness, until one of its executions runs again. A pool whose
+    workers are all busy with long handlers is not stalled (they run).
 
     **Each pool's cap follows its start rate.** A Kafka topic is first in, first out: work published behind a
     pool's queue (a tenant's ``HIGH`` job behind its own ``LOW`` backlog) waits until the workers have started
@@ -48,15 +48,13 @@ class OpenWork:
     worker_announcements`, read at most every ``slots_refresh_sec``) — two idle workers of 256 slots take a first
     burst of 512 at once, a worker of 4 slots takes 4, and the rest of the burst waits in the buffer, in priority
     order, so ``HIGH`` work due during it is queued behind what the workers are starting, not behind the whole
-    burst. While a pass is held back at that cap the counts are read again after ``first_refresh_sec``, not
-    ``counts_refresh_sec``, so the rest follows once the workers started it. At the first read that sees the pool
-    start work its cap is set from that drain, not from
+    burst. While held at that cap the counts are read again after ``first_refresh_sec``, so the rest follows once
+    the workers started it. At the first read that sees the pool start work its cap is set from that drain, not from
     ``pool_queue_min`` (a 333/s spread: doubling from 4 to the ~166 it needed held its work back for its first 1.5-2 s).
     A pool with no live worker announced (or while the announcements cannot be read) has the small
-    ``pool_queue_first`` until a worker appears or the stalled-pool rule
-    lifts it (``stalled_pool_sec``). Ordering the work
-    (priority inside a tenant, the round robin across tenants) therefore happens in the buffer, not behind a
-    long queue, with one topic per pool: no priority lanes in Kafka (docs/guides/priority.md says why).
+    ``pool_queue_first`` until a worker appears or the stalled-pool rule lifts it (``stalled_pool_sec``). Ordering
+    the work (priority inside a tenant, the round robin across tenants) therefore happens in the buffer, not behind
+    a long queue, with one topic per pool: no priority lanes in Kafka (docs/guides/priority.md says why).
 
     *What was published since the last read* is this process's count: what its passes took for the pool, and,
     while one pool alone has open work, what its uncontended passes took without looking up whose it was (the
@@ -116,8 +114,7 @@ class OpenWork:
         self._shards = 1
 
     async def refresh(self) -> None:
-        """Read the counts again if they are older than ``counts_refresh_sec`` (``first_refresh_sec`` while a pool is
-        held at its first cap: :meth:`_refresh_sec`), one reader at a time."""
+        """Read the counts again if older than :meth:`_refresh_sec` allows (one reader at a time)."""
         async with self._lock:
             now = self.clock()
             if self._read_at is not None and now - self._read_at < self._refresh_sec():
@@ -170,9 +167,8 @@ class OpenWork:
                     )
 
     def _refresh_sec(self) -> float:
-        """How long the last read serves: ``first_refresh_sec`` while a pass since it was held back by a pool's first
-        cap with live workers announced (they may have started all of it already: only a read can tell), else
-        ``counts_refresh_sec``."""
+        """``first_refresh_sec`` while a pool with live workers is held at its first cap (they may have started all
+        of it already: only a read can tell), else ``counts_refresh_sec``."""
         held_first = any(pool in self.slots and pool not in self.started_work for pool in self._limited)
         if held_first:
             return min(self.config.counts_refresh_sec, self.config.first_refresh_sec)
