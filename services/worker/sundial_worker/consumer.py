@@ -157,6 +157,10 @@ class KafkaExecutionConsumer:
     def ready(self) -> asyncio.Event:
         return self._ready
 
+    def assigned(self) -> set[TopicPartitionKey]:
+        """The partitions this member owns now (empty while the group gives it none)."""
+        return set(self._assignment.partitions())
+
     async def open(self) -> None:
         if self._consumer is not None:
             return
