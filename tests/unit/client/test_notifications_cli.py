@@ -66,3 +66,20 @@ def test_a_test_send_the_receiver_refused_exits_1(capsys: pytest.CaptureFixture[
     assert sent[0][:2] == ("POST", f"/v1/notifications/subscriptions/{SUBSCRIPTION['id']}/test")
     answer = {"deliveryId": "d", "delivered": True, "status": 204, "error": None}
     assert cli(["test", SUBSCRIPTION["id"]], answer, capsys)[0] == 0
+
+
+def test_an_admin_allows_one_tenants_destination_and_sees_it_listed(capsys: pytest.CaptureFixture[str]) -> None:
+    allowance = {
+        "tenant": "acme",
+        "origin": "https://hooks.internal:8443",
+        "addresses": ["10.0.0.7"],
+        "allowedBy": "admin",
+        "createdAt": "2026-11-28T10:00:00Z",
+    }
+    code, out, sent = cli(["allow", "acme", "https://hooks.internal:8443/in"], allowance, capsys)
+    assert code == 0 and "https://hooks.internal:8443" in out and "10.0.0.7" in out
+    assert sent == [
+        ("POST", "/v1/admin/notification-destinations", {"tenant": "acme", "url": "https://hooks.internal:8443/in"})
+    ]
+    code, out, sent = cli(["allowed", "--tenant", "acme"], {"items": [allowance]}, capsys)
+    assert code == 0 and "acme" in out and sent[0][:2] == ("GET", "/v1/admin/notification-destinations")

@@ -1,5 +1,6 @@
 """``sundial notifications``: the tenant's webhook subscriptions — ``subscribe`` (prints the secret, once),
-``list``, ``show``, ``test``, ``rotate-secret``, ``deliveries`` and ``delete``.
+``list``, ``show``, ``test``, ``rotate-secret``, ``deliveries`` and ``delete``; and, for an admin, ``allow``,
+``allowed`` and ``disallow`` (one tenant's destination allowed although it is not public).
 
 Connection, ``--json`` and exit codes as for ``sundial jobs`` (:mod:`sundial_client.cli.common`).
 """
@@ -13,7 +14,7 @@ from sundial_client.cli.common import FAILED, OK, dump, main, sub, table, top_pa
 
 if TYPE_CHECKING:
     from sundial_client.client import Client
-    from sundial_client.models.notifications import DeliveryView, SubscriptionView
+    from sundial_client.models.notifications import AllowedDestination, DeliveryView, SubscriptionView
 
 #: The events a subscription may name (the server's list; an unknown one is refused there, naming `events`).
 EVENTS = (
@@ -30,6 +31,7 @@ EVENTS = (
     "pool.served",
 )
 COLUMNS = ("ID", "URL", "EVENTS", "POOL", "JOB", "SECRET")
+ALLOWED_COLUMNS = ("TENANT", "DESTINATION", "ADDRESSES", "ALLOWED BY", "CREATED AT")
 DELIVERY_COLUMNS = ("ID", "EVENT", "STATE", "ATTEMPTS", "LAST STATUS", "LAST ERROR", "OCCURRED AT", "EXECUTION")
 
 
@@ -94,6 +96,27 @@ def delete(client: Client, args: argparse.Namespace) -> int:
     return OK
 
 
+def _allowed_row(a: AllowedDestination) -> list[Any]:
+    return [a.tenant, a.origin, ",".join(a.addresses), a.allowed_by, a.created_at]
+
+
+def allow(client: Client, args: argparse.Namespace) -> int:
+    made = client.admin.allow_destination(args.tenant, args.url)
+    print(dump(made) if args.json else table(ALLOWED_COLUMNS, [_allowed_row(made)]))
+    return OK
+
+
+def allowed(client: Client, args: argparse.Namespace) -> int:
+    found = client.admin.allowed_destinations(args.tenant)
+    print(dump(found) if args.json else table(ALLOWED_COLUMNS, map(_allowed_row, found)))
+    return OK
+
+
+def disallow(client: Client, args: argparse.Namespace) -> int:
+    client.admin.revoke_destination(args.tenant, args.url)
+    return OK
+
+
 def parser() -> argparse.ArgumentParser:
     top, subparsers = top_parser(
         "sundial notifications",
@@ -140,6 +163,26 @@ def parser() -> argparse.ArgumentParser:
     log.add_argument("id")
     log.add_argument("--limit", type=int, default=50, help="At most this many (default 50, at most 500).")
     sub(subparsers, "delete", "Delete a subscription (pending deliveries are cancelled).", delete).add_argument("id")
+    allowing = sub(
+        subparsers,
+        "allow",
+        "Admin: let TENANT's subscriptions reach URL's scheme, host and port, at the addresses it resolves to now, "
+        "although they are not public.",
+        allow,
+    )
+    allowing.add_argument("tenant")
+    allowing.add_argument("url")
+    sub(subparsers, "allowed", "Admin: the destinations allowed, for one tenant or all.", allowed).add_argument(
+        "--tenant", help="Only this tenant's."
+    )
+    revoking = sub(
+        subparsers,
+        "disallow",
+        "Admin: withdraw an allowance (its subscriptions are refused from their next send).",
+        disallow,
+    )
+    revoking.add_argument("tenant")
+    revoking.add_argument("url")
     return top
 
 
