@@ -114,9 +114,10 @@ define kill_pid_files
 endef
 
 # The rolling upgrade runs here at full size (SUNDIAL_ROLLING_UPGRADE=full: several cron jobs, hundreds of one-shots,
-# two replicas of each kind); `make test` runs its small stream.
-chaos: deps ## Run the fault tests (real processes, one fault at a time) and the full-size rolling upgrade; print what each cost
-	@SUNDIAL_ROLLING_UPGRADE=full uv run --frozen pytest tests/faults tests/e2e/test_rolling_upgrade.py -q $(PYTEST_ARGS); \
+# two replicas of each kind); `make test` runs its small stream. SUNDIAL_FAULT_MATRIX=1: the fault tests' full matrix
+# (the gateway killed at each instant of a call, three times each).
+chaos: deps ## Run the fault tests (real processes, one fault at a time; the full matrix) and the full-size rolling upgrade; print what each cost
+	@SUNDIAL_ROLLING_UPGRADE=full SUNDIAL_FAULT_MATRIX=1 uv run --frozen pytest tests/faults tests/e2e/test_rolling_upgrade.py -q $(PYTEST_ARGS); \
 	status=$$?; uv run --frozen python -m tests.faults.recovery; exit $$status
 
 bench: deps ## Benchmark: stack on its own ports, workloads W1-W4 + raw ceilings, then the ClickHouse replica and the console's pages; appends to bench/results/<workload>.jsonl (python -m bench --help)

@@ -38,6 +38,7 @@ from sundial_common.stores.pool_cache import PoolCache
 
 from sundial_gateway.access import Access, Refused
 from sundial_gateway.attempts import AttemptLimits, Attempts, TooLarge
+from sundial_gateway.hooks import PauseHook
 from sundial_gateway.models import (
     FinishRequest,
     FinishResponse,
@@ -63,6 +64,7 @@ class GatewayState:
     access: Access
     pulls: Pulls
     attempts: Attempts
+    hook: PauseHook
 
 
 def _problem(
@@ -141,6 +143,7 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
         )
         try:
             keyring = await open_keyring(settings, stores.keys)
+            hook = PauseHook(settings.gateway_test_pause_at, settings.gateway_test_pause_sec)
             pool_cache = PoolCache(stores.pools, settings.gateway_token_cache_sec)
             access = Access(
                 PoolTokenVerifier(keys, leeway_sec=settings.jwt_leeway_sec),
@@ -162,6 +165,7 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
                 redis,
                 keyring,
                 keys[0],
+                hook,
             )
             attempts = Attempts(
                 AttemptLimits(
@@ -182,7 +186,7 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
             await redis.aclose()
             await stores.close()
             raise
-        app.state.gateway = GatewayState(settings, access, pulls, attempts)
+        app.state.gateway = GatewayState(settings, access, pulls, attempts, hook)
         janitor = asyncio.create_task(_janitor(pulls), name="sundial-gateway-janitor")
         log.info("gateway ready")
         try:
@@ -270,6 +274,8 @@ def _routes(app: FastAPI) -> None:
         most = min(body.max, settings.gateway_max_pull)
         wait_sec = min(body.wait_ms, settings.gateway_max_wait_ms) / 1000
         leased = await state.pulls.pull(caller.grant, caller.shared, body.session, most, wait_sec)
+        if leased:
+            await state.hook.reach("start")
         return {"executions": leased}
 
     @app.post(
@@ -290,7 +296,9 @@ def _routes(app: FastAPI) -> None:
         summary="Record how attempts ended; each is accepted or rejected by the start's owner check",
     )
     async def finish(body: FinishRequest, state: State, caller: Authorized) -> dict[str, Any]:
-        return {"outcomes": await state.attempts.finish(caller.grant, body)}
+        outcomes = await state.attempts.finish(caller.grant, body)
+        await state.hook.reach("finish")
+        return {"outcomes": outcomes}
 
     @app.post(
         "/v1/worker/token",

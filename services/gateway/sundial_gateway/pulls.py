@@ -36,6 +36,7 @@ from sundial_common.stores.types import Record
 
 from sundial_gateway import leases
 from sundial_gateway.feeds import Feed, feed_group
+from sundial_gateway.hooks import PauseHook
 
 log = logging.getLogger("sundial.gateway")
 
@@ -63,8 +64,10 @@ class Pulls:
         redis: Redis,
         keyring: Keyring,
         signing_key: SymmetricKey,
+        hook: PauseHook | None = None,
     ) -> None:
         self.config = config
+        self._hook = hook if hook is not None else PauseHook()
         self._executions = executions
         self._redis = redis
         self._renew = redis.register_script(RENEW_LIVENESS_SCRIPT)
@@ -105,6 +108,8 @@ class Pulls:
             try:
                 while True:
                     messages = await feed.take(most, wait_sec, lambda: ends_at)
+                    if messages:
+                        await self._hook.reach("pull")
                     started = await self._start(grant, worker, messages) if messages else []
                     await feed.commit(messages)
                     if started or time.monotonic() >= ends_at:

@@ -8,6 +8,8 @@ from __future__ import annotations
 from pydantic import Field, model_validator
 from sundial_common.runtime.settings import CommonSettings
 
+from sundial_gateway.hooks import PausePoint
+
 
 class GatewaySettings(CommonSettings):
     """Settings of ``sundial gateway``."""
@@ -67,6 +69,14 @@ class GatewaySettings(CommonSettings):
         2.0, gt=0, description="Longest wait for one Redis call (liveness keys, cancel flags, the rate limit)."
     )
     gateway_db_pool_size: int = Field(10, ge=1, description="Postgres connections.")
+    gateway_test_pause_at: PausePoint = Field(
+        "",
+        description="Test hook, never set in production: hold the first call that reaches this point (`pull`, "
+        "`start` or `finish`) for `gateway_test_pause_sec`, so a fault test can kill the gateway there. Empty: inert.",
+    )
+    gateway_test_pause_sec: float = Field(
+        600.0, ge=0, description="Test hook: how long `gateway_test_pause_at` holds the call."
+    )
 
     @model_validator(mode="after")
     def _check_ttl(self) -> GatewaySettings:
