@@ -151,6 +151,12 @@ async def test_a_pool_token_pulls_heartbeats_and_finishes(
         "/v1/worker/finish", json={"session": "session-one", "outcomes": outcomes[:1]}, headers=bearer(token)
     )
     assert again.json()["outcomes"][0]["accepted"] is True
+    # A heartbeat for an attempt already finished is not "renewed": the caller is told it has ended.
+    late = await http.post(
+        "/v1/worker/heartbeat", json={"session": "session-one", "running": [beat(first)]}, headers=bearer(token)
+    )
+    [late_answer] = late.json()["running"]
+    assert late_answer["renewed"] is False and "ended" in late_answer["reason"], late_answer
     row = await execution(stores, messages[0])
     assert row["state"] == "SUCCEEDED" and row["result"] == {"echo": 1}
     attempts = await stores.executions.execution_attempts(uuid.UUID(first["executionId"]))

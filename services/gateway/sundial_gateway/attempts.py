@@ -4,8 +4,10 @@ Every execution named must come with its attempt token, checked (in constant tim
 caller (:mod:`sundial_gateway.leases`); any gateway replica can check it, so a worker whose gateway died carries on
 with another.
 
-**Heartbeat.** Renews the liveness keys of the valid ones in ONE Redis call — only a key that is missing or still
-the caller's (the sweeper may have given the execution to another worker since) — stores the progress sent with any
+**Heartbeat.** Renews the liveness keys of the valid ones in ONE Redis call — only a key still the caller's (the
+sweeper may have given the execution to another worker since); a missing key is looked up in Postgres: an attempt
+this caller already finished is answered ``renewed: false`` (stop: it has ended), any other has its key set again
+(Redis lost it) — stores the progress sent with any
 of them (sealed, on the attempt: ``previousProgress`` of a retry), and answers which to stop: a cancel requested
 (its Redis flag, or Postgres when the flag is lost), or a deadline passed. One that is no longer the caller's is
 answered ``renewed: false``: stop it, its finish would be rejected.
@@ -48,6 +50,24 @@ from sundial_gateway import leases
 from sundial_gateway.models import FinishRequest, HeartbeatRequest
 
 log = logging.getLogger("sundial.gateway")
+
+# Per liveness key: 1 — the caller's, renewed; 0 — missing (left unset: an ended attempt must not come back alive);
+# -1 — another worker's (the sweeper gave the execution to it).
+_HOLD_SCRIPT = """
+local marks = {}
+for i = 1, #KEYS do
+  local holder = redis.call('GET', KEYS[i])
+  if holder == ARGV[1] then
+    redis.call('SET', KEYS[i], ARGV[1], 'PX', ARGV[2])
+    marks[i] = 1
+  elseif holder == false then
+    marks[i] = 0
+  else
+    marks[i] = -1
+  end
+end
+return marks
+"""
 
 # Retries due a little past the hot window go in too (the hydrator's watermark may have passed them).
 _HOT_WINDOW_MARGIN = timedelta(seconds=60)
@@ -93,6 +113,7 @@ class Attempts:
         self._executions = executions
         self._redis = redis
         self._keep = redis.register_script(KEEP_LIVENESS_SCRIPT)
+        self._hold = redis.register_script(_HOLD_SCRIPT)
         self._release = redis.register_script(RELEASE_LIVENESS_SCRIPT)
         self._hot_window = HotWindow(redis)
         self._keyring = keyring
@@ -116,13 +137,15 @@ class Attempts:
                 answers[item.execution_id] = _beat(item.execution_id, False, "not this worker's attempt (stale token)")
             else:
                 valid.append((UUID(item.execution_id), item.attempt, terms, item.progress))
-        ids = [execution_id for execution_id, *_ in valid]
-        held = await self._renew(worker, ids)
+        held, ended = await self._renew(worker, [(execution_id, attempt) for execution_id, attempt, *_ in valid])
         cipher = await self._keyring.cipher(grant.tenant) if any(p is not None for *_, p in valid) else None
-        cancels = await self._cancels([i for i in ids if i in held])
+        cancels = await self._cancels([i for i, *_ in valid if i in held])
         now_ms = time.time() * 1000
         for execution_id, attempt, terms, progress in valid:
             key = str(execution_id)
+            if execution_id in ended:
+                answers[key] = _beat(key, False, "the attempt has ended: its finish was recorded")
+                continue
             if execution_id not in held:
                 answers[key] = _beat(key, False, "the sweeper gave this execution to another worker")
                 continue
@@ -139,17 +162,27 @@ class Attempts:
                 answers[key] = _beat(key, True, None)
         return [answers[item.execution_id] for item in body.running]
 
-    async def _renew(self, worker: str, ids: list[UUID]) -> set[UUID]:
-        """Which of ``ids`` this worker still holds, their keys renewed (missing ones taken back)."""
-        if not ids:
-            return set()
-        keys = [heartbeat_key(i) for i in ids]
+    async def _renew(self, worker: str, attempts: list[tuple[UUID, int]]) -> tuple[set[UUID], set[UUID]]:
+        """Which of these attempts this worker still holds (their keys renewed), and which have ended.
+
+        ONE Redis call renews the keys still the caller's. A missing key is either an attempt already finished
+        (its key released: the caller must stop, not be told "renewed") or a Redis that lost its keys (flushed or
+        restarted: the key is set again); Postgres tells them apart, for the missing ones only."""
+        if not attempts:
+            return set(), set()
+        ids = [execution_id for execution_id, _ in attempts]
         ttl_ms = int(self.limits.heartbeat_ttl_sec * 1000)
-        kept = await self._keep(keys=keys, args=[worker, ttl_ms])
-        if kept == len(ids):
-            return set(ids)
-        holders = await self._redis.mget(keys)  # rare: find the ones another worker holds
-        return {i for i, holder in zip(ids, holders, strict=True) if holder in (None, worker, worker.encode())}
+        marks = await self._hold(keys=[heartbeat_key(i) for i in ids], args=[worker, ttl_ms])
+        held = {i for i, mark in zip(ids, marks, strict=True) if int(mark) == 1}
+        missing = [(i, a) for (i, a), mark in zip(attempts, marks, strict=True) if int(mark) == 0]
+        if not missing:
+            return held, set()
+        probes = [Outcome(i, a, "RUNNING") for i, a in missing]
+        ended = set(await self._executions.attempts_ended_by(worker, probes))
+        back = [i for i, _ in missing if i not in ended]
+        if back:
+            await self._keep(keys=[heartbeat_key(i) for i in back], args=[worker, ttl_ms])
+        return held | set(back), ended
 
     async def _cancels(self, ids: list[UUID]) -> set[UUID]:
         if not ids:
