@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ from sundial_common.security.pool_tokens import PoolGrant, PoolTokenVerifier, is
 from sundial_common.stores import Stores
 from sundial_common.stores.pool_cache import PoolCache
 
+from sundial_gateway import telemetry
 from sundial_gateway.access import Access, Refused
 from sundial_gateway.attempts import AttemptLimits, Attempts, TooLarge
 from sundial_gateway.hooks import PauseHook
@@ -204,6 +206,9 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
         summary="Workers in any language, holding only a pool token, run a pool's work over HTTP.",
         version="0.1.0",
         lifespan=lifespan,
+        # The gateway's request span is its own (sundial_gateway.telemetry: pool, tenant, counts, links to each
+        # execution's trace); FastAPI's instrumentation would add a second SERVER span and INTERNAL ones per call.
+        telemetry={"tracing": False, "metrics": False, "logs": False, "operation_spans": False},
         openapi_tags=[
             {
                 "name": "worker",
@@ -273,7 +278,11 @@ def _routes(app: FastAPI) -> None:
         settings = state.settings
         most = min(body.max, settings.gateway_max_pull)
         wait_sec = min(body.wait_ms, settings.gateway_max_wait_ms) / 1000
-        leased = await state.pulls.pull(caller.grant, caller.shared, body.session, most, wait_sec)
+        began = time.monotonic()
+        with telemetry.request_span("/v1/worker/pull", caller.grant) as span, telemetry.polling(caller.grant.pool):
+            leased = await state.pulls.pull(caller.grant, caller.shared, body.session, most, wait_sec)
+            span.set_attribute("sundial.executions", len(leased))
+        telemetry.pulled(caller.grant.pool, len(leased), time.monotonic() - began)
         if leased:
             await state.hook.reach("start")
         return {"executions": leased}
@@ -286,7 +295,11 @@ def _routes(app: FastAPI) -> None:
         summary="Renew running attempts (with their progress); answers which to stop",
     )
     async def heartbeat(body: HeartbeatRequest, state: State, caller: Authorized) -> dict[str, Any]:
-        return {"running": await state.attempts.heartbeat(caller.grant, body)}
+        with telemetry.request_span("/v1/worker/heartbeat", caller.grant) as span:
+            span.set_attribute("sundial.executions", len(body.running))
+            running = await state.attempts.heartbeat(caller.grant, body)
+        telemetry.heartbeated(caller.grant.pool, running)
+        return {"running": running}
 
     @app.post(
         "/v1/worker/finish",
@@ -296,7 +309,10 @@ def _routes(app: FastAPI) -> None:
         summary="Record how attempts ended; each is accepted or rejected by the start's owner check",
     )
     async def finish(body: FinishRequest, state: State, caller: Authorized) -> dict[str, Any]:
-        outcomes = await state.attempts.finish(caller.grant, body)
+        with telemetry.request_span("/v1/worker/finish", caller.grant) as span:
+            span.set_attribute("sundial.executions", len(body.outcomes))
+            outcomes = await state.attempts.finish(caller.grant, body)
+        telemetry.finished(caller.grant.pool, outcomes)
         await state.hook.reach("finish")
         return {"outcomes": outcomes}
 

@@ -63,6 +63,11 @@ class Lease(_View):
     )
     previous_progress: Any = Field(description="The last progress an earlier attempt reported (resume from it).")
     trace_id: str | None = None
+    traceparent: str | None = Field(
+        None,
+        description="W3C traceparent of the gateway's span for this attempt, in the execution's trace: send it with "
+        "the handler's outgoing calls (or parent its spans on it) to continue the trace.",
+    )
 
 
 class PullResponse(_View):

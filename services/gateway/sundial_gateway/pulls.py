@@ -23,6 +23,7 @@ from uuid import UUID
 
 import orjson
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Message
+from opentelemetry import trace
 from redis.asyncio import Redis
 from sundial_common.broker.messages import ExecutionMessage
 from sundial_common.domain.ids import parse_id
@@ -34,7 +35,7 @@ from sundial_common.security.pool_tokens import PoolGrant
 from sundial_common.stores.executions import ExecutionStore, Outcome
 from sundial_common.stores.types import Record
 
-from sundial_gateway import leases
+from sundial_gateway import leases, telemetry
 from sundial_gateway.feeds import Feed, feed_group
 from sundial_gateway.hooks import PauseHook
 
@@ -167,8 +168,9 @@ class Pulls:
         await self._renew(keys=[heartbeat_key(row["id"]) for row in won], args=[worker, ttl_ms])
         leased: list[dict[str, Any]] = []
         refused: list[Outcome] = []
+        request = trace.get_current_span()
         for row in won:
-            message, _ = claims[(row["id"], row["attempt"])]
+            message, delivery = claims[(row["id"], row["attempt"])]
             if row["tenant_id"] != grant.tenant:
                 log.warning(
                     "refusing execution %s of tenant %s: pool token %s takes tenant %s's work",
@@ -187,9 +189,12 @@ class Pulls:
                 sealed = cipher.seal_error(f"DecryptionError: {exc}")
                 refused.append(Outcome(row["id"], row["attempt"], "FAILED", None, sealed))
                 continue
-            leased.append(
-                self._lease(worker, row, message, payload, cipher.open_json(row.get("previous_progress"), PROGRESS))
+            lease = self._lease(worker, row, message, payload, cipher.open_json(row.get("previous_progress"), PROGRESS))
+            parent = telemetry.message_traceparent(message, delivery)
+            lease["traceparent"] = telemetry.lease_traceparent(
+                request, delivery.topic() or "", worker, row, message, parent
             )
+            leased.append(lease)
         if refused:
             await self._executions.finish_attempts(worker, refused)
         return leased

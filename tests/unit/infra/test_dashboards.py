@@ -93,6 +93,7 @@ def _registered() -> set[str]:
 def test_every_metric_a_panel_reads_is_in_the_registry(spec: dashboards.DashboardSpec) -> None:
     # A fallback to 0 must never hide a misspelt metric: what a query names is what the processes export.
     importlib.import_module("sundial_api.metrics")  # the API's own request metrics register on import
+    importlib.import_module("sundial_gateway.telemetry")  # and the worker gateway's
     registered = _registered() | PROMETHEUS_SERIES
     for title, expr in targets(build(spec)):
         named = set(_METRIC.findall(expr))
