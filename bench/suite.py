@@ -7,7 +7,8 @@ Workloads (the targets: P95 dispatch latency < 1 s; 1M dispatches/min on a fleet
 - ``w1``      burst: N one-shot jobs all due at the same instant (``--burst 10000,100000``).
 - ``w2``      spread: 20,000 jobs due uniformly over 60 s.
 - ``w3``      sustained: a target rate of due executions per second for ``--duration`` s
-              (``--rates 1000,2500,5000,10000``).
+              (``--rates 1000,2500,5000,10000``); after its rates, one line: the highest sustained (P95 lateness
+              <= 500 ms), lateness at 1,000/s, CPU per execution of workers, gateways and Postgres (bench/ladder.py).
 - ``curve``   the same spread at several rates (``--curve-rates 50,333,1000,2500``, each over ``--duration``),
               created through the API: CPU, statements, transactions and produce requests per execution
               (workloads/curve.py).
@@ -29,12 +30,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
+import json
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from bench import results
+from bench import ladder, results
 from bench.harness import PROFILES, STACK_ROOT, Bench, Shape, burst, ports_at, spread
 from bench.workloads import at_rest, ceilings, create, curve, idle
 
@@ -108,12 +110,21 @@ async def main_async(args: argparse.Namespace) -> None:
     for rate in args.rates if "w3" in args.workloads else []:
         due = functools.partial(spread, int(rate * args.duration), args.duration, args.lead)
         runs.append(("w3", {"target_per_s": rate, "duration_s": args.duration}, due, "copy"))
+    ladder_runs: list[tuple[int, dict[str, Any]]] = []
     for workload, run_settings, make_due, created in runs:
         bench.start()
         try:
-            record(workload, await bench.run_dispatch(workload, make_due(), create=created), run_settings)
+            load_before = ladder.load_1m()
+            figures = await bench.run_dispatch(workload, make_due(), create=created)
+            figures["load_1m"] = {"start": load_before, "end": ladder.load_1m()}
+            record(workload, figures, run_settings)
+            if workload == "w3":
+                ladder_runs.append((run_settings["target_per_s"], figures))
         finally:
             bench.stop()
+    if ladder_runs:
+        # The ladder's verdict: the highest rate sustained (P95 <= 500 ms), lateness at 1,000/s, CPU per execution.
+        print(json.dumps(ladder.summary(args.worker_transport, ladder_runs)), flush=True)
     if "curve" in args.workloads:
         curve_args = argparse.Namespace(
             **{key: getattr(args, key) for key in ("shards", "dispatchers", "workers", "concurrency", "no_durable")},
