@@ -5,6 +5,7 @@ revoked or other pool's token; a feed leaves its consumer group once no caller p
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -252,3 +253,33 @@ async def test_sizes_and_request_rates_are_capped(
     limited = [r for r in statuses if r.status_code == 429]
     assert limited and int(limited[0].headers["Retry-After"]) >= 1, [r.status_code for r in statuses]
     assert "requests a second" in limited[0].json()["detail"]
+
+
+@pytest.mark.parametrize("gateway", [{"gateway_test_pause_at": "pull", "gateway_test_pause_sec": 4}], indirect=True)
+async def test_concurrent_pulls_of_one_pool_are_not_served_one_after_another(
+    gateway: tuple[httpx.AsyncClient, Any], stores: Stores, publisher: KafkaPublisher, database_url: str
+) -> None:
+    http, app = gateway
+    pool = admit(database_url, f"gwc-{uuid.uuid4().hex[:8]}", TENANT)
+    token = await pool_token(stores, pool)
+    await publish(publisher, await dispatch(stores, pool, "echo", [{"n": n} for n in range(4)], tenant=TENANT))
+
+    def pull(session: str) -> Any:
+        body = {"session": session, "max": 2, "waitMs": 10_000}
+        return http.post("/v1/worker/pull", json=body, headers=bearer(token))
+
+    # The first pull takes messages and is held there (the test hook) before their start ...
+    first = asyncio.create_task(pull("session-held"))
+    hook = app.state.gateway.hook
+
+    async def held() -> bool:
+        return bool(hook.fired)
+
+    await wait_until(held, "the first pull to be held after its take", within=30)
+    # ... while a second pull of the same pool takes and starts the rest, and is answered first.
+    began = time.monotonic()
+    second = await pull("session-free")
+    assert second.status_code == 200 and len(second.json()["executions"]) == 2, second.text
+    assert not first.done() and time.monotonic() - began < 4
+    answer = await first
+    assert len(answer.json()["executions"]) == 2, answer.text

@@ -1,13 +1,15 @@
 """A pool's messages for the gateway's callers: a consumer that is in the group only while some caller pulls.
 
-One :class:`Feed` per (pool, group) this gateway serves. A pull takes the feed (one at a time: a pull's take, start
-compare-and-swap and commit happen together, so a commit never passes a message whose start is not decided), joins
-the consumer group if it is not in it, and consumes up to ``max`` messages within its wait. Once its executions are
-started (or their start lost), :meth:`Feed.commit` commits past them: from then on a RUNNING row and its liveness
-key, renewed by the worker's heartbeats, are what keep the execution alive, as for a direct worker whose redelivered
-message loses the start compare-and-swap. **No stranded work**: :meth:`Feed.leave_if_idle` (the gateway's janitor,
-twice a second) closes the consumer — leaving the group, so its partitions move to members that have callers — once no
-pull has waited on it for ``leave_after_sec``; a gateway with no caller holds no partition.
+One :class:`Feed` per (pool, group) this gateway serves. A pull holds the feed only while it takes messages (one
+take at a time: the consumer is one), joining the consumer group if it is not in it and consuming up to ``max``
+messages within its wait; the start compare-and-swap then runs outside it, so concurrent pulls of one pool start
+their batches side by side. Once a batch's executions are started (or their start lost), :meth:`Feed.commit` commits
+past them — but never past a message another pull took and has not decided yet (per partition, the commit stops at
+the lowest offset still in flight; :meth:`Feed.forget` drops a batch whose start failed): from then on a RUNNING row
+and its liveness key, renewed by the worker's heartbeats, are what keep the execution alive, as for a direct worker
+whose redelivered message loses the start compare-and-swap. **No stranded work**: :meth:`Feed.leave_if_idle` (the
+gateway's janitor, twice a second) closes the consumer — leaving the group, so its partitions move to members that
+have callers — once no pull has waited on it for ``leave_after_sec``; a gateway with no caller holds no partition.
 
 The group: an owned pool's gateways join the pool's own group (:func:`~sundial_common.broker.messages.pool_group`),
 alongside any direct worker, so the sweeper's view of what the group has passed holds. A shared pool's token takes
@@ -74,8 +76,11 @@ class Feed:
             "topic.metadata.refresh.interval.ms": 10000,
             **NO_METRICS_PUSH,
         }
-        #: Held by the pull taking messages, until their start is decided and committed.
+        #: Held by the pull taking messages (the consumer is used by one take at a time).
         self.lock = asyncio.Lock()
+        #: Per partition: offsets taken by pulls whose start is not decided yet, and the end of those decided.
+        self._in_flight: dict[int, set[int]] = {}
+        self._decided: dict[int, int] = {}
         #: Pulls waiting for or holding :attr:`lock`.
         self.waiting = 0
         self._last_pull = clock()
@@ -97,13 +102,28 @@ class Feed:
             remaining = deadline() - self._clock()
             messages = await self._call(self._consume, most, max(0.0, min(_SLICE_SEC, remaining)))
             if messages or remaining <= _SLICE_SEC:
+                for partition, offset in _positions(messages):
+                    self._in_flight.setdefault(partition, set()).add(offset)
                 return messages
 
     async def commit(self, messages: list[Message]) -> None:
-        """Commit past ``messages`` (their starts decided). A failed commit is only logged: the messages come again
-        and their start compare-and-swap loses."""
-        if messages and self._consumer is not None:
-            await self._call(self._commit, messages)
+        """Commit past ``messages`` (their starts decided), up to the first message of each partition another pull
+        has in flight. A failed commit is only logged: the messages come again and their start compare-and-swap
+        loses."""
+        ends: dict[int, int] = {}
+        for partition, offset in _positions(messages):
+            self._in_flight.get(partition, set()).discard(offset)
+            self._decided[partition] = max(self._decided.get(partition, -1), offset + 1)
+            in_flight = self._in_flight.get(partition)
+            ends[partition] = min(in_flight) if in_flight else self._decided[partition]
+        if ends and self._consumer is not None:
+            await self._call(self._commit, ends)
+
+    def forget(self, messages: list[Message]) -> None:
+        """Drop ``messages`` from those in flight without committing past them (their start failed): a later batch's
+        commit passes them, and the sweeper sends again what stays PENDING."""
+        for partition, offset in _positions(messages):
+            self._in_flight.get(partition, set()).discard(offset)
 
     async def leave_if_idle(self, leave_after_sec: float) -> bool:
         """Leave the group if no pull has waited for ``leave_after_sec``; whether it left."""
@@ -146,13 +166,8 @@ class Feed:
                 log.warning("consumer error on %s: %s", self.topic, error)
         return out
 
-    def _commit(self, messages: list[Message]) -> None:
+    def _commit(self, ends: dict[int, int]) -> None:
         assert self._consumer is not None
-        ends: dict[int, int] = {}
-        for message in messages:
-            partition, offset = message.partition(), message.offset()
-            if partition is not None and offset is not None:
-                ends[partition] = max(ends.get(partition, -1), offset + 1)
         try:
             # Not waited for: a commit that fails only makes the messages come again, to lose the start CAS.
             self._consumer.commit(
@@ -163,5 +178,16 @@ class Feed:
 
     def _leave(self) -> None:
         consumer, self._consumer = self._consumer, None
+        self._in_flight.clear()  # a member that joins again starts from the group's committed offsets
+        self._decided.clear()
         if consumer is not None:
             consumer.close()  # leaves the group: the partitions move to another member at once
+
+
+def _positions(messages: list[Message]) -> list[tuple[int, int]]:
+    positions = []
+    for message in messages:
+        partition, offset = message.partition(), message.offset()
+        if partition is not None and offset is not None:
+            positions.append((partition, offset))
+    return positions

@@ -24,11 +24,12 @@ class PauseHook:
     def __init__(self, point: PausePoint = "", pause_sec: float = 0.0) -> None:
         self.point = point
         self.pause_sec = pause_sec
-        self._fired = False
+        #: Whether a call reached the point (and was held).
+        self.fired = False
 
     async def reach(self, point: PausePoint) -> None:
-        if not self.point or point != self.point or self._fired:
+        if not self.point or point != self.point or self.fired:
             return
-        self._fired = True
+        self.fired = True
         log.warning("test hook: paused at %s for %.0fs", point, self.pause_sec)
         await asyncio.sleep(self.pause_sec)

@@ -102,21 +102,26 @@ class Pulls:
         feed.waiting += 1
         feed.touch()
         try:
-            try:
-                await asyncio.wait_for(feed.lock.acquire(), max(0.0, ends_at - time.monotonic()))
-            except TimeoutError:
-                return []  # other callers' pulls held the feed for the whole wait
-            try:
-                while True:
+            while True:
+                # The feed is held for the take only: the start runs beside other pulls' takes and starts.
+                try:
+                    await asyncio.wait_for(feed.lock.acquire(), max(0.0, ends_at - time.monotonic()))
+                except TimeoutError:
+                    return []  # other callers' takes held the feed for the whole wait
+                try:
                     messages = await feed.take(most, wait_sec, lambda: ends_at)
+                finally:
+                    feed.lock.release()
+                try:
                     if messages:
                         await self._hook.reach("pull")
                     started = await self._start(grant, worker, messages) if messages else []
-                    await feed.commit(messages)
-                    if started or time.monotonic() >= ends_at:
-                        return started
-            finally:
-                feed.lock.release()
+                except BaseException:
+                    feed.forget(messages)
+                    raise
+                await feed.commit(messages)
+                if started or time.monotonic() >= ends_at:
+                    return started
         finally:
             feed.waiting -= 1
             feed.touch()
