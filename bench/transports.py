@@ -19,6 +19,8 @@ from bench.registration import POOL
 POOL_TOKEN_ID = "pt_bench"
 #: Gateway i listens on the API's port + this + i.
 GATEWAY_PORT_OFFSET = 60
+#: The bench token's request limit on its gateways: far above what the run's workers send.
+GATEWAY_RATE_PER_TOKEN = 100_000
 #: The HTTP target of the ``http`` transport listens on the API's port + this.
 RECEIVER_PORT_OFFSET = 59
 
@@ -47,7 +49,10 @@ def worker_processes(transport: str, workers: int, ports: Ports) -> list[Process
     specs = []
     for i, url in enumerate(gateways):
         port = url.rsplit(":", 1)[1]
-        specs.append(ProcessSpec(f"gateway-{i}", sundial_argv("gateway", "--port", port)))
+        # The path's cost is measured, not the per-token request limit: at the default (50 requests a second)
+        # the workers' one token is throttled (429, a second's wait) long before the gateways are busy.
+        unlimited = (("SUNDIAL_GATEWAY_RATE_PER_TOKEN", str(GATEWAY_RATE_PER_TOKEN)),)
+        specs.append(ProcessSpec(f"gateway-{i}", sundial_argv("gateway", "--port", port), env=unlimited))
         # Each worker starts with a gateway of its own and moves to the others if it fails.
         urls = ",".join(gateways[i:] + gateways[:i])
         env = (("SUNDIAL_WORKER_GATEWAY", urls), ("SUNDIAL_WORKER_TOKEN", token))
