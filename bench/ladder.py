@@ -33,11 +33,11 @@ def load_1m() -> float:
 
 
 def cpu_ms_per_execution(figures: Mapping[str, Any]) -> float | None:
-    executions = figures.get("succeeded") or 0
+    executions = int(figures.get("succeeded") or 0)
     if not executions:
         return None
-    cpu = figures.get("cpu_s", {})
-    seconds = sum(value for name, value in cpu.items() if name.startswith(PATH_PROCESSES))
+    cpu: Mapping[str, float] = figures.get("cpu_s", {})
+    seconds = sum(float(value) for name, value in cpu.items() if name.startswith(PATH_PROCESSES))
     return round(seconds * 1000 / executions, 3)
 
 
