@@ -24,10 +24,10 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Protocol, TypeVar
 from uuid import UUID
 
 import orjson
@@ -71,6 +71,20 @@ return marks
 
 # Retries due a little past the hot window go in too (the hydrator's watermark may have passed them).
 _HOT_WINDOW_MARGIN = timedelta(seconds=60)
+
+
+class _Attempt(Protocol):
+    """What every item of a heartbeat or a finish names: an attempt and its token."""
+
+    @property
+    def execution_id(self) -> str: ...
+    @property
+    def attempt(self) -> int: ...
+    @property
+    def attempt_token(self) -> str: ...
+
+
+_A = TypeVar("_A", bound=_Attempt)
 
 
 class TooLarge(ValueError):
@@ -119,8 +133,20 @@ class Attempts:
         self._keyring = keyring
         self._keys = tuple(keys)
 
-    def _terms(self, token: str, execution_id: str, attempt: int, worker: str) -> leases.Terms | None:
-        return leases.check(self._keys, token, execution_id, attempt, worker)
+    def _vet(
+        self, worker: str, items: Sequence[_A], stale: Callable[[str, str], dict[str, Any]]
+    ) -> tuple[dict[str, dict[str, Any]], list[tuple[_A, leases.Terms]]]:
+        """The frame heartbeat and finish share: each item's attempt token checked for this caller; the answers of
+        those that fail (``stale``), and the others with the terms their token carries."""
+        answers: dict[str, dict[str, Any]] = {}
+        vetted: list[tuple[_A, leases.Terms]] = []
+        for item in items:
+            terms = leases.check(self._keys, item.attempt_token, item.execution_id, item.attempt, worker)
+            if terms is None:
+                answers[item.execution_id] = stale(item.execution_id, "not this worker's attempt (stale token)")
+            else:
+                vetted.append((item, terms))
+        return answers, vetted
 
     # --- heartbeat ---------------------------------------------------------------------------
 
@@ -129,14 +155,8 @@ class Attempts:
         for i, item in enumerate(body.running):
             if item.progress is not None:
                 _size(item.progress, f"running[{i}].progress", self.limits.max_progress_bytes)
-        answers: dict[str, dict[str, Any]] = {}
-        valid: list[tuple[UUID, int, leases.Terms, Any]] = []
-        for item in body.running:
-            terms = self._terms(item.attempt_token, item.execution_id, item.attempt, worker)
-            if terms is None:
-                answers[item.execution_id] = _beat(item.execution_id, False, "not this worker's attempt (stale token)")
-            else:
-                valid.append((UUID(item.execution_id), item.attempt, terms, item.progress))
+        answers, vetted = self._vet(worker, body.running, lambda key, why: _beat(key, False, why))
+        valid = [(UUID(item.execution_id), item.attempt, terms, item.progress) for item, terms in vetted]
         held, ended = await self._renew(worker, [(execution_id, attempt) for execution_id, attempt, *_ in valid])
         cipher = await self._keyring.cipher(grant.tenant) if any(p is not None for *_, p in valid) else None
         cancels = await self._cancels([i for i, *_ in valid if i in held])
@@ -203,14 +223,10 @@ class Attempts:
             if item.result is not None:
                 _size(item.result, f"outcomes[{i}].result", self.limits.max_result_bytes)
         cipher = await self._keyring.cipher(grant.tenant)
-        answers: dict[str, dict[str, Any]] = {}
+        answers, vetted = self._vet(worker, body.outcomes, lambda key, why: _end(key, None, why))
         outcomes: list[Outcome] = []
         now_ms = time.time() * 1000
-        for item in body.outcomes:
-            terms = self._terms(item.attempt_token, item.execution_id, item.attempt, worker)
-            if terms is None:
-                answers[item.execution_id] = _end(item.execution_id, None, "not this worker's attempt (stale token)")
-                continue
+        for item, terms in vetted:
             state: str = item.state
             error = f"{item.error.type}: {item.error.message}" if item.error is not None else None
             late = terms.deadline_ms and now_ms > terms.deadline_ms + self.limits.timeout_grace_sec * 1000
