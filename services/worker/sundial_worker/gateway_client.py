@@ -4,7 +4,10 @@ pool token kept fresh.
 ``SUNDIAL_WORKER_GATEWAY`` lists the gateways (comma-separated URLs). A call goes to the current one; a connection
 error, a timeout or a 5xx moves it to the next in turn and tries again (after a short pause once every gateway has
 failed in a row), so a worker whose gateway dies carries on with another within a second or two — its executions'
-attempt tokens are good at any gateway. A 4xx is the caller's to see (:class:`GatewayRefused`).
+attempt tokens are good at any gateway. A 4xx is the caller's to see (:class:`GatewayRefused`). A worker moved off
+the first gateway it lists tries that one again after ``failback_sec``: each worker's first choice spreads them over
+the gateways, and one restarted (or started after its workers) gets its workers back instead of leaving them all on
+the others for good.
 
 The pool token comes from ``SUNDIAL_WORKER_TOKEN`` or the file ``SUNDIAL_WORKER_TOKEN_FILE`` (read again when a call
 is refused as unauthorised: a deployment may rotate the file). It is refreshed (``POST /v1/worker/token``) once a
@@ -28,6 +31,8 @@ log = logging.getLogger("sundial.worker")
 
 #: Pause after every gateway failed in a row, before trying them all again.
 _ROUND_PAUSE_SEC = 0.2
+#: How long a worker moved off its first gateway stays away before trying it again.
+FAILBACK_SEC = 10.0
 
 
 class GatewayRefused(Exception):
@@ -59,6 +64,7 @@ class GatewayClient:
         token_file: str | None = None,
         timeout_sec: float = 10.0,
         transport: httpx.AsyncBaseTransport | None = None,
+        failback_sec: float = FAILBACK_SEC,
     ) -> None:
         if not urls:
             raise ValueError("SUNDIAL_WORKER_GATEWAY names no gateway URL")
@@ -68,6 +74,9 @@ class GatewayClient:
             )
         self.urls = [u.rstrip("/") for u in urls]
         self._current = 0
+        self._failback_sec = failback_sec
+        #: When the worker last moved off its first gateway (monotonic; None: it is on it).
+        self._left_first_at: float | None = None
         self._token_file = Path(token_file) if token_file else None
         self._token = token or self._read_file()
         self._timeout = timeout_sec
@@ -100,6 +109,7 @@ class GatewayClient:
         how long the gateway may hold the call (a long poll). Retries until ``give_up_at`` (monotonic; None: for
         ever) and then raises the last error."""
         self._maybe_refresh()
+        self._maybe_fail_back()
         failures = 0
         reread = False
         while True:
@@ -129,11 +139,18 @@ class GatewayClient:
                 error = GatewayRefused(response.status_code, detail)
             failures += 1
             self._current = (self._current + 1) % len(self.urls)
+            self._left_first_at = time.monotonic() if self._current else None
             log.warning("gateway %s failed (%s); trying %s", url, error, self.url)
             if give_up_at is not None and time.monotonic() >= give_up_at:
                 raise error
             if failures % len(self.urls) == 0:
                 await asyncio.sleep(_ROUND_PAUSE_SEC)
+
+    def _maybe_fail_back(self) -> None:
+        if self._left_first_at is not None and time.monotonic() - self._left_first_at >= self._failback_sec:
+            self._current = 0
+            self._left_first_at = None
+            log.info("trying the first gateway %s again", self.url)
 
     def _maybe_refresh(self) -> None:
         expires, issued = token_expiry(self._token)

@@ -1,0 +1,47 @@
+"""The gateway transport's choice of gateway: moved off a failing one, back to its first choice later."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import time
+
+import httpx
+from sundial_worker.gateway_client import GatewayClient
+
+A, B = "http://gateway-a.test", "http://gateway-b.test"
+
+
+def fresh_token() -> str:
+    """A token an hour from expiry (the client reads only its claims; the gateway checks the signature)."""
+    claims = json.dumps({"iat": int(time.time()), "exp": int(time.time()) + 3600}).encode()
+    return "e30." + base64.urlsafe_b64encode(claims).decode().rstrip("=") + ".sig"
+
+
+def test_a_worker_moved_off_its_first_gateway_goes_back_to_it_once_it_answers() -> None:
+    up = {A: False, B: True}
+    served: list[str] = []
+
+    def gateways(request: httpx.Request) -> httpx.Response:
+        origin = f"{request.url.scheme}://{request.url.host}"
+        if not up[origin]:
+            raise httpx.ConnectError("connection refused", request=request)
+        served.append(origin)
+        return httpx.Response(200, json={"executions": []})
+
+    async def scenario() -> None:
+        client = GatewayClient([A, B], token=fresh_token(), transport=httpx.MockTransport(gateways), failback_sec=0.05)
+        try:
+            await client.call("/v1/worker/pull", {})  # A is not up yet (a worker started before its gateway)
+            await client.call("/v1/worker/pull", {})
+            assert served == [B, B]
+            up[A] = True
+            await asyncio.sleep(0.06)
+            await client.call("/v1/worker/pull", {})
+            await client.call("/v1/worker/pull", {})
+            assert served == [B, B, A, A]
+        finally:
+            await client.close()
+
+    asyncio.run(scenario())
