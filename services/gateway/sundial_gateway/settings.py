@@ -51,7 +51,10 @@ class GatewaySettings(CommonSettings):
         "revocation applies within this time.",
     )
     gateway_rate_per_token: float = Field(
-        50.0, gt=0, description="Requests per second one pool token may make (a burst of one second's worth)."
+        500.0,
+        gt=0,
+        description="Requests per second one pool token may make (a burst of one second's worth). Every worker of "
+        "a pool usually shares its token, and a busy worker makes tens a second (pulls, heartbeats, finishes).",
     )
     gateway_max_result_bytes: int = Field(
         256 * 1024, ge=1024, description="Largest `result` a finish may carry (JSON bytes); beyond it, 422."
