@@ -21,7 +21,9 @@ from sundial_api.console import (
     job_edit,
     job_form,
     job_pages,
+    notification_pages,
     pool_pages,
+    pool_target_pages,
     replay_pages,
     sign_in,
 )
@@ -36,9 +38,11 @@ def install(app: FastAPI) -> None:
     app.include_router(job_pages.router)
     app.include_router(execution_pages.router)
     app.include_router(pool_pages.router)
+    app.include_router(pool_target_pages.router)
     app.include_router(replay_pages.router)
     app.include_router(backfill_pages.router)
     app.include_router(bulk_pages.router)
+    app.include_router(notification_pages.router)
     app.include_router(admin_pages.router)
     app.include_router(events.router)
     app.mount("/ui/static", StaticFiles(directory=STATIC), name="console-static")

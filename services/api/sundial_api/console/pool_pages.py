@@ -26,6 +26,7 @@ from sundial_common.security.auth import Principal
 from sundial_api import breakers, pools
 from sundial_api.console.answers import answer
 from sundial_api.console.guard import ConsoleRoute, Signed, read_form
+from sundial_api.console.pool_target_pages import with_targets
 from sundial_api.console.render import page
 from sundial_api.pool_workers import render_service
 from sundial_api.problems import ProblemError
@@ -66,7 +67,7 @@ async def pools_page(request: Request, state: State, session: Signed) -> Respons
         answer(pools.my_pools(state, principal, limit=100, cursor=None)),
         answer(breakers.list_breakers(state, principal, pool=None, breaker_state=None)),
     )
-    served = await serving(state, principal, pool_list["items"])
+    served = await with_targets(state, principal, await serving(state, principal, pool_list["items"]))
     return page(
         request,
         "pools.html",

@@ -36,6 +36,7 @@ NOTICES = {
     "breaker-opened": "Breaker opened: retries of that handler are held.",
     "breaker-closed": "Breaker closed: held retries go ahead.",
     "backfill-started": "Backfill started: its occurrences run at its rate; progress below.",
+    "subscription-deleted": "Subscription deleted: nothing more is sent to it.",
     "signed-out": "Signed out.",
     "session-ended": "Your session ended: sign in again.",
 }
