@@ -14,8 +14,9 @@ nothing):
    decided between the lock and the write (:mod:`sundial_dispatcher.occurrences`). The passes of the shards
    one process leads share their transactions when they coincide (:mod:`sundial_dispatcher.group_commit`); the
    fence is still raised, and checked, per shard. Scheduled retries claimed with the jobs (and, under fair
-   dispatch, taken by the same round robin: :mod:`sundial_dispatcher.fairness`) are committed first, as a source
-   of their own (:mod:`sundial_dispatcher.retries`).
+   dispatch, taken by the same round robin: :mod:`sundial_dispatcher.fairness`) are a source of their own
+   (:mod:`sundial_dispatcher.retries`), committed and sent after the pass's first fires are sent: a bulk
+   re-drive's retry transaction and publish never make the other jobs of its shard late.
 3. **Send** the created executions to their pools' topics through the outbox sender, then mark them
    published. If the process dies before sending, the execution rows are the outbox: the sweeper republishes
    PENDING executions that were never published.
@@ -152,12 +153,14 @@ class DispatchResult:
 
 @dataclass
 class _Committed:
-    """What a pass committed: its claim's size, the retries sent, and the occurrences' outcome and planner."""
+    """What a pass committed: its claim's size, the retries sent, the occurrences' outcome and planner, and the
+    claimed retries still to commit and send once the occurrences are sent."""
 
     claimed: int
     retried: int
     outcome: DispatchOutcome | None = None
     planner: OccurrencePlanner | None = None
+    retries: Sequence[RetryDue] = ()
 
 
 class ShardDispatcher:
@@ -286,12 +289,12 @@ class ShardDispatcher:
         log.info("shard %d: failed pass put back %d claimed members", self.shard, len(claimed))
 
     async def commit(self, claimed: Claimed) -> _Committed:
-        """The claimed retries' pass (committed and sent), then the claimed occurrences' fenced transaction."""
+        """The claimed occurrences' fenced transaction; the claimed retries' pass comes after their send
+        (:meth:`send`), or here when the pass claimed no occurrence."""
         crash_point("dispatcher.after_claim")
-        # Scheduled retries claimed with the jobs (see sundial_dispatcher.retries).
-        retried = (await self._retries(claimed.retries).dispatch()).retried if claimed.retries else 0
         if not claimed.jobs:
-            return _Committed(len(claimed), retried)
+            # Scheduled retries alone (see sundial_dispatcher.retries): committed and sent now.
+            return _Committed(len(claimed), (await self._retries(claimed.retries).dispatch()).retried)
         suspended = await self.tenants.suspended() if self.tenants is not None else frozenset[str]()
         planner = OccurrencePlanner(now=self.due_by(), config=self.config, suspended=suspended)
         committer: OccurrenceCommit = self.commit_with if self.commit_with is not None else SoleCommit(self.store)
@@ -301,9 +304,32 @@ class ShardDispatcher:
             end_failed(planner.spans, "dispatch")
             raise
         crash_point("dispatcher.after_commit")
-        return _Committed(len(claimed), retried, outcome, planner)
+        return _Committed(len(claimed), 0, outcome, planner, claimed.retries)
 
     async def send(self, committed: _Committed) -> DispatchResult:
+        """Send the pass's first fires, then commit and send its retries (:meth:`_send_retries`)."""
+        result = await self._send_occurrences(committed)
+        if committed.retries:
+            result.retried = await self._send_retries(committed.retries)
+        return result
+
+    async def _send_retries(self, retries: Sequence[RetryDue]) -> int:
+        """The retries' own fenced pass, after the occurrences they were claimed with are committed and sent: a
+        retry transaction and publish (a bulk re-drive's, say) no longer comes before the shard's first fires. If
+        it fails (fenced out, Postgres down), only the retries go back; the occurrences are done."""
+        try:
+            return (await self._retries(retries).dispatch()).retried
+        except BaseException:
+            await self._put_back_retries(retries)
+            raise
+
+    async def _put_back_retries(self, retries: Sequence[RetryDue]) -> None:
+        try:
+            await asyncio.shield(self.hot_window.add_retries(self.shard, retries, only_new=True))
+        except Exception as exc:
+            log.warning("shard %d: could not put back %d claimed retries: %r", self.shard, len(retries), exc)
+
+    async def _send_occurrences(self, committed: _Committed) -> DispatchResult:
         """Count, requeue the jobs' next fires, flag cancellations and send the created executions."""
         outcome, planner = committed.outcome, committed.planner
         if outcome is None or planner is None:
