@@ -2,13 +2,14 @@
 
 A pull waits on its feed (:mod:`sundial_gateway.feeds`) until ``waitMs`` for messages, decodes them, skips what is
 not this token's (markers, undecodable messages, another pool's or another tenant's: never opened), waits for the
-due instant of any published ahead, and claims the rest with ONE ``executions.start_executions`` — the direct
-worker's compare-and-swap (PENDING → RUNNING), under the caller's worker identity
-(:func:`sundial_gateway.leases.worker_id`). A lost claim (a duplicate, an attempt no longer current) is skipped. A
-won execution's liveness key is set (the caller's heartbeats renew it; a caller that stops calling loses it to the
-sweeper like a direct worker), its payload decrypted, and its attempt token issued; the feed then commits past the
-batch. A won execution whose row belongs to another tenant (a forged message) ends FAILED at once, never handed out.
-If everything of a batch was skipped or lost and the wait is not over, the pull takes again.
+due instant of any published ahead, and claims the rest with the direct worker's compare-and-swap (PENDING →
+RUNNING) under the caller's worker identity (:func:`sundial_gateway.leases.worker_id`) — gathered with the claims
+of the pulls that start within a few ms into one ``executions.start_executions_as`` (:mod:`sundial_gateway.gather`).
+A lost claim (a duplicate, an attempt no longer current) is skipped. A won execution's liveness key is set (the
+caller's heartbeats renew it; a caller that stops calling loses it to the sweeper like a direct worker), its payload
+decrypted, and its attempt token issued; the feed then commits past the batch. A won execution whose row belongs to
+another tenant (a forged message) ends FAILED at once, never handed out. If everything of a batch was skipped or
+lost and the wait is not over, the pull takes again.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from sundial_common.stores.types import Record
 
 from sundial_gateway import leases, telemetry
 from sundial_gateway.feeds import Feed, feed_group
+from sundial_gateway.gather import StartGather
 from sundial_gateway.hooks import PauseHook
 
 log = logging.getLogger("sundial.gateway")
@@ -75,6 +77,7 @@ class Pulls:
         self._keyring = keyring
         self._key = signing_key
         self._feeds: dict[str, Feed] = {}
+        self._starts = StartGather(executions)
 
     def feeds(self) -> list[Feed]:
         return list(self._feeds.values())
@@ -162,7 +165,7 @@ class Pulls:
             return []
         await _until_due(message for message, _ in claims.values())
         cipher = await self._keyring.cipher(grant.tenant)
-        rows = await self._executions.start_executions(
+        rows = await self._starts.start(
             worker, list(claims), [_published_at(delivery) for _, delivery in claims.values()]
         )
         won = [row for row in rows if (row["id"], row["attempt"]) in claims]

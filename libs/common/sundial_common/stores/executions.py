@@ -136,6 +136,12 @@ class ExecutionStore(Protocol):
         self, worker_id: str, claims: Sequence[tuple[UUID, int]], published_at: Sequence[datetime | None] = ()
     ) -> list[Record]: ...
 
+    async def start_executions_as(
+        self, claims: Sequence[tuple[UUID, int, str]], published_at: Sequence[datetime | None] = ()
+    ) -> list[Record]:
+        """``start_executions`` with a worker id per claim (execution id, attempt, worker id)."""
+        ...
+
     async def finish_executions(self, worker_id: str, outcomes: Sequence[Outcome]) -> set[UUID]: ...
 
     async def warm_starts(self, connections: int) -> None: ...
@@ -277,6 +283,25 @@ class PostgresExecutionStore:
             list[Record],
             await self._db.pool.fetch(
                 Q["start_executions"], ids, [c[1] for c in claims], worker_id, sent, min(ids), max(ids)
+            ),
+        )
+
+    async def start_executions_as(
+        self, claims: Sequence[tuple[UUID, int, str]], published_at: Sequence[datetime | None] = ()
+    ) -> list[Record]:
+        """PENDING → RUNNING for claims of several workers in one statement: (execution id, attempt, worker id).
+
+        Each returned row's ``worker_id`` is the worker whose start was accepted; an attempt claimed twice is
+        started once.
+        """
+        if not claims:
+            return []
+        sent = list(published_at) or [None] * len(claims)
+        ids = [c[0] for c in claims]
+        return cast(
+            list[Record],
+            await self._db.pool.fetch(
+                Q["start_executions_as"], ids, [c[1] for c in claims], [c[2] for c in claims], sent, min(ids), max(ids)
             ),
         )
 

@@ -107,6 +107,35 @@ LEFT JOIN LATERAL (
     ORDER BY a.attempt DESC LIMIT 1
 ) previous ON true;
 
+-- name: start_executions_as
+-- start_executions with a worker id per claim ($3): the gateway's gathered starts of several callers in one
+-- statement. A claim named twice matches its row once (the first to the update wins); the returned worker_id
+-- says whose start was accepted.
+WITH started AS (
+    UPDATE executions e
+    SET state = 'RUNNING', worker_id = m.worker_id, started_at = now(),
+        published_at = coalesce(e.published_at, m.published_at, now())
+    FROM unnest($1::uuid[], $2::int[], $3::text[], $4::timestamptz[]) AS m (id, attempt, worker_id, published_at)
+    WHERE e.id = ANY($1::uuid[]) AND e.id = m.id AND e.attempt = m.attempt AND texteq(e.state, 'PENDING')
+    RETURNING e.id, e.attempt, e.tenant_id, e.job_id, e.scheduled_for, e.fire_at, e.started_at, e.trace_id,
+              e.worker_id
+), attempts AS (
+    INSERT INTO execution_attempts (execution_id, attempt, tenant_id, worker_id, state, started_at)
+    SELECT id, attempt, tenant_id, worker_id, 'RUNNING', started_at FROM started
+), audit AS (
+    INSERT INTO audit_log (tenant_id, entity, entity_id, action, from_state, to_state, actor)
+    SELECT tenant_id, 'execution', id, 'start', 'PENDING', 'RUNNING', worker_id FROM started
+)
+SELECT s.*, j.retry_policy, previous.progress AS previous_progress
+FROM started s
+JOIN jobs j ON j.id = s.job_id
+LEFT JOIN LATERAL (
+    SELECT a.progress FROM execution_attempts a
+    WHERE s.attempt > 1 AND a.execution_id = s.id AND a.execution_id BETWEEN $5 AND $6
+      AND a.attempt < s.attempt AND a.progress IS NOT NULL
+    ORDER BY a.attempt DESC LIMIT 1
+) previous ON true;
+
 -- name: finish_executions
 -- RUNNING -> how the attempt ended, only for the attempt this worker owns. A worker that lost its claim
 -- (the sweeper moved on) gets zero rows and its result is dropped.
