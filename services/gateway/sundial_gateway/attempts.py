@@ -13,7 +13,8 @@ of them (sealed, on the attempt: ``previousProgress`` of a retry), and answers w
 answered ``renewed: false``: stop it, its finish would be rejected.
 
 **Finish.** Seals result, error, traceback and log tail with the tenant's key and writes them with ONE
-``executions.finish_attempts`` — the direct worker's compare-and-swap: an attempt that is not RUNNING under this
+``executions.finish_attempts_as``, gathered with the finishes of other calls that arrive within a few ms
+(:mod:`sundial_gateway.gather`) — the direct worker's compare-and-swap: an attempt that is not RUNNING under this
 caller any more (a stale attempt token, a cancel, the sweeper) is rejected, so at most one completion per execution
 is accepted. A FAILED or TIMED_OUT attempt schedules its retry with the backoff drawn when it started; a finish that
 comes more than ``timeout_grace_sec`` past the deadline is recorded TIMED_OUT whatever it says. A finish repeated
@@ -47,6 +48,7 @@ from sundial_common.stores.executions import ExecutionStore, Finished, Outcome
 from sundial_common.stores.types import RetryDue
 
 from sundial_gateway import leases
+from sundial_gateway.gather import FinishGather
 from sundial_gateway.models import FinishRequest, HeartbeatRequest
 
 log = logging.getLogger("sundial.gateway")
@@ -125,6 +127,7 @@ class Attempts:
     ) -> None:
         self.limits = limits
         self._executions = executions
+        self._finishes = FinishGather(executions)
         self._redis = redis
         self._keep = redis.register_script(KEEP_LIVENESS_SCRIPT)
         self._hold = redis.register_script(_HOLD_SCRIPT)
@@ -248,7 +251,7 @@ class Attempts:
                 )
             )
         if outcomes:
-            written = await self._executions.finish_attempts(worker, outcomes)
+            written = await self._finishes.finish(worker, outcomes)
             accepted = {f.execution_id: f for f in written}
             refused = [o for o in outcomes if o.execution_id not in accepted]
             repeated = await self._executions.attempts_ended_by(worker, refused) if refused else {}

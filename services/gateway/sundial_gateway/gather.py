@@ -1,11 +1,12 @@
-"""Concurrent calls' start compare-and-swaps gathered into one statement.
+"""Concurrent calls' start and finish compare-and-swaps gathered into one statement each.
 
-Each pull claims its batch with a start CAS of its own; under load, many pulls of one gateway start at once and each
-paid a statement and a transaction for a handful of executions. :class:`Gather` holds a request for ``window_sec``
-after the first of a batch arrives, then hands every request that came in to one ``flush`` call and gives each
-caller its own answer. :class:`StartGather` is that for ``executions.start_executions_as``: the claims of every
-gathered pull, each under its caller's worker id, in one statement; each pull gets back only the rows started for
-its own worker id and claims.
+Each pull claims its batch with a start CAS of its own, each finish ends its attempts with a finish CAS; under load,
+many calls of one gateway come at once and each paid a statement and a transaction for a handful of executions.
+:class:`Gather` holds a request for ``window_sec`` after the first of a batch arrives, then hands every request that
+came in to one ``flush`` call and gives each caller its own answer. :class:`StartGather` is that for
+``executions.start_executions_as``: the claims of every gathered pull, each under its caller's worker id, in one
+statement; each pull gets back only the rows started for its own worker id and claims. :class:`FinishGather` is
+that for ``executions.finish_attempts_as``: each call gets back only its own accepted finishes.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from datetime import datetime
 from typing import Generic, TypeVar
 from uuid import UUID
 
-from sundial_common.stores.executions import ExecutionStore
+from sundial_common.stores.executions import ExecutionStore, Finished, Outcome
 from sundial_common.stores.types import Record
 
 #: How long the first request of a batch waits for others to join it: a few ms, far below a pull's own wait.
@@ -98,4 +99,35 @@ class StartGather:
             mine = [row for row in by_worker.get(worker, []) if (row["id"], row["attempt"]) in wanted]
             given.update((row["id"], row["attempt"]) for row in mine)
             answers.append(mine)
+        return answers
+
+
+FinishRequest = tuple[str, Sequence[Outcome]]
+
+
+class FinishGather:
+    """The finish CAS of concurrent finish calls, gathered: one ``finish_attempts_as`` for all of a few ms."""
+
+    def __init__(self, executions: ExecutionStore, window_sec: float = GATHER_SEC) -> None:
+        self._executions = executions
+        self._gather: Gather[FinishRequest, list[Finished]] = Gather(self._flush, window_sec)
+
+    async def finish(self, worker: str, outcomes: Sequence[Outcome]) -> list[Finished]:
+        """The finishes of ``outcomes`` accepted for ``worker`` (as ``finish_attempts`` would return them)."""
+        if not outcomes:
+            return []
+        return await self._gather.submit((worker, outcomes))
+
+    async def _flush(self, requests: list[FinishRequest]) -> list[list[Finished]]:
+        owner: dict[tuple[UUID, int], int] = {}  # each attempt to the first request naming it
+        outcomes: list[tuple[str, Outcome]] = []
+        for n, (worker, theirs) in enumerate(requests):
+            for outcome in theirs:
+                key = (outcome.execution_id, outcome.attempt)
+                if key not in owner:  # a finish repeated at once: the later one is answered as a repeat
+                    owner[key] = n
+                    outcomes.append((worker, outcome))
+        answers: list[list[Finished]] = [[] for _ in requests]
+        for finished in await self._executions.finish_attempts_as(outcomes):
+            answers[owner[(finished.execution_id, finished.attempt)]].append(finished)
         return answers

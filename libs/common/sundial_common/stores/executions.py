@@ -148,6 +148,10 @@ class ExecutionStore(Protocol):
 
     async def finish_attempts(self, worker_id: str, outcomes: Sequence[Outcome]) -> list[Finished]: ...
 
+    async def finish_attempts_as(self, outcomes: Sequence[tuple[str, Outcome]]) -> list[Finished]:
+        """``finish_attempts`` with a worker id per outcome (worker id, outcome)."""
+        ...
+
     async def attempts_ended_by(self, worker_id: str, outcomes: Sequence[Outcome]) -> dict[UUID, str]:
         """Of these outcomes' attempts, those ``worker_id`` already ended, with the state it recorded."""
         ...
@@ -324,17 +328,25 @@ class PostgresExecutionStore:
         A FAILED or TIMED_OUT attempt with attempts left schedules the next one ``retry_delay_ms`` after the
         database's now; the last one leaves the execution DEAD.
         """
+        return await self._finish(Q["finish_executions"], worker_id, outcomes)
+
+    async def finish_attempts_as(self, outcomes: Sequence[tuple[str, Outcome]]) -> list[Finished]:
+        """``finish_attempts`` for outcomes of several workers in one statement: (worker id, outcome); each attempt
+        is ended only if it is RUNNING under its own outcome's worker."""
+        return await self._finish(Q["finish_executions_as"], [w for w, _ in outcomes], [o for _, o in outcomes])
+
+    async def _finish(self, query: str, worker: str | list[str], outcomes: Sequence[Outcome]) -> list[Finished]:
         if not outcomes:
             return []
         ids = [o.execution_id for o in outcomes]
         rows = await self._db.pool.fetch(
-            Q["finish_executions"],
+            query,
             ids,
             [o.attempt for o in outcomes],
             [o.state for o in outcomes],
             [o.result for o in outcomes],
             [o.error for o in outcomes],
-            worker_id,
+            worker,
             [o.retry_delay_ms for o in outcomes],
             min(ids),
             max(ids),

@@ -180,6 +180,47 @@ WITH finished AS (
 )
 SELECT id, attempt, tenant_id, pool, state, attempt_state, shard, next_attempt_at FROM finished;
 
+-- name: finish_executions_as
+-- finish_executions with a worker id per outcome ($6): the gateway's gathered finishes of several callers in one
+-- statement; each attempt is ended only if it is RUNNING under its own outcome's worker.
+WITH finished AS (
+    UPDATE executions e
+    SET state = CASE
+            WHEN f.state IN ('FAILED', 'TIMED_OUT') AND e.cancel_requested_at IS NOT NULL THEN 'CANCELLED'
+            WHEN f.state IN ('FAILED', 'TIMED_OUT') AND (e.attempt >= e.max_attempts OR f.delay_ms < 0) THEN 'DEAD'
+            ELSE f.state END,
+        next_attempt_at = CASE
+            WHEN f.state IN ('FAILED', 'TIMED_OUT') AND e.cancel_requested_at IS NULL AND e.attempt < e.max_attempts
+                 AND f.delay_ms >= 0
+            THEN now() + f.delay_ms * interval '1 millisecond' END,
+        result = f.result, error = f.error, finished_at = now()
+    FROM unnest($1::uuid[], $2::int[], $3::text[], $4::jsonb[], $5::text[], $7::bigint[], $10::text[], $11::text[],
+                $6::text[])
+         AS f (id, attempt, state, result, error, delay_ms, traceback, log_tail, worker_id)
+    WHERE e.id = ANY($1::uuid[]) AND e.id = f.id AND e.attempt = f.attempt
+      AND texteq(e.state, 'RUNNING') AND texteq(e.worker_id, f.worker_id)
+    RETURNING e.id, e.attempt, e.tenant_id, e.pool, e.state, e.error, e.finished_at, e.shard, e.next_attempt_at,
+              f.state AS attempt_state, f.traceback, f.log_tail, f.worker_id
+), attempts AS (
+    UPDATE execution_attempts a
+    SET state = finished.attempt_state, error = finished.error, finished_at = finished.finished_at,
+        traceback = finished.traceback, log_tail = finished.log_tail
+    FROM finished
+    WHERE a.execution_id = finished.id AND a.execution_id BETWEEN $8 AND $9 AND a.attempt = finished.attempt
+), audit AS (
+    INSERT INTO audit_log (tenant_id, entity, entity_id, action, from_state, to_state, actor, detail)
+    SELECT tenant_id, 'execution', id, 'finish', 'RUNNING', attempt_state, worker_id,
+           -- the exception's class (readable: only the message is sealed), e.g. PoolRefused for a worker refusal
+           jsonb_build_object('attempt', attempt, 'nextAttemptAt', next_attempt_at,
+                              'errorClass', substring(error from '^([A-Za-z_][A-Za-z0-9_.]*)'))
+    FROM finished
+    UNION ALL
+    SELECT tenant_id, 'execution', id, CASE WHEN state = 'DEAD' THEN 'dead' ELSE 'cancel' END, attempt_state, state,
+           worker_id, jsonb_build_object('attempt', attempt)
+    FROM finished WHERE state <> attempt_state
+)
+SELECT id, attempt, tenant_id, pool, state, attempt_state, shard, next_attempt_at FROM finished;
+
 -- name: record_progress
 UPDATE execution_attempts a SET progress = $4
 FROM executions e
