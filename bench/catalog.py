@@ -41,6 +41,7 @@ COMMANDS = {
     "bulk": Entry("bench.workloads.bulk", "a bulk re-drive of 100,000 DEAD executions beside another tenant"),
     "census": Entry("bench.workloads.census", "the fair pass's census of open executions under churn"),
     "cli-help": Entry("bench.workloads.cli_help", "how long `sundial --help` takes, a new process each time"),
+    "delivery": Entry("bench.workloads.delivery", "CPU per outbound HTTP request of the delivery module"),
     "dependencies": Entry("bench.workloads.dependencies", "a parent's completion to its children's executions"),
     "dispatch-insert": Entry("bench.workloads.dispatch_insert", "the dispatch statements against an earlier commit's"),
     "dispatch-python": Entry("bench.workloads.dispatch_python", "the dispatch pass's own Python per execution"),

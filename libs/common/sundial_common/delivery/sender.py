@@ -17,6 +17,7 @@ Every attempt is traced and counted; neither the trace nor the log carries a sec
 from __future__ import annotations
 
 import asyncio
+import functools
 import ipaddress
 import logging
 import socket
@@ -83,15 +84,45 @@ class SystemResolver:
         return found
 
 
+class CachingResolver:
+    """``resolver``'s answers kept ``ttl_sec`` (per host and port), so a busy destination is not resolved per request.
+
+    Only the resolution is kept: every request still checks the addresses against its own policy and connects
+    to the address it checked. Failures are not kept; at most ``max_entries`` names are.
+    """
+
+    def __init__(self, resolver: Resolver, clock: Clock, ttl_sec: float, max_entries: int = 1024) -> None:
+        self._resolver = resolver
+        self._clock = clock
+        self._ttl_sec = ttl_sec
+        self._max_entries = max_entries
+        self._answers: dict[tuple[str, int], tuple[float, list[IPAddress]]] = {}
+
+    async def resolve(self, host: str, port: int) -> list[IPAddress]:
+        now = self._clock.monotonic()
+        kept = self._answers.get((host, port))
+        if kept is not None and kept[0] > now:
+            return kept[1]
+        found = await self._resolver.resolve(host, port)
+        if len(self._answers) >= self._max_entries:
+            self._answers = {key: value for key, value in self._answers.items() if value[0] > now}
+            if len(self._answers) >= self._max_entries:
+                self._answers.clear()
+        self._answers[(host, port)] = (now + self._ttl_sec, found)
+        return found
+
+
 class URLRefused(ValueError):
     """A destination URL is malformed or not allowed (plain HTTP outside development, credentials in it)."""
 
 
+@functools.lru_cache(maxsize=1024)
 def check_url(url: str, allow_http: bool) -> httpx.URL:
     """``url`` parsed, when Sundial may send to it; otherwise :class:`URLRefused` saying why.
 
     Only ``https`` outside development (``allow_http``), a host, no user name or password in the URL (the
-    signature authenticates Sundial; credentials in a URL end up in logs), no control characters.
+    signature authenticates Sundial; credentials in a URL end up in logs), no control characters. Answers are
+    kept (a refusal is not): a delivery worker sends to the same few URLs all day.
     """
     if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in url):
         raise URLRefused("the URL contains control characters")
@@ -133,12 +164,23 @@ class SenderConfig:
     ca_bundle: str | None = None
     policy: AddressPolicy = field(default_factory=AddressPolicy)
     user_agent: str = "Sundial-Webhooks/1"
+    #: How long a host's resolution is reused (0: resolve for every request). Short: a changed DNS record
+    #: applies within it; every request still checks the addresses and connects to the one it checked.
+    resolve_ttl_sec: float = 5.0
+    #: Connections kept open at most (every destination together); a request waits for one beyond that. The
+    #: pool's own bookkeeping per request grows with its connections, so a process with one destination and
+    #: many requests in flight sends cheaper through a few.
+    max_connections: int = 100
 
     def __post_init__(self) -> None:
         if not 0 < self.connect_timeout_sec <= self.total_timeout_sec:
             raise ValueError("connect_timeout_sec must be > 0 and at most total_timeout_sec")
         if self.max_response_bytes < 0:
             raise ValueError("max_response_bytes must be >= 0")
+        if self.max_connections < 1:
+            raise ValueError("max_connections must be >= 1")
+        if self.resolve_ttl_sec < 0:
+            raise ValueError("resolve_ttl_sec must be >= 0")
 
     @classmethod
     def from_settings(cls, settings: DeliverySettings, env: str) -> SenderConfig:
@@ -230,14 +272,19 @@ class Sender:
     ) -> None:
         """``transport`` replaces the network for tests that must show what would be sent, and where."""
         self.config = config or SenderConfig()
-        self._resolver = resolver or SystemResolver()
         self._clock = clock or SystemClock()
+        self._resolver: Resolver = resolver or SystemResolver()
+        if self.config.resolve_ttl_sec > 0:
+            self._resolver = CachingResolver(self._resolver, self._clock, self.config.resolve_ttl_sec)
         verify = ssl.create_default_context(cafile=self.config.ca_bundle) if self.config.ca_bundle else True
         self._client = httpx.AsyncClient(
             verify=verify,
             trust_env=False,
             follow_redirects=False,
             transport=transport,
+            limits=httpx.Limits(
+                max_connections=self.config.max_connections, max_keepalive_connections=self.config.max_connections
+            ),
             timeout=httpx.Timeout(self.config.total_timeout_sec, connect=self.config.connect_timeout_sec),
         )
 

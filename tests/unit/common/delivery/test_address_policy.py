@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 import httpx
 import pytest
 from sundial_common.delivery.address_policy import AddressPolicy, AddressRefused, IPAddress, check_addresses, refusal
 from sundial_common.delivery.sender import OutboundRequest, Sender, SenderConfig, URLRefused, check_url
 from sundial_common.delivery.signing import new_secret
+from sundial_common.testing.clock import FakeClock
 
 REFUSED = {
     "127.0.0.1": "loopback",
@@ -158,3 +160,38 @@ async def test_header_values_with_line_breaks_are_refused() -> None:
             )
         )
     assert outcome.refused and "line break" in (outcome.error or "") and seen == []
+
+
+async def test_a_resolution_is_reused_briefly_and_still_checked_on_every_request() -> None:
+    seen: list[httpx.Request] = []
+    clock = FakeClock()
+    resolver = StubResolver({"hooks.example": ["93.184.215.14"]})
+    request = OutboundRequest("https://hooks.example/in", b"{}", "msg_1", (new_secret(),), "test")
+    config = SenderConfig(resolve_ttl_sec=5.0)
+    async with Sender(config, resolver=resolver, clock=clock, transport=recording_transport(seen)) as sender:
+        first = await sender.send(request)
+        resolver.table["hooks.example"] = ["10.0.0.7"]  # the record changes within the TTL: not asked again
+        second = await sender.send(request)
+        clock.advance(5.1)
+        third = await sender.send(request)  # asked again: the new answer is checked and refused
+    assert first.status == second.status == 204 and second.address == "93.184.215.14"
+    assert third.refused and "10.0.0.7" in (third.error or "")
+    assert resolver.questions == ["hooks.example", "hooks.example"]
+    assert [r.url.host for r in seen] == ["93.184.215.14", "93.184.215.14"]
+
+
+async def test_a_kept_resolution_is_checked_against_each_request_s_own_policy() -> None:
+    seen: list[httpx.Request] = []
+    resolver = StubResolver({"hooks.internal": ["10.0.0.7"]})
+    allowed = OutboundRequest(
+        "https://hooks.internal/in",
+        b"{}",
+        "msg_1",
+        (new_secret(),),
+        "test",
+        allowed=(ipaddress.ip_network("10.0.0.0/8"),),
+    )
+    async with Sender(SenderConfig(), resolver=resolver, transport=recording_transport(seen)) as sender:
+        assert (await sender.send(allowed)).status == 204
+        refused = await sender.send(replace(allowed, allowed=()))
+    assert refused.refused and resolver.questions == ["hooks.internal"] and len(seen) == 1
