@@ -124,7 +124,9 @@ async def main_async(args: argparse.Namespace) -> None:
             bench.stop()
     if ladder_runs:
         # The ladder's verdict: the highest rate sustained (P95 <= 500 ms), lateness at 1,000/s, CPU per execution.
-        print(json.dumps(ladder.summary(args.worker_transport, ladder_runs)), flush=True)
+        # A summary of the W3 lines above, not a record of its own: prefixed, so that every line starting with "{"
+        # stays one run's record.
+        print("ladder:", json.dumps(ladder.summary(args.worker_transport, ladder_runs)), flush=True)
     if "curve" in args.workloads:
         curve_args = argparse.Namespace(
             **{key: getattr(args, key) for key in ("shards", "dispatchers", "workers", "concurrency", "no_durable")},
