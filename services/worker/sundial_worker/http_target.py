@@ -78,7 +78,8 @@ class TargetDelivery:
         self._stores: Stores | None = None
         self._keyring: Keyring | None = None
         self._opening = asyncio.Lock()
-        self._targets: dict[str, tuple[float, PoolTarget | None]] = {}
+        #: Per pool: when it was read, its target and the target's opened signing secrets (None: no target yet).
+        self._targets: dict[str, tuple[float, PoolTarget | None, list[str]]] = {}
 
     async def _open(self) -> tuple[Stores, Keyring]:
         async with self._opening:
@@ -94,22 +95,24 @@ class TargetDelivery:
             await self._stores.close()
             self._stores = None
 
-    async def target(self, pool: str) -> PoolTarget | None:
+    async def target(self, pool: str) -> tuple[PoolTarget | None, list[str]]:
+        """The pool's target and its signing secrets, opened once per read rather than once per execution."""
         cached = self._targets.get(pool)
         now = time.monotonic()
         if cached is not None and now - cached[0] < TARGET_CACHE_SEC:
-            return cached[1]
-        stores, _ = await self._open()
+            return cached[1], cached[2]
+        stores, keyring = await self._open()
         target = await stores.pool_targets.get_target(pool)
-        self._targets[pool] = (now, target)
-        return target
+        secrets: list[str] = []
+        if target is not None:
+            secrets = (await keyring.cipher(target.tenant_id)).open_json(target.sealed_secrets, SEALED_SECRETS)
+        self._targets[pool] = (now, target, secrets)
+        return target, secrets
 
     async def __call__(self, ctx: Context, payload: Any) -> Any:
-        target = await self.target(ctx.pool)
+        target, secrets = await self.target(ctx.pool)
         if target is None:
             raise TargetMissing(f"pool {ctx.pool!r} has no HTTP target yet (PUT /v1/pools/{ctx.pool}/target)")
-        _, keyring = await self._open()
-        secrets = (await keyring.cipher(target.tenant_id)).open_json(target.sealed_secrets, SEALED_SECRETS)
         ident = message_id(ctx.execution_id, ctx.attempt)
         completion = None
         if self.completion_base_url:
