@@ -7,9 +7,9 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import TypedDict, Unpack
+from typing import TypedDict, Unpack, cast
 
 import pytest
 from redis.asyncio import Redis
@@ -17,13 +17,16 @@ from sundial_common.broker.kafka import KafkaPublisher
 from sundial_common.domain.ids import new_id
 from sundial_common.hotwindow.rate_limits import TokenBuckets
 from sundial_common.hotwindow.window import HotWindow
+from sundial_common.hotwindow.worker_announcements import WorkerAnnouncement
 from sundial_common.stores import Stores
+from sundial_common.stores.tenants import TenantStore
 from sundial_common.stores.types import Occurrence, RetryDue
 from sundial_common.testing import FakeClock
 from sundial_dispatcher.dispatcher import DispatcherConfig, ShardDispatcher
-from sundial_dispatcher.fairness import FairDispatch, FairnessConfig
+from sundial_dispatcher.fairness import FairDispatch, FairnessConfig, OpenWork
 from sundial_dispatcher.tenancy import TenantPolicy
 
+from tests.support.pools import admit
 from tests.support.tenants import register_tenant
 
 DUE = datetime.now(UTC).replace(microsecond=0) - timedelta(seconds=1)
@@ -259,6 +262,65 @@ async def test_a_sparse_pass_of_a_few_members_goes_out_ahead_though_an_unseen_po
         0, 1, "replica-a", stores.dispatch, hot_window, publisher, config, clock=clock, tenants=policy, fair=fair
     )
     assert (await shard.run_once()).dispatched == 3, "one pass, sent ahead: their workers hold them until due"
+
+
+class _Announced:
+    """Live workers of 256 free slots announced for each of ``pools``."""
+
+    def __init__(self, *pools: str) -> None:
+        self.pools = pools
+
+    async def live_pools(self, pools: Sequence[str] | None = None) -> dict[str, list[WorkerAnnouncement]]:
+        at = datetime.now(UTC)
+        return {p: [WorkerAnnouncement("w", p, ("echo",), 256, 256, "1", "host", 1, at)] for p in self.pools}
+
+
+class _Owners:
+    """The tenant store, counting the fair pass's lookups of whose each claimed job is."""
+
+    def __init__(self, store: TenantStore) -> None:
+        self._store = store
+        self.lookups = 0
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._store, name)
+
+    async def job_owners(self, job_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, tuple[str, str, str]]:
+        self.lookups += 1
+        return await self._store.job_owners(job_ids)
+
+
+@pytest.mark.parametrize("idle_pool", [False, True], ids=["every-pool-seen", "an-idle-pool-registered"])
+async def test_a_dense_pass_goes_out_whole_unless_a_registered_pool_has_no_room_of_its_own(
+    stores: Stores, hot_window: HotWindow, publisher: KafkaPublisher, database_url: str, idle_pool: bool
+) -> None:
+    # 24 members in one pass: more than a burst head (16), within the pool's room (256 free slots over 8 shards: 32
+    # a shard's pass). With every registered pool seen (live workers here) none can be in a pool with no room of its
+    # own, so the pass is sent ahead without the owners' lookup. A registered pool with no worker and nothing open
+    # could be theirs: the pass is looked up and its members held for their instants.
+    await register_tenant(database_url, "a")
+    pool = admit(database_url, f"fair-{uuid.uuid4().hex[:8]}", "a")
+    if idle_pool:
+        admit(database_url, f"idle-{uuid.uuid4().hex[:8]}", "a")
+    t0 = (datetime.now(UTC) + timedelta(minutes=2)).replace(microsecond=0)
+    for i in range(24):
+        await due_jobs(stores, hot_window, "a", 1, pool, due=t0 + i * timedelta(milliseconds=3))
+    fairness = FairnessConfig(counts_refresh_sec=0)
+    config = DispatcherConfig(batch_size=100, publish_lead_sec=0.2, gather_sec=0.2, fairness=fairness)
+    policy = TenantPolicy(stores.tenants, refresh_sec=0)
+    owners = _Owners(stores.tenants)
+    open_work = OpenWork(cast(TenantStore, owners), fairness, live=_Announced(pool))
+    buckets = TokenBuckets(hot_window.redis)
+    fair = FairDispatch(0, hot_window, cast(TenantStore, owners), policy, buckets, fairness, 100, 8, open_work)
+    clock = FakeClock(t0 - timedelta(milliseconds=200))
+    shard = ShardDispatcher(
+        0, 1, "replica-a", stores.dispatch, hot_window, publisher, config, clock=clock, tenants=policy, fair=fair
+    )
+    dispatched = (await shard.run_once()).dispatched
+    if idle_pool:
+        assert (dispatched, owners.lookups) == (0, 1), "looked up and held for their instants"
+    else:
+        assert (dispatched, owners.lookups) == (24, 0), "one pass, sent ahead, nobody looked up"
 
 
 class _CountsUnreadable:

@@ -15,6 +15,7 @@ from sundial_common.stores.tenants import OpenExecutions
 from sundial_common.stores.types import Occurrence
 from sundial_common.testing import FakeClock, InMemoryTenantStore
 from sundial_dispatcher.fairness import FairnessConfig, FairQueue, OpenWork, Waiting
+from sundial_dispatcher.fairness.registry import RegisteredPools
 
 DUE = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -354,3 +355,26 @@ async def test_a_pool_with_no_live_worker_held_at_its_first_cap_is_counted_at_th
     clock.advance(0.1)
     await work.refresh()
     assert counts.reads == 1  # no worker to start it: an early read would tell nothing new
+
+
+async def test_a_large_pass_skips_the_owners_lookup_only_while_each_registered_pool_has_a_room_of_its_own() -> None:
+    # A fair pass may send more than a burst head without looking up whose its members are only if none can be in a
+    # pool not seen at all (whose room is a share of the small first cap): every registered pool has its own room.
+    counts, clock = Counts(), FakeClock()
+    work = OpenWork(counts, FairnessConfig(), clock.monotonic, live=Announced({"big": [256]}))
+    registry = RegisteredPools(counts, refresh_sec=1.0)
+
+    async def every_pool_seen(after: float) -> bool:
+        clock.advance(after)
+        await work.refresh()
+        await registry.read(clock.monotonic())
+        return registry.all_seen(work.pool_room(shards=8, batch_size=1000)[0])
+
+    assert not await every_pool_seen(0.0), "an empty registry vouches for nothing (jobs written around the API)"
+    counts.pools = {"big", "batch"}
+    assert not await every_pool_seen(1.0), "batch: registered, no live worker, nothing open"
+    counts.rows = [pending("batch", 3, running=0)]
+    assert await every_pool_seen(1.0), "batch has work open: its own room (a share of its first cap) bounds the pass"
+    counts.pools.add("new")
+    assert await every_pool_seen(0.5), "the registry is read at most every refresh_sec"
+    assert not await every_pool_seen(0.5), "a pool registered since, not seen yet"

@@ -124,6 +124,8 @@ class TenantStore(Protocol):
 
     async def retry_owners(self, execution_ids: Sequence[UUID]) -> dict[UUID, tuple[str, str, str]]: ...
 
+    async def registered_pools(self) -> list[str]: ...
+
     async def open_executions(
         self, queued_within_sec: float, fresh_within_sec: float | None = None
     ) -> list[OpenExecutions]: ...
@@ -190,6 +192,10 @@ class PostgresTenantStore:
         """(tenant, pool, priority) of each execution that exists: a scheduled retry's, as :meth:`job_owners`."""
         rows = await self._db.pool.fetch(Q["retry_owners"], list(execution_ids))
         return {row["id"]: (row["tenant_id"], row["pool"], row["priority"]) for row in rows}
+
+    async def registered_pools(self) -> list[str]:
+        """The name of every registered production pool (the API accepts jobs for these alone)."""
+        return [row["name"] for row in await self._db.pool.fetch(Q["registered_pools"])]
 
     async def open_executions(
         self, queued_within_sec: float, fresh_within_sec: float | None = None

@@ -15,11 +15,12 @@ from sundial_common.stores.tenants import OpenExecutions, Tenant
 class InMemoryTenantStore:
     """:class:`~sundial_common.stores.tenants.TenantStore` over a dict: versions and timestamps as Postgres keeps
     them (``created_at``/``updated_at`` from ``clock``). It holds no jobs and no executions, so what counts them
-    answers as a database without any would."""
+    answers as a database without any would; the pool registry's names are ``pools`` (none unless a test adds them)."""
 
     def __init__(self, clock: Clock | None = None) -> None:
         self._clock = clock or SystemClock()
         self._tenants: dict[str, Tenant] = {}
+        self.pools: set[str] = set()
 
     async def create_tenant(self, tenant: Tenant) -> Tenant | None:
         """Register ``tenant``; None when its id is already registered."""
@@ -60,6 +61,9 @@ class InMemoryTenantStore:
 
     async def retry_owners(self, execution_ids: Sequence[UUID]) -> dict[UUID, tuple[str, str, str]]:
         return {}
+
+    async def registered_pools(self) -> list[str]:
+        return sorted(self.pools)
 
     async def open_executions(
         self, queued_within_sec: float, fresh_within_sec: float | None = None

@@ -1,8 +1,9 @@
 """Weighted fair dispatch: which due occurrences a shard's pass takes, across tenants, pools and quotas.
 
-Four modules: :mod:`.config` (the knobs), :mod:`.queues` (the buffer: per-tenant priority queues served by deficit
+Five modules: :mod:`.config` (the knobs), :mod:`.queues` (the buffer: per-tenant priority queues served by deficit
 round robin, and what was claimed ahead), :mod:`.pool_room` (how much each pool and tenant may take, from the open
-executions) and :mod:`.dispatch` (one shard leader's claims into the buffer and each pass's share).
+executions), :mod:`.registry` (whether every registered pool has a room of its own) and :mod:`.dispatch` (one shard
+leader's claims into the buffer and each pass's share).
 
 Without it a pass takes the earliest members of the hot window: tenant A's 50,000 jobs due at midnight are
 all taken (and published) before tenant B's 100 due at the same instant, and B waits for A's whole burst.
@@ -34,7 +35,8 @@ bucket per tenant (shared by every shard leader) ``maxDispatchPerSec``. A pool w
 
 **Cost.** The counts are one aggregate over the open executions, read by each dispatcher process at most
 every ``counts_refresh_sec`` and shared by the shards it leads; whose each claimed job is (one primary-key
-query) is looked up only when the pass cannot send everything it claimed at once (a backlog, a quota).
+query) is looked up only when the pass cannot send everything it claimed at once (a backlog, a quota), or sends
+more than a burst head while some registered pool has no room of its own (:mod:`.registry`).
 
 Members in the buffer are out of Redis but not dispatched: a term that ends puts them back
 (:meth:`FairDispatch.release`), a pass whose reads fail puts back what it claimed and had not buffered yet

@@ -111,6 +111,7 @@ class FairDispatch:
         try:
             tenants = await self.policy.tenants()
             await self.open_work.refresh()
+            await self.open_work.registry.read(time.monotonic())
             pool_room, default_room = self.open_work.pool_room(self.shards, self.batch_size)
             if self._uncontended(claimed, now, due_by, tenants, pool_room, default_room):
                 # Everything claimed goes out in this pass whoever it belongs to: the order within one pass
@@ -252,8 +253,10 @@ class FairDispatch:
             # A pool not seen at all (nothing open, no live worker) has a share of the small first cap, often 1 a
             # shard: held to it, no pass of a steady stream of several members would be uncontended. A pass of at
             # most a burst head's worth may go out whole (such a pool then has that much queued, which the next
-            # read of the counts sees); a larger one is looked up and ordered.
-            and n <= max(default_room, head)
+            # read of the counts sees); a larger one is looked up and ordered — unless every registered pool has
+            # a room of its own above (no claimed job can be in a pool not seen): a dense stream's passes of ~32
+            # were otherwise all looked up and held, one owners' query and two held-record round trips a pass.
+            and (n <= max(default_room, head) or self.open_work.registry.all_seen(pool_room))
             and not any(
                 t.quotas.max_concurrent_executions is not None or t.quotas.max_dispatch_per_sec is not None
                 for t in tenants.values()

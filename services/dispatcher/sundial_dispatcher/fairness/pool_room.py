@@ -14,6 +14,7 @@ from sundial_common.stores.tenants import Tenant, TenantStore
 
 from sundial_dispatcher.fairness.config import FairnessConfig
 from sundial_dispatcher.fairness.queues import NOBODY, PRIORITIES, FairQueue, Waiting
+from sundial_dispatcher.fairness.registry import RegisteredPools
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +84,7 @@ class OpenWork:
         #: Per pool with a live worker: the free slots its workers announced at the last read of ``live``.
         self.slots: dict[str, int] = {}
         self._slots_at: float | None = None
+        self.registry = RegisteredPools(store, config.slots_refresh_sec)  # read by each pass, as often as ``slots``
         self._lock = asyncio.Lock()
         self._read_at: float | None = None
         #: Per pool: queued (recent PENDING) executions, counting what this process took since the read.
@@ -94,8 +96,7 @@ class OpenWork:
         #: Occurrences taken since the read whose pool is not known (the uncontended path): counted against
         #: every pool, which errs on the side of a short queue.
         self.unattributed = 0
-        #: Per pool with work waiting: the last time (``clock``) it was seen running something or just began
-        #: waiting. Absent: nothing waits there.
+        #: Per pool with work waiting: when (``clock``) it was last seen running something or began waiting.
         self._flowing_at: dict[str, float] = {}
         #: The pools stalled at the last read (their change is logged).
         self._stalled_seen: set[str] = set()

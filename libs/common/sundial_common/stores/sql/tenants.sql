@@ -42,6 +42,11 @@ SELECT pg_advisory_xact_lock(hashtextextended('sundial.tenant:' || $1, 0));
 -- (primary-key lookups).
 SELECT id, tenant_id, pool, priority FROM jobs WHERE id = ANY($1::uuid[]);
 
+-- name: registered_pools
+-- The dispatcher's fair pass (read every second or so): every pool a job can run in. The API accepts a job only
+-- for a registered production pool; a pool is deleted, or made staging, only while no job that can fire targets it.
+SELECT name FROM pools WHERE kind = 'production';
+
 -- name: retry_owners
 -- The dispatcher's fair pass: whose each claimed scheduled retry is, its pool, and the priority it was dispatched
 -- with (primary-key lookups, each in the one partition its id falls in).
