@@ -37,7 +37,7 @@ from sundial_infra.stack import BENCH_PORTS, LocalStack, Ports
 from sundial_infra.supervisor import ProcessSpec, Supervisor, sundial_argv
 from sundial_worker.consumer import consumer_group
 
-from bench import api_burst, figures, leftover, machine, profiling, registration, transports
+from bench import api_burst, figures, leftover, machine, postgres_costs, profiling, registration, transports
 from bench.registration import POOL
 from bench.results import REPO, RESULTS, SCRATCH
 
@@ -257,6 +257,7 @@ class Bench:
         await conn.execute("SELECT pg_stat_statements_reset()")
         wal_before = await conn.fetchval("SELECT pg_current_wal_lsn()")
         xacts_before = await conn.fetchval(TRANSACTIONS)
+        writes_before = await postgres_costs.table_writes(conn)
         busy_before, window_start = machine.busy_seconds(), time.monotonic()
         profilers = self._profile(f"{workload}-{len(due)}", (max(due) - inserted_at).total_seconds() + 5)
         try:
@@ -303,6 +304,9 @@ class Bench:
                 except Exception as exc:  # a diagnosis that fails must not cost the run's line
                     left_behind = {"error": repr(exc)}
             statements = await figures.top_statements(conn)
+            # Every statement by name, with its blocks and WAL, and the rows each table took: load-independent.
+            statement_costs = await postgres_costs.statement_costs(conn)
+            table_writes = postgres_costs.since(writes_before, await postgres_costs.table_writes(conn))
             wal_bytes = await conn.fetchval("SELECT pg_current_wal_lsn() - $1::pg_lsn", wal_before)
             # The updates of executions since the stack started, and how many were heap-only (no index entry
             # written; migration 0023). An idle backend reports its counts within 10 s: the last may be missing.
@@ -363,6 +367,8 @@ class Bench:
             "window_s": round(window_s, 1),
             "machine_busy_s": round(busy_after - busy_before, 1),
             "postgres_wal_bytes": int(wal_bytes),
+            "postgres_statement_costs": statement_costs,
+            "table_writes": table_writes,
             "execution_updates": {k: int(v) for k, v in updates.items()},
             "execution_partitions": partitions,
             "execution_index_scans": index_scans,

@@ -10,6 +10,8 @@ execution:
 - CPU milliseconds by process and in total (gross, and net of the idle stack), and the whole machine's busy CPU;
 - Postgres statements and transactions, and the broker's produce requests (Tansu's own count, exported over
   OTLP to a receiver this workload runs);
+- what Postgres did (:mod:`bench.postgres_costs`): per statement its calls, rows a call, milliseconds, blocks hit and
+  dirtied and WAL, per table the rows inserted and updated and how many updates were heap-only, and the WAL bytes;
 - lateness (handler start - due) P50/P95/max, and the run's whole line as W2 has it (``run``).
 
 Burst and spread then compare directly: a burst costs about 0.55 ms an execution on the machine the results come
@@ -33,7 +35,7 @@ from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any
 
-from bench import results
+from bench import postgres_costs, results
 from bench.harness import Bench, Shape, ports_at, whole_ms
 from bench.workloads.broker_requests import counters_of
 
@@ -116,6 +118,11 @@ def per_execution(
         "statements_per_execution": round(line["postgres_calls"] / n, 2),
         "transactions_per_execution": round(line["postgres_transactions"] / n, 2),
         "produce_requests_per_execution": round(produce / n, 3) if produce is not None else None,
+        "wal_bytes_per_execution": round(line["postgres_wal_bytes"] / n),
+        # Per statement (calls, rows a call, time, blocks, WAL) and per table (rows inserted, updated, heap-only).
+        "postgres_per_execution": postgres_costs.per_execution(
+            line["postgres_statement_costs"], line["table_writes"], line["succeeded"]
+        ),
         "window_s": window,
     }
 
