@@ -430,3 +430,42 @@ async def test_a_re_drives_retries_wait_their_turn_behind_another_tenants_jobs_i
         "SELECT attempt, count(*) AS n FROM executions WHERE tenant_id = 'redriver' GROUP BY attempt"
     )
     assert {r["attempt"]: r["n"] for r in attempts} == {4: 25, 3: 475}
+
+
+async def test_another_tenants_first_fire_keeps_its_publish_lead_while_a_re_drives_retries_wait(
+    stores: Stores, hot_window: HotWindow, publisher: KafkaPublisher, database_url: str
+) -> None:
+    # Retries waiting on their shard for their share of the pool's room made every pass there contended: the other
+    # tenant's jobs then lost their publish lead and went out only at (after) their due instant, by the next pass.
+    pool = f"fair-{uuid.uuid4().hex[:8]}"
+    await register_tenant(database_url, "redriver")
+    await register_tenant(database_url, "other")
+    await dead_executions_due_for_retry(stores, hot_window, "redriver", 500, pool)
+    t0 = (datetime.now(UTC) + timedelta(minutes=2)).replace(microsecond=0)
+    fairness = FairnessConfig(counts_refresh_sec=0, pool_queue_cap=100, pool_queue_min=100)
+    config = DispatcherConfig(batch_size=100, publish_lead_sec=0.2, fairness=fairness)
+    policy = TenantPolicy(stores.tenants, refresh_sec=0)
+    fair = FairDispatch(0, hot_window, stores.tenants, policy, TokenBuckets(hot_window.redis), fairness, 100)
+    clock = FakeClock(t0 - timedelta(seconds=1))
+    shard = ShardDispatcher(
+        0, 1, "replica-a", stores.dispatch, hot_window, publisher, config, clock=clock, tenants=policy, fair=fair
+    )
+    assert (await shard.run_once()).retried == 25  # their share of the pool's queue; 475 wait in the buffer
+    # Their workers ran them: the pool's queue has room again.
+    await stores.database.pool.execute(
+        "UPDATE executions SET state = 'SUCCEEDED', finished_at = now() WHERE state = 'PENDING'"
+    )
+
+    await due_jobs(stores, hot_window, "other", 1, pool, due=t0)
+    clock.set(t0 - timedelta(milliseconds=150))
+    second = await shard.run_once()
+    # Committed (and sent) 150 ms before it is due, its worker holding it until then; the re-drive's retries took
+    # their turn in the same pass, as many as the round robin gives them beside it.
+    assert (second.dispatched, second.retried) == (1, 25)
+    fired = await stores.database.pool.fetchval("SELECT fire_at FROM executions WHERE tenant_id = 'other'")
+    assert fired == t0
+    assert len(fair.queue) == 450 and fair.queue.only_retries()
+    attempts = await stores.database.pool.fetchval(
+        "SELECT count(*) FROM executions WHERE tenant_id = 'redriver' AND attempt = 4"
+    )
+    assert attempts == 50

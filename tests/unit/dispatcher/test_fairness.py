@@ -59,6 +59,23 @@ def test_put_back_returns_items_to_the_front_in_order() -> None:
     assert queue.take(3, {}, {}, {}, default_pool_room=10) == a[1:]
 
 
+def test_the_queue_knows_when_only_scheduled_retries_wait_in_it() -> None:
+    queue = FairQueue()
+    assert queue.only_retries()  # empty
+    retries = [Waiting(Occurrence(uuid.uuid4(), DUE), "a", "p", retry=True) for _ in range(3)]
+    queue.add(retries)
+    assert queue.only_retries()
+    queue.add(items("b", 1))
+    assert not queue.only_retries()
+    taken = queue.take(10, {}, {}, {}, default_pool_room=10)
+    assert len(taken) == 4 and queue.only_retries()
+    queue.put_back([w for w in taken if w.tenant == "b"])
+    assert not queue.only_retries()
+    queue.take(10, {}, {}, {}, default_pool_room=10)
+    queue.put_back(retries[:2])
+    assert queue.retries == 2 and queue.only_retries()
+
+
 def test_a_job_claimed_again_while_it_waits_is_queued_once() -> None:
     queue = FairQueue()
     a = items("a", 2)

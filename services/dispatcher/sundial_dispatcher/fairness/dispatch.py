@@ -108,22 +108,33 @@ class FairDispatch:
         if not claimed and not len(self.queue) and not self.early.due(now):
             return claimed  # idle, or a burst claimed ahead and not due yet: no read at all
         buffered = False
+        #: First fires sent in this pass ahead of the queue (see below), and those of them ``early`` held.
+        ahead: list[Occurrence] = []
+        due: list[Waiting] = []
         try:
             tenants = await self.policy.tenants()
             await self.open_work.refresh()
             await self.open_work.registry.read(time.monotonic())
             pool_room, default_room = self.open_work.pool_room(self.shards, self.batch_size)
+            # Read before first fires sent ahead are counted: in the round robin too they take the pools' room, not
+            # the retries' share of it.
+            retry_room = self.open_work.retry_room(default_room)
             if self._uncontended(claimed, now, due_by, tenants, pool_room, default_room):
-                # Everything claimed goes out in this pass whoever it belongs to: the order within one pass
+                # Every first fire claimed goes out in this pass whoever it belongs to: the order within one pass
                 # changes nothing, so the owners' lookup is skipped (the common case below saturation). So does
                 # what an earlier, contended pass kept in ``early`` and is due now (see :meth:`_uncontended`).
                 due = [w for arrival in self.early.pop_due(now) for w in arrival.items]
-                self.open_work.took_unattributed(len(claimed))
+                self.open_work.took_unattributed(len(claimed.jobs))
                 self.open_work.took(due)
-                if due:
-                    await self._release(due)
-                    return Claimed(jobs=[w.occurrence for w in due] + claimed.jobs, retries=claimed.retries)
-                return claimed
+                ahead = [w.occurrence for w in due] + claimed.jobs
+                if not claimed.retries and not len(self.queue):
+                    if due:
+                        await self._release(due)
+                    return Claimed(jobs=ahead)
+                # Scheduled retries, claimed now or waiting for their own room, still take their turns in the
+                # queue, in the room these first fires leave them.
+                claimed = Claimed(retries=claimed.retries)
+                pool_room, default_room = self.open_work.pool_room(self.shards, self.batch_size)
             if not self._held_cleared:  # what an earlier leader's buffer held is that leader's no more
                 await self.hot_window.drop_held(self.shard)
                 self._held_cleared = True
@@ -149,32 +160,34 @@ class FairDispatch:
                 for arrival in self.early.pop_due(now):
                     self.queue.add_arrival(arrival)
             if not len(self.queue):
-                return Claimed()
+                if due:
+                    await self._release(due)
+                return Claimed(jobs=ahead)
             taken = self.queue.take(
-                budget,
+                budget - len(ahead),
                 weights={t.id: t.weight for t in tenants.values()},
                 pool_room=pool_room,
                 tenant_room=self.open_work.tenant_room(tenants),
                 default_pool_room=default_room,
                 elsewhere=self.open_work.best_lane_elsewhere(self.shard) if len(self.open_work.queues) > 1 else None,
                 high_room=self.open_work.high_room(),
-                retry_room=self.open_work.retry_room(default_room),
+                retry_room=retry_room,
             )
             self.open_work.limited(self.queue.full_pools)
             taken = await self._rate_limited(taken, tenants)
         except BaseException:
-            lost = Claimed() if buffered else claimed
+            lost = Claimed(jobs=ahead) if buffered else Claimed(jobs=ahead + claimed.jobs, retries=claimed.retries)
             if lost:
                 with contextlib.suppress(Exception):  # Redis away too: the hydrator's overdue scan recovers them
                     await asyncio.shield(self._put_back(lost))
             raise
         self.open_work.took(taken)
         self.cut_short = budget < self.batch_size and len(taken) == budget and bool(len(self.queue))
-        if taken:
+        if taken or ahead:
             self._took_at = time.monotonic()
-        await self._release(taken)
+        await self._release(due + taken)
         return Claimed(
-            jobs=[w.occurrence for w in taken if not w.retry],
+            jobs=ahead + [w.occurrence for w in taken if not w.retry],
             retries=[RetryDue(w.occurrence.job_id, w.occurrence.due) for w in taken if w.retry],
         )
 
@@ -228,8 +241,13 @@ class FairDispatch:
         pool_room: dict[str, int],
         default_room: int,
     ) -> bool:
-        """Nothing due waits in the queue, and all that was claimed is due by ``due_by`` (now plus the publish lead)
-        and fits this pass in any pool with what ``early`` holds due by now, under no quota. What waits in ``early``
+        """No job's occurrence waits in the queue, and every first fire claimed is due by ``due_by`` (now plus the
+        publish lead) and fits this pass in any pool with what ``early`` holds due by now, under no quota. Scheduled
+        retries, claimed or waiting in the queue, do not make the first fires contended: they have their own,
+        smaller room, and the scheduled work takes the rest first (:meth:`OpenWork.retry_room`), so the first fires
+        go out in this pass (ahead, if due within the lead) and the retries take their turns in the room left.
+        Counted as contended, a bulk re-drive's retries waiting on its shard kept every first fire there from its
+        publish lead: each was committed only after its due instant, by the next pass. What waits in ``early``
         for an instant still to come (a burst claimed ahead, or members a contended pass claimed within the lead)
         does not make a pass contended: it would keep every later pass of a steady stream from sending ahead. Nor
         does what falls due there, if it fits and is no more than a burst's head: a contended pass keeps the
@@ -242,10 +260,9 @@ class FairDispatch:
         # At most a burst head's worth: a burst claimed ahead still goes out head first (``burst_head``).
         head = self.config.burst_head or self.batch_size
         kept = self.early.due_count(now, head)
-        n = len(claimed) + kept  # scheduled retries take the pools' room too
+        n = len(claimed.jobs) + kept
         return (
-            not len(self.queue)
-            and not claimed.retries  # they take their own, smaller room (OpenWork.retry_room)
+            self.queue.only_retries()
             and kept <= head
             and all(o.due <= due_by for o in claimed.jobs)
             and n <= self.batch_size

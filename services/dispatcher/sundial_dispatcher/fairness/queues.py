@@ -99,6 +99,8 @@ class FairQueue:
     oldest_every: int = 10
     #: The pools whose full queue held a tenant's next item back in the last :meth:`take`.
     full_pools: set[str] = field(default_factory=set)
+    #: How many of the items held here are scheduled retries (:meth:`only_retries`).
+    retries: int = 0
     #: Items waiting per (tenant, pool) and lane (an index of :data:`PRIORITIES`): what another shard's pass
     #: in the same process asks (:meth:`best_lane`) before it lets a tenant's lower-priority work go first.
     waiting: dict[tuple[str, str], list[int]] = field(default_factory=dict)
@@ -125,12 +127,17 @@ class FairQueue:
     def __len__(self) -> int:
         return sum(len(q) for q in self.queues.values())
 
+    def only_retries(self) -> bool:
+        """Everything waiting here (if anything) is a scheduled retry: no job's occurrence waits for its turn."""
+        return self.retries == len(self)
+
     def add(self, items: Iterable[Waiting]) -> None:
         for item in items:
             if item.occurrence.job_id not in self.held:
                 self.held.add(item.occurrence.job_id)
                 self._queue(item.tenant).append(item)
                 self._count(item, 1)
+                self.retries += item.retry
 
     def add_arrival(self, arrival: Arrival) -> None:
         """Queue the occurrences of one claim that fell due at one instant (:class:`Arrival`), in their order.
@@ -143,6 +150,7 @@ class FairQueue:
             self.add(arrival.items)
             return
         self.held.update(arrival.jobs)
+        self.retries += arrival.retries
         for (tenant, lane), items in arrival.lanes.items():
             self._queue(tenant).lanes[lane].extend(items)
         for (tenant, pool, lane), n in arrival.counts.items():
@@ -157,6 +165,7 @@ class FairQueue:
             self.held.add(item.occurrence.job_id)
             self._queue(item.tenant).appendleft(item)
             self._count(item, 1)
+            self.retries += item.retry
 
     def take(
         self,
@@ -219,6 +228,7 @@ class FairQueue:
                         break  # its higher-priority work in another shard's queue goes first
                     queue.popleft()
                     self._count(head, -1)
+                    self.retries -= head.retry
                     self.held.discard(head.occurrence.job_id)
                     taken.append(head)
                     self.deficits[tenant] -= 1
@@ -257,10 +267,13 @@ class Arrival:
     lanes: dict[tuple[str, int], list[Waiting]] = field(default_factory=dict)
     #: Per (tenant, pool, lane): how many (the queue's ``waiting`` counts).
     counts: dict[tuple[str, str, int], int] = field(default_factory=dict)
+    #: How many are scheduled retries (none, as retries are never claimed ahead; counted all the same).
+    retries: int = 0
 
     def append(self, item: Waiting) -> None:
         lane = _LANE.get(item.priority, 1)
         self.items.append(item)
+        self.retries += item.retry
         self.jobs.add(item.occurrence.job_id)
         run = self.lanes.get((item.tenant, lane))
         if run is None:
