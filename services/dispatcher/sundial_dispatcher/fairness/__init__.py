@@ -50,7 +50,9 @@ other tenants' members (measured: 20,000 re-added every 10 s, B's jobs 85 s late
 job's occurrence (whose it is: one primary-key query on the executions), under the same pool room and quotas, and
 is held in the same record. Passed straight through ahead of the queue, a bulk re-drive of 100,000 DEAD executions
 at 500/s filled the shared pool's topic, and another tenant's jobs waited behind it (P95 lateness 0.4-1.3 s).
-Only their commit differs: the retry pass's fenced compare-and-swap behind the breaker's gate.
+Only their commit differs: the retry pass's fenced compare-and-swap behind the breaker's gate. Retries waiting for
+their share of a pool's room do not make a pass contended for the first fires it claims: those go out as they would
+without them (ahead, within the publish lead), so the other jobs of a re-drive's shard are not sent late.
 """
 
 from __future__ import annotations
