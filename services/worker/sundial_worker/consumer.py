@@ -42,7 +42,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol, TypeVar
 
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaError, KafkaException, Message, TopicPartition
-from sundial_common.broker.kafka import NO_METRICS_PUSH, ensure_topics
+from sundial_common.broker.kafka import ensure_topics, pool_consumer_config
 from sundial_common.broker.messages import pool_group, pool_topic
 
 from sundial_worker.assignment import Assignment
@@ -136,7 +136,7 @@ class KafkaExecutionConsumer:
         self.topic = pool_topic(pool)
         self.group = consumer_group(pool)
         self._topic_partitions = topic_partitions
-        self._config = consumer_config(
+        self._config = pool_consumer_config(
             bootstrap, self.group, client_id=client_id, session_timeout_sec=session_timeout_sec, on_error=self._on_error
         )
         self._config.update(overrides or {})
@@ -407,45 +407,6 @@ class KafkaExecutionConsumer:
         if self._thread is None:
             raise RuntimeError("the Kafka consumer is not open")
         return await asyncio.get_running_loop().run_in_executor(self._thread, func, *args)
-
-
-def consumer_config(
-    bootstrap: str, group: str, *, client_id: str, session_timeout_sec: float, on_error: Callable[[KafkaError], None]
-) -> dict[str, Any]:
-    """The confluent-kafka settings of a pool's consumer, and why each differs from librdkafka's default."""
-    return {
-        "bootstrap.servers": bootstrap,
-        "group.id": group,
-        "client.id": client_id,
-        # Offsets are committed by hand, only behind the Postgres write (see OffsetTracker).
-        "enable.auto.commit": False,
-        "enable.auto.offset.store": False,
-        "auto.offset.reset": "earliest",
-        # Cooperative (incremental) rebalancing: a member joining or leaving moves only the partitions
-        # that change owner, and every other member keeps consuming throughout. The eager default revokes
-        # every partition of every member first: measured here, a worker killed in a pool of two stopped the
-        # survivor too, ~5 s; with this, the longest pause of the survivor was 0.25 s.
-        "partition.assignment.strategy": "cooperative-sticky",
-        # How long a silent member (killed, SIGSTOPped) keeps its partitions. tansu also holds a first
-        # group join for about half of it (librdkafka's 45 s default left a fresh worker without
-        # partitions for ~23 s). 3 s: a restarted worker receives ~2 s after it starts, a dead one's
-        # partitions move after ~5 s (session timeout + the rebalance).
-        "session.timeout.ms": int(session_timeout_sec * 1000),
-        "heartbeat.interval.ms": max(100, int(session_timeout_sec * 1000) // 3),
-        # How long the broker may hold a fetch that has no data yet. librdkafka's 500 ms default is the
-        # floor of an idle worker's latency: a message produced just after a fetch was parked waited
-        # for it. 10 ms costs an idle consumer a few cheap requests a second per broker.
-        "fetch.wait.max.ms": 10,
-        # A fetch is skipped while a partition already holds this many fetched messages the worker has not taken
-        # (it is behind), and looked at again after the backoff: fewer, larger fetches exactly when the worker is
-        # saturated, and no change while it keeps up (librdkafka's defaults, 100,000 and 1 s, never skip here).
-        "queued.min.messages": 64,
-        "fetch.queue.backoff.ms": 10,
-        # The broker may come back empty (tansu keeps topics in memory): notice it quickly.
-        "topic.metadata.refresh.interval.ms": 10000,
-        **NO_METRICS_PUSH,
-        "error_cb": on_error,
-    }
 
 
 def _traceparent(message: Message) -> str | None:

@@ -13,7 +13,7 @@ import asyncio
 import functools
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
@@ -150,6 +150,53 @@ class _Deliveries:
     def _resolve(self) -> None:
         if not self.done.done():
             self.done.set_result(None)
+
+
+def pool_consumer_config(
+    bootstrap: str,
+    group: str,
+    *,
+    client_id: str,
+    session_timeout_sec: float,
+    on_error: Callable[[KafkaError], None] | None = None,
+) -> dict[str, Any]:
+    """The confluent-kafka settings of a consumer of a pool's topic (a direct worker's, a worker gateway's feed), and
+    why each differs from librdkafka's default. ``on_error``: librdkafka's error callback (None: it logs them)."""
+    config: dict[str, Any] = {
+        "bootstrap.servers": bootstrap,
+        "group.id": group,
+        "client.id": client_id,
+        # Offsets are committed by hand, only once the start (gateway) or the outcome (worker) is decided.
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "auto.offset.reset": "earliest",
+        # Cooperative (incremental) rebalancing: a member joining or leaving moves only the partitions
+        # that change owner, and every other member keeps consuming throughout. The eager default revokes
+        # every partition of every member first: measured here, a worker killed in a pool of two stopped the
+        # survivor too, ~5 s; with this, the longest pause of the survivor was 0.25 s.
+        "partition.assignment.strategy": "cooperative-sticky",
+        # How long a silent member (killed, SIGSTOPped) keeps its partitions. tansu also holds a first
+        # group join for about half of it (librdkafka's 45 s default left a fresh worker without
+        # partitions for ~23 s). 3 s: a restarted worker receives ~2 s after it starts, a dead one's
+        # partitions move after ~5 s (session timeout + the rebalance).
+        "session.timeout.ms": int(session_timeout_sec * 1000),
+        "heartbeat.interval.ms": max(100, int(session_timeout_sec * 1000) // 3),
+        # How long the broker may hold a fetch that has no data yet. librdkafka's 500 ms default is the
+        # floor of an idle worker's latency: a message produced just after a fetch was parked waited
+        # for it. 10 ms costs an idle consumer a few cheap requests a second per broker.
+        "fetch.wait.max.ms": 10,
+        # A fetch is skipped while a partition already holds this many fetched messages the worker has not taken
+        # (it is behind), and looked at again after the backoff: fewer, larger fetches exactly when the worker is
+        # saturated, and no change while it keeps up (librdkafka's defaults, 100,000 and 1 s, never skip here).
+        "queued.min.messages": 64,
+        "fetch.queue.backoff.ms": 10,
+        # The broker may come back empty (tansu keeps topics in memory): notice it quickly.
+        "topic.metadata.refresh.interval.ms": 10000,
+        **NO_METRICS_PUSH,
+    }
+    if on_error is not None:
+        config["error_cb"] = on_error
+    return config
 
 
 def ensure_topics(
