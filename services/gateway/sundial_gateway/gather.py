@@ -2,11 +2,13 @@
 
 Each pull claims its batch with a start CAS of its own, each finish ends its attempts with a finish CAS; under load,
 many calls of one gateway come at once and each paid a statement and a transaction for a handful of executions.
-:class:`Gather` holds a request for ``window_sec`` after the first of a batch arrives, then hands every request that
-came in to one ``flush`` call and gives each caller its own answer. :class:`StartGather` is that for
-``executions.start_executions_as``: the claims of every gathered pull, each under its caller's worker id, in one
-statement; each pull gets back only the rows started for its own worker id and claims. :class:`FinishGather` is
-that for ``executions.finish_attempts_as``: each call gets back only its own accepted finishes.
+:class:`Gather` is a group commit: a request goes to ``flush`` at once when fewer than ``parallel`` flushes are in
+flight (a call alone waits for nothing), and otherwise waits for one of them to end and goes with every request that
+came in meanwhile, in one ``flush`` call; each caller gets its own answer. The busier the gateway, the larger the
+batches, with no timer. :class:`StartGather` is that for ``executions.start_executions_as``: the claims of every
+gathered pull, each under its caller's worker id, in one statement; each pull gets back only the rows started for its
+own worker id and claims. :class:`FinishGather` is that for ``executions.finish_attempts_as``: each call gets back
+only its own accepted finishes.
 """
 
 from __future__ import annotations
@@ -20,32 +22,45 @@ from uuid import UUID
 from sundial_common.stores.executions import ExecutionStore, Finished, Outcome
 from sundial_common.stores.types import Record
 
-#: How long the first request of a batch waits for others to join it: a few ms, far below a pull's own wait.
-GATHER_SEC = 0.002
+#: Flushes in flight at once: a request waits only while this many are (the direct worker keeps two claims in flight).
+PARALLEL = 2
 
 T = TypeVar("T")
 R = TypeVar("R")
 
 
 class Gather(Generic[T, R]):
-    """Requests arriving within ``window_sec`` of a batch's first go to ``flush`` together, answers in order."""
+    """Requests go to ``flush`` together, answers in order: at once while fewer than ``parallel`` flushes are in
+    flight, else with everything that came in while one was. ``window_sec``: how long a flush waits for company
+    before it takes its batch (0: only the calls made in the same turn of the event loop)."""
 
-    def __init__(self, flush: Callable[[list[T]], Awaitable[list[R]]], window_sec: float = GATHER_SEC) -> None:
+    def __init__(
+        self, flush: Callable[[list[T]], Awaitable[list[R]]], window_sec: float = 0.0, parallel: int = PARALLEL
+    ) -> None:
+        if parallel < 1:
+            raise ValueError(f"Gather parallel ({parallel}) must be at least 1")
         self._flush = flush
         self._window = window_sec
+        self._parallel = parallel
         self._waiting: list[tuple[T, asyncio.Future[R]]] = []
-        self._task: asyncio.Task[None] | None = None
+        self._flushing: set[asyncio.Task[None]] = set()
 
     async def submit(self, request: T) -> R:
         future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
         self._waiting.append((request, future))
-        if self._task is None:
-            self._task = asyncio.create_task(self._run(), name="sundial-gateway-gather")
+        if len(self._flushing) < self._parallel:
+            task = asyncio.create_task(self._run(), name="sundial-gateway-gather")
+            self._flushing.add(task)
+            task.add_done_callback(self._flushing.discard)
         return await future
 
     async def _run(self) -> None:
         await asyncio.sleep(self._window)
-        batch, self._waiting, self._task = self._waiting, [], None  # later requests open a batch of their own
+        while self._waiting:  # what came in during this flush goes next, without waiting for a new one
+            batch, self._waiting = self._waiting, []
+            await self._answer(batch)
+
+    async def _answer(self, batch: list[tuple[T, asyncio.Future[R]]]) -> None:
         try:
             answers = await self._flush([request for request, _ in batch])
         except BaseException as exc:
@@ -64,9 +79,9 @@ StartRequest = tuple[str, Sequence[tuple[UUID, int]], Sequence[datetime | None]]
 
 
 class StartGather:
-    """The start CAS of concurrent pulls, gathered: one ``start_executions_as`` for all of a few ms."""
+    """The start CAS of concurrent pulls, gathered: one ``start_executions_as`` for the pulls that met."""
 
-    def __init__(self, executions: ExecutionStore, window_sec: float = GATHER_SEC) -> None:
+    def __init__(self, executions: ExecutionStore, window_sec: float = 0.0) -> None:
         self._executions = executions
         self._gather: Gather[StartRequest, list[Record]] = Gather(self._flush, window_sec)
 
@@ -106,9 +121,9 @@ FinishRequest = tuple[str, Sequence[Outcome]]
 
 
 class FinishGather:
-    """The finish CAS of concurrent finish calls, gathered: one ``finish_attempts_as`` for all of a few ms."""
+    """The finish CAS of concurrent finish calls, gathered: one ``finish_attempts_as`` for the calls that met."""
 
-    def __init__(self, executions: ExecutionStore, window_sec: float = GATHER_SEC) -> None:
+    def __init__(self, executions: ExecutionStore, window_sec: float = 0.0) -> None:
         self._executions = executions
         self._gather: Gather[FinishRequest, list[Finished]] = Gather(self._flush, window_sec)
 
