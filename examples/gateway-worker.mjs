@@ -78,7 +78,9 @@ const running = new Set();
 let pulls = 0;
 while (!stopping) {
   if (++pulls % 100 === 0) token = (await call("token", {})).token; // refresh before it expires
-  const { executions } = await call("pull", { max: Math.max(1, 4 - running.size), waitMs: 2000 });
+  const free = Math.max(1, 4 - running.size); // what this worker is, announced as a live worker of the pool
+  const worker = { concurrency: 4, freeSlots: free, handlers: Object.keys(handlers), version: "example" };
+  const { executions } = await call("pull", { max: free, waitMs: 2000, worker });
   for (const lease of executions) {
     const task = run(lease).finally(() => running.delete(task));
     running.add(task);

@@ -57,11 +57,12 @@ async def test_pulls_heartbeats_and_finishes_are_counted_and_traced(
     assert all(lease["traceparent"].split("-")[1] == trace_hex for lease in leased), leased
     finished = spans.get_finished_spans()
     processes = [s for s in finished if s.name.startswith("process ") and attrs(s).get("sundial.pool") == pool]
-    [request] = [s for s in finished if s.name == "POST /v1/worker/pull" and attrs(s)["sundial.executions"]]
+    # A pull answers with what is there: the two may come in one pull or two.
+    requests = [s for s in finished if s.name == "POST /v1/worker/pull" and attrs(s)["sundial.executions"]]
     assert len(processes) == 2 and all(s.kind == SpanKind.CONSUMER for s in processes)
     assert all(s.parent is not None and s.parent.span_id == dispatch_span.get_span_context().span_id for s in processes)
-    assert all(s.links[0].context.span_id == request.context.span_id for s in processes)
-    assert {link.context.span_id for link in request.links} == {s.context.span_id for s in processes}
+    assert {s.links[0].context.span_id for s in processes} <= {r.context.span_id for r in requests}
+    assert {link.context.span_id for r in requests for link in r.links} == {s.context.span_id for s in processes}
 
     first, second = leased
     beats = await http.post(

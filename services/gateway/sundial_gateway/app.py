@@ -31,13 +31,14 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel
 from redis.asyncio import Redis
 from sundial_common.hotwindow.rate_limits import TokenBuckets
+from sundial_common.hotwindow.worker_announcements import WorkerAnnouncements
 from sundial_common.security.auth import symmetric_keys
 from sundial_common.security.encryption import open_keyring
 from sundial_common.security.pool_tokens import PoolGrant, PoolTokenVerifier, issue_pool_token
 from sundial_common.stores import Stores
 from sundial_common.stores.pool_cache import PoolCache
 
-from sundial_gateway import telemetry
+from sundial_gateway import leases, telemetry
 from sundial_gateway.access import Access, Refused
 from sundial_gateway.attempts import AttemptLimits, Attempts, TooLarge
 from sundial_gateway.hooks import PauseHook
@@ -50,6 +51,7 @@ from sundial_gateway.models import (
     PullResponse,
     TokenResponse,
 )
+from sundial_gateway.presence import Announced, Presence
 from sundial_gateway.pulls import PullConfig, Pulls
 from sundial_gateway.settings import GatewaySettings
 
@@ -67,6 +69,7 @@ class GatewayState:
     pulls: Pulls
     attempts: Attempts
     hook: PauseHook
+    presence: Presence
 
 
 def _problem(
@@ -188,7 +191,8 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
             await redis.aclose()
             await stores.close()
             raise
-        app.state.gateway = GatewayState(settings, access, pulls, attempts, hook)
+        presence = Presence(WorkerAnnouncements(redis))
+        app.state.gateway = GatewayState(settings, access, pulls, attempts, hook, presence)
         janitor = asyncio.create_task(_janitor(pulls), name="sundial-gateway-janitor")
         log.info("gateway ready")
         try:
@@ -220,6 +224,15 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     _install_errors(app)
     _routes(app)
     return app
+
+
+def _announced(body: PullRequest, request: Request) -> Announced:
+    """What a pull says of its worker (without ``worker``: ``max`` slots, all free)."""
+    host = request.client.host if request.client is not None else ""
+    info = body.worker
+    if info is None:
+        return Announced(body.max, body.max, host=host)
+    return Announced(info.concurrency, info.free_slots, tuple(info.handlers), info.version, host)
 
 
 async def _janitor(pulls: Pulls) -> None:
@@ -274,11 +287,14 @@ def _routes(app: FastAPI) -> None:
         response_model=PullResponse,
         summary="Long poll: executions of the token's pool started for this caller",
     )
-    async def pull(body: PullRequest, state: State, caller: Authorized) -> dict[str, Any]:
+    async def pull(body: PullRequest, request: Request, state: State, caller: Authorized) -> dict[str, Any]:
         settings = state.settings
         most = min(body.max, settings.gateway_max_pull)
         wait_sec = min(body.wait_ms, settings.gateway_max_wait_ms) / 1000
         began = time.monotonic()
+        await state.presence.pulled(
+            caller.grant.pool, leases.worker_id(caller.grant, body.session), _announced(body, request)
+        )
         with telemetry.request_span("/v1/worker/pull", caller.grant) as span, telemetry.polling(caller.grant.pool):
             leased = await state.pulls.pull(caller.grant, caller.shared, body.session, most, wait_sec)
             span.set_attribute("sundial.executions", len(leased))
@@ -298,6 +314,10 @@ def _routes(app: FastAPI) -> None:
         with telemetry.request_span("/v1/worker/heartbeat", caller.grant) as span:
             span.set_attribute("sundial.executions", len(body.running))
             running = await state.attempts.heartbeat(caller.grant, body)
+        # A worker busy with long handlers pulls rarely: its heartbeats keep it announced and its feed in the group.
+        state.pulls.touch(caller.grant, caller.shared)
+        worker = leases.worker_id(caller.grant, body.session)
+        await state.presence.renewed(caller.grant.pool, worker, sum(1 for r in running if r["renewed"]))
         telemetry.heartbeated(caller.grant.pool, running)
         return {"running": running}
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, model_validator
 from pydantic.alias_generators import to_camel
 
 from sundial_gateway.leases import SESSION
@@ -36,6 +36,26 @@ Session = Annotated[
 ]
 
 
+class WorkerInfo(_Request):
+    """What the worker says of itself: the gateway announces it as one of the pool's live workers with these (the
+    dispatcher sizes a pool's first queue by its live workers' free slots; the API and console list them)."""
+
+    concurrency: Annotated[StrictInt, Field(ge=1, le=100_000)] = Field(description="Its handler slots.")
+    free_slots: Annotated[StrictInt, Field(ge=0, le=100_000)] = Field(
+        description="Slots free now (not running a handler), at most `concurrency`."
+    )
+    handlers: list[Annotated[StrictStr, Field(max_length=200)]] = Field(
+        default_factory=list, max_length=1000, description="The handler names it serves."
+    )
+    version: Annotated[StrictStr, Field(max_length=100)] = Field("", description="Its SDK or program version.")
+
+    @model_validator(mode="after")
+    def _free_within_concurrency(self) -> WorkerInfo:
+        if self.free_slots > self.concurrency:
+            raise ValueError(f"freeSlots ({self.free_slots}) exceeds concurrency ({self.concurrency})")
+        return self
+
+
 class PullRequest(_Request):
     session: Session
     max: Annotated[StrictInt, Field(ge=1, le=1000)] = Field(
@@ -43,6 +63,11 @@ class PullRequest(_Request):
     )
     wait_ms: Annotated[StrictInt, Field(ge=0, le=120_000)] = Field(
         20_000, description="How long to wait for a first execution (long poll); 0: answer at once."
+    )
+    worker: WorkerInfo | None = Field(
+        None,
+        description="The worker's concurrency, free slots and handlers, announced as a live worker of the pool. "
+        "Without it the worker is announced with `max` slots, all free, and no handler named.",
     )
 
 

@@ -1,10 +1,10 @@
 """``POST /v1/worker/pull``: take a pool's messages for a caller and start their executions for it.
 
-A pull waits on its feed (:mod:`sundial_gateway.feeds`) until ``waitMs`` for messages, decodes them, skips what is
-not this token's (markers, undecodable messages, another pool's or another tenant's: never opened), waits for the
-due instant of any published ahead, and claims the rest with the direct worker's compare-and-swap (PENDING →
-RUNNING) under the caller's worker identity (:func:`sundial_gateway.leases.worker_id`) — gathered with the claims
-of the pulls that start within a few ms into one ``executions.start_executions_as`` (:mod:`sundial_gateway.gather`).
+A pull waits on its feed (:mod:`sundial_gateway.feeds`) until ``waitMs`` for messages due now (the feed holds those
+published ahead until their due instant), decodes them, skips what is not this token's (markers, undecodable
+messages, another pool's or another tenant's: never opened), and claims the rest with the direct worker's
+compare-and-swap (PENDING → RUNNING) under the caller's worker identity (:func:`sundial_gateway.leases.worker_id`) —
+gathered with concurrent pulls' claims into one ``executions.start_executions_as`` (:mod:`sundial_gateway.gather`).
 A lost claim (a duplicate, an attempt no longer current) is skipped. A won execution's liveness key is set (the
 caller's heartbeats renew it; a caller that stops calling loses it to the sweeper like a direct worker), its payload
 decrypted, and its attempt token issued; the feed then commits past the batch. A won execution whose row belongs to
@@ -42,10 +42,6 @@ from sundial_gateway.gather import StartGather
 from sundial_gateway.hooks import PauseHook
 
 log = logging.getLogger("sundial.gateway")
-
-#: The longest a message published ahead of its due instant is held before its start (the dispatcher's lead is
-#: far shorter; a message due later than this is started at once rather than hold a pull).
-_MAX_HOLD_SEC = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +88,7 @@ class Pulls:
                 group,
                 client_id=self.config.client_id,
                 session_timeout_sec=self.config.session_timeout_sec,
+                due_of=_due_of,
             )
         return feed
 
@@ -108,11 +105,14 @@ class Pulls:
             while True:
                 # The feed is held for the take only: the start runs beside other pulls' takes and starts.
                 try:
-                    await asyncio.wait_for(feed.lock.acquire(), max(0.0, ends_at - time.monotonic()))
+                    if feed.lock.locked():  # (wait_for with no time left fails even a free lock)
+                        await asyncio.wait_for(feed.lock.acquire(), max(0.0, ends_at - time.monotonic()))
+                    else:
+                        await feed.lock.acquire()
                 except TimeoutError:
                     return []  # other callers' takes held the feed for the whole wait
                 try:
-                    messages = await feed.take(most, wait_sec, lambda: ends_at)
+                    messages = await feed.take(most, lambda: ends_at)
                 finally:
                     feed.lock.release()
                 try:
@@ -127,6 +127,13 @@ class Pulls:
                     return started
         finally:
             feed.waiting -= 1
+            feed.touch()
+
+    def touch(self, grant: PoolGrant, shared: bool) -> None:
+        """A caller of ``grant``'s pool is alive (it heartbeats) though it does not pull now (its slots are busy):
+        its feed, if this gateway has one, stays in the group as a busy direct worker keeps its partitions."""
+        feed = self._feeds.get(feed_group(grant.pool, grant.tenant, shared=shared))
+        if feed is not None:
             feed.touch()
 
     async def leave_idle(self) -> None:
@@ -163,7 +170,6 @@ class Pulls:
         claims = self._claims(grant, messages)
         if not claims:
             return []
-        await _until_due(message for message, _ in claims.values())
         cipher = await self._keyring.cipher(grant.tenant)
         rows = await self._starts.start(
             worker, list(claims), [_published_at(delivery) for _, delivery in claims.values()]
@@ -237,10 +243,14 @@ def _published_at(delivery: Message) -> datetime | None:
     return None if kind == TIMESTAMP_NOT_AVAILABLE else datetime.fromtimestamp(ms / 1000, UTC)
 
 
-async def _until_due(messages: Any) -> None:
-    """Wait for the latest due instant of messages published ahead of it (at most ``_MAX_HOLD_SEC``): nothing starts
-    before it is due."""
-    latest = max((datetime.fromisoformat(m.due_at).timestamp() for m in messages if m.due_at is not None), default=0.0)
-    wait = latest - time.time()
-    if 0 < wait <= _MAX_HOLD_SEC:
-        await asyncio.sleep(wait)
+def _due_of(delivery: Message) -> float | None:
+    """The due instant of a message published ahead of it (epoch seconds); None: due now, or not a message this
+    gateway can read (its pull skips it)."""
+    value = delivery.value()
+    if value is None:
+        return None
+    try:
+        due_at = ExecutionMessage.decode(value).due_at
+        return None if due_at is None else datetime.fromisoformat(due_at).timestamp()
+    except (ValueError, TypeError, orjson.JSONDecodeError):
+        return None

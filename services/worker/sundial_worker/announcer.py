@@ -26,7 +26,8 @@ from sundial_worker.sdk import Worker
 log = logging.getLogger("sundial.worker")
 
 
-def _version() -> str:
+def sdk_version() -> str:
+    """This SDK's version, as its workers announce it."""
     try:
         return version("sundial-worker")
     except PackageNotFoundError:  # run from a source tree that is not installed
@@ -69,7 +70,7 @@ class Announcer:
         self.config = config
         self.busy = busy
         self.started_at = datetime.now(UTC)
-        self._version = _version()
+        self._version = sdk_version()
         self._host = socket.gethostname()
         self._withdrawn = False
 

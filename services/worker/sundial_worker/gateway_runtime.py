@@ -4,8 +4,12 @@
 one: the same handlers, the same :class:`~sundial_worker.sdk.Context` (``ctx.heartbeat(progress=…)``,
 ``ctx.cancelled``, ``ctx.previous_progress``), but no database, Redis, broker or master key — the gateway holds them.
 
-- **pull** (task ``pull``): as many executions as there are free handler slots, long-polling the gateway; each is
-  already started for this worker (its start compare-and-swap won) and comes with its payload and attempt token;
+- **pull** (task ``pull``): as many executions as there are free handler slots, long-polling the gateway with two
+  pulls in flight (each for at most half the slots), so that what comes due while one pull's answer travels is taken
+  by the other rather than wait for the next pull; each execution is already started for this worker (its start
+  compare-and-swap won) and comes with its payload and attempt token. Each pull says what the worker is (its
+  concurrency, free slots, handlers and version): the gateway announces it as a live worker of the pool, as a direct
+  worker announces itself;
 - **handlers**: one task each (a sync handler in a thread), interrupted at the attempt's deadline (TIMED_OUT) or a
   cancel (CANCELLED) — ``ctx.cancelled`` turns true, the task is cancelled, and a handler still running
   ``cancel_grace_sec`` later is abandoned;
@@ -37,6 +41,7 @@ from uuid import UUID
 import httpx
 import orjson
 
+from sundial_worker.announcer import sdk_version
 from sundial_worker.gateway_client import GatewayClient, GatewayRefused
 from sundial_worker.log_tail import log_tail, traceback_text
 from sundial_worker.sdk import Context, Worker, context_logger
@@ -46,6 +51,9 @@ handler_log = logging.getLogger("sundial.handler")
 
 #: The longest a pull waits at the gateway: also how long a stop may wait for the pull in flight.
 _PULL_WAIT_MS = 2000
+_SDK_VERSION = sdk_version()
+#: Pulls in flight at once, each for at most this share of the slots (the direct worker's two claims in flight).
+_PULLS_IN_FLIGHT = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +99,10 @@ class GatewayRuntime:
         self._outcomes: list[dict[str, Any]] = []
         self._outcome_ready = asyncio.Event()
         self._slot_freed = asyncio.Event()
+        #: Slots the pulls in flight asked for (each pull asks only for slots no other pull asked for).
+        self._asked = 0
+        #: Whether pulls say what this worker is (``worker``); off once a gateway refuses the field.
+        self._say_worker = True
         self._threads = ThreadPoolExecutor(max_workers=config.concurrency, thread_name_prefix="sundial-handler")
         self._stopping = asyncio.Event()
         self._forced = False
@@ -163,20 +175,42 @@ class GatewayRuntime:
     # --- pull ---------------------------------------------------------------------------------
 
     async def _pull(self) -> None:
+        pulls = [asyncio.create_task(self._pull_loop(), name=f"sundial-pull-{n}") for n in range(_PULLS_IN_FLIGHT)]
+        try:
+            await asyncio.gather(*pulls)
+        finally:
+            for task in pulls:
+                task.cancel()
+            await asyncio.gather(*pulls, return_exceptions=True)
+
+    async def _pull_loop(self) -> None:
+        share = -(-self.config.concurrency // _PULLS_IN_FLIGHT)
         while not self._stopping.is_set():
-            free = self.config.concurrency - len(self._running)
+            free = self.config.concurrency - len(self._running) - self._asked
             if free <= 0:
                 self._slot_freed.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._slot_freed.wait(), 1.0)
                 continue
-            body = {"session": self.session, "max": free, "waitMs": _PULL_WAIT_MS}
+            most = min(free, share)
+            body: dict[str, Any] = {"session": self.session, "max": most, "waitMs": _PULL_WAIT_MS}
+            if self._say_worker:
+                body["worker"] = _worker_info(self.worker, self.config.concurrency, len(self._running))
+            self._asked += most
             try:
                 answer = await self._client.call("/v1/worker/pull", body, wait_sec=_PULL_WAIT_MS / 1000)
             except GatewayRefused as exc:
+                if exc.status == 422 and "worker" in exc.detail and self._say_worker:
+                    # A gateway older than this SDK: it announces the worker with `max` slots instead.
+                    log.info("the gateway does not take a pull's `worker`; pulling without it")
+                    self._say_worker = False
+                    continue
                 log.error("pull refused: %s", exc)
                 await asyncio.sleep(1.0)
                 continue
+            finally:
+                self._asked -= most
+                self._slot_freed.set()  # the other pull may ask for what this one did not get
             for lease in answer["executions"]:
                 self._launch(lease)
 
@@ -364,6 +398,16 @@ class _Sink:
             self._running.progress = progress
             self._running.progress_pending = True
             await self._runtime.beat([self._running])
+
+
+def _worker_info(worker: Worker, concurrency: int, running: int) -> dict[str, Any]:
+    """What a pull says of this worker (the gateway announces it with it)."""
+    return {
+        "concurrency": concurrency,
+        "freeSlots": max(0, concurrency - running),
+        "handlers": sorted(worker.registry.names()),
+        "version": _SDK_VERSION,
+    }
 
 
 def _deadline(text: str | None) -> float | None:

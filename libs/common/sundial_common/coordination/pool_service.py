@@ -76,7 +76,8 @@ def handler_warning(pool: str, handler: str, workers: Sequence[WorkerAnnouncemen
             f"no live worker reads pool `{pool}`: the job's executions will wait (PENDING) until a worker of the pool "
             "starts (`sundial worker --app module:worker`)"
         )
-    if any(handler in w.handlers for w in workers):
+    # A worker that names no handler (one pulling through the worker gateway without saying) may serve any.
+    if any(handler in w.handlers or not w.handlers for w in workers):
         return None
     served = sorted({h for w in workers for h in w.handlers})
     return (
