@@ -138,9 +138,10 @@ class GatewayClient:
                     raise GatewayRefused(response.status_code, detail)
                 error = GatewayRefused(response.status_code, detail)
             failures += 1
-            self._current = (self._current + 1) % len(self.urls)
-            self._left_first_at = time.monotonic() if self._current else None
-            log.warning("gateway %s failed (%s); trying %s", url, error, self.url)
+            if self.url == url:  # not moved on already by another call that failed there at the same time
+                self._current = (self._current + 1) % len(self.urls)
+                self._left_first_at = time.monotonic() if self._current else None
+                log.warning("gateway %s failed (%s); trying %s", url, error, self.url)
             if give_up_at is not None and time.monotonic() >= give_up_at:
                 raise error
             if failures % len(self.urls) == 0:

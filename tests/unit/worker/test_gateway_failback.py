@@ -45,3 +45,30 @@ def test_a_worker_moved_off_its_first_gateway_goes_back_to_it_once_it_answers() 
             await client.close()
 
     asyncio.run(scenario())
+
+
+def test_calls_failing_at_once_move_the_worker_on_once() -> None:
+    """Two pulls in flight fail at the same gateway: the worker moves to the next, not back to the failed one."""
+    served: list[str] = []
+    refused = asyncio.Event()
+
+    async def gateways(request: httpx.Request) -> httpx.Response:
+        origin = f"{request.url.scheme}://{request.url.host}"
+        if origin == A:
+            await refused.wait()  # both calls are at A when it fails
+            raise httpx.ConnectError("connection refused", request=request)
+        served.append(origin)
+        return httpx.Response(200, json={"executions": []})
+
+    async def scenario() -> None:
+        client = GatewayClient([A, B], token=fresh_token(), transport=httpx.MockTransport(gateways))
+        try:
+            calls = [asyncio.create_task(client.call("/v1/worker/pull", {})) for _ in range(2)]
+            await asyncio.sleep(0.05)
+            refused.set()
+            await asyncio.wait_for(asyncio.gather(*calls), 5)
+            assert served == [B, B] and client.url == B
+        finally:
+            await client.close()
+
+    asyncio.run(scenario())
