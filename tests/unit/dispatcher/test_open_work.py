@@ -345,6 +345,49 @@ async def test_a_pool_held_at_its_first_cap_is_counted_again_soon_and_then_follo
     assert counts.reads == 2
 
 
+async def test_a_pool_whose_workers_outpace_its_cap_is_counted_again_soon_until_the_cap_stops_growing() -> None:
+    counts, clock = Counts(), FakeClock()
+    live = Announced({"big": [128, 128]})
+    config = FairnessConfig(pool_queue_cap=1000, pool_queue_min=4, counts_refresh_sec=0.25, first_refresh_sec=0.05)
+    work = OpenWork(counts, config, clock.monotonic, live=live)
+    await work.refresh()
+    work.took_executions([("a", "big")] * 256)
+    work.limited(["big"])
+    counts.rows = [pending("big", 100, running=156)]
+    clock.advance(0.06)
+    await work.refresh()
+    assert counts.reads == 2 and work.cap("big") == 312  # seen starting: 156 over a quarter of a second
+    # A pass held the rest back while the workers started more than half of the queue: read again soon, not
+    # after a quarter of a second with the queue run dry, and the cap doubles.
+    work.took_executions([("a", "big")] * 212)
+    work.limited(["big"])
+    counts.rows = [pending("big", 60, running=256)]
+    clock.advance(0.06)
+    await work.refresh()
+    assert counts.reads == 3 and work.cap("big") == 624
+    # A read that soon which sees the queue half full: too short a drain to lower the cap by.
+    work.took_executions([("a", "big")] * 564)
+    work.limited(["big"])
+    counts.rows = [pending("big", 400, running=256)]
+    clock.advance(0.06)
+    await work.refresh()
+    assert counts.reads == 4 and work.cap("big") == 624
+    # Half full: the workers no longer outpace it, and the counts serve counts_refresh_sec again.
+    work.limited(["big"])
+    clock.advance(0.1)
+    await work.refresh()
+    assert counts.reads == 4
+    # Outpaced at the ceiling: nothing left to grow, the usual pace.
+    counts.rows = [pending("big", 0, running=256)]
+    clock.advance(0.16)
+    await work.refresh()
+    assert counts.reads == 5 and work.cap("big") == 1000
+    work.limited(["big"])
+    clock.advance(0.1)
+    await work.refresh()
+    assert counts.reads == 5
+
+
 async def test_a_pool_with_no_live_worker_held_at_its_first_cap_is_counted_at_the_usual_pace() -> None:
     counts, clock = Counts(), FakeClock()
     config = FairnessConfig(counts_refresh_sec=0.25, first_refresh_sec=0.05)

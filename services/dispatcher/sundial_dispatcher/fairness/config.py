@@ -91,7 +91,8 @@ class FairnessConfig:
     #: (the free slots they announced): the next read, which sees them start that work, lifts the cap to their start
     #: rate. At ``counts_refresh_sec`` a burst of 10,000 due at once on two workers of 256 slots waited up to 0.25 s
     #: after its first 512, its workers idle, before the rest could follow. A read costs one aggregate over the open
-    #: executions; this shorter interval applies only until a read shows the pool starting work.
+    #: executions; this shorter interval applies until a read shows the pool starting work, and again while a pass is
+    #: held at a cap below ``pool_queue_cap`` that the pool's workers outpaced (its queue under half of it).
     first_refresh_sec: float = 0.05
 
     def __post_init__(self) -> None:

@@ -1,5 +1,15 @@
 """The room each pool and tenant has in a fair pass: queue caps that follow each pool's start rate, stalled pools,
-the tenants' concurrency quotas — from one shared read of the open executions per dispatcher process."""
+the tenants' concurrency quotas — from one shared read of the open executions per dispatcher process.
+
+In :class:`OpenWork`, *what was published since the last read* (in a pool's drain) is this process's count:
+what its passes took for the pool, and, while one pool alone has open work, what its uncontended passes took
+without looking up whose it was (the pool is not known there; with several pools those count for none, and the
+cap errs short). The other dispatcher processes publish for the shards they lead, and a pool's jobs hash evenly
+over the shards, so that count is scaled by all shards over the shards this process leads. Without the scaling,
+two processes each measured half the drain, and a backlog's cap fell to ``pool_queue_min`` (the other's publishes
+outgrew the starts it saw) and doubled back, again and again: a steady 2,500/s held its work back for seconds at a
+time.
+"""
 
 from __future__ import annotations
 
@@ -50,20 +60,13 @@ class OpenWork:
     burst of 512 at once, a worker of 4 slots takes 4, and the rest of the burst waits in the buffer, in priority
     order, so ``HIGH`` work due during it is queued behind what the workers are starting, not behind the whole
     burst. While held at that cap the counts are read again after ``first_refresh_sec``, so the rest follows once
-    the workers started it. At the first read that sees the pool start work its cap is set from that drain, not from
-    ``pool_queue_min`` (a 333/s spread: doubling from 4 to the ~166 it needed held its work back for its first 1.5-2 s).
+    the workers started it, and so while its workers outpace its cap (up to ``pool_queue_cap``). At the first read
+    that sees the pool start work its cap is set from that drain, not from ``pool_queue_min`` (a 333/s spread:
+    doubling from 4 to the ~166 it needed held its work back for its first 1.5-2 s).
     A pool with no live worker announced (or while the announcements cannot be read) has the small
     ``pool_queue_first`` until a worker appears or the stalled-pool rule lifts it (``stalled_pool_sec``). Ordering
     the work (priority inside a tenant, the round robin across tenants) therefore happens in the buffer, not behind
     a long queue, with one topic per pool: no priority lanes in Kafka (docs/guides/priority.md says why).
-
-    *What was published since the last read* is this process's count: what its passes took for the pool, and,
-    while one pool alone has open work, what its uncontended passes took without looking up whose it was (the
-    pool is not known there; with several pools those count for none, and the cap errs short). The other
-    dispatcher processes publish for the shards they lead, and a pool's jobs hash evenly over the shards, so
-    that count is scaled by all shards over the shards this process leads. Without the scaling, two processes
-    each measured half the drain, and a backlog's cap fell to ``pool_queue_min`` (the other's publishes outgrew
-    the starts it saw) and doubled back, again and again: a steady 2,500/s held its work back for seconds at a time.
 
     This is the one place that says how much each pool may take in a pass.
     """
@@ -111,6 +114,8 @@ class OpenWork:
         self._unstarted: dict[str, int] = {}
         self._took: dict[str, int] = {}
         self._limited: set[str] = set()
+        #: Pools whose workers outpaced their cap (under ``pool_queue_cap``) at the last read: :meth:`_refresh_sec`.
+        self._outpaced: set[str] = set()
         #: All the shards (each pass says, :meth:`pool_room`); ``queues`` holds those this process leads.
         self._shards = 1
 
@@ -155,6 +160,9 @@ class OpenWork:
             self._flowing_at = flowing_at
             self._read_at = now
             self._stalled_seen = {pool for pool in flowing_at if self.stalled(pool)}
+            self._outpaced = {
+                p for p in self.started_work if 2 * queued.get(p, 0) < self.cap(p) < self.config.pool_queue_cap
+            }
             for pool in sorted(self._stalled_seen ^ was_stalled):
                 if pool in was_stalled:
                     log.info("pool %s: no longer stalled (one runs, or none waits); its queue cap holds again", pool)
@@ -169,9 +177,10 @@ class OpenWork:
 
     def _refresh_sec(self) -> float:
         """``first_refresh_sec`` while a pool with live workers is held at its first cap (they may have started all
-        of it already: only a read can tell), else ``counts_refresh_sec``."""
-        held_first = any(pool in self.slots and pool not in self.started_work for pool in self._limited)
-        if held_first:
+        of it already: only a read can tell), or at a cap its workers outpaced (queue under half of it; the next read
+        doubles it: a burst no longer climbs to ``pool_queue_cap`` with an empty queue), else ``counts_refresh_sec``."""
+        first = {pool for pool in self._limited if pool in self.slots and pool not in self.started_work}
+        if first or self._limited & self._outpaced:
             return min(self.config.counts_refresh_sec, self.config.first_refresh_sec)
         return self.config.counts_refresh_sec
 
@@ -218,7 +227,8 @@ class OpenWork:
             if cap is None:
                 cap = max(rate_cap, self.slots.get(pool, 0))
             elif 2 * queued.get(pool, 0) >= cap:
-                cap = rate_cap
+                # A read sooner than ``counts_refresh_sec`` (the cap was outpaced) sees too short a drain to lower it.
+                cap = rate_cap if elapsed >= cfg.counts_refresh_sec else max(cap, rate_cap)
             elif pool in self._limited:  # the workers keep up with what the cap lets through
                 cap = max(2 * cap, rate_cap)
             self.caps[pool] = min(cfg.pool_queue_cap, max(cfg.pool_queue_min, cap))
