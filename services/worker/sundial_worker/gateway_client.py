@@ -7,7 +7,9 @@ failed in a row), so a worker whose gateway dies carries on with another within 
 attempt tokens are good at any gateway. A 4xx is the caller's to see (:class:`GatewayRefused`). A worker moved off
 the first gateway it lists tries that one again after ``failback_sec``: each worker's first choice spreads them over
 the gateways, and one restarted (or started after its workers) gets its workers back instead of leaving them all on
-the others for good.
+the others for good. A worker that has not reached any gateway yet waits up to ``start_grace_sec`` for its first one
+to accept connections before moving on: started beside it (one pod, one compose file), it would otherwise move away
+and back ``failback_sec`` later, and each move shifts the pool's partitions between the gateways' consumers.
 
 The pool token comes from ``SUNDIAL_WORKER_TOKEN`` or the file ``SUNDIAL_WORKER_TOKEN_FILE`` (read again when a call
 is refused as unauthorised: a deployment may rotate the file). It is refreshed (``POST /v1/worker/token``) once a
@@ -33,6 +35,8 @@ log = logging.getLogger("sundial.worker")
 _ROUND_PAUSE_SEC = 0.2
 #: How long a worker moved off its first gateway stays away before trying it again.
 FAILBACK_SEC = 10.0
+#: How long a worker that has not reached any gateway yet waits for its first one to accept connections.
+START_GRACE_SEC = 5.0
 
 
 class GatewayRefused(Exception):
@@ -65,6 +69,7 @@ class GatewayClient:
         timeout_sec: float = 10.0,
         transport: httpx.AsyncBaseTransport | None = None,
         failback_sec: float = FAILBACK_SEC,
+        start_grace_sec: float = START_GRACE_SEC,
     ) -> None:
         if not urls:
             raise ValueError("SUNDIAL_WORKER_GATEWAY names no gateway URL")
@@ -77,6 +82,9 @@ class GatewayClient:
         self._failback_sec = failback_sec
         #: When the worker last moved off its first gateway (monotonic; None: it is on it).
         self._left_first_at: float | None = None
+        #: Until when a refused connection to the first gateway is tried again rather than moved on from (None: a
+        #: gateway has answered, so failures move the worker at once).
+        self._starting_until: float | None = time.monotonic() + start_grace_sec
         self._token_file = Path(token_file) if token_file else None
         self._token = token or self._read_file()
         self._timeout = timeout_sec
@@ -122,8 +130,12 @@ class GatewayClient:
                     timeout=httpx.Timeout(self._timeout + wait_sec, connect=2.0),
                 )
             except httpx.TransportError as exc:
+                if self._starting(exc):
+                    await asyncio.sleep(_ROUND_PAUSE_SEC)
+                    continue
                 error: Exception = exc
             else:
+                self._starting_until = None
                 if response.status_code < 400:
                     return response.json()
                 detail = _detail(response)
@@ -146,6 +158,13 @@ class GatewayClient:
                 raise error
             if failures % len(self.urls) == 0:
                 await asyncio.sleep(_ROUND_PAUSE_SEC)
+
+    def _starting(self, exc: httpx.TransportError) -> bool:
+        """Whether ``exc`` is the first gateway not accepting connections yet, within the start grace."""
+        if self._starting_until is None or time.monotonic() >= self._starting_until:
+            self._starting_until = None
+            return False
+        return isinstance(exc, httpx.ConnectError) and self._current == 0
 
     def _maybe_fail_back(self) -> None:
         if self._left_first_at is not None and time.monotonic() - self._left_first_at >= self._failback_sec:

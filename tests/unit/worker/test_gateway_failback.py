@@ -31,9 +31,11 @@ def test_a_worker_moved_off_its_first_gateway_goes_back_to_it_once_it_answers() 
         return httpx.Response(200, json={"executions": []})
 
     async def scenario() -> None:
-        client = GatewayClient([A, B], token=fresh_token(), transport=httpx.MockTransport(gateways), failback_sec=0.05)
+        client = GatewayClient(
+            [A, B], token=fresh_token(), transport=httpx.MockTransport(gateways), failback_sec=0.05, start_grace_sec=0
+        )
         try:
-            await client.call("/v1/worker/pull", {})  # A is not up yet (a worker started before its gateway)
+            await client.call("/v1/worker/pull", {})  # A is not up (and no start grace): B serves
             await client.call("/v1/worker/pull", {})
             assert served == [B, B]
             up[A] = True
@@ -61,13 +63,40 @@ def test_calls_failing_at_once_move_the_worker_on_once() -> None:
         return httpx.Response(200, json={"executions": []})
 
     async def scenario() -> None:
-        client = GatewayClient([A, B], token=fresh_token(), transport=httpx.MockTransport(gateways))
+        client = GatewayClient([A, B], token=fresh_token(), transport=httpx.MockTransport(gateways), start_grace_sec=0)
         try:
             calls = [asyncio.create_task(client.call("/v1/worker/pull", {})) for _ in range(2)]
             await asyncio.sleep(0.05)
             refused.set()
             await asyncio.wait_for(asyncio.gather(*calls), 5)
             assert served == [B, B] and client.url == B
+        finally:
+            await client.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_worker_started_beside_its_gateway_waits_for_it_rather_than_moving_away_and_back() -> None:
+    up = {A: False, B: True}
+    served: list[str] = []
+
+    def gateways(request: httpx.Request) -> httpx.Response:
+        origin = f"{request.url.scheme}://{request.url.host}"
+        if not up[origin]:
+            raise httpx.ConnectError("connection refused", request=request)
+        served.append(origin)
+        return httpx.Response(200, json={"executions": []})
+
+    async def scenario() -> None:
+        client = GatewayClient([A, B], token=fresh_token(), transport=httpx.MockTransport(gateways), start_grace_sec=5)
+        try:
+            first = asyncio.create_task(client.call("/v1/worker/pull", {}))
+            await asyncio.sleep(0.5)  # A starts half a second after its worker
+            up[A] = True
+            await asyncio.wait_for(first, 2)
+            up[A] = False  # once a gateway has answered, a failure moves the worker at once
+            await asyncio.wait_for(client.call("/v1/worker/pull", {}), 2)
+            assert served == [A, B]
         finally:
             await client.close()
 
