@@ -19,21 +19,27 @@ def fresh_token() -> str:
     return "e30." + base64.urlsafe_b64encode(claims).decode().rstrip("=") + ".sig"
 
 
-def test_a_worker_moved_off_its_first_gateway_goes_back_to_it_once_it_answers() -> None:
-    up = {A: False, B: True}
-    served: list[str] = []
+def switchable_gateways(up: dict[str, bool], served: list[str]) -> httpx.MockTransport:
+    """Mock gateways A and B: one marked down in ``up`` refuses connections, one up answers an empty pull and is
+    recorded in ``served``."""
 
-    def gateways(request: httpx.Request) -> httpx.Response:
+    def answer(request: httpx.Request) -> httpx.Response:
         origin = f"{request.url.scheme}://{request.url.host}"
         if not up[origin]:
             raise httpx.ConnectError("connection refused", request=request)
         served.append(origin)
         return httpx.Response(200, json={"executions": []})
 
+    return httpx.MockTransport(answer)
+
+
+def test_a_worker_moved_off_its_first_gateway_goes_back_to_it_once_it_answers() -> None:
+    up = {A: False, B: True}
+    served: list[str] = []
+    gateways = switchable_gateways(up, served)
+
     async def scenario() -> None:
-        client = GatewayClient(
-            [A, B], token=fresh_token(), transport=httpx.MockTransport(gateways), failback_sec=0.05, start_grace_sec=0
-        )
+        client = GatewayClient([A, B], token=fresh_token(), transport=gateways, failback_sec=0.05, start_grace_sec=0)
         try:
             await client.call("/v1/worker/pull", {})  # A is not up (and no start grace): B serves
             await client.call("/v1/worker/pull", {})
@@ -79,16 +85,10 @@ def test_calls_failing_at_once_move_the_worker_on_once() -> None:
 def test_a_worker_started_beside_its_gateway_waits_for_it_rather_than_moving_away_and_back() -> None:
     up = {A: False, B: True}
     served: list[str] = []
-
-    def gateways(request: httpx.Request) -> httpx.Response:
-        origin = f"{request.url.scheme}://{request.url.host}"
-        if not up[origin]:
-            raise httpx.ConnectError("connection refused", request=request)
-        served.append(origin)
-        return httpx.Response(200, json={"executions": []})
+    gateways = switchable_gateways(up, served)
 
     async def scenario() -> None:
-        client = GatewayClient([A, B], token=fresh_token(), transport=httpx.MockTransport(gateways), start_grace_sec=5)
+        client = GatewayClient([A, B], token=fresh_token(), transport=gateways, start_grace_sec=5)
         try:
             first = asyncio.create_task(client.call("/v1/worker/pull", {}))
             await asyncio.sleep(0.5)  # A starts half a second after its worker
