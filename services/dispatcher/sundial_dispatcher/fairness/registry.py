@@ -35,4 +35,4 @@ class RegisteredPools:
 
     def all_seen(self, seen: Collection[str]) -> bool:
         """Every registered pool is among ``seen`` (the pools a pass has a room for)."""
-        return bool(self.names) and all(name in seen for name in self.names or ())
+        return bool(self.names and self.names.issubset(seen))
