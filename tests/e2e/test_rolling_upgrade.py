@@ -7,8 +7,8 @@ each process kind is replaced by this release's, one at a time (the new one star
 stopped, as a Deployment with ``maxSurge: 1, maxUnavailable: 0`` rolls). Then the code is rolled back the same
 way (the workers last) with no downgrade: the previous release's processes run again on this release's schema, and a
 job registered with this release's features (a key) runs on them. Afterwards every occurrence due in the window
-ran exactly once, none started later than the lease TTL (plus a margin for a loaded machine), and no process
-logged an error.
+ran exactly once, none started later than a lease TTL or a worker's partition handover (plus a margin for a loaded
+machine), and no process logged an error.
 
 ``make test`` runs a small stream on one replica of each kind. ``make chaos`` sets
 ``SUNDIAL_ROLLING_UPGRADE=full``: several cron jobs, hundreds of one-shots and two replicas of each kind, replaced
@@ -41,7 +41,12 @@ from tests.support.processes import Processes, free_port
 PREVIOUS = "9fccdc3c196f1a55d91afe1ea8432b5533400909"
 REPO = Path(__file__).resolve().parents[2]
 LEASE_TTL_SEC = 4.0
-#: What a loaded two-core machine may add to a start beyond the lease TTL.
+#: A worker replaced hands its partitions over in a cooperative rebalance: revoked from the old worker first, then
+#: assigned to the new one, and in between they have no consumer. On the development broker that gap measured
+#: 3.0-4.6 s on a quiet machine (each worker's log: "partitions revoked" to "partitions assigned"), longer with the
+#: rest of the suite running beside it.
+WORKER_HANDOVER_SEC = 8.0
+#: What a loaded two-core machine may add to a start beyond a lease TTL or a worker handover.
 MARGIN_SEC = 3.0
 
 
@@ -231,8 +236,9 @@ async def test_a_rolling_upgrade_from_the_previous_release_misses_no_fire(
         assert seconds == expected, f"missing {set(expected) - set(seconds)}, twice {len(seconds) - len(set(seconds))}"
         assert {r["state"] for r in fired} == {"SUCCEEDED"}
         cron_rows.extend(fired)
-    # No pool stalled for longer than a lease TTL.
-    lateness = [(r["started_at"] - r["scheduled_for"]).total_seconds() for r in rows if r["started_at"]]
+    # No pool stalled for longer than a lease TTL or a worker handover.
+    started = [r for r in rows if r["started_at"]]
+    lateness = [(r["started_at"] - r["scheduled_for"]).total_seconds() for r in started]
     during_roll = [
         (r["started_at"] - r["scheduled_for"]).total_seconds()
         for r in rows
@@ -265,7 +271,12 @@ async def test_a_rolling_upgrade_from_the_previous_release_misses_no_fire(
                 f"forward {figures['roll_s']} s, back {figures['rollback_s']} s",
             )
         )
-    assert max(lateness) <= LEASE_TTL_SEC + MARGIN_SEC
+    late = sorted(
+        (round(late, 2), r["scheduled_for"].time().isoformat())
+        for r, late in zip(started, lateness, strict=True)
+        if late > 1
+    )
+    assert max(lateness) <= max(LEASE_TTL_SEC, WORKER_HANDOVER_SEC) + MARGIN_SEC, f"late (s, due): {late}"
     # No process logged an error, old or new.
     assert {name: _bad_lines(text) for name, text in fleet.logs()} == {name: [] for name, _ in fleet.logs()}
 
