@@ -33,7 +33,7 @@ import logging
 import time
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 from uuid import UUID
 
@@ -65,11 +65,13 @@ _PARK_CHECK_WAIT_SEC = 0.03
 _CLAIMS_IN_FLIGHT = 2
 #: Messages held for their due instant (sundial_worker.holding), in poll batches: beyond it, the loop takes no more.
 _HELD_BATCHES = 4
-#: Held messages coming due within this of the earliest are claimed with it: one start CAS (and one liveness
-#: write) for those of a few milliseconds. A spread stream of 333/s on two workers, ~166/s each, otherwise paid one
-#: start transaction per execution; 4 ms gathered ~1.7 a claim, 8 ms ~2.3 (1 + 166/s x the gather). Only messages
-#: published ahead wait here, so this is the most a start is delayed; the dispatcher's gather costs no lateness.
-_HELD_GATHER_SEC = 0.008
+#: A held message is claimed this long before its instant: the start CAS's round trip is done by then, and its
+#: handler is launched at the instant itself.
+_HELD_LEAD_SEC = 0.02
+#: Held messages coming due within this of the earliest are claimed with it: one start CAS (and one liveness write)
+#: for all of them, each handler still launched at its own instant. A spread stream of 333/s on two workers, ~166/s
+#: each, otherwise pays a start transaction per execution or two (1 + 166/s x the gather a claim).
+_HELD_GATHER_SEC = 0.05
 
 
 _R = TypeVar("_R")
@@ -104,6 +106,8 @@ class _Claim:
     message: ExecutionMessage
     execution_id: UUID
     deliveries: list[Delivery] = field(default_factory=list)
+    #: The instant its handler is launched at (epoch seconds), if it was published ahead; None: at once.
+    due: float | None = None
 
 
 class Admission:
@@ -147,7 +151,7 @@ class Admission:
         self._claims: set[asyncio.Task[None]] = set()
         #: Messages published ahead of their due instant, waiting for it outside the handler slots.
         self._holding: Holding[_Decoded] = Holding(
-            _HELD_BATCHES * config.poll_batch, self._release_held, gather_sec=_HELD_GATHER_SEC
+            _HELD_BATCHES * config.poll_batch, self._release_held, lead_sec=_HELD_LEAD_SEC, gather_sec=_HELD_GATHER_SEC
         )
 
     async def run(self) -> None:
@@ -247,14 +251,13 @@ class Admission:
     def _collect(self, deliveries: Sequence[Delivery]) -> tuple[dict[tuple[UUID, int], _Claim], int]:
         """The batch's claims (:meth:`_gather`), after setting aside the messages published ahead of their due
         instant (held until it comes: :mod:`sundial_worker.holding`)."""
-        now = time.time()
         due: list[_Decoded] = []
         for delivery in deliveries:
             decoded = self._decode(delivery)
             if decoded is None:
                 continue
             instant = decoded[3]
-            if instant is not None and instant > now:
+            if instant is not None and self._holding.holds(instant):
                 self._holding.hold(instant, decoded)
             else:
                 due.append(decoded)
@@ -267,7 +270,7 @@ class Admission:
         next pass counts these claims' slots as taken."""
         claims: dict[tuple[UUID, int], _Claim] = {}
         duplicates = 0
-        for delivery, message, execution_id, _ in decoded:
+        for delivery, message, execution_id, instant in decoded:
             unsettled = self._inflight.unsettled.get(execution_id)
             if unsettled is not None and unsettled.attempt == message.attempt:
                 # Redelivered before its outcome is written (a rebalance handed the partition back):
@@ -281,7 +284,7 @@ class Admission:
             # at once if that CAS loses), counted as a duplicate once that CAS has decided.
             claim = claims.get(key) or self._claiming.get(key)
             if claim is None:
-                claims[key] = _Claim(message, execution_id, [delivery])
+                claims[key] = _Claim(message, execution_id, [delivery], instant)
             else:
                 claim.deliveries.append(delivery)
         if not claims or self._stopping.is_set():
@@ -309,10 +312,11 @@ class Admission:
             loaded = await self._with_db_retry("load data keys", lambda _: self._keyring.ciphers(tenants))
             if loaded is None:
                 return
+        launch_at = [None if c.due is None else datetime.fromtimestamp(c.due, UTC) for c in claims.values()]
         rows = await self._with_db_retry(
             "start executions",
             lambda executions: executions.start_executions(
-                self.worker_id, list(claims), [c.deliveries[0].published_at for c in claims.values()]
+                self.worker_id, list(claims), [c.deliveries[0].published_at for c in claims.values()], launch_at
             ),
         )
         if rows is None:  # stopping while the database was unreachable
@@ -352,7 +356,7 @@ class Admission:
             if refusal is not None:
                 self._executor.refuse(execution_id, claim.message, claim.deliveries, row, refusal)
                 continue
-            self._executor.launch(execution_id, claim.message, claim.deliveries, row)
+            self._executor.launch(execution_id, claim.message, claim.deliveries, row, at=claim.due)
             started.append(execution_id)
         self._stats.duplicates += duplicates
         self._stats.started += len(started)

@@ -29,8 +29,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from uuid import UUID
 
 from opentelemetry import context as otel_context
@@ -126,10 +128,19 @@ class HandlerExecutor:
         spec = self.worker.registry.get(running.message.handler)
         return spec is None or spec.is_async
 
-    def launch(self, execution_id: UUID, message: ExecutionMessage, deliveries: list[Delivery], row: Record) -> None:
-        """Start the handler of an execution whose start CAS this worker won (``row`` is what the CAS returned)."""
+    def launch(
+        self,
+        execution_id: UUID,
+        message: ExecutionMessage,
+        deliveries: list[Delivery],
+        row: Record,
+        *,
+        at: float | None = None,
+    ) -> None:
+        """Start the handler of an execution whose start CAS this worker won (``row`` is what the CAS returned);
+        ``at``: not before this instant (epoch seconds: a message published ahead, claimed just before it)."""
         due = row.get("fire_at") or row["scheduled_for"]
-        running = Running(execution_id, message.attempt, message, deliveries, due=due)
+        running = Running(execution_id, message.attempt, message, deliveries, due=due, launch_at=at)
         self._inflight.add(running)
         loop = self._loop
         if loop is None:
@@ -210,7 +221,12 @@ class HandlerExecutor:
         delivery = running.deliveries[0]
         # The Kafka header is this attempt's send span; a republished message carries the row's.
         parent = delivery.traceparent or message.traceparent
+        launched = None
         try:
+            if running.launch_at is not None:
+                if (wait := running.launch_at - time.time()) > 0:
+                    await asyncio.sleep(wait)  # claimed ahead of its instant (sundial_worker.holding)
+                launched = datetime.now(UTC)  # its start as it happened, written with the outcome
             if spans_recorded():
                 with tracer.start_as_current_span(
                     f"process {delivery.topic}",
@@ -246,6 +262,8 @@ class HandlerExecutor:
                     otel_context.detach(token)
         finally:
             self._inflight.end(running.execution_id)
+        if launched is not None:
+            outcome = dataclasses.replace(outcome, started_at=launched)
         self._outcomes.put(
             FinishedAttempt(outcome, running.deliveries, logger, running.span_context, hold_sec=running.hold_sec)
         )

@@ -75,6 +75,8 @@ class Running:
     wake: Callable[[], None] | None = None
     #: When the occurrence was due (its fire time): the start of its dispatch lateness.
     due: datetime | None = None
+    #: Not launched before this instant (epoch seconds): claimed ahead of it (sundial_worker.holding).
+    launch_at: float | None = None
     #: The attempt's process span, parent of the outcome write's span.
     span_context: SpanContext | None = None
     #: Set when the handler raised :class:`~sundial_worker.verdicts.Accepted`: how long its liveness is held.

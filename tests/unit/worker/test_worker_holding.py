@@ -1,4 +1,4 @@
-"""sundial_worker.holding: what is held comes back at its instant, earliest first, never before it."""
+"""sundial_worker.holding: what is held comes back at its instant (or its lead before it), earliest first."""
 
 from __future__ import annotations
 
@@ -71,3 +71,19 @@ async def test_items_coming_due_within_the_gather_of_the_earliest_are_released_w
     stopping.set()
     holding.wake()
     await asyncio.wait_for(task, 10)
+
+
+def test_with_a_lead_items_come_back_that_long_before_their_instant_with_those_due_within_the_gather() -> None:
+    clock = FakeClock(monotonic=100.0)
+    holding: Holding[str] = Holding(cap=10, on_due=lambda: None, clock=clock.monotonic, lead_sec=0.02, gather_sec=0.05)
+    assert not holding.holds(100.01)  # due within the lead: claimed at once, not held
+    for due, name in ((101.0, "first"), (101.04, "within"), (101.06, "after")):
+        assert holding.holds(due)
+        holding.hold(due, name)
+
+    clock.advance(0.97)  # 30 ms before the first instant
+    assert holding.due(10) == [] and not holding.waiting()
+    clock.advance(0.011)  # 19 ms before it
+    assert holding.waiting()
+    assert holding.due(10) == ["first", "within"]  # the third is due 60 ms after the first: beyond the gather
+    assert not holding.waiting() and len(holding) == 1

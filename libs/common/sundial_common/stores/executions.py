@@ -42,6 +42,9 @@ class Outcome:
     traceback: str | None = None
     #: The last lines the handler logged through ``ctx.logger`` (sealed, bounded); kept on the attempt only.
     log_tail: str | None = None
+    #: When the handler was launched, for an attempt claimed ahead of its instant (its start CAS recorded the instant
+    #: it was to be launched at): the attempt's ``started_at`` becomes this.
+    started_at: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,7 +136,11 @@ class ExecutionStore(Protocol):
 
     # --- attempts (worker)
     async def start_executions(
-        self, worker_id: str, claims: Sequence[tuple[UUID, int]], published_at: Sequence[datetime | None] = ()
+        self,
+        worker_id: str,
+        claims: Sequence[tuple[UUID, int]],
+        published_at: Sequence[datetime | None] = (),
+        launch_at: Sequence[datetime | None] = (),
     ) -> list[Record]: ...
 
     async def start_executions_as(
@@ -265,7 +272,7 @@ class PostgresExecutionStore:
                 await transaction.start()
                 nothing = new_execution_id()
                 try:
-                    await conn.fetch(Q["start_executions"], [nothing], [1], "warm-up", [None], nothing, nothing)
+                    await conn.fetch(Q["start_executions"], [nothing], [1], "warm-up", [None], nothing, nothing, [None])
                 finally:
                     await transaction.rollback()
         finally:
@@ -273,20 +280,27 @@ class PostgresExecutionStore:
                 await pool.release(conn)
 
     async def start_executions(
-        self, worker_id: str, claims: Sequence[tuple[UUID, int]], published_at: Sequence[datetime | None] = ()
+        self,
+        worker_id: str,
+        claims: Sequence[tuple[UUID, int]],
+        published_at: Sequence[datetime | None] = (),
+        launch_at: Sequence[datetime | None] = (),
     ) -> list[Record]:
         """PENDING → RUNNING for the given (execution id, attempt) pairs; returns those this worker won.
 
         ``published_at``: per claim, when its message reached the broker (its Kafka timestamp), if known.
+        ``launch_at``: per claim, when its handler will be launched if that is after now (claimed ahead of its due
+        instant): its ``started_at``.
         """
         if not claims:
             return []
         sent = list(published_at) or [None] * len(claims)
+        launches = list(launch_at) or [None] * len(claims)
         ids = [c[0] for c in claims]
         return cast(
             list[Record],
             await self._db.pool.fetch(
-                Q["start_executions"], ids, [c[1] for c in claims], worker_id, sent, min(ids), max(ids)
+                Q["start_executions"], ids, [c[1] for c in claims], worker_id, sent, min(ids), max(ids), launches
             ),
         )
 
@@ -352,6 +366,7 @@ class PostgresExecutionStore:
             max(ids),
             [o.traceback for o in outcomes],
             [o.log_tail for o in outcomes],
+            [o.started_at for o in outcomes],
         )
         return [_finished(row) for row in rows]
 

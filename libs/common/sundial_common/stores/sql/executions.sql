@@ -81,11 +81,13 @@ LIMIT $4;
 -- attempt that is no longer current, matches no row and is acknowledged without running.
 -- published_at: the message's broker timestamp, unless the dispatcher has marked it already.
 -- $5, $6: the smallest and largest of the ids (the attempts' partitions, see the note at the top).
+-- $7: per claim, the instant its handler is launched if that is still to come (a message published ahead, claimed
+-- just before it is due: sundial_worker.holding), else NULL; started_at is the later of it and now().
 WITH started AS (
     UPDATE executions e
-    SET state = 'RUNNING', worker_id = $3, started_at = now(),
+    SET state = 'RUNNING', worker_id = $3, started_at = greatest(now(), m.launch_at),
         published_at = coalesce(e.published_at, m.published_at, now())
-    FROM unnest($1::uuid[], $2::int[], $4::timestamptz[]) AS m (id, attempt, published_at)
+    FROM unnest($1::uuid[], $2::int[], $4::timestamptz[], $7::timestamptz[]) AS m (id, attempt, published_at, launch_at)
     WHERE e.id = ANY($1::uuid[]) AND e.id = m.id AND e.attempt = m.attempt AND texteq(e.state, 'PENDING')
     RETURNING e.id, e.attempt, e.tenant_id, e.job_id, e.scheduled_for, e.fire_at, e.started_at, e.trace_id
 ), attempts AS (
@@ -142,7 +144,8 @@ LEFT JOIN LATERAL (
 -- A FAILED or TIMED_OUT attempt schedules the next one $7 ms from now (the worker computed the backoff) if
 -- attempts are left and $7 is not negative (a negative delay: a failure no retry can mend); the last one leaves the execution DEAD, and one whose cancel was requested CANCELLED.
 -- The attempt row keeps how the attempt itself ended, with the handler's traceback ($10) and log tail ($11).
--- $8, $9: the smallest and largest of the ids.
+-- $8, $9: the smallest and largest of the ids. $12: when the handler was launched, for an attempt claimed ahead of
+-- its instant (started_at held the instant it was to be launched at), else NULL.
 WITH finished AS (
     UPDATE executions e
     SET state = CASE
@@ -153,16 +156,18 @@ WITH finished AS (
             WHEN f.state IN ('FAILED', 'TIMED_OUT') AND e.cancel_requested_at IS NULL AND e.attempt < e.max_attempts
                  AND f.delay_ms >= 0
             THEN now() + f.delay_ms * interval '1 millisecond' END,
-        result = f.result, error = f.error, finished_at = now()
-    FROM unnest($1::uuid[], $2::int[], $3::text[], $4::jsonb[], $5::text[], $7::bigint[], $10::text[], $11::text[])
-         AS f (id, attempt, state, result, error, delay_ms, traceback, log_tail)
+        result = f.result, error = f.error, finished_at = now(), started_at = coalesce(f.started_at, e.started_at)
+    FROM unnest($1::uuid[], $2::int[], $3::text[], $4::jsonb[], $5::text[], $7::bigint[], $10::text[], $11::text[],
+                $12::timestamptz[])
+         AS f (id, attempt, state, result, error, delay_ms, traceback, log_tail, started_at)
     WHERE e.id = ANY($1::uuid[]) AND e.id = f.id AND e.attempt = f.attempt
       AND texteq(e.state, 'RUNNING') AND texteq(e.worker_id, $6)
-    RETURNING e.id, e.attempt, e.tenant_id, e.pool, e.state, e.error, e.finished_at, e.shard, e.next_attempt_at,
+    RETURNING e.id, e.attempt, e.tenant_id, e.pool, e.state, e.error, e.finished_at, e.started_at, e.shard, e.next_attempt_at,
               f.state AS attempt_state, f.traceback, f.log_tail
 ), attempts AS (
     UPDATE execution_attempts a
     SET state = finished.attempt_state, error = finished.error, finished_at = finished.finished_at,
+        started_at = finished.started_at,
         traceback = finished.traceback, log_tail = finished.log_tail
     FROM finished
     WHERE a.execution_id = finished.id AND a.execution_id BETWEEN $8 AND $9 AND a.attempt = finished.attempt
@@ -193,17 +198,18 @@ WITH finished AS (
             WHEN f.state IN ('FAILED', 'TIMED_OUT') AND e.cancel_requested_at IS NULL AND e.attempt < e.max_attempts
                  AND f.delay_ms >= 0
             THEN now() + f.delay_ms * interval '1 millisecond' END,
-        result = f.result, error = f.error, finished_at = now()
+        result = f.result, error = f.error, finished_at = now(), started_at = coalesce(f.started_at, e.started_at)
     FROM unnest($1::uuid[], $2::int[], $3::text[], $4::jsonb[], $5::text[], $7::bigint[], $10::text[], $11::text[],
-                $6::text[])
-         AS f (id, attempt, state, result, error, delay_ms, traceback, log_tail, worker_id)
+                $6::text[], $12::timestamptz[])
+         AS f (id, attempt, state, result, error, delay_ms, traceback, log_tail, worker_id, started_at)
     WHERE e.id = ANY($1::uuid[]) AND e.id = f.id AND e.attempt = f.attempt
       AND texteq(e.state, 'RUNNING') AND texteq(e.worker_id, f.worker_id)
-    RETURNING e.id, e.attempt, e.tenant_id, e.pool, e.state, e.error, e.finished_at, e.shard, e.next_attempt_at,
+    RETURNING e.id, e.attempt, e.tenant_id, e.pool, e.state, e.error, e.finished_at, e.started_at, e.shard, e.next_attempt_at,
               f.state AS attempt_state, f.traceback, f.log_tail, f.worker_id
 ), attempts AS (
     UPDATE execution_attempts a
     SET state = finished.attempt_state, error = finished.error, finished_at = finished.finished_at,
+        started_at = finished.started_at,
         traceback = finished.traceback, log_tail = finished.log_tail
     FROM finished
     WHERE a.execution_id = finished.id AND a.execution_id BETWEEN $8 AND $9 AND a.attempt = finished.attempt
