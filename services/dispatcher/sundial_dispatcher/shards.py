@@ -54,7 +54,7 @@ from sundial_dispatcher.backfills import BackfillConfig, BackfillDispatcher
 from sundial_dispatcher.balance import placement
 from sundial_dispatcher.dispatcher import DispatcherConfig, DispatchResult, ShardDispatcher
 from sundial_dispatcher.fairness import FairDispatch, OpenWork
-from sundial_dispatcher.group_commit import GroupCommit
+from sundial_dispatcher.group_commit import GroupCommit, on_grid
 from sundial_dispatcher.limits import SideLimits
 from sundial_dispatcher.metrics import Leadership, ShardPassMetrics
 from sundial_dispatcher.side_work import SideWork
@@ -272,6 +272,8 @@ def dispatch_work(deps: Dependencies, config: DispatcherConfig, holder: str) -> 
             if dense:  # dense: batch (DispatcherConfig.dense_per_sec, dense_batch)
                 wait = max(wait, dense_wait(rate, started, time.perf_counter(), config))
             dispatcher.sparse(not dense)  # a sparse shard's passes take members ahead (publish_lead_sec)
+            if not dense:
+                wait = on_grid(wait, (dispatcher.lead - dispatcher.look_lead).total_seconds(), time.time())
             if alarm is not None:
                 # In due instants, as members are announced: the pass comes the publish lead before them.
                 alarm.plan((time.time() + dispatcher.look_lead.total_seconds() + wait) * 1000)

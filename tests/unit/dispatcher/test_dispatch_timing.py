@@ -15,6 +15,7 @@ from sundial_common.stores.types import Occurrence
 from sundial_common.testing import FakeClock
 from sundial_dispatcher.dispatcher import DispatcherConfig, ShardDispatcher
 from sundial_dispatcher.fairness import FairDispatch, FairnessConfig, FairQueue, Waiting
+from sundial_dispatcher.group_commit import on_grid
 from sundial_dispatcher.shards import dense_wait, idle_wait
 from sundial_dispatcher.wakes import Alarm
 
@@ -59,6 +60,16 @@ async def test_an_alarm_rings_for_members_due_before_the_planned_look_only() -> 
     alarm.added(500)
     assert alarm.ring.is_set()
     await asyncio.wait_for(alarm.ring.wait(), 1)
+
+
+def test_sparse_shards_of_a_process_wake_on_a_shared_grid_never_later_than_they_were_to() -> None:
+    # Two shards whose next looks fall in one 200 ms cell of the grid both wake at its start.
+    first = 1000.02 + on_grid(0.33, 0.2, 1000.02)  # would wake at 1000.35
+    second = 1000.11 + on_grid(0.28, 0.2, 1000.11)  # would wake at 1000.39
+    assert first == pytest.approx(1000.2) and second == pytest.approx(1000.2)
+    # A grid point already passed: the wake is left where it was; no grid (no gather): unchanged.
+    assert on_grid(0.05, 0.2, 1000.01) == pytest.approx(0.05)
+    assert on_grid(0.33, 0.0, 1000.02) == pytest.approx(0.33)
 
 
 def test_a_member_announced_while_the_pass_runs_cuts_the_following_sleep_short() -> None:
