@@ -87,7 +87,8 @@ WITH started AS (
     UPDATE executions e
     SET state = 'RUNNING', worker_id = $3, started_at = greatest(now(), m.launch_at),
         published_at = coalesce(e.published_at, m.published_at, now())
-    FROM unnest($1::uuid[], $2::int[], $4::timestamptz[], $7::timestamptz[]) AS m (id, attempt, published_at, launch_at)
+    FROM unnest($1::uuid[], $2::int[], $4::timestamptz[], $7::timestamptz[])
+         AS m (id, attempt, published_at, launch_at)
     WHERE e.id = ANY($1::uuid[]) AND e.id = m.id AND e.attempt = m.attempt AND texteq(e.state, 'PENDING')
     RETURNING e.id, e.attempt, e.tenant_id, e.job_id, e.scheduled_for, e.fire_at, e.started_at, e.trace_id
 ), attempts AS (
@@ -164,8 +165,8 @@ WITH finished AS (
          AS f (id, attempt, state, result, error, delay_ms, traceback, log_tail, started_at, finished_at)
     WHERE e.id = ANY($1::uuid[]) AND e.id = f.id AND e.attempt = f.attempt
       AND texteq(e.state, 'RUNNING') AND texteq(e.worker_id, $6)
-    RETURNING e.id, e.attempt, e.tenant_id, e.pool, e.state, e.error, e.finished_at, e.started_at, e.shard, e.next_attempt_at,
-              f.state AS attempt_state, f.traceback, f.log_tail
+    RETURNING e.id, e.attempt, e.tenant_id, e.pool, e.state, e.error, e.finished_at, e.started_at, e.shard,
+              e.next_attempt_at, f.state AS attempt_state, f.traceback, f.log_tail
 ), attempts AS (
     UPDATE execution_attempts a
     SET state = finished.attempt_state, error = finished.error, finished_at = finished.finished_at,
@@ -207,8 +208,8 @@ WITH finished AS (
          AS f (id, attempt, state, result, error, delay_ms, traceback, log_tail, worker_id, started_at, finished_at)
     WHERE e.id = ANY($1::uuid[]) AND e.id = f.id AND e.attempt = f.attempt
       AND texteq(e.state, 'RUNNING') AND texteq(e.worker_id, f.worker_id)
-    RETURNING e.id, e.attempt, e.tenant_id, e.pool, e.state, e.error, e.finished_at, e.started_at, e.shard, e.next_attempt_at,
-              f.state AS attempt_state, f.traceback, f.log_tail, f.worker_id
+    RETURNING e.id, e.attempt, e.tenant_id, e.pool, e.state, e.error, e.finished_at, e.started_at, e.shard,
+              e.next_attempt_at, f.state AS attempt_state, f.traceback, f.log_tail, f.worker_id
 ), attempts AS (
     UPDATE execution_attempts a
     SET state = finished.attempt_state, error = finished.error, finished_at = finished.finished_at,
