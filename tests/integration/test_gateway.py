@@ -276,10 +276,15 @@ async def test_concurrent_pulls_of_one_pool_are_not_served_one_after_another(
         return bool(hook.fired)
 
     await wait_until(held, "the first pull to be held after its take", within=30)
-    # ... while a second pull of the same pool takes and starts the rest, and is answered first.
+    # ... while another session's pulls of the same pool take and start the rest, and are answered first. A pull
+    # answers with what its feed has fetched so far, so on a loaded machine the rest may come in two answers.
     began = time.monotonic()
-    second = await pull("session-free")
-    assert second.status_code == 200 and len(second.json()["executions"]) == 2, second.text
-    assert not first.done() and time.monotonic() - began < 4
+    served: list[Any] = []
+    while len(served) < 2 and time.monotonic() - began < 4:
+        second = await pull("session-free")
+        assert second.status_code == 200, second.text
+        served += second.json()["executions"]
+    assert len(served) >= 2 and not first.done() and time.monotonic() - began < 4, served
     answer = await first
-    assert len(answer.json()["executions"]) == 2, answer.text
+    held_back = answer.json()["executions"]
+    assert held_back and len(held_back) + len(served) == 4, answer.text
