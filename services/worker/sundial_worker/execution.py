@@ -262,8 +262,8 @@ class HandlerExecutor:
                     otel_context.detach(token)
         finally:
             self._inflight.end(running.execution_id)
-        if launched is not None:
-            outcome = dataclasses.replace(outcome, started_at=launched)
+        # Its end as it happened: the write waits for company (sundial_worker.outcomes).
+        outcome = dataclasses.replace(outcome, started_at=launched, finished_at=datetime.now(UTC))
         self._outcomes.put(
             FinishedAttempt(outcome, running.deliveries, logger, running.span_context, hold_sec=running.hold_sec)
         )

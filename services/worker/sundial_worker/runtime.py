@@ -90,10 +90,8 @@ class WorkerConfig:
     """How often the acknowledged offset prefix is committed to Kafka."""
     flush_max_outcomes: int = 256
     """Most outcomes written by one ``finish_attempts`` (a full buffer is written at once)."""
-    flush_interval_sec: float = 0.02
-    """How long the first outcome of a flush waits for company. No start waits for it (only the recorded end and
-    the message's acknowledgement): 20 ms makes a spread stream's finish transactions carry several outcomes
-    (333/s on two workers: about 3.5 instead of 1.8 at 5 ms)."""
+    flush_interval_sec: float = 0.1
+    """How long the first outcome of a flush waits for company (:class:`~sundial_worker.outcomes.FlushConfig`)."""
     shutdown_grace_sec: float = 30.0
     """How long a stop waits for running handlers before abandoning them to the sweeper."""
     db_pool_size: int = 8

@@ -45,6 +45,8 @@ class Outcome:
     #: When the handler was launched, for an attempt claimed ahead of its instant (its start CAS recorded the instant
     #: it was to be launched at): the attempt's ``started_at`` becomes this.
     started_at: datetime | None = None
+    #: When the handler ended (None: the time of the write), on the worker's clock like ``started_at``.
+    finished_at: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -367,6 +369,7 @@ class PostgresExecutionStore:
             [o.traceback for o in outcomes],
             [o.log_tail for o in outcomes],
             [o.started_at for o in outcomes],
+            [o.finished_at for o in outcomes],
         )
         return [_finished(row) for row in rows]
 

@@ -142,11 +142,14 @@ LEFT JOIN LATERAL (
 -- name: finish_executions
 -- RUNNING -> how the attempt ended, only for the attempt this worker owns. A worker that lost its claim
 -- (the sweeper moved on) gets zero rows and its result is dropped.
--- A FAILED or TIMED_OUT attempt schedules the next one $7 ms from now (the worker computed the backoff) if
+-- A FAILED or TIMED_OUT attempt schedules the next one $7 ms after its end (the worker computed the backoff) if
 -- attempts are left and $7 is not negative (a negative delay: a failure no retry can mend); the last one leaves the execution DEAD, and one whose cancel was requested CANCELLED.
 -- The attempt row keeps how the attempt itself ended, with the handler's traceback ($10) and log tail ($11).
 -- $8, $9: the smallest and largest of the ids. $12: when the handler was launched, for an attempt claimed ahead of
--- its instant (started_at held the instant it was to be launched at), else NULL.
+-- its instant (started_at held the instant it was to be launched at), else NULL. $13: when the handler ended (the
+-- worker writes its outcomes a few at a time), else NULL: now; never after now (a worker clock ahead of the
+-- database's) nor before the start. The retry breaker's trigger counts the attempts a statement moves out of
+-- RUNNING, whatever end they record (migration 0039).
 WITH finished AS (
     UPDATE executions e
     SET state = CASE
@@ -156,11 +159,13 @@ WITH finished AS (
         next_attempt_at = CASE
             WHEN f.state IN ('FAILED', 'TIMED_OUT') AND e.cancel_requested_at IS NULL AND e.attempt < e.max_attempts
                  AND f.delay_ms >= 0
-            THEN now() + f.delay_ms * interval '1 millisecond' END,
-        result = f.result, error = f.error, finished_at = now(), started_at = coalesce(f.started_at, e.started_at)
+            THEN greatest(least(f.finished_at, now()), f.started_at, e.started_at) + f.delay_ms * interval '1 millisecond'
+            END,
+        result = f.result, error = f.error, started_at = coalesce(f.started_at, e.started_at),
+        finished_at = greatest(least(f.finished_at, now()), f.started_at, e.started_at)
     FROM unnest($1::uuid[], $2::int[], $3::text[], $4::jsonb[], $5::text[], $7::bigint[], $10::text[], $11::text[],
-                $12::timestamptz[])
-         AS f (id, attempt, state, result, error, delay_ms, traceback, log_tail, started_at)
+                $12::timestamptz[], $13::timestamptz[])
+         AS f (id, attempt, state, result, error, delay_ms, traceback, log_tail, started_at, finished_at)
     WHERE e.id = ANY($1::uuid[]) AND e.id = f.id AND e.attempt = f.attempt
       AND texteq(e.state, 'RUNNING') AND texteq(e.worker_id, $6)
     RETURNING e.id, e.attempt, e.tenant_id, e.pool, e.state, e.error, e.finished_at, e.started_at, e.shard,
@@ -198,11 +203,13 @@ WITH finished AS (
         next_attempt_at = CASE
             WHEN f.state IN ('FAILED', 'TIMED_OUT') AND e.cancel_requested_at IS NULL AND e.attempt < e.max_attempts
                  AND f.delay_ms >= 0
-            THEN now() + f.delay_ms * interval '1 millisecond' END,
-        result = f.result, error = f.error, finished_at = now(), started_at = coalesce(f.started_at, e.started_at)
+            THEN greatest(least(f.finished_at, now()), f.started_at, e.started_at) + f.delay_ms * interval '1 millisecond'
+            END,
+        result = f.result, error = f.error, started_at = coalesce(f.started_at, e.started_at),
+        finished_at = greatest(least(f.finished_at, now()), f.started_at, e.started_at)
     FROM unnest($1::uuid[], $2::int[], $3::text[], $4::jsonb[], $5::text[], $7::bigint[], $10::text[], $11::text[],
-                $6::text[], $12::timestamptz[])
-         AS f (id, attempt, state, result, error, delay_ms, traceback, log_tail, worker_id, started_at)
+                $6::text[], $12::timestamptz[], $13::timestamptz[])
+         AS f (id, attempt, state, result, error, delay_ms, traceback, log_tail, worker_id, started_at, finished_at)
     WHERE e.id = ANY($1::uuid[]) AND e.id = f.id AND e.attempt = f.attempt
       AND texteq(e.state, 'RUNNING') AND texteq(e.worker_id, f.worker_id)
     RETURNING e.id, e.attempt, e.tenant_id, e.pool, e.state, e.error, e.finished_at, e.started_at, e.shard,
