@@ -69,9 +69,10 @@ _HELD_BATCHES = 4
 #: handler is launched at the instant itself.
 _HELD_LEAD_SEC = 0.02
 #: Held messages coming due within this of the earliest are claimed with it: one start CAS (and one liveness write)
-#: for all of them, each handler still launched at its own instant. A spread stream of 333/s on two workers, ~166/s
-#: each, otherwise pays a start transaction per execution or two (1 + 166/s x the gather a claim).
-_HELD_GATHER_SEC = 0.05
+#: for all of them, each handler still launched at its own instant; what it costs is only that they show RUNNING
+#: (their ``started_at`` the instant they are to be launched at) up to this long before it. A spread stream pays
+#: a start transaction per 1 + rate x gather executions: at 50 due a second on two workers, ~6 rather than ~2.
+_HELD_GATHER_SEC = 0.2
 
 
 _R = TypeVar("_R")
