@@ -29,8 +29,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -49,6 +47,7 @@ from sundial_dispatcher.fairness import FairDispatch, FairnessConfig
 from sundial_dispatcher.group_commit import GroupCommit, OccurrenceCommit, SoleCommit
 from sundial_dispatcher.metrics import count_dispatched, count_missed
 from sundial_dispatcher.occurrences import OccurrencePlanner, occurrence_message
+from sundial_dispatcher.published_marks import PublishedMarks
 from sundial_dispatcher.retries import RetryDispatcher
 from sundial_dispatcher.sources import dispatch_once
 from sundial_dispatcher.tenancy import TenantPolicy
@@ -91,10 +90,9 @@ class DispatcherConfig:
     fire_all_cap: int = 100
     #: Seconds after a publish that its executions still PENDING are marked published (0: at once).
     mark_published_after_sec: float = 1.0
-    #: The marks of a shard are written together, once the oldest has waited this much longer (at most
-    #: ``mark_published_after_sec``): one statement every half second rather than one per pass. Marked per pass,
-    #: A steady 1,500/s wrote 1,095 marks of ~3 rows in 30 s (6.1 s of Postgres time: the statement is planned
-    #: over every partition of ``executions`` each call).
+    #: The marks of a process's shards are written together, once the oldest has waited this much longer (at most
+    #: ``mark_published_after_sec``): one statement every half second rather than one per pass and shard
+    #: (:mod:`sundial_dispatcher.published_marks`).
     mark_published_every_sec: float = 0.5
     #: How often a due job of a suspended tenant is looked at again.
     suspended_poll_sec: float = 5.0
@@ -180,6 +178,7 @@ class ShardDispatcher:
         tenants: TenantPolicy | None = None,
         fair: FairDispatch | None = None,
         commit: GroupCommit | None = None,
+        marks: PublishedMarks | None = None,
     ) -> None:
         self.shard = shard
         self.token = token
@@ -197,8 +196,8 @@ class ShardDispatcher:
         #: Where a pass commits its claims: with the other shards' passes of this process (a GroupCommit), or
         #: (None) in a transaction of its own (:class:`~sundial_dispatcher.group_commit.SoleCommit`).
         self.commit_with = commit
-        #: Published executions not yet marked in Postgres: (monotonic time of the publish, ids).
-        self._unmarked: deque[tuple[float, list[UUID]]] = deque()
+        #: Published executions not yet marked in Postgres: with the other shards' of this process, or (None) its own.
+        self.marks = marks or PublishedMarks(store, config.mark_published_after_sec, config.mark_published_every_sec)
         #: When the earliest member left in the window after the last claim is due (None: empty).
         self._window_next: datetime | None = None
         #: How long before its due instant a pass looks at the earliest member: ``publish_lead_sec`` while the shard
@@ -232,7 +231,7 @@ class ShardDispatcher:
 
     async def claim(self) -> Claimed | None:
         """The shard's due members (jobs and scheduled retries), after writing the published marks now due."""
-        await self._mark_published()
+        await self.marks.write_due()
         with self.commit_with.claiming() if self.commit_with is not None else contextlib.nullcontext():
             if self.fair is not None:
                 claimed = await self.fair.claim(self.clock.now(), self.lead)
@@ -257,17 +256,14 @@ class ShardDispatcher:
         return marks if work is None else work if marks is None else min(work, marks)
 
     def _marks_due(self, now: datetime) -> datetime | None:
-        """When :meth:`_mark_published` will write the marks waiting (None: none wait).
+        """When the published marks waiting will be written (None: none wait).
 
         Marks are written by a pass, and an idle leader sleeps up to
         :data:`~sundial_common.hotwindow.window.WAKE_HORIZON_SEC` between passes: without this bound its last publishes'
         marks could land after the sweeper's ``unpublished_after_sec`` and have it publish them again.
         """
-        if not self._unmarked:
-            return None
-        grouped = min(self.config.mark_published_every_sec, self.config.mark_published_after_sec)
-        due_in = self._unmarked[0][0] + self.config.mark_published_after_sec + grouped - time.monotonic()
-        return now + timedelta(seconds=max(due_in, 0.0))
+        due_in = self.marks.due_in()
+        return None if due_in is None else now + timedelta(seconds=due_in)
 
     async def put_back(self, claimed: Claimed) -> None:
         """A pass that failed after its claim (Postgres down, fenced out, cancelled) returns what it claimed.
@@ -367,30 +363,9 @@ class ShardDispatcher:
                 sent.failed,
                 sent.first_error,
             )
-        if sent.sent:
-            self._unmarked.append((time.monotonic(), sent.sent))
-        await self._mark_published()
+        self.marks.add(sent.sent)
+        await self.marks.write_due()
         return result
-
-    async def _mark_published(self) -> None:
-        """Record ``published_at`` for executions published ``mark_published_after_sec`` ago and still PENDING.
-
-        ``published_at`` tells the sweeper a PENDING execution is waiting in Kafka rather than never sent.
-        Marking a second later, and only rows still PENDING, skips the write for nearly every execution: a
-        worker has started it by then, and its start records the message's broker timestamp as
-        ``published_at``. Marks still waiting when leadership ends are dropped; the sweeper then sends those
-        executions again if they are still unstarted, and the start CAS drops the duplicate. The marks due are
-        written in one statement once the oldest has waited ``mark_published_every_sec`` more.
-        """
-        now = time.monotonic()
-        horizon = now - self.config.mark_published_after_sec
-        grouped = min(self.config.mark_published_every_sec, self.config.mark_published_after_sec)
-        if not self._unmarked or self._unmarked[0][0] > horizon - grouped:
-            return
-        due: list[UUID] = []
-        while self._unmarked and self._unmarked[0][0] <= horizon:
-            due += self._unmarked.popleft()[1]
-        await self.store.mark_published(due)
 
     def _retries(self, claims: Sequence[RetryDue]) -> RetryDispatcher:
         return RetryDispatcher(

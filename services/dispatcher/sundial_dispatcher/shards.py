@@ -57,6 +57,7 @@ from sundial_dispatcher.fairness import FairDispatch, OpenWork
 from sundial_dispatcher.group_commit import GroupCommit, on_grid
 from sundial_dispatcher.limits import SideLimits
 from sundial_dispatcher.metrics import Leadership, ShardPassMetrics
+from sundial_dispatcher.published_marks import PublishedMarks
 from sundial_dispatcher.side_work import SideWork
 from sundial_dispatcher.tenancy import TenantPolicy
 from sundial_dispatcher.triggers import TriggerConfig, TriggerDispatcher
@@ -166,6 +167,7 @@ def dispatch_work(deps: Dependencies, config: DispatcherConfig, holder: str) -> 
     # And one read of the open executions (and of the workers' free slots).
     open_work = OpenWork(deps.stores.tenants, config.fairness, live=WorkerAnnouncements(deps.hot_window.redis))
     commits = GroupCommit(deps.stores.dispatch)  # and one dispatch transaction for the passes that coincide
+    marks = PublishedMarks(deps.stores.dispatch, config.mark_published_after_sec, config.mark_published_every_sec)
     # The same limits for children and backfills (sundial_dispatcher.limits); none when fairness is off.
     limits = (
         SideLimits(tenants, open_work, TokenBuckets(deps.hot_window.redis), config.shards, config.batch_size)
@@ -205,6 +207,7 @@ def dispatch_work(deps: Dependencies, config: DispatcherConfig, holder: str) -> 
             tenants=tenants,
             fair=fair,
             commit=commits,
+            marks=marks,
         )
         # Dependent jobs' fires and backfills (sundial_dispatcher.triggers, .backfills): same term and fence.
         triggers = TriggerDispatcher(

@@ -1,12 +1,12 @@
-"""When a shard leader looks at its window next (sundial_dispatcher.shards.idle_wait), what wakes it early, and when
-it writes its published marks."""
+"""When a shard leader looks at its window next (sundial_dispatcher.shards.idle_wait), what wakes it early, and that
+it wakes for its published marks."""
 
 from __future__ import annotations
 
 import asyncio
 from datetime import UTC, datetime, timedelta
-from typing import Any, cast
-from uuid import UUID, uuid4
+from typing import cast
+from uuid import uuid4
 
 import pytest
 from sundial_common.hotwindow.window import WAKE_HORIZON_SEC
@@ -16,6 +16,7 @@ from sundial_common.testing import FakeClock
 from sundial_dispatcher.dispatcher import DispatcherConfig, ShardDispatcher
 from sundial_dispatcher.fairness import FairDispatch, FairnessConfig, FairQueue, Waiting
 from sundial_dispatcher.group_commit import on_grid
+from sundial_dispatcher.published_marks import PublishedMarks
 from sundial_dispatcher.shards import dense_wait, idle_wait
 from sundial_dispatcher.wakes import Alarm
 
@@ -80,42 +81,13 @@ def test_a_member_announced_while_the_pass_runs_cuts_the_following_sleep_short()
     assert alarm.ring.is_set()
 
 
-async def test_published_marks_are_written_together_once_the_oldest_has_waited_a_little_longer(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    written: list[list[UUID]] = []
-
-    class Outbox:
-        async def mark_published(self, execution_ids: list[UUID]) -> None:
-            if execution_ids:
-                written.append(list(execution_ids))
-
+def test_an_idle_leader_wakes_for_its_published_marks_before_the_sweeper_would_publish_them_again() -> None:
     now = [100.0]
-    monkeypatch.setattr("sundial_dispatcher.dispatcher.time.monotonic", lambda: now[0])
     config = DispatcherConfig(mark_published_after_sec=1.0, mark_published_every_sec=0.5)
-    none = cast(Any, None)  # the window and the publisher: this test reaches neither
-    leader = ShardDispatcher(0, 1, "a", cast(DispatchStore, Outbox()), none, none, config)
-    passes = [[uuid4()] for _ in range(4)]
-    for i, ids in enumerate(passes):  # a pass every 0.2 s publishes one execution
-        now[0] = 100.0 + 0.2 * i
-        leader._unmarked.append((now[0], ids))
-    now[0] = 101.2
-    await leader._mark_published()
-    assert written == [], "the oldest has waited 1.2 s: not yet"
-    now[0] = 101.5
-    await leader._mark_published()
-    assert written == [passes[0] + passes[1] + passes[2]], "one statement for everything published 1 s ago"
-
-
-def test_an_idle_leader_wakes_for_its_published_marks_before_the_sweeper_would_publish_them_again(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    now = [100.0]
-    monkeypatch.setattr("sundial_dispatcher.dispatcher.time.monotonic", lambda: now[0])
-    config = DispatcherConfig(mark_published_after_sec=1.0, mark_published_every_sec=0.5)
-    leader = ShardDispatcher(0, 1, "a", None, None, None, config, clock=FakeClock(NOW))  # type: ignore[arg-type]
+    marks = PublishedMarks(cast(DispatchStore, None), 1.0, 0.5, clock=lambda: now[0])
+    leader = ShardDispatcher(0, 1, "a", None, None, None, config, clock=FakeClock(NOW), marks=marks)  # type: ignore[arg-type]
     assert leader.next_look() is None, "nothing in the window, no marks: the horizon bounds the sleep"
-    leader._unmarked.append((100.0, [uuid4()]))
+    marks.add([uuid4()])
     now[0] = 100.4
     assert leader.next_look() == NOW + timedelta(seconds=1.1), "the marks are written 1.5 s after the publish"
     assert idle_wait(NOW, leader.next_look(), float("inf"), 0.05, True) == pytest.approx(1.101)
