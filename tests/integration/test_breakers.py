@@ -9,6 +9,7 @@ a failing probe re-opens it with a doubled cool-down; an operator's ``:open`` / 
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -190,6 +191,37 @@ async def test_a_new_handlers_failures_count_though_they_ended_seconds_before_it
     assert (await loop(stores, client).run_once()).opened == 1
     [breaker] = await stores.breakers.tenant_breakers(TENANT, pool, None)
     assert (breaker.state, breaker.attempts, breaker.failures) == ("OPEN", 30, 30)
+
+
+async def test_attempts_count_once_by_their_end_whatever_instant_the_worker_recorded(
+    stores: Stores, pool: str, kafka_bootstrap: str
+) -> None:
+    """A worker writes its outcomes a few at a time with each handler's own end instant, before the transaction's:
+    each attempt is counted in the window once, when its statement moves it out of RUNNING."""
+    ensure_topics(kafka_bootstrap, [pool_topic(pool)])
+    ids = [uuid.UUID(m.execution_id) for m in await make_executions(stores, pool, "late", 4, retry_policy=RETRY)]
+    await stores.executions.start_executions("w", [(i, 1) for i in ids])
+    await asyncio.sleep(0.2)
+    ended = datetime.now(UTC) - timedelta(milliseconds=80)  # after the start, before the write
+    await stores.executions.finish_attempts(
+        "w",
+        [
+            Outcome(
+                i, 1, "SUCCEEDED" if n else "FAILED", error=None if n else "down", retry_delay_ms=200, finished_at=ended
+            )
+            for n, i in enumerate(ids)
+        ],
+    )
+    await stores.database.pool.execute("UPDATE executions SET held_by = NULL WHERE id = ANY($1)", ids)
+    counts = await stores.database.pool.fetchrow(
+        "SELECT sum(attempts) AS attempts, sum(failures) AS failures FROM breaker_counts WHERE pool = $1", pool
+    )
+    assert (counts["attempts"], counts["failures"]) == (4, 1)
+    row = await stores.database.pool.fetchrow(
+        "SELECT finished_at, next_attempt_at FROM executions WHERE id = $1", ids[0]
+    )
+    assert row["finished_at"] == ended, "the end as the worker recorded it"
+    assert row["next_attempt_at"] - row["finished_at"] == timedelta(milliseconds=200), "the backoff counts from it"
 
 
 async def test_a_failing_probe_reopens_with_a_longer_cool_down(
