@@ -38,7 +38,7 @@ class DispatcherSettings(CommonSettings):
         "before it (0: published at the due instant). Upgrade workers before dispatchers.",
     )
     dispatcher_publish_gather_ms: int = Field(
-        200,
+        500,
         ge=0,
         le=1000,
         description="With a publish lead, a sparse stream's dispatch pass also takes what comes due within this "
