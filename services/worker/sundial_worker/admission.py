@@ -88,8 +88,12 @@ class AdmissionConfig:
     """Most messages taken per consume call (and so per start CAS round trip)."""
     poll_timeout_sec: float = 0.25
     """How long one consume call waits for a first message; bounds how fast the loop notices a stop."""
-    idle_park_sec: float = 0.5
-    """After this long without a message the consumer parks (no broker fetch) until a publisher wakes it."""
+    idle_park_sec: float = 0.15
+    """After this long without a message the consumer parks (no broker fetch) until a publisher wakes it. A sparse
+    stream published ahead arrives in a burst per dispatch pass (a few a second), so its workers park between them
+    rather than fetch every 10 ms. At least the publishers' quiet time between wake-ups of a topic
+    (:class:`~sundial_common.broker.wakeups.WakingPublisher`, 100 ms): a batch sent unannounced then still finds
+    this worker fetching."""
     park_check_sec: float = 1.0
     """A parked consumer still fetches this often (a wake-up lost, a publisher that does not announce)."""
 
