@@ -13,6 +13,11 @@ ended state. The previous release's writers, which stamp ``now()`` and move atte
 counted the same way, so both releases run on this schema. Each count still goes to the second of the
 transaction's time.
 
+The join runs with nested loops off: transition tables have no statistics, so the planner estimates each filtered
+side at a row or so and joins them by a nested loop — 40,000 comparisons for a finish of 200 outcomes. Measured
+on 500 updates of 200 rows each: 2.7–3.1 s with the nested loop, 0.95–1.24 s with a hash join, 0.88–1.04 s for the
+old ``finished_at = now()`` filter.
+
 **Down**: the trigger counts ``finished_at = now()`` again.
 """
 
@@ -24,7 +29,7 @@ branch_labels = None
 depends_on = None
 
 _COUNT = """
-    CREATE OR REPLACE FUNCTION breaker_counts_attempts() RETURNS trigger LANGUAGE plpgsql AS $$
+    CREATE OR REPLACE FUNCTION breaker_counts_attempts() RETURNS trigger LANGUAGE plpgsql {options} AS $$
     BEGIN
         INSERT INTO breaker_counts AS c (tenant_id, pool, handler, bucket, slot, attempts, failures)
         SELECT n.tenant_id, n.pool, n.handler, date_trunc('second', now()), pg_backend_pid() % 8,
@@ -52,9 +57,12 @@ def upgrade() -> None:
             rows="new_rows n JOIN old_rows o ON o.id = n.id",
             ended="o.state = 'RUNNING'",
             transition="OLD TABLE AS old_rows NEW TABLE AS new_rows",
+            options="SET enable_nestloop = off",
         )
     )
 
 
 def downgrade() -> None:
-    run_sql_script(_COUNT.format(rows="new_rows n", ended="n.finished_at = now()", transition="NEW TABLE AS new_rows"))
+    run_sql_script(
+        _COUNT.format(rows="new_rows n", ended="n.finished_at = now()", transition="NEW TABLE AS new_rows", options="")
+    )
