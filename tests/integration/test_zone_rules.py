@@ -33,6 +33,12 @@ def compile_zone(root: Path, offset: str) -> Path:
     return root
 
 
+def next_at_hour(now: datetime, hour: int) -> datetime:
+    """The first whole ``hour`` (UTC) after ``now``."""
+    at = now.replace(hour=hour, minute=0, second=0)
+    return at if at > now else at + timedelta(days=1)
+
+
 @pytest.fixture
 def rules(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
     """The zone's rules before and after a government moved its clocks an hour forward for good."""
@@ -62,7 +68,8 @@ async def test_a_rule_change_moves_next_fires_once_and_audits_each(
     before, after = rules
     use(before)
     now = datetime.now(UTC).replace(microsecond=0)
-    tomorrow_3am_before = (now + timedelta(days=1)).replace(hour=2, minute=0, second=0)  # 03:00 at +01
+    # The next 03:00 of the zone from now (the job's creation: it has run nothing yet), under each rule.
+    three_am_before, three_am_after = next_at_hour(now, 2), next_at_hour(now, 1)  # 03:00 at +01, at +02
     job = new_id()
     await stores.jobs.insert_job(
         {
@@ -77,8 +84,8 @@ async def test_a_rule_change_moves_next_fires_once_and_audits_each(
             "payload": {},
             "timeout_sec": 30,
             "shard": 0,
-            "next_nominal_at": tomorrow_3am_before,
-            "next_fire_at": tomorrow_3am_before,
+            "next_nominal_at": three_am_before,
+            "next_fire_at": three_am_before,
         },
         actor="test",
     )
@@ -101,7 +108,6 @@ async def test_a_rule_change_moves_next_fires_once_and_audits_each(
         )
     finally:
         await connection.close()
-    three_am_after = tomorrow_3am_before - timedelta(hours=1)  # 03:00 at +02
     assert (row["next_nominal_at"], row["next_fire_at"]) == (three_am_after, three_am_after)
     assert len(audit) == 1 and "time-zone rules changed" in audit[0]["detail"]
     [occurrence] = await hot_window.claim(0, three_am_after, 10)
