@@ -287,4 +287,10 @@ async def test_concurrent_pulls_of_one_pool_are_not_served_one_after_another(
     assert len(served) >= 2 and not first.done() and time.monotonic() - began < 4, served
     answer = await first
     held_back = answer.json()["executions"]
-    assert held_back and len(held_back) + len(served) == 4, answer.text
+    assert held_back, answer.text
+    # The held pull took what its feed had fetched when it came (one or both of its two); whatever is left goes to
+    # the next pull. Every execution is served once, to one of the two sessions.
+    while len(held_back) + len(served) < 4 and time.monotonic() - began < 30:
+        served += (await pull("session-free")).json()["executions"]
+    ids = [e["executionId"] for e in held_back + served]
+    assert len(ids) == len(set(ids)) == 4, ids
