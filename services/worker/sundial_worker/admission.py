@@ -71,7 +71,7 @@ _HELD_LEAD_SEC = 0.02
 #: Held messages coming due within this of the earliest are claimed with it: one start CAS (and one liveness write)
 #: for all of them, each handler still launched at its own instant; what it costs is only that they show RUNNING
 #: (their ``started_at`` the instant they are to be launched at) up to this long before it. A spread stream pays
-#: a start transaction per 1 + rate x gather executions: at 50 due a second on two workers, ~6 rather than ~2.
+#: a start transaction per 1 + rate x gather executions: at 50 due a second on two workers, ~7 rather than ~2.
 _HELD_GATHER_SEC = 0.2
 
 
