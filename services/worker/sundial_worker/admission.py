@@ -91,9 +91,9 @@ class AdmissionConfig:
     idle_park_sec: float = 0.15
     """After this long without a message the consumer parks (no broker fetch) until a publisher wakes it. A sparse
     stream published ahead arrives in a burst per dispatch pass (a few a second), so its workers park between them
-    rather than fetch every 10 ms. At least the publishers' quiet time between wake-ups of a topic
-    (:class:`~sundial_common.broker.wakeups.WakingPublisher`, 100 ms): a batch sent unannounced then still finds
-    this worker fetching."""
+    rather than fetch every 10 ms. Longer than the publishers' quiet time between wake-ups of a topic
+    (:data:`~sundial_common.broker.wakeups.WAKE_QUIET_SEC`): a batch sent unannounced then still finds this worker
+    fetching."""
     park_check_sec: float = 1.0
     """A parked consumer still fetches this often (a wake-up lost, a publisher that does not announce)."""
 

@@ -26,6 +26,11 @@ from sundial_common.broker.messages import ExecutionMessage
 log = logging.getLogger(__name__)
 
 
+#: The least time between two wake-ups of one topic by one publisher; a worker stays awake longer than this after
+#: its last message (``sundial_worker.admission.AdmissionConfig.idle_park_sec``).
+WAKE_QUIET_SEC = 0.1
+
+
 def topic_wake_channel(topic: str) -> str:
     return f"sundial:topic-wake:{topic}"
 
@@ -33,14 +38,19 @@ def topic_wake_channel(topic: str) -> str:
 class WakingPublisher:
     """A :class:`~sundial_common.broker.kafka.Publisher` that announces the topics of each acknowledged batch.
 
-    A topic announced less than ``min_interval_sec`` ago is not announced again: a worker woken then fetches for
-    its poll timeout (250 ms) or, once it receives something, stays awake for its idle time (500 ms), so it
-    receives this batch without another wake-up. In a dense stream that is most batches: a steady 1,500 a
-    second published ~80 batches a second per dispatcher, each a Redis round trip and a message every worker read.
+    A topic announced less than ``min_interval_sec`` (:data:`WAKE_QUIET_SEC`) ago is not announced again: a worker
+    woken then fetches for its poll timeout (250 ms) or, once it receives something, stays awake for its idle time
+    (longer than this), so it receives this batch without another wake-up. In a dense stream that is most
+    batches: a steady 1,500 a second published ~80 batches a second per dispatcher, each a Redis round trip and a
+    message every worker read.
     """
 
     def __init__(
-        self, inner: Publisher, redis: Redis, min_interval_sec: float = 0.1, clock: Callable[[], float] = time.monotonic
+        self,
+        inner: Publisher,
+        redis: Redis,
+        min_interval_sec: float = WAKE_QUIET_SEC,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._inner = inner
         self._redis = redis
